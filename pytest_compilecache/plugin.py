@@ -1,0 +1,240 @@
+"""pytest hooks: options, early environment set-up, per-test capture, reports. Thin by design.
+
+The work lives in :mod:`session` (what one pytest process does) and below. Nothing here imports torch:
+a session that never imports torch pays only for option parsing and a few dict operations per test.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+from typing import Generator
+
+import pytest
+
+from . import ConfigError
+from .cachedir import SESSION_ENV
+from .settings import OPTIONS
+from .settings import Settings
+from .settings import resolve
+
+_SESSION = pytest.StashKey["Any"]()
+_RECORD = pytest.StashKey["Any"]()
+_ISOLATION = pytest.StashKey["Any"]()
+_MARK = pytest.StashKey["Any"]()
+
+MARKER = "compile_cache"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("compilecache", "torch.compile caches (pytest-compilecache)")
+    for option in OPTIONS:
+        dest = "compile_cache_" + option.name
+        text = f"{option.help} [ini: {option.ini}, env: {option.env}]"
+        if option.flag:
+            group.addoption(option.cli, action="store_true", default=None, dest=dest, help=text)
+        else:
+            group.addoption(option.cli, default=None, dest=dest, metavar="VALUE", help=text)
+        parser.addini(option.ini, help=option.help, default=None)
+
+
+def _settings(config: pytest.Config) -> Settings:
+    namespace = getattr(config, "known_args_namespace", config.option)
+
+    def cli(name: str) -> Any:
+        return getattr(namespace, "compile_cache_" + name, None)
+
+    def ini(key: str) -> Any:
+        try:
+            return config.getini(key)
+        except ValueError:
+            return None
+
+    try:
+        return resolve({o.name: cli(o.name) for o in OPTIONS}, ini)
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def _start(config: pytest.Config) -> Any:
+    """Decide the cache dir and export it, once per process, before anything imports torch."""
+    if _SESSION in config.stash:
+        return config.stash[_SESSION]
+    from .session import CompileCacheSession
+
+    settings = _settings(config)
+    inherited = os.environ.get(SESSION_ENV) if os.environ.get("PYTEST_XDIST_WORKER") else None
+    try:
+        session = CompileCacheSession.start(settings, _default_shared(config), inherited=inherited)
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[_SESSION] = session
+    return session
+
+
+def _default_shared(config: pytest.Config) -> Path:
+    """Inside pytest's own cache dir, so --cache-clear and its .gitignore apply."""
+    try:
+        cache_dir = config.getini("cache_dir") or ".pytest_cache"
+    except ValueError:
+        cache_dir = ".pytest_cache"
+    base = Path(os.path.expandvars(str(cache_dir)))
+    if not base.is_absolute():
+        base = config.rootpath / base
+    return base / "d" / "compilecache"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    _start(early_config)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(mode): 'isolated' compiles this test cold in its own fresh cache dir; 'disabled' turns "
+        "torch's compile caches off for it. Everything is put back afterwards.",
+    )
+    session = _start(config)
+    session.is_worker = hasattr(config, "workerinput")
+    config.pluginmanager.register(_ReportHooks(session), "compilecache-reports")
+    if os.environ.get("PYTEST_XDIST_WORKER") is None and not session.is_worker:
+        # --cache-clear may have removed the shared dir since load_initial_conftests: make it again.
+        session.ensure_dir()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    session = config.stash.get(_SESSION, None)
+    if session is not None:
+        session.close()
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    session = config.stash.get(_SESSION, None)
+    return session.header() if session is not None else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Restore a bundle before the first compile and before xdist starts its workers."""
+    state = session.config.stash[_SESSION]
+    if not state.is_worker:
+        state.restore()
+
+
+# ---- per-test capture
+
+
+def _phase(item: pytest.Item) -> Generator[None, None, None]:
+    from . import probe
+
+    start = item.stash[_MARK] = probe.mark()
+    try:
+        yield
+    finally:
+        item.stash[_RECORD].add(probe.delta(start))
+        item.stash[_MARK] = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    from .stats import ItemRecord
+
+    item.stash[_RECORD] = ItemRecord(nodeid=item.nodeid, worker=os.environ.get("PYTEST_XDIST_WORKER", "controller"))
+    marker = item.get_closest_marker(MARKER)
+    if marker is not None:
+        item.stash[_ISOLATION] = _isolate(marker)
+    return (yield from _phase(item))
+
+
+def _isolate(marker: pytest.Mark) -> Any:
+    from . import probe
+
+    mode = marker.args[0] if marker.args else marker.kwargs.get("mode", "isolated")
+    if mode not in ("isolated", "disabled"):
+        raise pytest.UsageError(f"@pytest.mark.{MARKER}: mode must be 'isolated' or 'disabled', got {mode!r}")
+    context = probe.isolated_compile(disable=mode == "disabled")
+    context.__enter__()
+    return context
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    return (yield from _phase(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
+    try:
+        return (yield from _phase(item))
+    finally:
+        context = item.stash.get(_ISOLATION, None)
+        if context is not None:
+            context.__exit__(None, None, None)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    report = yield
+    if call.when == "teardown":
+        record = item.stash.get(_RECORD, None)
+        # A plain JSON attribute survives xdist's report serialization to the controller.
+        report.compilecache = record.to_json() if record is not None and record.compiled else None
+    return report
+
+
+class _ReportHooks:
+    """Hooks that need the session state but receive no config: registered per config."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "teardown":
+            self.state.add_report(getattr(report, "compilecache", None))
+
+
+@pytest.fixture
+def compile_cache_stats(request: pytest.FixtureRequest) -> Any:
+    """The current test's compile record, live: ``compile_cache_stats.fxgraph["miss"] == 0``."""
+    from .session import LiveRecord
+
+    item = request.node
+    return LiveRecord(item.stash[_RECORD], lambda: item.stash.get(_MARK, None))
+
+
+# ---- xdist (optional)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    output = getattr(node, "workeroutput", {}) or {}
+    worker = output.get("workerid") or getattr(getattr(node, "gateway", None), "id", "?")
+    node.config.stash[_SESSION].add_worker_output(worker, output.get("compilecache"))
+
+
+# ---- session end
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    state = config.stash[_SESSION]
+    if hasattr(config, "workerinput"):
+        config.workeroutput["compilecache"] = state.worker_output()
+        return
+    failed = state.finish(verbose=config.option.verbose > 0)
+    if failed and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    state = config.stash.get(_SESSION, None)
+    if state is None or hasattr(config, "workerinput"):
+        return
+    lines = state.terminal_lines(verbose=config.option.verbose > 0)
+    if not lines:
+        return
+    terminalreporter.write_sep("-", "compile cache")
+    for line, markup in lines:
+        terminalreporter.write_line(line, **markup)

@@ -1,0 +1,374 @@
+"""The only module that touches torch, and the only one that reads its private counters.
+
+Everything here imports torch lazily and returns plain values, so the rest of the plugin can be
+tested without torch. Private APIs are used as documented in torch 2.6-2.15 (see the notes in
+``research/torch-caching-internals.md``) and each use is guarded: a missing attribute means "not
+available on this torch", never a crash in a user's test session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+from typing import Iterator
+
+CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+TRITON_ENV = "TRITON_CACHE_DIR"
+DISABLE_ENV = "TORCHINDUCTOR_FORCE_DISABLE_CACHES"
+
+# Environment variables that turn torch's remote caches on (set before torch is imported).
+REMOTE_SWITCHES = (
+    "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE",
+    "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE",
+    "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE",
+)
+
+
+def torch_loaded() -> bool:
+    """True once the session imported torch; the plugin never imports it on its own in a plain session."""
+    return "torch" in sys.modules
+
+
+def dynamo_loaded() -> bool:
+    return "torch._dynamo.utils" in sys.modules
+
+
+# --------------------------------------------------------------------------- per-phase measurement
+
+
+class _BypassTap(logging.Filter):
+    """Captures torch's FX-graph cache bypass reasons without changing what the user's logging shows.
+
+    torch logs the reason at INFO ("Bypassing FX Graph Cache because '%s'"). We lower the logger's level
+    so the record is created, keep the reason, and drop the record unless the user's configuration would
+    have shown it anyway.
+    """
+
+    def __init__(self, user_level: int) -> None:
+        super().__init__()
+        self.user_level = user_level
+        self.reasons: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg.startswith("Bypassing FX Graph Cache") and record.args:
+            self.reasons.append(str(record.args[0])[:200])
+        return record.levelno >= self.user_level
+
+
+_tap: _BypassTap | None = None
+
+
+def _prepare() -> None:
+    """Once per process after torch is imported: keep every compilation metric, tap bypass reasons."""
+    global _tap
+    if _tap is not None or not dynamo_loaded():
+        return
+    from torch._dynamo import utils
+
+    if hasattr(utils, "set_compilation_metrics_limit"):
+        # The default deque keeps 64 records; a suite compiles far more frames than that.
+        utils.set_compilation_metrics_limit(10**6)
+    logger = logging.getLogger("torch._inductor.codecache")
+    _tap = _BypassTap(logger.getEffectiveLevel())
+    logger.addFilter(_tap)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+
+
+class Mark:
+    """Counters and metric position at the start of a phase."""
+
+    __slots__ = ("counters", "metrics", "reasons")
+
+    def __init__(self, counters: dict[str, dict[str, int]], metrics: int, reasons: int) -> None:
+        self.counters = counters
+        self.metrics = metrics
+        self.reasons = reasons
+
+
+_EMPTY = Mark({}, 0, 0)
+_GROUPS = ("inductor", "aot_autograd")
+
+
+def mark() -> Mark:
+    """Cheap snapshot; before torch's Dynamo is imported there is nothing to snapshot."""
+    if not dynamo_loaded():
+        return _EMPTY
+    _prepare()
+    from torch._dynamo import utils
+
+    counters = {group: dict(utils.counters[group]) for group in _GROUPS if group in utils.counters}
+    reasons = len(_tap.reasons) if _tap else 0
+    return Mark(counters, len(utils.get_compilation_metrics()), reasons)
+
+
+def delta(start: Mark) -> dict[str, Any]:
+    """What compiled since ``start``, shaped like ``ItemRecord.to_json`` (counts clamped at zero).
+
+    Counter deltas are clamped because a test may call ``counters.clear()``; metrics after a
+    ``clear_compilation_metrics()`` by the test are counted from the start of the list.
+    """
+    if not dynamo_loaded():
+        return {}
+    _prepare()
+    from torch._dynamo import utils
+
+    def moved(group: str, name: str) -> int:
+        now = utils.counters[group].get(name, 0) if group in utils.counters else 0
+        return max(0, now - start.counters.get(group, {}).get(name, 0))
+
+    metrics = utils.get_compilation_metrics()
+    new = metrics[start.metrics:] if len(metrics) >= start.metrics else metrics
+    out: dict[str, Any] = {
+        "fxgraph": {k: moved("inductor", f"fxgraph_cache_{k}") for k in ("hit", "miss", "bypass")},
+        "aotautograd": {
+            k: moved("aot_autograd", f"autograd_cache_{k}") for k in ("hit", "miss", "bypass", "guard_miss")
+        },
+        "frames": 0,
+        "recompiles": 0,
+        "compile_seconds": 0.0,
+        "remote": {"fx_hit": 0, "fx_miss": 0, "aot_hit": 0, "aot_miss": 0},
+    }
+    for record in new:
+        _add_metric(out, record)
+    if _tap is not None:
+        out["bypass_reasons"] = sorted(set(_tap.reasons[start.reasons:]))
+    return out
+
+
+_ATTEMPT = re.compile(r"(\d+)/(\d+)")
+
+
+def _add_metric(out: dict[str, Any], record: Any) -> None:
+    frame_seconds = getattr(record, "entire_frame_compile_time_s", None)
+    backward_us = getattr(record, "backward_cumulative_compile_time_us", None)
+    if getattr(record, "is_runtime", False) or (frame_seconds is None and backward_us):
+        # A lazily compiled backward: its own record, under its forward's compile id. Not a frame.
+        out["compile_seconds"] += (backward_us or 0) / 1e6
+    else:
+        out["frames"] += 1
+        out["compile_seconds"] += frame_seconds or 0.0
+        match = _ATTEMPT.search(str(getattr(record, "compile_id", "") or ""))
+        if getattr(record, "recompile_reason", None) or (match and int(match.group(2)) > 0):
+            out["recompiles"] += 1
+    remote = out["remote"]
+    remote["fx_hit"] += getattr(record, "inductor_fx_remote_cache_hit_count", 0) or 0
+    remote["fx_miss"] += getattr(record, "inductor_fx_remote_cache_miss_count", 0) or 0
+    remote["aot_hit"] += getattr(record, "aotautograd_remote_cache_hit_count", 0) or 0
+    remote["aot_miss"] += getattr(record, "aotautograd_remote_cache_miss_count", 0) or 0
+
+
+def remote_counts_available() -> bool:
+    """AOTAutograd remote hit counts exist in CompilationMetrics from torch 2.11."""
+    from torch._dynamo.utils import CompilationMetrics
+
+    return "aotautograd_remote_cache_hit_count" in getattr(CompilationMetrics, "__dataclass_fields__", {})
+
+
+# --------------------------------------------------------------------------- cache dirs
+
+
+def point_cache_dir(cache_dir: str | None, *, disable: bool = False) -> str | None:
+    """Make torch use ``cache_dir`` (absolute) from now on; return a note when torch was imported earlier.
+
+    Environment variables are enough before torch is imported. After, torch's in-memory code caches
+    still hold kernels from the old dir, so we clear them; some paths are fixed at import (Dynamo's
+    precompile cache, precompiled headers), which the note names.
+    """
+    if cache_dir is not None:
+        os.environ[CACHE_ENV] = cache_dir
+        os.environ[TRITON_ENV] = os.path.join(cache_dir, "triton")
+    if disable:
+        os.environ[DISABLE_ENV] = "1"
+    if "torch._inductor" not in sys.modules:
+        return None
+    note = "torch was imported before pytest-compilecache configured the session"
+    with contextlib.suppress(Exception):
+        from torch._inductor import config as inductor_config
+        from torch._inductor.utils import clear_caches
+
+        clear_caches()
+        if disable:
+            inductor_config.force_disable_caches = True
+        return note + "; switched its cache dir in-process (Dynamo's precompile cache stays where it was)"
+    return note + "; could not switch its cache dir in-process, compiles may use the old dir"
+
+
+@contextlib.contextmanager
+def isolated_compile(disable: bool = False) -> Iterator[str]:
+    """A true cold compile for one test: a fresh dir, torch's in-memory caches cleared, all put back after.
+
+    Yields the temporary cache dir. Switching only the environment variable would silently reuse
+    kernels held in memory, hence the ``clear_caches`` and ``torch._dynamo.reset`` on both sides.
+    """
+    import torch
+    from torch._inductor import config as inductor_config
+    from torch._inductor.utils import clear_caches
+
+    saved = {name: os.environ.get(name) for name in (CACHE_ENV, TRITON_ENV)}
+    tmp = tempfile.mkdtemp(prefix="compilecache-test-")
+    collect_used_modules()
+    torch._dynamo.reset()
+    clear_caches()
+    os.environ[CACHE_ENV] = tmp
+    os.environ[TRITON_ENV] = os.path.join(tmp, "triton")
+    try:
+        with inductor_config.patch(force_disable_caches=disable, fx_graph_remote_cache=False):
+            yield tmp
+    finally:
+        torch._dynamo.reset()
+        clear_caches()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- what a warm start needs
+
+_used: set[str] = set()
+
+
+def collect_used_modules() -> None:
+    """Remember every compiled C++ module loaded so far; ``clear_caches`` would forget them."""
+    if "torch._inductor.codecache" not in sys.modules:
+        return
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        # Kernel modules are "<key>.kernel" (or a cpp_wrapper entry name) loaded from <cache>/<xx>/<key>.so.
+        if path and path.endswith(".so") and os.sep + "torch" + os.sep not in path:
+            _used.add(os.path.abspath(path))
+
+
+def used_files(cache_dir: str) -> list[str]:
+    """Relative paths of the files under ``cache_dir`` a warm start needs beside the mega-cache blob.
+
+    On CPU that is every compiled kernel this process loaded (``<key>.main.so``) and the CPU ISA probe
+    libraries (``<key>.so`` whose source is an ISA check), which torch builds in the cache dir and which
+    the mega-cache does not carry.
+    """
+    collect_used_modules()
+    root = os.path.abspath(cache_dir)
+    found: set[str] = set()
+    for path in _used:
+        if path.startswith(root + os.sep) and os.path.isfile(path):
+            found.add(os.path.relpath(path, root))
+    for so in Path(root).glob("*/*.so"):
+        if not so.name.endswith(".main.so") and _is_isa_probe(so):
+            found.add(os.path.relpath(so, root))
+    return sorted(p.replace(os.sep, "/") for p in found)
+
+
+def _is_isa_probe(so: Path) -> bool:
+    source = so.with_suffix(".cpp")
+    try:
+        with open(source, "rb") as fh:
+            return b"_chk_kernel" in fh.read(4096)
+    except OSError:
+        return False
+
+
+def save_artifacts() -> bytes | None:
+    """torch's mega-cache blob for this process. Call once per process, at session end.
+
+    A second call in the same process makes a later load drop artifacts (torch 2.8-2.15).
+    """
+    if not dynamo_loaded():
+        return None
+    import torch
+    import torch._inductor.codecache  # noqa: F401  (torch 2.7 needs it imported, pytorch#154463)
+
+    result = torch.compiler.save_cache_artifacts()
+    return None if result is None else bytes(result[0])
+
+
+def load_artifacts(blob: bytes) -> dict[str, int]:
+    """Write one mega-cache blob into the current cache dir; return artifact counts per type.
+
+    Raises whatever torch raises on bad content: callers guard it (a pickle error is possible).
+    """
+    import torch
+    import torch._dynamo  # noqa: F401
+    import torch._inductor.codecache  # noqa: F401
+
+    info = torch.compiler.load_cache_artifacts(blob)
+    if info is None:
+        raise ValueError("torch rejected the cache artifacts")
+    return {kind: len(keys) for kind, keys in info.artifacts.items()}
+
+
+# --------------------------------------------------------------------------- fingerprint facts
+
+
+def torch_facts() -> dict[str, str]:
+    """What about this torch install decides whether compiled artifacts can be reused here."""
+    import torch
+
+    facts = {
+        "torch": torch.__version__,
+        "torch_git": str(getattr(torch.version, "git_version", "") or ""),
+        # Kernel .so keys embed absolute include paths into torch and Python.
+        "torch_path": os.path.dirname(os.path.abspath(torch.__file__)),
+        "cpu_capability": _safe(lambda: torch.backends.cpu.get_cpu_capability()),
+        # The FX key depends on the thread count (torch 2.13+).
+        "threads": str(torch.get_num_threads()),
+        "cxx": _safe(_compiler_version),
+        "torch_tree": _safe(_torch_key),
+    }
+    return facts
+
+
+def _safe(fn: Any) -> str:
+    try:
+        return str(fn())
+    except Exception as exc:  # a fact we cannot read is recorded as such, not a crash
+        return f"unknown ({type(exc).__name__})"
+
+
+def _compiler_version() -> str:
+    from torch._inductor import cpp_builder
+
+    info = cpp_builder.get_compiler_version_info(cpp_builder.get_cpp_compiler())
+    match = re.search(r"(gcc|clang) version [^\s_]+(?: \([^)]*\))?", info)
+    return match.group(0) if match else info[-120:]
+
+
+def _torch_key() -> str:
+    from torch._inductor.codecache import torch_key
+
+    return torch_key().hex()[:16]
+
+
+def device_facts() -> dict[str, Any]:
+    """CUDA/HIP/triton facts: ``{"cuda", "hip", "triton", "gpus": [{"name", "capability"}]}``.
+
+    Tests inject recorded facts instead (see ``fingerprint.collect``); this is the only code that asks
+    the real devices.
+    """
+    import torch
+
+    facts: dict[str, Any] = {
+        "cuda": torch.version.cuda or "",
+        "hip": getattr(torch.version, "hip", None) or "",
+        "triton": "",
+        "gpus": [],
+    }
+    with contextlib.suppress(Exception):
+        import triton
+
+        facts["triton"] = triton.__version__
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(index)
+            arch = getattr(props, "gcnArchName", "") or f"{props.major}.{props.minor}"
+            facts["gpus"].append({"name": props.name, "capability": arch})
+    return facts

@@ -1,0 +1,49 @@
+"""torch's own Redis remote caches: the environment that switches them on, and a reachability check."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+from urllib.parse import urlunsplit
+
+REDIS_TIMEOUT_S = 2.0
+
+
+def redis_env(url: str) -> dict[str, str]:
+    """Environment for torch's remote FX-graph, AOTAutograd and autotune caches at ``url``.
+
+    ``TORCHINDUCTOR_REDIS_URL`` is read by torch 2.7+; host and port are also set for older releases
+    (which cannot select a database or a password).
+    """
+    parts = urlsplit(url)
+    return {
+        "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "1",
+        "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE": "1",
+        "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE": "1",
+        "TORCHINDUCTOR_REDIS_URL": url,
+        "TORCHINDUCTOR_REDIS_HOST": parts.hostname or "localhost",
+        "TORCHINDUCTOR_REDIS_PORT": str(parts.port or 6379),
+    }
+
+
+def check_redis(url: str) -> str | None:
+    """None when Redis answers PING within a couple of seconds, else a short reason."""
+    try:
+        import redis
+    except ImportError:
+        return "the 'redis' package is not installed (pip install 'pytest-compilecache[redis]')"
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=REDIS_TIMEOUT_S, socket_timeout=REDIS_TIMEOUT_S)
+        client.ping()
+        client.close()
+    except Exception as exc:  # any client error means: no remote cache this session
+        return f"{type(exc).__name__}: {str(exc)[:120]}"
+    return None
+
+
+def redacted(url: str) -> str:
+    """The URL without a password, for messages."""
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url

@@ -1,0 +1,180 @@
+"""Pure renderers: terminal lines, Markdown and JSON from :class:`SessionStats`. No I/O here.
+
+``transfer`` arguments are plain dicts describing a restore or a save:
+``{"outcome": "exact"|"partial"|"miss"|"saved"|"skipped"|"error", "key", "size", "seconds", "message"}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from typing import Mapping
+
+from .stats import SessionStats
+
+JSON_VERSION = 1
+MARKDOWN_LIMIT = 1024 * 1024 - 4096  # GitHub rejects a step summary over 1 MiB; leave headroom
+TABLE_ROWS = 30
+
+
+def percent(rate: float | None) -> str:
+    return "n/a" if rate is None else f"{rate * 100:.0f}%"
+
+
+def human_size(size: int | None) -> str:
+    if size is None:
+        return "-"
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word if count == 1 else word + ('es' if word.endswith('s') else 's')}"
+
+
+def summary_line(stats: SessionStats, where: str) -> str:
+    """``compile cache: 42 hits, 3 misses (93%), 1 bypass, 18.2 s compiling, dir shared:/path``."""
+    fx = stats.total("fxgraph")
+    parts = [
+        _plural(fx["hit"], "hit"),
+        f"{_plural(fx['miss'], 'miss')} ({percent(stats.hit_rate)})",
+    ]
+    if fx["bypass"]:
+        parts.append(_plural(fx["bypass"], "bypass"))
+    remote = stats.total("remote")
+    if remote["fx_hit"] or remote["fx_miss"]:
+        parts.append(f"remote {remote['fx_hit']} hit/{remote['fx_miss']} miss")
+    parts.append(f"{stats.compile_seconds:.1f} s compiling")
+    parts.append(f"dir {where}")
+    return "compile cache: " + ", ".join(parts)
+
+
+def transfer_line(kind: str, info: Mapping[str, Any]) -> str:
+    """One line about a restore or save, e.g. ``restore: partial compilecache-v1-ab12-... (4.1 MiB, 0.3 s)``."""
+    outcome = info.get("outcome", "?")
+    bits = [f"{kind}: {outcome}"]
+    if info.get("key"):
+        bits.append(str(info["key"]))
+    if info.get("size") is not None or info.get("seconds") is not None:
+        bits.append(f"({human_size(info.get('size'))}, {float(info.get('seconds') or 0):.2f} s)")
+    if info.get("message"):
+        bits.append("- " + str(info["message"]))
+    return " ".join(bits)
+
+
+def table_lines(stats: SessionStats, limit: int | None = TABLE_ROWS) -> list[str]:
+    """The tests that compiled, slowest first, with their cache outcomes."""
+    rows = stats.compiled[:limit] if limit else stats.compiled
+    if not rows:
+        return []
+    width = min(max(len(r.nodeid) for r in rows), 80)
+    lines = [f"{'seconds':>8}  {'fx hit/miss/byp':>15}  {'aot hit/miss':>12}  {'frames':>6}  test"]
+    for r in rows:
+        fx = f"{r.fxgraph['hit']}/{r.fxgraph['miss']}/{r.fxgraph['bypass']}"
+        aot = f"{r.aotautograd['hit']}/{r.aotautograd['miss']}"
+        name = r.nodeid if len(r.nodeid) <= width else "..." + r.nodeid[-(width - 3):]
+        recompiles = f" ({r.recompiles} recompiles)" if r.recompiles else ""
+        lines.append(f"{r.compile_seconds:8.2f}  {fx:>15}  {aot:>12}  {r.frames:>6}  {name}{recompiles}")
+    hidden = len(stats.compiled) - len(rows)
+    if hidden > 0:
+        lines.append(f"... and {hidden} more (see --compile-cache-json)")
+    reasons = sorted({reason for r in stats.compiled for reason in r.bypass_reasons})
+    for reason in reasons[:5]:
+        lines.append(f"bypass: {reason}")
+    return lines
+
+
+def to_json(
+    stats: SessionStats,
+    *,
+    mode: str | None,
+    cache_dir: str | None,
+    restore: Mapping[str, Any] | None = None,
+    save: Mapping[str, Any] | None = None,
+    notes: list[str] | None = None,
+) -> dict[str, Any]:
+    """The documented, stable JSON report (``version`` 1; fields are only ever added)."""
+    return {
+        "version": JSON_VERSION,
+        "mode": mode,
+        "cache_dir": cache_dir,
+        "totals": stats.totals_json(),
+        "restore": dict(restore) if restore else None,
+        "save": dict(save) if save else None,
+        "silent_workers": list(stats.silent_workers),
+        "notes": list(notes or []),
+        "tests": [r.to_json() for r in sorted(stats.records.values(), key=lambda r: r.nodeid) if r.compiled],
+    }
+
+
+def markdown(
+    stats: SessionStats,
+    *,
+    where: str,
+    restore: Mapping[str, Any] | None = None,
+    save: Mapping[str, Any] | None = None,
+    limit: int = MARKDOWN_LIMIT,
+) -> str:
+    """Markdown for ``$GITHUB_STEP_SUMMARY``: headline, a table per layer, slowest tests and misses.
+
+    Always shorter than ``limit`` characters: the long lists are cut first.
+    """
+    fx, aot, remote = stats.total("fxgraph"), stats.total("aotautograd"), stats.total("remote")
+    head = [
+        f"### torch.compile cache: {percent(stats.hit_rate)} hit rate",
+        "",
+        f"{stats.hits} FX-graph hits, {stats.misses} misses, {fx['bypass']} bypasses; "
+        f"{len(stats.compiled)} of {stats.tests} tests compiled, {stats.compile_seconds:.1f} s compiling "
+        f"(`{where}`).",
+        "",
+        "| layer | hit | miss | bypass | guard miss |",
+        "|---|---:|---:|---:|---:|",
+        f"| FX graph | {fx['hit']} | {fx['miss']} | {fx['bypass']} | - |",
+        f"| AOTAutograd | {aot['hit']} | {aot['miss']} | {aot['bypass']} | {aot['guard_miss']} |",
+    ]
+    if remote["fx_hit"] or remote["fx_miss"] or remote["aot_hit"] or remote["aot_miss"]:
+        head.append(f"| remote FX graph | {remote['fx_hit']} | {remote['fx_miss']} | - | - |")
+        head.append(f"| remote AOTAutograd | {remote['aot_hit']} | {remote['aot_miss']} | - | - |")
+    head.append("")
+    for kind, info in (("restore", restore), ("save", save)):
+        if info:
+            head.append(f"- {transfer_line(kind, info)}")
+    if stats.silent_workers:
+        head.append(f"- workers that sent no statistics: {', '.join(stats.silent_workers)}")
+    head.append("")
+    slowest = [
+        f"| {r.compile_seconds:.2f} | {r.fxgraph['hit']} | {r.fxgraph['miss']} | {r.frames} | `{_cell(r.nodeid)}` |"
+        for r in stats.compiled
+    ]
+    missed = [
+        f"| {r.fxgraph['miss']} | {r.aotautograd['miss']} | `{_cell(r.nodeid)}` |"
+        + (f" {_cell('; '.join(r.bypass_reasons))} |" if r.bypass_reasons else " |")
+        for r in sorted(stats.compiled, key=lambda r: (-r.fxgraph["miss"], r.nodeid))
+        if r.fxgraph["miss"] or r.fxgraph["bypass"]
+    ]
+    text = "\n".join(head)
+    budget = limit - len(text) - 600
+    sections = [
+        ("Slowest compiling tests", "| seconds | fx hits | fx misses | frames | test |\n|---:|---:|---:|---:|---|", slowest),
+        ("Tests that missed", "| fx misses | aot misses | test | bypass reasons |\n|---:|---:|---|---|", missed),
+    ]
+    for title, header, rows in sections:
+        if not rows:
+            continue
+        body, used = [], 0
+        share = max(budget // 2, 0)
+        for row in rows:
+            if used + len(row) + 1 > share:
+                body.append(f"\n_{len(rows) - len(body)} more rows not shown._")
+                break
+            body.append(row)
+            used += len(row) + 1
+        text += f"\n<details><summary>{title} ({len(rows)})</summary>\n\n{header}\n" + "\n".join(body) + "\n\n</details>\n"
+    return text[:limit]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("`", "'").replace("\n", " ")

@@ -1,0 +1,223 @@
+"""One frozen :class:`Settings`, built from the command line, then the ini file, then the environment.
+
+Every option exists in three spellings: ``--compile-cache-store`` (CLI), ``compile_cache_store`` (ini) and
+``PYTEST_COMPILECACHE_STORE`` (environment). Validation errors raise :class:`ConfigError` whose message names
+the option as the user wrote it, so pytest can report it at start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+from typing import Callable
+from typing import Mapping
+
+from . import ConfigError
+
+MODES = ("shared", "isolated", "disabled")
+REPORTS = ("short", "full", "none")
+SUMMARY = ("auto", "off")
+RESTORE = ("auto", "skip")
+DEFAULT_PREFIX = "compilecache-v1"
+SIGNING_KEY_ENV = "PYTEST_COMPILECACHE_SIGNING_KEY"
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str, str], str]:
+    def parse(option: str, value: str) -> str:
+        value = value.strip().lower()
+        if value not in choices:
+            raise ConfigError(f"{option}: invalid value {value!r} (choose from {', '.join(choices)})")
+        return value
+
+    return parse
+
+
+def _text(option: str, value: str) -> str:
+    return value.strip()
+
+
+def _flag(option: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{option}: expected a boolean (1/0, true/false), got {value!r}")
+
+
+def _rate(option: str, value: str) -> float:
+    try:
+        rate = float(value)
+    except ValueError:
+        raise ConfigError(f"{option}: expected a number between 0 and 1, got {value!r}") from None
+    if not 0.0 <= rate <= 1.0:
+        raise ConfigError(f"{option}: must be between 0 and 1, got {value!r}")
+    return rate
+
+
+def _count(option: str, value: str) -> int:
+    try:
+        count = int(value)
+    except ValueError:
+        raise ConfigError(f"{option}: expected a whole number, got {value!r}") from None
+    if count < 1:
+        raise ConfigError(f"{option}: must be at least 1, got {value!r}")
+    return count
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+
+
+def parse_size(option: str, value: str) -> int:
+    """Parse ``500M``, ``2G``, ``1.5GiB`` or a plain byte count."""
+    match = _SIZE.match(value)
+    if not match:
+        raise ConfigError(f"{option}: expected a size like 500M or 2G, got {value!r}")
+    number, unit = match.groups()
+    size = int(float(number) * 1024 ** "_kmgt".index(unit.lower() or "_"))
+    if size <= 0:
+        raise ConfigError(f"{option}: must be positive, got {value!r}")
+    return size
+
+
+_KEY_PART = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+
+
+def _key_part(option: str, value: str) -> str:
+    value = value.strip()
+    if not _KEY_PART.match(value):
+        raise ConfigError(f"{option}: use 1-200 characters from A-Z a-z 0-9 . _ -, got {value!r}")
+    return value
+
+
+_REDIS = re.compile(r"^rediss?://[^/\s:]+(:\d{1,5})?(/\d+)?/?$")
+
+
+def _redis_url(option: str, value: str) -> str:
+    value = value.strip()
+    if not _REDIS.match(value):
+        raise ConfigError(f"{option}: expected redis://host:port/db, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option in its three spellings."""
+
+    name: str  # the attribute on Settings
+    cli: str
+    parse: Callable[[str, str], Any]
+    default: Any
+    help: str
+    flag: bool = False  # a CLI switch without a value
+
+    @property
+    def ini(self) -> str:
+        return self.cli.lstrip("-").replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return "PYTEST_COMPILECACHE_" + self.name.upper()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("mode", "--compile-cache", _choice(MODES), None,
+           "TorchInductor cache dir for this session: shared (persistent, reused), isolated (fresh, "
+           "removed at the end) or disabled (no caching). Unset: leave torch's configuration alone."),
+    Option("dir", "--compile-cache-dir", _text, None,
+           "shared: the cache dir (default: inside pytest's cache dir). isolated: where the fresh dir is made."),
+    Option("keep", "--compile-cache-keep", _flag, False, "isolated: keep the session cache dir.", flag=True),
+    Option("report", "--compile-cache-report", _choice(REPORTS), "short",
+           "terminal report: short (one line), full (a table of compiled tests; also with -v), none."),
+    Option("json", "--compile-cache-json", _text, None, "write the statistics as JSON to this path."),
+    Option("summary", "--compile-cache-summary", _choice(SUMMARY), "auto",
+           "auto: append Markdown to $GITHUB_STEP_SUMMARY when it is set; off: never."),
+    Option("min_hit_rate", "--compile-cache-min-hit-rate", _rate, None,
+           "fail the session when the FX-graph hit rate is lower (0..1)."),
+    Option("store", "--compile-cache-store", _text, None,
+           "restore a bundle from and save one to this store: a directory, file:///path or s3://bucket/prefix."),
+    Option("readonly", "--compile-cache-readonly", _flag, False, "restore but never save.", flag=True),
+    Option("restore", "--compile-cache-restore", _choice(RESTORE), "auto",
+           "auto: restore from the store at start; skip: the cache dir was already restored (the Action)."),
+    Option("key_prefix", "--compile-cache-key-prefix", _key_part, DEFAULT_PREFIX,
+           "first part of every bundle key; change it to start afresh."),
+    Option("key_salt", "--compile-cache-key-salt", _text, "",
+           "extra text mixed into the fingerprint (e.g. a model revision)."),
+    Option("run_suffix", "--compile-cache-run-suffix", _key_part, None,
+           "last part of the saved key (default: time and process; the Action passes run id and attempt)."),
+    Option("strict", "--compile-cache-strict", _flag, False,
+           "make store and bundle trouble fail the session instead of warning.", flag=True),
+    Option("keep_bundles", "--compile-cache-keep-bundles", _count, 3,
+           "keep this many newest bundles per fingerprint in the store after a save."),
+    Option("max_size", "--compile-cache-max-size", parse_size, None,
+           "shared: cap the cache dir (e.g. 2G), evicting least recently used entries at the end."),
+    Option("redis", "--compile-cache-redis", _redis_url, None,
+           "turn on torch's Redis remote caches (FX graph, AOTAutograd, autotune) at this URL."),
+    Option("s3_endpoint", "--compile-cache-s3-endpoint", _text, None,
+           "S3-compatible endpoint URL (default: AWS_ENDPOINT_URL or AWS)."),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The plugin's whole configuration. ``mode=None`` means: only record statistics."""
+
+    mode: str | None = None
+    dir: str | None = None
+    keep: bool = False
+    report: str = "short"
+    json: str | None = None
+    summary: str = "auto"
+    min_hit_rate: float | None = None
+    store: str | None = None
+    readonly: bool = False
+    restore: str = "auto"
+    key_prefix: str = DEFAULT_PREFIX
+    key_salt: str = ""
+    run_suffix: str | None = None
+    strict: bool = False
+    keep_bundles: int = 3
+    max_size: int | None = None
+    redis: str | None = None
+    s3_endpoint: str | None = None
+    signing_key: bytes | None = None
+
+    @property
+    def effective_mode(self) -> str | None:
+        """A store needs a cache dir the plugin owns: with no mode given, it implies ``shared``."""
+        if self.mode is None and self.store:
+            return "shared"
+        return self.mode
+
+
+def resolve(
+    cli: Mapping[str, Any],
+    ini: Callable[[str], Any],
+    environ: Mapping[str, str] = os.environ,
+) -> Settings:
+    """Build :class:`Settings`; CLI beats ini beats environment. Raises :class:`ConfigError`.
+
+    ``cli`` maps option names to parsed argparse values (None when not given); ``ini`` returns the raw
+    ini value for a key, or None/"" when unset.
+    """
+    values: dict[str, Any] = {}
+    for option in OPTIONS:
+        values[option.name] = _pick(option, cli.get(option.name), ini(option.ini), environ.get(option.env))
+    signing_key = environ.get(SIGNING_KEY_ENV, "")
+    values["signing_key"] = signing_key.encode() if signing_key else None
+    settings = Settings(**values)
+    if settings.mode == "disabled" and settings.store:
+        raise ConfigError("--compile-cache-store: cannot be used with --compile-cache=disabled")
+    return settings
+
+
+def _pick(option: Option, cli: Any, ini: Any, env: str | None) -> Any:
+    for value, spelling in ((cli, option.cli), (ini, option.ini), (env, option.env)):
+        if value is None or value == "" or (option.flag and value is False):
+            continue
+        if option.flag and value is True:
+            return True
+        return option.parse(spelling, str(value))
+    return option.default

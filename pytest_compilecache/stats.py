@@ -1,0 +1,158 @@
+"""Per-test compile records and their merge across xdist workers.
+
+Plain data only: everything here round-trips through JSON, because records travel from xdist
+workers to the controller on pytest's ``TestReport`` objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Any
+from typing import Mapping
+
+FX_FIELDS = ("hit", "miss", "bypass")
+AOT_FIELDS = ("hit", "miss", "bypass", "guard_miss")
+REMOTE_FIELDS = ("fx_hit", "fx_miss", "aot_hit", "aot_miss")
+
+
+def _counts(fields: tuple[str, ...], data: Mapping[str, Any] | None = None) -> dict[str, int]:
+    data = data or {}
+    return {name: int(data.get(name, 0) or 0) for name in fields}
+
+
+def _add(into: dict[str, int], other: Mapping[str, int]) -> None:
+    for name, value in other.items():
+        into[name] = into.get(name, 0) + value
+
+
+@dataclass
+class ItemRecord:
+    """What one test item compiled, summed over its setup, call and teardown phases.
+
+    ``fxgraph`` and ``aotautograd`` hold torch's cache lookup outcomes; ``remote`` the subset of those
+    lookups that went to a remote (Redis) cache, when torch reports it (2.11+).
+    """
+
+    nodeid: str
+    worker: str = "controller"
+    fxgraph: dict[str, int] = field(default_factory=lambda: _counts(FX_FIELDS))
+    aotautograd: dict[str, int] = field(default_factory=lambda: _counts(AOT_FIELDS))
+    remote: dict[str, int] = field(default_factory=lambda: _counts(REMOTE_FIELDS))
+    frames: int = 0
+    recompiles: int = 0
+    compile_seconds: float = 0.0
+    bypass_reasons: list[str] = field(default_factory=list)
+
+    @property
+    def compiled(self) -> bool:
+        """True when anything went through Dynamo or a compile cache during this test."""
+        lookups = sum(self.fxgraph.values()) + sum(self.aotautograd.values())
+        return bool(self.frames or lookups or self.compile_seconds)
+
+    @property
+    def misses(self) -> int:
+        return self.fxgraph["miss"]
+
+    def add(self, delta: Mapping[str, Any]) -> None:
+        """Add one phase's delta (a dict shaped like :meth:`to_json`) to this record."""
+        _add(self.fxgraph, _counts(FX_FIELDS, delta.get("fxgraph")))
+        _add(self.aotautograd, _counts(AOT_FIELDS, delta.get("aotautograd")))
+        _add(self.remote, _counts(REMOTE_FIELDS, delta.get("remote")))
+        self.frames += int(delta.get("frames", 0))
+        self.recompiles += int(delta.get("recompiles", 0))
+        self.compile_seconds += float(delta.get("compile_seconds", 0.0))
+        for reason in delta.get("bypass_reasons", ()):
+            if reason not in self.bypass_reasons:
+                self.bypass_reasons.append(reason)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "nodeid": self.nodeid,
+            "worker": self.worker,
+            "fxgraph": dict(self.fxgraph),
+            "aotautograd": dict(self.aotautograd),
+            "remote": dict(self.remote),
+            "frames": self.frames,
+            "recompiles": self.recompiles,
+            "compile_seconds": round(self.compile_seconds, 4),
+            "bypass_reasons": list(self.bypass_reasons),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ItemRecord:
+        record = cls(nodeid=str(data["nodeid"]), worker=str(data.get("worker", "controller")))
+        record.add(data)
+        return record
+
+
+def hit_rate(hits: int, misses: int) -> float | None:
+    """FX-graph hits / (hits + misses); None when nothing was looked up (no rate, not 0%)."""
+    total = hits + misses
+    return hits / total if total else None
+
+
+@dataclass
+class SessionStats:
+    """Every item record of a session, merged across workers, plus facts about the session."""
+
+    records: dict[str, ItemRecord] = field(default_factory=dict)
+    tests: int = 0
+    silent_workers: list[str] = field(default_factory=list)
+
+    def add_record(self, record: ItemRecord) -> None:
+        """Merge a record; a nodeid seen twice (reruns) accumulates."""
+        existing = self.records.get(record.nodeid)
+        if existing is None:
+            self.records[record.nodeid] = record
+        else:
+            existing.add(record.to_json())
+
+    @property
+    def compiled(self) -> list[ItemRecord]:
+        """Records of tests that compiled, slowest first."""
+        items = [r for r in self.records.values() if r.compiled]
+        return sorted(items, key=lambda r: (-r.compile_seconds, r.nodeid))
+
+    def total(self, layer: str) -> dict[str, int]:
+        fields = {"fxgraph": FX_FIELDS, "aotautograd": AOT_FIELDS, "remote": REMOTE_FIELDS}[layer]
+        out = _counts(fields)
+        for record in self.records.values():
+            _add(out, getattr(record, layer))
+        return out
+
+    @property
+    def hits(self) -> int:
+        return self.total("fxgraph")["hit"]
+
+    @property
+    def misses(self) -> int:
+        return self.total("fxgraph")["miss"]
+
+    @property
+    def hit_rate(self) -> float | None:
+        return hit_rate(self.hits, self.misses)
+
+    @property
+    def compile_seconds(self) -> float:
+        return sum(r.compile_seconds for r in self.records.values())
+
+    @property
+    def anything_compiled(self) -> bool:
+        return any(r.compiled for r in self.records.values())
+
+    def totals_json(self) -> dict[str, Any]:
+        rate = self.hit_rate
+        return {
+            "tests": self.tests,
+            "compiled_tests": len(self.compiled),
+            "fxgraph": self.total("fxgraph"),
+            "aotautograd": self.total("aotautograd"),
+            "remote": self.total("remote"),
+            "frames": sum(r.frames for r in self.records.values()),
+            "recompiles": sum(r.recompiles for r in self.records.values()),
+            "hits": self.hits,
+            "misses": self.misses,
+            "hit_rate": None if rate is None else round(rate, 4),
+            "compile_seconds": round(self.compile_seconds, 3),
+        }
