@@ -58,7 +58,7 @@ def transfer_line(kind: str, info: Mapping[str, Any]) -> str:
     bits = [f"{kind}: {outcome}"]
     if info.get("key"):
         bits.append(str(info["key"]))
-    if info.get("size") is not None or info.get("seconds") is not None:
+    if info.get("size") is not None:
         bits.append(f"({human_size(info.get('size'))}, {float(info.get('seconds') or 0):.2f} s)")
     if info.get("message"):
         bits.append("- " + str(info["message"]))

@@ -1,0 +1,309 @@
+"""``python -m pytest_compilecache``: fingerprint, key, restore, save, inspect, verify, prune, report.
+
+Exit codes (stable, documented in the README):
+
+* 0 - done (a restore that misses is done too: the next session compiles cold)
+* 1 - ``verify``: the bundle is invalid; ``restore``/``save`` with ``--strict``: the store or bundle failed
+* 2 - bad usage (unknown option, malformed store URL, bad key)
+* 3 - ``restore --fail-on-miss``: nothing matched
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from typing import Sequence
+
+from . import BundleError
+from . import ConfigError
+from . import __version__
+from .settings import DEFAULT_PREFIX
+from .settings import SIGNING_KEY_ENV
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MISS = 0, 1, 2, 3
+
+# What a warm start needs from a cache dir when no per-session list exists (the CLI's ``save``): torch's
+# FX-graph and AOTAutograd entries, compiled kernels and ISA probes, autotune results. Sources, locks
+# and precompiled headers are regenerated, so they stay out.
+_DIR_PATTERNS = ("fxgraph/**/*", "aotautograd/**/*", "*/*.so", "*.best_config", "*/*.best_config")
+
+
+def _signing_key() -> bytes | None:
+    value = os.environ.get(SIGNING_KEY_ENV, "")
+    return value.encode() if value else None
+
+
+def _progress(label: str) -> Any:
+    """A tiny progress line on stderr for long transfers (only on a terminal)."""
+    started = time.perf_counter()
+
+    def done(size: int | None = None) -> None:
+        if sys.stderr.isatty():
+            extra = f", {size / 2**20:.1f} MiB" if size else ""
+            sys.stderr.write(f"\r{label}: done in {time.perf_counter() - started:.1f} s{extra}\n")
+
+    if sys.stderr.isatty():
+        sys.stderr.write(f"{label}...")
+        sys.stderr.flush()
+    return done
+
+
+def _fingerprint(args: argparse.Namespace) -> Any:
+    from .fingerprint import collect
+
+    device = json.loads(Path(args.device_facts).read_text()) if getattr(args, "device_facts", None) else None
+    return collect(salt=args.salt, device=device)
+
+
+def cmd_fingerprint(args: argparse.Namespace) -> int:
+    fp = _fingerprint(args)
+    if args.json:
+        print(json.dumps({"digest": fp.digest(), "facts": fp.to_json()}, indent=2))
+    else:
+        width = max(len(k) for k in fp.facts)
+        for name, value in fp.to_json().items():
+            print(f"{name:<{width}}  {value}")
+        print(f"{'digest':<{width}}  {fp.digest()}")
+    return EXIT_OK
+
+
+def cmd_key(args: argparse.Namespace) -> int:
+    from .fingerprint import default_suffix
+    from .fingerprint import make_key
+    from .fingerprint import restore_prefix
+
+    fp = _fingerprint(args)
+    values = {
+        "digest": fp.digest(),
+        "key": make_key(args.prefix, fp.digest(), args.suffix or default_suffix()),
+        "restore-prefix": restore_prefix(args.prefix, fp.digest()),
+    }
+    _emit(values, args.github_output)
+    return EXIT_OK
+
+
+def _emit(values: dict[str, str], github_output: bool) -> None:
+    for name, value in values.items():
+        print(f"{name}={value}")
+    target = os.environ.get("GITHUB_OUTPUT")
+    if github_output and target:
+        with open(target, "a", encoding="utf-8") as fh:
+            fh.writelines(f"{name}={value}\n" for name, value in values.items())
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from . import sync
+    from .probe import point_cache_dir
+    from .stores import open_store
+
+    cache_dir = str(Path(args.cache_dir).absolute())
+    point_cache_dir(cache_dir)  # before torch is imported by the fingerprint
+    store = open_store(args.store, readonly=True)
+    done = _progress(f"restoring from {store.location}")
+    result = sync.restore(
+        store, prefix=args.prefix, fingerprint=_fingerprint(args), cache_dir=cache_dir,
+        signing_key=_signing_key(), exact_key=args.key,
+    )
+    done(result.size)
+    _emit(
+        {
+            "restore-outcome": result.outcome if result.ok else "miss",
+            "cache-hit": str(result.outcome == "exact").lower(),
+            "matched-key": result.key or "",
+        },
+        args.github_output,
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    if not result.ok:
+        _warn(result.message)
+        return EXIT_FAILED if args.strict else EXIT_OK
+    if result.outcome == "miss":
+        print(f"miss: {result.message}", file=sys.stderr)
+        return EXIT_MISS if args.fail_on_miss else EXIT_OK
+    return EXIT_OK
+
+
+def cmd_save(args: argparse.Namespace) -> int:
+    from . import sync
+    from .fingerprint import default_suffix
+    from .stores import open_store
+
+    cache_dir = Path(args.cache_dir).absolute()
+    files = sorted(
+        {str(p.relative_to(cache_dir)).replace(os.sep, "/") for pattern in _DIR_PATTERNS
+         for p in cache_dir.glob(pattern) if p.is_file() and not p.is_symlink()}
+    )
+    store = open_store(args.store)
+    done = _progress(f"saving to {store.location}")
+    result = sync.save(
+        store, prefix=args.prefix, fingerprint=_fingerprint(args), suffix=args.suffix or default_suffix(),
+        cache_dir=str(cache_dir), blobs={}, files=files, stats={}, signing_key=_signing_key(), keep=args.keep,
+    )
+    done(result.size)
+    print(f"save: {result.outcome} {result.key or ''} {result.message}".rstrip())
+    if not result.ok:
+        _warn(result.message)
+        return EXIT_FAILED if args.strict else EXIT_OK
+    return EXIT_OK
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from . import bundle
+
+    manifest = bundle.read_manifest(Path(args.bundle))
+    data = json.loads(manifest.to_json_bytes())
+    data["signed"] = bundle.is_signed(Path(args.bundle))
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return EXIT_OK
+    print(f"key          {manifest.key}")
+    print(f"created      {manifest.created}")
+    print(f"plugin/torch {manifest.plugin_version} / {manifest.torch_version}")
+    print(f"digest       {manifest.digest}")
+    print(f"signed       {'yes' if data['signed'] else 'no'}")
+    print(f"members      {len(manifest.members)} ({manifest.total_size} bytes, payload {manifest.payload_size})")
+    for member in manifest.members:
+        print(f"  {member.size:>10}  {member.path}")
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from . import bundle
+
+    fingerprint = _fingerprint(args).to_json() if args.fingerprint else None
+    try:
+        manifest = bundle.verify(Path(args.bundle), signing_key=_signing_key(), fingerprint=fingerprint)
+    except BundleError as exc:
+        print(f"invalid: {exc}")
+        return EXIT_FAILED
+    print(f"ok: {manifest.key} ({len(manifest.members)} members)")
+    return EXIT_OK
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    from .stores import open_store
+    from .stores.base import prune
+
+    deleted = prune(open_store(args.store), args.prefix, args.keep)
+    for key in deleted:
+        print(f"deleted {key}")
+    print(f"kept the newest {args.keep} under {args.prefix!r}; deleted {len(deleted)}")
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Render a ``--compile-cache-json`` file as Markdown (appended to $GITHUB_STEP_SUMMARY with --summary)."""
+    from . import report
+    from .stats import ItemRecord
+    from .stats import SessionStats
+
+    data = json.loads(Path(args.json_report).read_text())
+    stats = SessionStats(tests=int(data["totals"]["tests"]), silent_workers=list(data.get("silent_workers", [])))
+    for record in data.get("tests", []):
+        stats.add_record(ItemRecord.from_json(record))
+    text = report.markdown(stats, where=f"{data.get('mode')}:{data.get('cache_dir')}",
+                           restore=data.get("restore"), save=data.get("save"))
+    target = os.environ.get("GITHUB_STEP_SUMMARY") if args.summary else None
+    if target:
+        with open(target, "a", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+    else:
+        print(text)
+    return EXIT_OK
+
+
+def _warn(message: str) -> None:
+    print(f"CompileCacheWarning: {message}", file=sys.stderr)
+    if os.environ.get("GITHUB_ACTIONS") == "true":
+        print(f"::warning title=compile cache::{message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pytest_compilecache", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=__version__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def fp_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--salt", default=os.environ.get("PYTEST_COMPILECACHE_KEY_SALT", ""), help="key salt")
+        p.add_argument("--device-facts", help="JSON file of recorded device facts (instead of asking the GPUs)")
+
+    def store_args(p: argparse.ArgumentParser, prefix: bool = True) -> None:
+        p.add_argument("--store", required=True, help="directory, file:///path or s3://bucket/prefix")
+        if prefix:
+            p.add_argument("--prefix", default=os.environ.get("PYTEST_COMPILECACHE_KEY_PREFIX", DEFAULT_PREFIX))
+        p.add_argument("--strict", action="store_true", help="exit 1 on store or bundle trouble")
+
+    p = sub.add_parser("fingerprint", help="print the facts that decide reuse, and their digest")
+    fp_args(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_fingerprint)
+
+    p = sub.add_parser("key", help="print the save key and the restore prefix")
+    fp_args(p)
+    p.add_argument("--prefix", default=DEFAULT_PREFIX)
+    p.add_argument("--suffix", help="run suffix (default: time and pid)")
+    p.add_argument("--github-output", action="store_true", help="also append to $GITHUB_OUTPUT")
+    p.set_defaults(func=cmd_key)
+
+    p = sub.add_parser("restore", help="restore the best matching bundle into a cache dir")
+    fp_args(p)
+    store_args(p)
+    p.add_argument("--cache-dir", required=True)
+    p.add_argument("--key", help="exact key to try first")
+    p.add_argument("--json", help="write the outcome as JSON here")
+    p.add_argument("--fail-on-miss", action="store_true", help="exit 3 when nothing matched")
+    p.add_argument("--github-output", action="store_true")
+    p.set_defaults(func=cmd_restore)
+
+    p = sub.add_parser("save", help="bundle a cache dir's reusable entries and save them")
+    fp_args(p)
+    store_args(p)
+    p.add_argument("--cache-dir", required=True)
+    p.add_argument("--suffix")
+    p.add_argument("--keep", type=int, default=3)
+    p.set_defaults(func=cmd_save)
+
+    p = sub.add_parser("inspect", help="show a bundle's manifest (does not verify the payload)")
+    p.add_argument("bundle")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("verify", help="verify checksums, signature (with the signing key) and optionally the fingerprint")
+    fp_args(p)
+    p.add_argument("bundle")
+    p.add_argument("--fingerprint", action="store_true", help="also require this machine's fingerprint")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("prune", help="keep the newest N bundles under a key prefix")
+    p.add_argument("--store", required=True)
+    p.add_argument("--prefix", required=True)
+    p.add_argument("--keep", type=int, default=3)
+    p.set_defaults(func=cmd_prune)
+
+    p = sub.add_parser("report", help="render a --compile-cache-json file as Markdown")
+    p.add_argument("json_report")
+    p.add_argument("--summary", action="store_true", help="append to $GITHUB_STEP_SUMMARY")
+    p.set_defaults(func=cmd_report)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BundleError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
