@@ -57,6 +57,8 @@ class CompileCacheSession:
     def start(cls, settings: Settings, default_shared: Path, inherited: str | None = None) -> CompileCacheSession:
         """Decide and export the session cache dir (a worker follows its controller's ``inherited`` one)."""
         saved = {name: os.environ.get(name) for name in _TOUCHED_ENV}
+        if settings.store:
+            open_configured_store(settings)  # a malformed store URL fails at start-up; no I/O happens here
         if inherited:
             session_dir = SessionDir.from_env(inherited)
         else:
@@ -135,10 +137,7 @@ class CompileCacheSession:
         return self._fingerprint
 
     def _store(self) -> Any:
-        from .stores import open_store
-
-        options = {"endpoint_url": self.settings.s3_endpoint} if self.settings.s3_endpoint else {}
-        return open_store(self.settings.store or "", readonly=self.settings.readonly, **options)
+        return open_configured_store(self.settings)
 
     def restore(self) -> None:
         """Controller, at session start: restore the newest matching bundle into the session dir."""
@@ -302,6 +301,14 @@ class CompileCacheSession:
         for message in self.errors:
             lines.append((f"compile cache FAILED: {message}", {"red": True, "bold": True}))
         return lines
+
+
+def open_configured_store(settings: Settings) -> Any:
+    """The store named by ``--compile-cache-store``; raises ConfigError for a malformed URL (no I/O)."""
+    from .stores import open_store
+
+    options = {"endpoint_url": settings.s3_endpoint} if settings.s3_endpoint else {}
+    return open_store(settings.store or "", readonly=settings.readonly, **options)
 
 
 class LiveRecord:

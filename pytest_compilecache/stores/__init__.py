@@ -1,0 +1,97 @@
+"""Stores move bundle files by key. One protocol (:class:`Store`), one module per backend, one factory.
+
+``open_store`` turns the ``--compile-cache-store`` value into a store:
+
+* ``file:///abs/path`` (or ``file://localhost/abs/path``) or a plain path -> :class:`LocalStore`
+  (a relative plain path is resolved against the current directory);
+* ``s3://bucket[/prefix]`` -> ``pytest_compilecache.stores.s3.S3Store.from_url`` (imported lazily, so boto3
+  is only needed by those who use S3);
+* anything else -> :class:`ConfigError` naming the option and the value.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+from urllib.parse import urlsplit
+
+from .. import ConfigError
+from .base import Store
+from .base import StoreEntry
+from .base import newest_first
+from .base import prune
+from .base import validate_key
+from .base import validate_prefix
+from .local import LocalStore
+from .readonly import ReadOnlyStore
+
+__all__ = [
+    "LocalStore",
+    "ReadOnlyStore",
+    "Store",
+    "StoreEntry",
+    "newest_first",
+    "open_store",
+    "prune",
+    "validate_key",
+    "validate_prefix",
+]
+
+OPTION = "--compile-cache-store"
+_EXPECTED = "expected file:///absolute/path, a directory path, or s3://bucket/prefix"
+# Two or more characters before ":" so that a Windows drive ("C:\\cache") stays a plain path.
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
+
+
+def _bad(url: str, why: str) -> ConfigError:
+    return ConfigError(f"{OPTION}: {why}: {url!r} ({_EXPECTED})")
+
+
+def _local_from_url(url: str) -> LocalStore:
+    parts = urlsplit(url)
+    # "file://relative/x" parses "relative" as a host: refuse it rather than guess.
+    absolute = parts.path.startswith("/") and not parts.query and not parts.fragment
+    if parts.netloc not in ("", "localhost") or not absolute:
+        raise _bad(url, "file URLs must be absolute (file:///path)")
+    return LocalStore(Path(unquote(parts.path)))
+
+
+def _s3_from_url(url: str, options: dict[str, Any]) -> Store:
+    if not urlsplit(url).netloc:
+        raise _bad(url, "S3 URLs need a bucket")
+    try:
+        s3 = importlib.import_module("pytest_compilecache.stores.s3")
+    except ModuleNotFoundError as exc:
+        raise _bad(url, f"S3 support is not available ({exc})") from exc
+    store: Store = s3.S3Store.from_url(url, **options)
+    return store
+
+
+def open_store(url: str | os.PathLike[str], *, readonly: bool = False, **options: Any) -> Store:
+    """Build the store that ``url`` names; wrap it in :class:`ReadOnlyStore` when ``readonly``.
+
+    ``options`` are backend-specific and passed to ``S3Store.from_url``; the local store takes none and
+    ignores them. Raises :class:`ConfigError` (naming ``--compile-cache-store``) for an unusable value.
+    Construction does not touch the disk or the network.
+    """
+    if isinstance(url, os.PathLike):
+        url = os.fspath(url)
+    if not isinstance(url, str) or not url.strip():
+        raise _bad(str(url), "empty store")
+    match = _SCHEME.match(url)
+    store: Store
+    if match is None:
+        store = LocalStore(Path(url))
+    else:
+        scheme, rest = match.group(1).lower(), url[match.end() :]
+        if scheme == "file" and rest.startswith("//"):
+            store = _local_from_url(url)
+        elif scheme == "s3" and rest.startswith("//"):
+            store = _s3_from_url(url, options)
+        else:
+            raise _bad(url, "unsupported store")
+    return ReadOnlyStore(store) if readonly else store

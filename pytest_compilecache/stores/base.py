@@ -1,0 +1,102 @@
+"""The :class:`Store` protocol every backend implements, key validation, and :func:`prune`.
+
+A store moves opaque bundle files by key; it knows nothing about their content or about pytest.
+A miss is a value (``False`` / ``None`` / ``[]``), never an exception; trouble reaching or writing the
+store is a :class:`StoreError`, which callers turn into one warning and a cold compile.
+"""
+
+from __future__ import annotations
+
+import builtins
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+from typing import runtime_checkable
+
+from .. import ConfigError
+
+__all__ = ["Store", "StoreEntry", "newest_first", "prune", "validate_key", "validate_prefix"]
+
+MAX_KEY_LENGTH = 512
+_KEY = re.compile(rf"^[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{MAX_KEY_LENGTH - 1}}}$")
+_PREFIX = re.compile(rf"^[A-Za-z0-9._-]{{0,{MAX_KEY_LENGTH}}}$")
+
+
+@dataclass(frozen=True)
+class StoreEntry:
+    """One stored object: its key, size in bytes and modification time (epoch seconds)."""
+
+    key: str
+    size: int
+    modified: float
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Moves bundle files by key. Keys are checked with :func:`validate_key` (``ConfigError``)."""
+
+    location: str
+    """Human-readable location, e.g. ``file:///path`` or ``s3://bucket/prefix``."""
+    readonly: bool
+
+    def get(self, key: str, dest: Path) -> bool:
+        """Download ``key`` to ``dest`` atomically (temp sibling + replace, parent dirs created); False on a miss."""
+        ...
+
+    def find_latest(self, prefix: str) -> str | None:
+        """Newest key starting with ``prefix`` (by modified time, ties: greatest key); None if none."""
+        ...
+
+    def put(self, key: str, src: Path) -> None:
+        """Upload ``src`` as ``key`` atomically: no reader ever sees a partial object."""
+        ...
+
+    def list(self, prefix: str = "") -> builtins.list[StoreEntry]:
+        """Entries whose key starts with ``prefix``, newest first (see :func:`newest_first`)."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove ``key``; a missing key is fine."""
+        ...
+
+
+def validate_key(key: str) -> str:
+    """Return ``key`` if it is 1..512 chars of ``[A-Za-z0-9._-]`` not starting with ``.``; else ConfigError.
+
+    This keeps keys safe as file names and object names everywhere: no ``/``, no ``..``, no hidden files.
+    """
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise ConfigError(
+            f"invalid cache key {key!r}: use 1-{MAX_KEY_LENGTH} characters from [A-Za-z0-9._-], "
+            "not starting with '.'"
+        )
+    return key
+
+
+def validate_prefix(prefix: str) -> str:
+    """Return ``prefix`` if it could start a valid key (possibly empty); else ConfigError."""
+    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix) or prefix.startswith("."):
+        raise ConfigError(
+            f"invalid cache key prefix {prefix!r}: use up to {MAX_KEY_LENGTH} characters from "
+            "[A-Za-z0-9._-], not starting with '.'"
+        )
+    return prefix
+
+
+def newest_first(entries: builtins.list[StoreEntry]) -> builtins.list[StoreEntry]:
+    """Sort newest first; equal times put the greater key first, so the order is total and stable."""
+    return sorted(entries, key=lambda entry: (entry.modified, entry.key), reverse=True)
+
+
+def prune(store: Store, prefix: str, keep: int) -> builtins.list[str]:
+    """Keep the newest ``keep`` entries under ``prefix``, delete the rest; return the deleted keys.
+
+    ``keep`` must be >= 0 (ConfigError otherwise). StoreError from the store propagates, e.g. read-only.
+    """
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise ConfigError(f"prune: keep must be a non-negative whole number, got {keep!r}")
+    doomed = [entry.key for entry in store.list(prefix)[keep:]]
+    for key in doomed:
+        store.delete(key)
+    return doomed

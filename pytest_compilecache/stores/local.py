@@ -1,0 +1,151 @@
+"""A store that is a local (or network-mounted) directory of ``<key>.bundle`` files."""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import BinaryIO
+from typing import Callable
+
+from .. import StoreError
+from .base import StoreEntry
+from .base import newest_first
+from .base import validate_key
+from .base import validate_prefix
+
+__all__ = ["LocalStore"]
+
+SUFFIX = ".bundle"
+# Temp files start with "." (never a valid key) and end in ".tmp": list() can never mistake them for keys.
+_TEMP_PREFIX = "."
+_TEMP_SUFFIX = ".tmp"
+
+
+def _copy_stream(src: BinaryIO, dst: BinaryIO) -> None:
+    shutil.copyfileobj(src, dst, 1024 * 1024)
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+class LocalStore:
+    """``<root>/<key>.bundle`` files. Construction touches nothing; ``root`` is created on the first put.
+
+    Writes go to a temp sibling in ``root`` and are published with ``os.replace``, so concurrent sessions
+    saving the same or different keys never expose a partial file (last writer wins for the same key).
+    """
+
+    readonly = False
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(os.path.abspath(root))
+        self.location = self.root.as_uri()
+        # Seam for tests (e.g. a writer that fails with ENOSPC); a plain attribute, no mocking needed.
+        self._copy: Callable[[BinaryIO, BinaryIO], None] = _copy_stream
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self.location!r})"
+
+    def _path(self, key: str) -> Path:
+        return self.root / f"{validate_key(key)}{SUFFIX}"
+
+    def get(self, key: str, dest: Path) -> bool:
+        """Copy ``key`` to ``dest`` through a temp sibling (creating ``dest``'s parent); False on a miss.
+
+        A missing key or a missing root is a miss; any other OSError is a StoreError.
+        """
+        src = self._path(key)
+        dest = Path(dest)
+        try:
+            # Open first: once open, a concurrent put replacing the file does not affect what we read.
+            with open(src, "rb") as reader:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                _atomic_write(dest, lambda writer: self._copy(reader, writer))
+        except FileNotFoundError as exc:
+            if exc.filename is not None and Path(exc.filename) == src:
+                return False
+            raise StoreError(f"cannot get {key} from {self.location}: {_why(exc)}") from exc
+        except OSError as exc:
+            raise StoreError(f"cannot get {key} from {self.location}: {_why(exc)}") from exc
+        return True
+
+    def find_latest(self, prefix: str) -> str | None:
+        """Newest key starting with ``prefix``, or None."""
+        entries = self.list(prefix)
+        return entries[0].key if entries else None
+
+    def put(self, key: str, src: Path) -> None:
+        """Copy ``src`` in as ``key`` (temp sibling in ``root`` + ``os.replace``); StoreError on failure."""
+        final = self._path(key)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            with open(src, "rb") as reader:
+                _atomic_write(final, lambda writer: self._copy(reader, writer))
+        except OSError as exc:
+            raise StoreError(f"cannot put {key} to {self.location}: {_why(exc)}") from exc
+
+    def list(self, prefix: str = "") -> builtins.list[StoreEntry]:
+        """Entries under ``prefix``, newest first; a missing root is empty; temp and foreign files ignored."""
+        validate_prefix(prefix)
+        entries: builtins.list[StoreEntry] = []
+        try:
+            with os.scandir(self.root) as scan:
+                for item in scan:
+                    entry = _entry(item, prefix)
+                    if entry is not None:
+                        entries.append(entry)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StoreError(f"cannot list {self.location}: {_why(exc)}") from exc
+        return newest_first(entries)
+
+    def delete(self, key: str) -> None:
+        """Remove ``key``; a missing key is fine."""
+        try:
+            self._path(key).unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StoreError(f"cannot delete {key} from {self.location}: {_why(exc)}") from exc
+
+
+def _entry(item: os.DirEntry[str], prefix: str) -> StoreEntry | None:
+    name = item.name
+    if not name.endswith(SUFFIX) or name.startswith(_TEMP_PREFIX):
+        return None
+    key = name[: -len(SUFFIX)]
+    if not key.startswith(prefix):
+        return None
+    try:
+        validate_key(key)
+        if not item.is_file():
+            return None
+        info = item.stat()
+    except FileNotFoundError:
+        return None  # deleted (pruned) meanwhile
+    except ValueError:
+        return None  # not one of ours (ConfigError is a ValueError)
+    return StoreEntry(key=key, size=info.st_size, modified=info.st_mtime)
+
+
+def _atomic_write(dest: Path, fill: Callable[[BinaryIO], None]) -> None:
+    """Create ``dest`` via a temp sibling filled by ``fill``, fsync and ``os.replace``; no leftovers."""
+    fd, tmp = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{dest.name}.", suffix=_TEMP_SUFFIX, dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as writer:
+            fill(writer)
+            writer.flush()
+            os.fsync(writer.fileno())
+        # mkstemp creates 0600; stored bundles are shared between users of the directory like any file.
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,51 @@
+"""A read-only view of any store: reads pass through, writes raise :class:`StoreError`.
+
+Used off the default branch (pull requests restore but do not save), as setup-gradle does.
+"""
+
+from __future__ import annotations
+
+import builtins
+from pathlib import Path
+
+from .. import StoreError
+from .base import Store
+from .base import StoreEntry
+from .base import validate_key
+
+__all__ = ["ReadOnlyStore"]
+
+
+class ReadOnlyStore:
+    """Wraps ``inner``; ``put`` and ``delete`` raise ``StoreError("store is read-only ...")``."""
+
+    readonly = True
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.location = inner.location
+
+    def __repr__(self) -> str:
+        return f"ReadOnlyStore({self.inner!r})"
+
+    def get(self, key: str, dest: Path) -> bool:
+        """Delegate to the wrapped store."""
+        return self.inner.get(key, dest)
+
+    def find_latest(self, prefix: str) -> str | None:
+        """Delegate to the wrapped store."""
+        return self.inner.find_latest(prefix)
+
+    def list(self, prefix: str = "") -> builtins.list[StoreEntry]:
+        """Delegate to the wrapped store."""
+        return self.inner.list(prefix)
+
+    def put(self, key: str, src: Path) -> None:
+        """Always refuse (after validating the key, so a bad key is still a ConfigError)."""
+        validate_key(key)
+        raise StoreError(f"store is read-only: cannot put {key} to {self.location}")
+
+    def delete(self, key: str) -> None:
+        """Always refuse (after validating the key, so a bad key is still a ConfigError)."""
+        validate_key(key)
+        raise StoreError(f"store is read-only: cannot delete {key} from {self.location}")

@@ -1,0 +1,356 @@
+"""S3 (and S3-compatible: MinIO, R2, moto) store: one object ``<prefix>/<key>.bundle`` per bundle.
+
+boto3 is imported lazily, inside the methods that talk to S3, so that importing this module (and
+building a store from settings) costs nothing and works without the ``s3`` extra installed until a
+transfer is actually attempted. Creating an :class:`S3Store` does no network I/O, not even credential
+resolution (which may query an instance metadata endpoint).
+
+Errors: a missing object is a miss (``get`` returns ``False``); everything else (unreachable or silent
+endpoint, rejected credentials, access denied, missing bucket) is a :class:`StoreError` whose message is one
+line starting with :attr:`S3Store.location`. The original boto exception is chained as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import re
+import tempfile
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import Any
+from urllib.parse import urlsplit
+
+from .. import ConfigError
+from .. import StoreError
+from .. import __version__
+from .base import StoreEntry
+from .base import newest_first
+from .base import validate_key
+from .base import validate_prefix
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from boto3.s3.transfer import TransferConfig
+
+__all__ = ["S3Store"]
+
+MiB = 1024 * 1024
+SUFFIX = ".bundle"
+OPTION = "--compile-cache-store"
+# S3's bucket naming rules (3-63 chars, lower case, digits, dots, hyphens), without the rarer exclusions.
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+# Error codes that mean "these credentials are not accepted", as opposed to "not allowed to do this".
+_BAD_CREDENTIALS = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "TokenRefreshRequired",
+    "InvalidSecurity",
+}
+
+
+class S3Store:
+    """Bundles in an S3 bucket under a prefix. Implements :class:`~pytest_compilecache.stores.base.Store`.
+
+    Credentials and region come from boto3's standard chain (environment, shared config/credentials files,
+    ``AWS_PROFILE``, web identity/OIDC, container and instance metadata). The endpoint is ``endpoint_url`` if
+    given, else whatever boto3 resolves itself: ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` (boto3 >= 1.28)
+    or the ``endpoint_url`` of the active profile, else AWS.
+
+    Timeouts and retries are chosen so that a broken endpoint costs seconds, not the minutes of botocore's
+    defaults (60 s connect, 60 s read, up to 5 attempts in ``legacy`` mode). Retries use botocore's
+    ``standard`` mode: ``max_attempts`` counts the first attempt, backoff is jittered exponential (well
+    under 1 s in total for 2 attempts on non-throttling errors, at most 1 + 2 s when throttled), and a
+    client-wide retry quota stops retrying once most recent attempts failed. Worst case per S3 request:
+
+    - connection refused (endpoint down): about ``max_attempts`` x a few ms plus backoff, i.e. < 1 s;
+    - unroutable host (packets dropped): ``max_attempts * connect_timeout`` = 6 s with the defaults;
+    - endpoint accepts but never answers: ``max_attempts * read_timeout`` = 20 s with the defaults.
+      ``read_timeout`` bounds each socket read, not a whole transfer, so it must exceed the longest
+      pause S3 may take before the first byte of a large response; lower it where the network is local.
+
+    (DNS resolution is not covered by these timeouts.) An operation is one request, except ``get``: HEAD,
+    then GET (ranged GETs in parallel above ``multipart_threshold``), plus one LIST on a miss; ``list`` and
+    ``find_latest``: one request per 1000 objects; a multipart ``put``: one request per part.
+    s3transfer's own retry of interrupted downloads is turned off (``num_download_attempts=1``) so that
+    retries are botocore's alone and the bound above holds.
+    """
+
+    # Read-only is a wrapper (stores.ReadOnlyStore, applied by open_store), not a mode of each backend.
+    readonly = False
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        connect_timeout: float = 3,
+        read_timeout: float = 10,
+        max_attempts: int = 2,
+        multipart_threshold: int = 64 * MiB,
+    ) -> None:
+        """Store the settings only; the boto3 client is created on first use. See :meth:`from_url`."""
+        _check_positive("connect_timeout", connect_timeout)
+        _check_positive("read_timeout", read_timeout)
+        _check_positive("multipart_threshold", multipart_threshold)
+        if max_attempts < 1:
+            raise ConfigError(f"{OPTION}: S3 max_attempts must be >= 1, got {max_attempts}")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.endpoint_url = endpoint_url
+        self.region = region
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.max_attempts = max_attempts
+        self.multipart_threshold = multipart_threshold
+        self.location = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self._base = f"{self.prefix}/" if self.prefix else ""
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> S3Store:
+        """Build a store from ``s3://bucket[/prefix]``; ``options`` are the keyword arguments of ``__init__``.
+
+        Raises ConfigError naming ``--compile-cache-store`` for anything but a plain bucket and prefix
+        (no credentials, port, query or fragment in the URL; no empty, ``.`` or ``..`` prefix segments).
+        """
+        parts = urlsplit(url)
+        prefix = parts.path.strip("/")
+        problem = None
+        if parts.scheme != "s3":
+            problem = "the scheme must be s3://"
+        elif parts.username or parts.password or parts.port or ":" in parts.netloc:
+            problem = "credentials and ports do not belong in the URL (use the AWS environment or profile)"
+        elif not _BUCKET.fullmatch(parts.netloc):
+            problem = f"{parts.netloc!r} is not a valid bucket name"
+        elif parts.query or parts.fragment:
+            problem = "query strings and fragments are not supported"
+        elif prefix and any(segment in ("", ".", "..") for segment in prefix.split("/")):
+            problem = f"the prefix {parts.path!r} has an empty, '.' or '..' segment"
+        if problem:
+            raise ConfigError(f"{OPTION}: {url!r} is not a valid S3 URL ({problem}); expected s3://bucket[/prefix]")
+        return cls(parts.netloc, prefix, **options)
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.location!r}, endpoint_url={self.endpoint_url!r})"
+
+    # -- Store protocol ---------------------------------------------------------------------------------
+
+    def get(self, key: str, dest: Path) -> bool:
+        """Download bundle ``key`` to ``dest``; ``False`` if there is no such object.
+
+        ``dest`` appears complete or not at all: the download goes to a temporary sibling that is
+        ``os.replace``d onto it (and removed on any failure); missing parent directories are created.
+        Raises StoreError on any other trouble, including a missing bucket: the HEAD that starts a download
+        answers a bare 404 for a missing bucket and a missing object alike, so a miss is confirmed with one
+        LIST, whose error carries a code. An object replaced during a ranged download is a StoreError too
+        (s3transfer pins the ranges to the first ETag), never a file mixing two versions.
+        """
+        name = self._object_name(key)
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+        os.close(fd)
+        tmp = Path(tmp_name)
+        try:
+            with self._transfer_manager() as manager:
+                manager.download(self.bucket, name, str(tmp)).result()
+            os.replace(tmp, dest)
+        except _boto_errors() as exc:
+            if _is_missing_object(exc):
+                self._check_bucket(name)
+                return False
+            raise self._error(exc, f"get {key}") from exc
+        finally:
+            tmp.unlink(missing_ok=True)  # a no-op after os.replace
+        return True
+
+    def find_latest(self, prefix: str) -> str | None:
+        """The key starting with ``prefix`` whose object was modified last (ties: see :meth:`list`), or None."""
+        entries = self.list(prefix)
+        return entries[0].key if entries else None
+
+    def put(self, key: str, src: Path) -> None:
+        """Upload ``src`` as bundle ``key``, replacing any previous one.
+
+        Readers never see a partial object: S3 makes an object visible only once its PUT (or multipart
+        completion) succeeded. Files above ``multipart_threshold`` go up in parts of that size, in parallel.
+        Every request carries a SHA-256 checksum that S3 verifies before accepting the data.
+        Raises StoreError on access denied, missing bucket, unreachable endpoint and the like.
+        """
+        name = self._object_name(key)
+        try:
+            with self._transfer_manager() as manager:
+                extra = {"ChecksumAlgorithm": "SHA256"}
+                manager.upload(str(src), self.bucket, name, extra_args=extra).result()
+        except _boto_errors() as exc:
+            raise self._error(exc, f"put {key}") from exc
+
+    def list(self, prefix: str = "") -> builtins.list[StoreEntry]:
+        """Every bundle whose key starts with ``prefix``, newest first (ties: greater key first).
+
+        S3 reports ``LastModified`` to the second, so ties are common; :func:`newest_first` keeps the
+        order total. Objects under the store prefix that are not ``<valid key>.bundle`` are ignored.
+        ConfigError for an invalid ``prefix``; StoreError for a missing bucket or any remote trouble.
+        """
+        validate_prefix(prefix)
+        try:
+            entries = builtins.list(self._iter_entries(prefix))
+        except _boto_errors() as exc:
+            raise self._error(exc, f"list {prefix!r}") from exc
+        return newest_first(entries)
+
+    def delete(self, key: str) -> None:
+        """Delete bundle ``key``; deleting a missing key is not an error (S3 DELETE is idempotent)."""
+        name = self._object_name(key)
+        try:
+            self._s3().delete_object(Bucket=self.bucket, Key=name)
+        except _boto_errors() as exc:
+            raise self._error(exc, f"delete {key}") from exc
+
+    # -- boto3 plumbing -----------------------------------------------------------------------------------
+
+    def _object_name(self, key: str) -> str:
+        return f"{self._base}{validate_key(key)}{SUFFIX}"
+
+    def _iter_entries(self, prefix: str) -> Iterator[StoreEntry]:
+        paginator = self._s3().get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=f"{self._base}{prefix}"):
+            for obj in page.get("Contents", ()):
+                name: str = obj["Key"]
+                if not name.endswith(SUFFIX):
+                    continue
+                key = name[len(self._base) : -len(SUFFIX)]
+                try:
+                    validate_key(key)
+                except ValueError:  # ConfigError is a ValueError
+                    continue  # not ours: e.g. "<prefix>/sub/x.bundle" ("/" is not valid in a key)
+                yield StoreEntry(key=key, size=int(obj["Size"]), modified=obj["LastModified"].timestamp())
+
+    def _s3(self) -> Any:
+        """The boto3 S3 client, created once (thread-safe), with our timeouts and retry policy."""
+        with self._client_lock:
+            if self._client is None:
+                import boto3.session
+                from botocore.config import Config
+
+                config = Config(
+                    connect_timeout=self.connect_timeout,
+                    read_timeout=self.read_timeout,
+                    # total_max_attempts counts the first attempt; botocore's "max_attempts" key would
+                    # count retries only (max_attempts=1 means 2 requests), which the tests caught.
+                    retries={"total_max_attempts": self.max_attempts, "mode": "standard"},
+                    user_agent_extra=f"pytest-compilecache/{__version__}",
+                )
+                # A private session: boto3's default session is global and not thread-safe to set up.
+                session = boto3.session.Session(region_name=self.region)
+                # endpoint_url=None lets botocore apply AWS_ENDPOINT_URL(_S3) and profile endpoints itself.
+                self._client = session.client("s3", endpoint_url=self.endpoint_url, config=config)
+            return self._client
+
+    def _transfer_config(self) -> TransferConfig:
+        from boto3.s3.transfer import TransferConfig
+
+        return TransferConfig(
+            multipart_threshold=self.multipart_threshold,
+            multipart_chunksize=self.multipart_threshold,
+            # Retries are botocore's (bounded above); s3transfer retrying on top would multiply them.
+            num_download_attempts=1,
+            # The CRT client ignores botocore's Config (timeouts, retries); keep the one we configured.
+            preferred_transfer_client="classic",
+        )
+
+    def _transfer_manager(self) -> Any:
+        from boto3.s3.transfer import create_transfer_manager
+
+        return create_transfer_manager(self._s3(), self._transfer_config())
+
+    def _check_bucket(self, name: str) -> None:
+        """Raise StoreError if the bucket is missing; called to confirm that a 404 on ``name`` is a miss.
+
+        A LIST, not a HEAD on the bucket: a HEAD's 404 has no body either, and S3 answered 404 (not 403)
+        to the object HEAD only because we hold ``s3:ListBucket``, the permission LIST needs.
+        """
+        try:
+            self._s3().list_objects_v2(Bucket=self.bucket, Prefix=name, MaxKeys=1)
+        except _boto_errors() as exc:
+            raise self._error(exc, "get (confirming a miss)") from exc
+
+    def _endpoint(self) -> str:
+        return str(self._s3().meta.endpoint_url)
+
+    def _error(self, exc: BaseException, action: str) -> StoreError:
+        """A one-line StoreError for boto exception ``exc`` raised while doing ``action``."""
+        from botocore import exceptions as bx
+        from s3transfer.exceptions import RetriesExceededError
+
+        if isinstance(exc, RetriesExceededError) and exc.last_exception is not None:
+            exc = exc.last_exception
+        if isinstance(exc, bx.ClientError):
+            detail = self._describe_client_error(exc)
+        elif isinstance(exc, bx.ConnectTimeoutError):
+            detail = f"endpoint {self._endpoint()} unreachable (no connection within {self.connect_timeout:g} s)"
+        elif isinstance(exc, bx.EndpointConnectionError):
+            detail = f"endpoint {self._endpoint()} unreachable"
+        elif isinstance(exc, bx.ConnectionClosedError):
+            detail = f"endpoint {self._endpoint()} closed the connection"
+        elif isinstance(exc, bx.ReadTimeoutError):
+            detail = f"endpoint {self._endpoint()} did not answer within {self.read_timeout:g} s"
+        elif isinstance(exc, bx.NoCredentialsError):
+            detail = "no AWS credentials found (environment, profile, OIDC or instance role)"
+        else:
+            detail = _first_line(exc) or type(exc).__name__
+        return StoreError(f"{self.location}: {action}: {detail}")
+
+    def _describe_client_error(self, exc: Any) -> str:
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code == "NoSuchBucket":
+            return f"bucket {self.bucket} does not exist"
+        if code in _BAD_CREDENTIALS:
+            return f"credentials rejected ({code})"
+        if code == "AccessDenied" or status == 403:
+            # A HEAD response has no body: 403 may also be rejected credentials; say so.
+            return "access denied" if code == "AccessDenied" else "access denied or credentials rejected (HTTP 403)"
+        message = _first_line(error.get("Message") or exc)
+        return f"{code or 'error'} (HTTP {status}): {message}"
+
+
+def _boto_errors() -> tuple[type[BaseException], ...]:
+    """What boto3 raises for remote trouble; evaluated only while an ``except`` clause is being matched.
+
+    Local file errors (OSError) are deliberately not included: a missing ``dest`` directory or an
+    unreadable ``src`` is the caller's problem, not the store's.
+    """
+    from botocore.exceptions import BotoCoreError
+    from botocore.exceptions import ClientError
+    from s3transfer import exceptions as tx
+
+    # S3DownloadFailedError: the object changed between the ranged GETs of one download (IfMatch failed).
+    return (BotoCoreError, ClientError, tx.RetriesExceededError, tx.S3DownloadFailedError, tx.S3UploadFailedError)
+
+
+def _is_missing_object(exc: BaseException) -> bool:
+    """A 404 that is not NoSuchBucket (HEAD answers a bare 404 for both; see S3Store.get)."""
+    response: dict[str, Any] = getattr(exc, "response", None) or {}
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    code = response.get("Error", {}).get("Code")
+    return bool(status == 404 and code != "NoSuchBucket")
+
+
+def _first_line(text: object) -> str:
+    lines = str(text).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{OPTION}: S3 {name} must be > 0, got {value!r}")

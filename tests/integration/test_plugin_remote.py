@@ -1,0 +1,111 @@
+"""The plugin against real servers: S3 bundles (moto server) and torch's Redis remote cache (redis-server).
+
+Each session runs in a subprocess through pytester, compiling a tiny function for real on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.servers import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+SUITE = """
+import torch
+
+def test_compiled():
+    fn = torch.compile(lambda x: torch.sin(x) * 3 + x.relu())
+    x = torch.randn(32)
+    torch.testing.assert_close(fn(x), torch.sin(x) * 3 + x.relu())
+"""
+
+
+def _session(pytester: pytest.Pytester, name: str, *args: str) -> tuple[Any, dict[str, Any]]:
+    report = pytester.path / f"{name}.json"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--compile-cache=isolated", f"--compile-cache-json={report}", *args
+    )
+    return result, json.loads(report.read_text())
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeini("[pytest]\nfilterwarnings = ignore::DeprecationWarning\n")
+    pytester.makepyfile(test_suite=SUITE)
+    return pytester
+
+
+def test_s3_bundle_round_trip(suite: pytest.Pytester, s3_bucket: Any, aws_env: dict[str, str]) -> None:
+    url = f"s3://{s3_bucket.name}/ci/cache"
+    endpoint = f"--compile-cache-s3-endpoint={s3_bucket.endpoint_url}"
+    cold, first = _session(suite, "cold", f"--compile-cache-store={url}", endpoint)
+    assert cold.ret == 0
+    assert first["totals"]["misses"] >= 1 and first["save"]["outcome"] == "saved"
+    keys = [o["Key"] for o in s3_bucket.client.list_objects_v2(Bucket=s3_bucket.name).get("Contents", [])]
+    assert keys == [f"ci/cache/{first['save']['key']}.bundle"]
+
+    warm, second = _session(suite, "warm", f"--compile-cache-store={url}", endpoint, "--compile-cache-readonly")
+    assert warm.ret == 0
+    assert second["restore"]["outcome"] == "partial"
+    assert second["restore"]["key"] == first["save"]["key"]
+    assert second["totals"]["misses"] == 0 and second["totals"]["hits"] >= 1
+    assert second["save"] is None  # read-only: nothing new in the bucket
+    assert len(s3_bucket.client.list_objects_v2(Bucket=s3_bucket.name)["Contents"]) == 1
+
+
+def test_s3_down_is_one_warning_and_a_cold_compile(suite: pytest.Pytester, aws_env: dict[str, str]) -> None:
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    result, data = _session(suite, "down", "--compile-cache-store=s3://bucket/x", f"--compile-cache-s3-endpoint={endpoint}")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*passed*"])
+    warnings = [line for line in result.outlines if line.startswith("CompileCacheWarning:")]
+    assert len(warnings) == 2, warnings  # one for the restore, one for the save
+    assert data["restore"]["outcome"] == "error" and data["totals"]["misses"] >= 1
+
+    strict, _ = _session(suite, "strict", "--compile-cache-store=s3://bucket/x",
+                         f"--compile-cache-s3-endpoint={endpoint}", "--compile-cache-strict")
+    assert strict.ret == 1
+    strict.stdout.fnmatch_lines(["*compile cache FAILED: restore failed*"])
+
+
+def test_redis_shares_graphs_between_sessions(suite: pytest.Pytester, redis_server: Any) -> None:
+    import redis
+
+    redis.Redis.from_url(redis_server.url).flushdb()
+    url = f"--compile-cache-redis={redis_server.url}"
+    first, cold = _session(suite, "first", url)
+    assert first.ret == 0
+    assert cold["totals"]["remote"]["fx_miss"] >= 1 and cold["totals"]["remote"]["fx_hit"] == 0
+    # A second session with another empty local dir: every FX graph comes from Redis.
+    second, warm = _session(suite, "second", url)
+    assert second.ret == 0
+    assert warm["cache_dir"] != cold["cache_dir"]
+    assert warm["totals"]["misses"] == 0
+    assert warm["totals"]["remote"]["fx_hit"] == warm["totals"]["hits"] >= 1
+    second.stdout.fnmatch_lines(["compile cache: * remote * hit/0 miss*"])
+    assert any(key.startswith(b"pt2:fx-graph") for key in redis.Redis.from_url(redis_server.url).keys())
+
+
+def test_redis_down_is_one_warning(suite: pytest.Pytester) -> None:
+    result, data = _session(suite, "down", f"--compile-cache-redis=redis://127.0.0.1:{free_port()}/0")
+    assert result.ret == 0
+    warnings = [line for line in result.outlines if line.startswith("CompileCacheWarning:")]
+    assert len(warnings) == 1 and "unreachable" in warnings[0]
+    assert data["totals"]["misses"] >= 1 and data["totals"]["remote"]["fx_hit"] == 0
+
+
+def test_bad_urls_fail_at_start(suite: pytest.Pytester) -> None:
+    for option, needle in (
+        ("--compile-cache-redis=http://nope", "--compile-cache-redis"),
+        ("--compile-cache-store=ftp://x/y", "--compile-cache-store"),
+        ("--compile-cache-store=s3://", "--compile-cache-store"),
+    ):
+        result = suite.runpytest_subprocess("-p", "no:cacheprovider", option)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, option
+        assert needle in result.stderr.str(), (option, result.stderr.str())
+        assert not list(Path(suite.path).glob("*.json"))

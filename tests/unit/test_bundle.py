@@ -1,0 +1,634 @@
+"""bundle.py: round trip, manifest, and every way a bundle can be damaged or malicious. No torch here."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import json
+import os
+import tarfile
+from dataclasses import replace
+from datetime import datetime
+from datetime import timezone
+from pathlib import Path
+from typing import Any
+from typing import BinaryIO
+from typing import Callable
+
+import pytest
+
+from pytest_compilecache import BundleError
+from pytest_compilecache import ConfigError
+from pytest_compilecache import __version__
+from pytest_compilecache import bundle
+from pytest_compilecache.bundle import FORMAT_VERSION
+from pytest_compilecache.bundle import MAGIC
+from pytest_compilecache.bundle import Manifest
+from pytest_compilecache.bundle import Member
+from pytest_compilecache.bundle import Unpacked
+
+FINGERPRINT = {"torch": "2.13.0", "python": "3.11.9", "cpu": "x86_64-avx2"}
+KEY = b"a signing key for tests"
+BLOBS = {"controller": b"mega-cache of the controller", "gw0": bytes(range(256)) * 50}
+CACHE_FILES = {
+    "ab/cabc123.main.so": b"\x7fELF kernel " * 100,
+    "fxgraph/xy/fxyz": b"pickled graph",
+    "cpu_isa.so": b"isa probe",
+    "empty.txt": b"",
+}
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "cache"
+    for rel, data in CACHE_FILES.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return root
+
+
+def _pack(dest: Path, cache_dir: Path, **overrides: Any) -> Manifest:
+    arguments: dict[str, Any] = {
+        "key": "compilecache-v1-abc-1-1",
+        "fingerprint": FINGERPRINT,
+        "digest": "abc",
+        "torch_version": "2.13.0",
+        "blobs": BLOBS,
+        "cache_dir": cache_dir,
+        "files": list(CACHE_FILES),
+        "stats": {"hits": 3, "tests": ["a", "b"]},
+    }
+    arguments.update(overrides)
+    return bundle.pack(dest, **arguments)
+
+
+@pytest.fixture
+def packed(tmp_path: Path, cache_dir: Path) -> Path:
+    dest = tmp_path / "out" / "b.bundle"
+    _pack(dest, cache_dir)
+    return dest
+
+
+@pytest.fixture
+def signed(tmp_path: Path, cache_dir: Path) -> Path:
+    dest = tmp_path / "out" / "signed.bundle"
+    _pack(dest, cache_dir, signing_key=KEY)
+    return dest
+
+
+def _tree(root: Path) -> dict[str, bytes | str]:
+    """Everything under root (files with content, links with target), to compare before/after."""
+    if not root.exists():
+        return {}
+    listing: dict[str, bytes | str] = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            listing[rel] = f"-> {os.readlink(path)}"
+        elif path.is_file():
+            listing[rel] = path.read_bytes()
+        else:
+            listing[rel] = "<dir>"
+    return listing
+
+
+def _payload_offset(path: Path) -> int:
+    data = path.read_bytes()
+    manifest_len = int.from_bytes(data[12:16], "big")
+    signature_len = int.from_bytes(data[48 + manifest_len : 52 + manifest_len], "big")
+    return 52 + manifest_len + signature_len
+
+
+def _tar_entry(
+    name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE, link: str = ""
+) -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    info.size = len(data) if kind == tarfile.REGTYPE else 0
+    return info, data
+
+
+def _craft(
+    dest: Path,
+    entries: list[tuple[tarfile.TarInfo, bytes]],
+    members: list[Member] | None = None,
+    *,
+    signing_key: bytes | None = None,
+) -> Path:
+    """A bundle built by hand with the real writer: correct checksums around an arbitrary tar.
+
+    ``members`` defaults to what the tar holds, so only the path-safety / member-type checks can object.
+    """
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:", format=tarfile.PAX_FORMAT) as archive:
+        for info, data in entries:
+            archive.addfile(info, io.BytesIO(data) if info.isreg() else None)
+    payload = bundle._compress(buffer.getvalue())
+    if members is None:
+        members = [Member(info.name, len(data), hashlib.sha256(data).hexdigest()) for info, data in entries]
+    manifest = Manifest(
+        format=FORMAT_VERSION,
+        key="crafted",
+        fingerprint=dict(FINGERPRINT),
+        digest="abc",
+        plugin_version=__version__,
+        torch_version="2.13.0",
+        created="2025-01-01T00:00:00+00:00",
+        members=tuple(members),
+        stats={},
+        payload_size=len(payload),
+        payload_sha256=hashlib.sha256(payload).hexdigest(),
+    )
+    manifest_bytes = manifest.to_json_bytes()
+    signature = bundle.sign(manifest_bytes, signing_key) if signing_key else ""
+    bundle._write_bundle_file(dest, manifest_bytes, signature, payload)
+    return dest
+
+
+# --- round trip and manifest -----------------------------------------------------------------------------
+
+
+def test_round_trip(tmp_path: Path, cache_dir: Path) -> None:
+    dest = tmp_path / "b.bundle"
+    manifest = _pack(dest, cache_dir)
+    target = tmp_path / "restored"
+    result = bundle.unpack(dest, target, fingerprint=FINGERPRINT)
+    assert isinstance(result, Unpacked)
+    assert result.manifest == manifest
+    assert result.blobs == BLOBS
+    assert result.files == tuple(sorted(CACHE_FILES)) and result.unchanged == ()
+    assert _tree(target) == {**_tree(cache_dir)}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.bundle", "cache", "restored"]  # no temp files
+
+
+def test_manifest_contents(packed: Path, cache_dir: Path) -> None:
+    manifest = bundle.read_manifest(packed)
+    assert manifest.format == FORMAT_VERSION
+    assert manifest.key == "compilecache-v1-abc-1-1"
+    assert manifest.fingerprint == FINGERPRINT and manifest.digest == "abc"
+    assert manifest.plugin_version == __version__ and manifest.torch_version == "2.13.0"
+    created = datetime.fromisoformat(manifest.created)
+    assert created.utcoffset() is not None and created.utcoffset().total_seconds() == 0
+    assert abs((datetime.now(timezone.utc) - created).total_seconds()) < 24 * 3600
+    assert manifest.stats == {"hits": 3, "tests": ["a", "b"]}
+    assert manifest.blob_names == ("controller", "gw0")
+    assert manifest.file_paths == tuple(sorted(CACHE_FILES))
+    expected = {f"blobs/{name}.bin": data for name, data in BLOBS.items()}
+    expected.update({f"files/{rel}": data for rel, data in CACHE_FILES.items()})
+    assert [m.path for m in manifest.members] == sorted(expected)
+    for member in manifest.members:
+        assert member.size == len(expected[member.path])
+        assert member.sha256 == hashlib.sha256(expected[member.path]).hexdigest()
+    for rel in CACHE_FILES:
+        assert f"files/{rel}" in {m.path for m in manifest.members}
+        assert bundle.member_sha256(cache_dir / rel) == hashlib.sha256(CACHE_FILES[rel]).hexdigest()
+    assert manifest.total_size == sum(map(len, expected.values()))
+    payload = packed.read_bytes()[_payload_offset(packed) :]
+    assert manifest.payload_size == len(payload)
+    assert manifest.payload_sha256 == hashlib.sha256(payload).hexdigest()
+    assert bundle.verify(packed) == manifest
+    assert not bundle.is_signed(packed)
+
+
+def test_manifest_json_is_canonical_and_round_trips(packed: Path) -> None:
+    manifest = bundle.read_manifest(packed)
+    raw = manifest.to_json_bytes()
+    document = json.loads(raw)
+    assert raw == json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+    assert Manifest.from_json_bytes(raw) == manifest
+    assert Manifest.from_json_bytes(raw).to_json_bytes() == raw
+
+
+def _manifest_document(packed: Path) -> dict[str, Any]:
+    return json.loads(bundle.read_manifest(packed).to_json_bytes())
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda d: d.pop("key"),
+        lambda d: d.update(extra=1),
+        lambda d: d.update(format=2),
+        lambda d: d.update(format=True),
+        lambda d: d.update(fingerprint={"torch": 2}),
+        lambda d: d.update(created="yesterday"),
+        lambda d: d.update(payload_size=-1),
+        lambda d: d.update(payload_sha256="ABC"),
+        lambda d: d.update(stats=[]),
+        lambda d: d.update(members={}),
+        lambda d: d["members"].append(d["members"][0]),
+        lambda d: d["members"][0].update(sha256="0" * 63),
+        lambda d: d["members"][0].update(size="3"),
+        lambda d: d["members"][0].pop("size"),
+        lambda d: d["members"][0].update(path="files/../../etc/passwd"),
+        lambda d: d["members"][0].update(path="elsewhere/x"),
+        lambda d: d["members"][0].update(path="blobs/gw0.pickle"),
+    ],
+)
+def test_malformed_manifests_are_refused(packed: Path, mutate: Callable[[dict[str, Any]], Any]) -> None:
+    document = _manifest_document(packed)
+    mutate(document)
+    with pytest.raises(BundleError, match="bundle manifest|unsafe member"):
+        Manifest.from_json_bytes(json.dumps(document).encode())
+
+
+@pytest.mark.parametrize("raw", [b"", b"not json", b"[1, 2]", b"\xff\xfe", b'"text"'])
+def test_manifest_that_is_not_an_object(raw: bytes) -> None:
+    with pytest.raises(BundleError, match="bundle manifest"):
+        Manifest.from_json_bytes(raw)
+
+
+# --- pack --------------------------------------------------------------------------------------------------
+
+
+def test_pack_skips_a_file_that_vanished(tmp_path: Path, cache_dir: Path) -> None:
+    manifest = _pack(tmp_path / "b.bundle", cache_dir, files=[*CACHE_FILES, "deleted/by/torch.so"])
+    assert manifest.file_paths == tuple(sorted(CACHE_FILES))
+
+
+@pytest.mark.parametrize("rel", ["../outside.so", "/etc/passwd", "ab/../../outside.so", "ab\\..\\x", "C:x", "", "./x"])
+def test_pack_refuses_paths_escaping_the_cache_dir(tmp_path: Path, cache_dir: Path, rel: str) -> None:
+    with pytest.raises(BundleError, match="escapes the cache dir"):
+        _pack(tmp_path / "b.bundle", cache_dir, files=[rel])
+    assert not (tmp_path / "b.bundle").exists()
+
+
+def test_pack_refuses_symlinks_and_directories(tmp_path: Path, cache_dir: Path) -> None:
+    outside = tmp_path / "secret.txt"
+    outside.write_bytes(b"secret")
+    (cache_dir / "link.so").symlink_to(outside)
+    (cache_dir / "linkdir").symlink_to(tmp_path)
+    with pytest.raises(BundleError, match="not a regular file"):
+        _pack(tmp_path / "b.bundle", cache_dir, files=["link.so"])
+    with pytest.raises(BundleError, match="escapes the cache dir"):
+        _pack(tmp_path / "b.bundle", cache_dir, files=["linkdir/secret.txt"])
+    with pytest.raises(BundleError, match="not a regular file"):
+        _pack(tmp_path / "b.bundle", cache_dir, files=["ab"])
+    assert not (tmp_path / "b.bundle").exists()
+
+
+@pytest.mark.parametrize("name", ["", ".hidden", "a/b", "../x", "a b", "x\n"])
+def test_pack_refuses_bad_blob_names(tmp_path: Path, cache_dir: Path, name: str) -> None:
+    with pytest.raises(BundleError, match="invalid blob name"):
+        _pack(tmp_path / "b.bundle", cache_dir, blobs={name: b"x"})
+
+
+def test_pack_refuses_stats_that_are_not_json(tmp_path: Path, cache_dir: Path) -> None:
+    with pytest.raises(BundleError, match="JSON"):
+        _pack(tmp_path / "b.bundle", cache_dir, stats={"when": datetime.now(timezone.utc)})
+
+
+def test_pack_never_writes_a_bundle_it_could_not_read(tmp_path: Path, cache_dir: Path) -> None:
+    with pytest.raises(BundleError, match="'key'"):
+        _pack(tmp_path / "b.bundle", cache_dir, key="")
+    assert not (tmp_path / "b.bundle").exists()
+
+
+def test_pack_with_nothing_to_pack(tmp_path: Path, cache_dir: Path) -> None:
+    dest = tmp_path / "empty.bundle"
+    manifest = _pack(dest, cache_dir, blobs={}, files=[])
+    assert manifest.members == ()
+    result = bundle.unpack(dest, tmp_path / "target")
+    assert result.blobs == {} and result.files == ()
+
+
+def test_pack_is_atomic(tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dest = tmp_path / "out" / "b.bundle"
+    _pack(dest, cache_dir, stats={"version": "old"})
+    before = dest.read_bytes()
+
+    def failing_write(fh: BinaryIO, data: bytes) -> None:
+        if not data.startswith(MAGIC):  # header written, then the disk fills up half-way through the payload
+            fh.write(data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        fh.write(data)
+
+    monkeypatch.setattr(bundle, "_write_all", failing_write)
+    with pytest.raises(BundleError, match="No space left"):
+        _pack(dest, cache_dir, stats={"version": "new"})
+    assert dest.read_bytes() == before
+    with pytest.raises(BundleError, match="No space left"):
+        _pack(tmp_path / "out" / "fresh.bundle", cache_dir)
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["b.bundle"]
+
+
+def test_pack_cleans_up_on_any_exception(tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(fh: BinaryIO, data: bytes) -> None:
+        fh.write(data[:3])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bundle, "_write_all", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _pack(tmp_path / "out" / "b.bundle", cache_dir)
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+# --- verify: damage --------------------------------------------------------------------------------------
+
+
+def test_truncated_bundles_are_refused(packed: Path) -> None:
+    data = packed.read_bytes()
+    offset = _payload_offset(packed)
+    manifest_len = int.from_bytes(data[12:16], "big")
+    cuts = [0, 3, 8, 10, 14, 16, 16 + manifest_len // 2, 16 + manifest_len + 5, 48 + manifest_len + 2,
+            offset, offset + 1, (offset + len(data)) // 2, len(data) - 1]
+    for cut in cuts:
+        packed.write_bytes(data[:cut])
+        with pytest.raises(BundleError, match="truncated"):
+            bundle.verify(packed)
+        if cut < offset:  # read_manifest stops before the payload
+            with pytest.raises(BundleError, match="truncated"):
+                bundle.read_manifest(packed)
+
+
+def test_trailing_data_is_refused(packed: Path) -> None:
+    packed.write_bytes(packed.read_bytes() + b"\x00")
+    with pytest.raises(BundleError, match="trailing data"):
+        bundle.verify(packed)
+
+
+def test_every_flipped_byte_is_detected(packed: Path) -> None:
+    # Each byte of an unsigned bundle is covered: header fields, manifest (its own SHA-256), payload.
+    data = packed.read_bytes()
+    for index in range(len(data)):
+        damaged = bytearray(data)
+        damaged[index] ^= 0xFF
+        packed.write_bytes(damaged)
+        with pytest.raises(BundleError):
+            bundle.verify(packed)
+
+
+def test_flipped_payload_bytes_say_checksum(packed: Path) -> None:
+    data = packed.read_bytes()
+    for index in range(_payload_offset(packed), len(data), 7):
+        damaged = bytearray(data)
+        damaged[index] ^= 0x01
+        packed.write_bytes(damaged)
+        with pytest.raises(BundleError, match="payload checksum mismatch"):
+            bundle.verify(packed)
+
+
+def test_flipped_manifest_byte_with_recomputed_checksum_fails_the_signature(signed: Path) -> None:
+    # An attacker can recompute the plain SHA-256 of the manifest; only the HMAC stops a tampered manifest.
+    data = bytearray(signed.read_bytes())
+    manifest_len = int.from_bytes(data[12:16], "big")
+    manifest_bytes = bytes(data[16 : 16 + manifest_len]).replace(b'"hits":3', b'"hits":4')
+    assert len(manifest_bytes) == manifest_len
+    data[16 : 16 + manifest_len] = manifest_bytes
+    data[16 + manifest_len : 48 + manifest_len] = hashlib.sha256(manifest_bytes).digest()
+    signed.write_bytes(data)
+    assert bundle.read_manifest(signed).stats["hits"] == 4
+    bundle.verify(signed)  # no key configured: the checksums alone cannot tell
+    with pytest.raises(BundleError, match="signature mismatch"):
+        bundle.verify(signed, signing_key=KEY)
+
+
+def test_bad_magic_and_unknown_format(packed: Path) -> None:
+    data = packed.read_bytes()
+    packed.write_bytes(b"PK\x03\x04" + data[4:])
+    with pytest.raises(BundleError, match="bad magic"):
+        bundle.verify(packed)
+    packed.write_bytes(MAGIC + (FORMAT_VERSION + 1).to_bytes(4, "big") + data[12:])
+    with pytest.raises(BundleError, match="format 2 is not supported"):
+        bundle.read_manifest(packed)
+
+
+def test_missing_bundle_is_a_bundle_error(tmp_path: Path) -> None:
+    with pytest.raises(BundleError, match="cannot read bundle"):
+        bundle.verify(tmp_path / "nope.bundle")
+
+
+# --- verify: signature and fingerprint --------------------------------------------------------------------
+
+
+def test_signed_bundle_verifies_with_its_key(signed: Path) -> None:
+    assert bundle.is_signed(signed)
+    assert bundle.verify(signed, signing_key=KEY).key == "compilecache-v1-abc-1-1"
+
+
+def test_wrong_key_is_refused(signed: Path) -> None:
+    with pytest.raises(BundleError, match="signature mismatch"):
+        bundle.verify(signed, signing_key=b"another key")
+
+
+def test_unsigned_bundle_is_refused_when_a_key_is_set(packed: Path) -> None:
+    with pytest.raises(BundleError, match=r"signature missing \(PYTEST_COMPILECACHE_SIGNING_KEY is set\)"):
+        bundle.verify(packed, signing_key=KEY)
+
+
+def test_signed_bundle_is_accepted_without_a_key(signed: Path) -> None:
+    assert bundle.verify(signed) == bundle.verify(signed, signing_key=KEY)
+
+
+def test_empty_signing_key_is_a_config_error(tmp_path: Path, cache_dir: Path, packed: Path) -> None:
+    with pytest.raises(ConfigError, match="must not be empty"):
+        bundle.verify(packed, signing_key=b"")
+    with pytest.raises(ConfigError, match="must not be empty"):
+        _pack(tmp_path / "x.bundle", cache_dir, signing_key=b"")
+
+
+def test_another_fingerprint_is_refused_with_the_differences(packed: Path) -> None:
+    current = {**FINGERPRINT, "torch": "2.14.1", "cuda": "12.4"}
+    del current["cpu"]
+    with pytest.raises(BundleError) as info:
+        bundle.verify(packed, fingerprint=current)
+    message = str(info.value)
+    assert "torch: 2.13.0 != 2.14.1" in message
+    assert "cpu: x86_64-avx2 != <absent>" in message
+    assert "cuda: <absent> != 12.4" in message
+    assert "python" not in message
+    assert "\n" not in message
+    assert bundle.verify(packed, fingerprint=dict(FINGERPRINT)).fingerprint == FINGERPRINT
+
+
+# --- verify: malicious archives ---------------------------------------------------------------------------
+
+_GOOD = "files/ok.so"
+
+
+@pytest.mark.parametrize(
+    ("entry", "match"),
+    [
+        (_tar_entry("files/../../evil.so", b"x"), "unsafe member path"),
+        (_tar_entry("../evil.so", b"x"), "unsafe member path"),
+        (_tar_entry("/etc/evil.so", b"x"), "unsafe member path"),
+        (_tar_entry("files/ab\\..\\..\\evil.so", b"x"), "unsafe member path"),
+        (_tar_entry("files//abs.so", b"x"), "unsafe member path"),
+        (_tar_entry("outside.so", b"x"), "unsafe member path"),
+        (_tar_entry("files/link.so", kind=tarfile.SYMTYPE, link="/etc/passwd"), "not a regular file \\(symlink\\)"),
+        (_tar_entry("files/link.so", kind=tarfile.SYMTYPE, link="../../x"), "not a regular file \\(symlink\\)"),
+        (_tar_entry("files/hard.so", kind=tarfile.LNKTYPE, link=_GOOD), "not a regular file \\(hardlink\\)"),
+        (_tar_entry("files/dev", kind=tarfile.CHRTYPE), "not a regular file \\(device\\)"),
+        (_tar_entry("files/fifo", kind=tarfile.FIFOTYPE), "not a regular file"),
+        (_tar_entry("files/subdir", kind=tarfile.DIRTYPE), "not a regular file \\(directory\\)"),
+    ],
+    ids=["dotdot-inside", "dotdot", "absolute", "backslash", "empty-part", "outside-files", "symlink-abs",
+         "symlink-rel", "hardlink", "device", "fifo", "directory"],
+)
+def test_malicious_members_are_refused(
+    tmp_path: Path, entry: tuple[tarfile.TarInfo, bytes], match: str
+) -> None:
+    good = _tar_entry(_GOOD, b"fine")
+    dest = _craft(tmp_path / "evil.bundle", [good, entry], signing_key=KEY)
+    target = tmp_path / "cache"
+    with pytest.raises(BundleError, match=match):
+        bundle.verify(dest, signing_key=KEY)
+    with pytest.raises(BundleError, match=match):
+        bundle.unpack(dest, target, signing_key=KEY)
+    assert not target.exists()  # not even the cache dir is created before verification passes
+
+
+def test_unsafe_tar_name_behind_a_safe_manifest(tmp_path: Path) -> None:
+    # The manifest looks harmless; the archive's own name must still be checked.
+    info, data = _tar_entry("files/../../evil.so", b"x")
+    members = [Member("files/evil.so", 1, hashlib.sha256(b"x").hexdigest())]
+    dest = _craft(tmp_path / "evil.bundle", [(info, data)], members)
+    with pytest.raises(BundleError, match="unsafe member path"):
+        bundle.verify(dest)
+
+
+def test_archive_and_manifest_must_agree(tmp_path: Path) -> None:
+    entry = _tar_entry(_GOOD, b"fine")
+    listed = Member(_GOOD, 4, hashlib.sha256(b"fine").hexdigest())
+    extra = Member("files/extra.so", 1, hashlib.sha256(b"x").hexdigest())
+    cases = [
+        ([entry], [listed, extra], "missing member files/extra.so"),
+        ([entry, _tar_entry("files/extra.so", b"x")], [listed], "not in the manifest"),
+        ([entry, entry], [listed], "appears twice"),
+        ([entry], [replace(listed, size=5)], "size mismatch for files/ok.so"),
+        ([entry], [replace(listed, sha256="0" * 64)], "checksum mismatch for files/ok.so"),
+    ]
+    for index, (entries, members, match) in enumerate(cases):
+        dest = _craft(tmp_path / f"case{index}.bundle", entries, members)
+        with pytest.raises(BundleError, match=match):
+            bundle.verify(dest)
+
+
+def test_payload_that_is_not_zstd_or_tar(tmp_path: Path) -> None:
+    for payload, match in [(b"plain bytes", "not valid zstd"), (bundle._compress(b"x" * 1024), "not a valid tar")]:
+        manifest = replace(
+            bundle.read_manifest(_craft(tmp_path / "base.bundle", [])),
+            payload_size=len(payload),
+            payload_sha256=hashlib.sha256(payload).hexdigest(),
+        )
+        dest = tmp_path / "bad.bundle"
+        bundle._write_bundle_file(dest, manifest.to_json_bytes(), "", payload)
+        with pytest.raises(BundleError, match=match):
+            bundle.verify(dest)
+
+
+def test_decompression_bomb_is_refused(tmp_path: Path) -> None:
+    # A tiny payload that inflates far beyond what the manifest declares.
+    payload = bundle._compress(b"\x00" * (64 * 1024 * 1024))
+    manifest = replace(
+        bundle.read_manifest(_craft(tmp_path / "base.bundle", [])),
+        payload_size=len(payload),
+        payload_sha256=hashlib.sha256(payload).hexdigest(),
+    )
+    dest = tmp_path / "bomb.bundle"
+    bundle._write_bundle_file(dest, manifest.to_json_bytes(), "", payload)
+    with pytest.raises(BundleError, match="larger than its manifest declares"):
+        bundle.verify(dest)
+
+
+# --- unpack -------------------------------------------------------------------------------------------------
+
+
+def _existing_cache(tmp_path: Path) -> Path:
+    target = tmp_path / "target"
+    (target / "ab").mkdir(parents=True)
+    (target / "ab" / "cabc123.main.so").write_bytes(b"older kernel")
+    (target / "unrelated.so").write_bytes(b"keep me")
+    return target
+
+
+@pytest.mark.parametrize("damage", ["flip-payload", "truncate", "fingerprint", "wrong-key", "unsigned"])
+def test_unpack_writes_nothing_when_verification_fails(tmp_path: Path, cache_dir: Path, damage: str) -> None:
+    dest = tmp_path / "b.bundle"
+    _pack(dest, cache_dir, signing_key=None if damage == "unsigned" else KEY)
+    data = bytearray(dest.read_bytes())
+    fingerprint = dict(FINGERPRINT)
+    key = KEY
+    if damage == "flip-payload":
+        data[-10] ^= 0xFF
+    elif damage == "truncate":
+        del data[-100:]
+    elif damage == "fingerprint":
+        fingerprint["torch"] = "2.14.1"
+    elif damage == "wrong-key":
+        key = b"wrong"
+    dest.write_bytes(data)
+    target = _existing_cache(tmp_path)
+    before = _tree(target)
+    with pytest.raises(BundleError):
+        bundle.unpack(dest, target, signing_key=key, fingerprint=fingerprint)
+    assert _tree(target) == before
+    fresh = tmp_path / "fresh"
+    with pytest.raises(BundleError):
+        bundle.unpack(dest, fresh, signing_key=key, fingerprint=fingerprint)
+    assert not fresh.exists()
+
+
+def test_unpack_leaves_identical_files_alone_and_replaces_others(packed: Path, tmp_path: Path) -> None:
+    target = _existing_cache(tmp_path)
+    same = target / "cpu_isa.so"
+    same.write_bytes(CACHE_FILES["cpu_isa.so"])
+    os.utime(same, (1_000_000, 1_000_000))
+    result = bundle.unpack(packed, target)
+    assert result.unchanged == ("cpu_isa.so",)
+    assert set(result.files) == set(CACHE_FILES) - {"cpu_isa.so"}
+    assert same.stat().st_mtime == 1_000_000
+    assert (target / "ab" / "cabc123.main.so").read_bytes() == CACHE_FILES["ab/cabc123.main.so"]
+    assert (target / "unrelated.so").read_bytes() == b"keep me"
+    assert not [p for p in target.rglob("*") if p.name.endswith(".tmp")]
+    again = bundle.unpack(packed, target)
+    assert again.files == () and set(again.unchanged) == set(CACHE_FILES)
+
+
+def test_unpack_refuses_a_symlinked_dir_leading_out_of_the_cache(packed: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "ab").symlink_to(outside)  # bundle has files/ab/cabc123.main.so
+    with pytest.raises(BundleError, match="symlink out of the cache dir"):
+        bundle.unpack(packed, target)
+    assert list(outside.iterdir()) == []
+
+
+def test_unpack_follows_a_symlinked_dir_that_stays_inside(packed: Path, tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    (target / "real").mkdir(parents=True)
+    (target / "ab").symlink_to(target / "real")
+    bundle.unpack(packed, target)
+    assert (target / "real" / "cabc123.main.so").read_bytes() == CACHE_FILES["ab/cabc123.main.so"]
+
+
+def test_unpack_replaces_a_file_symlink_instead_of_writing_through_it(packed: Path, tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"do not touch")
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "cpu_isa.so").symlink_to(victim)
+    bundle.unpack(packed, target)
+    assert victim.read_bytes() == b"do not touch"
+    assert not (target / "cpu_isa.so").is_symlink()
+    assert (target / "cpu_isa.so").read_bytes() == CACHE_FILES["cpu_isa.so"]
+
+
+def test_unpack_into_a_cache_dir_reached_through_a_symlink(packed: Path, tmp_path: Path) -> None:
+    # e.g. /tmp -> /private/tmp on macOS: the cache dir itself may be a link.
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "alias").symlink_to(real)
+    bundle.unpack(packed, tmp_path / "alias")
+    assert (real / "ab" / "cabc123.main.so").exists()
+
+
+def test_unpack_reports_a_directory_in_the_way(packed: Path, tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    (target / "cpu_isa.so").mkdir(parents=True)
+    (target / "fxgraph").write_bytes(b"a file where a directory should be")
+    with pytest.raises(BundleError, match="cannot unpack"):
+        bundle.unpack(packed, target)

@@ -1,0 +1,265 @@
+"""LocalStore: the store contract, plus what only a directory can get wrong; the factory; key rules."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+from typing import Any
+from typing import BinaryIO
+
+import pytest
+
+from pytest_compilecache import ConfigError
+from pytest_compilecache import StoreError
+from pytest_compilecache.stores import LocalStore
+from pytest_compilecache.stores import ReadOnlyStore
+from pytest_compilecache.stores import Store
+from pytest_compilecache.stores import open_store
+from pytest_compilecache.stores import validate_key
+from pytest_compilecache.stores import validate_prefix
+from tests.contract.store_contract import MakeStore
+from tests.contract.store_contract import SetModified
+from tests.contract.store_contract import StoreContract
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _set_local_modified(store: Store, key: str, when: float) -> None:
+    inner = store.inner if isinstance(store, ReadOnlyStore) else store
+    assert isinstance(inner, LocalStore)
+    os.utime(inner.root / f"{key}.bundle", (when, when))
+
+
+class TestLocalStoreContract(StoreContract):
+    @pytest.fixture
+    def make_store(self, tmp_path: Path) -> MakeStore:
+        return lambda: LocalStore(tmp_path / "store")
+
+    @pytest.fixture
+    def set_modified(self) -> SetModified:
+        return _set_local_modified
+
+
+def _put(store: LocalStore, tmp_path: Path, key: str, data: bytes) -> None:
+    src = tmp_path / f"src-{key}.bin"
+    src.write_bytes(data)
+    store.put(key, src)
+
+
+def _failing_copy(src: BinaryIO, dst: BinaryIO) -> None:
+    dst.write(src.read(10))  # some bytes reach the temp file first, as on a disk that fills up mid-copy
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+# --- a directory of files --------------------------------------------------------------------------------
+
+
+def test_construction_and_reads_do_not_touch_the_disk(tmp_path: Path) -> None:
+    root = tmp_path / "not" / "yet"
+    store = LocalStore(root)
+    assert store.get("k", tmp_path / "dest.bin") is False
+    assert store.list() == [] and store.find_latest("") is None
+    store.delete("k")
+    assert not (tmp_path / "not").exists()
+    _put(store, tmp_path, "k", b"x")
+    assert (root / "k.bundle").read_bytes() == b"x"
+
+
+def test_location_is_a_file_uri(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    assert store.location == (tmp_path / "store").as_uri()
+    assert store.location.startswith("file:///")
+    assert "LocalStore" in repr(store)
+
+
+def test_root_that_is_a_file_is_a_store_error(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    root.write_bytes(b"not a directory")
+    store = LocalStore(root)
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"x")
+    with pytest.raises(StoreError, match="cannot get k"):
+        store.get("k", tmp_path / "dest.bin")
+    with pytest.raises(StoreError, match="cannot list"):
+        store.list()
+    with pytest.raises(StoreError, match="cannot list"):
+        store.find_latest("")
+    with pytest.raises(StoreError, match="cannot put k"):
+        store.put("k", src)
+    with pytest.raises(StoreError, match="cannot delete k"):
+        store.delete("k")
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="needs POSIX permissions, not root")
+def test_unreadable_root_is_a_store_error(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    _put(store, tmp_path, "k", b"x")
+    root.chmod(0)
+    try:
+        with pytest.raises(StoreError):
+            store.get("k", tmp_path / "dest.bin")
+        with pytest.raises(StoreError):
+            store.list()
+    finally:
+        root.chmod(0o755)
+
+
+def test_missing_source_is_a_store_error(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    with pytest.raises(StoreError, match="cannot put k"):
+        store.put("k", tmp_path / "missing.bin")
+    assert store.list() == []
+
+
+def test_full_disk_on_put_leaves_the_old_object_and_no_temp_file(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    _put(store, tmp_path, "k", b"old bundle")
+    store._copy = _failing_copy
+    with pytest.raises(StoreError, match="No space left"):
+        _put(store, tmp_path, "k", b"new bundle, never fully written")
+    with pytest.raises(StoreError, match="No space left"):
+        _put(store, tmp_path, "other", b"new bundle, never fully written")
+    assert sorted(p.name for p in store.root.iterdir()) == ["k.bundle"]
+    assert (store.root / "k.bundle").read_bytes() == b"old bundle"
+
+
+def test_full_disk_on_get_leaves_no_dest_and_no_temp_file(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    _put(store, tmp_path, "k", b"bundle bytes")
+    store._copy = _failing_copy
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(StoreError, match="No space left"):
+        store.get("k", out / "k.bundle")
+    assert list(out.iterdir()) == []
+
+
+def test_temp_and_foreign_files_are_ignored(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    _put(store, tmp_path, "real", b"x")
+    for name in [".real.bundle.a1b2.tmp", "real.bundle.tmp", ".hidden.bundle", "bad key.bundle", "notes.txt"]:
+        (store.root / name).write_bytes(b"junk")
+    (store.root / "dir.bundle").mkdir()
+    assert [entry.key for entry in store.list()] == ["real"]
+    assert store.find_latest("") == "real"
+    assert store.find_latest("dir") is None
+
+
+def test_two_processes_put_at_once(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    script = textwrap.dedent(
+        """
+        import sys
+        from pathlib import Path
+        from pytest_compilecache.stores import LocalStore
+        store, tag = LocalStore(Path(sys.argv[1])), sys.argv[2]
+        src = Path(sys.argv[1]).parent / f"src-{tag}.bin"
+        src.write_bytes(tag.encode() * 100_000)
+        for index in range(30):
+            store.put("shared", src)
+            store.put(f"own-{tag}-{index}", src)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    processes = [
+        subprocess.Popen([sys.executable, "-c", script, str(root), tag], env=env, stderr=subprocess.PIPE)
+        for tag in ("a", "b")
+    ]
+    for process in processes:
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 0, stderr.decode()
+    store = LocalStore(root)
+    assert (root / "shared.bundle").read_bytes() in (b"a" * 100_000, b"b" * 100_000)
+    assert len(store.list("own-")) == 60
+    assert sorted(p.name for p in root.iterdir() if not p.name.endswith(".bundle")) == []
+
+
+# --- the factory -----------------------------------------------------------------------------------------
+
+
+def test_open_store_file_url(tmp_path: Path) -> None:
+    store = open_store((tmp_path / "a b").as_uri())
+    assert isinstance(store, LocalStore)
+    assert store.root == tmp_path / "a b"
+    localhost = open_store(f"file://localhost{tmp_path}")
+    assert isinstance(localhost, LocalStore) and localhost.root == tmp_path
+
+
+def test_open_store_plain_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    absolute = open_store(str(tmp_path / "abs"))
+    assert isinstance(absolute, LocalStore) and absolute.root == tmp_path / "abs"
+    as_path = open_store(tmp_path / "abs")
+    assert isinstance(as_path, LocalStore) and as_path.root == tmp_path / "abs"
+    monkeypatch.chdir(tmp_path)
+    relative = open_store("rel/store")
+    assert isinstance(relative, LocalStore) and relative.root == tmp_path / "rel" / "store"
+    assert not (tmp_path / "rel").exists()
+
+
+def test_open_store_readonly_wraps(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path), readonly=True)
+    assert isinstance(store, ReadOnlyStore) and isinstance(store.inner, LocalStore)
+    assert store.readonly is True and store.location == tmp_path.as_uri()
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["", "   ", "file://relative/dir", "file:relative", "file:///abs?x=1", "ftp://host/x", "gs://bucket", "s3://",
+     "s3:bucket", "http://example.com/x"],
+)
+def test_open_store_refuses_bad_values(url: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        open_store(url)
+    message = str(info.value)
+    assert "--compile-cache-store" in message
+    assert repr(url) in message
+
+
+def test_open_store_dispatches_s3_lazily(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    class FakeS3Store:
+        location = "s3://bucket/prefix"
+        readonly = False
+
+        @classmethod
+        def from_url(cls, url: str, **options: Any) -> FakeS3Store:
+            calls.append((url, options))
+            return cls()
+
+    fake = types.ModuleType("pytest_compilecache.stores.s3")
+    fake.S3Store = FakeS3Store  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pytest_compilecache.stores.s3", fake)
+    store = open_store("s3://bucket/prefix", endpoint_url="http://127.0.0.1:9")
+    assert isinstance(store, FakeS3Store)
+    assert calls == [("s3://bucket/prefix", {"endpoint_url": "http://127.0.0.1:9"})]
+    readonly = open_store("S3://bucket", readonly=True)
+    assert isinstance(readonly, ReadOnlyStore) and isinstance(readonly.inner, FakeS3Store)
+
+
+# --- keys ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["a", "A-z_0.9", "compilecache-v1-0123abcd-42-1", "_x", "-x", "x" * 512])
+def test_valid_keys(key: str) -> None:
+    assert validate_key(key) == key
+
+
+@pytest.mark.parametrize("key", ["", ".x", "..", "a/b", "a/../b", "a\\b", "a b", "ü", "x" * 513, "a\x00b"])
+def test_invalid_keys(key: str) -> None:
+    with pytest.raises(ConfigError, match="invalid cache key"):
+        validate_key(key)
+
+
+def test_prefixes() -> None:
+    assert validate_prefix("") == ""
+    assert validate_prefix("compilecache-v1-") == "compilecache-v1-"
+    for prefix in ["a/", ".", "../x", "x" * 513]:
+        with pytest.raises(ConfigError, match="prefix"):
+            validate_prefix(prefix)
