@@ -1,0 +1,146 @@
+"""``python -m pytest_compilecache``: each command, its output and its documented exit code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_compilecache import cli
+from pytest_compilecache.stores.local import LocalStore
+
+H100 = {"cuda": "12.8", "hip": "", "triton": "3.4.0", "gpus": [{"name": "NVIDIA H100 80GB HBM3", "capability": "9.0"}]}
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # restore points torch at the cache dir through the environment; keep that inside the test.
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "GITHUB_OUTPUT", "GITHUB_STEP_SUMMARY",
+                 "PYTEST_COMPILECACHE_SIGNING_KEY", "GITHUB_ACTIONS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "unused"))
+
+
+@pytest.fixture
+def device_file(tmp_path: Path) -> Path:
+    path = tmp_path / "device.json"
+    path.write_text(json.dumps(H100))
+    return path
+
+
+def _cache_dir(tmp_path: Path) -> Path:
+    cache = tmp_path / "cache"
+    (cache / "ab").mkdir(parents=True)
+    (cache / "ab" / "cabc.main.so").write_bytes(b"kernel")
+    (cache / "fxgraph" / "xy" / "fxkey").mkdir(parents=True)
+    (cache / "fxgraph" / "xy" / "fxkey" / "entry").write_bytes(b"graph")
+    (cache / "ab" / "cabc.cpp").write_text("// regenerated, not bundled")
+    return cache
+
+
+def test_fingerprint_json_uses_recorded_device_facts(capsys: pytest.CaptureFixture[str], device_file: Path) -> None:
+    assert cli.main(["fingerprint", "--json", "--device-facts", str(device_file)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["facts"]["gpus"] == "NVIDIA H100 80GB HBM3 (9.0)"
+    assert data["facts"]["cuda"] == "12.8" and data["facts"]["torch"].startswith("2.")
+    assert len(data["digest"]) == 16
+
+
+def test_key_writes_github_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device_file: Path) -> None:
+    out = tmp_path / "github_output"
+    monkeypatch.setenv("GITHUB_OUTPUT", str(out))
+    assert cli.main(["key", "--prefix", "p1", "--suffix", "42-1", "--github-output",
+                     "--device-facts", str(device_file)]) == 0
+    values = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    assert values["key"] == f"p1-{values['digest']}-42-1"
+    assert values["restore-prefix"] == f"p1-{values['digest']}-"
+
+
+def test_save_restore_inspect_verify_prune(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    store, cache = tmp_path / "store", _cache_dir(tmp_path)
+    for suffix in ("1", "2", "3"):
+        assert cli.main(["save", "--store", str(store), "--cache-dir", str(cache), "--suffix", suffix,
+                         "--keep", "5"]) == 0
+    keys = [e.key for e in LocalStore(store).list()]
+    assert len(keys) == 3
+
+    target = tmp_path / "restored"
+    out = tmp_path / "github_output"
+    monkeypatch.setenv("GITHUB_OUTPUT", str(out))
+    assert cli.main(["restore", "--store", str(store), "--cache-dir", str(target), "--github-output",
+                     "--json", str(tmp_path / "r.json")]) == 0
+    values = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    assert values["restore-outcome"] == "partial" and values["cache-hit"] == "false"
+    assert values["matched-key"] == keys[0]  # newest first
+    assert (target / "ab" / "cabc.main.so").read_bytes() == b"kernel"
+    assert (target / "fxgraph" / "xy" / "fxkey" / "entry").read_bytes() == b"graph"
+    assert not (target / "ab" / "cabc.cpp").exists()
+
+    assert cli.main(["restore", "--store", str(store), "--cache-dir", str(target), "--key", keys[1]]) == 0
+    assert "restore-outcome=exact" in capsys.readouterr().out
+
+    bundle_path = store / f"{keys[0]}.bundle"
+    assert cli.main(["inspect", str(bundle_path), "--json"]) == 0
+    manifest = json.loads(capsys.readouterr().out)
+    assert {m["path"] for m in manifest["members"]} == {"files/ab/cabc.main.so", "files/fxgraph/xy/fxkey/entry"}
+    assert manifest["signed"] is False
+
+    assert cli.main(["verify", str(bundle_path), "--fingerprint"]) == 0
+    data = bytearray(bundle_path.read_bytes())
+    data[-5] ^= 0xFF
+    bundle_path.write_bytes(bytes(data))
+    assert cli.main(["verify", str(bundle_path)]) == cli.EXIT_FAILED
+    assert "invalid:" in capsys.readouterr().out
+
+    prefix = keys[0].rsplit("-", 1)[0] + "-"
+    assert cli.main(["prune", "--store", str(store), "--prefix", prefix, "--keep", "1"]) == 0
+    assert [e.key for e in LocalStore(store).list()] == [keys[0]]
+
+
+def test_signed_bundles_need_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store, cache = tmp_path / "store", _cache_dir(tmp_path)
+    monkeypatch.setenv("PYTEST_COMPILECACHE_SIGNING_KEY", "k1")
+    assert cli.main(["save", "--store", str(store), "--cache-dir", str(cache), "--suffix", "1"]) == 0
+    (path,) = store.glob("*.bundle")
+    assert cli.main(["verify", str(path)]) == 0
+    monkeypatch.setenv("PYTEST_COMPILECACHE_SIGNING_KEY", "k2")
+    assert cli.main(["verify", str(path)]) == cli.EXIT_FAILED
+    # A restore with the wrong key warns and restores nothing (exit 0), or exits 1 when strict.
+    target = tmp_path / "restored"
+    assert cli.main(["restore", "--store", str(store), "--cache-dir", str(target)]) == 0
+    assert not (target / "ab").exists()
+    assert cli.main(["restore", "--store", str(store), "--cache-dir", str(target), "--strict"]) == cli.EXIT_FAILED
+
+
+def test_miss_and_usage_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty-store"
+    assert cli.main(["restore", "--store", str(empty), "--cache-dir", str(tmp_path / "c")]) == 0
+    assert "no bundle under" in capsys.readouterr().err
+    assert cli.main(["restore", "--store", str(empty), "--cache-dir", str(tmp_path / "c"),
+                     "--fail-on-miss"]) == cli.EXIT_MISS
+    assert cli.main(["restore", "--store", "ftp://nowhere", "--cache-dir", str(tmp_path / "c")]) == cli.EXIT_USAGE
+    assert "--compile-cache-store" in capsys.readouterr().err
+
+
+def test_report_renders_markdown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    report = tmp_path / "r.json"
+    report.write_text(json.dumps({
+        "version": 1, "mode": "shared", "cache_dir": "/c",
+        "totals": {"tests": 2},
+        "tests": [{"nodeid": "t.py::a", "fxgraph": {"hit": 3, "miss": 1, "bypass": 0}, "frames": 2,
+                   "compile_seconds": 1.5}],
+    }))
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    assert cli.main(["report", str(report), "--summary"]) == 0
+    text = summary.read_text()
+    assert "75% hit rate" in text and "`t.py::a`" in text
+
+
+def test_module_entry_point_runs() -> None:
+    proc = subprocess.run([sys.executable, "-m", "pytest_compilecache", "--version"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip()
