@@ -157,7 +157,8 @@ def main() -> int:
     if rows:
         print("growth: run  misses  bundle KiB  whole-dir KiB")
         for row in rows:
-            print(f"        {row['run']:>3}  {row['misses']:>6}  {row['bundle'] / 1024:>10.0f}  {row['wholedir'] / 1024:>13.0f}")
+            bundle_kib, whole_kib = row["bundle"] / 1024, row["wholedir"] / 1024
+            print(f"        {row['run']:>3}  {row['misses']:>6}  {bundle_kib:>10.0f}  {whole_kib:>13.0f}")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "scenarios": {k: {"seconds": round(v[0], 3), "ratio_to_warm": round(v[0] / warm, 3),

@@ -78,8 +78,8 @@ def make_dir(path: Path) -> Path:
                     os.rename(tmp, path)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-        probe = tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-", delete=True)
-        probe.close()
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
     except OSError as exc:
         raise ConfigError(f"--compile-cache-dir: {path} is not a writable directory ({exc.strerror})") from None
     if not path.is_dir():

@@ -274,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("verify", help="verify checksums, signature (with the signing key) and optionally the fingerprint")
+    p = sub.add_parser("verify", help="verify checksums, signature and optionally the fingerprint")
     fp_args(p)
     p.add_argument("bundle")
     p.add_argument("--fingerprint", action="store_true", help="also require this machine's fingerprint")

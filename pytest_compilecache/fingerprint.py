@@ -90,7 +90,8 @@ def _cpu() -> tuple[str, str]:
             for line in fh:
                 key, _, value = line.partition(":")
                 key = key.strip()
-                if key in ("model name", "Model", "CPU part") and model in ("", platform.machine(), platform.processor()):
+                generic = model in ("", platform.machine(), platform.processor())
+                if key in ("model name", "Model", "CPU part") and generic:
                     model = value.strip()
                 elif key in ("flags", "Features") and not flags:
                     flags = " ".join(sorted(value.split()))

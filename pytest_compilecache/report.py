@@ -158,7 +158,8 @@ def markdown(
     text = "\n".join(head)
     budget = limit - len(text) - 600
     sections = [
-        ("Slowest compiling tests", "| seconds | fx hits | fx misses | frames | test |\n|---:|---:|---:|---:|---|", slowest),
+        ("Slowest compiling tests",
+         "| seconds | fx hits | fx misses | frames | test |\n|---:|---:|---:|---:|---|", slowest),
         ("Tests that missed", "| fx misses | aot misses | test | bypass reasons |\n|---:|---:|---|---|", missed),
     ]
     for title, header, rows in sections:
@@ -172,7 +173,8 @@ def markdown(
                 break
             body.append(row)
             used += len(row) + 1
-        text += f"\n<details><summary>{title} ({len(rows)})</summary>\n\n{header}\n" + "\n".join(body) + "\n\n</details>\n"
+        text += f"\n<details><summary>{title} ({len(rows)})</summary>\n\n{header}\n"
+        text += "\n".join(body) + "\n\n</details>\n"
     return text[:limit]
 
 

@@ -290,7 +290,8 @@ class CompileCacheSession:
                 if info:
                     lines.append((report.transfer_line(kind, info), {}))
             if self.stats.silent_workers:
-                lines.append((f"workers that sent no statistics: {', '.join(self.stats.silent_workers)}", {"yellow": True}))
+                silent = ", ".join(self.stats.silent_workers)
+                lines.append((f"workers that sent no statistics: {silent}", {"yellow": True}))
             if verbose or self.settings.report == "full":
                 lines.extend((line, {}) for line in report.table_lines(self.stats))
             lines.extend((f"note: {note}", {}) for note in self.notes)

@@ -78,7 +78,8 @@ def restore(
     try:
         key, outcome = _find(store, prefix, digest, exact_key)
         if key is None:
-            return Transfer("miss", seconds=time.perf_counter() - started, message=_why_miss(store, prefix, fingerprint))
+            why = _why_miss(store, prefix, fingerprint)
+            return Transfer("miss", seconds=time.perf_counter() - started, message=why)
         with tempfile.TemporaryDirectory(prefix="compilecache-restore-") as tmp:
             path = Path(tmp) / "bundle"
             if not store.get(key, path):
