@@ -197,6 +197,8 @@ class CompileCacheSession:
             self.files.update(own["files"])
         if self.dir.path and self.files:
             cachedir.touch(self.dir.path, sorted(self.files))
+        if self.settings.redis and probe.dynamo_loaded() and not probe.remote_counts_available():
+            self.notes.append("this torch reports remote FX-graph counts only (AOTAutograd remote counts need 2.11+)")
         if self.saving:
             self._save()
         self._evict()

@@ -1,0 +1,86 @@
+"""The plugin's environment set-up in unusual orders, and size-capped shared dirs."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+EARLY_PLUGIN = """
+# Loaded with -p before pytest-compilecache configures anything: torch._dynamo pins the default dir.
+import torch._dynamo  # noqa: F401
+"""
+
+COMPILED = """
+import os
+import torch
+
+def test_compiles_into_the_chosen_dir():
+    fn = torch.compile(lambda x: torch.tanh(x) - x)
+    fn(torch.randn(8))
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == os.environ["EXPECTED_DIR"]
+"""
+
+
+@pytest.mark.slow
+def test_torch_imported_before_the_plugin(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An earlier import pinned torch's default dir; the chosen dir still takes effect, with a note."""
+    target = pytester.path / "chosen"
+    monkeypatch.setenv("EXPECTED_DIR", str(target))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    pytester.makeini("[pytest]\nfilterwarnings = ignore::DeprecationWarning\n")
+    pytester.makepyfile(earlytorch=EARLY_PLUGIN, test_early=COMPILED)
+    pytester.syspathinsert()
+    report = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess(
+        "-p", "earlytorch", "-p", "no:cacheprovider", "--compile-cache=shared",
+        f"--compile-cache-dir={target}", f"--compile-cache-json={report}",
+    )
+    assert result.ret == 0, result.stdout.str()
+    data = json.loads(report.read_text())
+    assert any("torch was imported before" in note for note in data["notes"]), data["notes"]
+    assert data["totals"]["misses"] >= 1
+    # The compiled artifacts landed in the chosen dir, not in torch's default one.
+    assert list((target / "fxgraph").rglob("*")), sorted(os.listdir(target))
+    assert list(target.glob("*/*.main.so"))
+
+
+def test_max_size_trims_the_shared_dir(pytester: pytest.Pytester) -> None:
+    cache = pytester.path / "cache"
+    old = cache / "ab"
+    old.mkdir(parents=True)
+    (cache / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
+    os.utime(cache / "CACHEDIR.TAG", (1, 1))  # oldest of all, and still kept: it is ours
+    for index in range(20):
+        entry = old / f"entry{index}.so"
+        entry.write_bytes(b"x" * 4096)
+        os.utime(entry, (1_000_000 + index, 1_000_000 + index))
+    pytester.makepyfile(test_plain="def test_ok():\n    pass\n")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--compile-cache=shared", f"--compile-cache-dir={cache}",
+        "--compile-cache-max-size=40K", "--compile-cache-report=full",
+    )
+    assert result.ret == 0
+    remaining = sorted(p.name for p in old.glob("*.so"))
+    total = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file())
+    assert total <= 40 * 1024
+    # Least recently used first: the newest entries survive.
+    assert remaining and all(int(name[5:-3]) >= 10 for name in remaining), remaining
+    assert (cache / "CACHEDIR.TAG").exists()
+
+
+def test_bad_marker_mode_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_marked="""
+import pytest
+
+@pytest.mark.compile_cache("sometimes")
+def test_x():
+    pass
+"""
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*compile_cache*mode must be 'isolated' or 'disabled'*"])
