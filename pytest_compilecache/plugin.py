@@ -14,14 +14,13 @@ from typing import Generator
 import pytest
 
 from . import ConfigError
+from . import probe
 from .cachedir import SESSION_ENV
 from .settings import OPTIONS
 from .settings import Settings
 from .settings import resolve
 
 _SESSION = pytest.StashKey["Any"]()
-_RECORD = pytest.StashKey["Any"]()
-_ISOLATION = pytest.StashKey["Any"]()
 _MARK = pytest.StashKey["Any"]()
 
 MARKER = "compile_cache"
@@ -98,7 +97,6 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     session = _start(config)
     session.is_worker = hasattr(config, "workerinput")
-    config.pluginmanager.register(_ReportHooks(session), "compilecache-reports")
     if os.environ.get("PYTEST_XDIST_WORKER") is None and not session.is_worker:
         # --cache-clear may have removed the shared dir since load_initial_conftests: make it again.
         session.ensure_dir()
@@ -124,33 +122,25 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 # ---- per-test capture
-
-
-def _phase(item: pytest.Item) -> Generator[None, None, None]:
-    from . import probe
-
-    start = item.stash[_MARK] = probe.mark()
-    try:
-        yield
-    finally:
-        item.stash[_RECORD].add(probe.delta(start))
-        item.stash[_MARK] = None
+# One wrapper around the whole protocol (setup, call, teardown) keeps the per-test cost to a few
+# microseconds while torch is not loaded; records travel to the controller at session end.
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
-    from .stats import ItemRecord
-
-    item.stash[_RECORD] = ItemRecord(nodeid=item.nodeid, worker=os.environ.get("PYTEST_XDIST_WORKER", "controller"))
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
+    state = item.config.stash[_SESSION]
     marker = item.get_closest_marker(MARKER)
-    if marker is not None:
-        item.stash[_ISOLATION] = _isolate(marker)
-    return (yield from _phase(item))
+    isolation = _isolate(marker) if marker is not None else None
+    start = item.stash[_MARK] = probe.mark()
+    try:
+        return (yield)
+    finally:
+        if isolation is not None:
+            isolation.__exit__(None, None, None)
+        state.record(item.nodeid, probe.delta(start))
 
 
 def _isolate(marker: pytest.Mark) -> Any:
-    from . import probe
-
     mode = marker.args[0] if marker.args else marker.kwargs.get("mode", "isolated")
     if mode not in ("isolated", "disabled"):
         raise pytest.UsageError(f"@pytest.mark.{MARKER}: mode must be 'isolated' or 'disabled', got {mode!r}")
@@ -159,49 +149,13 @@ def _isolate(marker: pytest.Mark) -> Any:
     return context
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
-    return (yield from _phase(item))
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
-    try:
-        return (yield from _phase(item))
-    finally:
-        context = item.stash.get(_ISOLATION, None)
-        if context is not None:
-            context.__exit__(None, None, None)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
-    report = yield
-    if call.when == "teardown":
-        record = item.stash.get(_RECORD, None)
-        # A plain JSON attribute survives xdist's report serialization to the controller.
-        report.compilecache = record.to_json() if record is not None and record.compiled else None
-    return report
-
-
-class _ReportHooks:
-    """Hooks that need the session state but receive no config: registered per config."""
-
-    def __init__(self, state: Any) -> None:
-        self.state = state
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when == "teardown":
-            self.state.add_report(getattr(report, "compilecache", None))
-
-
 @pytest.fixture
 def compile_cache_stats(request: pytest.FixtureRequest) -> Any:
     """The current test's compile record, live: ``compile_cache_stats.fxgraph["miss"] == 0``."""
     from .session import LiveRecord
 
     item = request.node
-    return LiveRecord(item.stash[_RECORD], lambda: item.stash.get(_MARK, None))
+    return LiveRecord(item.nodeid, item.stash.get(_MARK, None))
 
 
 # ---- xdist (optional)

@@ -43,7 +43,11 @@ def check_redis(url: str) -> str | None:
 def redacted(url: str) -> str:
     """The URL without a password, for messages."""
     parts = urlsplit(url)
-    if parts.password:
-        netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
+    try:
+        if not parts.password:
+            return url
+        host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+        netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    except ValueError:  # an unparsable port: say nothing more precise than the scheme
+        return f"{parts.scheme}://***"
+    return urlunsplit(parts._replace(netloc=netloc))

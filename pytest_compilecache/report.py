@@ -10,6 +10,7 @@ from typing import Any
 from typing import Mapping
 
 from .stats import SessionStats
+from .stats import hit_rate
 
 JSON_VERSION = 1
 MARKDOWN_LIMIT = 1024 * 1024 - 4096  # GitHub rejects a step summary over 1 MiB; leave headroom
@@ -120,43 +121,44 @@ def markdown(
 ) -> str:
     """Markdown for ``$GITHUB_STEP_SUMMARY``: headline, a table per layer, slowest tests and misses.
 
-    Always shorter than ``limit`` characters: the long lists are cut first.
+    Always at most ``limit`` bytes of UTF-8 (GitHub's limit is in bytes): the long lists are cut first.
     """
     fx, aot, remote = stats.total("fxgraph"), stats.total("aotautograd"), stats.total("remote")
+    compiled = stats.compiled
     head = [
-        f"### torch.compile cache: {percent(stats.hit_rate)} hit rate",
+        f"### torch.compile cache: {percent(hit_rate(fx['hit'], fx['miss']))} hit rate",
         "",
-        f"{stats.hits} FX-graph hits, {stats.misses} misses, {fx['bypass']} bypasses; "
-        f"{len(stats.compiled)} of {stats.tests} tests compiled, {stats.compile_seconds:.1f} s compiling "
-        f"(`{where}`).",
+        f"{_plural(fx['hit'], 'FX-graph hit')}, {_plural(fx['miss'], 'miss')}, {_plural(fx['bypass'], 'bypass')}; "
+        f"{len(compiled)} of {stats.tests} tests compiled, {stats.compile_seconds:.1f} s compiling "
+        f"(`{_cell(where)}`).",
         "",
         "| layer | hit | miss | bypass | guard miss |",
         "|---|---:|---:|---:|---:|",
         f"| FX graph | {fx['hit']} | {fx['miss']} | {fx['bypass']} | - |",
         f"| AOTAutograd | {aot['hit']} | {aot['miss']} | {aot['bypass']} | {aot['guard_miss']} |",
     ]
-    if remote["fx_hit"] or remote["fx_miss"] or remote["aot_hit"] or remote["aot_miss"]:
+    if any(remote.values()):
         head.append(f"| remote FX graph | {remote['fx_hit']} | {remote['fx_miss']} | - | - |")
         head.append(f"| remote AOTAutograd | {remote['aot_hit']} | {remote['aot_miss']} | - | - |")
     head.append("")
     for kind, info in (("restore", restore), ("save", save)):
         if info:
-            head.append(f"- {transfer_line(kind, info)}")
+            head.append(f"- {_cell(transfer_line(kind, info))}")
     if stats.silent_workers:
         head.append(f"- workers that sent no statistics: {', '.join(stats.silent_workers)}")
     head.append("")
     slowest = [
         f"| {r.compile_seconds:.2f} | {r.fxgraph['hit']} | {r.fxgraph['miss']} | {r.frames} | `{_cell(r.nodeid)}` |"
-        for r in stats.compiled
+        for r in compiled
     ]
     missed = [
-        f"| {r.fxgraph['miss']} | {r.aotautograd['miss']} | `{_cell(r.nodeid)}` |"
-        + (f" {_cell('; '.join(r.bypass_reasons))} |" if r.bypass_reasons else " |")
-        for r in sorted(stats.compiled, key=lambda r: (-r.fxgraph["miss"], r.nodeid))
+        f"| {r.fxgraph['miss']} | {r.aotautograd['miss']} | `{_cell(r.nodeid)}` | "
+        f"{_cell('; '.join(r.bypass_reasons))} |"
+        for r in sorted(compiled, key=lambda r: (-r.fxgraph["miss"], r.nodeid))
         if r.fxgraph["miss"] or r.fxgraph["bypass"]
     ]
     text = "\n".join(head)
-    budget = limit - len(text) - 600
+    budget = limit - _size(text) - 600
     sections = [
         ("Slowest compiling tests",
          "| seconds | fx hits | fx misses | frames | test |\n|---:|---:|---:|---:|---|", slowest),
@@ -165,17 +167,27 @@ def markdown(
     for title, header, rows in sections:
         if not rows:
             continue
-        body, used = [], 0
-        share = max(budget // 2, 0)
+        body, used, share = [], 0, max(budget // 2, 0)
         for row in rows:
-            if used + len(row) + 1 > share:
+            if used + _size(row) + 1 > share:
                 body.append(f"\n_{len(rows) - len(body)} more rows not shown._")
                 break
             body.append(row)
-            used += len(row) + 1
+            used += _size(row) + 1
         text += f"\n<details><summary>{title} ({len(rows)})</summary>\n\n{header}\n"
         text += "\n".join(body) + "\n\n</details>\n"
-    return text[:limit]
+    return _truncate(text, limit)
+
+
+def _size(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+def _truncate(text: str, limit: int) -> str:
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    return data[:limit].decode("utf-8", errors="ignore")
 
 
 def _cell(text: str) -> str:

@@ -162,24 +162,40 @@ class CompileCacheSession:
 
     # ---- statistics
 
-    def add_report(self, data: Mapping[str, Any] | None) -> None:
+    def record(self, nodeid: str, delta: Mapping[str, Any]) -> None:
+        """Count one finished test and keep its record when it compiled (the per-test hot path)."""
         self.stats.tests += 1
-        if data:
-            self.stats.add_record(ItemRecord.from_json(data))
+        if delta:
+            record = ItemRecord(nodeid=nodeid, worker=self.worker_id)
+            record.add(delta)
+            if record.compiled:
+                self.stats.add_record(record)
+
+    @property
+    def worker_id(self) -> str:
+        return os.environ.get("PYTEST_XDIST_WORKER", "controller")
 
     def worker_output(self) -> dict[str, Any]:
-        """A worker's payload for the controller: its mega-cache blob and the files it used."""
+        """A worker's payload for the controller: records, test count, mega-cache blob, files used."""
         from . import probe
 
-        blob = probe.save_artifacts() if self.saving and probe.dynamo_loaded() else None
-        files = probe.used_files(self.dir.path) if self.dir.path and probe.dynamo_loaded() else []
-        return {"blob": blob, "files": files}
+        loaded = probe.dynamo_loaded()
+        return {
+            "tests": self.stats.tests,
+            "records": [r.to_json() for r in self.stats.records.values()],
+            "blob": probe.save_artifacts() if self.saving and loaded else None,
+            "files": probe.used_files(self.dir.path) if self.dir.path and loaded else [],
+        }
 
     def add_worker_output(self, worker: str, output: Mapping[str, Any] | None) -> None:
+        """Merge what a worker sent; a worker that sent nothing (it crashed) is listed, not fatal."""
         self.workers.append(worker)
         if not output:
             self.stats.silent_workers.append(worker)
             return
+        self.stats.tests += int(output.get("tests", 0))
+        for data in output.get("records") or []:
+            self.stats.add_record(ItemRecord.from_json(data))
         if output.get("blob"):
             self.blobs[worker] = bytes(output["blob"])
         self.files.update(output.get("files") or [])
@@ -216,8 +232,12 @@ class CompileCacheSession:
         from . import sync
         from .fingerprint import default_suffix
 
-        if self.restored and self.restored.get("outcome") == "exact" and not self.stats.misses:
-            self.saved = {"outcome": "skipped", "message": "exact bundle restored and nothing new compiled"}
+        restored = self.settings.restore == "skip" or (
+            self.restored is not None and self.restored.get("outcome") in ("exact", "partial")
+        )
+        if restored and self.stats.hits and not self.stats.misses:
+            # Every graph came from the restored cache: a new bundle would only repeat the old one.
+            self.saved = {"outcome": "skipped", "message": "every graph hit the restored cache; nothing new to save"}
             return
         try:
             store = self._store()
@@ -315,24 +335,23 @@ def open_configured_store(settings: Settings) -> Any:
 
 
 class LiveRecord:
-    """The ``compile_cache_stats`` fixture: the current test's record, including the phase now running.
+    """The ``compile_cache_stats`` fixture: what the current test has compiled so far, read live.
 
     Every attribute read (``fxgraph``, ``aotautograd``, ``frames``, ``recompiles``, ``misses``...) takes a
     fresh snapshot, so a test can compile, then assert on what that compile did.
     """
 
-    def __init__(self, record: ItemRecord, current_mark: Any) -> None:
-        self._record = record
-        self._current_mark = current_mark
+    def __init__(self, nodeid: str, start: Any) -> None:
+        self._nodeid = nodeid
+        self._start = start
 
     def snapshot(self) -> ItemRecord:
         from . import probe
 
-        combined = ItemRecord.from_json(self._record.to_json())
-        mark = self._current_mark()
-        if mark is not None:
-            combined.add(probe.delta(mark))
-        return combined
+        record = ItemRecord(nodeid=self._nodeid)
+        if self._start is not None:
+            record.add(probe.delta(self._start))
+        return record
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.snapshot(), name)

@@ -67,7 +67,7 @@ def _count(option: str, value: str) -> int:
     return count
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])i?)?b?\s*$", re.IGNORECASE)
 
 
 def parse_size(option: str, value: str) -> int:
@@ -76,7 +76,7 @@ def parse_size(option: str, value: str) -> int:
     if not match:
         raise ConfigError(f"{option}: expected a size like 500M or 2G, got {value!r}")
     number, unit = match.groups()
-    size = int(float(number) * 1024 ** "_kmgt".index(unit.lower() or "_"))
+    size = int(float(number) * 1024 ** "_kmgt".index((unit or "_").lower()))
     if size <= 0:
         raise ConfigError(f"{option}: must be positive, got {value!r}")
     return size
@@ -92,13 +92,27 @@ def _key_part(option: str, value: str) -> str:
     return value
 
 
-_REDIS = re.compile(r"^rediss?://[^/\s:]+(:\d{1,5})?(/\d+)?/?$")
-
-
 def _redis_url(option: str, value: str) -> str:
+    """``redis://[user:password@]host[:port][/db]`` (``rediss://`` for TLS); IPv6 hosts in brackets."""
+    from urllib.parse import urlsplit
+
+    from .remote import redacted
+
     value = value.strip()
-    if not _REDIS.match(value):
-        raise ConfigError(f"{option}: expected redis://host:port/db, got {value!r}")
+    try:
+        parts = urlsplit(value)
+        valid = (
+            parts.scheme in ("redis", "rediss")
+            and bool(parts.hostname)
+            and (parts.port is None or 0 < parts.port < 65536)
+            and (parts.path.strip("/") == "" or parts.path.strip("/").isdigit())
+            and not parts.query
+            and not parts.fragment
+        )
+    except ValueError:  # a port that is not a number, or out of range
+        valid = False
+    if not valid:
+        raise ConfigError(f"{option}: expected redis://host:port/db, got {redacted(value)!r}")
     return value
 
 
@@ -203,21 +217,25 @@ def resolve(
     ini value for a key, or None/"" when unset.
     """
     values: dict[str, Any] = {}
+    spellings: dict[str, str] = {}
     for option in OPTIONS:
-        values[option.name] = _pick(option, cli.get(option.name), ini(option.ini), environ.get(option.env))
+        values[option.name], spellings[option.name] = _pick(
+            option, cli.get(option.name), ini(option.ini), environ.get(option.env)
+        )
     signing_key = environ.get(SIGNING_KEY_ENV, "")
     values["signing_key"] = signing_key.encode() if signing_key else None
     settings = Settings(**values)
     if settings.mode == "disabled" and settings.store:
-        raise ConfigError("--compile-cache-store: cannot be used with --compile-cache=disabled")
+        raise ConfigError(f"{spellings['store']}: cannot be used with {spellings['mode']}=disabled")
     return settings
 
 
-def _pick(option: Option, cli: Any, ini: Any, env: str | None) -> Any:
+def _pick(option: Option, cli: Any, ini: Any, env: str | None) -> tuple[Any, str]:
+    """The first value given, parsed, and the spelling it was given in (for error messages)."""
     for value, spelling in ((cli, option.cli), (ini, option.ini), (env, option.env)):
         if value is None or value == "" or (option.flag and value is False):
             continue
         if option.flag and value is True:
-            return True
-        return option.parse(spelling, str(value))
-    return option.default
+            return True, spelling
+        return option.parse(spelling, str(value)), spelling
+    return option.default, option.cli

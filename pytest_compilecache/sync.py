@@ -105,6 +105,8 @@ def _unpack(path: Path, cache_dir: str, signing_key: bytes | None, fingerprint: 
     from . import bundle
     from .cachedir import lock
 
+    # Verify before the lock: a rejected bundle must not leave even a lock file in the cache dir.
+    bundle.verify(path, signing_key=signing_key, fingerprint=fingerprint.to_json())
     os.makedirs(cache_dir, exist_ok=True)
     with lock(cache_dir):
         return bundle.unpack(path, Path(cache_dir), signing_key=signing_key, fingerprint=fingerprint.to_json())
@@ -113,20 +115,38 @@ def _unpack(path: Path, cache_dir: str, signing_key: bytes | None, fingerprint: 
 def _load_blobs(blobs: Mapping[str, bytes], cache_dir: str, load: Loader) -> dict[str, int]:
     from .probe import CACHE_ENV
 
+    previous = os.environ.get(CACHE_ENV)
     os.environ[CACHE_ENV] = cache_dir
     totals: dict[str, int] = {}
-    for name in sorted(blobs):
-        try:
-            counts = load(blobs[name])
-        except Exception as exc:  # torch may raise anything on content it cannot use (pickle errors...)
-            raise BundleError(f"torch rejected the cache artifacts of {name}: {type(exc).__name__}: {exc}") from None
-        for kind, count in counts.items():
-            totals[kind] = totals.get(kind, 0) + count
+    try:
+        for name in sorted(blobs):
+            try:
+                counts = load(blobs[name])
+            except Exception as exc:  # torch may raise anything on content it cannot use (pickle errors...)
+                why = f"{type(exc).__name__}: {exc}"
+                raise BundleError(f"torch rejected the cache artifacts of {name}: {why}") from None
+            for kind, count in counts.items():
+                totals[kind] = totals.get(kind, 0) + count
+    finally:
+        if previous is None:
+            os.environ.pop(CACHE_ENV, None)
+        else:
+            os.environ[CACHE_ENV] = previous
     return totals
 
 
 def _why_miss(store: Any, prefix: str, fingerprint: Fingerprint) -> str:
-    """Name the facts that differ from the newest bundle under the prefix (any fingerprint)."""
+    """Name the facts that differ from the newest bundle under the prefix (any fingerprint).
+
+    Explaining is best effort: trouble while fetching the other bundle leaves the outcome a miss.
+    """
+    try:
+        return _explain_miss(store, prefix, fingerprint)
+    except (StoreError, OSError) as exc:
+        return f"no bundle for fingerprint {fingerprint.digest()} (could not explain: {exc})"
+
+
+def _explain_miss(store: Any, prefix: str, fingerprint: Fingerprint) -> str:
     from . import bundle
 
     latest = store.find_latest(prefix + "-")
@@ -170,14 +190,19 @@ def save(
     try:
         with tempfile.TemporaryDirectory(prefix="compilecache-save-") as tmp:
             path = Path(tmp) / "bundle"
-            bundle.pack(
+            manifest = bundle.pack(
                 path, key=key, fingerprint=fingerprint.to_json(), digest=fingerprint.digest(),
                 torch_version=fingerprint.facts.get("torch", "unknown"), blobs=blobs,
                 cache_dir=Path(cache_dir), files=files, stats=stats, signing_key=signing_key,
             )
             size = path.stat().st_size
             store.put(key, path)
-        prune(store, restore_prefix(prefix, fingerprint.digest()), keep)
     except (StoreError, BundleError, OSError) as exc:
         return Transfer("error", key=key, seconds=time.perf_counter() - started, message=f"save failed: {exc}")
-    return Transfer("saved", key=key, size=size, seconds=time.perf_counter() - started, files=len(files))
+    message = ""
+    try:
+        prune(store, restore_prefix(prefix, fingerprint.digest()), keep)
+    except (StoreError, OSError) as exc:  # the bundle is stored; only the clean-up failed
+        message = f"could not prune old bundles: {exc}"
+    return Transfer("saved", key=key, size=size, seconds=time.perf_counter() - started,
+                    files=len(manifest.file_paths), message=message)
