@@ -33,6 +33,13 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MISS = 0, 1, 2, 3
 _DIR_PATTERNS = ("fxgraph/**/*", "aotautograd/**/*", "*/*.so", "*.best_config", "*/*.best_config")
 
 
+def _open(args: argparse.Namespace, readonly: bool = False) -> Any:
+    from .stores import open_store
+
+    options = {"endpoint_url": args.s3_endpoint} if args.s3_endpoint else {}
+    return open_store(args.store, readonly=readonly, **options)
+
+
 def _signing_key() -> bytes | None:
     value = os.environ.get(SIGNING_KEY_ENV, "")
     return value.encode() if value else None
@@ -99,11 +106,10 @@ def _emit(values: dict[str, str], github_output: bool) -> None:
 def cmd_restore(args: argparse.Namespace) -> int:
     from . import sync
     from .probe import point_cache_dir
-    from .stores import open_store
 
     cache_dir = str(Path(args.cache_dir).absolute())
     point_cache_dir(cache_dir)  # before torch is imported by the fingerprint
-    store = open_store(args.store, readonly=True)
+    store = _open(args, readonly=True)
     done = _progress(f"restoring from {store.location}")
     result = sync.restore(
         store, prefix=args.prefix, fingerprint=_fingerprint(args), cache_dir=cache_dir,
@@ -132,14 +138,13 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def cmd_save(args: argparse.Namespace) -> int:
     from . import sync
     from .fingerprint import default_suffix
-    from .stores import open_store
 
     cache_dir = Path(args.cache_dir).absolute()
     files = sorted(
         {str(p.relative_to(cache_dir)).replace(os.sep, "/") for pattern in _DIR_PATTERNS
          for p in cache_dir.glob(pattern) if p.is_file() and not p.is_symlink()}
     )
-    store = open_store(args.store)
+    store = _open(args)
     done = _progress(f"saving to {store.location}")
     result = sync.save(
         store, prefix=args.prefix, fingerprint=_fingerprint(args), suffix=args.suffix or default_suffix(),
@@ -187,10 +192,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from .stores import open_store
     from .stores.base import prune
 
-    deleted = prune(open_store(args.store), args.prefix, args.keep)
+    deleted = prune(_open(args), args.prefix, args.keep)
     for key in deleted:
         print(f"deleted {key}")
     print(f"kept the newest {args.keep} under {args.prefix!r}; deleted {len(deleted)}")
@@ -238,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
         if prefix:
             p.add_argument("--prefix", default=os.environ.get("PYTEST_COMPILECACHE_KEY_PREFIX", DEFAULT_PREFIX))
         p.add_argument("--strict", action="store_true", help="exit 1 on store or bundle trouble")
+        p.add_argument("--s3-endpoint", default=os.environ.get("PYTEST_COMPILECACHE_S3_ENDPOINT") or None,
+                       help="S3-compatible endpoint URL")
 
     p = sub.add_parser("fingerprint", help="print the facts that decide reuse, and their digest")
     fp_args(p)
@@ -281,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("prune", help="keep the newest N bundles under a key prefix")
-    p.add_argument("--store", required=True)
+    store_args(p, prefix=False)
     p.add_argument("--prefix", required=True)
     p.add_argument("--keep", type=int, default=3)
     p.set_defaults(func=cmd_prune)

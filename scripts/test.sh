@@ -5,9 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
-if ! command -v redis-server >/dev/null 2>&1; then
-  SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
-  $SUDO apt-get install -y -q redis-server >/dev/null 2>&1 || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q redis-server >/dev/null; }
-fi
-if [ -f scripts/install-linters.sh ]; then bash scripts/install-linters.sh; fi
+bash scripts/install-tools.sh
 exec .venv/bin/python -m pytest "$@"
