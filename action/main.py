@@ -1,0 +1,461 @@
+"""The pytest-compilecache Action's Python side: ``python action/main.py install|plan|restore``.
+
+``action.yml`` keeps each ``run:`` to one call of this file; everything those steps decide lives here.
+Inputs arrive as ``INPUT_<NAME>`` variables (``key-prefix`` -> ``INPUT_KEY_PREFIX``): a composite action
+does not set them itself, so action.yml maps every input a step needs with ``env:``. The runner's own
+``GITHUB_*`` and ``RUNNER_*`` variables say where to write and which run this is.
+
+* ``install``: ``pip install`` the plugin from the Action's own checkout (input ``install``), with the
+  ``s3`` extra for an S3 store. Standard library only: the plugin may not be importable yet.
+* ``plan``: check the inputs, decide whether this run saves, compute the fingerprint and the keys; write
+  the plan file (read by ``restore``), the step outputs (read by the ``actions/cache`` steps) and the
+  ``PYTEST_COMPILECACHE_*`` variables that configure the plugin in the job's later steps.
+* ``restore``: unpack the bundle that ``actions/cache`` put in the staging dir (``store: github``) or fetch
+  it from the store itself (``s3://``, a directory) into the cache dir; leave the staging dir absent, so
+  that it holds only the plugin's new bundle when ``actions/cache``'s post step saves it; outputs and the
+  restore section of the step summary.
+
+Why the bundle cannot be packed here: torch's mega-cache artifacts exist only inside the pytest
+processes, so the plugin writes the new bundle at the end of the pytest step; see action/README.md.
+
+Exit codes: 0 done, including a restore that failed (one ``::warning::``, the tests compile cold);
+2 an input is invalid (one ``::error::`` naming the input: configuration errors fail fast).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from dataclasses import asdict
+from dataclasses import dataclass
+from dataclasses import field
+from pathlib import Path
+from typing import Any
+from typing import Callable
+from typing import Mapping
+from typing import Sequence
+
+GITHUB_STORE = "github"
+ENV_PREFIX = "PYTEST_COMPILECACHE_"
+SIGNING_KEY_ENV = ENV_PREFIX + "SIGNING_KEY"
+# Events whose runs save with ``save: auto``: code that is already on a branch of this repository.
+SAVING_EVENTS = ("push", "schedule", "workflow_dispatch", "merge_group")
+# Never saves, whatever ``save`` says: it runs with a write token in the base repository's cache scope,
+# often on a fork's code, so a save would let a fork poison the cache every later run restores.
+NEVER_SAVING_EVENT = "pull_request_target"
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+# The names under RUNNER_TEMP (the runner empties it for every job).
+STAGING, INBOX, CACHE_DIR, REPORT, PLAN = (
+    "compilecache-staging", "compilecache-inbox", "compilecache-dir", "compilecache-report.json",
+    "compilecache-plan.json",
+)
+
+
+class InputError(ValueError):
+    """An input of the Action is invalid; the message names it as the workflow spells it."""
+
+
+def _input(environ: Mapping[str, str], name: str, default: str = "") -> str:
+    value = environ.get("INPUT_" + name.upper().replace("-", "_"))
+    return default if value is None else value.strip()
+
+
+def _flag(environ: Mapping[str, str], name: str, default: str) -> bool:
+    value = _input(environ, name, default).lower() or default
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise InputError(f"input {name}: expected true or false, got {value!r}")
+
+
+def decide_save(value: str, event: str) -> tuple[bool, str]:
+    """Whether this run saves a bundle (input ``save``: auto, true or false), and why, in words."""
+    value = (value or "auto").strip().lower()
+    if value not in ("auto", *_TRUE, *_FALSE):
+        raise InputError(f"input save: expected auto, true or false, got {value!r}")
+    if event == NEVER_SAVING_EVENT:
+        return False, f"{event} runs never save (a fork could poison the cache)"
+    if value in _TRUE:
+        return True, "save: true"
+    if value in _FALSE:
+        return False, "save: false"
+    if event in SAVING_EVENTS:
+        return True, f"save: auto saves on {event}"
+    return False, f"save: auto restores only on {event or 'this event'} (it saves on {', '.join(SAVING_EVENTS)})"
+
+
+@dataclass
+class Plan:
+    """What ``plan`` decided; written to ``RUNNER_TEMP/compilecache-plan.json`` for ``restore``.
+
+    ``transfer``: ``github`` (``actions/cache`` moves the bundle through ``staging``), ``direct`` (the
+    plugin's own store: S3 or a directory) or ``none`` (mode isolated or disabled: nothing to move).
+    """
+
+    transfer: str
+    store: str
+    save: bool
+    why: str
+    mode: str
+    prefix: str
+    salt: str
+    suffix: str
+    digest: str
+    key: str
+    restore_prefix: str
+    staging: str
+    inbox: str
+    cache_dir: str
+    json: str
+    summary: bool
+    min_hit_rate: str
+    fingerprint: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Plan:
+        return cls(**data)
+
+
+def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
+    """Check the inputs and decide everything; pure apart from reading ``environ`` (raises InputError).
+
+    ``fingerprint`` is a :class:`pytest_compilecache.fingerprint.Fingerprint` (``digest()``, ``to_json()``).
+    """
+    from pytest_compilecache import ConfigError
+    from pytest_compilecache.fingerprint import make_key
+    from pytest_compilecache.fingerprint import restore_prefix
+    from pytest_compilecache.settings import DEFAULT_PREFIX
+    from pytest_compilecache.settings import OPTIONS
+    from pytest_compilecache.stores import open_store
+
+    parsers = {option.name: option.parse for option in OPTIONS}
+    temp = Path(_required(environ, "RUNNER_TEMP"))
+    workspace = Path(environ.get("GITHUB_WORKSPACE") or os.getcwd())
+    try:
+        store = _input(environ, "store", GITHUB_STORE) or GITHUB_STORE
+        if store.lower() == GITHUB_STORE:
+            store = GITHUB_STORE
+        else:
+            if "://" not in store:  # a directory: the same one for this step and the pytest step
+                store = os.path.abspath(workspace / store)
+            open_store(store)  # checks the URL; touches neither disk nor network
+        mode = parsers["mode"]("input mode", _input(environ, "mode", "shared") or "shared")
+        prefix = parsers["key_prefix"]("input key-prefix", _input(environ, "key-prefix") or DEFAULT_PREFIX)
+        salt = key_salt(environ)
+        min_hit_rate = _input(environ, "min-hit-rate")
+        if min_hit_rate:
+            parsers["min_hit_rate"]("input min-hit-rate", min_hit_rate)
+        suffix = parsers["run_suffix"](
+            "GITHUB_RUN_ID/GITHUB_RUN_ATTEMPT",
+            f"{_required(environ, 'GITHUB_RUN_ID')}-{environ.get('GITHUB_RUN_ATTEMPT') or '1'}",
+        )
+    except ConfigError as exc:
+        raise InputError(str(exc).replace("--compile-cache-store", "input store")) from None
+    save, why = decide_save(_input(environ, "save", "auto"), environ.get("GITHUB_EVENT_NAME", ""))
+    summary = _flag(environ, "summary", "true")
+    cache_dir = _input(environ, "cache-dir")
+    cache_dir = str(workspace / cache_dir) if cache_dir else str(temp / CACHE_DIR)
+    transfer = "none" if mode != "shared" else ("github" if store == GITHUB_STORE else "direct")
+    if transfer == "none":
+        save, why = False, f"mode {mode} keeps no cache dir between runs"
+    digest = fingerprint.digest()
+    return Plan(
+        transfer=transfer, store=store, save=save, why=why, mode=mode, prefix=prefix, salt=salt,
+        suffix=suffix, digest=digest, key=make_key(prefix, digest, suffix),
+        restore_prefix=restore_prefix(prefix, digest), staging=str(temp / STAGING), inbox=str(temp / INBOX),
+        cache_dir=os.path.abspath(cache_dir), json=str(temp / REPORT), summary=summary,
+        min_hit_rate=min_hit_rate, fingerprint=fingerprint.to_json(),
+    )
+
+
+def key_salt(environ: Mapping[str, str]) -> str:
+    """Input ``key-salt``, else the job's ``PYTEST_COMPILECACHE_KEY_SALT``: the plugin must see the same."""
+    return _input(environ, "key-salt") or environ.get(ENV_PREFIX + "KEY_SALT", "")
+
+
+def _required(environ: Mapping[str, str], name: str) -> str:
+    value = environ.get(name, "")
+    if not value:
+        raise InputError(f"{name} is not set: run this file from the Action on a GitHub Actions runner")
+    return value
+
+
+def plugin_env(plan: Plan) -> dict[str, str]:
+    """The ``PYTEST_COMPILECACHE_*`` variables that configure the plugin in the job's later steps.
+
+    ini and command-line options still win over these (CLI > ini > environment): a project that also
+    sets ``compile_cache_store`` in its ini keeps its own store.
+    """
+    env = {
+        "MODE": plan.mode,
+        "SUMMARY": "auto" if plan.summary else "off",
+        "JSON": plan.json,
+    }
+    if plan.min_hit_rate:
+        env["MIN_HIT_RATE"] = plan.min_hit_rate
+    if plan.transfer != "none":
+        env.update(DIR=plan.cache_dir, RESTORE="skip", KEY_PREFIX=plan.prefix, RUN_SUFFIX=plan.suffix)
+        if plan.salt:
+            env["KEY_SALT"] = plan.salt
+    if plan.save and plan.transfer == "github":
+        # The plugin writes its one new bundle where actions/cache's post step will find it.
+        env.update(STORE=plan.staging, KEEP_BUNDLES="1")
+    elif plan.save and plan.transfer == "direct":
+        env["STORE"] = plan.store
+    elif plan.transfer != "none":
+        env["READONLY"] = "true"
+    return {ENV_PREFIX + name: value for name, value in env.items()}
+
+
+def step_outputs(plan: Plan) -> dict[str, str]:
+    return {
+        "key": plan.key,
+        "restore-prefix": plan.restore_prefix,
+        "digest": plan.digest,
+        "transfer": plan.transfer,
+        "save": str(plan.save).lower(),
+        "staging": plan.staging,
+        "cache-dir": plan.cache_dir,
+        "json": plan.json,
+    }
+
+
+# ---- restore
+
+
+def stage_bundles(staging: Path, inbox: Path) -> list[str]:
+    """Move what ``actions/cache`` restored from ``staging`` into ``inbox``; remove ``staging``.
+
+    At job end ``actions/cache`` saves ``staging/*.bundle``: only the plugin's new bundle may match then,
+    or the restored one would be saved again inside the new entry.
+    """
+    inbox.mkdir(parents=True, exist_ok=True)
+    moved = []
+    if staging.is_dir():
+        for path in sorted(staging.iterdir()):
+            if path.is_file() and path.name.endswith(".bundle") and not path.name.startswith("."):
+                os.replace(path, inbox / path.name)
+                moved.append(path.name[: -len(".bundle")])
+    shutil.rmtree(staging, ignore_errors=True)
+    return moved
+
+
+def restore(plan: Plan, environ: Mapping[str, str]) -> dict[str, Any]:
+    """Restore into ``plan.cache_dir``; never raises. Returns ``sync.Transfer.to_json()`` (outcome...)."""
+    from pytest_compilecache import sync
+
+    if plan.transfer == "none":
+        return sync.Transfer("miss", message=plan.why).to_json()
+    try:
+        from pytest_compilecache.fingerprint import Fingerprint
+        from pytest_compilecache.probe import point_cache_dir
+        from pytest_compilecache.stores import open_store
+
+        point_cache_dir(plan.cache_dir)  # before anything imports torch
+        if plan.transfer == "github":
+            staged = stage_bundles(Path(plan.staging), Path(plan.inbox))
+            if not staged:
+                message = f"actions/cache found no entry under {plan.restore_prefix}"
+                return sync.Transfer("miss", message=message).to_json()
+            store = open_store(plan.inbox, readonly=True)
+        else:
+            endpoint = environ.get(ENV_PREFIX + "S3_ENDPOINT")
+            options = {"endpoint_url": endpoint} if endpoint and plan.store.startswith("s3://") else {}
+            store = open_store(plan.store, readonly=True, **options)
+        signing_key = environ.get(SIGNING_KEY_ENV, "")
+        result = sync.restore(
+            store, prefix=plan.prefix, fingerprint=Fingerprint.from_json(plan.fingerprint),
+            cache_dir=plan.cache_dir, signing_key=signing_key.encode() if signing_key else None,
+            exact_key=plan.key,
+        )
+        return result.to_json()
+    except Exception as exc:  # cache trouble never fails the job: anything here becomes one warning
+        return sync.Transfer("error", message=f"restore failed: {type(exc).__name__}: {exc}").to_json()
+    finally:
+        shutil.rmtree(plan.inbox, ignore_errors=True)
+
+
+def restore_outputs(result: Mapping[str, Any]) -> dict[str, str]:
+    outcome = result.get("outcome")
+    return {
+        "restore-outcome": outcome if outcome in ("exact", "partial") else "miss",
+        "cache-hit": str(outcome == "exact").lower(),
+        "matched-key": str(result.get("key") or "") if outcome in ("exact", "partial") else "",
+    }
+
+
+def restore_markdown(plan: Plan, result: Mapping[str, Any]) -> str:
+    """The step summary's short restore section; the plugin appends its own report after the tests."""
+    from pytest_compilecache.report import human_size
+
+    outcome = result.get("outcome", "?")
+    where = {
+        "github": "GitHub Actions cache (`actions/cache`)",
+        "direct": f"`{plan.store}`",
+        "none": f"none (mode {plan.mode})",
+    }[plan.transfer]
+    if outcome in ("exact", "partial"):
+        restored = (
+            f"{outcome}: `{result.get('key')}`, {human_size(result.get('size'))} in "
+            f"{float(result.get('seconds') or 0):.1f} s, {result.get('files', 0)} files"
+        )
+    else:
+        restored = f"{outcome}" + (f": {_cell(str(result['message']))}" if result.get("message") else "")
+    if plan.save and plan.transfer == "github":
+        saving = f"`{plan.key}`, written by the tests, uploaded by actions/cache at job end if the job succeeds"
+    elif plan.save:
+        saving = f"`{plan.key}`, written by the tests into the store"
+    else:
+        saving = f"nothing: {_cell(plan.why)}"
+    lines = [
+        "### torch.compile cache: restore",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| store | {where} |",
+        f"| restored | {restored} |",
+        f"| saving | {saving} |",
+        f"| fingerprint | `{plan.digest}` (restore prefix `{plan.restore_prefix}`) |",
+        "",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+# ---- runner files
+
+
+def write_vars(path: str | None, values: Mapping[str, str]) -> None:
+    """Append ``NAME=value`` lines to a GITHUB_ENV/GITHUB_OUTPUT file (heredoc form for multi-line values)."""
+    if not path:
+        return
+    with open(path, "a", encoding="utf-8") as fh:
+        for name, value in values.items():
+            if "\n" in value or "\r" in value:
+                delimiter = f"ghadelimiter_{uuid.uuid4().hex}"
+                fh.write(f"{name}<<{delimiter}\n{value}\n{delimiter}\n")
+            else:
+                fh.write(f"{name}={value}\n")
+
+
+def _append(path: str | None, text: str) -> None:
+    if path:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(text)
+
+
+def _command(name: str, message: str, title: str = "compile cache") -> None:
+    """A workflow command (``::warning::``...); its message is escaped as the runner expects."""
+    escaped = message.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    print(f"::{name} title={title}::{escaped}", flush=True)
+
+
+# ---- commands
+
+
+def install_command(environ: Mapping[str, str], python: str = sys.executable) -> list[str] | None:
+    """``pip install <action path>[s3]``, or None with ``install: false``."""
+    if not _flag(environ, "install", "true"):
+        return None
+    target = _required(environ, "GITHUB_ACTION_PATH")
+    if _input(environ, "store").lower().startswith("s3://"):
+        target += "[s3]"
+    return [python, "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off", target]
+
+
+def cmd_install(environ: Mapping[str, str]) -> int:
+    argv = install_command(environ)
+    if argv is None:
+        print("install: false: using the pytest-compilecache installed for this interpreter")
+        return 0
+    print("+ " + " ".join(argv), flush=True)
+    return subprocess.call(argv)
+
+
+def cmd_plan(environ: Mapping[str, str]) -> int:
+    try:
+        from pytest_compilecache.fingerprint import collect
+    except ImportError as exc:
+        raise InputError(f"pytest-compilecache is not importable by {sys.executable} ({exc}); keep input "
+                         "install: true, or install it into the interpreter named by input python") from None
+    temp = Path(_required(environ, "RUNNER_TEMP"))
+    if (temp / PLAN).exists():
+        raise InputError("the Action already ran in this job: use it once per job (one pytest-compilecache "
+                         "configuration per job)")
+    fingerprint = collect(salt=key_salt(environ))
+    plan = make_plan(environ, fingerprint)
+    print("::group::compile cache fingerprint (what decides reuse)")
+    width = max(len(name) for name in plan.fingerprint)
+    for name, value in plan.fingerprint.items():
+        print(f"{name:<{width}}  {value}")
+    print(f"{'digest':<{width}}  {plan.digest}")
+    print("::endgroup::")
+    print(f"key {plan.key}; restore prefix {plan.restore_prefix}; saving: {str(plan.save).lower()} ({plan.why})")
+    shutil.rmtree(plan.staging, ignore_errors=True)  # only what actions/cache restores may be there
+    if plan.transfer != "none":
+        Path(plan.cache_dir).mkdir(parents=True, exist_ok=True)
+    (temp / PLAN).write_text(json.dumps(plan.to_json(), indent=2) + "\n")
+    signing_key = _input(environ, "signing-key")
+    env = plugin_env(plan)
+    if signing_key:
+        for line in signing_key.splitlines():
+            if line.strip():
+                print(f"::add-mask::{line}", flush=True)
+        env[SIGNING_KEY_ENV] = signing_key
+    write_vars(environ.get("GITHUB_ENV"), env)
+    write_vars(environ.get("GITHUB_OUTPUT"), {**step_outputs(plan), "plan": str(temp / PLAN)})
+    return 0
+
+
+def cmd_restore(environ: Mapping[str, str]) -> int:
+    plan = Plan.from_json(json.loads(Path(_required(environ, "COMPILECACHE_PLAN")).read_text()))
+    result = restore(plan, environ)
+    outputs = restore_outputs(result)
+    for name, value in outputs.items():
+        print(f"{name}={value}")
+    if result.get("outcome") == "error":
+        _command("warning", f"{result.get('message')}; the tests compile cold")
+    elif result.get("outcome") == "miss":
+        print(f"miss: {result.get('message')}")
+    write_vars(environ.get("GITHUB_OUTPUT"), outputs)
+    if plan.summary:
+        try:
+            _append(environ.get("GITHUB_STEP_SUMMARY"), restore_markdown(plan, result))
+        except OSError as exc:
+            _command("warning", f"could not write the step summary: {exc}")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[Mapping[str, str]], int]] = {
+    "install": cmd_install,
+    "plan": cmd_plan,
+    "restore": cmd_restore,
+}
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1 or args[0] not in COMMANDS:
+        print(f"usage: {Path(__file__).name} {{{','.join(COMMANDS)}}}", file=sys.stderr)
+        return 2
+    try:
+        return COMMANDS[args[0]](os.environ if environ is None else environ)
+    except InputError as exc:
+        _command("error", str(exc), title="pytest-compilecache")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""What the plugin costs a test suite that never imports torch.
+
+Generates a throw-away project of trivial tests and times ``python -m pytest -q -p no:cacheprovider`` on it
+in three variants, interleaved round by round so that drift in machine load hits all of them alike:
+
+* ``active``    -- ``--compile-cache=shared --compile-cache-dir=<tmp>``: the plugin manages a cache dir;
+* ``installed`` -- no options: the plugin is loaded (entry point) and only records statistics;
+* ``baseline``  -- ``-p no:compilecache``: the plugin is not loaded at all.
+
+Prints the median wall time of each variant, the ratios to the baseline (target: within 2%) and whether
+torch got imported in any run (it must not be). ``--json PATH`` writes everything, samples included.
+
+    python bench/overhead.py [--tests 2000] [--rounds 5] [--json results.json] [--fail-above 2.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+VARIANTS = ("baseline", "installed", "active")
+TARGET_PERCENT = 2.0
+TESTS_PER_FILE = 100
+
+# Written into the generated project: reports, at interpreter exit (after every pytest hook), whether torch
+# was imported. The same file is present in every variant, so it costs them all the same.
+CONFTEST = """\
+import atexit
+import os
+import sys
+
+
+def _report_torch():
+    with open(os.environ["BENCH_TORCH_FLAG"], "w") as fh:
+        fh.write("1" if "torch" in sys.modules else "0")
+
+
+atexit.register(_report_torch)
+"""
+
+
+def make_project(root: Path, tests: int) -> None:
+    """``tests`` trivial tests in files of TESTS_PER_FILE, a conftest.py and an empty pytest.ini (rootdir)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pytest.ini").write_text("[pytest]\n")
+    (root / "conftest.py").write_text(CONFTEST)
+    for start in range(0, tests, TESTS_PER_FILE):
+        count = min(TESTS_PER_FILE, tests - start)
+        body = "".join(f"def test_{start + i}():\n    assert {start + i} + 1 > {start + i}\n\n\n" for i in range(count))
+        (root / f"test_gen_{start // TESTS_PER_FILE:04d}.py").write_text(body.rstrip() + "\n")
+
+
+def variant_args(variant: str, cache_dir: Path) -> list[str]:
+    if variant == "active":
+        return ["--compile-cache=shared", f"--compile-cache-dir={cache_dir}"]
+    if variant == "installed":
+        return []
+    if variant == "baseline":
+        return ["-p", "no:compilecache"]
+    raise ValueError(variant)
+
+
+def clean_env(flag: Path) -> dict[str, str]:
+    """The caller's environment without anything that would configure pytest or the plugin differently."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("PYTEST_", "TORCHINDUCTOR_", "TRITON_")) and name != "PYTHONWARNINGS"
+    }
+    env["BENCH_TORCH_FLAG"] = str(flag)
+    env["PYTHONDONTWRITEBYTECODE"] = "0"
+    return env
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_once(python: str, project: Path, variant: str, cache_dir: Path, tests: int) -> tuple[float, float, bool]:
+    """One timed pytest run: (wall seconds, CPU seconds, torch imported). Exits loudly if the run was not clean.
+
+    CPU time (user + system of the child) is reported next to wall time: it is far less sensitive to
+    other load on a shared machine.
+    """
+    flag = project / ".torch-flag"
+    flag.unlink(missing_ok=True)
+    command = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *variant_args(variant, cache_dir)]
+    cpu_before = _children_cpu()
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=project, env=clean_env(flag), capture_output=True, text=True, check=False)
+    elapsed = time.perf_counter() - started
+    cpu = _children_cpu() - cpu_before
+    tail = done.stdout.strip().splitlines()[-1:] or [""]
+    if done.returncode != 0 or not re.search(rf"\b{tests} passed\b", tail[0]):
+        sys.exit(f"{variant}: pytest failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    if variant == "active" and not (cache_dir / "CACHEDIR.TAG").is_file():
+        sys.exit(f"active: the plugin did not create {cache_dir}: is pytest-compilecache installed in {python}?")
+    return elapsed, cpu, flag.read_text() == "1"
+
+
+def measure(python: str, tests: int, rounds: int, warmup: int, keep: bool) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="compilecache-bench-"))
+    try:
+        project, cache_dir = work / "project", work / "compile-cache"
+        make_project(project, tests)
+        samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        cpu_samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        torch_imported = dict.fromkeys(VARIANTS, False)
+        for round_index in range(warmup + rounds):
+            # Rotate the order each round so that no variant always runs first (cold page cache, turbo).
+            order = VARIANTS[round_index % 3 :] + VARIANTS[: round_index % 3]
+            timings = []
+            for variant in order:
+                seconds, cpu, imported = run_once(python, project, variant, cache_dir, tests)
+                torch_imported[variant] |= imported
+                timings.append(f"{variant} {seconds:.3f} s ({cpu:.3f} s CPU)")
+                if round_index >= warmup:
+                    samples[variant].append(seconds)
+                    cpu_samples[variant].append(cpu)
+            label = "warm-up" if round_index < warmup else f"round {round_index - warmup + 1}/{rounds}"
+            print(f"  {label}: " + ", ".join(timings), file=sys.stderr)
+    finally:
+        if keep:
+            print(f"kept {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    medians = {v: statistics.median(samples[v]) for v in VARIANTS}
+    cpu_medians = {v: statistics.median(cpu_samples[v]) for v in VARIANTS}
+    return {
+        "tests": tests,
+        "rounds": rounds,
+        "warmup": warmup,
+        "python": python,
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "samples_s": samples,
+        "median_s": medians,
+        "ratio_to_baseline": {v: medians[v] / medians["baseline"] for v in VARIANTS},
+        "cpu_samples_s": cpu_samples,
+        "cpu_median_s": cpu_medians,
+        "cpu_ratio_to_baseline": {v: cpu_medians[v] / cpu_medians["baseline"] for v in VARIANTS},
+        "torch_imported": torch_imported,
+        "target_percent": TARGET_PERCENT,
+    }
+
+
+def render(results: dict[str, Any]) -> str:
+    lines = [
+        f"plugin overhead: {results['tests']} trivial tests, median of {results['rounds']} interleaved runs",
+        f"{'variant':<10} {'wall s':>8} {'min s':>7} {'max s':>7} {'vs base':>8} {'CPU s':>7} {'vs base':>8}",
+    ]
+    for variant in VARIANTS:
+        runs = results["samples_s"][variant]
+        ratio = results["ratio_to_baseline"][variant]
+        cpu_ratio = results["cpu_ratio_to_baseline"][variant]
+        lines.append(
+            f"{variant:<10} {results['median_s'][variant]:8.3f} {min(runs):7.3f} {max(runs):7.3f} "
+            f"{(ratio - 1) * 100:+7.1f}% {results['cpu_median_s'][variant]:7.3f} {(cpu_ratio - 1) * 100:+7.1f}%"
+        )
+    for variant in ("installed", "active"):
+        over = (results["ratio_to_baseline"][variant] - 1) * 100
+        cpu_over = (results["cpu_ratio_to_baseline"][variant] - 1) * 100
+        verdict = "within" if over <= TARGET_PERCENT else "OVER"
+        lines.append(
+            f"{variant}: wall {over:+.1f}%, CPU {cpu_over:+.1f}% ({verdict} the {TARGET_PERCENT:.0f}% wall-time target)"
+        )
+    imported = [v for v, yes in results["torch_imported"].items() if yes]
+    lines.append("torch imported: " + (", ".join(imported) if imported else "no (in no variant)"))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tests", type=int, default=2000, help="number of generated tests (default 2000)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed runs per variant (default 5)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1)")
+    parser.add_argument("--python", default=sys.executable, help="interpreter with pytest and the plugin")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    parser.add_argument("--keep", action="store_true", help="keep the generated project")
+    parser.add_argument(
+        "--fail-above",
+        type=float,
+        metavar="PERCENT",
+        help="exit 1 when the active or installed median is slower than this",
+    )
+    args = parser.parse_args(argv)
+    if args.tests < 1 or args.rounds < 1 or args.warmup < 0:
+        parser.error("--tests and --rounds must be at least 1, --warmup at least 0")
+    results = measure(args.python, args.tests, args.rounds, args.warmup, args.keep)
+    print(render(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    if any(results["torch_imported"].values()):
+        return 1
+    if args.fail_above is not None:
+        worst = max(results["ratio_to_baseline"][v] for v in ("installed", "active"))
+        if (worst - 1) * 100 > args.fail_above:
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Fixtures for the Action's tests: its Python module, a fake fingerprint, and the S3 server fixtures."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+# The moto server and a fresh bucket, shared with the store's integration tests.
+from tests.integration.conftest import aws_env  # noqa: F401
+from tests.integration.conftest import moto_server  # noqa: F401
+from tests.integration.conftest import s3_bucket  # noqa: F401
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load_action_module() -> ModuleType:
+    """action/main.py is a script, not a package module: load it by path, once."""
+    name = "compilecache_action_main"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "action" / "main.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture
+def action() -> ModuleType:
+    return load_action_module()
+
+
+@pytest.fixture
+def fingerprint() -> Any:
+    """Fixed facts: plans and keys without importing torch."""
+    from pytest_compilecache.fingerprint import Fingerprint
+
+    return Fingerprint({"python": "cpython 3.11", "torch": "2.13.0", "cpu_model": "test"})

@@ -1,0 +1,87 @@
+"""remote.py: the environment that turns torch's Redis caches on, redaction, and a check that fails fast."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+
+import pytest
+
+from pytest_compilecache import remote
+
+SWITCHES = (
+    "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE",
+    "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE",
+    "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE",
+)
+
+
+def test_redis_env_turns_on_every_remote_cache() -> None:
+    env = remote.redis_env("redis://cache.internal:6380/2")
+    assert env == {
+        **dict.fromkeys(SWITCHES, "1"),
+        "TORCHINDUCTOR_REDIS_URL": "redis://cache.internal:6380/2",
+        "TORCHINDUCTOR_REDIS_HOST": "cache.internal",
+        "TORCHINDUCTOR_REDIS_PORT": "6380",
+    }
+    assert all(isinstance(value, str) for value in env.values())
+
+
+def test_redis_env_defaults_the_port() -> None:
+    env = remote.redis_env("rediss://cache.internal")
+    assert (env["TORCHINDUCTOR_REDIS_HOST"], env["TORCHINDUCTOR_REDIS_PORT"]) == ("cache.internal", "6379")
+
+
+def test_redis_env_keeps_the_password_for_torch_only_in_the_url() -> None:
+    env = remote.redis_env("redis://user:s3cret@cache:6379/0")
+    assert env["TORCHINDUCTOR_REDIS_URL"] == "redis://user:s3cret@cache:6379/0"
+    assert env["TORCHINDUCTOR_REDIS_HOST"] == "cache"
+    assert not any("s3cret" in value for name, value in env.items() if name != "TORCHINDUCTOR_REDIS_URL")
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://user:s3cret@cache:6379/0", "redis://user:***@cache:6379/0"),
+        ("redis://:s3cret@cache/1", "redis://:***@cache/1"),
+        ("rediss://cache:6380/0", "rediss://cache:6380/0"),
+        ("redis://user@cache:6379", "redis://user@cache:6379"),
+    ],
+)
+def test_redacted(url: str, shown: str) -> None:
+    assert remote.redacted(url) == shown
+    assert "s3cret" not in remote.redacted(url)
+
+
+def _closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on: bound (so the kernel picked a free one), then closed."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_check_redis_against_a_closed_port_gives_a_reason() -> None:
+    pytest.importorskip("redis")
+    url = f"redis://127.0.0.1:{_closed_port()}/0"
+    result: list[str | None] = []
+    worker = threading.Thread(target=lambda: result.append(remote.check_redis(url)), daemon=True)
+    worker.start()
+    worker.join(timeout=60)  # hang guard only; the check itself is bounded by REDIS_TIMEOUT_S
+    assert not worker.is_alive(), "check_redis hung"
+    [reason] = result
+    assert reason is not None
+    assert reason.startswith("ConnectionError: ")
+    assert "\n" not in reason
+    assert len(reason) <= len("ConnectionError: ") + 120
+
+
+def test_check_redis_bounds_its_waits() -> None:
+    assert 0 < remote.REDIS_TIMEOUT_S <= 2.0
+
+
+def test_check_redis_without_the_client_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "redis", None)  # makes `import redis` raise ImportError
+    reason = remote.check_redis("redis://127.0.0.1:6379/0")
+    assert reason is not None
+    assert "pip install 'pytest-compilecache[redis]'" in reason

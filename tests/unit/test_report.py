@@ -1,0 +1,261 @@
+"""report.py: exact terminal lines, the table, the JSON report and Markdown that respects its size limit."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from pytest_compilecache import report
+from pytest_compilecache.stats import ItemRecord
+from pytest_compilecache.stats import SessionStats
+
+
+def _record(
+    nodeid: str, *, hit: int = 0, miss: int = 0, bypass: int = 0, seconds: float = 0.0, **extra: Any
+) -> ItemRecord:
+    record = ItemRecord(nodeid)
+    record.add({"fxgraph": {"hit": hit, "miss": miss, "bypass": bypass}, "compile_seconds": seconds, **extra})
+    return record
+
+
+def _stats(*records: ItemRecord, tests: int | None = None) -> SessionStats:
+    stats = SessionStats(tests=len(records) if tests is None else tests)
+    for record in records:
+        stats.add_record(record)
+    return stats
+
+
+# ----------------------------------------------------------------------------------------------- terminal
+
+
+def test_summary_line_exact() -> None:
+    stats = _stats(_record("a", hit=40, miss=1, bypass=1, seconds=10.0), _record("b", hit=2, miss=2, seconds=8.2))
+    line = report.summary_line(stats, "shared:/path")
+    assert line == "compile cache: 42 hits, 3 misses (93%), 1 bypass, 18.2 s compiling, dir shared:/path"
+
+
+def test_summary_line_singular_and_plural() -> None:
+    stats = _stats(_record("a", hit=1, miss=1, bypass=2, seconds=0.04))
+    assert report.summary_line(stats, "isolated:/tmp/x") == (
+        "compile cache: 1 hit, 1 miss (50%), 2 bypasses, 0.0 s compiling, dir isolated:/tmp/x"
+    )
+
+
+def test_summary_line_without_lookups_has_no_rate_and_no_bypass_part() -> None:
+    assert (
+        report.summary_line(_stats(), "disabled")
+        == "compile cache: 0 hits, 0 misses (n/a), 0.0 s compiling, dir disabled"
+    )
+
+
+def test_summary_line_mentions_remote_lookups() -> None:
+    stats = _stats(_record("a", hit=3, remote={"fx_hit": 2, "fx_miss": 1}))
+    assert ", remote 2 hit/1 miss, " in report.summary_line(stats, "shared:/p")
+
+
+@pytest.mark.parametrize(("rate", "text"), [(None, "n/a"), (0.0, "0%"), (0.934, "93%"), (0.996, "100%"), (1.0, "100%")])
+def test_percent(rate: float | None, text: str) -> None:
+    assert report.percent(rate) == text
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [
+        (None, "-"),
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1.0 KiB"),
+        (4.1 * 1024**2, "4.1 MiB"),
+        (3 * 1024**4, "3072.0 GiB"),
+    ],
+)
+def test_human_size(size: float | None, text: str) -> None:
+    assert report.human_size(None if size is None else int(size)) == text
+
+
+def test_transfer_lines() -> None:
+    info = {"outcome": "partial", "key": "compilecache-v1-ab12-7", "size": 4 * 1024**2, "seconds": 0.3}
+    assert report.transfer_line("restore", info) == "restore: partial compilecache-v1-ab12-7 (4.0 MiB, 0.30 s)"
+    assert report.transfer_line("restore", {"outcome": "miss", "message": "no bundle"}) == "restore: miss - no bundle"
+    assert report.transfer_line("save", {}) == "save: ?"
+
+
+def test_table_is_slowest_first_with_header_and_recompiles() -> None:
+    stats = _stats(
+        _record("t.py::fast", hit=1, seconds=0.5),
+        _record("t.py::slow", miss=2, bypass=1, seconds=3.25, frames=4, recompiles=2),
+        _record("t.py::idle"),
+    )
+    lines = report.table_lines(stats)
+    assert lines[0].split() == ["seconds", "fx", "hit/miss/byp", "aot", "hit/miss", "frames", "test"]
+    assert lines[1].split() == ["3.25", "0/2/1", "0/0", "4", "t.py::slow", "(2", "recompiles)"]
+    assert lines[2].split() == ["0.50", "1/0/0", "0/0", "0", "t.py::fast"]
+    assert len(lines) == 3
+
+
+def test_table_of_nothing_is_empty() -> None:
+    assert report.table_lines(_stats(_record("idle"))) == []
+
+
+def test_table_truncates_rows_and_long_names() -> None:
+    long_id = "tests/" + "deep/" * 40 + "test_x.py::test_tail_is_kept"
+    records = [_record(f"t.py::test_{i:02d}", hit=1, seconds=float(i)) for i in range(40)]
+    stats = _stats(*records, _record(long_id, hit=1, seconds=100.0, bypass_reasons=["r2", "r1"]))
+    lines = report.table_lines(stats, limit=5)
+    assert len(lines) == 1 + 5 + 1 + 2
+    assert lines[1].endswith("..." + long_id[-77:])
+    assert len(lines[1].split()[-1]) == 80
+    assert [line.split()[-1] for line in lines[2:6]] == [
+        "t.py::test_39",
+        "t.py::test_38",
+        "t.py::test_37",
+        "t.py::test_36",
+    ]
+    assert lines[6] == "... and 36 more (see --compile-cache-json)"
+    assert lines[7:] == ["bypass: r1", "bypass: r2"]
+    assert len(report.table_lines(stats, limit=None)) == 1 + 41 + 2
+    assert len(report.table_lines(stats)) == 1 + report.TABLE_ROWS + 1 + 2
+
+
+def test_table_lists_at_most_five_bypass_reasons() -> None:
+    stats = _stats(_record("a", bypass=1, bypass_reasons=[f"reason {i}" for i in range(8)]))
+    assert [line for line in report.table_lines(stats) if line.startswith("bypass: ")] == [
+        f"bypass: reason {i}" for i in range(5)
+    ]
+
+
+# ----------------------------------------------------------------------------------------------------- JSON
+
+
+def test_json_report() -> None:
+    stats = _stats(_record("b", hit=1, seconds=1.0), _record("a", miss=1, seconds=2.0), _record("idle"), tests=5)
+    stats.silent_workers.append("gw2")
+    restore = {"outcome": "exact", "key": "k", "size": 10, "seconds": 0.1, "message": ""}
+    data = report.to_json(stats, mode="shared", cache_dir="/c", restore=restore, notes=["note"])
+    assert list(data) == [
+        "version",
+        "mode",
+        "cache_dir",
+        "totals",
+        "restore",
+        "save",
+        "silent_workers",
+        "notes",
+        "tests",
+    ]
+    assert data["version"] == report.JSON_VERSION == 1
+    assert (data["mode"], data["cache_dir"]) == ("shared", "/c")
+    assert data["totals"] == stats.totals_json()
+    assert data["totals"]["tests"] == 5
+    assert data["restore"] == restore and data["restore"] is not restore
+    assert data["save"] is None
+    assert data["silent_workers"] == ["gw2"]
+    assert data["notes"] == ["note"]
+    assert [t["nodeid"] for t in data["tests"]] == ["a", "b"]  # compiled only, by nodeid
+    assert json.loads(json.dumps(data)) == data
+
+
+def test_json_report_of_a_passive_session() -> None:
+    data = report.to_json(SessionStats(), mode=None, cache_dir=None)
+    assert data["mode"] is None
+    assert data["restore"] is None
+    assert data["notes"] == []
+    assert data["tests"] == []
+    assert data["totals"]["hit_rate"] is None
+
+
+# ------------------------------------------------------------------------------------------------- Markdown
+
+
+def _details(text: str) -> list[str]:
+    return re.findall(r"<details><summary>([^<]*)</summary>", text)
+
+
+def test_markdown_headline_layers_and_sections() -> None:
+    stats = _stats(
+        _record("t.py::hit", hit=9, seconds=1.0, aotautograd={"hit": 2, "guard_miss": 1}),
+        _record("t.py::miss|pipe", miss=1, bypass=1, seconds=2.0, bypass_reasons=["why `this`"]),
+        tests=7,
+    )
+    save = {"outcome": "saved", "key": "compilecache-v1-x-1", "size": 2048, "seconds": 0.5}
+    text = report.markdown(stats, where="shared:/c", save=save)
+    lines = text.splitlines()
+    assert lines[0] == "### torch.compile cache: 90% hit rate"
+    assert "9 FX-graph hits, " in text
+    assert "2 of 7 tests compiled, 3.0 s compiling (`shared:/c`)." in text
+    assert "| FX graph | 9 | 1 | 1 | - |" in lines
+    assert "| AOTAutograd | 2 | 0 | 0 | 1 |" in lines
+    assert not any(line.startswith("| remote") for line in lines)
+    assert "- save: saved compilecache-v1-x-1 (2.0 KiB, 0.50 s)" in lines
+    assert _details(text) == ["Slowest compiling tests (2)", "Tests that missed (1)"]
+    assert text.count("</details>") == 2
+    # table cells are escaped: a pipe would split the cell, a backtick would end the code span
+    assert "| 2.00 | 0 | 1 | 0 | `t.py::miss\\|pipe` |" in lines
+    assert "| 1 | 0 | `t.py::miss\\|pipe` | why 'this' |" in lines
+
+
+def test_markdown_remote_rows_and_silent_workers() -> None:
+    stats = _stats(_record("a", hit=1, seconds=0.1, remote={"fx_hit": 1, "aot_miss": 2}))
+    stats.silent_workers.extend(["gw1", "gw3"])
+    lines = report.markdown(stats, where="w").splitlines()
+    assert "| remote FX graph | 1 | 0 | - | - |" in lines
+    assert "| remote AOTAutograd | 0 | 2 | - | - |" in lines
+    assert "- workers that sent no statistics: gw1, gw3" in lines
+
+
+def test_markdown_of_nothing() -> None:
+    text = report.markdown(SessionStats(tests=3), where="shared:/c")
+    assert text.startswith("### torch.compile cache: n/a hit rate\n")
+    assert "0 of 3 tests compiled" in text
+    assert "<details>" not in text
+
+
+def _many(count: int, *, nodeid_length: int = 300) -> SessionStats:
+    stats = SessionStats(tests=count)
+    padding = "x" * nodeid_length
+    for i in range(count):
+        nodeid = f"tests/{padding}/test_{i}.py::test[{i}]"
+        fxgraph = {"hit": 1, "miss": i % 3, "bypass": 0}
+        stats.records[nodeid] = ItemRecord(nodeid, fxgraph=fxgraph, compile_seconds=i / 1000)
+    return stats
+
+
+@pytest.fixture(scope="module")
+def huge() -> SessionStats:
+    return _many(100_000)
+
+
+def test_markdown_of_100k_long_records_fits_the_default_limit(huge: SessionStats) -> None:
+    text = report.markdown(huge, where="shared:/c")
+    assert report.MARKDOWN_LIMIT < 1024 * 1024
+    assert len(text.encode("utf-8")) <= report.MARKDOWN_LIMIT
+    assert text.count("<details>") == text.count("</details>") == 2
+    shown = re.findall(r"_(\d+) more rows not shown\._", text)
+    assert len(shown) == 2 and all(int(n) > 0 for n in shown)
+    # the slowest tests come first and are not the ones cut
+    assert "`tests/" + "x" * 300 + "/test_99999.py::test[99999]`" in text
+
+
+def test_markdown_of_100k_long_records_respects_a_small_limit(huge: SessionStats) -> None:
+    text = report.markdown(huge, where="shared:/c", limit=4_000)
+    assert len(text) <= 4_000
+    assert text.count("<details>") == text.count("</details>") == 2
+    assert "test_99999.py" in text
+
+
+@pytest.mark.parametrize("limit", [20_000, 4_000, 1_500])
+def test_markdown_respects_a_small_limit(limit: int) -> None:
+    text = report.markdown(_many(2_000), where="shared:/c", limit=limit)
+    assert len(text) <= limit
+    assert text.startswith("### torch.compile cache: ")
+    assert text.count("<details>") == text.count("</details>") == 2  # cut rows, never the markup
+    assert len(re.findall(r"_\d+ more rows not shown\._", text)) == 2
+
+
+@pytest.mark.parametrize("limit", [200, 1])
+def test_markdown_never_exceeds_even_a_tiny_limit(limit: int) -> None:
+    text = report.markdown(_many(50), where="shared:/c", limit=limit)
+    assert 0 < len(text) <= limit

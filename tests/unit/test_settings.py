@@ -1,0 +1,212 @@
+"""settings.py: CLI > ini > environment, every parser, and errors that name the option as the user wrote it."""
+
+from __future__ import annotations
+
+from typing import Any
+from typing import Mapping
+
+import pytest
+
+from pytest_compilecache import ConfigError
+from pytest_compilecache.settings import DEFAULT_PREFIX
+from pytest_compilecache.settings import OPTIONS
+from pytest_compilecache.settings import SIGNING_KEY_ENV
+from pytest_compilecache.settings import Settings
+from pytest_compilecache.settings import parse_size
+from pytest_compilecache.settings import resolve
+
+BY_NAME = {option.name: option for option in OPTIONS}
+
+
+def _resolve(
+    cli: Mapping[str, Any] | None = None,
+    ini: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Settings:
+    """``resolve`` with plain dicts; ini and env are keyed by the option's attribute name for brevity."""
+    ini_values = {BY_NAME[name].ini: value for name, value in (ini or {}).items()}
+    environ = {BY_NAME[name].env if name in BY_NAME else name: value for name, value in (env or {}).items()}
+    return resolve(dict(cli or {}), ini_values.get, environ)
+
+
+def _error(**where: Mapping[str, Any]) -> str:
+    with pytest.raises(ConfigError) as info:
+        _resolve(**where)
+    return str(info.value)
+
+
+def test_defaults_with_nothing_configured() -> None:
+    settings = _resolve()
+    assert settings == Settings()
+    assert settings.mode is None
+    assert settings.report == "short"
+    assert settings.key_prefix == DEFAULT_PREFIX
+    assert settings.keep_bundles == 3
+    assert settings.signing_key is None
+    assert settings.effective_mode is None
+
+
+def test_every_option_has_three_distinct_spellings() -> None:
+    for option in OPTIONS:
+        assert option.cli.startswith("--compile-cache")
+        assert option.ini == option.cli[2:].replace("-", "_")
+        assert option.env == "PYTEST_COMPILECACHE_" + option.name.upper()
+        assert option.default == getattr(Settings(), option.name), option.name
+    assert (
+        len({o.cli for o in OPTIONS}) == len({o.ini for o in OPTIONS}) == len({o.env for o in OPTIONS}) == len(OPTIONS)
+    )
+
+
+@pytest.mark.parametrize(
+    ("cli", "ini", "env", "expected"),
+    [
+        ("isolated", "disabled", "shared", "isolated"),
+        (None, "disabled", "shared", "disabled"),
+        (None, None, "shared", "shared"),
+        (None, "", "isolated", "isolated"),  # an empty ini value counts as unset
+        ("", None, "isolated", "isolated"),
+    ],
+)
+def test_cli_beats_ini_beats_env(cli: str | None, ini: str | None, env: str, expected: str) -> None:
+    settings = _resolve(cli={"mode": cli}, ini={"mode": ini}, env={"mode": env})
+    assert settings.mode == expected
+
+
+def test_precedence_is_per_option() -> None:
+    settings = _resolve(
+        cli={"report": "full"},
+        ini={"keep_bundles": "5", "report": "none"},
+        env={"keep_bundles": "9", "key_salt": "from-env", "report": "none"},
+    )
+    assert (settings.report, settings.keep_bundles, settings.key_salt) == ("full", 5, "from-env")
+
+
+def test_an_unset_cli_switch_does_not_hide_the_environment() -> None:
+    # argparse's store_true cannot say "false": an absent switch (None or False) falls through to ini/env.
+    assert _resolve(cli={"keep": None}, env={"keep": "1"}).keep is True
+    assert _resolve(cli={"readonly": False}, ini={"readonly": "true"}).readonly is True
+    assert _resolve(cli={"strict": True}, env={"strict": "0"}).strict is True
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("1", True), ("true", True), ("YES", True), (" on ", True), ("0", False), ("false", False), ("off", False)],
+)
+def test_flags_from_the_environment(raw: str, expected: bool) -> None:
+    assert _resolve(env={"readonly": raw}).readonly is expected
+
+
+def test_choices_are_normalised() -> None:
+    assert _resolve(env={"mode": " Shared "}).mode == "shared"
+    assert _resolve(ini={"report": "FULL"}).report == "full"
+
+
+@pytest.mark.parametrize(
+    ("where", "spelling"),
+    [("cli", "--compile-cache"), ("ini", "compile_cache"), ("env", "PYTEST_COMPILECACHE_MODE")],
+)
+def test_errors_name_the_option_as_the_user_spelled_it(where: str, spelling: str) -> None:
+    message = _error(**{where: {"mode": "sometimes"}})
+    assert message.startswith(f"{spelling}: ")
+    assert "'sometimes'" in message
+    assert "shared, isolated, disabled" in message
+
+
+def test_a_bad_lower_priority_value_is_not_validated_when_overridden() -> None:
+    assert _resolve(cli={"mode": "shared"}, env={"mode": "bogus"}).mode == "shared"
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "needle"),
+    [
+        ("keep", "maybe", "expected a boolean"),
+        ("min_hit_rate", "most", "expected a number between 0 and 1"),
+        ("min_hit_rate", "1.5", "must be between 0 and 1"),
+        ("min_hit_rate", "-0.1", "must be between 0 and 1"),
+        ("keep_bundles", "three", "expected a whole number"),
+        ("keep_bundles", "0", "must be at least 1"),
+        ("max_size", "lots", "expected a size like 500M or 2G"),
+        ("max_size", "0", "must be positive"),
+        ("key_prefix", "has/slash", "use 1-200 characters"),
+        ("key_prefix", "x" * 201, "use 1-200 characters"),
+        ("run_suffix", "a b", "use 1-200 characters"),
+        ("redis", "http://localhost:6379", "expected redis://host:port/db"),
+        ("redis", "redis://", "expected redis://host:port/db"),
+        ("report", "verbose", "choose from short, full, none"),
+        ("summary", "on", "choose from auto, off"),
+        ("restore", "never", "choose from auto, skip"),
+    ],
+)
+def test_validation_errors(name: str, raw: str, needle: str) -> None:
+    message = _error(env={name: raw})
+    assert message.startswith(BY_NAME[name].env + ": ")
+    assert needle in message
+    cli_message = _error(cli={name: raw})
+    assert cli_message.startswith(BY_NAME[name].cli + ": ")
+
+
+def test_valid_values_are_parsed() -> None:
+    settings = _resolve(
+        cli={"min_hit_rate": "0.9", "keep_bundles": "7", "max_size": "500M", "key_prefix": "proj.v2_x-1"},
+        env={"redis": "rediss://cache.internal:6380/2", "run_suffix": "123-1", "dir": "  /tmp/x  "},
+    )
+    assert settings.min_hit_rate == 0.9
+    assert settings.keep_bundles == 7
+    assert settings.max_size == 500 * 1024**2
+    assert settings.key_prefix == "proj.v2_x-1"
+    assert settings.redis == "rediss://cache.internal:6380/2"
+    assert settings.run_suffix == "123-1"
+    assert settings.dir == "/tmp/x"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("1024", 1024),
+        ("1k", 1024),
+        ("500M", 500 * 1024**2),
+        ("500 mb", 500 * 1024**2),
+        ("2G", 2 * 1024**3),
+        ("2GiB", 2 * 1024**3),
+        ("1.5GiB", 3 * 1024**3 // 2),
+        ("1T", 1024**4),
+    ],
+)
+def test_parse_size(raw: str, expected: int) -> None:
+    assert parse_size("--compile-cache-max-size", raw) == expected
+
+
+@pytest.mark.parametrize("raw", ["", "M", "-1", "1e3", "2 gigs", "5X", "0.0001K"])
+def test_parse_size_rejects(raw: str) -> None:
+    with pytest.raises(ConfigError, match=r"^compile_cache_max_size: "):
+        parse_size("compile_cache_max_size", raw)
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://localhost", "redis://127.0.0.1:6379", "redis://cache:6379/0", "rediss://h/3/"]
+)
+def test_redis_urls_accepted(url: str) -> None:
+    assert _resolve(cli={"redis": url}).redis == url
+
+
+def test_store_implies_shared_mode() -> None:
+    assert _resolve(env={"store": "/srv/cache"}).effective_mode == "shared"
+    assert _resolve(env={"store": "/srv/cache", "mode": "isolated"}).effective_mode == "isolated"
+
+
+def test_store_with_disabled_mode_is_an_error() -> None:
+    message = _error(cli={"mode": "disabled", "store": "/srv/cache"})
+    assert "--compile-cache-store" in message
+    assert "disabled" in message
+
+
+def test_signing_key_from_the_environment_only() -> None:
+    assert _resolve(env={SIGNING_KEY_ENV: "s3cret"}).signing_key == b"s3cret"
+    assert _resolve(env={SIGNING_KEY_ENV: ""}).signing_key is None
+    assert "signing_key" not in BY_NAME  # never on the command line or in a committed ini file
+
+
+def test_settings_are_frozen() -> None:
+    settings = _resolve()
+    with pytest.raises(AttributeError):
+        settings.mode = "shared"  # type: ignore[misc]

@@ -1,0 +1,400 @@
+"""sync.py: restore / save orchestration over an in-memory store and a fake torch loader. No torch here."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+from pathlib import Path
+from typing import Any
+from typing import Mapping
+
+import pytest
+
+from pytest_compilecache import StoreError
+from pytest_compilecache import bundle
+from pytest_compilecache import sync
+from pytest_compilecache.fingerprint import Fingerprint
+from pytest_compilecache.fingerprint import device_facts
+from pytest_compilecache.fingerprint import make_key
+from pytest_compilecache.fingerprint import restore_prefix
+from pytest_compilecache.probe import CACHE_ENV
+from pytest_compilecache.stores import ReadOnlyStore
+from pytest_compilecache.stores import StoreEntry
+from pytest_compilecache.stores import newest_first
+
+PREFIX = "compilecache-v1"
+BASE = {"torch": "2.13.0", "python": "cpython 3.11.7", "arch": "x86_64"}
+H100 = Fingerprint(
+    {**BASE, **device_facts({"cuda": "12.8", "gpus": [{"name": "NVIDIA H100 80GB HBM3", "capability": "9.0"}]})}
+)
+A100 = Fingerprint(
+    {**BASE, **device_facts({"cuda": "12.8", "gpus": [{"name": "NVIDIA A100-SXM4-80GB", "capability": "8.0"}]})}
+)
+CACHE_FILES = {"ab/cabc.main.so": b"\x7fELF kernel", "fxgraph/xy/fxyz": b"pickled graph"}
+BLOBS = {"controller": b"controller mega-cache", "gw0": b"gw0 mega-cache"}
+
+
+class MemoryStore:
+    """A hand-written in-memory Store. ``fail`` names operations that raise StoreError."""
+
+    readonly = False
+
+    def __init__(self, *, fail: tuple[str, ...] = ()) -> None:
+        self.location = "memory://test"
+        self.objects: dict[str, tuple[bytes, float]] = {}
+        self.fail = set(fail)
+        self.clock = 1_700_000_000.0  # logical time: each put is strictly newer than the previous one
+        self.calls: list[str] = []
+
+    def _maybe_fail(self, operation: str) -> None:
+        self.calls.append(operation)
+        if operation in self.fail:
+            raise StoreError(f"cannot {operation} at {self.location}: connection reset")
+
+    def get(self, key: str, dest: Path) -> bool:
+        self._maybe_fail("get")
+        if key not in self.objects:
+            return False
+        Path(dest).write_bytes(self.objects[key][0])
+        return True
+
+    def find_latest(self, prefix: str) -> str | None:
+        self._maybe_fail("find_latest")
+        entries = self._entries(prefix)
+        return entries[0].key if entries else None
+
+    def put(self, key: str, src: Path) -> None:
+        self._maybe_fail("put")
+        self.clock += 1
+        self.objects[key] = (Path(src).read_bytes(), self.clock)
+
+    def list(self, prefix: str = "") -> builtins.list[StoreEntry]:
+        self._maybe_fail("list")
+        return self._entries(prefix)
+
+    def delete(self, key: str) -> None:
+        self._maybe_fail("delete")
+        self.objects.pop(key, None)
+
+    def _entries(self, prefix: str) -> builtins.list[StoreEntry]:
+        return newest_first(
+            [StoreEntry(k, len(data), when) for k, (data, when) in self.objects.items() if k.startswith(prefix)]
+        )
+
+
+class FakeLoader:
+    """Stands in for torch's mega-cache loader: records what it got and where the cache dir pointed."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+        self.blobs: list[bytes] = []
+        self.cache_dirs: list[str | None] = []
+
+    def __call__(self, blob: bytes) -> Mapping[str, int]:
+        self.blobs.append(blob)
+        self.cache_dirs.append(os.environ.get(CACHE_ENV))
+        if self.error is not None:
+            raise self.error
+        return {"fx_graph": 2, "triton": 1}
+
+
+@pytest.fixture(autouse=True)
+def _restore_cache_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # restore() points TORCHINDUCTOR_CACHE_DIR at the cache dir; monkeypatch puts the old value back.
+    monkeypatch.setenv(CACHE_ENV, "/nonexistent/before-restore")
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    root = tmp_path / "source-cache"
+    for rel, data in CACHE_FILES.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return root
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "cache"
+    root.mkdir()
+    (root / "already-here").write_bytes(b"from an earlier session")
+    return root
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _put_bundle(
+    store: MemoryStore, tmp_path: Path, source: Path, fp: Fingerprint, suffix: str, *, signing_key: bytes | None = None
+) -> str:
+    key = make_key(PREFIX, fp.digest(), suffix)
+    path = tmp_path / "packed" / f"{key}.bundle"
+    path.parent.mkdir(exist_ok=True)
+    bundle.pack(
+        path,
+        key=key,
+        fingerprint=fp.to_json(),
+        digest=fp.digest(),
+        torch_version=fp.facts["torch"],
+        blobs=BLOBS,
+        cache_dir=source,
+        files=list(CACHE_FILES),
+        stats={"hits": 1},
+        signing_key=signing_key,
+    )
+    store.put(key, path)
+    return key
+
+
+def _restore(store: MemoryStore, cache_dir: Path, fp: Fingerprint = H100, **kwargs: Any) -> sync.Transfer:
+    kwargs.setdefault("load", FakeLoader())
+    return sync.restore(store, prefix=PREFIX, fingerprint=fp, cache_dir=str(cache_dir), **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------ restore
+
+
+def test_exact_restore(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    exact = _put_bundle(store, tmp_path, source, H100, "run-1")
+    _put_bundle(store, tmp_path, source, H100, "run-2")  # newer, but the exact key wins
+    loader = FakeLoader()
+    transfer = _restore(store, cache_dir, exact_key=exact, load=loader)
+    assert transfer.outcome == "exact"
+    assert transfer.ok
+    assert transfer.key == exact
+    assert transfer.size == len(store.objects[exact][0])
+    assert transfer.files == len(CACHE_FILES)
+    assert transfer.artifacts == {"fx_graph": 4, "triton": 2}  # summed over both blobs
+    assert loader.blobs == [BLOBS["controller"], BLOBS["gw0"]]  # sorted by name
+    assert loader.cache_dirs == [str(cache_dir), str(cache_dir)]
+    tree = _tree(cache_dir)
+    assert {rel: tree[rel] for rel in CACHE_FILES} == CACHE_FILES
+    assert tree["already-here"] == b"from an earlier session"
+
+
+def test_partial_restore_takes_the_newest_for_this_fingerprint(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    _put_bundle(store, tmp_path, source, H100, "run-1")
+    newest = _put_bundle(store, tmp_path, source, H100, "run-2")
+    _put_bundle(store, tmp_path, source, A100, "run-3")  # newer still, but another fingerprint
+    transfer = _restore(store, cache_dir, exact_key=make_key(PREFIX, H100.digest(), "run-9"))
+    assert (transfer.outcome, transfer.key) == ("partial", newest)
+    assert set(CACHE_FILES) <= set(_tree(cache_dir))
+
+
+def test_restore_without_exact_key_is_partial(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    key = _put_bundle(store, tmp_path, source, H100, "run-1")
+    transfer = _restore(store, cache_dir)
+    assert (transfer.outcome, transfer.key) == ("partial", key)
+
+
+def test_second_restore_of_identical_files_writes_nothing_new(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    key = _put_bundle(store, tmp_path, source, H100, "run-1")
+    assert _restore(store, cache_dir, exact_key=key).files == len(CACHE_FILES)
+    again = _restore(store, cache_dir, exact_key=key)
+    assert (again.outcome, again.files) == ("exact", 0)
+
+
+def test_miss_in_an_empty_store(cache_dir: Path) -> None:
+    before = _tree(cache_dir)
+    loader = FakeLoader()
+    transfer = _restore(MemoryStore(), cache_dir, load=loader)
+    assert transfer.outcome == "miss"
+    assert transfer.ok
+    assert transfer.key is None
+    assert transfer.message == f"no bundle under {PREFIX}- in memory://test"
+    assert loader.blobs == []
+    assert _tree(cache_dir) == before
+
+
+def test_miss_explains_how_the_newest_bundle_differs(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    _put_bundle(store, tmp_path, source, Fingerprint({**A100.facts, "torch": "2.12.0"}), "run-1")
+    newest = _put_bundle(store, tmp_path, source, A100, "run-2")
+    before = _tree(cache_dir)
+    transfer = _restore(store, cache_dir)
+    assert transfer.outcome == "miss"
+    assert transfer.message == (
+        f"no bundle for fingerprint {H100.digest()}; newest is {newest}, which differs in: "
+        "gpus: NVIDIA A100-SXM4-80GB (8.0) -> NVIDIA H100 80GB HBM3 (9.0)"
+    )
+    assert _tree(cache_dir) == before
+
+
+def test_miss_with_an_unreadable_newest_bundle(cache_dir: Path) -> None:
+    store = MemoryStore()
+    store.objects[make_key(PREFIX, A100.digest(), "run-1")] = (b"not a bundle", 1.0)
+    transfer = _restore(store, cache_dir)
+    assert transfer.outcome == "miss"
+    assert "is unreadable: not a pytest-compilecache bundle" in transfer.message
+
+
+@pytest.mark.parametrize(
+    ("operation", "use_exact_key"), [("list", True), ("find_latest", False), ("get", True), ("get", False)]
+)
+def test_store_error_is_one_line_and_writes_nothing(
+    tmp_path: Path, source: Path, cache_dir: Path, operation: str, use_exact_key: bool
+) -> None:
+    store = MemoryStore()
+    key = _put_bundle(store, tmp_path, source, H100, "run-1")
+    store.fail.add(operation)
+    before = _tree(cache_dir)
+    loader = FakeLoader()
+    transfer = _restore(store, cache_dir, exact_key=key if use_exact_key else None, load=loader)
+    assert operation in store.calls
+    assert transfer.outcome == "error"
+    assert not transfer.ok
+    assert transfer.message == f"restore failed: cannot {operation} at memory://test: connection reset"
+    assert "\n" not in transfer.message
+    assert _tree(cache_dir) == before
+    assert sorted(p.name for p in cache_dir.iterdir()) == ["already-here"]
+    assert loader.blobs == []
+
+
+def test_store_error_leaves_a_missing_cache_dir_missing(tmp_path: Path) -> None:
+    cache_dir = tmp_path / "not-yet"
+    transfer = _restore(MemoryStore(fail=("find_latest", "list")), cache_dir)
+    assert transfer.outcome == "error"
+    assert not cache_dir.exists()
+
+
+def test_loader_rejecting_the_blobs_is_an_error(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    key = _put_bundle(store, tmp_path, source, H100, "run-1")
+    transfer = _restore(store, cache_dir, exact_key=key, load=FakeLoader(error=ValueError("bad pickle\nsecond line")))
+    assert transfer.outcome == "error"
+    assert transfer.message.startswith("restore failed: torch rejected the cache artifacts of controller: ValueError: ")
+    assert transfer.artifacts == {}
+
+
+def test_signature_is_checked_on_restore(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    key = _put_bundle(store, tmp_path, source, H100, "run-1", signing_key=b"the right key")
+    loader = FakeLoader()
+    transfer = _restore(store, cache_dir, exact_key=key, signing_key=b"a wrong key", load=loader)
+    assert transfer.outcome == "error"
+    assert "signature mismatch" in transfer.message
+    assert loader.blobs == []
+    assert not any(rel in _tree(cache_dir) for rel in CACHE_FILES)  # verified before anything is written
+    good = _restore(store, cache_dir, exact_key=key, signing_key=b"the right key")
+    assert good.outcome == "exact"
+
+
+def test_tampered_bundle_is_an_error_and_writes_no_cache_files(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    key = _put_bundle(store, tmp_path, source, H100, "run-1")
+    data, when = store.objects[key]
+    store.objects[key] = (data[:-1] + bytes([data[-1] ^ 0xFF]), when)
+    transfer = _restore(store, cache_dir, exact_key=key)
+    assert transfer.outcome == "error"
+    assert "checksum mismatch" in transfer.message
+    assert not any(rel in _tree(cache_dir) for rel in CACHE_FILES)
+
+
+def test_transfer_json() -> None:
+    transfer = sync.Transfer("saved", key="k", size=3, seconds=0.123456, files=2, artifacts={"fx_graph": 1})
+    data = json.loads(json.dumps(transfer.to_json()))
+    assert data == {
+        "outcome": "saved",
+        "key": "k",
+        "size": 3,
+        "seconds": 0.123,
+        "message": "",
+        "files": 2,
+        "artifacts": {"fx_graph": 1},
+    }
+
+
+# --------------------------------------------------------------------------------------------------- save
+
+
+def _save(store: Any, source: Path, suffix: str, **kwargs: Any) -> sync.Transfer:
+    arguments: dict[str, Any] = {
+        "prefix": PREFIX,
+        "fingerprint": H100,
+        "suffix": suffix,
+        "cache_dir": str(source),
+        "blobs": BLOBS,
+        "files": list(CACHE_FILES),
+        "stats": {"hits": 3},
+    }
+    arguments.update(kwargs)
+    return sync.save(store, **arguments)
+
+
+def test_save_then_restore_round_trip(tmp_path: Path, source: Path) -> None:
+    store = MemoryStore()
+    transfer = _save(store, source, "run-1")
+    key = make_key(PREFIX, H100.digest(), "run-1")
+    assert (transfer.outcome, transfer.key, transfer.files) == ("saved", key, len(CACHE_FILES))
+    assert transfer.size == len(store.objects[key][0])
+    stored = tmp_path / "stored.bundle"
+    stored.write_bytes(store.objects[key][0])
+    manifest = bundle.verify(stored, fingerprint=H100.to_json())
+    assert (manifest.key, manifest.digest, manifest.torch_version) == (key, H100.digest(), "2.13.0")
+    assert manifest.stats == {"hits": 3}
+    fresh = tmp_path / "fresh"
+    loader = FakeLoader()
+    restored = _restore(store, fresh, exact_key=key, load=loader)
+    assert restored.outcome == "exact"
+    assert {rel: data for rel, data in _tree(fresh).items() if rel in CACHE_FILES} == CACHE_FILES
+    assert loader.blobs == [BLOBS["controller"], BLOBS["gw0"]]
+
+
+def test_save_prunes_to_keep_for_this_fingerprint_only(tmp_path: Path, source: Path) -> None:
+    store = MemoryStore()
+    other = _put_bundle(store, tmp_path, source, A100, "run-0")
+    for run in range(1, 5):
+        assert _save(store, source, f"run-{run}", keep=2).outcome == "saved"
+    mine = [entry.key for entry in store.list(restore_prefix(PREFIX, H100.digest()))]
+    assert mine == [make_key(PREFIX, H100.digest(), "run-4"), make_key(PREFIX, H100.digest(), "run-3")]
+    assert other in store.objects
+
+
+def test_save_with_nothing_compiled_is_skipped(source: Path) -> None:
+    store = MemoryStore()
+    transfer = _save(store, source, "run-1", blobs={}, files=[])
+    assert transfer.outcome == "skipped"
+    assert transfer.message == "nothing was compiled"
+    assert store.objects == {}
+    assert store.calls == []
+
+
+@pytest.mark.parametrize("operation", ["put"])
+def test_save_store_error_is_one_line(source: Path, operation: str) -> None:
+    store = MemoryStore(fail=(operation,))
+    transfer = _save(store, source, "run-1")
+    assert transfer.outcome == "error"
+    assert transfer.key == make_key(PREFIX, H100.digest(), "run-1")
+    assert transfer.message == f"save failed: cannot {operation} at memory://test: connection reset"
+
+
+def test_save_skips_files_torch_deleted_meanwhile(tmp_path: Path, source: Path) -> None:
+    store = MemoryStore()
+    transfer = _save(store, source, "run-1", files=[*CACHE_FILES, "fxgraph/zz/vanished"])
+    assert transfer.outcome == "saved"
+    stored = tmp_path / "stored.bundle"
+    stored.write_bytes(store.objects[str(transfer.key)][0])
+    assert bundle.read_manifest(stored).file_paths == tuple(sorted(CACHE_FILES))
+
+
+def test_save_from_a_missing_cache_dir_is_an_error(tmp_path: Path) -> None:
+    store = MemoryStore()
+    transfer = _save(store, tmp_path / "gone", "run-1")
+    assert transfer.outcome == "error"
+    assert transfer.message.startswith("save failed: cannot read cache dir ")
+    assert "\n" not in transfer.message
+    assert store.objects == {}
+
+
+def test_save_to_a_read_only_store_is_an_error(source: Path) -> None:
+    inner = MemoryStore()
+    transfer = _save(ReadOnlyStore(inner), source, "run-1")
+    assert transfer.outcome == "error"
+    assert transfer.message.startswith("save failed: store is read-only: cannot put ")
+    assert inner.objects == {}
