@@ -182,6 +182,30 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def count_instructions(python: str, tests: int) -> dict[str, int]:
+    """Instructions executed per variant under valgrind's callgrind: repeatable, whatever the load.
+
+    One run each (slow: about 250x); the numbers do not depend on what else the machine is doing.
+    """
+    work = Path(tempfile.mkdtemp(prefix="compilecache-bench-ir-"))
+    try:
+        project = work / "project"
+        make_project(project, tests)
+        counts = {}
+        for variant in VARIANTS:
+            command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", python, "-m", "pytest",
+                       "-q", "-p", "no:cacheprovider", *variant_args(variant, work / "cache")]
+            done = subprocess.run(command, cwd=project, env=clean_env(project / ".torch-flag"),
+                                  capture_output=True, text=True, check=False)
+            match = re.search(r"Collected : (\d+)", done.stderr)
+            if done.returncode != 0 or not match:
+                sys.exit(f"{variant}: callgrind run failed:\n{done.stderr[-2000:]}")
+            counts[variant] = int(match.group(1))
+        return counts
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tests", type=int, default=2000, help="number of generated tests (default 2000)")
@@ -196,7 +220,18 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PERCENT",
         help="exit 1 when the active or installed median is slower than this",
     )
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions under valgrind callgrind instead of timing (repeatable)")
     args = parser.parse_args(argv)
+    if args.instructions:
+        counts = count_instructions(args.python, args.tests)
+        base = counts["baseline"]
+        print(f"plugin overhead: {args.tests} trivial tests, instructions executed (valgrind callgrind)")
+        for variant, count in counts.items():
+            print(f"{variant:<10} {count:>15,}  {(count / base - 1) * 100:+.2f}%")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"instructions": counts}, indent=2) + "\n")
+        return 0
     if args.tests < 1 or args.rounds < 1 or args.warmup < 0:
         parser.error("--tests and --rounds must be at least 1, --warmup at least 0")
     results = measure(args.python, args.tests, args.rounds, args.warmup, args.keep)
