@@ -32,7 +32,15 @@ class SessionDir:
     owned: bool = False  # made by this session: removed at the end (isolated, without --compile-cache-keep)
 
     def to_env(self) -> str:
-        return json.dumps({"mode": self.mode, "path": self.path})
+        """For the workers; the pid lets a worker tell its controller from an outer session's."""
+        return json.dumps({"mode": self.mode, "path": self.path, "pid": os.getpid()})
+
+    @staticmethod
+    def parent_pid(value: str) -> int | None:
+        try:
+            return int(json.loads(value).get("pid"))
+        except (ValueError, TypeError, AttributeError):
+            return None
 
     @classmethod
     def from_env(cls, value: str) -> SessionDir:

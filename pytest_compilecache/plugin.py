@@ -16,12 +16,14 @@ import pytest
 from . import ConfigError
 from . import probe
 from .cachedir import SESSION_ENV
+from .cachedir import SessionDir
 from .settings import OPTIONS
 from .settings import Settings
 from .settings import resolve
 
 _SESSION = pytest.StashKey["Any"]()
 _MARK = pytest.StashKey["Any"]()
+_ISOLATION = pytest.StashKey["Any"]()
 
 MARKER = "compile_cache"
 
@@ -63,13 +65,25 @@ def _start(config: pytest.Config) -> Any:
     from .session import CompileCacheSession
 
     settings = _settings(config)
-    inherited = os.environ.get(SESSION_ENV) if os.environ.get("PYTEST_XDIST_WORKER") else None
+    inherited = _inherited()
     try:
         session = CompileCacheSession.start(settings, _default_shared(config), inherited=inherited)
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[_SESSION] = session
     return session
+
+
+def _inherited() -> str | None:
+    """The controller's decision, when this process is one of its xdist workers (a direct child).
+
+    A pytest started by a test inside a worker also sees PYTEST_XDIST_WORKER, but is not a child of
+    the controller: it makes its own decision.
+    """
+    value = os.environ.get(SESSION_ENV)
+    if not value or not os.environ.get("PYTEST_XDIST_WORKER"):
+        return None
+    return value if SessionDir.parent_pid(value) == os.getppid() else None
 
 
 def _default_shared(config: pytest.Config) -> Path:
@@ -97,9 +111,9 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     session = _start(config)
     session.is_worker = hasattr(config, "workerinput")
-    if os.environ.get("PYTEST_XDIST_WORKER") is None and not session.is_worker:
-        # --cache-clear may have removed the shared dir since load_initial_conftests: make it again.
-        session.ensure_dir()
+    # --cache-clear may have removed the shared dir since load_initial_conftests (in the controller and
+    # again in every xdist worker): make it again. Racing workers are fine (make_dir is atomic).
+    session.ensure_dir()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -129,24 +143,28 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
     state = item.config.stash[_SESSION]
-    marker = item.get_closest_marker(MARKER)
-    isolation = _isolate(marker) if marker is not None else None
     start = item.stash[_MARK] = probe.mark()
     try:
         return (yield)
     finally:
+        isolation = item.stash.get(_ISOLATION, None)
         if isolation is not None:
             isolation.__exit__(None, None, None)
         state.record(item.nodeid, probe.delta(start))
 
 
-def _isolate(marker: pytest.Mark) -> Any:
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Enter a marked test's isolation before its fixtures; a bad marker is that test's setup error."""
+    marker = item.get_closest_marker(MARKER)
+    if marker is None:
+        return
     mode = marker.args[0] if marker.args else marker.kwargs.get("mode", "isolated")
     if mode not in ("isolated", "disabled"):
-        raise pytest.UsageError(f"@pytest.mark.{MARKER}: mode must be 'isolated' or 'disabled', got {mode!r}")
+        raise ValueError(f"@pytest.mark.{MARKER}: mode must be 'isolated' or 'disabled', got {mode!r}")
     context = probe.isolated_compile(disable=mode == "disabled")
     context.__enter__()
-    return context
+    item.stash[_ISOLATION] = context
 
 
 @pytest.fixture

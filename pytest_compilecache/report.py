@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 from typing import Mapping
 
@@ -18,7 +19,8 @@ TABLE_ROWS = 30
 
 
 def percent(rate: float | None) -> str:
-    return "n/a" if rate is None else f"{rate * 100:.0f}%"
+    """Rounded down, so that a session with any miss never shows 100%."""
+    return "n/a" if rate is None else f"{math.floor(rate * 100)}%"
 
 
 def human_size(size: int | None) -> str:

@@ -6,6 +6,7 @@ statistics, the restore and the save. It knows nothing of pytest's objects (it g
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -64,6 +65,9 @@ class CompileCacheSession:
         else:
             session_dir = cachedir.decide(settings.effective_mode, settings.dir, default_shared)
         session = cls(settings, session_dir, saved)
+        if session_dir.owned and not settings.keep:
+            # Also when pytest stops before the session ends (--help, a usage error, a broken conftest).
+            atexit.register(cachedir.remove, session_dir)
         if not inherited:
             session._export()
         return session

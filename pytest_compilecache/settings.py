@@ -200,8 +200,8 @@ class Settings:
 
     @property
     def effective_mode(self) -> str | None:
-        """A store needs a cache dir the plugin owns: with no mode given, it implies ``shared``."""
-        if self.mode is None and self.store:
+        """A store or a dir needs a cache dir the plugin owns: with no mode given, they imply ``shared``."""
+        if self.mode is None and (self.store or self.dir):
             return "shared"
         return self.mode
 

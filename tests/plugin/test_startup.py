@@ -1,0 +1,231 @@
+"""Start-up behaviour that needs no torch: configuration errors, precedence, the default dir, passivity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.plugin.helpers import INNER_INI
+from tests.plugin.helpers import XDIST
+from tests.plugin.helpers import check_report
+from tests.plugin.helpers import run_inner
+
+pytestmark = XDIST
+
+
+# A suite that leaves a trace when it runs, so a test can tell that nothing ran.
+TRIVIAL_SUITE = """
+import pathlib
+
+
+def test_runs():
+    pathlib.Path(__file__).with_name("ran").write_text("yes")
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "ini", "env", "message"),
+    [
+        pytest.param(
+            ["--compile-cache=bogus"], "", {},
+            "--compile-cache: invalid value 'bogus' (choose from shared, isolated, disabled)", id="mode",
+        ),
+        pytest.param(
+            ["--compile-cache-min-hit-rate=1.5"], "", {},
+            "--compile-cache-min-hit-rate: must be between 0 and 1, got '1.5'", id="min-hit-rate",
+        ),
+        pytest.param(
+            ["--compile-cache=shared", "--compile-cache-dir={file}/sub"], "", {},
+            "--compile-cache-dir: */a-file/sub is not a writable directory*", id="shared-dir-under-a-file",
+        ),
+        pytest.param(
+            ["--compile-cache=isolated", "--compile-cache-dir={file}/sub"], "", {},
+            "--compile-cache-dir: cannot create an isolated dir in */a-file/sub*", id="isolated-dir-under-a-file",
+        ),
+        pytest.param(
+            ["--compile-cache-max-size=lots"], "", {},
+            "--compile-cache-max-size: expected a size like 500M or 2G, got 'lots'", id="max-size",
+        ),
+        pytest.param(
+            ["--compile-cache=disabled", "--compile-cache-store={file}"], "", {},
+            "--compile-cache-store: cannot be used with --compile-cache=disabled", id="store-when-disabled",
+        ),
+        pytest.param([], "compile_cache = bogus", {}, "compile_cache: invalid value 'bogus'*", id="ini"),
+        pytest.param(
+            [], "", {"PYTEST_COMPILECACHE_MODE": "bogus"}, "PYTEST_COMPILECACHE_MODE: invalid value 'bogus'*", id="env",
+        ),
+    ],
+)
+def test_bad_configuration_fails_at_start_naming_the_option(
+    inner: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    dist: tuple[str, ...],
+    args: list[str],
+    ini: str,
+    env: dict[str, str],
+    message: str,
+) -> None:
+    inner.makepyfile(test_suite=TRIVIAL_SUITE)
+    inner.makeini(INNER_INI + ini)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    a_file = inner.path / "a-file"
+    a_file.write_text("a regular file, not a directory\n")
+
+    result = inner.runpytest_subprocess(*(a.format(file=a_file) for a in args), *dist, timeout=120)
+
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message}"])
+    assert not (inner.path / "ran").exists()
+
+
+def test_cli_beats_ini_beats_env(
+    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, dist: tuple[str, ...]
+) -> None:
+    inner.makepyfile(test_suite=TRIVIAL_SUITE)
+    inner.makeini(INNER_INI + "compile_cache = isolated\n")
+    monkeypatch.setenv("PYTEST_COMPILECACHE_MODE", "disabled")
+
+    from_cli = run_inner(inner, "--compile-cache=shared", f"--compile-cache-dir={inner.path / 'cache'}", *dist)
+    from_ini = run_inner(inner, *dist)
+    inner.makeini(INNER_INI)
+    from_env = run_inner(inner, *dist)
+
+    for run in (from_cli, from_ini, from_env):
+        assert run.ret == 0, run.output
+        check_report(run.report)
+    assert [r.report["mode"] for r in (from_cli, from_ini, from_env)] == ["shared", "isolated", "disabled"]
+    assert from_cli.report["cache_dir"] == str(inner.path / "cache")
+
+
+def test_default_shared_dir_is_in_pytest_cache(inner: pytest.Pytester, dist: tuple[str, ...]) -> None:
+    inner.makepyfile(test_suite=TRIVIAL_SUITE)
+    expected = inner.path / ".pytest_cache" / "d" / "compilecache"
+
+    run = run_inner(inner, "--compile-cache=shared", *dist)
+
+    assert run.ret == 0, run.output
+    check_report(run.report)
+    assert Path(run.report["cache_dir"]).resolve() == expected.resolve()
+    assert (expected / "CACHEDIR.TAG").read_text().startswith("Signature: 8a477f597d28d172789f06886806bc55\n")
+
+
+def test_default_shared_dir_survives_cache_clear(
+    inner: pytest.Pytester, dist: tuple[str, ...], request: pytest.FixtureRequest
+) -> None:
+    inner.makepyfile(test_suite=TRIVIAL_SUITE)
+    expected = inner.path / ".pytest_cache" / "d" / "compilecache"
+    run_inner(inner, "--compile-cache=shared")
+
+    # --cache-clear empties .pytest_cache/d after the plugin made its dir there: it must be made again.
+    run = run_inner(inner, "--compile-cache=shared", "--cache-clear", *dist)
+
+    assert run.ret == 0, run.output
+    assert Path(run.report["cache_dir"]).resolve() == expected.resolve()
+    assert (expected / "CACHEDIR.TAG").is_file()
+
+
+def test_session_without_torch_never_imports_it(inner: pytest.Pytester, dist: tuple[str, ...]) -> None:
+    inner.makepyfile(test_suite=TRIVIAL_SUITE)
+    # Runs after every other unconfigure hook, the plugin's included, in the controller and in each worker.
+    inner.makeconftest(
+        """
+        import os
+        import sys
+
+        import pytest
+
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_unconfigure(config):
+            process = os.environ.get("PYTEST_XDIST_WORKER", "controller")
+            (config.rootpath / f"torch-imported-{process}.txt").write_text(str("torch" in sys.modules))
+        """
+    )
+
+    run = run_inner(inner, "--compile-cache=shared", f"--compile-cache-dir={inner.path / 'cache'}", *dist)
+
+    assert run.ret == 0, run.output
+    check_report(run.report)
+    assert (run.totals["tests"], run.totals["compiled_tests"], run.totals["hit_rate"]) == (1, 0, None)
+    seen = {p.name: p.read_text() for p in inner.path.glob("torch-imported-*.txt")}
+    processes = ["controller", "gw0", "gw1"] if dist else ["controller"]
+    assert seen == {f"torch-imported-{p}.txt": "False" for p in processes}
+
+
+def test_invalid_marker_mode_is_an_error(inner: pytest.Pytester, dist: tuple[str, ...]) -> None:
+    inner.makepyfile(
+        test_suite="""
+        import pathlib
+
+        import pytest
+
+
+        @pytest.mark.compile_cache("bogus")
+        def test_marked():
+            pathlib.Path(__file__).with_name("ran").write_text("yes")
+        """
+    )
+
+    result = inner.runpytest_subprocess(
+        "--compile-cache=shared", f"--compile-cache-dir={inner.path / 'cache'}", *dist, timeout=120
+    )
+
+    # A test error or a usage error, both name the marker; never a crash, and the test body never runs.
+    output = result.stdout.str() + result.stderr.str()
+    assert "INTERNALERROR" not in output
+    assert result.ret in (pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.USAGE_ERROR)
+    assert "@pytest.mark.compile_cache: mode must be 'isolated' or 'disabled', got 'bogus'" in output
+    assert not (inner.path / "ran").exists()
+
+
+@pytest.mark.parametrize("stop", ["--help", "--no-such-option", "broken-conftest"])
+def test_isolated_dir_is_not_left_behind_when_the_session_stops_early(
+    inner: pytest.Pytester, dist: tuple[str, ...], stop: str
+) -> None:
+    inner.makepyfile(test_suite=TRIVIAL_SUITE)
+    if stop == "broken-conftest":
+        inner.makeconftest("import a_module_that_does_not_exist")
+    parent = inner.path / "isolated"
+
+    result = inner.runpytest_subprocess(
+        "--compile-cache=isolated", f"--compile-cache-dir={parent}", *dist,
+        *([stop] if stop.startswith("--") else []), timeout=120,
+    )
+
+    assert result.ret == (pytest.ExitCode.OK if stop == "--help" else pytest.ExitCode.USAGE_ERROR)
+    assert not (inner.path / "ran").exists()
+    assert sorted(p.name for p in parent.glob("*")) == []
+
+
+# A test that starts a pytest session of its own (as pytester does), with its own --compile-cache.
+NESTED_SUITE = """
+import json
+import pathlib
+import subprocess
+import sys
+
+
+def test_starts_its_own_pytest(tmp_path):
+    (tmp_path / "pytest.ini").write_text("[pytest]\\n")
+    (tmp_path / "test_nested.py").write_text("def test_ok():\\n    pass\\n")
+    report = tmp_path / "nested.json"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--compile-cache=isolated",
+         f"--compile-cache-json={report}"],
+        cwd=tmp_path, check=True,
+    )
+    pathlib.Path(__file__).with_name("nested-mode.txt").write_text(json.loads(report.read_text())["mode"])
+"""
+
+
+def test_nested_session_follows_its_own_options(
+    inner: pytest.Pytester, dist: tuple[str, ...], request: pytest.FixtureRequest
+) -> None:
+    inner.makepyfile(test_suite=NESTED_SUITE)
+
+    run = run_inner(inner, "--compile-cache=shared", f"--compile-cache-dir={inner.path / 'cache'}", *dist)
+
+    assert run.ret == 0, run.output
+    assert (inner.path / "nested-mode.txt").read_text() == "isolated"
