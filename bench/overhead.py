@@ -192,6 +192,10 @@ def count_instructions(python: str, tests: int) -> dict[str, int]:
         project = work / "project"
         make_project(project, tests)
         counts = {}
+        for variant in VARIANTS:  # warm-up: write __pycache__ (assertion rewriting) outside the count
+            warmup = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *variant_args(variant, work / "cache")]
+            env = clean_env(project / ".torch-flag")
+            subprocess.run(warmup, cwd=project, env=env, capture_output=True, check=False)
         for variant in VARIANTS:
             command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", python, "-m", "pytest",
                        "-q", "-p", "no:cacheprovider", *variant_args(variant, work / "cache")]
