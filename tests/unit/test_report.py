@@ -56,7 +56,7 @@ def test_summary_line_mentions_remote_lookups() -> None:
     assert ", remote 2 hit/1 miss, " in report.summary_line(stats, "shared:/p")
 
 
-@pytest.mark.parametrize(("rate", "text"), [(None, "n/a"), (0.0, "0%"), (0.934, "93%"), (0.996, "100%"), (1.0, "100%")])
+@pytest.mark.parametrize(("rate", "text"), [(None, "n/a"), (0.0, "0%"), (0.934, "93%"), (0.996, "99%"), (1.0, "100%")])
 def test_percent(rate: float | None, text: str) -> None:
     assert report.percent(rate) == text
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import types
 from pathlib import Path
 from typing import Any
 from typing import BinaryIO
+from typing import Callable
 
 import pytest
 
@@ -95,19 +98,45 @@ def test_root_that_is_a_file_is_a_store_error(tmp_path: Path) -> None:
         store.delete("k")
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="needs POSIX permissions, not root")
+def _as_unprivileged(check: Callable[[], None]) -> None:
+    """Run ``check`` where permissions apply: as is, or (as root, who ignores them) in a child as nobody."""
+    if os.geteuid() != 0:
+        check()
+        return
+    pid = os.fork()
+    if pid == 0:  # the child: drop to nobody, report through the exit status only
+        code = 1
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            check()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the check failed as an unprivileged user"
+
+
 def test_unreadable_root_is_a_store_error(tmp_path: Path) -> None:
-    root = tmp_path / "store"
+    # Outside pytest's basetemp, which only root may enter: the store root's own mode must be the reason.
+    base = Path(tempfile.mkdtemp(prefix="compilecache-perm-"))
+    base.chmod(0o755)
+    root = base / "store"
     store = LocalStore(root)
     _put(store, tmp_path, "k", b"x")
     root.chmod(0)
-    try:
+
+    def check() -> None:
         with pytest.raises(StoreError):
-            store.get("k", tmp_path / "dest.bin")
+            store.get("k", Path(tempfile.gettempdir()) / f"compilecache-dest-{os.getpid()}.bin")
         with pytest.raises(StoreError):
             store.list()
+
+    try:
+        _as_unprivileged(check)
     finally:
         root.chmod(0o755)
+        shutil.rmtree(base)
 
 
 def test_missing_source_is_a_store_error(tmp_path: Path) -> None:
