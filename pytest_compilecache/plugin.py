@@ -23,7 +23,6 @@ from .settings import resolve
 
 _SESSION = pytest.StashKey["Any"]()
 _MARK = pytest.StashKey["Any"]()
-_ISOLATION = pytest.StashKey["Any"]()
 
 MARKER = "compile_cache"
 
@@ -143,28 +142,61 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
     state = item.config.stash[_SESSION]
+    mode = state.marked.get(item.nodeid) if state.marked else None
+    isolation = probe.isolated_compile(disable=mode == "disabled") if mode else None
     start = item.stash[_MARK] = probe.mark()
     try:
+        if isolation is not None:
+            isolation.__enter__()
         return (yield)
     finally:
-        isolation = item.stash.get(_ISOLATION, None)
         if isolation is not None:
             isolation.__exit__(None, None, None)
         state.record(item.nodeid, probe.delta(start))
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Enter a marked test's isolation before its fixtures; a bad marker is that test's setup error."""
-    marker = item.get_closest_marker(MARKER)
-    if marker is None:
-        return
-    mode = marker.args[0] if marker.args else marker.kwargs.get("mode", "isolated")
-    if mode not in ("isolated", "disabled"):
-        raise ValueError(f"@pytest.mark.{MARKER}: mode must be 'isolated' or 'disabled', got {mode!r}")
-    context = probe.isolated_compile(disable=mode == "disabled")
-    context.__enter__()
-    item.stash[_ISOLATION] = context
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Find marked tests once, so that the per-test path is a dict lookup.
+
+    A marker with a bad mode becomes that test's setup error (through a fixture), not a crash: under
+    xdist a collection-time exception in a worker would be an INTERNALERROR.
+    """
+    memo: dict[int, Any] = {}
+    marked = {}
+    for item in items:
+        mark = _closest_marker(item, memo)
+        if mark is None:
+            continue
+        mode = mark.args[0] if mark.args else mark.kwargs.get("mode", "isolated")
+        if mode in ("isolated", "disabled"):
+            marked[item.nodeid] = mode
+        elif _BAD_MARKER not in getattr(item, "fixturenames", [_BAD_MARKER]):
+            item.fixturenames.insert(0, _BAD_MARKER)
+    config.stash[_SESSION].marked = marked
+
+
+_BAD_MARKER = "_compile_cache_bad_marker"
+
+
+@pytest.fixture(name=_BAD_MARKER)
+def _bad_marker(request: pytest.FixtureRequest) -> None:
+    mark = request.node.get_closest_marker(MARKER)
+    mode = (mark.args[0] if mark.args else mark.kwargs.get("mode")) if mark else None
+    raise ValueError(f"@pytest.mark.{MARKER}: mode must be 'isolated' or 'disabled', got {mode!r}")
+
+
+def _closest_marker(node: Any, memo: dict[int, Any]) -> Any:
+    """``node.get_closest_marker(MARKER)``, memoised per parent: a few times cheaper over a big suite."""
+    for mark in node.own_markers:
+        if mark.name == MARKER:
+            return mark
+    parent = node.parent
+    if parent is None:
+        return None
+    key = id(parent)
+    if key not in memo:
+        memo[key] = _closest_marker(parent, memo)
+    return memo[key]
 
 
 @pytest.fixture

@@ -50,6 +50,7 @@ class CompileCacheSession:
         self.blobs: dict[str, bytes] = {}
         self.files: set[str] = set()
         self.workers: list[str] = []
+        self.marked: dict[str, str] = {}  # nodeid -> "isolated" | "disabled", from the marker
         self._fingerprint: Any = None
 
     # ---- start

@@ -81,5 +81,5 @@ def test_x():
 """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    assert result.ret != 0
-    result.stdout.fnmatch_lines(["*compile_cache*mode must be 'isolated' or 'disabled'*"])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*compile_cache*mode must be 'isolated' or 'disabled', got 'sometimes'*", "*1 error*"])
