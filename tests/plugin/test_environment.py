@@ -83,3 +83,39 @@ def test_x():
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*compile_cache*mode must be 'isolated' or 'disabled', got 'sometimes'*", "*1 error*"])
+
+
+BYPASS_SUITE = """
+import torch
+import torch._inductor.config as inductor_config
+
+
+def a_custom_pass(graph):
+    return None
+
+
+def test_bypassed():
+    # Inductor refuses to cache graphs compiled with a custom pass it cannot hash.
+    with inductor_config.patch(post_grad_custom_post_pass=a_custom_pass):
+        torch.compile(lambda x: x.sin() + 1)(torch.randn(4))
+"""
+
+
+@pytest.mark.slow
+def test_bypasses_are_counted_with_torchs_reason(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nfilterwarnings = ignore::DeprecationWarning\n")
+    pytester.makepyfile(test_bypass=BYPASS_SUITE)
+    report = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--compile-cache=isolated", f"--compile-cache-json={report}",
+        "--compile-cache-report=full", "-rA",
+    )
+    assert result.ret == 0, result.stdout.str()
+    totals = json.loads(report.read_text())["totals"]
+    assert totals["fxgraph"] == {"hit": 0, "miss": 0, "bypass": 1}
+    assert totals["hit_rate"] is None  # bypasses are not lookups: no rate rather than 0%
+    (test,) = json.loads(report.read_text())["tests"]
+    assert test["bypass_reasons"] == ["Unsupported post grad custom pass"]
+    result.stdout.fnmatch_lines(["compile cache: 0 hits, 0 misses (n/a), 1 bypass,*", "bypass: Unsupported post grad*"])
+    # torch's INFO record was only tapped, not shown: the user's logging configuration decides that.
+    assert "Bypassing FX Graph Cache" not in result.stdout.str()
