@@ -63,11 +63,11 @@ def decide(mode: str | None, configured_dir: str | None, default_shared: Path) -
     parent = Path(configured_dir).expanduser().absolute() if configured_dir else Path(tempfile.gettempdir())
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        path = tempfile.mkdtemp(prefix="compilecache-", dir=parent)
+        fresh = tempfile.mkdtemp(prefix="compilecache-", dir=parent)
     except OSError as exc:
         raise ConfigError(f"--compile-cache-dir: cannot create an isolated dir in {parent}: {exc.strerror}") from None
-    _tag(Path(path))
-    return SessionDir(mode=mode, path=path, owned=True)
+    _tag(Path(fresh))
+    return SessionDir(mode=mode, path=fresh, owned=True)
 
 
 def make_dir(path: Path) -> Path:

@@ -171,7 +171,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if mode in ("isolated", "disabled"):
             marked[item.nodeid] = mode
         elif _BAD_MARKER not in getattr(item, "fixturenames", [_BAD_MARKER]):
-            item.fixturenames.insert(0, _BAD_MARKER)
+            item.fixturenames.insert(0, _BAD_MARKER)  # type: ignore[attr-defined]
     config.stash[_SESSION].marked = marked
 
 
@@ -225,7 +225,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
     state = config.stash[_SESSION]
     if hasattr(config, "workerinput"):
-        config.workeroutput["compilecache"] = state.worker_output()
+        config.workeroutput["compilecache"] = state.worker_output()  # type: ignore[attr-defined]
         return
     failed = state.finish(verbose=config.option.verbose > 0)
     if failed and session.exitstatus == pytest.ExitCode.OK:

@@ -57,8 +57,9 @@ class _BypassTap(logging.Filter):
         self.reasons: list[str] = []
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg.startswith("Bypassing FX Graph Cache") and record.args:
-            self.reasons.append(str(record.args[0])[:200])
+        msg, args = record.msg, record.args
+        if isinstance(msg, str) and msg.startswith("Bypassing FX Graph Cache") and isinstance(args, tuple) and args:
+            self.reasons.append(str(args[0])[:200])
         return record.levelno >= self.user_level
 
 

@@ -169,7 +169,8 @@ def markdown(
     for title, header, rows in sections:
         if not rows:
             continue
-        body, used, share = [], 0, max(budget // 2, 0)
+        body: list[str] = []
+        used, share = 0, max(budget // 2, 0)
         for row in rows:
             if used + _size(row) + 1 > share:
                 body.append(f"\n_{len(rows) - len(body)} more rows not shown._")
