@@ -79,7 +79,7 @@ def table_lines(stats: SessionStats, limit: int | None = TABLE_ROWS) -> list[str
         fx = f"{r.fxgraph['hit']}/{r.fxgraph['miss']}/{r.fxgraph['bypass']}"
         aot = f"{r.aotautograd['hit']}/{r.aotautograd['miss']}"
         name = r.nodeid if len(r.nodeid) <= width else "..." + r.nodeid[-(width - 3):]
-        recompiles = f" ({r.recompiles} recompiles)" if r.recompiles else ""
+        recompiles = f" ({_plural(r.recompiles, 'recompile')})" if r.recompiles else ""
         lines.append(f"{r.compile_seconds:8.2f}  {fx:>15}  {aot:>12}  {r.frames:>6}  {name}{recompiles}")
     hidden = len(stats.compiled) - len(rows)
     if hidden > 0:
