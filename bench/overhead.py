@@ -199,7 +199,9 @@ def count_instructions(python: str, tests: int) -> dict[str, int]:
         for variant in VARIANTS:
             command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", python, "-m", "pytest",
                        "-q", "-p", "no:cacheprovider", *variant_args(variant, work / "cache")]
-            done = subprocess.run(command, cwd=project, env=clean_env(project / ".torch-flag"),
+            # A fixed hash seed: dict layouts (and so instruction counts) vary with it from run to run.
+            env = {**clean_env(project / ".torch-flag"), "PYTHONHASHSEED": "0"}
+            done = subprocess.run(command, cwd=project, env=env,
                                   capture_output=True, text=True, check=False)
             match = re.search(r"Collected : (\d+)", done.stderr)
             if done.returncode != 0 or not match:
