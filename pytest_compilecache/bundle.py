@@ -35,7 +35,6 @@ import re
 import stat
 import struct
 import tarfile
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime
 from datetime import timezone
@@ -52,6 +51,7 @@ import zstandard
 from . import BundleError
 from . import ConfigError
 from . import __version__
+from ._fs import atomic_file
 
 __all__ = [
     "FORMAT_VERSION",
@@ -643,23 +643,11 @@ def _write_bundle_file(dest: Path, manifest_bytes: bytes, signature: str, payloa
     header = _container_header(manifest_bytes, signature)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    except OSError as exc:
-        raise BundleError(f"cannot write bundle {dest}: {exc.strerror or exc}") from exc
-    try:
-        with os.fdopen(fd, "wb") as fh:
+        with atomic_file(dest) as fh:
             _write_all(fh, header)
             _write_all(fh, payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a bundle is not secret and may be shared.
-        os.replace(tmp, dest)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise BundleError(f"cannot write bundle {dest}: {exc.strerror or exc}") from exc
-        raise
+    except OSError as exc:
+        raise BundleError(f"cannot write bundle {dest}: {exc.strerror or exc}") from exc
 
 
 # --- cache-dir side ---------------------------------------------------------------------------------------
@@ -749,17 +737,8 @@ def _install_file(root: Path, rel: str, data: bytes) -> bool:
         target = parent / rel.rsplit("/", 1)[-1]
         if _is_identical(target, data):
             return False
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                _write_all(fh, data)
-            os.chmod(tmp, 0o644)
-            # os.replace swaps the directory entry: an existing symlink is replaced, never written through.
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        with atomic_file(target, fsync=False) as fh:  # a lost cache entry only costs a compile
+            _write_all(fh, data)
     except OSError as exc:
         raise BundleError(f"cannot unpack {rel} into {root}: {exc.strerror or exc}") from exc
     return True

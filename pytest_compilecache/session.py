@@ -19,6 +19,7 @@ from . import CompileCacheWarning
 from . import ConfigError
 from . import cachedir
 from . import report
+from ._fs import atomic_file
 from .cachedir import SESSION_ENV
 from .cachedir import SessionDir
 from .settings import Settings
@@ -285,9 +286,8 @@ class CompileCacheSession:
         path = Path(self.settings.json)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps(self._json(), indent=2) + "\n")
-            os.replace(tmp, path)
+            with atomic_file(path, fsync=False) as fh:
+                fh.write((json.dumps(self._json(), indent=2) + "\n").encode())
         except OSError as exc:
             self.warn(f"could not write --compile-cache-json={path}: {exc.strerror}")
 

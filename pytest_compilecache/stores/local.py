@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import builtins
-import contextlib
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import BinaryIO
 from typing import Callable
 
 from .. import StoreError
+from .._fs import atomic_file
 from .base import StoreEntry
 from .base import newest_first
 from .base import validate_key
@@ -22,7 +21,6 @@ __all__ = ["LocalStore"]
 SUFFIX = ".bundle"
 # Temp files start with "." (never a valid key) and end in ".tmp": list() can never mistake them for keys.
 _TEMP_PREFIX = "."
-_TEMP_SUFFIX = ".tmp"
 
 
 def _copy_stream(src: BinaryIO, dst: BinaryIO) -> None:
@@ -65,7 +63,8 @@ class LocalStore:
             # Open first: once open, a concurrent put replacing the file does not affect what we read.
             with open(src, "rb") as reader:
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                _atomic_write(dest, lambda writer: self._copy(reader, writer))
+                with atomic_file(dest) as writer:
+                    self._copy(reader, writer)
         except FileNotFoundError as exc:
             if exc.filename is not None and Path(exc.filename) == src:
                 return False
@@ -84,8 +83,8 @@ class LocalStore:
         final = self._path(key)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            with open(src, "rb") as reader:
-                _atomic_write(final, lambda writer: self._copy(reader, writer))
+            with open(src, "rb") as reader, atomic_file(final) as writer:
+                self._copy(reader, writer)
         except OSError as exc:
             raise StoreError(f"cannot put {key} to {self.location}: {_why(exc)}") from exc
 
@@ -132,20 +131,3 @@ def _entry(item: os.DirEntry[str], prefix: str) -> StoreEntry | None:
     except ValueError:
         return None  # not one of ours (ConfigError is a ValueError)
     return StoreEntry(key=key, size=info.st_size, modified=info.st_mtime)
-
-
-def _atomic_write(dest: Path, fill: Callable[[BinaryIO], None]) -> None:
-    """Create ``dest`` via a temp sibling filled by ``fill``, fsync and ``os.replace``; no leftovers."""
-    fd, tmp = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{dest.name}.", suffix=_TEMP_SUFFIX, dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as writer:
-            fill(writer)
-            writer.flush()
-            os.fsync(writer.fileno())
-        # mkstemp creates 0600; stored bundles are shared between users of the directory like any file.
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
