@@ -1,13 +1,16 @@
 """Benchmark: what a bundle buys on a suite of compiled CPU tests, measured in one run.
 
-Scenarios, each a fresh pytest process with a fresh TMPDIR (as on a new CI machine):
+Scenarios, each a fresh pytest process. "Same machine" runs share one TMPDIR with the cold run (torch
+keeps its precompiled C++ header there, outside the cache dir); "fresh machine" runs get a new TMPDIR,
+as a new CI runner does, and so rebuild that header (seconds of g++, whatever the cache holds):
 
 * eager     - TORCH_COMPILE_DISABLE=1: the floor, no compile at all
 * cold      - an empty cache dir (saves a bundle to a local store at the end)
-* warm      - the same cache dir again: the best a cache can do
-* restored  - an empty isolated dir, restored from the cold run's bundle
-* megacache - an empty dir into which only torch's mega-cache blobs are loaded (no kernel .so files)
-* wholedir  - the cold run's whole cache dir archived (tar + zstd) and unpacked into an empty dir
+* warm      - the same cache dir again, same machine: the best a cache can do
+* restored  - an empty isolated dir restored from the cold run's bundle, same machine
+* restored-fresh - the same on a fresh machine (the CI case)
+* megacache - fresh machine, an empty dir into which only torch's mega-cache blobs are loaded (no kernels)
+* wholedir  - fresh machine, the cold run's whole cache dir archived (tar + zstd) and unpacked
 
 Then a growth series: five runs in which the tested code changes, sharing one cache dir and one store;
 the newest bundle's size against the whole dir's archive size after each run.
@@ -36,10 +39,14 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
 
-def run_pytest(suite: Path, tmp: Path, *args: str, env: dict[str, str] | None = None) -> tuple[float, dict]:
-    """Run the suite once; return wall seconds and the plugin's JSON report (empty for eager)."""
+def run_pytest(suite: Path, tmp: Path, *args: str, env: dict[str, str] | None = None,
+               machine: Path | None = None) -> tuple[float, dict]:
+    """Run the suite once; return wall seconds and the plugin's JSON report (empty for eager).
+
+    ``machine`` is the TMPDIR to use (same machine); None gives a fresh one (a fresh machine).
+    """
     report = tmp / f"report-{time.monotonic_ns()}.json"
-    scratch = Path(tempfile.mkdtemp(prefix="tmpdir-", dir=tmp))
+    scratch = machine or Path(tempfile.mkdtemp(prefix="tmpdir-", dir=tmp))
     full_env = {**os.environ, "TMPDIR": str(scratch), **(env or {})}
     full_env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     cmd = [PY, "-m", "pytest", str(suite), "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
@@ -91,16 +98,20 @@ def misses(data: dict) -> str:
 
 def scenarios(suite: Path, tmp: Path) -> dict:
     store, cold_dir = tmp / "store", tmp / "cold-dir"
+    machine = tmp / "machine-a"
+    machine.mkdir()
     out: dict = {}
     out["eager"] = run_pytest(suite, tmp, env={"TORCH_COMPILE_DISABLE": "1"})
     out["cold"] = run_pytest(suite, tmp, "--compile-cache=shared", f"--compile-cache-dir={cold_dir}",
-                             f"--compile-cache-store={store}")
+                             f"--compile-cache-store={store}", machine=machine)
     bundle_path = newest_bundle(store)
     whole = tmp / "whole.tar.zst"
     out["_sizes"] = {"bundle": bundle_path.stat().st_size, "wholedir": archive(cold_dir, whole)}
-    out["warm"] = run_pytest(suite, tmp, "--compile-cache=shared", f"--compile-cache-dir={cold_dir}")
-    out["restored"] = run_pytest(suite, tmp, "--compile-cache=isolated", f"--compile-cache-store={store}",
-                                 "--compile-cache-readonly")
+    out["warm"] = run_pytest(suite, tmp, "--compile-cache=shared", f"--compile-cache-dir={cold_dir}",
+                             machine=machine)
+    restore_args = ("--compile-cache=isolated", f"--compile-cache-store={store}", "--compile-cache-readonly")
+    out["restored"] = run_pytest(suite, tmp, *restore_args, machine=machine)
+    out["restored-fresh"] = run_pytest(suite, tmp, *restore_args)
     mega_dir = tmp / "mega-dir"
     load_blobs_only(bundle_path, mega_dir)
     out["megacache"] = run_pytest(suite, tmp, "--compile-cache=shared", f"--compile-cache-dir={mega_dir}")
@@ -147,10 +158,10 @@ def main() -> int:
     sizes = results.pop("_sizes")
     warm = results["warm"][0]
     print(f"suite: {suite}  (python {sys.version.split()[0]}, {os.cpu_count()} cpus)")
-    print(f"{'scenario':<10} {'wall s':>7} {'x warm':>7}  hits/misses")
+    print(f"{'scenario':<15} {'wall s':>7} {'x warm':>7}  hits/misses")
     for name, (seconds, data) in results.items():
-        print(f"{name:<10} {seconds:7.2f} {seconds / warm:7.2f}  {misses(data)}")
-    restore = results["restored"][1].get("restore") or {}
+        print(f"{name:<15} {seconds:7.2f} {seconds / warm:7.2f}  {misses(data)}")
+    restore = results["restored-fresh"][1].get("restore") or {}
     save = results["cold"][1].get("save") or {}
     print(f"bundle {sizes['bundle'] / 1024:.0f} KiB vs whole-dir archive {sizes['wholedir'] / 1024:.0f} KiB; "
           f"save {save.get('seconds', 0):.2f} s, restore {restore.get('seconds', 0):.2f} s")
