@@ -226,7 +226,8 @@ class CompileCacheSession:
         self._evict()
         self._write_json()
         self._write_step_summary()
-        cachedir.remove(self.dir) if not self.settings.keep else None
+        if not self.settings.keep:
+            cachedir.remove(self.dir)
         rate, floor = self.stats.hit_rate, self.settings.min_hit_rate
         if floor is not None and rate is not None and rate < floor:
             self.errors.append(
