@@ -166,7 +166,7 @@ def test_ci_runs_the_ci_script() -> None:
 
 def test_readme_documents_every_input_and_output() -> None:
     action = yaml.safe_load((REPO / "action.yml").read_text())
-    readme = (REPO / "action" / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     for section in ("inputs", "outputs"):
         for name in action[section]:
-            assert f"| `{name}` |" in readme, f"action/README.md does not document {section[:-1]} {name}"
+            assert f"| `{name}` |" in readme, f"README.md does not document {section[:-1]} {name}"
