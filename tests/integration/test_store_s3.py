@@ -132,8 +132,8 @@ def _store(bucket: S3Bucket, prefix: str = "ci/cache", **options: object) -> S3S
 
 class TestS3StoreContract(StoreContract):
     """The shared contract over HTTP against moto. ``set_modified`` is not provided: S3 sets LastModified
-    itself (no API can change it), so the four clock-controlled ordering tests are removed from this class; the ordering of real
-    server timestamps is covered by test_newer_object_wins_over_greater_key below.
+    itself (no API can change it), so the four clock-controlled ordering tests are removed from this
+    class; the ordering of real server timestamps is covered by test_newer_object_wins_over_greater_key.
     """
 
     @pytest.fixture
