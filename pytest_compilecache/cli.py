@@ -21,6 +21,7 @@ from typing import Sequence
 
 from . import BundleError
 from . import ConfigError
+from . import StoreError
 from . import __version__
 from .settings import DEFAULT_PREFIX
 from .settings import SIGNING_KEY_ENV
@@ -228,6 +229,13 @@ def _warn(message: str) -> None:
         print(f"::warning title=compile cache::{message}")
 
 
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return number
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pytest_compilecache", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=__version__)
@@ -252,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("key", help="print the save key and the restore prefix")
     fp_args(p)
-    p.add_argument("--prefix", default=DEFAULT_PREFIX)
+    p.add_argument("--prefix", default=os.environ.get("PYTEST_COMPILECACHE_KEY_PREFIX", DEFAULT_PREFIX))
     p.add_argument("--suffix", help="run suffix (default: time and pid)")
     p.add_argument("--github-output", action="store_true", help="also append to $GITHUB_OUTPUT")
     p.set_defaults(func=cmd_key)
@@ -272,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     store_args(p)
     p.add_argument("--cache-dir", required=True)
     p.add_argument("--suffix")
-    p.add_argument("--keep", type=int, default=3)
+    p.add_argument("--keep", type=_positive, default=3)
     p.set_defaults(func=cmd_save)
 
     p = sub.add_parser("inspect", help="show a bundle's manifest (does not verify the payload)")
@@ -289,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prune", help="keep the newest N bundles under a key prefix")
     store_args(p, prefix=False)
     p.add_argument("--prefix", required=True)
-    p.add_argument("--keep", type=int, default=3)
+    p.add_argument("--keep", type=_positive, default=3)
     p.set_defaults(func=cmd_prune)
 
     p = sub.add_parser("report", help="render a --compile-cache-json file as Markdown")
@@ -306,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except BundleError as exc:
+    except (BundleError, StoreError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
 

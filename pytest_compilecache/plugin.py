@@ -91,7 +91,7 @@ def _default_shared(config: pytest.Config) -> Path:
         cache_dir = config.getini("cache_dir") or ".pytest_cache"
     except ValueError:
         cache_dir = ".pytest_cache"
-    base = Path(os.path.expandvars(str(cache_dir)))
+    base = Path(os.path.expandvars(os.path.expanduser(str(cache_dir))))  # as pytest's resolve_from_str
     if not base.is_absolute():
         base = config.rootpath / base
     return base / "d" / "compilecache"
@@ -102,7 +102,12 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     _start(early_config)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    if _inherited() is not None:
+        # The controller already honoured --cache-clear; a worker clearing .pytest_cache/d again would
+        # delete the restored shared dir, possibly while another worker compiles into it.
+        config.option.cacheclear = False
     config.addinivalue_line(
         "markers",
         f"{MARKER}(mode): 'isolated' compiles this test cold in its own fresh cache dir; 'disabled' turns "
@@ -110,9 +115,6 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     session = _start(config)
     session.is_worker = hasattr(config, "workerinput")
-    # --cache-clear may have removed the shared dir since load_initial_conftests (in the controller and
-    # again in every xdist worker): make it again. Racing workers are fine (make_dir is atomic).
-    session.ensure_dir()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -130,6 +132,9 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Restore a bundle before the first compile and before xdist starts its workers."""
     state = session.config.stash[_SESSION]
+    # --cache-clear (pytest's cacheprovider, in pytest_configure) may have removed a shared dir under
+    # .pytest_cache since load_initial_conftests: make it again. Racing workers are fine (atomic).
+    state.ensure_dir()
     if not state.is_worker:
         state.restore()
 

@@ -111,7 +111,11 @@ class CompileCacheSession:
     def header(self) -> str | None:
         if self.dir.mode is None and not self.settings.redis:
             return None
-        extra = f", redis {self.settings.redis}" if self.settings.redis else ""
+        from .remote import redacted
+
+        extra = f", redis {redacted(self.settings.redis)}" if self.settings.redis else ""
+        if self.settings.redis and not os.environ.get("TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE"):
+            extra += " (unreachable, off)"
         store = f", store {self.settings.store}" if self.settings.store else ""
         return f"compile cache: {self.dir.describe()}{store}{extra}"
 
@@ -153,10 +157,10 @@ class CompileCacheSession:
 
         try:
             store = self._store()
-        except ConfigError:
-            raise
-        except Exception as exc:  # a store that cannot even be set up (no boto3...) is infrastructure trouble
-            self.warn(f"store unavailable: {exc}")
+            self.fingerprint()
+        except Exception as exc:  # a store or fingerprint that cannot even be set up: infrastructure trouble
+            self.warn(f"restore skipped: {type(exc).__name__}: {exc}")
+            self.restored = {"outcome": "error", "message": str(exc)}
             return
         result = sync.restore(
             store, prefix=self.settings.key_prefix, fingerprint=self.fingerprint(),
@@ -230,9 +234,12 @@ class CompileCacheSession:
             cachedir.remove(self.dir)
         rate, floor = self.stats.hit_rate, self.settings.min_hit_rate
         if floor is not None and rate is not None and rate < floor:
-            self.errors.append(
-                f"hit rate {report.percent(rate)} is below --compile-cache-min-hit-rate={floor:g}"
-            )
+            message = f"hit rate {report.percent(rate)} is below --compile-cache-min-hit-rate={floor:g}"
+            if self.restored and self.restored.get("outcome") == "error" and not self.settings.strict:
+                # The restore failed: a cold run is infrastructure trouble, which never fails a session.
+                self.notes.append(message + " (the restore failed: not failing the session)")
+            else:
+                self.errors.append(message)
         return bool(self.errors)
 
     def _save(self) -> None:
@@ -248,8 +255,9 @@ class CompileCacheSession:
             return
         try:
             store = self._store()
+            self.fingerprint()
         except Exception as exc:
-            self.warn(f"store unavailable: {exc}")
+            self.warn(f"save skipped: {type(exc).__name__}: {exc}")
             return
         result = sync.save(
             store, prefix=self.settings.key_prefix, fingerprint=self.fingerprint(),

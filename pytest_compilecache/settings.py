@@ -92,6 +92,16 @@ def _key_part(option: str, value: str) -> str:
     return value
 
 
+def _http_url(option: str, value: str) -> str:
+    from urllib.parse import urlsplit
+
+    value = value.strip()
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"{option}: expected an http(s):// URL, got {value!r}")
+    return value
+
+
 def _redis_url(option: str, value: str) -> str:
     """``redis://[user:password@]host[:port][/db]`` (``rediss://`` for TLS); IPv6 hosts in brackets."""
     from urllib.parse import urlsplit
@@ -169,7 +179,7 @@ OPTIONS: tuple[Option, ...] = (
            "shared: cap the cache dir (e.g. 2G), evicting least recently used entries at the end."),
     Option("redis", "--compile-cache-redis", _redis_url, None,
            "turn on torch's Redis remote caches (FX graph, AOTAutograd, autotune) at this URL."),
-    Option("s3_endpoint", "--compile-cache-s3-endpoint", _text, None,
+    Option("s3_endpoint", "--compile-cache-s3-endpoint", _http_url, None,
            "S3-compatible endpoint URL (default: AWS_ENDPOINT_URL or AWS)."),
 )
 

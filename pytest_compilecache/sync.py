@@ -89,6 +89,9 @@ def restore(
         artifacts = _load_blobs(unpacked.blobs, cache_dir, load)
     except (StoreError, BundleError, OSError) as exc:
         return Transfer("error", seconds=time.perf_counter() - started, message=f"restore failed: {exc}")
+    except Exception as exc:  # a store SDK or torch surprise must not crash a test session either
+        return Transfer("error", seconds=time.perf_counter() - started,
+                        message=f"restore failed: {type(exc).__name__}: {exc}")
     return Transfer(
         outcome, key=key, size=size, seconds=time.perf_counter() - started,
         files=len(unpacked.files), artifacts=dict(artifacts),
@@ -199,10 +202,13 @@ def save(
             store.put(key, path)
     except (StoreError, BundleError, OSError) as exc:
         return Transfer("error", key=key, seconds=time.perf_counter() - started, message=f"save failed: {exc}")
+    except Exception as exc:  # see restore
+        return Transfer("error", key=key, seconds=time.perf_counter() - started,
+                        message=f"save failed: {type(exc).__name__}: {exc}")
     message = ""
     try:
         prune(store, restore_prefix(prefix, fingerprint.digest()), keep)
-    except (StoreError, OSError) as exc:  # the bundle is stored; only the clean-up failed
+    except Exception as exc:  # the bundle is stored; only the clean-up failed
         message = f"could not prune old bundles: {exc}"
     return Transfer("saved", key=key, size=size, seconds=time.perf_counter() - started,
                     files=len(manifest.file_paths), message=message)

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import re
 from pathlib import Path
@@ -63,6 +64,8 @@ def _local_from_url(url: str) -> LocalStore:
 def _s3_from_url(url: str, options: dict[str, Any]) -> Store:
     if not urlsplit(url).netloc:
         raise _bad(url, "S3 URLs need a bucket")
+    if importlib.util.find_spec("boto3") is None:
+        raise _bad(url, "S3 needs boto3 (pip install 'pytest-compilecache[s3]')")
     try:
         s3 = importlib.import_module("pytest_compilecache.stores.s3")
     except ModuleNotFoundError as exc:

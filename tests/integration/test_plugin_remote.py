@@ -61,7 +61,9 @@ def test_s3_bundle_round_trip(suite: pytest.Pytester, s3_bucket: Any, aws_env: d
 def test_s3_down_is_one_warning_and_a_cold_compile(suite: pytest.Pytester, aws_env: dict[str, str]) -> None:
     endpoint = f"http://127.0.0.1:{free_port()}"
     store = "--compile-cache-store=s3://bucket/x"
-    result, data = _session(suite, "down", store, f"--compile-cache-s3-endpoint={endpoint}")
+    # A cold run caused by the store being down does not trip the hit-rate guard either.
+    result, data = _session(suite, "down", store, f"--compile-cache-s3-endpoint={endpoint}",
+                            "--compile-cache-min-hit-rate=0.9")
     assert result.ret == 0
     result.stdout.fnmatch_lines(["*passed*"])
     warnings = [line for line in result.outlines if line.startswith("CompileCacheWarning:")]
@@ -93,10 +95,12 @@ def test_redis_shares_graphs_between_sessions(suite: pytest.Pytester, redis_serv
 
 
 def test_redis_down_is_one_warning(suite: pytest.Pytester) -> None:
-    result, data = _session(suite, "down", f"--compile-cache-redis=redis://127.0.0.1:{free_port()}/0")
+    result, data = _session(suite, "down", f"--compile-cache-redis=redis://:hunter2@127.0.0.1:{free_port()}/0")
     assert result.ret == 0
     warnings = [line for line in result.outlines if line.startswith("CompileCacheWarning:")]
     assert len(warnings) == 1 and "unreachable" in warnings[0]
+    result.stdout.fnmatch_lines(["compile cache: isolated:*, redis redis://:***@127.0.0.1:*/0 (unreachable, off)"])
+    assert "hunter2" not in result.stdout.str() + result.stderr.str()
     assert data["totals"]["misses"] >= 1 and data["totals"]["remote"]["fx_hit"] == 0
 
 
@@ -105,6 +109,7 @@ def test_bad_urls_fail_at_start(suite: pytest.Pytester) -> None:
         ("--compile-cache-redis=http://nope", "--compile-cache-redis"),
         ("--compile-cache-store=ftp://x/y", "--compile-cache-store"),
         ("--compile-cache-store=s3://", "--compile-cache-store"),
+        ("--compile-cache-s3-endpoint=localhost:9000", "--compile-cache-s3-endpoint"),
     ):
         result = suite.runpytest_subprocess("-p", "no:cacheprovider", option)
         assert result.ret == pytest.ExitCode.USAGE_ERROR, option

@@ -119,3 +119,27 @@ def test_bypasses_are_counted_with_torchs_reason(pytester: pytest.Pytester) -> N
     result.stdout.fnmatch_lines(["compile cache: 0 hits, 0 misses (n/a), 1 bypass,*", "bypass: Unsupported post grad*"])
     # torch's INFO record was only tapped, not shown: the user's logging configuration decides that.
     assert "Bypassing FX Graph Cache" not in result.stdout.str()
+
+
+WORKER_SEES_RESTORED = """
+import os
+import pytest
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    # Stands for the controller's restore, which runs at session start, before the workers exist.
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        with open(os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "restored-entry"), "w") as fh:
+            fh.write("x")
+"""
+
+
+def test_workers_do_not_clear_the_restored_dir_again(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(WORKER_SEES_RESTORED)
+    pytester.makepyfile(
+        test_sees="import os\n\ndef test_sees():\n"
+        "    assert os.path.exists(os.path.join(os.environ['TORCHINDUCTOR_CACHE_DIR'], 'restored-entry'))\n"
+    )
+    result = pytester.runpytest_subprocess("--compile-cache=shared", "--cache-clear", "-n", "2")
+    assert result.ret == 0, result.stdout.str()

@@ -144,3 +144,16 @@ def test_report_renders_markdown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 def test_module_entry_point_runs() -> None:
     proc = subprocess.run([sys.executable, "-m", "pytest_compilecache", "--version"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip()
+
+
+def test_bad_keep_and_store_trouble_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["save", "--store", str(tmp_path / "s"), "--cache-dir", str(tmp_path), "--keep", "0"])
+    assert exit_info.value.code == cli.EXIT_USAGE
+    assert not (tmp_path / "s").exists()  # refused before anything was saved
+    assert "--keep: must be at least 1" in capsys.readouterr().err
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    assert cli.main(["prune", "--store", str(not_a_dir), "--prefix", "p-"]) == cli.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err
