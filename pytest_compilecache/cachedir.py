@@ -112,15 +112,6 @@ def lock(path: str, timeout: float = 60.0):  # type: ignore[no-untyped-def]
     return FileLock(os.path.join(path, LOCK_NAME), timeout=timeout)
 
 
-def dir_size(path: str) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_size
-    return total
-
-
 def touch(path: str, relpaths: list[str]) -> None:
     """Mark files as used now, so that size-capped eviction keeps what the last session needed."""
     now = time.time()

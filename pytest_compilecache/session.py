@@ -10,12 +10,10 @@ import atexit
 import json
 import os
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 from typing import Mapping
 
-from . import CompileCacheWarning
 from . import ConfigError
 from . import cachedir
 from . import report
@@ -369,8 +367,3 @@ class LiveRecord:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.snapshot(), name)
-
-
-def emit_warning(message: str) -> None:
-    """For the CLI and the Action: one Python warning line."""
-    warnings.warn(message, CompileCacheWarning, stacklevel=2)
