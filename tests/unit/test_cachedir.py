@@ -15,6 +15,11 @@ from pytest_compilecache.cachedir import SessionDir
 T0 = 1_700_000_000  # fixed epoch seconds: eviction order never depends on the clock
 
 
+
+def _dir_size(path: str) -> int:
+    """Bytes of every file under ``path`` (what evict() measures against its cap)."""
+    return sum(os.lstat(os.path.join(root, name)).st_size for root, _, files in os.walk(path) for name in files)
+
 def _is_tagged(path: Path) -> bool:
     tag = (path / "CACHEDIR.TAG").read_text()
     return tag.startswith("Signature: 8a477f597d28d172789f06886806bc55") and (path / ".gitignore").read_text().endswith(
@@ -164,14 +169,14 @@ def test_evict_removes_least_recently_used_first(cache: Path) -> None:
     assert _files(cache) == {"CACHEDIR.TAG", ".gitignore", LOCK_NAME, "new"}
     # emptied subdirectories are gone as well
     assert not (cache / "fxgraph").exists()
-    assert cachedir.dir_size(str(cache)) == markers + 100
+    assert _dir_size(str(cache)) == markers + 100
 
 
 def test_evict_uses_the_later_of_access_and_modification(cache: Path) -> None:
     _file(cache, "read_recently", 100, atime=T0 + 100, mtime=T0)
     _file(cache, "written_recently", 100, atime=T0, mtime=T0 + 50)
     _file(cache, "untouched", 100, atime=T0 + 10, mtime=T0 + 10)
-    cachedir.evict(str(cache), cachedir.dir_size(str(cache)) - 1)
+    cachedir.evict(str(cache), _dir_size(str(cache)) - 1)
     assert "untouched" not in _files(cache)
     assert {"read_recently", "written_recently"} <= _files(cache)
 
@@ -203,7 +208,7 @@ def test_touch_protects_files_from_eviction(cache: Path) -> None:
     stat = os.stat(cache / "used/by_last_session")
     assert stat.st_atime > T0 + 10
     assert stat.st_mtime == T0  # content age is kept
-    cachedir.evict(str(cache), cachedir.dir_size(str(cache)) - 1)
+    cachedir.evict(str(cache), _dir_size(str(cache)) - 1)
     assert "used/by_last_session" in _files(cache)
     assert "unused" not in _files(cache)
 
