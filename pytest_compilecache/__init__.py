@@ -1,32 +1,92 @@
 """pytest-compilecache: share, isolate and measure torch.compile caches in pytest sessions.
 
+The public surface is :data:`__all__`; everything else (modules and names starting with ``_`` or not
+listed here) may change in any release. Importing this package is cheap: the names below that need more
+than the standard library (stores, the orchestration, statistics) are loaded on first use.
+
 PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING
+from typing import Any
+
 __version__ = "0.1.0"
 
 __all__ = [
     "BundleError",
+    "CompileCacheError",
+    "CompileCacheStats",
     "CompileCacheWarning",
     "ConfigError",
+    "Fingerprint",
+    "ItemRecord",
+    "SessionStats",
     "StoreError",
     "__version__",
+    "open_store",
+    "restore",
+    "save",
 ]
 
 
 class CompileCacheWarning(UserWarning):
-    """Infrastructure trouble (a store that is down, a corrupt bundle): the session goes on, cold."""
+    """Infrastructure trouble (a store that is down, a corrupt bundle): the session goes on, cold.
+
+    Emitted through :func:`warnings.warn` under pytest's warning filters, so ``-W
+    error::pytest_compilecache.CompileCacheWarning`` (or ``filterwarnings = error::...`` in the ini file)
+    makes cache trouble fail the session as ``--compile-cache-strict`` does, and ``ignore::...`` hides it.
+    """
 
 
-class ConfigError(ValueError):
+class CompileCacheError(Exception):
+    """Base of every exception this package raises on purpose."""
+
+
+class ConfigError(CompileCacheError, ValueError):
     """Bad user input. The message names the option (``--compile-cache-store``...)."""
 
 
-class StoreError(Exception):
+class StoreError(CompileCacheError):
     """A store could not be reached or refused an operation. Callers turn it into a warning."""
 
 
-class BundleError(Exception):
+class BundleError(CompileCacheError):
     """A bundle failed verification (checksum, signature, manifest, fingerprint, unsafe member)."""
+
+
+# name -> module that defines it; loaded on first attribute access (PEP 562), so that `import
+# pytest_compilecache` (which pytest does for every session through the plugin entry point) stays cheap.
+_LAZY = {
+    "CompileCacheStats": "stats",
+    "ItemRecord": "stats",
+    "SessionStats": "stats",
+    "Fingerprint": "fingerprint",
+    "open_store": "stores",
+    "restore": "sync",
+    "save": "sync",
+}
+
+if TYPE_CHECKING:
+    from .fingerprint import Fingerprint
+    from .stats import CompileCacheStats
+    from .stats import ItemRecord
+    from .stats import SessionStats
+    from .stores import open_store
+    from .sync import restore
+    from .sync import save
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -2,10 +2,16 @@
 
 Exit codes (stable, documented in the README):
 
-* 0 - done (a restore that misses is done too: the next session compiles cold)
-* 1 - ``verify``: the bundle is invalid; ``restore``/``save`` with ``--strict``: the store or bundle failed
-* 2 - bad usage (unknown option, malformed store URL, bad key)
-* 3 - ``restore --fail-on-miss``: nothing matched
+* 0 - done (a restore that misses is done too: the next session compiles cold; store or bundle trouble
+  without ``--strict`` is one ``CompileCacheWarning`` line on stderr and exit 0)
+* 1 - ``verify``/``inspect``: the bundle is invalid or unreadable; ``restore``/``save``/``prune`` with
+  ``--strict``: the store or bundle failed; ``prune`` without it: the store refused
+* 2 - bad usage, checked before any work: unknown option, malformed store URL, bad key, prefix or suffix,
+  a ``--json`` path that cannot be written, device facts or a report file of the wrong shape
+* 3 - ``restore --fail-on-miss``: nothing usable matched
+
+Every failure is one ``error: ...`` line on stderr, never a traceback. Everything written for a CI runner
+(``--github-output``, workflow commands, the step summary) goes through :mod:`.ghrunner`, escaped.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from . import BundleError
 from . import ConfigError
 from . import StoreError
 from . import __version__
+from . import ghrunner
 from .settings import DEFAULT_PREFIX
 from .settings import SIGNING_KEY_ENV
 
@@ -34,6 +41,33 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MISS = 0, 1, 2, 3
 _DIR_PATTERNS = ("fxgraph/**/*", "aotautograd/**/*", "*/*.so", "*.best_config", "*/*.best_config")
 
 
+def _check_names(args: argparse.Namespace) -> None:
+    """Validate keys, prefixes and suffixes before any work (exit 2 on a bad one)."""
+    from .stores.base import validate_key
+    from .stores.base import validate_prefix
+
+    if getattr(args, "prefix", None) is not None:
+        validate_prefix(args.prefix)
+    if getattr(args, "key", None):
+        validate_key(args.key)
+    if getattr(args, "suffix", None):
+        validate_key(args.suffix)
+
+
+def _json_target(path: str | None) -> Path | None:
+    """The ``--json`` file: its dir is made now, so a bad path is a usage error before any work."""
+    if not path:
+        return None
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--json: cannot create the directory of {path}: {exc.strerror or exc}") from None
+    if target.is_dir():
+        raise ConfigError(f"--json: {path} is a directory")
+    return target
+
+
 def _open(args: argparse.Namespace, readonly: bool = False) -> Any:
     from .stores import open_store
 
@@ -42,6 +76,7 @@ def _open(args: argparse.Namespace, readonly: bool = False) -> Any:
 
 
 def _signing_key() -> bytes | None:
+    """The signing key from the environment (never from the command line, where ``ps`` would show it)."""
     value = os.environ.get(SIGNING_KEY_ENV, "")
     return value.encode() if value else None
 
@@ -64,8 +99,16 @@ def _progress(label: str) -> Any:
 def _fingerprint(args: argparse.Namespace) -> Any:
     from .fingerprint import collect
 
-    device = json.loads(Path(args.device_facts).read_text()) if getattr(args, "device_facts", None) else None
-    return collect(salt=args.salt, device=device)
+    device = None
+    if getattr(args, "device_facts", None):
+        try:
+            device = json.loads(Path(args.device_facts).read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--device-facts: cannot read {args.device_facts}: {exc}") from None
+    try:
+        return collect(salt=args.salt, device=device)
+    except ConfigError as exc:
+        raise ConfigError(f"--device-facts: {exc}") from None
 
 
 def cmd_fingerprint(args: argparse.Namespace) -> int:
@@ -85,6 +128,7 @@ def cmd_key(args: argparse.Namespace) -> int:
     from .fingerprint import make_key
     from .fingerprint import restore_prefix
 
+    _check_names(args)
     fp = _fingerprint(args)
     values = {
         "digest": fp.digest(),
@@ -97,20 +141,20 @@ def cmd_key(args: argparse.Namespace) -> int:
 
 def _emit(values: dict[str, str], github_output: bool) -> None:
     for name, value in values.items():
-        print(f"{name}={value}")
-    target = os.environ.get("GITHUB_OUTPUT")
-    if github_output and target:
-        with open(target, "a", encoding="utf-8") as fh:
-            fh.writelines(f"{name}={value}\n" for name, value in values.items())
+        print(f"{name}={ghrunner.one_line(value)}")
+    if github_output:
+        ghrunner.append_vars(os.environ.get("GITHUB_OUTPUT"), values)
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
     from . import sync
     from .probe import point_cache_dir
 
+    _check_names(args)
+    json_target = _json_target(args.json)
     cache_dir = str(Path(args.cache_dir).absolute())
-    point_cache_dir(cache_dir)  # before torch is imported by the fingerprint
     store = _open(args, readonly=True)
+    point_cache_dir(cache_dir)  # before torch is imported by the fingerprint
     done = _progress(f"restoring from {store.location}")
     result = sync.restore(
         store, prefix=args.prefix, fingerprint=_fingerprint(args), cache_dir=cache_dir,
@@ -119,14 +163,17 @@ def cmd_restore(args: argparse.Namespace) -> int:
     done(result.size)
     _emit(
         {
-            "restore-outcome": result.outcome if result.ok else "miss",
+            "restore-outcome": result.outcome,
             "cache-hit": str(result.outcome == "exact").lower(),
-            "matched-key": result.key or "",
+            "matched-key": (result.key or "") if result.outcome in ("exact", "partial") else "",
         },
         args.github_output,
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    if json_target is not None:
+        from ._fs import atomic_file
+
+        with atomic_file(json_target, fsync=False) as fh:
+            fh.write((json.dumps(result.to_json(), indent=2) + "\n").encode())
     if not result.ok:
         _warn(result.message)
         return EXIT_FAILED if args.strict else EXIT_OK
@@ -140,6 +187,7 @@ def cmd_save(args: argparse.Namespace) -> int:
     from . import sync
     from .fingerprint import default_suffix
 
+    _check_names(args)
     cache_dir = Path(args.cache_dir).absolute()
     files = sorted(
         {str(p.relative_to(cache_dir)).replace(os.sep, "/") for pattern in _DIR_PATTERNS
@@ -162,7 +210,7 @@ def cmd_save(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from . import bundle
 
-    manifest = bundle.read_manifest(Path(args.bundle))
+    manifest = bundle.read_manifest(Path(args.bundle))  # the header only: unverified, and said so below
     data = json.loads(manifest.to_json_bytes())
     data["signed"] = bundle.is_signed(Path(args.bundle))
     if args.json:
@@ -195,6 +243,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_prune(args: argparse.Namespace) -> int:
     from .stores.base import prune
 
+    _check_names(args)
     deleted = prune(_open(args), args.prefix, args.keep)
     for key in deleted:
         print(f"deleted {key}")
@@ -208,25 +257,34 @@ def cmd_report(args: argparse.Namespace) -> int:
     from .stats import ItemRecord
     from .stats import SessionStats
 
-    data = json.loads(Path(args.json_report).read_text())
-    stats = SessionStats(tests=int(data["totals"]["tests"]), silent_workers=list(data.get("silent_workers", [])))
-    for record in data.get("tests", []):
-        stats.add_record(ItemRecord.from_json(record))
-    text = report.markdown(stats, where=f"{data.get('mode')}:{data.get('cache_dir')}",
-                           restore=data.get("restore"), save=data.get("save"))
+    try:
+        data = json.loads(Path(args.json_report).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read {args.json_report}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{args.json_report} is not JSON: {exc}") from None
+    try:
+        stats = SessionStats(tests=int(data["totals"]["tests"]), silent_workers=list(data.get("silent_workers", [])))
+        for record in data.get("tests", []):
+            stats.add_record(ItemRecord.from_json(record))
+        restore, save = data.get("restore"), data.get("save")
+        if not all(part is None or isinstance(part, dict) for part in (restore, save)):
+            raise TypeError("restore and save must be objects")
+        text = report.markdown(stats, where=f"{data.get('mode')}:{data.get('cache_dir')}", restore=restore, save=save)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"{args.json_report} is not a --compile-cache-json report ({type(exc).__name__}: {exc})") from None
     target = os.environ.get("GITHUB_STEP_SUMMARY") if args.summary else None
     if target:
-        with open(target, "a", encoding="utf-8") as fh:
-            fh.write(text + "\n")
+        ghrunner.append_summary(target, text)
     else:
         print(text)
     return EXIT_OK
 
 
 def _warn(message: str) -> None:
-    print(f"CompileCacheWarning: {message}", file=sys.stderr)
-    if os.environ.get("GITHUB_ACTIONS") == "true":
-        print(f"::warning title=compile cache::{message}")
+    print(f"CompileCacheWarning: {ghrunner.one_line(message)}", file=sys.stderr)
+    if ghrunner.in_github_actions():
+        ghrunner.write_command(sys.stdout, "warning", message, title="compile cache")
 
 
 def _positive(value: str) -> int:
@@ -312,10 +370,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {ghrunner.one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except (BundleError, StoreError, OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {ghrunner.one_line(str(exc))}", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as exc:  # a bug or an SDK surprise: still one line, and the cause for a bug report
+        print(f"error: {type(exc).__name__}: {ghrunner.one_line(str(exc))}", file=sys.stderr)
         return EXIT_FAILED
 
 

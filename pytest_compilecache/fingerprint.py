@@ -55,7 +55,21 @@ def collect(salt: str = "", device: Mapping[str, Any] | None = None) -> Fingerpr
 
 
 def device_facts(device: Mapping[str, Any]) -> dict[str, str]:
-    """Flatten recorded device facts (``{"cuda", "hip", "triton", "gpus": [{"name", "capability"}]}``)."""
+    """Flatten recorded device facts (``{"cuda", "hip", "triton", "gpus": [{"name", "capability"}]}``).
+
+    Raises :class:`ConfigError` when recorded facts have another shape (they come from a user's file).
+    """
+    from . import ConfigError
+
+    gpus = device.get("gpus") if isinstance(device, Mapping) else None
+    if not isinstance(device, Mapping) or not isinstance(gpus or [], list) or not all(
+        isinstance(g, Mapping) and isinstance(g.get("name"), str) and isinstance(g.get("capability"), str)
+        for g in gpus or []
+    ):
+        raise ConfigError(
+            'device facts: expected {"cuda": str, "hip": str, "triton": str, '
+            '"gpus": [{"name": str, "capability": str}, ...]}'
+        )
     facts = {
         "cuda": str(device.get("cuda") or "none"),
         "hip": str(device.get("hip") or "none"),

@@ -1,15 +1,22 @@
-"""pytest hooks: options, early environment set-up, per-test capture, reports. Thin by design.
+"""pytest hooks: options, early environment set-up, the marker, per-test capture. Thin by design.
 
-The work lives in :mod:`session` (what one pytest process does) and below. Nothing here imports torch:
-a session that never imports torch pays only for option parsing and a few dict operations per test.
+The first hook that runs (``pytest_load_initial_conftests``, before any conftest can import torch)
+makes the :class:`~pytest_compilecache.session.Setup`; ``pytest_configure`` then chooses the process's
+role once - a :class:`~pytest_compilecache.session.Controller` (a plain session or the xdist controller)
+or a :class:`~pytest_compilecache.session.Worker` - and every later hook only delegates to it. Printing
+happens here and nowhere else. Nothing here imports torch: a session that never imports torch pays for
+option parsing and a few dict operations per test.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 from typing import Generator
+from typing import Union
 
 import pytest
 
@@ -21,8 +28,17 @@ from .settings import OPTIONS
 from .settings import Settings
 from .settings import resolve
 
-_SESSION = pytest.StashKey["Any"]()
-_MARK = pytest.StashKey["Any"]()
+if TYPE_CHECKING:
+    from .session import Controller
+    from .session import Recorder
+    from .session import Setup
+    from .session import Worker
+    from .stats import CompileCacheStats
+
+_SETUP = pytest.StashKey["Setup"]()
+_ROLE = pytest.StashKey["Union[Controller, Worker]"]()
+_MARKED = pytest.StashKey["dict[str, str]"]()
+_MARK = pytest.StashKey["probe.Mark"]()
 
 MARKER = "compile_cache"
 
@@ -57,27 +73,40 @@ def _settings(config: pytest.Config) -> Settings:
         raise pytest.UsageError(str(exc)) from None
 
 
-def _start(config: pytest.Config) -> Any:
+def _setup(config: pytest.Config) -> Setup:
     """Decide the cache dir and export it, once per process, before anything imports torch."""
-    if _SESSION in config.stash:
-        return config.stash[_SESSION]
-    from .session import CompileCacheSession
+    if _SETUP in config.stash:
+        return config.stash[_SETUP]
+    from .problems import Problems
+    from .problems import filter_classifier
+    from .session import Setup
 
     settings = _settings(config)
-    inherited = _inherited()
+    problems = Problems(strict=settings.strict, classify=filter_classifier(*_warning_filters(config)))
     try:
-        session = CompileCacheSession.start(settings, _default_shared(config), inherited=inherited)
+        setup = Setup.start(settings, _default_shared(config), inherited=_inherited(), problems=problems)
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
-    config.stash[_SESSION] = session
-    return session
+    config.stash[_SETUP] = setup
+    return setup
+
+
+def _warning_filters(config: pytest.Config) -> tuple[list[str], list[str]]:
+    """pytest's ``filterwarnings`` (ini) and ``-W`` values, which our CompileCacheWarning obeys."""
+    try:
+        ini = [str(line) for line in config.getini("filterwarnings")]
+    except ValueError:
+        ini = []
+    namespace = getattr(config, "known_args_namespace", config.option)
+    return ini, list(getattr(namespace, "pythonwarnings", None) or [])
 
 
 def _inherited() -> str | None:
-    """The controller's decision, when this process is one of its xdist workers (a direct child).
+    """The controller's cache-dir decision, when this process is one of its xdist workers (a direct child).
 
-    A pytest started by a test inside a worker also sees PYTEST_XDIST_WORKER, but is not a child of
-    the controller: it makes its own decision.
+    Needed in the first hook, before xdist sets ``config.workerinput`` (which decides the *role* later).
+    A pytest started by a test inside a worker also sees PYTEST_XDIST_WORKER, but is not a child of the
+    controller: it makes its own decision.
     """
     value = os.environ.get(SESSION_ENV)
     if not value or not os.environ.get("PYTEST_XDIST_WORKER"):
@@ -97,13 +126,21 @@ def _default_shared(config: pytest.Config) -> Path:
     return base / "d" / "compilecache"
 
 
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
-    _start(early_config)
+    _setup(early_config)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    from .session import Controller
+    from .session import Recorder
+    from .session import Worker
+
     if _inherited() is not None:
         # The controller already honoured --cache-clear; a worker clearing .pytest_cache/d again would
         # delete the restored shared dir, possibly while another worker compiles into it.
@@ -113,30 +150,30 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{MARKER}(mode): 'isolated' compiles this test cold in its own fresh cache dir; 'disabled' turns "
         "torch's compile caches off for it. Everything is put back afterwards.",
     )
-    session = _start(config)
-    session.is_worker = hasattr(config, "workerinput")
+    setup = _setup(config)
+    if _is_worker(config):
+        recorder = Recorder(os.environ.get("PYTEST_XDIST_WORKER", "worker"))
+        config.stash[_ROLE] = Worker(setup, recorder)
+    else:
+        config.stash[_ROLE] = Controller(setup, Recorder("controller"))
+    config.stash[_MARKED] = {}
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    session = config.stash.get(_SESSION, None)
-    if session is not None:
-        session.close()
+    setup = config.stash.get(_SETUP, None)
+    if setup is not None:
+        setup.close()
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
-    session = config.stash.get(_SESSION, None)
-    return session.header() if session is not None else None
+    setup = config.stash.get(_SETUP, None)
+    return setup.header() if setup is not None else None
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Restore a bundle before the first compile and before xdist starts its workers."""
-    state = session.config.stash[_SESSION]
-    # --cache-clear (pytest's cacheprovider, in pytest_configure) may have removed a shared dir under
-    # .pytest_cache since load_initial_conftests: make it again. Racing workers are fine (atomic).
-    state.ensure_dir()
-    if not state.is_worker:
-        state.restore()
+    session.config.stash[_ROLE].session_start()
 
 
 # ---- per-test capture
@@ -146,10 +183,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
-    state = item.config.stash[_SESSION]
-    mode = state.marked.get(item.nodeid) if state.marked else None
+    config = item.config
+    recorder = config.stash[_ROLE].recorder
+    marked = config.stash[_MARKED]
+    mode = marked.get(item.nodeid) if marked else None
     isolation = probe.isolated_compile(disable=mode == "disabled") if mode else None
-    start = item.stash[_MARK] = probe.mark()
+    start = item.stash[_MARK] = recorder.start()
     try:
         if isolation is not None:
             isolation.__enter__()
@@ -157,7 +196,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     finally:
         if isolation is not None:
             isolation.__exit__(None, None, None)
-        state.record(item.nodeid, probe.delta(start))
+        recorder.finish(item.nodeid, start)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -177,7 +216,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             marked[item.nodeid] = mode
         elif _BAD_MARKER not in getattr(item, "fixturenames", [_BAD_MARKER]):
             item.fixturenames.insert(0, _BAD_MARKER)  # type: ignore[attr-defined]
-    config.stash[_SESSION].marked = marked
+    config.stash[_MARKED] = marked
 
 
 _BAD_MARKER = "_compile_cache_bad_marker"
@@ -205,12 +244,10 @@ def _closest_marker(node: Any, memo: dict[int, Any]) -> Any:
 
 
 @pytest.fixture
-def compile_cache_stats(request: pytest.FixtureRequest) -> Any:
+def compile_cache_stats(request: pytest.FixtureRequest) -> CompileCacheStats:
     """The current test's compile record, live: ``compile_cache_stats.fxgraph["miss"] == 0``."""
-    from .session import LiveRecord
-
     item = request.node
-    return LiveRecord(item.nodeid, item.stash.get(_MARK, None))
+    return request.config.stash[_ROLE].recorder.live(item.nodeid, item.stash.get(_MARK, None))
 
 
 # ---- xdist (optional)
@@ -220,7 +257,8 @@ def compile_cache_stats(request: pytest.FixtureRequest) -> Any:
 def pytest_testnodedown(node: Any, error: Any) -> None:
     output = getattr(node, "workeroutput", {}) or {}
     worker = output.get("workerid") or getattr(getattr(node, "gateway", None), "id", "?")
-    node.config.stash[_SESSION].add_worker_output(worker, output.get("compilecache"))
+    role = node.config.stash[_ROLE]
+    role.add_worker(worker, output.get("compilecache"))
 
 
 # ---- session end
@@ -228,22 +266,42 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
-    state = config.stash[_SESSION]
-    if hasattr(config, "workerinput"):
-        config.workeroutput["compilecache"] = state.worker_output()  # type: ignore[attr-defined]
+    role = config.stash[_ROLE]
+    if isinstance(role, _worker_class()):
+        config.workeroutput["compilecache"] = role.output()  # type: ignore[attr-defined]
         return
-    failed = state.finish(verbose=config.option.verbose > 0)
-    if failed and session.exitstatus == pytest.ExitCode.OK:
+    if role.finish() and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def _worker_class() -> type[Worker]:
+    from .session import Worker
+
+    return Worker
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    state = config.stash.get(_SESSION, None)
-    if state is None or hasattr(config, "workerinput"):
+    role = config.stash.get(_ROLE, None)
+    if role is None or isinstance(role, _worker_class()):
         return
-    lines = state.terminal_lines(verbose=config.option.verbose > 0)
-    if not lines:
+    lines = role.terminal_lines(verbose=config.option.verbose > 0)
+    if lines:
+        terminalreporter.write_sep("-", "compile cache")
+        for line, markup in lines:
+            terminalreporter.write_line(line, **markup)
+    _github_commands(role)
+
+
+def _github_commands(role: Controller) -> None:
+    """Inside a GitHub Actions job, each warning and error also becomes an annotation (escaped)."""
+    from .ghrunner import in_github_actions
+    from .ghrunner import write_command
+
+    if not in_github_actions():
         return
-    terminalreporter.write_sep("-", "compile cache")
-    for line, markup in lines:
-        terminalreporter.write_line(line, **markup)
+    for message in role.problems.warnings:
+        if message in role.problems.errors:
+            continue  # one annotation per problem: the error below
+        write_command(sys.stdout, "warning", message, title="compile cache")
+    for message in role.problems.errors:
+        write_command(sys.stdout, "error", message, title="compile cache")

@@ -10,6 +10,8 @@ import math
 from typing import Any
 from typing import Mapping
 
+from .ghrunner import md_code
+from .ghrunner import md_text
 from .stats import SessionStats
 from .stats import hit_rate
 
@@ -132,7 +134,7 @@ def markdown(
         "",
         f"{_plural(fx['hit'], 'FX-graph hit')}, {_plural(fx['miss'], 'miss')}, {_plural(fx['bypass'], 'bypass')}; "
         f"{len(compiled)} of {stats.tests} tests compiled, {stats.compile_seconds:.1f} s compiling "
-        f"(`{_cell(where)}`).",
+        f"({md_code(where)}).",
         "",
         "| layer | hit | miss | bypass | guard miss |",
         "|---|---:|---:|---:|---:|",
@@ -145,17 +147,17 @@ def markdown(
     head.append("")
     for kind, info in (("restore", restore), ("save", save)):
         if info:
-            head.append(f"- {_cell(transfer_line(kind, info))}")
+            head.append(f"- {md_text(transfer_line(kind, info))}")
     if stats.silent_workers:
-        head.append(f"- workers that sent no statistics: {', '.join(stats.silent_workers)}")
+        head.append(f"- workers that sent no statistics: {md_text(', '.join(stats.silent_workers))}")
     head.append("")
     slowest = [
-        f"| {r.compile_seconds:.2f} | {r.fxgraph['hit']} | {r.fxgraph['miss']} | {r.frames} | `{_cell(r.nodeid)}` |"
+        f"| {r.compile_seconds:.2f} | {r.fxgraph['hit']} | {r.fxgraph['miss']} | {r.frames} | {md_code(r.nodeid)} |"
         for r in compiled
     ]
     missed = [
-        f"| {r.fxgraph['miss']} | {r.aotautograd['miss']} | `{_cell(r.nodeid)}` | "
-        f"{_cell('; '.join(r.bypass_reasons))} |"
+        f"| {r.fxgraph['miss']} | {r.aotautograd['miss']} | {md_code(r.nodeid)} | "
+        f"{md_text('; '.join(r.bypass_reasons))} |"
         for r in sorted(compiled, key=lambda r: (-r.fxgraph["miss"], r.nodeid))
         if r.fxgraph["miss"] or r.fxgraph["bypass"]
     ]
@@ -192,6 +194,3 @@ def _truncate(text: str, limit: int) -> str:
         return text
     return data[:limit].decode("utf-8", errors="ignore")
 
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("`", "'").replace("\n", " ")

@@ -1,7 +1,17 @@
-"""What one pytest process does for the plugin: the controller's and the workers' roles.
+"""What the plugin does in one pytest process: a set-up decided once, then one of two roles.
 
-The hooks in :mod:`plugin` call into :class:`CompileCacheSession`; it owns the session cache dir, the
-statistics, the restore and the save. It knows nothing of pytest's objects (it gets plain values).
+* :class:`Setup` - decided in the first hook, before anything imports torch: the settings, the session
+  cache dir (a worker follows its controller's), the environment it exports (leased, put back at the
+  end), the store it will use. Shared by both roles.
+* :class:`Controller` - a plain session or an xdist controller: restores the bundle before the first
+  compile, merges what workers send, then at the end saves, trims, writes the JSON and the step summary
+  and decides whether the session fails (hit-rate guard, strict).
+* :class:`Worker` - an xdist worker: records its tests and sends records, its mega-cache blob and the
+  files it used to the controller; it never restores, saves or writes a report.
+
+Both roles record through a :class:`Recorder` (statistics + probe) and report trouble through one
+:class:`~pytest_compilecache.problems.Problems`. Nothing here imports pytest (the hooks in
+:mod:`plugin` pass plain values) or torch (only :mod:`probe` does, lazily).
 """
 
 from __future__ import annotations
@@ -9,83 +19,89 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import sys
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 from typing import Mapping
 
 from . import ConfigError
 from . import cachedir
+from . import probe
 from . import report
+from ._env import EnvLease
 from ._fs import atomic_file
 from .cachedir import SESSION_ENV
 from .cachedir import SessionDir
+from .ghrunner import append_summary
+from .problems import Problems
 from .settings import Settings
+from .stats import CompileCacheStats
 from .stats import ItemRecord
 from .stats import SessionStats
 
-_TOUCHED_ENV = (
+if TYPE_CHECKING:
+    from .fingerprint import Fingerprint
+    from .stores import Store
+    from .sync import Transfer
+
+# Every variable the plugin may set for torch; the lease puts them all back at the end.
+TOUCHED_ENV = (
     "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_FORCE_DISABLE_CACHES", SESSION_ENV,
     "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE", "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE",
     "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE", "TORCHINDUCTOR_REDIS_URL", "TORCHINDUCTOR_REDIS_HOST",
     "TORCHINDUCTOR_REDIS_PORT",
 )
+# The Action restores before pytest runs (``--compile-cache-restore=skip``) and tells the plugin how
+# that went, so that a failed restore never fails the session through the hit-rate guard.
+ACTION_RESTORE_ENV = "PYTEST_COMPILECACHE_RESTORED"
 
 
-class CompileCacheSession:
-    """The plugin's state in one process (the controller, a worker, or a plain session)."""
+@dataclass
+class Setup:
+    """The decisions made once per process before torch is imported; see the module docstring."""
 
-    def __init__(self, settings: Settings, session_dir: SessionDir, saved_env: dict[str, str | None]) -> None:
-        self.settings = settings
-        self.dir = session_dir
-        self.saved_env = saved_env
-        self.is_worker = False
-        self.stats = SessionStats()
-        self.notes: list[str] = []
-        self.warnings: list[str] = []
-        self.errors: list[str] = []
-        self.restored: dict[str, Any] | None = None
-        self.saved: dict[str, Any] | None = None
-        self.blobs: dict[str, bytes] = {}
-        self.files: set[str] = set()
-        self.workers: list[str] = []
-        self.marked: dict[str, str] = {}  # nodeid -> "isolated" | "disabled", from the marker
-        self._fingerprint: Any = None
-
-    # ---- start
+    settings: Settings
+    dir: SessionDir
+    lease: EnvLease
+    problems: Problems
+    follows_controller: bool = False
+    _fingerprint: Fingerprint | None = field(default=None, repr=False)
 
     @classmethod
-    def start(cls, settings: Settings, default_shared: Path, inherited: str | None = None) -> CompileCacheSession:
-        """Decide and export the session cache dir (a worker follows its controller's ``inherited`` one)."""
-        saved = {name: os.environ.get(name) for name in _TOUCHED_ENV}
+    def start(cls, settings: Settings, default_shared: Path, *, inherited: str | None, problems: Problems) -> Setup:
+        """Decide and export the session cache dir (an xdist worker follows its controller's ``inherited``).
+
+        Raises :class:`ConfigError` for an unusable dir or store URL (no I/O happens for the store).
+        """
+        lease = EnvLease(TOUCHED_ENV)
         if settings.store:
-            open_configured_store(settings)  # a malformed store URL fails at start-up; no I/O happens here
+            open_configured_store(settings)  # a malformed store URL fails at start-up
         if inherited:
             session_dir = SessionDir.from_env(inherited)
         else:
             session_dir = cachedir.decide(settings.effective_mode, settings.dir, default_shared)
-        session = cls(settings, session_dir, saved)
+        setup = cls(settings, session_dir, lease, problems, follows_controller=bool(inherited))
         if session_dir.owned and not settings.keep:
             # Also when pytest stops before the session ends (--help, a usage error, a broken conftest).
             atexit.register(cachedir.remove, session_dir)
         if not inherited:
-            session._export()
-        return session
+            setup._export()
+        return setup
 
     def _export(self) -> None:
-        from . import probe
-
         mode = self.dir.mode
         if mode is None and not self.settings.redis:
             return
-        os.environ[SESSION_ENV] = self.dir.to_env()
+        self.lease.set({SESSION_ENV: self.dir.to_env()})
         note = None
         if mode in ("shared", "isolated"):
             note = probe.point_cache_dir(self.dir.path)
         elif mode == "disabled":
             note = probe.point_cache_dir(None, disable=True)
         if note:
-            self.notes.append(note)
+            self.problems.note(note)
         if self.settings.redis:
             self._enable_redis(self.settings.redis)
 
@@ -95,16 +111,21 @@ class CompileCacheSession:
 
         problem = remote.check_redis(url)
         if problem:
-            self.warn(f"redis at {remote.redacted(url)} unreachable ({problem}); remote caches stay off")
+            self.problems.warn(f"redis at {remote.redacted(url)} unreachable ({problem}); remote caches stay off")
             return
-        os.environ.update(remote.redis_env(url))
+        self.lease.set(dict(remote.redis_env(url)))
+
+    @property
+    def redis_on(self) -> bool:
+        return bool(self.settings.redis) and bool(os.environ.get("TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE"))
 
     def ensure_dir(self) -> None:
+        """Re-make a shared dir that ``--cache-clear`` removed since start-up (racing workers are fine)."""
         if self.dir.mode == "shared" and self.dir.path and not os.path.isdir(self.dir.path):
             try:
                 cachedir.make_dir(Path(self.dir.path))
             except ConfigError as exc:
-                self.warn(str(exc))
+                self.problems.warn(str(exc))
 
     def header(self) -> str | None:
         if self.dir.mode is None and not self.settings.redis:
@@ -112,90 +133,137 @@ class CompileCacheSession:
         from .remote import redacted
 
         extra = f", redis {redacted(self.settings.redis)}" if self.settings.redis else ""
-        if self.settings.redis and not os.environ.get("TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE"):
+        if self.settings.redis and not self.redis_on:
             extra += " (unreachable, off)"
         store = f", store {self.settings.store}" if self.settings.store else ""
         return f"compile cache: {self.dir.describe()}{store}{extra}"
-
-    def close(self) -> None:
-        """Put the environment back as it was (matters when pytest runs in-process, e.g. pytester)."""
-        for name, value in self.saved_env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-    def warn(self, message: str) -> None:
-        """Infrastructure trouble: one line, the session goes on cold (or fails later, if strict)."""
-        self.warnings.append(message)
-        if self.settings.strict:
-            self.errors.append(message)
-
-    # ---- bundles
 
     @property
     def saving(self) -> bool:
         return bool(self.settings.store) and not self.settings.readonly and self.dir.path is not None
 
-    def fingerprint(self) -> Any:
+    def fingerprint(self) -> Fingerprint:
         if self._fingerprint is None:
             from .fingerprint import collect
 
             self._fingerprint = collect(salt=self.settings.key_salt)
         return self._fingerprint
 
-    def _store(self) -> Any:
-        return open_configured_store(self.settings)
+    def close(self) -> None:
+        """Put the environment back as it was (matters when pytest runs in-process, e.g. pytester)."""
+        self.lease.restore()
 
-    def restore(self) -> None:
-        """Controller, at session start: restore the newest matching bundle into the session dir."""
-        if not self.settings.store or self.settings.restore == "skip" or not self.dir.path:
-            return
-        from . import sync
 
-        try:
-            store = self._store()
-            self.fingerprint()
-        except Exception as exc:  # a store or fingerprint that cannot even be set up: infrastructure trouble
-            self.warn(f"restore skipped: {type(exc).__name__}: {exc}")
-            self.restored = {"outcome": "error", "message": str(exc)}
-            return
-        result = sync.restore(
-            store, prefix=self.settings.key_prefix, fingerprint=self.fingerprint(),
-            cache_dir=self.dir.path, signing_key=self.settings.signing_key,
-        )
-        self.restored = result.to_json()
-        if not result.ok:
-            self.warn(result.message)
+class Recorder:
+    """Per-test statistics of one process: the hot path is :meth:`start` / :meth:`finish` per test."""
 
-    # ---- statistics
+    def __init__(self, worker: str) -> None:
+        self.worker = worker
+        self.stats = SessionStats()
+
+    start = staticmethod(probe.mark)
+
+    def finish(self, nodeid: str, mark: probe.Mark) -> None:
+        self.record(nodeid, probe.delta(mark))
 
     def record(self, nodeid: str, delta: Mapping[str, Any]) -> None:
-        """Count one finished test and keep its record when it compiled (the per-test hot path)."""
+        """Count one finished test and keep its record when it compiled."""
         self.stats.tests += 1
         if delta:
-            record = ItemRecord(nodeid=nodeid, worker=self.worker_id)
+            record = ItemRecord(nodeid=nodeid, worker=self.worker)
             record.add(delta)
             if record.compiled:
                 self.stats.add_record(record)
 
-    @property
-    def worker_id(self) -> str:
-        return os.environ.get("PYTEST_XDIST_WORKER", "controller")
+    @staticmethod
+    def live(nodeid: str, mark: probe.Mark | None) -> CompileCacheStats:
+        """The ``compile_cache_stats`` fixture's object for a test that started at ``mark``."""
+        return CompileCacheStats(nodeid, lambda: probe.delta(mark) if mark is not None else {})
 
-    def worker_output(self) -> dict[str, Any]:
-        """A worker's payload for the controller: records, test count, mega-cache blob, files used."""
-        from . import probe
+    @staticmethod
+    def artifacts(setup: Setup) -> tuple[bytes | None, list[str]]:
+        """This process's mega-cache blob (only when saving) and the cache-dir files it used.
 
-        loaded = probe.dynamo_loaded()
+        Call at most once per process: a second ``save_cache_artifacts`` spoils later loads (torch 2.8+).
+        """
+        if not probe.dynamo_loaded():
+            return None, []
+        blob = probe.save_artifacts() if setup.saving else None
+        files = probe.used_files(setup.dir.path) if setup.dir.path else []
+        return blob, files
+
+
+class Worker:
+    """An xdist worker: records tests; at the end hands everything to the controller."""
+
+    def __init__(self, setup: Setup, recorder: Recorder) -> None:
+        self.setup = setup
+        self.recorder = recorder
+
+    def session_start(self) -> None:
+        self.setup.ensure_dir()
+
+    def output(self) -> dict[str, Any]:
+        """The payload for the controller (plain JSON-able values, sent through ``workeroutput``)."""
+        blob, files = Recorder.artifacts(self.setup)
         return {
-            "tests": self.stats.tests,
-            "records": [r.to_json() for r in self.stats.records.values()],
-            "blob": probe.save_artifacts() if self.saving and loaded else None,
-            "files": probe.used_files(self.dir.path) if self.dir.path and loaded else [],
+            "tests": self.recorder.stats.tests,
+            "records": [r.to_json() for r in self.recorder.stats.records.values()],
+            "blob": blob,
+            "files": files,
+            "problems": self.setup.problems.to_json(),
         }
 
-    def add_worker_output(self, worker: str, output: Mapping[str, Any] | None) -> None:
+
+class Controller:
+    """A plain session or an xdist controller; see the module docstring."""
+
+    def __init__(self, setup: Setup, recorder: Recorder) -> None:
+        self.setup = setup
+        self.recorder = recorder
+        self.problems = setup.problems
+        self.restored: Transfer | None = None
+        self.saved: Transfer | None = None
+        self.blobs: dict[str, bytes] = {}
+        self.files: set[str] = set()
+        self.workers: list[str] = []
+
+    @property
+    def settings(self) -> Settings:
+        return self.setup.settings
+
+    @property
+    def stats(self) -> SessionStats:
+        return self.recorder.stats
+
+    # ---- start
+
+    def session_start(self) -> None:
+        """Before the first compile and before xdist starts workers: restore the newest matching bundle."""
+        self.setup.ensure_dir()
+        if self.settings.restore == "skip":
+            self.restored = action_restore_result(os.environ.get(ACTION_RESTORE_ENV))
+            return
+        if not self.settings.store or not self.setup.dir.path:
+            return
+        from . import sync
+
+        try:
+            store = open_configured_store(self.settings)
+            fingerprint = self.setup.fingerprint()
+        except Exception as exc:  # a store or fingerprint that cannot even be set up: infrastructure trouble
+            self.restored = sync.Transfer("error", message=f"restore skipped: {type(exc).__name__}: {exc}")
+        else:
+            self.restored = sync.restore(
+                store, prefix=self.settings.key_prefix, fingerprint=fingerprint,
+                cache_dir=self.setup.dir.path, signing_key=self.settings.signing_key,
+            )
+        if not self.restored.ok:
+            self.problems.warn(self.restored.message)
+
+    # ---- workers
+
+    def add_worker(self, worker: str, output: Mapping[str, Any] | None) -> None:
         """Merge what a worker sent; a worker that sent nothing (it crashed) is listed, not fatal."""
         self.workers.append(worker)
         if not output:
@@ -207,84 +275,91 @@ class CompileCacheSession:
         if output.get("blob"):
             self.blobs[worker] = bytes(output["blob"])
         self.files.update(output.get("files") or [])
+        self.problems.merge(output.get("problems"))
 
-    # ---- finish (controller)
+    # ---- finish
 
-    def finish(self, verbose: bool = False) -> bool:
-        """Save, evict, write reports; return True when the session must fail (hit rate, strict)."""
-        from . import probe
-
-        if not self.workers and probe.dynamo_loaded():
-            own = self.worker_output()
-            if own["blob"]:
-                self.blobs["controller"] = own["blob"]
-            self.files.update(own["files"])
-        if self.dir.path and self.files:
-            cachedir.touch(self.dir.path, sorted(self.files))
+    def finish(self) -> bool:
+        """Save, trim, write reports; return True when the session must fail (hit rate, strict)."""
+        if not self.workers:
+            blob, files = Recorder.artifacts(self.setup)
+            if blob:
+                self.blobs["controller"] = blob
+            self.files.update(files)
+        if self.setup.dir.path and self.files:
+            cachedir.touch(self.setup.dir.path, sorted(self.files))
         if self.settings.redis and probe.dynamo_loaded() and not probe.remote_counts_available():
-            self.notes.append("this torch reports remote FX-graph counts only (AOTAutograd remote counts need 2.11+)")
-        if self.saving:
+            self.problems.note("this torch reports remote FX-graph counts only (AOTAutograd remote counts need 2.11+)")
+        if self.setup.saving:
             self._save()
         self._evict()
         self._write_json()
         self._write_step_summary()
         if not self.settings.keep:
-            cachedir.remove(self.dir)
+            cachedir.remove(self.setup.dir)
+        self._check_hit_rate()
+        return bool(self.problems.errors)
+
+    def _check_hit_rate(self) -> None:
         rate, floor = self.stats.hit_rate, self.settings.min_hit_rate
-        if floor is not None and rate is not None and rate < floor:
-            message = f"hit rate {report.percent(rate)} is below --compile-cache-min-hit-rate={floor:g}"
-            if self.restored and self.restored.get("outcome") == "error" and not self.settings.strict:
-                # The restore failed: a cold run is infrastructure trouble, which never fails a session.
-                self.notes.append(message + " (the restore failed: not failing the session)")
-            else:
-                self.errors.append(message)
-        return bool(self.errors)
+        if floor is None or rate is None or rate >= floor:
+            return
+        message = f"hit rate {report.percent(rate)} is below --compile-cache-min-hit-rate={floor:g}"
+        if self.restored is not None and not self.restored.ok and not self.settings.strict:
+            # The restore failed (here or in the Action): a cold run is infrastructure trouble.
+            self.problems.note(message + " (the restore failed: not failing the session)")
+        else:
+            self.problems.error(message)
 
     def _save(self) -> None:
         from . import sync
         from .fingerprint import default_suffix
 
-        restored = self.settings.restore == "skip" or (
-            self.restored is not None and self.restored.get("outcome") in ("exact", "partial")
-        )
+        if self.restored is not None:
+            restored = self.restored.outcome in ("exact", "partial")
+        else:  # restored by someone else (the Action, an earlier CLI step) who did not say how it went
+            restored = self.settings.restore == "skip"
         if restored and self.stats.hits and not self.stats.misses:
             # Every graph came from the restored cache: a new bundle would only repeat the old one.
-            self.saved = {"outcome": "skipped", "message": "every graph hit the restored cache; nothing new to save"}
+            self.saved = sync.Transfer("skipped", message="every graph hit the restored cache; nothing new to save")
             return
         try:
-            store = self._store()
-            self.fingerprint()
+            store = open_configured_store(self.settings)
+            fingerprint = self.setup.fingerprint()
         except Exception as exc:
-            self.warn(f"save skipped: {type(exc).__name__}: {exc}")
+            self.problems.warn(f"save skipped: {type(exc).__name__}: {exc}")
             return
-        result = sync.save(
-            store, prefix=self.settings.key_prefix, fingerprint=self.fingerprint(),
-            suffix=self.settings.run_suffix or default_suffix(), cache_dir=self.dir.path or "",
+        self.saved = sync.save(
+            store, prefix=self.settings.key_prefix, fingerprint=fingerprint,
+            suffix=self.settings.run_suffix or default_suffix(), cache_dir=self.setup.dir.path or "",
             blobs=self.blobs, files=sorted(self.files), stats=self.stats.totals_json(),
             signing_key=self.settings.signing_key, keep=self.settings.keep_bundles,
         )
-        self.saved = result.to_json()
-        if not result.ok:
-            self.warn(result.message)
+        if not self.saved.ok:
+            self.problems.warn(self.saved.message)
 
     def _evict(self) -> None:
-        if self.dir.mode != "shared" or not self.dir.path or not self.settings.max_size:
+        path = self.setup.dir.path
+        if self.setup.dir.mode != "shared" or not path or not self.settings.max_size:
             return
         try:
-            with cachedir.lock(self.dir.path):
-                removed, freed = cachedir.evict(self.dir.path, self.settings.max_size)
+            with cachedir.lock(path):
+                removed, freed = cachedir.evict(path, self.settings.max_size)
         except Exception as exc:
-            self.warn(f"could not trim the cache dir: {exc}")
+            self.problems.warn(f"could not trim the cache dir: {exc}")
             return
         if removed:
-            self.notes.append(f"trimmed the cache dir: {removed} files, {report.human_size(freed)} least recently used")
+            self.problems.note(
+                f"trimmed the cache dir: {removed} files, {report.human_size(freed)} least recently used"
+            )
 
-    def _json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         data = report.to_json(
-            self.stats, mode=self.dir.mode, cache_dir=self.dir.path, restore=self.restored,
-            save=self.saved, notes=self.notes,
+            self.stats, mode=self.setup.dir.mode, cache_dir=self.setup.dir.path,
+            restore=self.restored.to_json() if self.restored else None,
+            save=self.saved.to_json() if self.saved else None, notes=self.problems.notes,
         )
-        data["warnings"] = list(self.warnings)
+        data["warnings"] = list(self.problems.warnings)
         return data
 
     def _write_json(self) -> None:
@@ -294,76 +369,71 @@ class CompileCacheSession:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with atomic_file(path, fsync=False) as fh:
-                fh.write((json.dumps(self._json(), indent=2) + "\n").encode())
+                fh.write((json.dumps(self.to_json(), indent=2) + "\n").encode())
         except OSError as exc:
-            self.warn(f"could not write --compile-cache-json={path}: {exc.strerror}")
+            self.problems.warn(f"could not write --compile-cache-json={path}: {exc.strerror}")
 
     def _write_step_summary(self) -> None:
         target = os.environ.get("GITHUB_STEP_SUMMARY")
         if self.settings.summary == "off" or not target or not self._worth_reporting():
             return
-        text = report.markdown(self.stats, where=self.dir.describe(), restore=self.restored, save=self.saved)
+        text = report.markdown(
+            self.stats, where=self.setup.dir.describe(),
+            restore=self.restored.to_json() if self.restored else None,
+            save=self.saved.to_json() if self.saved else None,
+        )
         try:
-            with open(target, "a", encoding="utf-8") as fh:
-                fh.write(text + "\n")
+            append_summary(target, text)
         except OSError as exc:
-            self.warn(f"could not append to GITHUB_STEP_SUMMARY: {exc.strerror}")
+            self.problems.warn(f"could not append to GITHUB_STEP_SUMMARY: {exc.strerror}")
 
     def _worth_reporting(self) -> bool:
-        return self.stats.anything_compiled or bool(self.restored or self.saved or self.warnings)
+        return self.stats.anything_compiled or bool(self.restored or self.saved or self.problems.warnings)
 
     # ---- terminal
 
     def terminal_lines(self, verbose: bool = False) -> list[tuple[str, dict[str, bool]]]:
+        """The "compile cache" section: pure rendering of what the session did (printed by the plugin)."""
         lines: list[tuple[str, dict[str, bool]]] = []
-        if self.settings.report == "none" and not (self.warnings or self.errors):
+        settings, problems = self.settings, self.problems
+        if settings.report == "none" and not (problems.warnings or problems.errors):
             return lines
-        if self.settings.report != "none" and self._worth_reporting():
-            lines.append((report.summary_line(self.stats, self.dir.describe()), {}))
+        if settings.report != "none" and self._worth_reporting():
+            lines.append((report.summary_line(self.stats, self.setup.dir.describe()), {}))
             for kind, info in (("restore", self.restored), ("save", self.saved)):
                 if info:
-                    lines.append((report.transfer_line(kind, info), {}))
+                    lines.append((report.transfer_line(kind, info.to_json()), {}))
             if self.stats.silent_workers:
                 silent = ", ".join(self.stats.silent_workers)
                 lines.append((f"workers that sent no statistics: {silent}", {"yellow": True}))
-            if verbose or self.settings.report == "full":
+            if verbose or settings.report == "full":
                 lines.extend((line, {}) for line in report.table_lines(self.stats))
-            lines.extend((f"note: {note}", {}) for note in self.notes)
-        for message in self.warnings:
-            lines.append((f"CompileCacheWarning: {message}", {"yellow": True}))
-            if os.environ.get("GITHUB_ACTIONS") == "true":
-                sys.stdout.write(f"::warning title=compile cache::{message}\n")
-        for message in self.errors:
-            lines.append((f"compile cache FAILED: {message}", {"red": True, "bold": True}))
+            lines.extend((f"note: {note}", {}) for note in problems.notes)
+        lines.extend((f"CompileCacheWarning: {message}", {"yellow": True}) for message in problems.warnings)
+        lines.extend((f"compile cache FAILED: {message}", {"red": True, "bold": True}) for message in problems.errors)
         return lines
 
 
-def open_configured_store(settings: Settings) -> Any:
+def open_configured_store(settings: Settings) -> Store:
     """The store named by ``--compile-cache-store``; raises ConfigError for a malformed URL (no I/O)."""
     from .stores import open_store
 
-    options = {"endpoint_url": settings.s3_endpoint} if settings.s3_endpoint else {}
-    return open_store(settings.store or "", readonly=settings.readonly, **options)
+    return open_store(settings)
 
 
-class LiveRecord:
-    """The ``compile_cache_stats`` fixture: what the current test has compiled so far, read live.
+def action_restore_result(value: str | None) -> Transfer | None:
+    """What the Action's restore step reported (JSON in :data:`ACTION_RESTORE_ENV`); None when unknown."""
+    from . import sync
 
-    Every attribute read (``fxgraph``, ``aotautograd``, ``frames``, ``recompiles``, ``misses``...) takes a
-    fresh snapshot, so a test can compile, then assert on what that compile did.
-    """
-
-    def __init__(self, nodeid: str, start: Any) -> None:
-        self._nodeid = nodeid
-        self._start = start
-
-    def snapshot(self) -> ItemRecord:
-        from . import probe
-
-        record = ItemRecord(nodeid=self._nodeid)
-        if self._start is not None:
-            record.add(probe.delta(self._start))
-        return record
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.snapshot(), name)
+    if not value:
+        return None
+    try:
+        data = json.loads(value)
+        outcome = data["outcome"] if isinstance(data, dict) else data
+    except (ValueError, KeyError, TypeError):
+        outcome, data = value.strip(), {}
+    if outcome not in ("exact", "partial", "miss", "error"):
+        return None
+    message = str(data.get("message", "")) if isinstance(data, dict) else ""
+    key = data.get("key") if isinstance(data, dict) and isinstance(data.get("key"), str) else None
+    return sync.Transfer(outcome, key=key, message=message)

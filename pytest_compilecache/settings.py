@@ -38,6 +38,13 @@ def _text(option: str, value: str) -> str:
     return value.strip()
 
 
+def _nonblank(option: str, value: str) -> str:
+    """A path or URL: surrounding spaces are dropped; a value of only spaces is a mistake, not "unset"."""
+    if not value.strip():
+        raise ConfigError(f"{option}: empty value {value!r} (leave the option out to not use it)")
+    return value.strip()
+
+
 def _flag(option: str, value: str) -> bool:
     lowered = value.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -150,17 +157,17 @@ OPTIONS: tuple[Option, ...] = (
     Option("mode", "--compile-cache", _choice(MODES), None,
            "TorchInductor cache dir for this session: shared (persistent, reused), isolated (fresh, "
            "removed at the end) or disabled (no caching). Unset: leave torch's configuration alone."),
-    Option("dir", "--compile-cache-dir", _text, None,
+    Option("dir", "--compile-cache-dir", _nonblank, None,
            "shared: the cache dir (default: inside pytest's cache dir). isolated: where the fresh dir is made."),
     Option("keep", "--compile-cache-keep", _flag, False, "isolated: keep the session cache dir.", flag=True),
     Option("report", "--compile-cache-report", _choice(REPORTS), "short",
            "terminal report: short (one line), full (a table of compiled tests; also with -v), none."),
-    Option("json", "--compile-cache-json", _text, None, "write the statistics as JSON to this path."),
+    Option("json", "--compile-cache-json", _nonblank, None, "write the statistics as JSON to this path."),
     Option("summary", "--compile-cache-summary", _choice(SUMMARY), "auto",
            "auto: append Markdown to $GITHUB_STEP_SUMMARY when it is set; off: never."),
     Option("min_hit_rate", "--compile-cache-min-hit-rate", _rate, None,
            "fail the session when the FX-graph hit rate is lower (0..1)."),
-    Option("store", "--compile-cache-store", _text, None,
+    Option("store", "--compile-cache-store", _nonblank, None,
            "restore a bundle from and save one to this store: a directory, file:///path or s3://bucket/prefix."),
     Option("readonly", "--compile-cache-readonly", _flag, False, "restore but never save.", flag=True),
     Option("restore", "--compile-cache-restore", _choice(RESTORE), "auto",

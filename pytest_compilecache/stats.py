@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from dataclasses import field
 from typing import Any
+from typing import Callable
 from typing import Mapping
 
 FX_FIELDS = ("hit", "miss", "bypass")
@@ -156,3 +157,74 @@ class SessionStats:
             "hit_rate": None if rate is None else round(rate, 4),
             "compile_seconds": round(self.compile_seconds, 3),
         }
+
+
+class CompileCacheStats:
+    """What the current test has compiled so far, read live: the ``compile_cache_stats`` fixture.
+
+    Every attribute read takes a fresh snapshot (counter deltas since the test started), so a test can
+    compile, then assert on what that compile did::
+
+        def test_warm(compile_cache_stats):
+            model(x)
+            assert compile_cache_stats.fxgraph["miss"] == 0, compile_cache_stats.bypass_reasons
+    """
+
+    __slots__ = ("_nodeid", "_snapshot")
+
+    def __init__(self, nodeid: str, snapshot: Callable[[], Mapping[str, Any]]) -> None:
+        self._nodeid = nodeid
+        self._snapshot = snapshot
+
+    def snapshot(self) -> ItemRecord:
+        """The record so far, as a detached :class:`ItemRecord`."""
+        record = ItemRecord(nodeid=self._nodeid)
+        record.add(self._snapshot())
+        return record
+
+    @property
+    def nodeid(self) -> str:
+        return self._nodeid
+
+    @property
+    def fxgraph(self) -> dict[str, int]:
+        """FX-graph cache lookups: ``hit``, ``miss``, ``bypass``."""
+        return self.snapshot().fxgraph
+
+    @property
+    def aotautograd(self) -> dict[str, int]:
+        """AOTAutograd cache lookups: ``hit``, ``miss``, ``bypass``, ``guard_miss``."""
+        return self.snapshot().aotautograd
+
+    @property
+    def remote(self) -> dict[str, int]:
+        """Lookups that went to a remote (Redis) cache: ``fx_hit``, ``fx_miss``, ``aot_hit``, ``aot_miss``."""
+        return self.snapshot().remote
+
+    @property
+    def frames(self) -> int:
+        return self.snapshot().frames
+
+    @property
+    def recompiles(self) -> int:
+        return self.snapshot().recompiles
+
+    @property
+    def compile_seconds(self) -> float:
+        return self.snapshot().compile_seconds
+
+    @property
+    def bypass_reasons(self) -> list[str]:
+        return self.snapshot().bypass_reasons
+
+    @property
+    def misses(self) -> int:
+        """FX-graph misses (the number a warm cache drives to zero)."""
+        return self.snapshot().misses
+
+    @property
+    def compiled(self) -> bool:
+        return self.snapshot().compiled
+
+    def __repr__(self) -> str:
+        return f"CompileCacheStats({self.snapshot()!r})"

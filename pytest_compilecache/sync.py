@@ -24,6 +24,7 @@ from .fingerprint import Fingerprint
 from .fingerprint import explain
 from .fingerprint import make_key
 from .fingerprint import restore_prefix
+from .stores.base import find_latest
 
 
 @dataclass
@@ -101,7 +102,7 @@ def restore(
 def _find(store: Any, prefix: str, digest: str, exact_key: str | None) -> tuple[str | None, str]:
     if exact_key and any(entry.key == exact_key for entry in store.list(exact_key)):
         return exact_key, "exact"
-    return store.find_latest(restore_prefix(prefix, digest)), "partial"
+    return find_latest(store, restore_prefix(prefix, digest)), "partial"
 
 
 def _unpack(path: Path, cache_dir: str, signing_key: bytes | None, fingerprint: Fingerprint) -> Any:
@@ -152,7 +153,7 @@ def _why_miss(store: Any, prefix: str, fingerprint: Fingerprint) -> str:
 def _explain_miss(store: Any, prefix: str, fingerprint: Fingerprint) -> str:
     from . import bundle
 
-    latest = store.find_latest(prefix + "-")
+    latest = find_latest(store, prefix + "-")
     if latest is None:
         return f"no bundle under {prefix}- in {store.location}"
     with tempfile.TemporaryDirectory(prefix="compilecache-explain-") as tmp:

@@ -16,13 +16,16 @@ import importlib.util
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
+from typing import Union
 from urllib.parse import unquote
 from urllib.parse import urlsplit
 
 from .. import ConfigError
 from .base import Store
 from .base import StoreEntry
+from .base import find_latest
 from .base import newest_first
 from .base import prune
 from .base import validate_key
@@ -30,11 +33,15 @@ from .base import validate_prefix
 from .local import LocalStore
 from .readonly import ReadOnlyStore
 
+if TYPE_CHECKING:
+    from ..settings import Settings
+
 __all__ = [
     "LocalStore",
     "ReadOnlyStore",
     "Store",
     "StoreEntry",
+    "find_latest",
     "newest_first",
     "open_store",
     "prune",
@@ -74,17 +81,27 @@ def _s3_from_url(url: str, options: dict[str, Any]) -> Store:
     return store
 
 
-def open_store(url: str | os.PathLike[str], *, readonly: bool = False, **options: Any) -> Store:
-    """Build the store that ``url`` names; wrap it in :class:`ReadOnlyStore` when ``readonly``.
+def open_store(
+    target: Union[str, os.PathLike[str], Settings], *, readonly: bool = False, **options: Any
+) -> Store:
+    """Build the store that ``target`` names; wrap it in :class:`ReadOnlyStore` when ``readonly``.
 
-    ``options`` are backend-specific and passed to ``S3Store.from_url``; the local store takes none and
-    ignores them. Raises :class:`ConfigError` (naming ``--compile-cache-store``) for an unusable value.
-    Construction does not touch the disk or the network.
+    ``target`` is a store URL or path, or the plugin's :class:`~pytest_compilecache.settings.Settings`
+    (then its ``store``, ``readonly`` and ``s3_endpoint`` are used: the one place that maps options to a
+    store). ``options`` are backend-specific and passed to ``S3Store.from_url`` (``endpoint_url``...); the
+    local store takes none. Raises :class:`ConfigError` (naming ``--compile-cache-store``) for an unusable
+    value. Construction does not touch the disk or the network.
     """
-    if isinstance(url, os.PathLike):
-        url = os.fspath(url)
+    if not isinstance(target, (str, os.PathLike)):
+        settings = target
+        if settings.s3_endpoint:
+            options.setdefault("endpoint_url", settings.s3_endpoint)
+        return open_store(settings.store or "", readonly=readonly or settings.readonly, **options)
+    url = os.fspath(target)
     if not isinstance(url, str) or not url.strip():
         raise _bad(str(url), "empty store")
+    if url != url.strip():
+        raise _bad(url, "leading or trailing spaces")
     match = _SCHEME.match(url)
     store: Store
     if match is None:

@@ -1,4 +1,4 @@
-"""The :class:`Store` protocol every backend implements, key validation, and :func:`prune`.
+"""The :class:`Store` protocol every backend implements, key validation, :func:`find_latest` and :func:`prune`.
 
 A store moves opaque bundle files by key; it knows nothing about their content or about pytest.
 A miss is a value (``False`` / ``None`` / ``[]``), never an exception; trouble reaching or writing the
@@ -16,7 +16,7 @@ from typing import runtime_checkable
 
 from .. import ConfigError
 
-__all__ = ["Store", "StoreEntry", "newest_first", "prune", "validate_key", "validate_prefix"]
+__all__ = ["Store", "StoreEntry", "find_latest", "newest_first", "prune", "validate_key", "validate_prefix"]
 
 MAX_KEY_LENGTH = 512
 _KEY = re.compile(rf"^[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{MAX_KEY_LENGTH - 1}}}$")
@@ -38,14 +38,9 @@ class Store(Protocol):
 
     location: str
     """Human-readable location, e.g. ``file:///path`` or ``s3://bucket/prefix``."""
-    readonly: bool
 
     def get(self, key: str, dest: Path) -> bool:
         """Download ``key`` to ``dest`` atomically (temp sibling + replace, parent dirs created); False on a miss."""
-        ...
-
-    def find_latest(self, prefix: str) -> str | None:
-        """Newest key starting with ``prefix`` (by modified time, ties: greatest key); None if none."""
         ...
 
     def put(self, key: str, src: Path) -> None:
@@ -87,6 +82,12 @@ def validate_prefix(prefix: str) -> str:
 def newest_first(entries: builtins.list[StoreEntry]) -> builtins.list[StoreEntry]:
     """Sort newest first; equal times put the greater key first, so the order is total and stable."""
     return sorted(entries, key=lambda entry: (entry.modified, entry.key), reverse=True)
+
+
+def find_latest(store: Store, prefix: str) -> str | None:
+    """Newest key starting with ``prefix`` (by modified time, ties: greatest key); None if none."""
+    entries = store.list(prefix)
+    return entries[0].key if entries else None
 
 
 def prune(store: Store, prefix: str, keep: int) -> builtins.list[str]:

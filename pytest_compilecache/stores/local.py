@@ -38,7 +38,6 @@ class LocalStore:
     saving the same or different keys never expose a partial file (last writer wins for the same key).
     """
 
-    readonly = False
 
     def __init__(self, root: Path) -> None:
         self.root = Path(os.path.abspath(root))
@@ -72,11 +71,6 @@ class LocalStore:
         except OSError as exc:
             raise StoreError(f"cannot get {key} from {self.location}: {_why(exc)}") from exc
         return True
-
-    def find_latest(self, prefix: str) -> str | None:
-        """Newest key starting with ``prefix``, or None."""
-        entries = self.list(prefix)
-        return entries[0].key if entries else None
 
     def put(self, key: str, src: Path) -> None:
         """Copy ``src`` in as ``key`` (temp sibling in ``root`` + ``os.replace``); StoreError on failure."""

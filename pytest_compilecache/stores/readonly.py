@@ -1,6 +1,8 @@
-"""A read-only view of any store: reads pass through, writes raise :class:`StoreError`.
+"""Read-only mode for any store: reads pass through, writes raise :class:`StoreError`.
 
-Used off the default branch (pull requests restore but do not save), as setup-gradle does.
+``open_store(..., readonly=True)`` wraps the backend in :class:`ReadOnlyStore`; backends know nothing of
+the mode (sccache's approach: read-only overrides only the write check). Used off the default branch
+(pull requests restore but do not save), as setup-gradle does.
 """
 
 from __future__ import annotations
@@ -19,8 +21,6 @@ __all__ = ["ReadOnlyStore"]
 class ReadOnlyStore:
     """Wraps ``inner``; ``put`` and ``delete`` raise ``StoreError("store is read-only ...")``."""
 
-    readonly = True
-
     def __init__(self, inner: Store) -> None:
         self.inner = inner
         self.location = inner.location
@@ -31,10 +31,6 @@ class ReadOnlyStore:
     def get(self, key: str, dest: Path) -> bool:
         """Delegate to the wrapped store."""
         return self.inner.get(key, dest)
-
-    def find_latest(self, prefix: str) -> str | None:
-        """Delegate to the wrapped store."""
-        return self.inner.find_latest(prefix)
 
     def list(self, prefix: str = "") -> builtins.list[StoreEntry]:
         """Delegate to the wrapped store."""

@@ -81,7 +81,6 @@ class S3Store:
     """
 
     # Read-only is a wrapper (stores.ReadOnlyStore, applied by open_store), not a mode of each backend.
-    readonly = False
 
     def __init__(
         self,
@@ -171,11 +170,6 @@ class S3Store:
         finally:
             tmp.unlink(missing_ok=True)  # a no-op after os.replace
         return True
-
-    def find_latest(self, prefix: str) -> str | None:
-        """The key starting with ``prefix`` whose object was modified last (ties: see :meth:`list`), or None."""
-        entries = self.list(prefix)
-        return entries[0].key if entries else None
 
     def put(self, key: str, src: Path) -> None:
         """Upload ``src`` as bundle ``key``, replacing any previous one.

@@ -22,6 +22,7 @@ import pytest
 from pytest_compilecache import ConfigError
 from pytest_compilecache import StoreError
 from pytest_compilecache.stores import Store
+from pytest_compilecache.stores import find_latest
 from pytest_compilecache.stores.s3 import S3Store
 from tests.contract.store_contract import StoreContract
 from tests.integration.conftest import TEST_REGION
@@ -44,7 +45,7 @@ OPERATIONS: dict[str, Operation] = {
     "get": lambda store, tmp: store.get("k1", tmp / "dest.bundle"),
     "put": lambda store, tmp: store.put("k1", _write(tmp / "src.bundle", b"payload")),
     "list": lambda store, tmp: store.list(""),
-    "find_latest": lambda store, tmp: store.find_latest("k"),
+    "find_latest": lambda store, tmp: find_latest(store, "k"),
     "delete": lambda store, tmp: store.delete("k1"),
 }
 
@@ -85,7 +86,7 @@ def _no_leftovers(directory: Path) -> None:
 )
 def test_from_url_parses_bucket_and_prefix(url: str, bucket: str, prefix: str, location: str) -> None:
     store = S3Store.from_url(url)
-    assert (store.bucket, store.prefix, store.location, store.readonly) == (bucket, prefix, location, False)
+    assert (store.bucket, store.prefix, store.location) == (bucket, prefix, location)
 
 
 @pytest.mark.parametrize(
@@ -158,7 +159,7 @@ def test_newer_object_wins_over_greater_key(s3_bucket: S3Bucket, tmp_path: Path)
         assert time.monotonic() < deadline
         store.put("p-a", _write(tmp_path / "a", b"newer"))
         time.sleep(0.1)
-    assert store.find_latest("p-") == "p-a"
+    assert find_latest(store, "p-") == "p-a"
     assert [entry.key for entry in store.list("p-")] == ["p-a", "p-z"]
 
 
@@ -205,7 +206,7 @@ def test_endpoint_from_environment_is_honoured(
     monkeypatch.setenv(variable, s3_bucket.endpoint_url)
     store = S3Store.from_url(f"s3://{s3_bucket.name}/p")  # no endpoint_url: boto3 resolves it
     store.put("k1", _write(tmp_path / "src", b"via env"))
-    assert store.find_latest("k") == "k1"
+    assert find_latest(store, "k") == "k1"
 
 
 @pytest.mark.parametrize("name", sorted(OPERATIONS))
@@ -330,7 +331,7 @@ def test_read_only_credentials_read_but_cannot_write(
 ) -> None:
     store = _auth_store(auth_s3, monkeypatch, *auth_s3.reader_key)
     # The same credentials read fine, so the refusals below are the policy, not bad keys.
-    assert store.find_latest("k") == "k1"
+    assert find_latest(store, "k") == "k1"
     assert store.get("k1", tmp_path / "got.bundle") is True
     assert store.get("k2", tmp_path / "miss.bundle") is False
     assert _fails_fast(OPERATIONS["put"], store, tmp_path).endswith("put k1: access denied")

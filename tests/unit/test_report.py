@@ -194,7 +194,7 @@ def test_markdown_headline_layers_and_sections() -> None:
     assert text.count("</details>") == 2
     # table cells are escaped: a pipe would split the cell, a backtick would end the code span
     assert "| 2.00 | 0 | 1 | 0 | `t.py::miss\\|pipe` |" in lines
-    assert "| 1 | 0 | `t.py::miss\\|pipe` | why 'this' |" in lines
+    assert "| 1 | 0 | `t.py::miss\\|pipe` | why \\`this\\` |" in lines
 
 
 def test_markdown_remote_rows_and_silent_workers() -> None:

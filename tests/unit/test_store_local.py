@@ -21,6 +21,7 @@ from pytest_compilecache import ConfigError
 from pytest_compilecache import StoreError
 from pytest_compilecache.stores import LocalStore
 from pytest_compilecache.stores import ReadOnlyStore
+from pytest_compilecache.stores import find_latest
 from pytest_compilecache.stores import Store
 from pytest_compilecache.stores import open_store
 from pytest_compilecache.stores import validate_key
@@ -66,7 +67,7 @@ def test_construction_and_reads_do_not_touch_the_disk(tmp_path: Path) -> None:
     root = tmp_path / "not" / "yet"
     store = LocalStore(root)
     assert store.get("k", tmp_path / "dest.bin") is False
-    assert store.list() == [] and store.find_latest("") is None
+    assert store.list() == [] and find_latest(store, "") is None
     store.delete("k")
     assert not (tmp_path / "not").exists()
     _put(store, tmp_path, "k", b"x")
@@ -91,7 +92,7 @@ def test_root_that_is_a_file_is_a_store_error(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="cannot list"):
         store.list()
     with pytest.raises(StoreError, match="cannot list"):
-        store.find_latest("")
+        find_latest(store, "")
     with pytest.raises(StoreError, match="cannot put k"):
         store.put("k", src)
     with pytest.raises(StoreError, match="cannot delete k"):
@@ -176,8 +177,8 @@ def test_temp_and_foreign_files_are_ignored(tmp_path: Path) -> None:
         (store.root / name).write_bytes(b"junk")
     (store.root / "dir.bundle").mkdir()
     assert [entry.key for entry in store.list()] == ["real"]
-    assert store.find_latest("") == "real"
-    assert store.find_latest("dir") is None
+    assert find_latest(store, "") == "real"
+    assert find_latest(store, "dir") is None
 
 
 def test_two_processes_put_at_once(tmp_path: Path) -> None:
@@ -234,7 +235,7 @@ def test_open_store_plain_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 def test_open_store_readonly_wraps(tmp_path: Path) -> None:
     store = open_store(str(tmp_path), readonly=True)
     assert isinstance(store, ReadOnlyStore) and isinstance(store.inner, LocalStore)
-    assert store.readonly is True and store.location == tmp_path.as_uri()
+    assert store.location == tmp_path.as_uri()
 
 
 @pytest.mark.parametrize(

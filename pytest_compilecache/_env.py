@@ -1,0 +1,58 @@
+"""One way to borrow environment variables and give them back exactly as they were.
+
+Every place that swaps variables torch reads (the session's cache dir and remote-cache switches, a
+test's isolated compile, loading mega-cache blobs into a given dir) leases them here, so that a pytest
+run in-process (pytester, IDEs) leaves the environment as it found it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable
+from typing import Iterator
+from typing import Mapping
+from typing import MutableMapping
+
+
+class EnvLease:
+    """Remembers the values of ``names`` now; :meth:`restore` puts exactly those values back.
+
+    Usable as a context manager. Setting a variable through :meth:`set` that was not named up front
+    adds it to the lease, so nothing set through a lease is ever left behind.
+    """
+
+    def __init__(self, names: Iterable[str], environ: MutableMapping[str, str] = os.environ) -> None:
+        self._environ = environ
+        self._saved: dict[str, str | None] = {}
+        for name in names:
+            self._remember(name)
+
+    def _remember(self, name: str) -> None:
+        if name not in self._saved:
+            self._saved[name] = self._environ.get(name)
+
+    def set(self, values: Mapping[str, str | None]) -> None:
+        """Set (or, for None, unset) each variable, remembering its old value first."""
+        for name, value in values.items():
+            self._remember(name)
+            if value is None:
+                self._environ.pop(name, None)
+            else:
+                self._environ[name] = value
+
+    def restore(self) -> None:
+        """Put every leased variable back as it was when first remembered (idempotent)."""
+        for name, value in self._saved.items():
+            if value is None:
+                self._environ.pop(name, None)
+            else:
+                self._environ[name] = value
+
+    def __enter__(self) -> EnvLease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._saved)

@@ -1,0 +1,132 @@
+"""Everything this project writes for a CI runner goes through here, escaped.
+
+GitHub's runner reads four channels, and each one can be hijacked by text we did not write (a bundle's
+fingerprint facts, a store's error message, a test id):
+
+* workflow commands on stdout (``::warning title=...::message``): the runner acts on any stdout line that
+  starts with ``::``, so a message with a newline could start a second command (``::error``,
+  ``::add-mask``, ``::stop-commands``). :func:`command` escapes ``%``, CR and LF in the message and also
+  ``:`` and ``,`` in properties, as the runner's own toolkit does (``@actions/core`` ``escapeData`` /
+  ``escapeProperty``);
+* ``GITHUB_OUTPUT`` and ``GITHUB_ENV`` files (``name=value`` lines): a value with a newline could set a
+  second variable. :func:`append_vars` writes multi-line values in the heredoc form with a random
+  delimiter that does not occur in the value, and refuses names that are not plain identifiers;
+* the step summary (Markdown/HTML): :func:`md_text` and :func:`md_code` neutralise table pipes, HTML
+  and line breaks in text that came from elsewhere; :func:`append_summary` appends a rendered block.
+
+Nothing here imports the rest of the package: the plugin, the CLI and the Action's Python all use it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from typing import Mapping
+from typing import TextIO
+
+__all__ = [
+    "append_summary",
+    "append_vars",
+    "command",
+    "escape_data",
+    "escape_property",
+    "in_github_actions",
+    "md_code",
+    "md_text",
+    "one_line",
+]
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+
+
+def in_github_actions(environ: Mapping[str, str] = os.environ) -> bool:
+    """True inside a GitHub Actions job (the runner sets ``GITHUB_ACTIONS=true``)."""
+    return environ.get("GITHUB_ACTIONS") == "true"
+
+
+def escape_data(text: str) -> str:
+    """Escape a workflow command's message: ``%``, CR and LF (the runner decodes them back)."""
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def escape_property(text: str) -> str:
+    """Escape a workflow command's property value (``title=...``): also ``:`` and ``,``."""
+    return escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def command(name: str, message: str = "", **properties: str) -> str:
+    """One workflow command line, e.g. ``command("warning", msg, title="compile cache")``.
+
+    ``name`` and property names are ours (checked, never escaped); the message and property values are
+    escaped, so the result is exactly one line whatever they contain.
+    """
+    if not _NAME.fullmatch(name) or not all(_NAME.fullmatch(key) for key in properties):
+        raise ValueError(f"invalid workflow command {name!r} or property name")
+    props = ",".join(f"{key}={escape_property(value)}" for key, value in properties.items())
+    return f"::{name}{' ' + props if props else ''}::{escape_data(message)}"
+
+
+def write_command(stream: TextIO, name: str, message: str = "", **properties: str) -> None:
+    """Write :func:`command` plus a newline to ``stream`` and flush (the runner reads lines as they come)."""
+    stream.write(command(name, message, **properties) + "\n")
+    stream.flush()
+
+
+def one_line(text: str, limit: int = 2000) -> str:
+    """Collapse ``text`` to one printable line of at most ``limit`` characters (for logs and reports)."""
+    flat = "".join(ch if ch.isprintable() else " " for ch in str(text).replace("\r\n", "\n").replace("\n", " "))
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def append_vars(path: str | os.PathLike[str] | None, values: Mapping[str, str]) -> None:
+    """Append ``name=value`` entries to a ``GITHUB_OUTPUT``/``GITHUB_ENV`` file; nothing when ``path`` is unset.
+
+    A value containing CR or LF, or starting or ending with whitespace, is written in the heredoc form
+    ``name<<DELIM`` ... ``DELIM`` with a random delimiter checked not to occur in the value, so no value
+    can end early or set another name. Names must be identifiers (``[A-Za-z_][A-Za-z0-9_-]*``): a
+    ``ValueError`` otherwise, before anything is written.
+    """
+    for name in values:
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"invalid GITHUB_OUTPUT/GITHUB_ENV name {name!r}")
+    if not path:
+        return
+    lines: list[str] = []
+    for name, value in values.items():
+        value = str(value)
+        if "\n" in value or "\r" in value or value != value.strip():
+            delimiter = f"ghadelimiter_{secrets.token_hex(16)}"
+            while delimiter in value:  # pragma: no cover - 128 random bits
+                delimiter = f"ghadelimiter_{secrets.token_hex(16)}"
+            lines.append(f"{name}<<{delimiter}\n{value}\n{delimiter}\n")
+        else:
+            lines.append(f"{name}={value}\n")
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write("".join(lines))
+
+
+def append_summary(path: str | os.PathLike[str] | None, markdown: str) -> None:
+    """Append a rendered Markdown block (ending in a newline) to ``GITHUB_STEP_SUMMARY``, when set."""
+    if not path:
+        return
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(markdown if markdown.endswith("\n") else markdown + "\n")
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")
+
+
+def md_text(text: str, limit: int = 500) -> str:
+    """Untrusted text as inert Markdown on one line: no HTML, links, emphasis or table breaks."""
+    return _MD_SPECIAL.sub(r"\\\1", one_line(text, limit)).replace("&", "&amp;")
+
+
+def md_code(text: str, limit: int = 500) -> str:
+    """Untrusted text as an inline code span that nothing in it can close or break out of."""
+    # GFM splits table cells at a pipe even inside code; "\|" is its escape (shown as "|" in a cell).
+    flat = one_line(text, limit).replace("|", "\\|")
+    longest = max((len(run) for run in re.findall(r"`+", flat)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if flat.startswith("`") or flat.endswith("`") or not flat else ""
+    return f"{fence}{pad}{flat}{pad}{fence}"

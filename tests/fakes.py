@@ -1,0 +1,84 @@
+"""Test doubles other tests share. Each passes the same contract as the real thing (tests/unit/test_fakes.py).
+
+* :class:`MemoryStore` - a :class:`~pytest_compilecache.stores.Store` in memory, with failure injection.
+"""
+
+from __future__ import annotations
+
+import builtins
+import threading
+from pathlib import Path
+
+from pytest_compilecache import StoreError
+from pytest_compilecache.stores import StoreEntry
+from pytest_compilecache.stores import newest_first
+from pytest_compilecache.stores import validate_key
+from pytest_compilecache.stores import validate_prefix
+
+
+class MemoryBackend:
+    """The objects several :class:`MemoryStore` views share (as several S3 clients share one bucket)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, tuple[bytes, float]] = {}
+        self.clock = 1_700_000_000.0  # logical time: each put is strictly newer than the previous one
+        self.lock = threading.Lock()
+
+
+class MemoryStore:
+    """A hand-written in-memory Store. ``fail`` names operations (get, put, list, delete) that raise StoreError."""
+
+    def __init__(self, *, fail: tuple[str, ...] = (), backend: MemoryBackend | None = None) -> None:
+        self.location = "memory://test"
+        self.backend = backend or MemoryBackend()
+        self.fail = set(fail)
+        self.calls: list[str] = []
+
+    @property
+    def objects(self) -> dict[str, tuple[bytes, float]]:
+        return self.backend.objects
+
+    def _maybe_fail(self, operation: str) -> None:
+        self.calls.append(operation)
+        if operation in self.fail:
+            raise StoreError(f"cannot {operation} at {self.location}: connection reset")
+
+    def get(self, key: str, dest: Path) -> bool:
+        validate_key(key)
+        self._maybe_fail("get")
+        with self.backend.lock:
+            found = self.objects.get(key)
+        if found is None:
+            return False
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.tmp")
+        tmp.write_bytes(found[0])
+        tmp.replace(dest)
+        return True
+
+    def put(self, key: str, src: Path) -> None:
+        validate_key(key)
+        self._maybe_fail("put")
+        data = Path(src).read_bytes()
+        with self.backend.lock:
+            self.backend.clock += 1
+            self.objects[key] = (data, self.backend.clock)
+
+    def list(self, prefix: str = "") -> builtins.list[StoreEntry]:
+        validate_prefix(prefix)
+        self._maybe_fail("list")
+        with self.backend.lock:
+            items = builtins.list(self.objects.items())
+        return newest_first([StoreEntry(k, len(data), when) for k, (data, when) in items if k.startswith(prefix)])
+
+    def delete(self, key: str) -> None:
+        validate_key(key)
+        self._maybe_fail("delete")
+        with self.backend.lock:
+            self.objects.pop(key, None)
+
+    def set_modified(self, key: str, when: float) -> None:
+        with self.backend.lock:
+            data, _ = self.objects[key]
+            self.objects[key] = (data, when)
