@@ -176,7 +176,9 @@ def cmd_restore(args: argparse.Namespace) -> int:
             fh.write((json.dumps(result.to_json(), indent=2) + "\n").encode())
     if not result.ok:
         _warn(result.message)
-        return EXIT_FAILED if args.strict else EXIT_OK
+        if args.strict:
+            return EXIT_FAILED
+        return EXIT_MISS if args.fail_on_miss else EXIT_OK  # nothing usable was restored
     if result.outcome == "miss":
         print(f"miss: {result.message}", file=sys.stderr)
         return EXIT_MISS if args.fail_on_miss else EXIT_OK

@@ -157,3 +157,56 @@ def test_bad_keep_and_store_trouble_are_one_line(tmp_path: Path, capsys: pytest.
     assert cli.main(["prune", "--store", str(not_a_dir), "--prefix", "p-"]) == cli.EXIT_FAILED
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "Traceback" not in err
+
+
+def _usage_cases(tmp_path: Path) -> list[tuple[list[str], int]]:
+    store = str(tmp_path / "store")
+    cache = str(tmp_path / "cache")
+    wrong_shape = tmp_path / "wrong.json"
+    wrong_shape.write_text(json.dumps({"totals": [], "tests": "x"}))
+    not_json = tmp_path / "not.json"
+    not_json.write_text("{")
+    bad_device = tmp_path / "device-bad.json"
+    bad_device.write_text(json.dumps({"gpus": [{}]}))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    garbage = tmp_path / "garbage.bundle"
+    garbage.write_bytes(b"not a bundle")
+    return [
+        (["report", str(wrong_shape)], cli.EXIT_USAGE),
+        (["report", str(not_json)], cli.EXIT_USAGE),
+        (["report", str(tmp_path / "missing.json")], cli.EXIT_USAGE),
+        (["fingerprint", "--device-facts", str(bad_device)], cli.EXIT_USAGE),
+        (["fingerprint", "--device-facts", str(tmp_path / "missing.json")], cli.EXIT_USAGE),
+        (["restore", "--store", store, "--cache-dir", cache, "--key", "../evil"], cli.EXIT_USAGE),
+        (["restore", "--store", store, "--cache-dir", cache, "--prefix", "bad/prefix"], cli.EXIT_USAGE),
+        (["restore", "--store", store, "--cache-dir", cache, "--json", str(a_file / "x.json")], cli.EXIT_USAGE),
+        (["restore", "--store", "   ", "--cache-dir", cache], cli.EXIT_USAGE),
+        (["save", "--store", store, "--cache-dir", cache, "--suffix", "bad/suffix"], cli.EXIT_USAGE),
+        (["key", "--prefix", "p\ncache-hit=true", "--github-output"], cli.EXIT_USAGE),
+        (["prune", "--store", store, "--prefix", "../x"], cli.EXIT_USAGE),
+        (["verify", str(tmp_path / "missing.bundle")], cli.EXIT_FAILED),
+        (["inspect", str(garbage)], cli.EXIT_FAILED),
+    ]
+
+
+def test_documented_exit_codes_and_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    output = tmp_path / "github_output"
+    monkeypatch.setenv("GITHUB_OUTPUT", str(output))
+    for argv, code in _usage_cases(tmp_path):
+        assert cli.main(argv) == code, argv
+        out, err = capsys.readouterr()
+        if argv[0] == "verify":  # its verdict on stdout: "invalid: <why>"
+            out, err = "", out.replace("invalid: ", "error: ", 1)
+        assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err + out, (argv, err)
+    assert not output.exists()  # no usage error wrote an output
+    assert not (tmp_path / "store").exists() and not (tmp_path / "cache").exists()  # nothing was done
+
+
+def test_restore_json_dir_is_made(tmp_path: Path) -> None:
+    target = tmp_path / "new" / "dir" / "restore.json"
+    assert cli.main(["restore", "--store", str(tmp_path / "s"), "--cache-dir", str(tmp_path / "c"),
+                     "--json", str(target)]) == 0
+    assert json.loads(target.read_text())["outcome"] == "miss"

@@ -1,0 +1,121 @@
+"""ghrunner: every channel a CI runner reads gets text that cannot break out of its place."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+from pytest_compilecache import ghrunner
+
+HOSTILE = [
+    "x\n::error title=Injected::owned",
+    "x\r\n::add-mask::secret",
+    "100% done %0A::error::",
+    "a::b,c:d",
+    "| cell | <img src=x onerror=alert(1)> [link](http://evil) `code` **bold** </details>",
+    "name=value\nother=1",
+]
+
+
+def _parse_output_file(text: str) -> dict[str, str]:
+    """What GitHub's runner reads from a GITHUB_OUTPUT/GITHUB_ENV file (its documented grammar)."""
+    values: dict[str, str] = {}
+    lines = text.split("\n")
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        index += 1
+        if not line:
+            continue
+        heredoc = re.fullmatch(r"([^=<]+)<<(.+)", line)
+        if heredoc and ("=" not in line or line.index("<<") < line.index("=")):
+            name, delimiter = heredoc.groups()
+            body: list[str] = []
+            while lines[index] != delimiter:
+                body.append(lines[index])
+                index += 1
+            index += 1
+            values[name] = "\n".join(body)
+        else:
+            name, value = line.split("=", 1)
+            values[name] = value
+    return values
+
+
+def _decode(message: str) -> str:
+    return message.replace("%0D", "\r").replace("%0A", "\n").replace("%3A", ":").replace("%2C", ",").replace("%25", "%")
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_workflow_commands_stay_one_line_and_round_trip(text: str) -> None:
+    line = ghrunner.command("warning", text, title=text)
+    assert "\n" not in line and "\r" not in line
+    head, message = line[2:].split("::", 1)
+    name, props = head.split(" ", 1)
+    assert name == "warning"
+    assert "," not in props.split("=", 1)[1] and "::" not in props
+    assert _decode(message) == text
+    assert _decode(props.split("=", 1)[1]) == text
+
+
+def test_write_command_flushes_one_line() -> None:
+    stream = io.StringIO()
+    ghrunner.write_command(stream, "error", "two\nlines", title="t")
+    assert stream.getvalue() == "::error title=t::two%0Alines\n"
+
+
+def test_command_names_are_ours() -> None:
+    with pytest.raises(ValueError):
+        ghrunner.command("warning::x", "m")
+    with pytest.raises(ValueError):
+        ghrunner.command("warning", "m", **{"bad name": "v"})
+
+
+@pytest.mark.parametrize("text", HOSTILE + ["plain", " padded ", ""])
+def test_output_values_cannot_set_other_names(tmp_path: Path, text: str) -> None:
+    target = tmp_path / "github_output"
+    target.write_text("earlier=1\n")
+    ghrunner.append_vars(target, {"restore-outcome": text, "cache-hit": "false"})
+    assert _parse_output_file(target.read_bytes().decode()) == {"earlier": "1", "restore-outcome": text, "cache-hit": "false"}
+
+
+def test_output_names_are_checked_before_writing(tmp_path: Path) -> None:
+    target = tmp_path / "github_env"
+    with pytest.raises(ValueError, match="name"):
+        ghrunner.append_vars(target, {"ok": "1", "bad\nname": "2"})
+    assert not target.exists()
+    ghrunner.append_vars(None, {"ok": "1"})  # no file configured: nothing to do
+
+
+def test_summary_appends_a_block(tmp_path: Path) -> None:
+    target = tmp_path / "summary.md"
+    ghrunner.append_summary(target, "# one")
+    ghrunner.append_summary(target, "# two\n")
+    assert target.read_text() == "# one\n# two\n"
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_markdown_text_is_inert(text: str) -> None:
+    cell = ghrunner.md_text(text)
+    assert "\n" not in cell and "\r" not in cell
+    assert "<" not in cell.replace("\\<", "")  # no raw HTML tag can open
+    assert "|" not in cell.replace("\\|", "")  # no table cell can split
+    assert "](" not in cell.replace("\\](", "")  # no link
+
+
+@pytest.mark.parametrize("text", HOSTILE + ["``ticks``", "`"])
+def test_markdown_code_cannot_be_closed_early(text: str) -> None:
+    span = ghrunner.md_code(text)
+    fence = re.match(r"`+", span)
+    assert fence is not None
+    inner = span[len(fence.group()) : -len(fence.group())]
+    assert fence.group() not in inner and "\n" not in span
+    assert "|" not in inner.replace("\\|", "")
+
+
+def test_one_line_bounds_length() -> None:
+    assert ghrunner.one_line("a\nb\tc") == "a b c"
+    assert len(ghrunner.one_line("x" * 5000, limit=100)) == 100

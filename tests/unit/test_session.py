@@ -1,0 +1,190 @@
+"""session: the roles' decisions, fast (no compile, no subprocess). A fake probe stands in for torch.
+
+The plugin-level suites (tests/plugin) prove the same behaviour end to end; these reach every warn, skip
+and guard branch in milliseconds.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_compilecache import session as session_mod
+from pytest_compilecache import sync
+from pytest_compilecache.fingerprint import Fingerprint
+from pytest_compilecache.problems import Problems
+from pytest_compilecache.session import Controller
+from pytest_compilecache.session import Recorder
+from pytest_compilecache.session import Setup
+from pytest_compilecache.session import Worker
+from pytest_compilecache.session import action_restore_result
+from pytest_compilecache.settings import Settings
+from pytest_compilecache.stats import ItemRecord
+
+FP = Fingerprint({"torch": "2.13.0", "python": "cpython 3.11"})
+
+
+@pytest.fixture(autouse=True)
+def _no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake probe: this process has compiled nothing (whatever other unit tests imported)."""
+    monkeypatch.setattr(session_mod.probe, "dynamo_loaded", lambda: False)
+    monkeypatch.delenv(session_mod.ACTION_RESTORE_ENV, raising=False)
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+
+
+def _controller(tmp_path: Path, **options: Any) -> Controller:
+    options.setdefault("mode", "shared")
+    options.setdefault("dir", str(tmp_path / "cache"))
+    settings = Settings(**options)
+    problems = Problems(strict=settings.strict)
+    setup = Setup.start(settings, tmp_path / "default", inherited=None, problems=problems)
+    setup._fingerprint = FP
+    return Controller(setup, Recorder("controller"))
+
+
+def _record(nodeid: str, hit: int = 0, miss: int = 0) -> ItemRecord:
+    record = ItemRecord(nodeid=nodeid)
+    record.add({"fxgraph": {"hit": hit, "miss": miss}, "frames": 1})
+    return record
+
+
+def test_setup_leases_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/before")
+    controller = _controller(tmp_path)
+    import os
+
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache")
+    controller.setup.close()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/before"
+    assert session_mod.SESSION_ENV not in os.environ
+
+
+def test_hit_rate_guard(tmp_path: Path) -> None:
+    controller = _controller(tmp_path, min_hit_rate=0.9)
+    controller.stats.add_record(_record("t::a", hit=1, miss=1))
+    controller._check_hit_rate()
+    assert controller.problems.errors == ["hit rate 50% is below --compile-cache-min-hit-rate=0.9"]
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_failed_restore_never_fails_the_guard_unless_strict(tmp_path: Path, strict: bool) -> None:
+    controller = _controller(tmp_path, min_hit_rate=0.9, strict=strict)
+    controller.restored = sync.Transfer("error", message="restore failed: store down")
+    controller.stats.add_record(_record("t::a", miss=2))
+    controller._check_hit_rate()
+    assert bool(controller.problems.errors) is strict
+    assert any("the restore failed" in note for note in controller.problems.notes) is not strict
+
+
+def test_the_actions_failed_restore_reaches_the_guard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(session_mod.ACTION_RESTORE_ENV, json.dumps({"outcome": "error", "message": "cache down"}))
+    controller = _controller(tmp_path, min_hit_rate=0.9, restore="skip")
+    controller.session_start()
+    assert controller.restored is not None and controller.restored.outcome == "error"
+    controller.stats.add_record(_record("t::a", miss=1))
+    controller._check_hit_rate()
+    assert controller.problems.errors == []
+
+
+@pytest.mark.parametrize(
+    ("value", "outcome"),
+    [
+        (None, None),
+        ("", None),
+        ("partial", "partial"),
+        ('{"outcome": "exact", "key": "k-1"}', "exact"),
+        ('{"outcome": "nonsense"}', None),
+        ("[1, 2]", None),
+        ("{not json", None),
+    ],
+)
+def test_action_restore_result(value: str | None, outcome: str | None) -> None:
+    result = action_restore_result(value)
+    assert (result.outcome if result else None) == outcome
+
+
+def test_restore_setup_trouble_is_one_warning(tmp_path: Path) -> None:
+    controller = _controller(tmp_path, store=str(tmp_path / "store"))
+
+    def broken() -> Fingerprint:
+        raise RuntimeError("no compiler")
+
+    controller.setup.fingerprint = broken  # type: ignore[method-assign]
+    controller.session_start()
+    assert controller.restored is not None and controller.restored.outcome == "error"
+    assert controller.problems.warnings == ["restore skipped: RuntimeError: no compiler"]
+    assert controller.problems.errors == []
+
+
+def test_save_is_skipped_when_every_graph_hit_a_restored_cache(tmp_path: Path) -> None:
+    controller = _controller(tmp_path, store=str(tmp_path / "store"))
+    controller.restored = sync.Transfer("partial", key="k")
+    controller.stats.add_record(_record("t::a", hit=3))
+    controller._save()
+    assert controller.saved is not None and controller.saved.outcome == "skipped"
+    assert not (tmp_path / "store").exists()
+
+
+def test_restore_skip_without_a_report_counts_as_restored(tmp_path: Path) -> None:
+    controller = _controller(tmp_path, store=str(tmp_path / "store"), restore="skip")
+    controller.session_start()
+    controller.stats.add_record(_record("t::a", hit=3))
+    controller._save()
+    assert controller.saved is not None and controller.saved.outcome == "skipped"
+
+
+def test_workers_output_is_merged_and_a_silent_worker_listed(tmp_path: Path) -> None:
+    controller = _controller(tmp_path)
+    worker_setup = Setup(controller.setup.settings, controller.setup.dir, controller.setup.lease, Problems())
+    worker = Worker(worker_setup, Recorder("gw0"))
+    worker.recorder.record("t::a", {"fxgraph": {"miss": 1}, "frames": 1})
+    worker.recorder.record("t::b", {})
+    worker_setup.problems.warn("gw0 could not re-make the dir")
+    controller.add_worker("gw0", json.loads(json.dumps(worker.output())))
+    controller.add_worker("gw1", None)
+    assert controller.stats.tests == 2 and list(controller.stats.records) == ["t::a"]
+    assert controller.stats.records["t::a"].worker == "gw0"
+    assert controller.stats.silent_workers == ["gw1"]
+    assert controller.problems.warnings == ["gw0 could not re-make the dir"]
+
+
+def test_terminal_lines(tmp_path: Path) -> None:
+    controller = _controller(tmp_path, report="none")
+    assert controller.terminal_lines() == []
+    controller.problems.warn("store down")
+    controller.problems.error("hit rate")
+    lines = [line for line, _ in controller.terminal_lines()]
+    assert lines == ["CompileCacheWarning: store down", "compile cache FAILED: hit rate"]
+
+
+def test_github_annotations_are_escaped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_compilecache import plugin
+
+    controller = _controller(tmp_path)
+    controller.problems.warn("bad bundle\n::error title=Injected::x 100%")
+    controller.problems.error("hit rate\n::add-mask::y")
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    plugin._github_commands(controller)
+    assert out.getvalue().splitlines() == [
+        "::warning title=compile cache::bad bundle%0A::error title=Injected::x 100%25",
+        "::error title=compile cache::hit rate%0A::add-mask::y",
+    ]
+
+
+def test_step_summary_goes_through_the_escaping_renderer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    controller = _controller(tmp_path)
+    controller.restored = sync.Transfer("miss", message="newest differs in: x\n</details><script>alert(1)</script>|")
+    controller.stats.add_record(_record("t::a|b", miss=1))
+    controller._write_step_summary()
+    text = summary.read_text()
+    assert "<script>" not in text and "</details><script>" not in text
+    assert "`t::a\\|b`" in text
