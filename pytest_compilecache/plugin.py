@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import Generator
-from typing import Union
 
 import pytest
 
@@ -36,7 +35,10 @@ if TYPE_CHECKING:
     from .stats import CompileCacheStats
 
 _SETUP = pytest.StashKey["Setup"]()
-_ROLE = pytest.StashKey["Union[Controller, Worker]"]()
+# The role chosen in pytest_configure: exactly one of these two is set in a process.
+_CONTROLLER = pytest.StashKey["Controller"]()
+_WORKER = pytest.StashKey["Worker"]()
+_RECORDER = pytest.StashKey["Recorder"]()
 _MARKED = pytest.StashKey["dict[str, str]"]()
 _MARK = pytest.StashKey["probe.Mark"]()
 
@@ -152,10 +154,11 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     setup = _setup(config)
     if _is_worker(config):
-        recorder = Recorder(os.environ.get("PYTEST_XDIST_WORKER", "worker"))
-        config.stash[_ROLE] = Worker(setup, recorder)
+        recorder = config.stash[_RECORDER] = Recorder(os.environ.get("PYTEST_XDIST_WORKER", "worker"))
+        config.stash[_WORKER] = Worker(setup, recorder)
     else:
-        config.stash[_ROLE] = Controller(setup, Recorder("controller"))
+        recorder = config.stash[_RECORDER] = Recorder("controller")
+        config.stash[_CONTROLLER] = Controller(setup, recorder)
     config.stash[_MARKED] = {}
 
 
@@ -173,7 +176,12 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Restore a bundle before the first compile and before xdist starts its workers."""
-    session.config.stash[_ROLE].session_start()
+    _role(session.config).session_start()
+
+
+def _role(config: pytest.Config) -> Controller | Worker:
+    controller = config.stash.get(_CONTROLLER, None)
+    return controller if controller is not None else config.stash[_WORKER]
 
 
 # ---- per-test capture
@@ -184,7 +192,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
     config = item.config
-    recorder = config.stash[_ROLE].recorder
+    recorder = config.stash[_RECORDER]
     marked = config.stash[_MARKED]
     mode = marked.get(item.nodeid) if marked else None
     isolation = probe.isolated_compile(disable=mode == "disabled") if mode else None
@@ -247,7 +255,7 @@ def _closest_marker(node: Any, memo: dict[int, Any]) -> Any:
 def compile_cache_stats(request: pytest.FixtureRequest) -> CompileCacheStats:
     """The current test's compile record, live: ``compile_cache_stats.fxgraph["miss"] == 0``."""
     item = request.node
-    return request.config.stash[_ROLE].recorder.live(item.nodeid, item.stash.get(_MARK, None))
+    return request.config.stash[_RECORDER].live(item.nodeid, item.stash.get(_MARK, None))
 
 
 # ---- xdist (optional)
@@ -257,8 +265,7 @@ def compile_cache_stats(request: pytest.FixtureRequest) -> CompileCacheStats:
 def pytest_testnodedown(node: Any, error: Any) -> None:
     output = getattr(node, "workeroutput", {}) or {}
     worker = output.get("workerid") or getattr(getattr(node, "gateway", None), "id", "?")
-    role = node.config.stash[_ROLE]
-    role.add_worker(worker, output.get("compilecache"))
+    node.config.stash[_CONTROLLER].add_worker(worker, output.get("compilecache"))
 
 
 # ---- session end
@@ -266,30 +273,24 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
-    role = config.stash[_ROLE]
-    if isinstance(role, _worker_class()):
-        config.workeroutput["compilecache"] = role.output()  # type: ignore[attr-defined]
+    worker = config.stash.get(_WORKER, None)
+    if worker is not None:
+        config.workeroutput["compilecache"] = worker.output()  # type: ignore[attr-defined]
         return
-    if role.finish() and session.exitstatus == pytest.ExitCode.OK:
+    if config.stash[_CONTROLLER].finish() and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def _worker_class() -> type[Worker]:
-    from .session import Worker
-
-    return Worker
-
-
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    role = config.stash.get(_ROLE, None)
-    if role is None or isinstance(role, _worker_class()):
+    controller = config.stash.get(_CONTROLLER, None)
+    if controller is None:
         return
-    lines = role.terminal_lines(verbose=config.option.verbose > 0)
+    lines = controller.terminal_lines(verbose=config.option.verbose > 0)
     if lines:
         terminalreporter.write_sep("-", "compile cache")
         for line, markup in lines:
             terminalreporter.write_line(line, **markup)
-    _github_commands(role)
+    _github_commands(controller)
 
 
 def _github_commands(role: Controller) -> None:

@@ -32,7 +32,7 @@ FP = Fingerprint({"torch": "2.13.0", "python": "cpython 3.11"})
 @pytest.fixture(autouse=True)
 def _no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     """A fake probe: this process has compiled nothing (whatever other unit tests imported)."""
-    monkeypatch.setattr(session_mod.probe, "dynamo_loaded", lambda: False)
+    monkeypatch.setattr("pytest_compilecache.probe.dynamo_loaded", lambda: False)
     monkeypatch.delenv(session_mod.ACTION_RESTORE_ENV, raising=False)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
 
@@ -61,7 +61,7 @@ def test_setup_leases_the_environment(tmp_path: Path, monkeypatch: pytest.Monkey
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache")
     controller.setup.close()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/before"
-    assert session_mod.SESSION_ENV not in os.environ
+    assert "PYTEST_COMPILECACHE_SESSION" not in os.environ
 
 
 def test_hit_rate_guard(tmp_path: Path) -> None:
