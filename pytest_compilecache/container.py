@@ -368,6 +368,8 @@ def iter_tar(inflater_source: PayloadReader, limit: int) -> Iterator[TarEntry]:
             size = int(pax["size"])
         pax = {}
         kind = "file" if typeflag in (b"0", b"\x00") else _KINDS[typeflag]
+        if kind == "directory":
+            text = text.rstrip("/")  # tar writes dir names with a trailing slash
         if kind != "file":
             size = 0  # the caller refuses it before reading: links, dirs and devices carry no content for us
         entry = TarEntry(text, size, kind, inflater, size)

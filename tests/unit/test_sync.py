@@ -135,6 +135,7 @@ def _put_bundle(
     bundle.pack(
         path,
         key=key,
+        lineage=restore_prefix(PREFIX, fp.digest()),
         fingerprint=fp.to_json(),
         digest=fp.digest(),
         torch_version=fp.facts["torch"],
@@ -148,7 +149,7 @@ def _put_bundle(
     return key
 
 
-def _restore(store: MemoryStore, cache_dir: Path, fp: Fingerprint = H100, **kwargs: Any) -> sync.Transfer:
+def _restore(store: MemoryStore, cache_dir: Path, fp: Fingerprint = H100, **kwargs: Any) -> sync.RestoreResult:
     kwargs.setdefault("load", FakeLoader())
     return sync.restore(store, prefix=PREFIX, fingerprint=fp, cache_dir=str(cache_dir), **kwargs)
 
@@ -235,7 +236,7 @@ def test_miss_with_an_unreadable_newest_bundle(cache_dir: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("operation", "use_exact_key"), [("list", True), ("find_latest", False), ("get", True), ("get", False)]
+    ("operation", "use_exact_key"), [("list", True), ("list", False), ("get", True), ("get", False)]
 )
 def test_store_error_is_one_line_and_writes_nothing(
     tmp_path: Path, source: Path, cache_dir: Path, operation: str, use_exact_key: bool
@@ -277,7 +278,10 @@ def test_signature_is_checked_on_restore(tmp_path: Path, source: Path, cache_dir
     key = _put_bundle(store, tmp_path, source, H100, "run-1", signing_key=b"the right key")
     loader = FakeLoader()
     transfer = _restore(store, cache_dir, exact_key=key, signing_key=b"a wrong key", load=loader)
-    assert transfer.outcome == "error"
+    # A bad bundle is the store's content, not infrastructure trouble: a miss that names what was skipped.
+    assert transfer.outcome == "miss"
+    assert [k for k, _ in transfer.skipped] == [key]
+    assert "signature mismatch" in transfer.skipped[0][1]
     assert "signature mismatch" in transfer.message
     assert loader.blobs == []
     assert not any(rel in _tree(cache_dir) for rel in CACHE_FILES)  # verified before anything is written
@@ -290,14 +294,17 @@ def test_tampered_bundle_is_an_error_and_writes_no_cache_files(tmp_path: Path, s
     key = _put_bundle(store, tmp_path, source, H100, "run-1")
     data, when = store.objects[key]
     store.objects[key] = (data[:-1] + bytes([data[-1] ^ 0xFF]), when)
+    before = _tree(cache_dir)
     transfer = _restore(store, cache_dir, exact_key=key)
-    assert transfer.outcome == "error"
+    assert transfer.outcome == "miss"
     assert "checksum mismatch" in transfer.message
-    assert not any(rel in _tree(cache_dir) for rel in CACHE_FILES)
+    assert transfer.skipped == ((key, "bundle payload checksum mismatch"),)
+    assert _tree(cache_dir) == before
+    assert sorted(p.name for p in cache_dir.iterdir()) == ["already-here"]  # no staging dir left
 
 
 def test_transfer_json() -> None:
-    transfer = sync.Transfer("saved", key="k", size=3, seconds=0.123456, files=2, artifacts={"fx_graph": 1})
+    transfer = sync.SaveResult("saved", key="k", size=3, seconds=0.123456, files=2, artifacts={"fx_graph": 1})
     data = json.loads(json.dumps(transfer.to_json()))
     assert data == {
         "outcome": "saved",
@@ -307,13 +314,14 @@ def test_transfer_json() -> None:
         "message": "",
         "files": 2,
         "artifacts": {"fx_graph": 1},
+        "skipped": [],
     }
 
 
 # --------------------------------------------------------------------------------------------------- save
 
 
-def _save(store: Any, source: Path, suffix: str, **kwargs: Any) -> sync.Transfer:
+def _save(store: Any, source: Path, suffix: str, **kwargs: Any) -> sync.SaveResult:
     arguments: dict[str, Any] = {
         "prefix": PREFIX,
         "fingerprint": H100,
@@ -335,7 +343,8 @@ def test_save_then_restore_round_trip(tmp_path: Path, source: Path) -> None:
     assert transfer.size == len(store.objects[key][0])
     stored = tmp_path / "stored.bundle"
     stored.write_bytes(store.objects[key][0])
-    manifest = bundle.verify(stored, fingerprint=H100.to_json())
+    manifest = bundle.verify(stored, fingerprint=H100.to_json()).manifest
+    assert manifest.lineage == restore_prefix(PREFIX, H100.digest())
     assert (manifest.key, manifest.digest, manifest.torch_version) == (key, H100.digest(), "2.13.0")
     assert manifest.stats == {"hits": 3}
     fresh = tmp_path / "fresh"
