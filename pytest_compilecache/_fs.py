@@ -157,7 +157,8 @@ def atomic_file(dest: Path, *, fsync: bool = True, mode: int = 0o644) -> Iterato
     """
     dest = Path(dest)
     while True:
-        tmp = dest.parent / temp_name("tmp", lead=f".{dest.name}.")
+        # The owner suffix takes about 55 bytes: cut a long name so the temp name stays under NAME_MAX (255).
+        tmp = dest.parent / temp_name("tmp", lead=f".{dest.name[:120]}.")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_BINARY", 0), 0o600)
         except FileExistsError:

@@ -484,7 +484,7 @@ def pack(
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise BundleError(f"cannot write bundle {dest}: {exc.strerror or exc}") from exc
-    payload_path = dest.parent / temp_name("tmp", lead=f".{dest.name}.payload.")
+    payload_path = dest.parent / temp_name("tmp", lead=f".{dest.name[:120]}.payload.")
     try:
         try:
             with open(payload_path, "xb") as out:
