@@ -407,3 +407,164 @@ def test_save_to_a_read_only_store_is_an_error(source: Path) -> None:
     assert transfer.outcome == "error"
     assert transfer.message.startswith("save failed: store is read-only: cannot put ")
     assert inner.objects == {}
+
+
+# ------------------------------------------------------------------------ lineage, fallback, bad bundles
+
+
+def test_a_bundle_signed_for_one_shard_is_refused_under_another_shards_key(
+    tmp_path: Path, source: Path, cache_dir: Path
+) -> None:
+    store = MemoryStore()
+    shard0 = _put_bundle(store, tmp_path, source, H100, "run-1", signing_key=b"key")
+    shard1_key = make_key(PREFIX + "-shard1", H100.digest(), "run-1")
+    store.objects[shard1_key] = store.objects.pop(shard0)  # copied by someone who can write the store
+    before = _tree(cache_dir)
+    transfer = sync.restore(
+        store, prefix=PREFIX + "-shard1", fingerprint=H100, cache_dir=str(cache_dir), signing_key=b"key",
+        load=FakeLoader(),
+    )
+    assert transfer.outcome == "miss"
+    assert transfer.skipped == ((shard1_key, f"bundle was saved as {shard0!r}, not as {shard1_key!r} "
+                                              "(copied under another key?)"),)
+    assert _tree(cache_dir) == before
+
+
+def test_restore_falls_back_past_bad_newer_bundles(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    good = _put_bundle(store, tmp_path, source, H100, "run-1", signing_key=b"key")
+    unsigned = _put_bundle(store, tmp_path, source, H100, "run-2")  # newer, but not signed
+    garbage = make_key(PREFIX, H100.digest(), "run-3")
+    store.put(garbage, _write(tmp_path / "garbage", b"not a bundle"))
+    loader = FakeLoader()
+    transfer = _restore(store, cache_dir, signing_key=b"key", load=loader)
+    assert (transfer.outcome, transfer.key) == ("partial", good)
+    assert [key for key, _ in transfer.skipped] == [garbage, unsigned]
+    assert "bad magic" in transfer.skipped[0][1] and "signature missing" in transfer.skipped[1][1]
+    assert transfer.to_json()["skipped"] == [{"key": k, "reason": r} for k, r in transfer.skipped]
+    assert loader.blobs == [BLOBS["controller"], BLOBS["gw0"]]
+    assert {rel: _tree(cache_dir)[rel] for rel in CACHE_FILES} == CACHE_FILES
+
+
+def test_exact_key_that_fails_falls_back_to_partial(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    older = _put_bundle(store, tmp_path, source, H100, "run-1")
+    exact = _put_bundle(store, tmp_path, source, H100, "run-2")
+    data, when = store.objects[exact]
+    store.objects[exact] = (data[:-5], when)
+    transfer = _restore(store, cache_dir, exact_key=exact)
+    assert (transfer.outcome, transfer.key) == ("partial", older)
+    assert transfer.skipped == ((exact, "bundle is truncated"),)
+
+
+def test_restore_tries_at_most_three_candidates(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    _put_bundle(store, tmp_path, source, H100, "run-0")  # good, but behind three bad ones
+    for run in range(1, 5):
+        store.put(make_key(PREFIX, H100.digest(), f"run-{run}"), _write(tmp_path / f"bad{run}", b"junk"))
+    transfer = _restore(store, cache_dir)
+    assert transfer.outcome == "miss"
+    assert [key for key, _ in transfer.skipped] == [make_key(PREFIX, H100.digest(), f"run-{r}") for r in (4, 3, 2)]
+    assert store.calls.count("get") == 3
+    assert transfer.message.startswith(f"no usable bundle for fingerprint {H100.digest()}; skipped ")
+    assert "\n" not in transfer.message
+
+
+def test_a_malformed_newest_object_alone_is_a_miss_not_an_error(cache_dir: Path) -> None:
+    store = MemoryStore()
+    key = make_key(PREFIX, H100.digest(), "run-1")
+    store.objects[key] = (b"PTCCBNDL" + b"\x00\x00\x00\x02" + b"\xff" * 10, 1.0)
+    transfer = _restore(store, cache_dir)
+    assert transfer.outcome == "miss" and transfer.ok
+    assert transfer.skipped == ((key, "bundle manifest length 4294967295 is out of range"),)
+
+
+def test_bundles_over_max_bytes_are_skipped_without_download(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    key = _put_bundle(store, tmp_path, source, H100, "run-1")
+    transfer = _restore(store, cache_dir, max_bytes=100)
+    assert transfer.outcome == "miss"
+    assert transfer.skipped == ((key, f"bundle is {len(store.objects[key][0])} bytes, more than the limit of 100 bytes"),)
+    assert "get" not in store.calls
+
+
+def test_an_old_format_bundle_is_a_cold_start(tmp_path: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    key = make_key(PREFIX, H100.digest(), "run-1")
+    store.objects[key] = (b"PTCCBNDL" + (1).to_bytes(4, "big") + b"\x00" * 64, 1.0)
+    transfer = _restore(store, cache_dir)
+    assert transfer.outcome == "miss"
+    assert "bundle format 1 is not supported" in transfer.skipped[0][1]
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+# ------------------------------------------------------------------------ miss explanations (issue 9.3)
+
+INJECTED = {**A100.facts, "gpus": "x\n::error title=Injected::owned"}
+
+
+def test_miss_explanation_reads_only_the_header(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    newest = _put_bundle(store, tmp_path, source, A100, "run-1")
+    data, when = store.objects[newest]
+    store.objects[newest] = (data[:-200], when)  # the payload is damaged: the header alone must do
+    transfer = _restore(store, cache_dir)
+    assert transfer.outcome == "miss"
+    assert "which differs in: gpus: NVIDIA A100-SXM4-80GB (8.0) -> NVIDIA H100 80GB HBM3 (9.0)" in transfer.message
+
+
+def test_miss_explanation_uses_no_unauthenticated_text(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    newest = _put_bundle(store, tmp_path, source, Fingerprint(INJECTED), "run-1")  # unsigned
+    transfer = _restore(store, cache_dir, signing_key=b"key")
+    assert transfer.outcome == "miss"
+    assert transfer.message == (
+        f"no bundle for fingerprint {H100.digest()}; newest {newest} is unreadable: "
+        "bundle signature missing (PYTEST_COMPILECACHE_SIGNING_KEY is set)"
+    )
+    assert "Injected" not in transfer.message
+
+
+def test_miss_explanation_is_one_line_even_with_hostile_facts(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    _put_bundle(store, tmp_path, source, Fingerprint(INJECTED), "run-1", signing_key=b"key")
+    transfer = _restore(store, cache_dir, signing_key=b"key")
+    assert transfer.outcome == "miss"
+    assert "\n" not in transfer.message and "x\\n::error" in transfer.message
+
+
+def test_miss_explanation_checks_the_key_the_bundle_was_saved_as(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    original = _put_bundle(store, tmp_path, source, A100, "run-1")
+    moved = make_key(PREFIX, A100.digest(), "run-2")
+    store.objects[moved] = store.objects.pop(original)
+    transfer = _restore(store, cache_dir)
+    assert transfer.outcome == "miss"
+    assert f"newest {moved} is unreadable: bundle was saved as {original!r}" in transfer.message
+
+
+# ----------------------------------------------------------------------------------------- save limits
+
+
+def test_save_leaves_out_files_no_bundle_can_carry(tmp_path: Path, source: Path) -> None:
+    os.close(os.open(os.path.join(os.fsencode(source), b"bad\xff.so"), os.O_CREAT | os.O_WRONLY))
+    store = MemoryStore()
+    transfer = _save(store, source, "run-1", files=[*CACHE_FILES, os.fsdecode(b"bad\xff.so")])
+    assert transfer.outcome == "saved"
+    assert transfer.skipped == (("bad\\udcff.so", "not valid UTF-8"),)
+    assert transfer.message == "left out 1 cache file(s) no bundle can carry"
+    assert transfer.to_json()["skipped"] == [{"key": "bad\\udcff.so", "reason": "not valid UTF-8"}]
+    restored = _restore(store, tmp_path / "fresh", exact_key=transfer.key)
+    assert restored.outcome == "exact"  # the bundle save wrote is one restore accepts
+
+
+def test_save_refuses_a_bundle_restore_would_refuse(source: Path) -> None:
+    store = MemoryStore()
+    transfer = _save(store, source, "run-1", max_bytes=10)
+    assert transfer.outcome == "error"
+    assert transfer.message.startswith("save failed: bundle would be ")
+    assert store.objects == {}
