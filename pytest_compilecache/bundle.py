@@ -39,6 +39,7 @@ from typing import Callable
 from typing import Iterable
 from typing import Iterator
 from typing import Mapping
+from typing import cast
 
 from . import BundleError
 from . import __version__
@@ -337,8 +338,13 @@ def unpack(
 ) -> Unpacked:
     """:func:`verify` into ``cache_dir``, :func:`install`, and return the blobs in memory (a convenience)."""
     with verify(
-        path, signing_key=signing_key, fingerprint=fingerprint, key=key, lineage=lineage,
-        cache_dir=Path(cache_dir), max_bytes=max_bytes,
+        path,
+        signing_key=signing_key,
+        fingerprint=fingerprint,
+        key=key,
+        lineage=lineage,
+        cache_dir=Path(cache_dir),
+        max_bytes=max_bytes,
     ) as verified:
         installed = install(verified)
         blobs = {name: verified.blob(name) for name in verified.manifest.blob_names}
@@ -417,25 +423,27 @@ def _write_payload(
     hashing = _HashingWriter(out)
     with cache_root(cache_dir) as root_fd:
         entries = sorted([(f"{BLOBS_DIR}{n}.bin", n) for n in blobs] + [(f"{FILES_DIR}{r}", r) for r in files])
-        with compressor().stream_writer(hashing, closefd=False) as zwriter:  # type: ignore[arg-type]
-            with tarfile.open(fileobj=zwriter, mode="w|", format=tarfile.PAX_FORMAT) as archive:  # type: ignore[call-overload]
-                for path, name in entries:
-                    if path.startswith(BLOBS_DIR):
-                        data = bytes(blobs[name])
-                        archive.addfile(_tar_info(path, len(data)), io.BytesIO(data))
-                        members.append(Member(path, len(data), hashlib.sha256(data).hexdigest()))
-                        continue
-                    fd = open_cache_file(root_fd, name)
-                    if fd is None:
-                        continue
-                    with os.fdopen(fd, "rb") as fh:
-                        size = os.fstat(fh.fileno()).st_size
-                        reader = _HashingReader(fh)
-                        try:
-                            archive.addfile(_tar_info(path, size), reader)  # type: ignore[arg-type]
-                        except OSError as exc:
-                            raise BundleError(f"cannot read cache file {name!r}: {exc.strerror or exc}") from exc
-                    members.append(Member(path, size, reader.digest.hexdigest()))
+        with (
+            compressor().stream_writer(cast(BinaryIO, hashing), closefd=False) as zwriter,
+            tarfile.open(fileobj=zwriter, mode="w|", format=tarfile.PAX_FORMAT) as archive,
+        ):
+            for path, name in entries:
+                if path.startswith(BLOBS_DIR):
+                    data = bytes(blobs[name])
+                    archive.addfile(_tar_info(path, len(data)), io.BytesIO(data))
+                    members.append(Member(path, len(data), hashlib.sha256(data).hexdigest()))
+                    continue
+                fd = open_cache_file(root_fd, name)
+                if fd is None:
+                    continue
+                with os.fdopen(fd, "rb") as fh:
+                    size = os.fstat(fh.fileno()).st_size
+                    reader = _HashingReader(fh)
+                    try:
+                        archive.addfile(_tar_info(path, size), reader)
+                    except OSError as exc:
+                        raise BundleError(f"cannot read cache file {name!r}: {exc.strerror or exc}") from exc
+                members.append(Member(path, size, reader.digest.hexdigest()))
     return members, hashing.size, hashing.digest.hexdigest()
 
 

@@ -27,8 +27,10 @@ import hmac
 import struct
 import tarfile
 from dataclasses import dataclass
+from typing import IO
 from typing import BinaryIO
 from typing import Iterator
+from typing import cast
 
 import zstandard
 
@@ -197,7 +199,8 @@ class _Inflater:
 
     def __init__(self, source: PayloadReader, limit: int) -> None:
         decompressor = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
-        self._reader = decompressor.stream_reader(source, read_size=CHUNK, read_across_frames=True)
+        # PayloadReader has the one method zstd calls on a source: read().
+        self._reader = decompressor.stream_reader(cast(IO[bytes], source), read_size=CHUNK, read_across_frames=True)
         self._limit = limit
         self.total = 0
 

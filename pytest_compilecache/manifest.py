@@ -371,6 +371,11 @@ def _parse_artifacts(raw: Any) -> tuple[Artifact, ...]:
             raise BundleError(f"bundle manifest lists artifact {kind}/{name} twice")
         seen.add((kind, name))
         artifacts.append(
-            Artifact(kind=kind, name=name, sha256=_sha(item["sha256"], "artifacts.sha256"), size=_int(item["size"], "artifacts.size"))
+            Artifact(
+                kind=kind,
+                name=name,
+                sha256=_sha(item["sha256"], "artifacts.sha256"),
+                size=_int(item["size"], "artifacts.size"),
+            )
         )
     return tuple(artifacts)

@@ -183,8 +183,13 @@ def restore(
                 size = path.stat().st_size
                 try:
                     verified = bundle.verify(
-                        path, signing_key=signing_key, fingerprint=fingerprint.to_json(), key=key, lineage=lineage,
-                        cache_dir=Path(cache_dir), max_bytes=max_bytes,
+                        path,
+                        signing_key=signing_key,
+                        fingerprint=fingerprint.to_json(),
+                        key=key,
+                        lineage=lineage,
+                        cache_dir=Path(cache_dir),
+                        max_bytes=max_bytes,
                     )
                 except BundleError as exc:
                     skipped.append((key, one_line(str(exc), 500)))
@@ -200,7 +205,11 @@ def restore(
                         continue
                     artifacts = _load_blobs(verified, cache_dir, load)
                 return result(
-                    outcome, key=key, size=size, files=len(installed.files), artifacts=artifacts,
+                    outcome,
+                    key=key,
+                    size=size,
+                    files=len(installed.files),
+                    artifacts=artifacts,
                     skipped=tuple(skipped),
                 )
     except (StoreError, BundleError, OSError) as exc:
@@ -311,9 +320,18 @@ def save(
         with temporary_dir("save") as tmp:
             path = Path(tmp) / "bundle"
             manifest = bundle.pack(
-                path, key=key, lineage=restore_prefix(prefix, digest), fingerprint=fingerprint.to_json(),
-                digest=digest, torch_version=fingerprint.facts.get("torch", "unknown"), blobs=blobs,
-                cache_dir=Path(cache_dir), files=files, stats=stats, signing_key=signing_key, graphs=graphs,
+                path,
+                key=key,
+                lineage=restore_prefix(prefix, digest),
+                fingerprint=fingerprint.to_json(),
+                digest=digest,
+                torch_version=fingerprint.facts.get("torch", "unknown"),
+                blobs=blobs,
+                cache_dir=Path(cache_dir),
+                files=files,
+                stats=stats,
+                signing_key=signing_key,
+                graphs=graphs,
                 on_skip=lambda name, reason: skipped.append((name, reason)),
             )
             size = path.stat().st_size
@@ -331,6 +349,11 @@ def save(
     except Exception as exc:  # the bundle is stored; only the clean-up failed
         notes.append(f"could not prune old bundles: {exc}")
     return SaveResult(
-        "saved", key=key, size=size, seconds=time.perf_counter() - started, files=len(manifest.file_paths),
-        message=one_line("; ".join(notes)), skipped=tuple(skipped),
+        "saved",
+        key=key,
+        size=size,
+        seconds=time.perf_counter() - started,
+        files=len(manifest.file_paths),
+        message=one_line("; ".join(notes)),
+        skipped=tuple(skipped),
     )

@@ -181,7 +181,8 @@ def test_manifest_contents(packed: Path, cache_dir: Path) -> None:
     assert manifest.fingerprint == FINGERPRINT and manifest.digest == "abc"
     assert manifest.plugin_version == __version__ and manifest.torch_version == "2.13.0"
     created = datetime.fromisoformat(manifest.created)
-    assert created.utcoffset() is not None and created.utcoffset().total_seconds() == 0
+    offset = created.utcoffset()
+    assert offset is not None and offset.total_seconds() == 0
     assert abs((datetime.now(timezone.utc) - created).total_seconds()) < 24 * 3600
     assert manifest.stats == {"hits": 3, "tests": ["a", "b"]}
     assert manifest.blob_names == ("controller", "gw0")
@@ -213,7 +214,8 @@ def test_manifest_json_is_canonical_and_round_trips(packed: Path) -> None:
 
 
 def _manifest_document(packed: Path) -> dict[str, Any]:
-    return json.loads(bundle.read_manifest(packed).to_json_bytes())
+    document: dict[str, Any] = json.loads(bundle.read_manifest(packed).to_json_bytes())
+    return document
 
 
 @pytest.mark.parametrize(
@@ -344,8 +346,21 @@ def test_truncated_bundles_are_refused(packed: Path) -> None:
     data = packed.read_bytes()
     offset = _payload_offset(packed)
     manifest_len = int.from_bytes(data[12:16], "big")
-    cuts = [0, 3, 8, 10, 14, 16, 16 + manifest_len // 2, 16 + manifest_len + 5, 48 + manifest_len + 2,
-            offset, offset + 1, (offset + len(data)) // 2, len(data) - 1]
+    cuts = [
+        0,
+        3,
+        8,
+        10,
+        14,
+        16,
+        16 + manifest_len // 2,
+        16 + manifest_len + 5,
+        48 + manifest_len + 2,
+        offset,
+        offset + 1,
+        (offset + len(data)) // 2,
+        len(data) - 1,
+    ]
     for cut in cuts:
         packed.write_bytes(data[:cut])
         with pytest.raises(BundleError, match="truncated"):
@@ -476,12 +491,22 @@ _GOOD = "files/ok.so"
         (_tar_entry("files/fifo", kind=tarfile.FIFOTYPE), "not a regular file"),
         (_tar_entry("files/subdir", kind=tarfile.DIRTYPE), "not a regular file \\(directory\\)"),
     ],
-    ids=["dotdot-inside", "dotdot", "absolute", "backslash", "empty-part", "outside-files", "symlink-abs",
-         "symlink-rel", "hardlink", "device", "fifo", "directory"],
+    ids=[
+        "dotdot-inside",
+        "dotdot",
+        "absolute",
+        "backslash",
+        "empty-part",
+        "outside-files",
+        "symlink-abs",
+        "symlink-rel",
+        "hardlink",
+        "device",
+        "fifo",
+        "directory",
+    ],
 )
-def test_malicious_members_are_refused(
-    tmp_path: Path, entry: tuple[tarfile.TarInfo, bytes], match: str
-) -> None:
+def test_malicious_members_are_refused(tmp_path: Path, entry: tuple[tarfile.TarInfo, bytes], match: str) -> None:
     good = _tar_entry(_GOOD, b"fine")
     dest = _craft(tmp_path / "evil.bundle", [good, entry], signing_key=KEY)
     target = tmp_path / "cache"

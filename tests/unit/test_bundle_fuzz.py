@@ -38,9 +38,18 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 def _manifest(members: list[Member], payload: bytes) -> Manifest:
     return Manifest(
-        format=FORMAT_VERSION, key="p-d-1", lineage="p-d-", fingerprint={"torch": "2.13.0"}, digest="d",
-        plugin_version="0", torch_version="2.13.0", created="2026-01-01T00:00:00+00:00", members=tuple(members),
-        stats={}, payload_size=len(payload), payload_sha256=hashlib.sha256(payload).hexdigest(),
+        format=FORMAT_VERSION,
+        key="p-d-1",
+        lineage="p-d-",
+        fingerprint={"torch": "2.13.0"},
+        digest="d",
+        plugin_version="0",
+        torch_version="2.13.0",
+        created="2026-01-01T00:00:00+00:00",
+        members=tuple(members),
+        stats={},
+        payload_size=len(payload),
+        payload_sha256=hashlib.sha256(payload).hexdigest(),
     )
 
 
@@ -53,14 +62,27 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, bytes]:
     """A real signed bundle and its raw (uncompressed) tar."""
     root = tmp_path_factory.mktemp("fuzz-base")
     cache = root / "cache"
-    for rel, data in {"ab/k.main.so": b"\x7fELF" * 300, "fxgraph/x/y": b"graph", "isa.so": b"", "z": b"z" * 700}.items():
+    for rel, data in {
+        "ab/k.main.so": b"\x7fELF" * 300,
+        "fxgraph/x/y": b"graph",
+        "isa.so": b"",
+        "z": b"z" * 700,
+    }.items():
         (cache / rel).parent.mkdir(parents=True, exist_ok=True)
         (cache / rel).write_bytes(data)
     dest = root / "b.bundle"
     bundle.pack(
-        dest, key="p-d-1", lineage="p-d-", fingerprint={"torch": "2.13.0"}, digest="d", torch_version="2.13.0",
-        blobs={"controller": b"blob" * 100}, cache_dir=cache, files=["ab/k.main.so", "fxgraph/x/y", "isa.so", "z"],
-        stats={"hits": 1}, signing_key=KEY,
+        dest,
+        key="p-d-1",
+        lineage="p-d-",
+        fingerprint={"torch": "2.13.0"},
+        digest="d",
+        torch_version="2.13.0",
+        blobs={"controller": b"blob" * 100},
+        cache_dir=cache,
+        files=["ab/k.main.so", "fxgraph/x/y", "isa.so", "z"],
+        stats={"hits": 1},
+        signing_key=KEY,
     )
     data = dest.read_bytes()
     manifest = bundle.read_manifest(dest)
@@ -91,8 +113,23 @@ def _splice(rng: random.Random, data: bytes, raw: bytes) -> bytes:
 def _hostile_value(rng: random.Random) -> Any:
     return rng.choice(
         [
-            -1, 2**70, True, None, 1.5, "", "\ud800", "x" * 300, "../../etc", "files/a/../../b", [], {}, [[[[]]]],
-            {"path": "files/x", "size": 1, "sha256": "0" * 64}, "files/a\x00b", "blobs/.bin", "\n::error::x",
+            -1,
+            2**70,
+            True,
+            None,
+            1.5,
+            "",
+            "\ud800",
+            "x" * 300,
+            "../../etc",
+            "files/a/../../b",
+            [],
+            {},
+            [[[[]]]],
+            {"path": "files/x", "size": 1, "sha256": "0" * 64},
+            "files/a\x00b",
+            "blobs/.bin",
+            "\n::error::x",
         ]
     )
 
@@ -151,13 +188,36 @@ def _mutate_tar(rng: random.Random, data: bytes, raw: bytes) -> bytes:
 
 
 _NAMES = [
-    "files/ok.so", "files/../x", "/abs", "files//x", "blobs/x.bin", "blobs/.bin", "files/" + "n" * 300,
-    "files/\udcff", "files/a", "files/a/b", "files/ünï.so", "files/x\\y", "C:/x", "files/.", "files/ok.so",
+    "files/ok.so",
+    "files/../x",
+    "/abs",
+    "files//x",
+    "blobs/x.bin",
+    "blobs/.bin",
+    "files/" + "n" * 300,
+    "files/\udcff",
+    "files/a",
+    "files/a/b",
+    "files/ünï.so",
+    "files/x\\y",
+    "C:/x",
+    "files/.",
+    "files/ok.so",
 ]
 _TYPES = [
-    tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.DIRTYPE, tarfile.CHRTYPE,
-    tarfile.BLKTYPE, tarfile.FIFOTYPE, tarfile.CONTTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.XGLTYPE,
-    tarfile.GNUTYPE_SPARSE, b"Z",
+    tarfile.REGTYPE,
+    tarfile.AREGTYPE,
+    tarfile.SYMTYPE,
+    tarfile.LNKTYPE,
+    tarfile.DIRTYPE,
+    tarfile.CHRTYPE,
+    tarfile.BLKTYPE,
+    tarfile.FIFOTYPE,
+    tarfile.CONTTYPE,
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.XGLTYPE,
+    tarfile.GNUTYPE_SPARSE,
+    b"Z",
 ]
 
 
@@ -174,7 +234,12 @@ def _hostile_tar(rng: random.Random, data: bytes, raw: bytes) -> bytes:
             info.size = len(content)
             if rng.random() < 0.2:
                 info.pax_headers = rng.choice(
-                    [{"size": "99999999999"}, {"GNU.sparse.map": "1,x"}, {"path": "files/\x00"}, {"hdrcharset": "BINARY"}]
+                    [
+                        {"size": "99999999999"},
+                        {"GNU.sparse.map": "1,x"},
+                        {"path": "files/\x00"},
+                        {"hdrcharset": "BINARY"},
+                    ]
                 )
             try:
                 archive.addfile(info, io.BytesIO(content) if content else None)

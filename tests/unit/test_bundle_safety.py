@@ -24,7 +24,6 @@ from pytest_compilecache import BundleError
 from pytest_compilecache import _fs
 from pytest_compilecache import bundle
 from pytest_compilecache import container
-from pytest_compilecache import install
 from pytest_compilecache.manifest import FORMAT_VERSION
 from pytest_compilecache.manifest import Manifest
 from pytest_compilecache.manifest import Member
@@ -197,7 +196,7 @@ def test_a_failure_half_way_through_install_rolls_back(tmp_path: Path, monkeypat
             raise OSError(errno.EIO, "Input/output error")
         real_replace(*args, **kwargs)
 
-    monkeypatch.setattr(install.os, "replace", failing_replace)
+    monkeypatch.setattr(os, "replace", failing_replace)
     with pytest.raises(BundleError, match="Input/output error"):
         bundle.unpack(packed, target)
     assert _tree(target) == before
@@ -531,6 +530,12 @@ def test_killed_save_and_restore_leave_nothing_after_the_next_sweep(tmp_path: Pa
         def put(self, key: str, src: Path) -> None:
             self.stored[key] = Path(src).read_bytes()
 
+        def get(self, key: str, dest: Path) -> bool:
+            return False
+
+        def find_latest(self, prefix: str) -> str | None:
+            return None
+
         def list(self, prefix: str = "") -> list[Any]:
             return []
 
@@ -538,10 +543,19 @@ def test_killed_save_and_restore_leave_nothing_after_the_next_sweep(tmp_path: Pa
             pass
 
     holder = Holder()
-    assert sync.save(
-        holder, prefix="p", fingerprint=fp, suffix="1", cache_dir=str(work / "source"),  # type: ignore[arg-type]
-        blobs={"controller": b"blob"}, files=["k.so"], stats={},
-    ).outcome == "saved"
+    assert (
+        sync.save(
+            holder,
+            prefix="p",
+            fingerprint=fp,
+            suffix="1",
+            cache_dir=str(work / "source"),
+            blobs={"controller": b"blob"},
+            files=["k.so"],
+            stats={},
+        ).outcome
+        == "saved"
+    )
     (work / "good.bundle").write_bytes(next(iter(holder.stored.values())))
     before = {name: _tree(path) for name, path in [("store", work / "store"), ("cache", work / "cache")]}
 
@@ -556,9 +570,11 @@ def test_killed_save_and_restore_leave_nothing_after_the_next_sweep(tmp_path: Pa
             time.sleep(0.05)
         process.send_signal(signal.SIGKILL)
         process.wait()
-        garbage = list(temp.iterdir()) + [p for p in (work / "store").iterdir()] + [
-            p for p in (work / "cache").iterdir() if p.name != "kept.so"
-        ]
+        garbage = (
+            list(temp.iterdir())
+            + [p for p in (work / "store").iterdir()]
+            + [p for p in (work / "cache").iterdir() if p.name != "kept.so"]
+        )
         assert garbage, f"a killed {mode} left nothing to sweep: the test proves nothing"
         for directory in (temp, work / "store", work / "cache"):
             _fs.sweep_stale(directory)

@@ -421,12 +421,17 @@ def test_a_bundle_signed_for_one_shard_is_refused_under_another_shards_key(
     store.objects[shard1_key] = store.objects.pop(shard0)  # copied by someone who can write the store
     before = _tree(cache_dir)
     transfer = sync.restore(
-        store, prefix=PREFIX + "-shard1", fingerprint=H100, cache_dir=str(cache_dir), signing_key=b"key",
+        store,
+        prefix=PREFIX + "-shard1",
+        fingerprint=H100,
+        cache_dir=str(cache_dir),
+        signing_key=b"key",
         load=FakeLoader(),
     )
     assert transfer.outcome == "miss"
-    assert transfer.skipped == ((shard1_key, f"bundle was saved as {shard0!r}, not as {shard1_key!r} "
-                                              "(copied under another key?)"),)
+    assert transfer.skipped == (
+        (shard1_key, f"bundle was saved as {shard0!r}, not as {shard1_key!r} (copied under another key?)"),
+    )
     assert _tree(cache_dir) == before
 
 
@@ -484,7 +489,9 @@ def test_bundles_over_max_bytes_are_skipped_without_download(tmp_path: Path, sou
     key = _put_bundle(store, tmp_path, source, H100, "run-1")
     transfer = _restore(store, cache_dir, max_bytes=100)
     assert transfer.outcome == "miss"
-    assert transfer.skipped == ((key, f"bundle is {len(store.objects[key][0])} bytes, more than the limit of 100 bytes"),)
+    assert transfer.skipped == (
+        (key, f"bundle is {len(store.objects[key][0])} bytes, more than the limit of 100 bytes"),
+    )
     assert "get" not in store.calls
 
 
