@@ -267,10 +267,6 @@ def _check_sizes(fh: BinaryIO, header: Header, manifest: Manifest, max_bytes: in
         raise BundleError(f"bundle declares {max(manifest.total_size, manifest.payload_size)} bytes, more than {limit}")
 
 
-def _member_kind(kind: str) -> str:
-    return kind if kind != "file" else "file"
-
-
 def _stream_members(reader: PayloadReader, manifest: Manifest, verified: Verified) -> None:
     expected = {m.path: m for m in manifest.members}
     limit = tar_limit([(m.path, m.size) for m in manifest.members])
@@ -279,7 +275,7 @@ def _stream_members(reader: PayloadReader, manifest: Manifest, verified: Verifie
         name = check_member_path(entry.name)
         # Only plain files: links and devices are how archives escape their base directory.
         if entry.kind != "file":
-            raise BundleError(f"bundle member {name!r} is not a regular file ({_member_kind(entry.kind)})")
+            raise BundleError(f"bundle member {name!r} is not a regular file ({entry.kind})")
         member = expected.get(name)
         if member is None:
             raise BundleError(f"bundle member {name!r} is not in the manifest")

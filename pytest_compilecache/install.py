@@ -274,11 +274,15 @@ class Staging:
         grand_rel, _, name = parent_rel.rpartition("/")
         grand_fd = self._parent(grand_rel, made)
         try:
-            fd = _open_dir(grand_fd, name)
-        except FileNotFoundError:
-            os.mkdir(name, 0o755, dir_fd=grand_fd)
-            made.append((grand_rel, name))
-            fd = _open_dir(grand_fd, name)
+            try:
+                fd = _open_dir(grand_fd, name)
+            except FileNotFoundError:
+                try:
+                    os.mkdir(name, 0o755, dir_fd=grand_fd)
+                    made.append((grand_rel, name))
+                except FileExistsError:
+                    pass  # torch made it meanwhile: fine, it is opened below without following links
+                fd = _open_dir(grand_fd, name)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise BundleError(f"refusing to unpack into {parent_rel}: it {_describe(grand_fd, name)}") from None
@@ -289,11 +293,12 @@ class Staging:
     def _roll_back(self, steps: list[_Step], made: list[tuple[str, str]]) -> None:
         # Best effort, in reverse: put every replaced file back, take every new file out, remove new dirs.
         for step in reversed(steps):
-            with contextlib.suppress(OSError, KeyError):
-                parent_fd = self._dirs[step.parent] if step.parent else self.root_fd
-                if step.placed:
+            parent_fd = self._dirs.get(step.parent, self.root_fd) if step.parent else self.root_fd
+            if step.placed:
+                with contextlib.suppress(OSError):
                     os.unlink(step.name, dir_fd=parent_fd)
-                if step.backup is not None:
+            if step.backup is not None:
+                with contextlib.suppress(OSError):
                     os.replace(step.backup, step.name, src_dir_fd=self.fd, dst_dir_fd=parent_fd)
         for parent_rel, name in reversed(made):
             with contextlib.suppress(OSError, KeyError):

@@ -81,6 +81,16 @@ class RestoreResult:
     def ok(self) -> bool:
         return self.outcome != "error"
 
+    @property
+    def warning(self) -> str | None:
+        """The one line to warn with, or None: the error, or the bad bundles skipped (whatever the outcome)."""
+        if self.outcome == "error":
+            return self.message
+        if self.skipped:
+            reasons = "; ".join(f"{key}: {reason}" for key, reason in self.skipped)
+            return one_line(f"restore skipped {len(self.skipped)} bundle(s) that failed verification: {reasons}")
+        return None
+
     def to_json(self) -> dict[str, Any]:
         """The report's ``restore`` object: the fields of format 1 plus ``skipped`` (a list of {key, reason})."""
         return {
@@ -112,6 +122,11 @@ class SaveResult:
     @property
     def ok(self) -> bool:
         return self.outcome != "error"
+
+    @property
+    def warning(self) -> str | None:
+        """The one line to warn with (an error), or None; files left out are a note, in ``message``."""
+        return self.message if self.outcome == "error" else None
 
     def to_json(self) -> dict[str, Any]:
         """The report's ``save`` object: the fields of format 1 plus ``skipped`` (a list of {key, reason})."""

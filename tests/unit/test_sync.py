@@ -206,7 +206,7 @@ def test_miss_in_an_empty_store(cache_dir: Path) -> None:
     loader = FakeLoader()
     transfer = _restore(MemoryStore(), cache_dir, load=loader)
     assert transfer.outcome == "miss"
-    assert transfer.ok
+    assert transfer.ok and transfer.warning is None
     assert transfer.key is None
     assert transfer.message == f"no bundle under {PREFIX}- in memory://test"
     assert loader.blobs == []
@@ -447,6 +447,7 @@ def test_restore_falls_back_past_bad_newer_bundles(tmp_path: Path, source: Path,
     assert [key for key, _ in transfer.skipped] == [garbage, unsigned]
     assert "bad magic" in transfer.skipped[0][1] and "signature missing" in transfer.skipped[1][1]
     assert transfer.to_json()["skipped"] == [{"key": k, "reason": r} for k, r in transfer.skipped]
+    assert transfer.warning is not None and transfer.warning.startswith("restore skipped 2 bundle(s) that failed ")
     assert loader.blobs == [BLOBS["controller"], BLOBS["gw0"]]
     assert {rel: _tree(cache_dir)[rel] for rel in CACHE_FILES} == CACHE_FILES
 
