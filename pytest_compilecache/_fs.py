@@ -8,7 +8,7 @@ Every temp file or dir we create carries its owner in its name::
 TMPDIR) or ``tmp`` (an atomic write in progress); ``host`` is a short hash of the host name, ``pid`` the
 owner's process id and ``time`` its creation time in epoch seconds. A process killed by SIGKILL cannot clean
 up, so :func:`sweep_stale` removes entries of that shape whose owner is provably gone (same host, dead pid)
-or that are older than ``max_age``. Nothing without such a name is ever touched: we never delete what we
+or, made on another host, older than ``max_age`` (see :func:`is_stale`). Nothing without such a name is ever touched: we never delete what we
 cannot prove is ours.
 """
 
@@ -34,6 +34,7 @@ __all__ = ["TempName", "atomic_file", "parse_temp_name", "sweep_stale", "temp_di
 
 TempKind = Literal["staging", "save", "restore", "tmp"]
 DEFAULT_MAX_AGE = 3600.0
+MAX_AGE_ALIVE = 24 * 3600.0
 
 _TEMP = re.compile(
     r"^(?P<lead>.*?)compilecache-(?P<kind>staging|save|restore|tmp)-(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]{1,10})"
@@ -42,7 +43,11 @@ _TEMP = re.compile(
 
 
 def _host_tag() -> str:
-    return hashlib.sha256(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
+    """Hash of the host name and the pid namespace: equal tags mean our pids name the same processes."""
+    namespace = ""
+    with contextlib.suppress(OSError):
+        namespace = os.readlink("/proc/self/ns/pid")  # containers sharing a host name and a volume differ here
+    return hashlib.sha256(f"{socket.gethostname()}\0{namespace}".encode("utf-8", "replace")).hexdigest()[:8]
 
 
 def temp_name(kind: TempKind, lead: str = "") -> str:
@@ -85,11 +90,16 @@ def _pid_alive(pid: int) -> bool:
 
 
 def is_stale(owner: TempName, *, now: float | None = None, max_age: float = DEFAULT_MAX_AGE) -> bool:
-    """True when the owner is gone: same host and its pid is dead, or the entry is older than ``max_age``."""
-    now = time.time() if now is None else now
-    if now - owner.created > max_age:
-        return True
-    return owner.host == _host_tag() and not _pid_alive(owner.pid)
+    """True when the owner is provably gone.
+
+    Made here (same host and pid namespace): its pid is dead, or the entry is older than
+    :data:`MAX_AGE_ALIVE` (the pid was reused). Made elsewhere: older than ``max_age``. A live owner's entry is
+    never stale before a day, so a slow download or a long restore is never swept from under its owner.
+    """
+    age = (time.time() if now is None else now) - owner.created
+    if owner.host == _host_tag():
+        return age > MAX_AGE_ALIVE or not _pid_alive(owner.pid)
+    return age > max_age
 
 
 def sweep_stale(directory: str | os.PathLike[str], *, max_age: float = DEFAULT_MAX_AGE) -> list[str]:

@@ -33,6 +33,7 @@ __all__ = [
     "Member",
     "canonical_json",
     "fingerprint_differences",
+    "printable",
     "unsafe_reason",
 ]
 
@@ -261,10 +262,16 @@ def check_member_path(path: str) -> str:
     raise BundleError(f"bundle has unsafe member path {path[:200]!r} ({reason})")
 
 
+def printable(text: str, limit: int = 200) -> str:
+    """``text`` cut at ``limit`` characters, control characters escaped: bundle text never breaks a line."""
+    text = text[:limit]
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def fingerprint_differences(bundle: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
-    """``name: bundle value != current value`` for every fact that differs, sorted by name."""
+    """``name: bundle value != current value`` for every fact that differs, sorted by name, one line each."""
     return [
-        f"{name}: {bundle.get(name, '<absent>')} != {current.get(name, '<absent>')}"
+        f"{printable(name)}: {printable(bundle.get(name, '<absent>'))} != {printable(current.get(name, '<absent>'))}"
         for name in sorted(set(bundle) | set(current))
         if bundle.get(name) != current.get(name)
     ]

@@ -450,8 +450,14 @@ def test_temp_names_carry_the_owner_and_the_sweeper_spares_live_and_foreign_entr
     (tmp_path / stale).mkdir()
     (tmp_path / stale / "inner").write_bytes(b"x")
     old = _fs.temp_name("save").split("-")
-    old[-2] = str(int(time.time()) - 7200)
+    old[2], old[-2] = "0badc0de", str(int(time.time()) - 7200)  # another host: only its age tells
     (tmp_path / "-".join(old)).mkdir()
+    recent = _fs.temp_name("save").split("-")
+    recent[2], recent[-2] = "0badc0de", str(int(time.time()) - 600)
+    (tmp_path / "-".join(recent)).mkdir()
+    alive = _fs.temp_name("restore").split("-")
+    alive[-2] = str(int(time.time()) - 7200)  # ours, still running after two hours: kept
+    (tmp_path / "-".join(alive)).mkdir()
     atomic = tmp_path / _fs.temp_name("tmp", lead=".k.so.").replace(f"-{os.getpid()}-", f"-{dead_pid}-")
     atomic.write_bytes(b"partial")
     link = tmp_path / _fs.temp_name("restore").replace(f"-{os.getpid()}-", f"-{dead_pid}-")
@@ -463,7 +469,7 @@ def test_temp_names_carry_the_owner_and_the_sweeper_spares_live_and_foreign_entr
     removed = _fs.sweep_stale(tmp_path)
     assert sorted(removed) == sorted([stale, "-".join(old), atomic.name, link.name])
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [mine.name, "victim", "compilecache-save-notours", ".k.so.abc.tmp"]
+        [mine.name, "victim", "compilecache-save-notours", ".k.so.abc.tmp", "-".join(recent), "-".join(alive)]
     )
     assert (tmp_path / "victim" / "data").read_bytes() == b"not ours"
 
