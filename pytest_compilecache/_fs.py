@@ -5,11 +5,11 @@ Every temp file or dir we create carries its owner in its name::
     [.]<what>compilecache-<kind>-<host>-<pid>-<time>-<random>[.tmp]
 
 ``kind`` is ``staging`` (a bundle being installed into a cache dir), ``save`` / ``restore`` (scratch dirs in
-TMPDIR) or ``tmp`` (an atomic write in progress); ``host`` is a short hash of the host name, ``pid`` the
-owner's process id and ``time`` its creation time in epoch seconds. A process killed by SIGKILL cannot clean
-up, so :func:`sweep_stale` removes entries of that shape whose owner is provably gone (same host, dead pid)
-or, made on another host, older than ``max_age`` (see :func:`is_stale`). Nothing without such a name is ever touched: we never delete what we
-cannot prove is ours.
+TMPDIR) or ``tmp`` (an atomic write in progress); ``host`` is a short hash of the host name and pid
+namespace, ``pid`` the owner's process id and ``time`` its creation time in epoch seconds. A process killed
+by SIGKILL cannot clean up, so :func:`sweep_stale` removes entries of that shape whose owner is provably
+gone (same host, dead pid) or, made on another host, older than ``max_age`` (see :func:`is_stale`).
+Nothing without such a name is ever touched: we never delete what we cannot prove is ours.
 """
 
 from __future__ import annotations
