@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import random
 import tarfile
 from pathlib import Path
@@ -27,8 +28,9 @@ from pytest_compilecache.manifest import FORMAT_VERSION
 from pytest_compilecache.manifest import Manifest
 from pytest_compilecache.manifest import Member
 
-SEED = 20261122
-CASES_PER_KIND = 400
+# Override for a longer campaign: COMPILECACHE_FUZZ_SEED=7 COMPILECACHE_FUZZ_CASES=5000 pytest this file.
+SEED = int(os.environ.get("COMPILECACHE_FUZZ_SEED", "20261122"))
+CASES_PER_KIND = int(os.environ.get("COMPILECACHE_FUZZ_CASES", "400"))
 KEY = b"fuzz key"
 
 
