@@ -99,7 +99,7 @@ DEFAULT_MAX_BYTES = 2 * 1024**3
 """Default cap on a bundle's file size and on its unpacked size (``--compile-cache-max-bundle-size``)."""
 
 # Names a cache dir may legitimately hold but no bundle can carry: skipped on pack with a note.
-_UNPACKABLE = ("not valid UTF-8", "control character", "name too long")
+_UNPACKABLE = ("not valid UTF-8", "control character", "name too long", "too many components")
 
 SkipNote = Callable[[str, str], None]
 

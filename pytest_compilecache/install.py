@@ -267,27 +267,32 @@ class Staging:
 
     def _parent(self, parent_rel: str, made: list[tuple[str, str]]) -> int:
         """Fd of the dir ``parent_rel`` (created as needed, recorded in ``made``); links refused."""
-        if parent_rel in self._dirs:
-            return self._dirs[parent_rel]
         if not parent_rel:
             return self.root_fd
-        grand_rel, _, name = parent_rel.rpartition("/")
-        grand_fd = self._parent(grand_rel, made)
-        try:
+        parts = parent_rel.split("/")
+        fd = self.root_fd
+        for end in range(1, len(parts) + 1):
+            rel = "/".join(parts[:end])
+            if rel in self._dirs:
+                fd = self._dirs[rel]
+                continue
+            grand_rel, name = "/".join(parts[: end - 1]), parts[end - 1]
             try:
-                fd = _open_dir(grand_fd, name)
-            except FileNotFoundError:
                 try:
-                    os.mkdir(name, 0o755, dir_fd=grand_fd)
-                    made.append((grand_rel, name))
-                except FileExistsError:
-                    pass  # torch made it meanwhile: fine, it is opened below without following links
-                fd = _open_dir(grand_fd, name)
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise BundleError(f"refusing to unpack into {parent_rel}: it {_describe(grand_fd, name)}") from None
-            raise
-        self._dirs[parent_rel] = fd
+                    child = _open_dir(fd, name)
+                except FileNotFoundError:
+                    try:
+                        os.mkdir(name, 0o755, dir_fd=fd)
+                        made.append((grand_rel, name))
+                    except FileExistsError:
+                        pass  # torch made it meanwhile: fine, it is opened below without following links
+                    child = _open_dir(fd, name)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise BundleError(f"refusing to unpack into {rel}: it {_describe(fd, name)}") from None
+                raise
+            self._dirs[rel] = child
+            fd = child
         return fd
 
     def _roll_back(self, steps: list[_Step], made: list[tuple[str, str]]) -> None:

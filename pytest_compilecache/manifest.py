@@ -42,6 +42,7 @@ BLOBS_DIR = "blobs/"
 FILES_DIR = "files/"
 NAME_MAX = 255  # bytes per path component on every file system we install into (ext4, xfs, tmpfs, APFS)
 PATH_MAX = 4000  # bytes per relative path: below Linux's 4096 with room for the cache dir
+MAX_COMPONENTS = 64  # torch's cache trees are a few levels deep; thousands would only cost fds and time
 MAX_GRAPHS_BYTES = 4 * 1024 * 1024  # the opaque 'graphs' object, canonical JSON
 MAX_DEPTH = 32  # nesting of 'stats' and 'graphs': deeper is hostile (RecursionError elsewhere)
 ARTIFACT_KINDS = frozenset({"precompiled_header"})
@@ -246,6 +247,8 @@ def unsafe_reason(rel: str) -> str | None:
         return "'..', '.' or empty component"
     if len(encoded) > PATH_MAX or any(len(part.encode("utf-8")) > NAME_MAX for part in parts):
         return "name too long"
+    if len(parts) > MAX_COMPONENTS:
+        return "too many components"
     return None
 
 

@@ -180,6 +180,13 @@ def test_name_longer_than_the_file_system_allows_is_refused_by_verify(tmp_path: 
     assert _tree(target) == {}
 
 
+def test_a_path_too_deep_is_refused_by_verify(tmp_path: Path) -> None:
+    packed = _crafted(tmp_path / "b.bundle", {"/".join(["a"] * 1500): b"deep"})
+    with pytest.raises(BundleError, match="too many components"):
+        bundle.unpack(packed, tmp_path / "target")
+    assert not (tmp_path / "target").exists()
+
+
 def test_a_failure_half_way_through_install_rolls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     packed = _crafted(tmp_path / "b.bundle", {"a.so": b"new a", "b/c.so": b"new c", "d.so": b"new d"})
     target = tmp_path / "target"
