@@ -576,3 +576,27 @@ def test_save_refuses_a_bundle_restore_would_refuse(source: Path) -> None:
     assert transfer.outcome == "error"
     assert transfer.message.startswith("save failed: bundle would be ")
     assert store.objects == {}
+
+
+def test_restore_reads_the_bundle_once_and_leaves_no_staging(
+    tmp_path: Path, source: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_compilecache import container
+
+    store = MemoryStore()
+    key = _put_bundle(store, tmp_path, source, H100, "run-1")
+    stored = tmp_path / "stored.bundle"
+    stored.write_bytes(store.objects[key][0])
+    payload_size = bundle.read_manifest(stored).payload_size
+    read = [0]
+    original = container.PayloadReader.read
+
+    def counting(self: container.PayloadReader, size: int = -1) -> bytes:
+        data = original(self, size)
+        read[0] += len(data)
+        return data
+
+    monkeypatch.setattr(container.PayloadReader, "read", counting)
+    assert _restore(store, cache_dir, exact_key=key).outcome == "exact"
+    assert read[0] == payload_size  # verified and installed in one pass (it was read twice before)
+    assert not [p for p in cache_dir.iterdir() if p.name.startswith(".compilecache-staging-")]
