@@ -204,6 +204,19 @@ def test_manifest_contents(packed: Path, cache_dir: Path) -> None:
     assert not bundle.is_signed(packed)
 
 
+def test_format_2_fields_round_trip(tmp_path: Path, cache_dir: Path) -> None:
+    artifact = bundle.Artifact(kind="precompiled_header", name="pch-abc", sha256="a" * 64, size=21)
+    graphs = {"fxgraph": {"k1": {"ops": 3}}, "order": ["k1"]}
+    dest = tmp_path / "b.bundle"
+    manifest = _pack(dest, cache_dir, artifacts=[artifact], graphs=graphs)
+    read = bundle.read_manifest(dest)
+    assert read == manifest
+    assert (read.lineage, read.artifacts, read.graphs) == ("compilecache-v1-abc-", (artifact,), graphs)
+    with pytest.raises(BundleError, match="'key' does not start with its 'lineage'"):
+        _pack(tmp_path / "c.bundle", cache_dir, lineage="elsewhere-")
+    assert not (tmp_path / "c.bundle").exists()
+
+
 def test_manifest_json_is_canonical_and_round_trips(packed: Path) -> None:
     manifest = bundle.read_manifest(packed)
     raw = manifest.to_json_bytes()
@@ -239,12 +252,24 @@ def _manifest_document(packed: Path) -> dict[str, Any]:
         lambda d: d["members"][0].update(path="files/../../etc/passwd"),
         lambda d: d["members"][0].update(path="elsewhere/x"),
         lambda d: d["members"][0].update(path="blobs/gw0.pickle"),
+        lambda d: d.pop("lineage"),
+        lambda d: d.update(lineage="another-prefix-"),
+        lambda d: d.update(lineage=""),
+        lambda d: d.update(artifacts={}),
+        lambda d: d.update(artifacts=[{"kind": "precompiled_header", "name": "x", "sha256": "0" * 64}]),
+        lambda d: d.update(artifacts=[{"kind": "shell_script", "name": "x", "sha256": "0" * 64, "size": 1}]),
+        lambda d: d.update(artifacts=[{"kind": "precompiled_header", "name": "../x", "sha256": "0" * 64, "size": 1}]),
+        lambda d: d.update(artifacts=[{"kind": "precompiled_header", "name": "x", "sha256": "0" * 64, "size": 1}] * 2),
+        lambda d: d.update(graphs=[]),
+        lambda d: d.update(graphs={"g": "x" * (5 * 1024 * 1024)}),
+        lambda d: d.update(payload_size=2**64),
+        lambda d: d["members"].append({"path": d["members"][-1]["path"] + "/below", "size": 0, "sha256": "0" * 64}),
     ],
 )
 def test_malformed_manifests_are_refused(packed: Path, mutate: Callable[[dict[str, Any]], Any]) -> None:
     document = _manifest_document(packed)
     mutate(document)
-    with pytest.raises(BundleError, match="bundle manifest|unsafe member"):
+    with pytest.raises(BundleError, match="bundle manifest|unsafe member|cannot both be installed"):
         Manifest.from_json_bytes(json.dumps(document).encode())
 
 
