@@ -58,6 +58,7 @@ from .container import iter_tar
 from .container import read_header
 from .container import sign
 from .container import tar_limit
+from .install import CacheDirError
 from .install import Installed
 from .install import Staging
 from .install import cache_root
@@ -80,6 +81,7 @@ __all__ = [
     "MAGIC",
     "SIGNING_KEY_ENV",
     "Artifact",
+    "CacheDirError",
     "Installed",
     "Manifest",
     "Member",
@@ -293,7 +295,7 @@ def _stream_members(reader: PayloadReader, manifest: Manifest, verified: Verifie
                 if writer is not None:
                     writer.write(chunk)
         except OSError as exc:
-            raise BundleError(f"cannot stage {name}: {exc.strerror or exc}") from exc
+            raise CacheDirError(f"cannot stage {name}: {exc.strerror or exc}") from exc
         finally:
             if writer is not None:
                 writer.close()

@@ -30,12 +30,17 @@ from typing import Iterator
 from . import BundleError
 from ._fs import temp_name
 
-__all__ = ["Installed", "Staging", "open_cache_file", "open_root"]
+__all__ = ["CacheDirError", "Installed", "Staging", "open_cache_file", "open_root"]
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC | getattr(os, "O_BINARY", 0)
 _CHUNK = 1024 * 1024
+
+
+class CacheDirError(BundleError):
+    """The cache dir itself failed us (cannot be created, disk full, I/O error): infrastructure trouble,
+    not a fault of the bundle. A :class:`BundleError`, so a reader still raises nothing else."""
 
 
 @dataclass(frozen=True)
@@ -156,7 +161,7 @@ class Staging:
         try:
             root_fd, created = open_root(Path(cache_dir), create=True)
         except OSError as exc:
-            raise BundleError(f"cannot create cache dir {cache_dir}: {_why(exc)}") from exc
+            raise CacheDirError(f"cannot create cache dir {cache_dir}: {_why(exc)}") from exc
         try:
             name = temp_name("staging", lead=".")
             os.mkdir(name, 0o700, dir_fd=root_fd)
@@ -164,7 +169,7 @@ class Staging:
         except OSError as exc:
             os.close(root_fd)
             _remove_created(created)
-            raise BundleError(f"cannot stage into cache dir {cache_dir}: {_why(exc)}") from exc
+            raise CacheDirError(f"cannot stage into cache dir {cache_dir}: {_why(exc)}") from exc
         return cls(Path(cache_dir), root_fd, fd, name, created)
 
     def __enter__(self) -> Staging:
@@ -260,7 +265,7 @@ class Staging:
         except BaseException as exc:
             self._roll_back(steps, made)
             if isinstance(exc, OSError):
-                raise BundleError(f"cannot unpack into {self.cache_dir}: {_why(exc)}") from exc
+                raise CacheDirError(f"cannot unpack into {self.cache_dir}: {_why(exc)}") from exc
             raise
         self.installed = True
         return Installed(tuple(written), tuple(unchanged))

@@ -13,7 +13,8 @@ Restore outcomes:
   verification: each is listed in ``skipped`` as ``(key, reason)``. A bad bundle in the store is the store's
   content, not a failure to reach it: it means a cold compile, and ``--fail-on-miss`` sees a miss.
 - ``error``: infrastructure failure only: the store could not be reached, the cache dir could not be
-  written, torch rejected verified artifacts, or an unexpected exception.
+  written (:class:`~pytest_compilecache.bundle.CacheDirError`), torch rejected verified artifacts, or an
+  unexpected exception.
 
 At most :data:`MAX_CANDIDATES` bundles are tried, newest first (the exact key before them), so one bad object
 cannot hide the good ones behind it, and a store full of bad ones cannot make a restore slow.
@@ -36,6 +37,7 @@ from . import StoreError
 from . import bundle
 from ._fs import temporary_dir
 from .bundle import DEFAULT_MAX_BYTES
+from .bundle import CacheDirError
 from .cachedir import lock
 from .fingerprint import Fingerprint
 from .fingerprint import explain
@@ -206,6 +208,8 @@ def restore(
                         cache_dir=Path(cache_dir),
                         max_bytes=max_bytes,
                     )
+                except CacheDirError:
+                    raise  # our cache dir, not the bundle: infrastructure trouble
                 except BundleError as exc:
                     skipped.append((key, one_line(str(exc), 500)))
                     path.unlink()
@@ -215,6 +219,8 @@ def restore(
                     try:
                         with lock(cache_dir):
                             installed = bundle.install(verified)
+                    except CacheDirError:
+                        raise
                     except BundleError as exc:  # e.g. a dir where a file goes: the cache dir is as it was
                         skipped.append((key, one_line(str(exc), 500)))
                         continue

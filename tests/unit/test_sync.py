@@ -600,3 +600,13 @@ def test_restore_reads_the_bundle_once_and_leaves_no_staging(
     assert _restore(store, cache_dir, exact_key=key).outcome == "exact"
     assert read[0] == payload_size  # verified and installed in one pass (it was read twice before)
     assert not [p for p in cache_dir.iterdir() if p.name.startswith(".compilecache-staging-")]
+
+
+def test_a_cache_dir_that_cannot_be_created_is_an_error_not_a_miss(tmp_path: Path, source: Path) -> None:
+    store = MemoryStore()
+    _put_bundle(store, tmp_path, source, H100, "run-1")
+    (tmp_path / "a-file").write_bytes(b"")
+    transfer = _restore(store, tmp_path / "a-file" / "cache")
+    assert transfer.outcome == "error"
+    assert transfer.message.startswith("restore failed: cannot create cache dir ")
+    assert transfer.skipped == ()
