@@ -321,7 +321,7 @@ def _pax_records(data: bytes) -> dict[str, str]:
     return records
 
 
-def iter_tar(inflater_source: PayloadReader, limit: int) -> Iterator[TarEntry]:
+def iter_tar(payload: PayloadReader, limit: int) -> Iterator[TarEntry]:
     """Stream the tar inside the zstd payload, one entry at a time; BundleError on anything unexpected.
 
     Accepted: ustar headers with valid checksums, pax ``x`` headers (at most :data:`MAX_PAX` bytes; ``path``
@@ -330,7 +330,7 @@ def iter_tar(inflater_source: PayloadReader, limit: int) -> Iterator[TarEntry]:
     sparse files) is refused. Entries that are not regular files are yielded with their ``kind`` so the caller
     can name them. After the last entry the whole zstd stream has been consumed (at most ``limit`` bytes).
     """
-    inflater = _Inflater(inflater_source, limit)
+    inflater = _Inflater(payload, limit)
     pax: dict[str, str] = {}
     while True:
         block = inflater.read_exact(_BLOCK)

@@ -43,6 +43,7 @@ from .fingerprint import Fingerprint
 from .fingerprint import explain
 from .fingerprint import make_key
 from .fingerprint import restore_prefix
+from .manifest import printable
 from .probe import CACHE_ENV
 from .stores.base import Store
 from .stores.base import prune
@@ -57,9 +58,7 @@ Loader = Callable[[bytes], Mapping[str, int]]
 
 def one_line(text: str, limit: int = 2000) -> str:
     """``text`` with control characters escaped (no newline can reach a log), cut at ``limit`` characters."""
-    if text.isprintable():
-        return text[:limit]
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)[:limit]
+    return printable(text, limit)
 
 
 def _skipped_json(skipped: tuple[tuple[str, str], ...]) -> list[dict[str, str]]:
