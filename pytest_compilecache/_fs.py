@@ -1,27 +1,179 @@
-"""Atomic file writes: the one way this package publishes a file (bundles, stored bundles, unpacked
-cache entries, reports). Readers see the old file or the whole new one, never a part of it."""
+"""Atomic file writes and the names of everything temporary this package creates, with their sweeper.
+
+Every temp file or dir we create carries its owner in its name::
+
+    [.]<what>compilecache-<kind>-<host>-<pid>-<time>-<random>[.tmp]
+
+``kind`` is ``staging`` (a bundle being installed into a cache dir), ``save`` / ``restore`` (scratch dirs in
+TMPDIR) or ``tmp`` (an atomic write in progress); ``host`` is a short hash of the host name and pid
+namespace, ``pid`` the owner's process id and ``time`` its creation time in epoch seconds. A process killed
+by SIGKILL cannot clean up, so :func:`sweep_stale` removes entries of that shape whose owner is provably
+gone (same host, dead pid) or, made on another host, older than ``max_age`` (see :func:`is_stale`).
+Nothing without such a name is ever touched: we never delete what we cannot prove is ours.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import re
+import secrets
+import shutil
+import socket
+import stat
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 from typing import Iterator
+from typing import Literal
+
+__all__ = ["TempName", "atomic_file", "parse_temp_name", "sweep_stale", "temp_dir", "temp_name"]
+
+TempKind = Literal["staging", "save", "restore", "tmp"]
+DEFAULT_MAX_AGE = 3600.0
+MAX_AGE_ALIVE = 24 * 3600.0
+
+_TEMP = re.compile(
+    r"^(?P<lead>.*?)compilecache-(?P<kind>staging|save|restore|tmp)-(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]{1,10})"
+    r"-(?P<time>[0-9]{1,12})-(?P<rand>[0-9a-z]{8})(?:\.tmp)?$"
+)
+
+
+def _host_tag() -> str:
+    """Hash of the host name and the pid namespace: equal tags mean our pids name the same processes."""
+    namespace = ""
+    with contextlib.suppress(OSError):
+        namespace = os.readlink("/proc/self/ns/pid")  # containers sharing a host name and a volume differ here
+    return hashlib.sha256(f"{socket.gethostname()}\0{namespace}".encode("utf-8", "replace")).hexdigest()[:8]
+
+
+def temp_name(kind: TempKind, lead: str = "") -> str:
+    """A fresh, unique name for a temp entry of ``kind``, owned by this process (see the module docstring)."""
+    suffix = ".tmp" if kind == "tmp" else ""
+    rand = "".join(secrets.choice("0123456789abcdefghijklmnopqrstuvwxyz") for _ in range(8))
+    return f"{lead}compilecache-{kind}-{_host_tag()}-{os.getpid()}-{int(time.time())}-{rand}{suffix}"
+
+
+@dataclass(frozen=True)
+class TempName:
+    """What a temp entry's name says about its owner."""
+
+    kind: str
+    host: str
+    pid: int
+    created: float
+
+
+def parse_temp_name(name: str) -> TempName | None:
+    """The owner encoded in ``name``, or None when it is not a name :func:`temp_name` made."""
+    match = _TEMP.fullmatch(name)
+    if match is None:
+        return None
+    return TempName(match["kind"], match["host"], int(match["pid"]), float(match["time"]))
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, owned by someone else
+        return True
+    return True
+
+
+def is_stale(owner: TempName, *, now: float | None = None, max_age: float = DEFAULT_MAX_AGE) -> bool:
+    """True when the owner is provably gone.
+
+    Made here (same host and pid namespace): its pid is dead, or the entry is older than
+    :data:`MAX_AGE_ALIVE` (the pid was reused). Made elsewhere: older than ``max_age``. A live owner's entry is
+    never stale before a day, so a slow download or a long restore is never swept from under its owner.
+    """
+    age = (time.time() if now is None else now) - owner.created
+    if owner.host == _host_tag():
+        return age > MAX_AGE_ALIVE or not _pid_alive(owner.pid)
+    return age > max_age
+
+
+def sweep_stale(directory: str | os.PathLike[str], *, max_age: float = DEFAULT_MAX_AGE) -> list[str]:
+    """Remove the stale temp entries directly inside ``directory``; return the names removed.
+
+    Only names made by :func:`temp_name` are considered (see :func:`is_stale`); a symlink is unlinked, never
+    followed, and dirs are removed with ``shutil.rmtree`` relative to a dir fd (which does not follow links).
+    Best effort: a missing dir or an entry that cannot be removed is skipped silently.
+    """
+    removed: list[str] = []
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return removed
+    try:
+        for name in sorted(os.listdir(dir_fd)):
+            owner = parse_temp_name(name)
+            if owner is None or not is_stale(owner, max_age=max_age):
+                continue
+            try:
+                info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode):
+                    shutil.rmtree(name, dir_fd=dir_fd)
+                else:
+                    os.unlink(name, dir_fd=dir_fd)
+            except OSError:
+                continue
+            removed.append(name)
+    finally:
+        os.close(dir_fd)
+    return removed
+
+
+def temp_dir(kind: TempKind, parent: str | os.PathLike[str] | None = None) -> str:
+    """Create a private temp dir named by :func:`temp_name` (in TMPDIR by default); return its path."""
+    base = os.fspath(parent) if parent is not None else tempfile.gettempdir()
+    while True:
+        path = os.path.join(base, temp_name(kind))
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        return path
+
+
+@contextlib.contextmanager
+def temporary_dir(kind: TempKind, parent: str | os.PathLike[str] | None = None) -> Iterator[str]:
+    """:func:`temp_dir` as a context manager: removed on exit, whatever happens."""
+    path = temp_dir(kind, parent)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @contextlib.contextmanager
 def atomic_file(dest: Path, *, fsync: bool = True, mode: int = 0o644) -> Iterator[BinaryIO]:
     """Yield a writer on a temp sibling of ``dest``; on success publish it with ``os.replace``.
 
-    The temp file is ``.<name>.<random>.tmp`` in the same directory (so the rename is atomic and other
-    readers can skip it by its leading dot). On any exception, including KeyboardInterrupt, the temp file
-    is removed and ``dest`` is untouched. ``os.replace`` swaps the directory entry, so an existing symlink
-    at ``dest`` is replaced, never written through. ``mode`` replaces mkstemp's 0600: these files are
-    caches, not secrets, and may be shared between users of a directory.
+    The temp file is ``.<name>.compilecache-tmp-<host>-<pid>-<time>-<random>.tmp`` in the same directory (so
+    the rename is atomic, other readers skip it by its leading dot, and :func:`sweep_stale` can remove it
+    after a SIGKILL). On any exception, including KeyboardInterrupt, the temp file is removed and ``dest`` is
+    untouched. ``os.replace`` swaps the directory entry, so an existing symlink at ``dest`` is replaced, never
+    written through. ``mode`` is applied explicitly: these files are caches, not secrets.
     """
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    dest = Path(dest)
+    while True:
+        # The owner suffix takes about 55 bytes: cut a long name so the temp name stays under NAME_MAX (255).
+        tmp = dest.parent / temp_name("tmp", lead=f".{dest.name[:120]}.")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_BINARY", 0), 0o600)
+        except FileExistsError:
+            continue
+        break
     try:
         with os.fdopen(fd, "wb") as writer:
             yield writer

@@ -158,7 +158,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     done = _progress(f"restoring from {store.location}")
     result = sync.restore(
         store, prefix=args.prefix, fingerprint=_fingerprint(args), cache_dir=cache_dir,
-        signing_key=_signing_key(), exact_key=args.key,
+        signing_key=_signing_key(), exact_key=args.key, max_bytes=args.max_bundle_size,
     )
     done(result.size)
     _emit(
@@ -174,10 +174,11 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
         with atomic_file(json_target, fsync=False) as fh:
             fh.write((json.dumps(result.to_json(), indent=2) + "\n").encode())
+    if result.warning:
+        _warn(result.warning)
+    if args.strict and (not result.ok or result.skipped):
+        return EXIT_FAILED  # store trouble, or bad bundles in the store
     if not result.ok:
-        _warn(result.message)
-        if args.strict:
-            return EXIT_FAILED
         return EXIT_MISS if args.fail_on_miss else EXIT_OK  # nothing usable was restored
     if result.outcome == "miss":
         print(f"miss: {result.message}", file=sys.stderr)
@@ -200,11 +201,12 @@ def cmd_save(args: argparse.Namespace) -> int:
     result = sync.save(
         store, prefix=args.prefix, fingerprint=_fingerprint(args), suffix=args.suffix or default_suffix(),
         cache_dir=str(cache_dir), blobs={}, files=files, stats={}, signing_key=_signing_key(), keep=args.keep,
+        max_bytes=args.max_bundle_size,
     )
     done(result.size)
-    print(f"save: {result.outcome} {result.key or ''} {result.message}".rstrip())
-    if not result.ok:
-        _warn(result.message)
+    print(f"save: {result.outcome} {result.key or ''} {ghrunner.one_line(result.message)}".rstrip())
+    if result.warning:
+        _warn(result.warning)
         return EXIT_FAILED if args.strict else EXIT_OK
     return EXIT_OK
 
@@ -234,7 +236,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     fingerprint = _fingerprint(args).to_json() if args.fingerprint else None
     try:
-        manifest = bundle.verify(Path(args.bundle), signing_key=_signing_key(), fingerprint=fingerprint)
+        with bundle.verify(Path(args.bundle), signing_key=_signing_key(), fingerprint=fingerprint) as verified:
+            manifest = verified.manifest
     except BundleError as exc:
         print(f"invalid: {exc}")
         return EXIT_FAILED
@@ -289,6 +292,15 @@ def _warn(message: str) -> None:
         ghrunner.write_command(sys.stdout, "warning", message, title="compile cache")
 
 
+def _size(value: str) -> int:
+    from .settings import parse_size
+
+    try:
+        return parse_size("--max-bundle-size", value)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _positive(value: str) -> int:
     number = int(value)
     if number < 1:
@@ -312,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--strict", action="store_true", help="exit 1 on store or bundle trouble")
         p.add_argument("--s3-endpoint", default=os.environ.get("PYTEST_COMPILECACHE_S3_ENDPOINT") or None,
                        help="S3-compatible endpoint URL")
+        p.add_argument("--max-bundle-size", type=_size, default=_size(os.environ.get(
+            "PYTEST_COMPILECACHE_MAX_BUNDLE_SIZE") or "2G"), help="refuse bundles larger than this (default 2G)")
 
     p = sub.add_parser("fingerprint", help="print the facts that decide reuse, and their digest")
     fp_args(p)

@@ -74,9 +74,11 @@ def write_command(stream: TextIO, name: str, message: str = "", **properties: st
 
 
 def one_line(text: str, limit: int = 2000) -> str:
-    """Collapse ``text`` to one printable line of at most ``limit`` characters (for logs and reports)."""
-    flat = "".join(ch if ch.isprintable() else " " for ch in str(text).replace("\r\n", "\n").replace("\n", " "))
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+    """``text`` on one line: control characters shown escaped (``\\n``), cut at ``limit`` characters."""
+    text = str(text)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def append_vars(path: str | os.PathLike[str] | None, values: Mapping[str, str]) -> None:

@@ -44,7 +44,8 @@ from .stats import SessionStats
 if TYPE_CHECKING:
     from .fingerprint import Fingerprint
     from .stores import Store
-    from .sync import Transfer
+    from .sync import RestoreResult
+    from .sync import SaveResult
 
 # Every variable the plugin may set for torch; the lease puts them all back at the end.
 TOUCHED_ENV = (
@@ -222,8 +223,8 @@ class Controller:
         self.setup = setup
         self.recorder = recorder
         self.problems = setup.problems
-        self.restored: Transfer | None = None
-        self.saved: Transfer | None = None
+        self.restored: RestoreResult | None = None
+        self.saved: SaveResult | None = None
         self.blobs: dict[str, bytes] = {}
         self.files: set[str] = set()
         self.workers: list[str] = []
@@ -239,8 +240,13 @@ class Controller:
     # ---- start
 
     def session_start(self) -> None:
-        """Before the first compile and before xdist starts workers: restore the newest matching bundle."""
+        """Before the first compile and before xdist starts workers: restore the newest matching bundle.
+
+        Also sweeps what killed sessions left behind (our temp files and staging dirs whose owner is gone)
+        from the cache dir and the temp dir.
+        """
         self.setup.ensure_dir()
+        self._sweep()
         if self.settings.restore == "skip":
             self.restored = action_restore_result(os.environ.get(ACTION_RESTORE_ENV))
             return
@@ -252,14 +258,27 @@ class Controller:
             store = open_configured_store(self.settings)
             fingerprint = self.setup.fingerprint()
         except Exception as exc:  # a store or fingerprint that cannot even be set up: infrastructure trouble
-            self.restored = sync.Transfer("error", message=f"restore skipped: {type(exc).__name__}: {exc}")
+            self.restored = sync.RestoreResult("error", message=f"restore skipped: {type(exc).__name__}: {exc}")
         else:
             self.restored = sync.restore(
                 store, prefix=self.settings.key_prefix, fingerprint=fingerprint,
                 cache_dir=self.setup.dir.path, signing_key=self.settings.signing_key,
+                max_bytes=self.settings.max_bundle_size,
             )
-        if not self.restored.ok:
-            self.problems.warn(self.restored.message)
+        if self.restored.warning:
+            self.problems.warn(self.restored.warning)
+
+    def _sweep(self) -> None:
+        import tempfile
+
+        from ._fs import sweep_stale
+
+        for where in (self.setup.dir.path, tempfile.gettempdir()):
+            if where:
+                try:
+                    sweep_stale(where)
+                except OSError:  # best effort: the next session tries again
+                    pass
 
     # ---- workers
 
@@ -305,8 +324,9 @@ class Controller:
         if floor is None or rate is None or rate >= floor:
             return
         message = f"hit rate {report.percent(rate)} is below --compile-cache-min-hit-rate={floor:g}"
-        if self.restored is not None and not self.restored.ok and not self.settings.strict:
-            # The restore failed (here or in the Action): a cold run is infrastructure trouble.
+        cold_by_trouble = self.restored is not None and (not self.restored.ok or bool(self.restored.skipped))
+        if cold_by_trouble and not self.settings.strict:
+            # The restore failed or refused bad bundles (here or in the Action): infrastructure trouble.
             self.problems.note(message + " (the restore failed: not failing the session)")
         else:
             self.problems.error(message)
@@ -321,7 +341,7 @@ class Controller:
             restored = self.settings.restore == "skip"
         if restored and self.stats.hits and not self.stats.misses:
             # Every graph came from the restored cache: a new bundle would only repeat the old one.
-            self.saved = sync.Transfer("skipped", message="every graph hit the restored cache; nothing new to save")
+            self.saved = sync.SaveResult("skipped", message="every graph hit the restored cache; nothing new to save")
             return
         try:
             store = open_configured_store(self.settings)
@@ -334,9 +354,12 @@ class Controller:
             suffix=self.settings.run_suffix or default_suffix(), cache_dir=self.setup.dir.path or "",
             blobs=self.blobs, files=sorted(self.files), stats=self.stats.totals_json(),
             signing_key=self.settings.signing_key, keep=self.settings.keep_bundles,
+            max_bytes=self.settings.max_bundle_size,
         )
-        if not self.saved.ok:
-            self.problems.warn(self.saved.message)
+        if self.saved.warning:
+            self.problems.warn(self.saved.warning)
+        elif self.saved.message and self.saved.outcome == "saved":
+            self.problems.note(f"save: {self.saved.message}")
 
     def _evict(self) -> None:
         path = self.setup.dir.path
@@ -421,7 +444,7 @@ def open_configured_store(settings: Settings) -> Store:
     return open_store(settings)
 
 
-def action_restore_result(value: str | None) -> Transfer | None:
+def action_restore_result(value: str | None) -> RestoreResult | None:
     """What the Action's restore step reported (JSON in :data:`ACTION_RESTORE_ENV`); None when unknown."""
     from . import sync
 
@@ -436,4 +459,4 @@ def action_restore_result(value: str | None) -> Transfer | None:
         return None
     message = str(data.get("message", "")) if isinstance(data, dict) else ""
     key = data.get("key") if isinstance(data, dict) and isinstance(data.get("key"), str) else None
-    return sync.Transfer(outcome, key=key, message=message)
+    return sync.RestoreResult(outcome, key=key, message=message)

@@ -184,6 +184,8 @@ OPTIONS: tuple[Option, ...] = (
            "keep this many newest bundles per fingerprint in the store after a save."),
     Option("max_size", "--compile-cache-max-size", parse_size, None,
            "shared: cap the cache dir (e.g. 2G), evicting least recently used entries at the end."),
+    Option("max_bundle_size", "--compile-cache-max-bundle-size", parse_size, 2 * 1024**3,
+           "refuse to download, unpack or write a bundle larger than this (e.g. 4G); default 2G."),
     Option("redis", "--compile-cache-redis", _redis_url, None,
            "turn on torch's Redis remote caches (FX graph, AOTAutograd, autotune) at this URL."),
     Option("s3_endpoint", "--compile-cache-s3-endpoint", _http_url, None,
@@ -211,6 +213,7 @@ class Settings:
     strict: bool = False
     keep_bundles: int = 3
     max_size: int | None = None
+    max_bundle_size: int = 2 * 1024**3
     redis: str | None = None
     s3_endpoint: str | None = None
     signing_key: bytes | None = None

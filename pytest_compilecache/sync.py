@@ -1,131 +1,261 @@
 """restore / save: the one orchestration of store + bundle + torch that the plugin, CLI and Action share.
 
-Neither function raises for infrastructure trouble: they return a :class:`Transfer` whose ``outcome`` is
-``error`` and whose ``message`` is the one line to warn with. Callers decide whether that fails anything
-(``--compile-cache-strict``).
+Neither function raises for infrastructure trouble: they return a typed result (:class:`RestoreResult`,
+:class:`SaveResult`) whose ``message`` is the one line to warn with. Callers decide whether that fails
+anything (``--compile-cache-strict``).
+
+Restore outcomes:
+
+- ``exact`` / ``partial``: a bundle was verified, installed and loaded (the exact key, or the newest one of
+  this lineage, ``<key prefix>-<fingerprint digest>-``).
+- ``miss``: no usable bundle. Either none exists for this fingerprint (``message`` explains how the newest
+  bundle under the key prefix differs, from its authenticated header only) or every candidate failed
+  verification: each is listed in ``skipped`` as ``(key, reason)``. A bad bundle in the store is the store's
+  content, not a failure to reach it: it means a cold compile, and ``--fail-on-miss`` sees a miss.
+- ``error``: infrastructure failure only: the store could not be reached, the cache dir could not be
+  written (:class:`~pytest_compilecache.bundle.CacheDirError`), torch rejected verified artifacts, or an
+  unexpected exception.
+
+At most :data:`MAX_CANDIDATES` bundles are tried, newest first (the exact key before them), so one bad object
+cannot hide the good ones behind it, and a store full of bad ones cannot make a restore slow.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 import time
-from dataclasses import asdict
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 from typing import Any
 from typing import Callable
+from typing import Literal
 from typing import Mapping
 
 from . import BundleError
 from . import StoreError
+from . import bundle
+from ._fs import temporary_dir
+from .bundle import DEFAULT_MAX_BYTES
+from .bundle import CacheDirError
+from .cachedir import lock
 from .fingerprint import Fingerprint
+from .ghrunner import one_line
 from .fingerprint import explain
 from .fingerprint import make_key
 from .fingerprint import restore_prefix
-from .stores.base import find_latest
+from .manifest import printable
+from .probe import CACHE_ENV
+from .stores.base import Store
+from .stores.base import prune
+
+__all__ = ["MAX_CANDIDATES", "RestoreResult", "SaveResult", "restore", "save"]
+
+MAX_CANDIDATES = 3
+RestoreOutcome = Literal["exact", "partial", "miss", "error"]
+SaveOutcome = Literal["saved", "skipped", "error"]
+Loader = Callable[[bytes], Mapping[str, int]]
 
 
-@dataclass
-class Transfer:
-    """What a restore or save did. ``outcome``: exact, partial, miss, saved, skipped or error."""
+def _skipped_json(skipped: tuple[tuple[str, str], ...]) -> list[dict[str, str]]:
+    return [{"key": key, "reason": reason} for key, reason in skipped]
 
-    outcome: str
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """What a restore did (see the module docstring for the outcomes). ``skipped``: ``(key, reason)`` pairs."""
+
+    outcome: RestoreOutcome
     key: str | None = None
     size: int | None = None
     seconds: float = 0.0
     message: str = ""
     files: int = 0
-    artifacts: dict[str, int] = field(default_factory=dict)
+    artifacts: Mapping[str, int] = field(default_factory=dict)
+    skipped: tuple[tuple[str, str], ...] = ()
 
     @property
     def ok(self) -> bool:
         return self.outcome != "error"
 
+    @property
+    def warning(self) -> str | None:
+        """The one line to warn with, or None: the error, or the bad bundles skipped (whatever the outcome)."""
+        if self.outcome == "error":
+            return self.message
+        if self.skipped:
+            reasons = "; ".join(f"{key}: {reason}" for key, reason in self.skipped)
+            return one_line(f"restore skipped {len(self.skipped)} bundle(s) that failed verification: {reasons}")
+        return None
+
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["seconds"] = round(self.seconds, 3)
-        return data
+        """The report's ``restore`` object: the fields of format 1 plus ``skipped`` (a list of {key, reason})."""
+        return {
+            "outcome": self.outcome,
+            "key": self.key,
+            "size": self.size,
+            "seconds": round(self.seconds, 3),
+            "message": self.message,
+            "files": self.files,
+            "artifacts": dict(self.artifacts),
+            "skipped": _skipped_json(self.skipped),
+        }
 
 
-Loader = Callable[[bytes], Mapping[str, int]]
+@dataclass(frozen=True)
+class SaveResult:
+    """What a save did: ``saved``, ``skipped`` (nothing to save) or ``error``. ``skipped``: cache files left
+    out of the bundle as ``(name, reason)`` (names no bundle can carry)."""
+
+    outcome: SaveOutcome
+    key: str | None = None
+    size: int | None = None
+    seconds: float = 0.0
+    message: str = ""
+    files: int = 0
+    artifacts: Mapping[str, int] = field(default_factory=dict)
+    skipped: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome != "error"
+
+    @property
+    def warning(self) -> str | None:
+        """The one line to warn with (an error), or None; files left out are a note, in ``message``."""
+        return self.message if self.outcome == "error" else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The report's ``save`` object: the fields of format 1 plus ``skipped`` (a list of {key, reason})."""
+        return {
+            "outcome": self.outcome,
+            "key": self.key,
+            "size": self.size,
+            "seconds": round(self.seconds, 3),
+            "message": self.message,
+            "files": self.files,
+            "artifacts": dict(self.artifacts),
+            "skipped": _skipped_json(self.skipped),
+        }
+
+
+Transfer = RestoreResult
+"""Deprecated alias kept while callers move to :class:`RestoreResult`."""
 
 
 def _load_with_torch(blob: bytes) -> Mapping[str, int]:
-    from . import probe
+    from . import probe  # probe imports nothing heavy at module level, but torch is loaded by this call
 
     return probe.load_artifacts(blob)
 
 
+# --- restore ---------------------------------------------------------------------------------------------
+
+
 def restore(
-    store: Any,
+    store: Store,
     *,
     prefix: str,
     fingerprint: Fingerprint,
     cache_dir: str,
     signing_key: bytes | None = None,
     exact_key: str | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
     load: Loader = _load_with_torch,
-) -> Transfer:
-    """Restore the best bundle into ``cache_dir``: ``exact_key`` if present, else the newest for this fingerprint.
+    max_candidates: int = MAX_CANDIDATES,
+) -> RestoreResult:
+    """Restore the best bundle into ``cache_dir``: ``exact_key`` if present, else the newest of this lineage.
 
-    Nothing is written to ``cache_dir`` unless the whole bundle verified (checksums, signature,
-    fingerprint). Mega-cache blobs are loaded through ``load`` (torch by default) with
-    ``TORCHINDUCTOR_CACHE_DIR`` pointing at ``cache_dir``.
+    Each candidate is verified in one streaming pass (checksums, signature when a key is set, its own key and
+    lineage, fingerprint, ``max_bytes``) into a staging dir inside ``cache_dir``, then installed all or
+    nothing; a candidate that fails is skipped and the next newest tried (at most ``max_candidates``).
+    Mega-cache blobs are loaded through ``load`` (torch by default) with ``TORCHINDUCTOR_CACHE_DIR`` pointing
+    at ``cache_dir``. Never raises.
     """
     started = time.perf_counter()
-    digest = fingerprint.digest()
+    lineage = restore_prefix(prefix, fingerprint.digest())
+
+    def result(outcome: RestoreOutcome, message: str = "", **fields: Any) -> RestoreResult:
+        return RestoreResult(outcome, seconds=time.perf_counter() - started, message=one_line(message), **fields)
+
+    skipped: list[tuple[str, str]] = []
     try:
-        key, outcome = _find(store, prefix, digest, exact_key)
-        if key is None:
-            why = _why_miss(store, prefix, fingerprint)
-            return Transfer("miss", seconds=time.perf_counter() - started, message=why)
-        with tempfile.TemporaryDirectory(prefix="compilecache-restore-") as tmp:
-            path = Path(tmp) / "bundle"
-            if not store.get(key, path):
-                return Transfer("miss", key=key, seconds=time.perf_counter() - started, message="bundle vanished")
-            size = path.stat().st_size
-            unpacked = _unpack(path, cache_dir, signing_key, fingerprint)
-        artifacts = _load_blobs(unpacked.blobs, cache_dir, load)
+        candidates = _candidates(store, lineage, exact_key)[:max_candidates]
+        if not candidates:
+            return result("miss", _why_miss(store, prefix, fingerprint, signing_key, max_bytes))
+        with temporary_dir("restore") as tmp:
+            for index, (key, size, outcome) in enumerate(candidates):
+                if size is not None and size > max_bytes:
+                    skipped.append((key, f"bundle is {size} bytes, more than the limit of {max_bytes} bytes"))
+                    continue
+                path = Path(tmp) / f"bundle{index}"
+                if not store.get(key, path):
+                    skipped.append((key, "bundle vanished"))
+                    continue
+                size = path.stat().st_size
+                try:
+                    verified = bundle.verify(
+                        path,
+                        signing_key=signing_key,
+                        fingerprint=fingerprint.to_json(),
+                        key=key,
+                        lineage=lineage,
+                        cache_dir=Path(cache_dir),
+                        max_bytes=max_bytes,
+                    )
+                except CacheDirError:
+                    raise  # our cache dir, not the bundle: infrastructure trouble
+                except BundleError as exc:
+                    skipped.append((key, one_line(str(exc), 500)))
+                    path.unlink()
+                    continue
+                with verified:
+                    path.unlink()  # the bytes are staged; do not hold two copies on disk
+                    try:
+                        with lock(cache_dir):
+                            installed = bundle.install(verified)
+                    except CacheDirError:
+                        raise
+                    except BundleError as exc:  # e.g. a dir where a file goes: the cache dir is as it was
+                        skipped.append((key, one_line(str(exc), 500)))
+                        continue
+                    artifacts = _load_blobs(verified, cache_dir, load)
+                return result(
+                    outcome,
+                    key=key,
+                    size=size,
+                    files=len(installed.files),
+                    artifacts=artifacts,
+                    skipped=tuple(skipped),
+                )
     except (StoreError, BundleError, OSError) as exc:
-        return Transfer("error", seconds=time.perf_counter() - started, message=f"restore failed: {exc}")
+        return result("error", f"restore failed: {exc}", skipped=tuple(skipped))
     except Exception as exc:  # a store SDK or torch surprise must not crash a test session either
-        return Transfer("error", seconds=time.perf_counter() - started,
-                        message=f"restore failed: {type(exc).__name__}: {exc}")
-    return Transfer(
-        outcome, key=key, size=size, seconds=time.perf_counter() - started,
-        files=len(unpacked.files), artifacts=dict(artifacts),
+        return result("error", f"restore failed: {type(exc).__name__}: {exc}", skipped=tuple(skipped))
+    reasons = "; ".join(f"{key}: {reason}" for key, reason in skipped)
+    return result(
+        "miss", f"no usable bundle for fingerprint {fingerprint.digest()}; skipped {reasons}", skipped=tuple(skipped)
     )
 
 
-def _find(store: Any, prefix: str, digest: str, exact_key: str | None) -> tuple[str | None, str]:
-    if exact_key and any(entry.key == exact_key for entry in store.list(exact_key)):
-        return exact_key, "exact"
-    return find_latest(store, restore_prefix(prefix, digest)), "partial"
+def _candidates(store: Store, lineage: str, exact_key: str | None) -> list[tuple[str, int | None, RestoreOutcome]]:
+    """(key, size, outcome if it restores): the exact key first when stored, then this lineage, newest first."""
+    found: list[tuple[str, int | None, RestoreOutcome]] = []
+    if exact_key:
+        found += [(e.key, e.size, "exact") for e in store.list(exact_key) if e.key == exact_key]
+    found += [(e.key, e.size, "partial") for e in store.list(lineage) if e.key != exact_key]
+    return found
 
 
-def _unpack(path: Path, cache_dir: str, signing_key: bytes | None, fingerprint: Fingerprint) -> Any:
-    from . import bundle
-    from .cachedir import lock
-
-    # Verify before the lock: a rejected bundle must not leave even a lock file in the cache dir.
-    bundle.verify(path, signing_key=signing_key, fingerprint=fingerprint.to_json())
-    os.makedirs(cache_dir, exist_ok=True)
-    with lock(cache_dir):
-        return bundle.unpack(path, Path(cache_dir), signing_key=signing_key, fingerprint=fingerprint.to_json())
-
-
-def _load_blobs(blobs: Mapping[str, bytes], cache_dir: str, load: Loader) -> dict[str, int]:
-    from .probe import CACHE_ENV
-
+def _load_blobs(verified: bundle.Verified, cache_dir: str, load: Loader) -> dict[str, int]:
     previous = os.environ.get(CACHE_ENV)
     os.environ[CACHE_ENV] = cache_dir
     totals: dict[str, int] = {}
     try:
-        for name in sorted(blobs):
+        for name in verified.manifest.blob_names:
+            blob = verified.blob(name)  # one blob in memory at a time
             try:
-                counts = load(blobs[name])
+                counts = load(blob)
             except Exception as exc:  # torch may raise anything on content it cannot use (pickle errors...)
                 why = f"{type(exc).__name__}: {exc}"
                 raise BundleError(f"torch rejected the cache artifacts of {name}: {why}") from None
@@ -139,39 +269,39 @@ def _load_blobs(blobs: Mapping[str, bytes], cache_dir: str, load: Loader) -> dic
     return totals
 
 
-def _why_miss(store: Any, prefix: str, fingerprint: Fingerprint) -> str:
+def _why_miss(store: Store, prefix: str, fingerprint: Fingerprint, signing_key: bytes | None, max_bytes: int) -> str:
     """Name the facts that differ from the newest bundle under the prefix (any fingerprint).
 
-    Explaining is best effort: trouble while fetching the other bundle leaves the outcome a miss.
+    Only the bundle's header is used, after its checksum, its signature (when a key is set) and its key are
+    verified: no unauthenticated text reaches a log. Explaining is best effort: any trouble leaves a miss.
     """
     try:
-        return _explain_miss(store, prefix, fingerprint)
+        newest = store.list(prefix + "-")
+        if not newest:
+            return f"no bundle under {prefix}- in {store.location}"
+        latest = newest[0]
+        if latest.size > max_bytes:
+            return f"no bundle for fingerprint {fingerprint.digest()}; newest {latest.key} is too large to explain"
+        with temporary_dir("restore") as tmp:
+            path = Path(tmp) / "bundle"
+            if not store.get(latest.key, path):
+                return f"no bundle for fingerprint {fingerprint.digest()}"
+            manifest = bundle.read_manifest(path, signing_key=signing_key, key=latest.key)
+    except BundleError as exc:
+        return f"no bundle for fingerprint {fingerprint.digest()}; newest {latest.key} is unreadable: {exc}"
     except (StoreError, OSError) as exc:
         return f"no bundle for fingerprint {fingerprint.digest()} (could not explain: {exc})"
-
-
-def _explain_miss(store: Any, prefix: str, fingerprint: Fingerprint) -> str:
-    from . import bundle
-
-    latest = find_latest(store, prefix + "-")
-    if latest is None:
-        return f"no bundle under {prefix}- in {store.location}"
-    with tempfile.TemporaryDirectory(prefix="compilecache-explain-") as tmp:
-        path = Path(tmp) / "bundle"
-        if not store.get(latest, path):
-            return f"no bundle for fingerprint {fingerprint.digest()}"
-        try:
-            manifest = bundle.read_manifest(path)
-        except BundleError as exc:
-            return f"no bundle for fingerprint {fingerprint.digest()}; newest {latest} is unreadable: {exc}"
     differences = explain(manifest.fingerprint, fingerprint.to_json())
-    return f"no bundle for fingerprint {fingerprint.digest()}; newest is {latest}, which differs in: " + (
+    return f"no bundle for fingerprint {fingerprint.digest()}; newest is {latest.key}, which differs in: " + (
         "; ".join(differences) or "nothing (same facts, older digest scheme)"
     )
 
 
+# --- save ------------------------------------------------------------------------------------------------
+
+
 def save(
-    store: Any,
+    store: Store,
     *,
     prefix: str,
     fingerprint: Fingerprint,
@@ -182,34 +312,64 @@ def save(
     stats: Mapping[str, Any],
     signing_key: bytes | None = None,
     keep: int = 3,
-) -> Transfer:
-    """Pack this session's artifacts into one bundle, put it in the store, prune old bundles."""
-    from . import bundle
-    from .stores.base import prune
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    graphs: Mapping[str, Any] | None = None,
+) -> SaveResult:
+    """Pack this session's artifacts into one bundle bound to its key and lineage, put it, prune old ones.
 
+    A bundle that restores would refuse (over ``max_bytes``) is not stored (``error``). Cache files whose
+    names no bundle can carry are left out and listed in ``skipped``. Never raises.
+    """
     started = time.perf_counter()
-    key = make_key(prefix, fingerprint.digest(), suffix)
+    digest = fingerprint.digest()
+    key = make_key(prefix, digest, suffix)
     if not blobs and not files:
-        return Transfer("skipped", key=key, message="nothing was compiled")
+        return SaveResult("skipped", key=key, message="nothing was compiled")
+    skipped: list[tuple[str, str]] = []
+
+    def failed(message: str) -> SaveResult:
+        return SaveResult(
+            "error", key=key, seconds=time.perf_counter() - started, message=one_line(message), skipped=tuple(skipped)
+        )
+
     try:
-        with tempfile.TemporaryDirectory(prefix="compilecache-save-") as tmp:
+        with temporary_dir("save") as tmp:
             path = Path(tmp) / "bundle"
             manifest = bundle.pack(
-                path, key=key, fingerprint=fingerprint.to_json(), digest=fingerprint.digest(),
-                torch_version=fingerprint.facts.get("torch", "unknown"), blobs=blobs,
-                cache_dir=Path(cache_dir), files=files, stats=stats, signing_key=signing_key,
+                path,
+                key=key,
+                lineage=restore_prefix(prefix, digest),
+                fingerprint=fingerprint.to_json(),
+                digest=digest,
+                torch_version=fingerprint.facts.get("torch", "unknown"),
+                blobs=blobs,
+                cache_dir=Path(cache_dir),
+                files=files,
+                stats=stats,
+                signing_key=signing_key,
+                graphs=graphs,
+                on_skip=lambda name, reason: skipped.append((name, reason)),
             )
             size = path.stat().st_size
+            too_big = max(size, manifest.total_size)
+            if too_big > max_bytes:
+                return failed(f"save failed: bundle would be {too_big} bytes, more than the limit of {max_bytes} bytes")
             store.put(key, path)
     except (StoreError, BundleError, OSError) as exc:
-        return Transfer("error", key=key, seconds=time.perf_counter() - started, message=f"save failed: {exc}")
+        return failed(f"save failed: {exc}")
     except Exception as exc:  # see restore
-        return Transfer("error", key=key, seconds=time.perf_counter() - started,
-                        message=f"save failed: {type(exc).__name__}: {exc}")
-    message = ""
+        return failed(f"save failed: {type(exc).__name__}: {exc}")
+    notes = [f"left out {len(skipped)} cache file(s) no bundle can carry"] if skipped else []
     try:
-        prune(store, restore_prefix(prefix, fingerprint.digest()), keep)
+        prune(store, restore_prefix(prefix, digest), keep)
     except Exception as exc:  # the bundle is stored; only the clean-up failed
-        message = f"could not prune old bundles: {exc}"
-    return Transfer("saved", key=key, size=size, seconds=time.perf_counter() - started,
-                    files=len(manifest.file_paths), message=message)
+        notes.append(f"could not prune old bundles: {exc}")
+    return SaveResult(
+        "saved",
+        key=key,
+        size=size,
+        seconds=time.perf_counter() - started,
+        files=len(manifest.file_paths),
+        message=one_line("; ".join(notes)),
+        skipped=tuple(skipped),
+    )

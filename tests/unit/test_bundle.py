@@ -22,6 +22,7 @@ from pytest_compilecache import BundleError
 from pytest_compilecache import ConfigError
 from pytest_compilecache import __version__
 from pytest_compilecache import bundle
+from pytest_compilecache import container
 from pytest_compilecache.bundle import FORMAT_VERSION
 from pytest_compilecache.bundle import MAGIC
 from pytest_compilecache.bundle import Manifest
@@ -51,6 +52,7 @@ def cache_dir(tmp_path: Path) -> Path:
 def _pack(dest: Path, cache_dir: Path, **overrides: Any) -> Manifest:
     arguments: dict[str, Any] = {
         "key": "compilecache-v1-abc-1-1",
+        "lineage": "compilecache-v1-abc-",
         "fingerprint": FINGERPRINT,
         "digest": "abc",
         "torch_version": "2.13.0",
@@ -124,12 +126,13 @@ def _craft(
     with tarfile.open(fileobj=buffer, mode="w:", format=tarfile.PAX_FORMAT) as archive:
         for info, data in entries:
             archive.addfile(info, io.BytesIO(data) if info.isreg() else None)
-    payload = bundle._compress(buffer.getvalue())
+    payload = _compress(buffer.getvalue())
     if members is None:
         members = [Member(info.name, len(data), hashlib.sha256(data).hexdigest()) for info, data in entries]
     manifest = Manifest(
         format=FORMAT_VERSION,
         key="crafted",
+        lineage="craft",
         fingerprint=dict(FINGERPRINT),
         digest="abc",
         plugin_version=__version__,
@@ -142,8 +145,17 @@ def _craft(
     )
     manifest_bytes = manifest.to_json_bytes()
     signature = bundle.sign(manifest_bytes, signing_key) if signing_key else ""
-    bundle._write_bundle_file(dest, manifest_bytes, signature, payload)
+    _write_bundle_file(dest, manifest_bytes, signature, payload)
     return dest
+
+
+def _compress(data: bytes) -> bytes:
+    return container.compressor().compress(data)
+
+
+def _write_bundle_file(dest: Path, manifest_bytes: bytes, signature: str, payload: bytes) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_bytes(container.header_bytes(manifest_bytes, signature) + payload)
 
 
 # --- round trip and manifest -----------------------------------------------------------------------------
@@ -169,7 +181,8 @@ def test_manifest_contents(packed: Path, cache_dir: Path) -> None:
     assert manifest.fingerprint == FINGERPRINT and manifest.digest == "abc"
     assert manifest.plugin_version == __version__ and manifest.torch_version == "2.13.0"
     created = datetime.fromisoformat(manifest.created)
-    assert created.utcoffset() is not None and created.utcoffset().total_seconds() == 0
+    offset = created.utcoffset()
+    assert offset is not None and offset.total_seconds() == 0
     assert abs((datetime.now(timezone.utc) - created).total_seconds()) < 24 * 3600
     assert manifest.stats == {"hits": 3, "tests": ["a", "b"]}
     assert manifest.blob_names == ("controller", "gw0")
@@ -187,8 +200,21 @@ def test_manifest_contents(packed: Path, cache_dir: Path) -> None:
     payload = packed.read_bytes()[_payload_offset(packed) :]
     assert manifest.payload_size == len(payload)
     assert manifest.payload_sha256 == hashlib.sha256(payload).hexdigest()
-    assert bundle.verify(packed) == manifest
+    assert bundle.verify(packed).manifest == manifest
     assert not bundle.is_signed(packed)
+
+
+def test_format_2_fields_round_trip(tmp_path: Path, cache_dir: Path) -> None:
+    artifact = bundle.Artifact(kind="precompiled_header", name="pch-abc", sha256="a" * 64, size=21)
+    graphs = {"fxgraph": {"k1": {"ops": 3}}, "order": ["k1"]}
+    dest = tmp_path / "b.bundle"
+    manifest = _pack(dest, cache_dir, artifacts=[artifact], graphs=graphs)
+    read = bundle.read_manifest(dest)
+    assert read == manifest
+    assert (read.lineage, read.artifacts, read.graphs) == ("compilecache-v1-abc-", (artifact,), graphs)
+    with pytest.raises(BundleError, match="'key' does not start with its 'lineage'"):
+        _pack(tmp_path / "c.bundle", cache_dir, lineage="elsewhere-")
+    assert not (tmp_path / "c.bundle").exists()
 
 
 def test_manifest_json_is_canonical_and_round_trips(packed: Path) -> None:
@@ -201,7 +227,8 @@ def test_manifest_json_is_canonical_and_round_trips(packed: Path) -> None:
 
 
 def _manifest_document(packed: Path) -> dict[str, Any]:
-    return json.loads(bundle.read_manifest(packed).to_json_bytes())
+    document: dict[str, Any] = json.loads(bundle.read_manifest(packed).to_json_bytes())
+    return document
 
 
 @pytest.mark.parametrize(
@@ -209,7 +236,8 @@ def _manifest_document(packed: Path) -> dict[str, Any]:
     [
         lambda d: d.pop("key"),
         lambda d: d.update(extra=1),
-        lambda d: d.update(format=2),
+        lambda d: d.update(format=1),
+        lambda d: d.update(format=3),
         lambda d: d.update(format=True),
         lambda d: d.update(fingerprint={"torch": 2}),
         lambda d: d.update(created="yesterday"),
@@ -224,12 +252,24 @@ def _manifest_document(packed: Path) -> dict[str, Any]:
         lambda d: d["members"][0].update(path="files/../../etc/passwd"),
         lambda d: d["members"][0].update(path="elsewhere/x"),
         lambda d: d["members"][0].update(path="blobs/gw0.pickle"),
+        lambda d: d.pop("lineage"),
+        lambda d: d.update(lineage="another-prefix-"),
+        lambda d: d.update(lineage=""),
+        lambda d: d.update(artifacts={}),
+        lambda d: d.update(artifacts=[{"kind": "precompiled_header", "name": "x", "sha256": "0" * 64}]),
+        lambda d: d.update(artifacts=[{"kind": "shell_script", "name": "x", "sha256": "0" * 64, "size": 1}]),
+        lambda d: d.update(artifacts=[{"kind": "precompiled_header", "name": "../x", "sha256": "0" * 64, "size": 1}]),
+        lambda d: d.update(artifacts=[{"kind": "precompiled_header", "name": "x", "sha256": "0" * 64, "size": 1}] * 2),
+        lambda d: d.update(graphs=[]),
+        lambda d: d.update(graphs={"g": "x" * (5 * 1024 * 1024)}),
+        lambda d: d.update(payload_size=2**64),
+        lambda d: d["members"].append({"path": d["members"][-1]["path"] + "/below", "size": 0, "sha256": "0" * 64}),
     ],
 )
 def test_malformed_manifests_are_refused(packed: Path, mutate: Callable[[dict[str, Any]], Any]) -> None:
     document = _manifest_document(packed)
     mutate(document)
-    with pytest.raises(BundleError, match="bundle manifest|unsafe member"):
+    with pytest.raises(BundleError, match="bundle manifest|unsafe member|cannot both be installed"):
         Manifest.from_json_bytes(json.dumps(document).encode())
 
 
@@ -331,8 +371,21 @@ def test_truncated_bundles_are_refused(packed: Path) -> None:
     data = packed.read_bytes()
     offset = _payload_offset(packed)
     manifest_len = int.from_bytes(data[12:16], "big")
-    cuts = [0, 3, 8, 10, 14, 16, 16 + manifest_len // 2, 16 + manifest_len + 5, 48 + manifest_len + 2,
-            offset, offset + 1, (offset + len(data)) // 2, len(data) - 1]
+    cuts = [
+        0,
+        3,
+        8,
+        10,
+        14,
+        16,
+        16 + manifest_len // 2,
+        16 + manifest_len + 5,
+        48 + manifest_len + 2,
+        offset,
+        offset + 1,
+        (offset + len(data)) // 2,
+        len(data) - 1,
+    ]
     for cut in cuts:
         packed.write_bytes(data[:cut])
         with pytest.raises(BundleError, match="truncated"):
@@ -390,7 +443,7 @@ def test_bad_magic_and_unknown_format(packed: Path) -> None:
     with pytest.raises(BundleError, match="bad magic"):
         bundle.verify(packed)
     packed.write_bytes(MAGIC + (FORMAT_VERSION + 1).to_bytes(4, "big") + data[12:])
-    with pytest.raises(BundleError, match="format 2 is not supported"):
+    with pytest.raises(BundleError, match="format 3 is not supported"):
         bundle.read_manifest(packed)
 
 
@@ -404,7 +457,7 @@ def test_missing_bundle_is_a_bundle_error(tmp_path: Path) -> None:
 
 def test_signed_bundle_verifies_with_its_key(signed: Path) -> None:
     assert bundle.is_signed(signed)
-    assert bundle.verify(signed, signing_key=KEY).key == "compilecache-v1-abc-1-1"
+    assert bundle.verify(signed, signing_key=KEY).manifest.key == "compilecache-v1-abc-1-1"
 
 
 def test_wrong_key_is_refused(signed: Path) -> None:
@@ -418,7 +471,7 @@ def test_unsigned_bundle_is_refused_when_a_key_is_set(packed: Path) -> None:
 
 
 def test_signed_bundle_is_accepted_without_a_key(signed: Path) -> None:
-    assert bundle.verify(signed) == bundle.verify(signed, signing_key=KEY)
+    assert bundle.verify(signed).manifest == bundle.verify(signed, signing_key=KEY).manifest
 
 
 def test_empty_signing_key_is_a_config_error(tmp_path: Path, cache_dir: Path, packed: Path) -> None:
@@ -439,7 +492,7 @@ def test_another_fingerprint_is_refused_with_the_differences(packed: Path) -> No
     assert "cuda: <absent> != 12.4" in message
     assert "python" not in message
     assert "\n" not in message
-    assert bundle.verify(packed, fingerprint=dict(FINGERPRINT)).fingerprint == FINGERPRINT
+    assert bundle.verify(packed, fingerprint=dict(FINGERPRINT)).manifest.fingerprint == FINGERPRINT
 
 
 # --- verify: malicious archives ---------------------------------------------------------------------------
@@ -463,12 +516,22 @@ _GOOD = "files/ok.so"
         (_tar_entry("files/fifo", kind=tarfile.FIFOTYPE), "not a regular file"),
         (_tar_entry("files/subdir", kind=tarfile.DIRTYPE), "not a regular file \\(directory\\)"),
     ],
-    ids=["dotdot-inside", "dotdot", "absolute", "backslash", "empty-part", "outside-files", "symlink-abs",
-         "symlink-rel", "hardlink", "device", "fifo", "directory"],
+    ids=[
+        "dotdot-inside",
+        "dotdot",
+        "absolute",
+        "backslash",
+        "empty-part",
+        "outside-files",
+        "symlink-abs",
+        "symlink-rel",
+        "hardlink",
+        "device",
+        "fifo",
+        "directory",
+    ],
 )
-def test_malicious_members_are_refused(
-    tmp_path: Path, entry: tuple[tarfile.TarInfo, bytes], match: str
-) -> None:
+def test_malicious_members_are_refused(tmp_path: Path, entry: tuple[tarfile.TarInfo, bytes], match: str) -> None:
     good = _tar_entry(_GOOD, b"fine")
     dest = _craft(tmp_path / "evil.bundle", [good, entry], signing_key=KEY)
     target = tmp_path / "cache"
@@ -506,28 +569,28 @@ def test_archive_and_manifest_must_agree(tmp_path: Path) -> None:
 
 
 def test_payload_that_is_not_zstd_or_tar(tmp_path: Path) -> None:
-    for payload, match in [(b"plain bytes", "not valid zstd"), (bundle._compress(b"x" * 1024), "not a valid tar")]:
+    for payload, match in [(b"plain bytes", "not valid zstd"), (_compress(b"x" * 1024), "not a valid tar")]:
         manifest = replace(
             bundle.read_manifest(_craft(tmp_path / "base.bundle", [])),
             payload_size=len(payload),
             payload_sha256=hashlib.sha256(payload).hexdigest(),
         )
         dest = tmp_path / "bad.bundle"
-        bundle._write_bundle_file(dest, manifest.to_json_bytes(), "", payload)
+        _write_bundle_file(dest, manifest.to_json_bytes(), "", payload)
         with pytest.raises(BundleError, match=match):
             bundle.verify(dest)
 
 
 def test_decompression_bomb_is_refused(tmp_path: Path) -> None:
     # A tiny payload that inflates far beyond what the manifest declares.
-    payload = bundle._compress(b"\x00" * (64 * 1024 * 1024))
+    payload = _compress(b"\x00" * (64 * 1024 * 1024))
     manifest = replace(
         bundle.read_manifest(_craft(tmp_path / "base.bundle", [])),
         payload_size=len(payload),
         payload_sha256=hashlib.sha256(payload).hexdigest(),
     )
     dest = tmp_path / "bomb.bundle"
-    bundle._write_bundle_file(dest, manifest.to_json_bytes(), "", payload)
+    _write_bundle_file(dest, manifest.to_json_bytes(), "", payload)
     with pytest.raises(BundleError, match="larger than its manifest declares"):
         bundle.verify(dest)
 
@@ -592,17 +655,22 @@ def test_unpack_refuses_a_symlinked_dir_leading_out_of_the_cache(packed: Path, t
     target = tmp_path / "target"
     target.mkdir()
     (target / "ab").symlink_to(outside)  # bundle has files/ab/cabc123.main.so
-    with pytest.raises(BundleError, match="symlink out of the cache dir"):
+    before = _tree(target)
+    with pytest.raises(BundleError, match="ab is a symlink"):
         bundle.unpack(packed, target)
     assert list(outside.iterdir()) == []
+    assert _tree(target) == before  # all or nothing: no other file of the bundle was written either
 
 
-def test_unpack_follows_a_symlinked_dir_that_stays_inside(packed: Path, tmp_path: Path) -> None:
+def test_unpack_refuses_even_a_symlinked_dir_that_stays_inside(packed: Path, tmp_path: Path) -> None:
+    # No link inside the cache dir is ever followed (issue 9.4): checking where one leads is a race.
     target = tmp_path / "target"
     (target / "real").mkdir(parents=True)
     (target / "ab").symlink_to(target / "real")
-    bundle.unpack(packed, target)
-    assert (target / "real" / "cabc123.main.so").read_bytes() == CACHE_FILES["ab/cabc123.main.so"]
+    before = _tree(target)
+    with pytest.raises(BundleError, match="ab is a symlink"):
+        bundle.unpack(packed, target)
+    assert _tree(target) == before
 
 
 def test_unpack_replaces_a_file_symlink_instead_of_writing_through_it(packed: Path, tmp_path: Path) -> None:
@@ -630,5 +698,7 @@ def test_unpack_reports_a_directory_in_the_way(packed: Path, tmp_path: Path) -> 
     target = tmp_path / "target"
     (target / "cpu_isa.so").mkdir(parents=True)
     (target / "fxgraph").write_bytes(b"a file where a directory should be")
+    before = _tree(target)
     with pytest.raises(BundleError, match="cannot unpack"):
         bundle.unpack(packed, target)
+    assert _tree(target) == before

@@ -117,5 +117,5 @@ def test_markdown_code_cannot_be_closed_early(text: str) -> None:
 
 
 def test_one_line_bounds_length() -> None:
-    assert ghrunner.one_line("a\nb\tc") == "a b c"
+    assert ghrunner.one_line("a\nb\tc") == "a\\nb\\tc"
     assert len(ghrunner.one_line("x" * 5000, limit=100)) == 100

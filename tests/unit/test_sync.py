@@ -86,6 +86,7 @@ def _put_bundle(
     bundle.pack(
         path,
         key=key,
+        lineage=restore_prefix(PREFIX, fp.digest()),
         fingerprint=fp.to_json(),
         digest=fp.digest(),
         torch_version=fp.facts["torch"],
@@ -99,7 +100,7 @@ def _put_bundle(
     return key
 
 
-def _restore(store: MemoryStore, cache_dir: Path, fp: Fingerprint = H100, **kwargs: Any) -> sync.Transfer:
+def _restore(store: MemoryStore, cache_dir: Path, fp: Fingerprint = H100, **kwargs: Any) -> sync.RestoreResult:
     kwargs.setdefault("load", FakeLoader())
     return sync.restore(store, prefix=PREFIX, fingerprint=fp, cache_dir=str(cache_dir), **kwargs)
 
@@ -156,7 +157,7 @@ def test_miss_in_an_empty_store(cache_dir: Path) -> None:
     loader = FakeLoader()
     transfer = _restore(MemoryStore(), cache_dir, load=loader)
     assert transfer.outcome == "miss"
-    assert transfer.ok
+    assert transfer.ok and transfer.warning is None
     assert transfer.key is None
     assert transfer.message == f"no bundle under {PREFIX}- in memory://test"
     assert loader.blobs == []
@@ -228,7 +229,10 @@ def test_signature_is_checked_on_restore(tmp_path: Path, source: Path, cache_dir
     key = _put_bundle(store, tmp_path, source, H100, "run-1", signing_key=b"the right key")
     loader = FakeLoader()
     transfer = _restore(store, cache_dir, exact_key=key, signing_key=b"a wrong key", load=loader)
-    assert transfer.outcome == "error"
+    # A bad bundle is the store's content, not infrastructure trouble: a miss that names what was skipped.
+    assert transfer.outcome == "miss"
+    assert [k for k, _ in transfer.skipped] == [key]
+    assert "signature mismatch" in transfer.skipped[0][1]
     assert "signature mismatch" in transfer.message
     assert loader.blobs == []
     assert not any(rel in _tree(cache_dir) for rel in CACHE_FILES)  # verified before anything is written
@@ -241,14 +245,17 @@ def test_tampered_bundle_is_an_error_and_writes_no_cache_files(tmp_path: Path, s
     key = _put_bundle(store, tmp_path, source, H100, "run-1")
     data, when = store.objects[key]
     store.objects[key] = (data[:-1] + bytes([data[-1] ^ 0xFF]), when)
+    before = _tree(cache_dir)
     transfer = _restore(store, cache_dir, exact_key=key)
-    assert transfer.outcome == "error"
+    assert transfer.outcome == "miss"
     assert "checksum mismatch" in transfer.message
-    assert not any(rel in _tree(cache_dir) for rel in CACHE_FILES)
+    assert transfer.skipped == ((key, "bundle payload checksum mismatch"),)
+    assert _tree(cache_dir) == before
+    assert sorted(p.name for p in cache_dir.iterdir()) == ["already-here"]  # no staging dir left
 
 
 def test_transfer_json() -> None:
-    transfer = sync.Transfer("saved", key="k", size=3, seconds=0.123456, files=2, artifacts={"fx_graph": 1})
+    transfer = sync.SaveResult("saved", key="k", size=3, seconds=0.123456, files=2, artifacts={"fx_graph": 1})
     data = json.loads(json.dumps(transfer.to_json()))
     assert data == {
         "outcome": "saved",
@@ -258,13 +265,14 @@ def test_transfer_json() -> None:
         "message": "",
         "files": 2,
         "artifacts": {"fx_graph": 1},
+        "skipped": [],
     }
 
 
 # --------------------------------------------------------------------------------------------------- save
 
 
-def _save(store: Any, source: Path, suffix: str, **kwargs: Any) -> sync.Transfer:
+def _save(store: Any, source: Path, suffix: str, **kwargs: Any) -> sync.SaveResult:
     arguments: dict[str, Any] = {
         "prefix": PREFIX,
         "fingerprint": H100,
@@ -286,7 +294,8 @@ def test_save_then_restore_round_trip(tmp_path: Path, source: Path) -> None:
     assert transfer.size == len(store.objects[key][0])
     stored = tmp_path / "stored.bundle"
     stored.write_bytes(store.objects[key][0])
-    manifest = bundle.verify(stored, fingerprint=H100.to_json())
+    manifest = bundle.verify(stored, fingerprint=H100.to_json()).manifest
+    assert manifest.lineage == restore_prefix(PREFIX, H100.digest())
     assert (manifest.key, manifest.digest, manifest.torch_version) == (key, H100.digest(), "2.13.0")
     assert manifest.stats == {"hits": 3}
     fresh = tmp_path / "fresh"
@@ -349,3 +358,206 @@ def test_save_to_a_read_only_store_is_an_error(source: Path) -> None:
     assert transfer.outcome == "error"
     assert transfer.message.startswith("save failed: store is read-only: cannot put ")
     assert inner.objects == {}
+
+
+# ------------------------------------------------------------------------ lineage, fallback, bad bundles
+
+
+def test_a_bundle_signed_for_one_shard_is_refused_under_another_shards_key(
+    tmp_path: Path, source: Path, cache_dir: Path
+) -> None:
+    store = MemoryStore()
+    shard0 = _put_bundle(store, tmp_path, source, H100, "run-1", signing_key=b"key")
+    shard1_key = make_key(PREFIX + "-shard1", H100.digest(), "run-1")
+    store.objects[shard1_key] = store.objects.pop(shard0)  # copied by someone who can write the store
+    before = _tree(cache_dir)
+    transfer = sync.restore(
+        store,
+        prefix=PREFIX + "-shard1",
+        fingerprint=H100,
+        cache_dir=str(cache_dir),
+        signing_key=b"key",
+        load=FakeLoader(),
+    )
+    assert transfer.outcome == "miss"
+    assert transfer.skipped == (
+        (shard1_key, f"bundle was saved as {shard0!r}, not as {shard1_key!r} (copied under another key?)"),
+    )
+    assert _tree(cache_dir) == before
+
+
+def test_restore_falls_back_past_bad_newer_bundles(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    good = _put_bundle(store, tmp_path, source, H100, "run-1", signing_key=b"key")
+    unsigned = _put_bundle(store, tmp_path, source, H100, "run-2")  # newer, but not signed
+    garbage = make_key(PREFIX, H100.digest(), "run-3")
+    store.put(garbage, _write(tmp_path / "garbage", b"not a bundle"))
+    loader = FakeLoader()
+    transfer = _restore(store, cache_dir, signing_key=b"key", load=loader)
+    assert (transfer.outcome, transfer.key) == ("partial", good)
+    assert [key for key, _ in transfer.skipped] == [garbage, unsigned]
+    assert "bad magic" in transfer.skipped[0][1] and "signature missing" in transfer.skipped[1][1]
+    assert transfer.to_json()["skipped"] == [{"key": k, "reason": r} for k, r in transfer.skipped]
+    assert transfer.warning is not None and transfer.warning.startswith("restore skipped 2 bundle(s) that failed ")
+    assert loader.blobs == [BLOBS["controller"], BLOBS["gw0"]]
+    assert {rel: _tree(cache_dir)[rel] for rel in CACHE_FILES} == CACHE_FILES
+
+
+def test_exact_key_that_fails_falls_back_to_partial(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    older = _put_bundle(store, tmp_path, source, H100, "run-1")
+    exact = _put_bundle(store, tmp_path, source, H100, "run-2")
+    data, when = store.objects[exact]
+    store.objects[exact] = (data[:-5], when)
+    transfer = _restore(store, cache_dir, exact_key=exact)
+    assert (transfer.outcome, transfer.key) == ("partial", older)
+    assert transfer.skipped == ((exact, "bundle is truncated"),)
+
+
+def test_restore_tries_at_most_three_candidates(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    _put_bundle(store, tmp_path, source, H100, "run-0")  # good, but behind three bad ones
+    for run in range(1, 5):
+        store.put(make_key(PREFIX, H100.digest(), f"run-{run}"), _write(tmp_path / f"bad{run}", b"junk"))
+    transfer = _restore(store, cache_dir)
+    assert transfer.outcome == "miss"
+    assert [key for key, _ in transfer.skipped] == [make_key(PREFIX, H100.digest(), f"run-{r}") for r in (4, 3, 2)]
+    assert store.calls.count("get") == 3
+    assert transfer.message.startswith(f"no usable bundle for fingerprint {H100.digest()}; skipped ")
+    assert "\n" not in transfer.message
+
+
+def test_a_malformed_newest_object_alone_is_a_miss_not_an_error(cache_dir: Path) -> None:
+    store = MemoryStore()
+    key = make_key(PREFIX, H100.digest(), "run-1")
+    store.objects[key] = (b"PTCCBNDL" + b"\x00\x00\x00\x02" + b"\xff" * 10, 1.0)
+    transfer = _restore(store, cache_dir)
+    assert transfer.outcome == "miss" and transfer.ok
+    assert transfer.skipped == ((key, "bundle manifest length 4294967295 is out of range"),)
+
+
+def test_bundles_over_max_bytes_are_skipped_without_download(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    key = _put_bundle(store, tmp_path, source, H100, "run-1")
+    transfer = _restore(store, cache_dir, max_bytes=100)
+    assert transfer.outcome == "miss"
+    assert transfer.skipped == (
+        (key, f"bundle is {len(store.objects[key][0])} bytes, more than the limit of 100 bytes"),
+    )
+    assert "get" not in store.calls
+
+
+def test_an_old_format_bundle_is_a_cold_start(tmp_path: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    key = make_key(PREFIX, H100.digest(), "run-1")
+    store.objects[key] = (b"PTCCBNDL" + (1).to_bytes(4, "big") + b"\x00" * 64, 1.0)
+    transfer = _restore(store, cache_dir)
+    assert transfer.outcome == "miss"
+    assert "bundle format 1 is not supported" in transfer.skipped[0][1]
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+# ------------------------------------------------------------------------ miss explanations (issue 9.3)
+
+INJECTED = {**A100.facts, "gpus": "x\n::error title=Injected::owned"}
+
+
+def test_miss_explanation_reads_only_the_header(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    newest = _put_bundle(store, tmp_path, source, A100, "run-1")
+    data, when = store.objects[newest]
+    store.objects[newest] = (data[:-200], when)  # the payload is damaged: the header alone must do
+    transfer = _restore(store, cache_dir)
+    assert transfer.outcome == "miss"
+    assert "which differs in: gpus: NVIDIA A100-SXM4-80GB (8.0) -> NVIDIA H100 80GB HBM3 (9.0)" in transfer.message
+
+
+def test_miss_explanation_uses_no_unauthenticated_text(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    newest = _put_bundle(store, tmp_path, source, Fingerprint(INJECTED), "run-1")  # unsigned
+    transfer = _restore(store, cache_dir, signing_key=b"key")
+    assert transfer.outcome == "miss"
+    assert transfer.message == (
+        f"no bundle for fingerprint {H100.digest()}; newest {newest} is unreadable: "
+        "bundle signature missing (PYTEST_COMPILECACHE_SIGNING_KEY is set)"
+    )
+    assert "Injected" not in transfer.message
+
+
+def test_miss_explanation_is_one_line_even_with_hostile_facts(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    _put_bundle(store, tmp_path, source, Fingerprint(INJECTED), "run-1", signing_key=b"key")
+    transfer = _restore(store, cache_dir, signing_key=b"key")
+    assert transfer.outcome == "miss"
+    assert "\n" not in transfer.message and "x\\n::error" in transfer.message
+
+
+def test_miss_explanation_checks_the_key_the_bundle_was_saved_as(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    original = _put_bundle(store, tmp_path, source, A100, "run-1")
+    moved = make_key(PREFIX, A100.digest(), "run-2")
+    store.objects[moved] = store.objects.pop(original)
+    transfer = _restore(store, cache_dir)
+    assert transfer.outcome == "miss"
+    assert f"newest {moved} is unreadable: bundle was saved as {original!r}" in transfer.message
+
+
+# ----------------------------------------------------------------------------------------- save limits
+
+
+def test_save_leaves_out_files_no_bundle_can_carry(tmp_path: Path, source: Path) -> None:
+    os.close(os.open(os.path.join(os.fsencode(source), b"bad\xff.so"), os.O_CREAT | os.O_WRONLY))
+    store = MemoryStore()
+    transfer = _save(store, source, "run-1", files=[*CACHE_FILES, os.fsdecode(b"bad\xff.so")])
+    assert transfer.outcome == "saved"
+    assert transfer.skipped == (("bad\\udcff.so", "not valid UTF-8"),)
+    assert transfer.message == "left out 1 cache file(s) no bundle can carry"
+    assert transfer.to_json()["skipped"] == [{"key": "bad\\udcff.so", "reason": "not valid UTF-8"}]
+    restored = _restore(store, tmp_path / "fresh", exact_key=transfer.key)
+    assert restored.outcome == "exact"  # the bundle save wrote is one restore accepts
+
+
+def test_save_refuses_a_bundle_restore_would_refuse(source: Path) -> None:
+    store = MemoryStore()
+    transfer = _save(store, source, "run-1", max_bytes=10)
+    assert transfer.outcome == "error"
+    assert transfer.message.startswith("save failed: bundle would be ")
+    assert store.objects == {}
+
+
+def test_restore_reads_the_bundle_once_and_leaves_no_staging(
+    tmp_path: Path, source: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_compilecache import container
+
+    store = MemoryStore()
+    key = _put_bundle(store, tmp_path, source, H100, "run-1")
+    stored = tmp_path / "stored.bundle"
+    stored.write_bytes(store.objects[key][0])
+    payload_size = bundle.read_manifest(stored).payload_size
+    read = [0]
+    original = container.PayloadReader.read
+
+    def counting(self: container.PayloadReader, size: int = -1) -> bytes:
+        data = original(self, size)
+        read[0] += len(data)
+        return data
+
+    monkeypatch.setattr(container.PayloadReader, "read", counting)
+    assert _restore(store, cache_dir, exact_key=key).outcome == "exact"
+    assert read[0] == payload_size  # verified and installed in one pass (it was read twice before)
+    assert not [p for p in cache_dir.iterdir() if p.name.startswith(".compilecache-staging-")]
+
+
+def test_a_cache_dir_that_cannot_be_created_is_an_error_not_a_miss(tmp_path: Path, source: Path) -> None:
+    store = MemoryStore()
+    _put_bundle(store, tmp_path, source, H100, "run-1")
+    (tmp_path / "a-file").write_bytes(b"")
+    transfer = _restore(store, tmp_path / "a-file" / "cache")
+    assert transfer.outcome == "error"
+    assert transfer.message.startswith("restore failed: cannot create cache dir ")
+    assert transfer.skipped == ()
