@@ -1,0 +1,571 @@
+"""Why a test's FX graph missed: per-lookup components, their diff in words, and tests that can never hit.
+
+torch computes every FX-graph cache key from named components and hands them to
+``FxGraphCache.load_with_key`` as ``debug_lines``, one per component:
+``[<hash>] <attr>[<index>]: <readable value>`` (the graph module's code, each example input's tensor
+metadata, the compile kwargs, every inductor config option, torch version, system info...). ``probe``
+captures them per lookup; this module, pure and torch-free, turns them into a compact
+:class:`GraphLookup`, compares a missed lookup with the most similar graph the same test looked up
+in an earlier run, and says what differs in words a user can act on.
+
+Everything here round-trips through bounded JSON: lookups travel from xdist workers on test reports,
+into a bundle's manifest (``graphs``) and into ``<cache dir>/.compilecache-graphs.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from dataclasses import field
+from pathlib import Path
+from typing import Any
+from typing import Callable
+from typing import Iterable
+from typing import Mapping
+from typing import Sequence
+
+from pytest_compilecache._fs import atomic_file
+
+RECORD_NAME = ".compilecache-graphs.json"
+FORMAT = 1
+
+HASH_CHARS = 12  # 60 bits of torch's base32 component hashes: plenty to tell two values apart
+VALUE_CHARS = 160  # a readable value longer than this is kept as a hash only
+VALUES_PER_LOOKUP = 4000  # readable characters kept per lookup; the hashes are always kept
+MAX_LOOKUPS_PER_TEST = 32
+MAX_RECORD_BYTES = 2_000_000
+MAX_GRAPH_LINES = 400  # graph code longer than this keeps its hash, not its per-line signature
+
+CODE = "gm"
+CONFIG_GROUPS = ("inductor_config", "inductor_config_comms")
+CONFIG_OPTION = "inductor_config."  # prefix of the non-default inductor options kept by name
+INPUT = "example_inputs"
+
+_LINE = re.compile(r"\[([A-Za-z0-9]+)\] ([A-Za-z_][\w.]*)(?:\[([^\]]*)\])?: ?(.*)\Z", re.DOTALL)
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_LITERAL = re.compile(r"'[^']*'|\"[^\"]*\"|(?<![\w.])-?\d+(?:\.\d*)?(?:e[-+]?\d+)?(?![\w])")
+
+
+def _short(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:HASH_CHARS]
+
+
+# --------------------------------------------------------------------------- the data model
+
+
+@dataclass
+class GraphLookup:
+    """One FX-graph cache lookup: its key, ``hit`` or ``miss``, and the components of the key.
+
+    ``components`` maps a component name (``gm``, ``example_inputs[2]``, ``fx_kwargs[is_backward]``,
+    ``inductor_config``, ``inductor_config.max_autotune``, ``torch_version``...) to ``(hash, value)``:
+    the hash decides equality; ``value`` is a short readable form, or None when it was large or
+    unreadable. The inductor config is one digest plus, by name, only the options not at their
+    default. Graph code keeps a per-line signature so a changed constant can be told from a changed
+    graph.
+    """
+
+    key: str
+    outcome: str
+    components: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> tuple[str | None, str | None]:
+        """Forward/backward and training/inference: a miss is only compared with a graph of its kind."""
+        return (self.value("fx_kwargs[is_backward]"), self.value("fx_kwargs[is_inference]"))
+
+    def value(self, name: str) -> str | None:
+        entry = self.components.get(name)
+        return entry[1] if entry else None
+
+    def to_json(self) -> dict[str, Any]:
+        """Compact form: ``{"k": key, "o": outcome, "c": {name: hash | [hash, value]}}``."""
+        comps: dict[str, Any] = {}
+        for name, (digest, value) in self.components.items():
+            comps[name] = digest if value is None else [digest, value]
+        return {"k": self.key, "o": self.outcome, "c": comps}
+
+    @classmethod
+    def from_json(cls, data: Any) -> GraphLookup:
+        """Read :meth:`to_json`'s form; raises ValueError on anything else (the input may be hostile)."""
+        if not isinstance(data, Mapping):
+            raise ValueError("graph lookup: not an object")
+        key, outcome, comps = data.get("k"), data.get("o"), data.get("c", {})
+        if not isinstance(key, str) or outcome not in ("hit", "miss") or not isinstance(comps, Mapping):
+            raise ValueError("graph lookup: bad key, outcome or components")
+        components: dict[str, tuple[str, str | None]] = {}
+        for name, entry in comps.items():
+            if isinstance(entry, str):
+                components[str(name)] = (entry, None)
+            elif isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry):
+                components[str(name)] = (entry[0], entry[1])
+            else:
+                raise ValueError(f"graph lookup: bad component {name!r}")
+        return cls(key=key, outcome=str(outcome), components=components)
+
+
+def lookup_from_torch(
+    key: str,
+    outcome: str,
+    debug_lines: Iterable[str],
+    *,
+    is_default: Callable[[str], bool] | None = None,
+    values: Mapping[str, str] | None = None,
+) -> GraphLookup:
+    """Build a compact :class:`GraphLookup` from torch's ``debug_lines`` for one lookup.
+
+    ``is_default(option)`` says whether an inductor option is at its default (torch's
+    ``config._is_default``); without it options are kept as one digest, without names. ``values``
+    overrides readable values torch gives as bytes (``torch_version`` -> ``torch.__version__``).
+    Lines that do not parse are ignored: torch's format is not a contract.
+    """
+    components: dict[str, tuple[str, str | None]] = {}
+    groups: dict[str, list[str]] = {}
+    budget = VALUES_PER_LOOKUP
+    for line in debug_lines:
+        match = _LINE.match(line) if isinstance(line, str) else None
+        if match is None:
+            continue
+        digest, attr, index, text = match.groups()
+        digest = digest[:HASH_CHARS]
+        if attr in CONFIG_GROUPS and index is not None:
+            groups.setdefault(attr, []).append(f"{index}={digest}")
+            if attr == "inductor_config" and is_default is not None and not _safe_default(is_default, index):
+                components[CONFIG_OPTION + index] = (digest, _readable(text))
+            continue
+        name = attr if index is None else f"{attr}[{index}]"
+        if attr == CODE:
+            components[name] = (digest, _code_signature(text))
+            continue
+        value = (values or {}).get(name)
+        if value is None:
+            value = _input_value(text) if attr == INPUT else _readable(text)
+        if value is not None and len(value) <= budget:
+            budget -= len(value)
+        else:
+            value = None
+        components[name] = (digest, value)
+    for attr, entries in groups.items():
+        components[attr] = (_short(";".join(sorted(entries))), None)
+    return GraphLookup(key=key, outcome=outcome, components=components)
+
+
+def _safe_default(is_default: Callable[[str], bool], name: str) -> bool:
+    try:
+        return bool(is_default(name))
+    except Exception:  # an option torch cannot answer for is treated as default: no name, no crash
+        return True
+
+
+def _readable(text: str) -> str | None:
+    text = _ADDRESS.sub("", text).strip()
+    if not text or len(text) > VALUE_CHARS or not text.isprintable():
+        return None
+    return text
+
+
+_TENSOR_FIELDS = re.compile(r"(\w+)=((?:[^,()\[\]]|\([^()]*(?:\([^()]*\))?[^()]*\)|\[[^\]]*\])*)")
+
+
+def _input_value(text: str) -> str | None:
+    """``TensorMetadata(dtype=torch.float32, shape=torch.Size([8, 16]), ...)`` -> ``dtype=float32;shape=[8, 16];...``.
+
+    Only the fields a user changes are kept (and flags only when set), so the value stays short.
+    """
+    if not text.startswith("TensorMetadata("):
+        return _readable(text)
+    fields: dict[str, str] = {}
+    for name, raw in _TENSOR_FIELDS.findall(text[len("TensorMetadata(") : -1]):
+        raw = raw.strip().replace("torch.", "")
+        if name == "shape":
+            raw = raw.removeprefix("Size(").removesuffix(")")
+        elif name == "device":
+            dev = re.findall(r"'([^']*)'|index=(\d+)", raw)
+            raw = ":".join(a or b for a, b in dev) if dev else raw
+        fields[name] = raw
+    keep = ["dtype", "shape", "stride", "device", "requires_grad"]
+    out = [f"{k}={fields[k]}" for k in keep if k in fields]
+    if fields.get("layout", "strided") != "strided":
+        out.append(f"layout={fields['layout']}")
+    if fields.get("storage_offset", "0") != "0":
+        out.append(f"storage_offset={fields['storage_offset']}")
+    out += [f"{k}=True" for k, v in fields.items() if k.startswith("is_") and v == "True"]
+    value = ";".join(out)
+    return value if len(value) <= VALUE_CHARS * 2 else None
+
+
+def _code_signature(code: str) -> str | None:
+    """Per line of graph code: a hash of its structure (literals masked) and a hash of its literals.
+
+    Two graphs whose lines have the same structure but different literals differ by a constant
+    baked into the graph (a Python number, a string), which is what makes a test never hit when that
+    constant changes every run.
+    """
+    lines = [ln.strip() for ln in code.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    if len(lines) > MAX_GRAPH_LINES:
+        return None
+    sig = []
+    for line in lines:
+        literals = _LITERAL.findall(line)
+        sig.append(_short(_LITERAL.sub("#", line))[:4] + _short("\0".join(literals))[:4])
+    return " ".join(sig)
+
+
+# --------------------------------------------------------------------------- comparing two lookups
+
+
+def similarity(a: GraphLookup, b: GraphLookup) -> tuple[int, int, int]:
+    """Sort key, higher is more similar: same kind first, then same graph code, then equal components."""
+    same = sum(1 for name, entry in a.components.items() if b.components.get(name, ("",))[0] == entry[0])
+    return (int(a.kind == b.kind), int(a.components.get(CODE, ("a",))[0] == b.components.get(CODE, ("b",))[0]), same)
+
+
+def most_similar(lookup: GraphLookup, candidates: Sequence[GraphLookup]) -> GraphLookup | None:
+    """The candidate of the same kind most similar to ``lookup`` (the first one on a tie), or None."""
+    best: GraphLookup | None = None
+    best_score: tuple[int, int, int] | None = None
+    for cand in candidates:
+        score = similarity(lookup, cand)
+        if score[0] and (best_score is None or score > best_score):
+            best, best_score = cand, score
+    return best
+
+
+NEW_TEST = "new test"
+NEW_GRAPH = "new graph in this test"
+SAME_KEY = "same key as before: the entry was not in the cache (not saved, not restored, or evicted)"
+
+
+def explain_miss(lookup: GraphLookup, candidates: Sequence[GraphLookup] | None) -> list[str]:
+    """Why ``lookup`` missed, against the most similar of ``candidates`` (the same test's earlier lookups).
+
+    ``candidates`` is None when the earlier run did not have this test at all (``new test``); an empty
+    list, or no graph of the same kind, gives ``new graph in this test``.
+    """
+    if candidates is None:
+        return [NEW_TEST]
+    best = most_similar(lookup, candidates)
+    if best is None:
+        return [NEW_GRAPH]
+    return diff(best, lookup)
+
+
+def diff(old: GraphLookup, new: GraphLookup) -> list[str]:
+    """The components that differ from ``old`` to ``new``, in words, most actionable first."""
+    if old.key == new.key:
+        return [SAME_KEY]
+    inputs: list[str] = []
+    code: list[str] = []
+    config: list[str] = []
+    other: list[str] = []
+    toolchain: list[str] = []
+    old_inputs = sum(1 for n in old.components if n.startswith(INPUT + "["))
+    new_inputs = sum(1 for n in new.components if n.startswith(INPUT + "["))
+    if old_inputs != new_inputs:
+        inputs.append(f"number of graph inputs {old_inputs} -> {new_inputs}")
+    options: list[str] = []
+    config_changed = False
+    for name in _ordered(set(old.components) | set(new.components)):
+        before, after = old.components.get(name), new.components.get(name)
+        if before is not None and after is not None and before[0] == after[0]:
+            continue
+        if name.startswith(CONFIG_OPTION):
+            options.append(name[len(CONFIG_OPTION) :])
+            continue
+        if before is None or after is None:
+            if name.startswith(INPUT + "[") or name in CONFIG_GROUPS:
+                continue  # counted above / named through the options
+            other.append(f"{_label(name)} {'added' if before is None else 'removed'}")
+            continue
+        if name.startswith(INPUT + "["):
+            inputs.extend(_input_diff(name[len(INPUT) + 1 : -1], before[1], after[1]))
+        elif name == CODE:
+            code.append(_code_diff(before[1], after[1]))
+        elif name in CONFIG_GROUPS:
+            config_changed = True
+        elif name in ("torch_version", "system_info") or name.startswith("system_info["):
+            what = "torch version" if name == "torch_version" else "system (compiler, devices or drivers)"
+            change = _change(before[1], after[1]) if name == "torch_version" else ""
+            if change and before[1] == after[1]:
+                what, change = "torch build (same version, other source)", ""
+            if f"{what} changed" not in toolchain and not (change and f"{what} {change}" in toolchain):
+                toolchain.append(f"{what} {change}" if change else f"{what} changed")
+        else:
+            change = _change(before[1], after[1])
+            other.append(f"{_label(name)} {change}" if change else f"{_label(name)} changed")
+    if config_changed or options:
+        config.append("inductor config changed" + (": " + ", ".join(sorted(options)) if options else ""))
+    reasons = inputs + code + config + other + toolchain
+    return reasons or ["key changed, but no recorded component differs (the record may be truncated)"]
+
+
+_ORDER = {INPUT: 0, CODE: 1}
+
+
+def _ordered(names: Iterable[str]) -> list[str]:
+    def rank(name: str) -> tuple[int, int, str]:
+        attr, _, index = name.partition("[")
+        number = int(index[:-1]) if attr == INPUT and index[:-1].isdigit() else 0
+        return (_ORDER.get(attr, 2), number, name)
+
+    return sorted(names, key=rank)
+
+
+_LABELS = {
+    "fx_kwargs": "compile option",
+    "deterministic_algorithms_settings": "deterministic algorithms settings",
+    "cuda_matmul_settings": "matmul precision settings",
+    "default_dtype": "default dtype",
+    "cpp_runtime_thread_count": "thread count",
+    "user_defined_triton_source": "user Triton kernel source",
+    "cache_key_tag": "cache key tag",
+}
+
+
+def _label(name: str) -> str:
+    attr, _, index = name.partition("[")
+    label = _LABELS.get(attr, attr.strip("_").replace("_", " "))
+    return f"{label} {index[:-1]}" if index else label
+
+
+def _change(before: str | None, after: str | None) -> str:
+    if before is None or after is None or len(before) + len(after) > 120:
+        return ""
+    return f"{before} -> {after}"
+
+
+def _input_diff(index: str, before: str | None, after: str | None) -> list[str]:
+    if before is None or after is None:
+        return [f"input {index} changed"]
+    old, new = _fields(before), _fields(after)
+    if not old or not new:
+        change = _change(before, after)
+        return [f"input {index} {change}" if change else f"input {index} changed"]
+    out = [f"input {index} {name} {old.get(name, '-')} -> {new.get(name, '-')}" for name in _union(old, new)]
+    if old.get("shape") != new.get("shape"):
+        out = [line for line in out if " stride " not in line]  # a new shape implies new strides
+    return out or [f"input {index} changed"]
+
+
+def _fields(value: str) -> dict[str, str]:
+    if "=" not in value:
+        return {}
+    return dict(part.split("=", 1) for part in value.split(";") if "=" in part)
+
+
+def _union(old: Mapping[str, str], new: Mapping[str, str]) -> list[str]:
+    names = list(old) + [n for n in new if n not in old]
+    return [n for n in names if old.get(n) != new.get(n)]
+
+
+def _code_diff(before: str | None, after: str | None) -> str:
+    if before is None or after is None:
+        return "graph code changed"
+    old, new = before.split(), after.split()
+    if len(old) == len(new):
+        changed = [i for i, (a, b) in enumerate(zip(old, new)) if a != b]
+        if changed and all(old[i][:4] == new[i][:4] for i in changed):
+            where = ", ".join(str(i + 1) for i in changed[:5])
+            return f"graph code changed: a constant in graph line {where}"
+    return "graph code changed"
+
+
+# --------------------------------------------------------------------------- one test, many lookups
+
+
+@dataclass
+class MissExplanation:
+    """Why one missed lookup of a test missed."""
+
+    key: str
+    reasons: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "reasons": list(self.reasons)}
+
+
+def explain_test(current: Sequence[GraphLookup], previous: Sequence[GraphLookup] | None) -> list[MissExplanation]:
+    """Explain every miss among ``current`` against the same test's ``previous`` lookups.
+
+    Earlier graphs matched exactly by a current lookup (same key) are set aside first, so each miss
+    is compared with a graph that this run did not already account for.
+    """
+    misses = [lookup for lookup in current if lookup.outcome == "miss"]
+    if not misses:
+        return []
+    if previous is None:
+        return [MissExplanation(m.key, [NEW_TEST]) for m in misses]
+    keys = {lookup.key for lookup in current}
+    left = [p for p in previous if p.key not in keys]
+    out = []
+    for miss in misses:
+        best = most_similar(miss, left)
+        if best is None:
+            same_key = any(p.key == miss.key for p in previous)
+            out.append(MissExplanation(miss.key, [SAME_KEY] if same_key else [NEW_GRAPH]))
+            continue
+        left.remove(best)
+        out.append(MissExplanation(miss.key, diff(best, miss)))
+    return out
+
+
+def never_hits(history: Sequence[Sequence[GraphLookup]]) -> str | None:
+    """The component that changed between every two consecutive runs of a test, or None.
+
+    ``history`` holds the test's lookups per run, oldest first; two runs are enough. A test is flagged
+    when each run's misses differ from the run before only by a constant baked into the graph code
+    (unseeded random numbers, a timestamp, a temp path): such a test can never hit, whatever is cached.
+    """
+    if len(history) < 2:
+        return None
+    found: str | None = None
+    for before, after in zip(history, history[1:]):
+        misses = [lookup for lookup in after if lookup.outcome == "miss"]
+        if not misses:
+            return None
+        volatile = None
+        for miss in misses:
+            best = most_similar(miss, before)
+            reasons = diff(best, miss) if best is not None else []
+            if len(reasons) == 1 and reasons[0].startswith("graph code changed: a constant"):
+                volatile = reasons[0].removeprefix("graph code changed: ")
+                break
+        if volatile is None:
+            return None
+        found = volatile
+    return found
+
+
+# --------------------------------------------------------------------------- a session's graphs, bounded
+
+
+@dataclass
+class GraphsRecord:
+    """The graphs each test looked up in one run, and how many runs in a row a constant changed.
+
+    Kept in a bundle manifest's ``graphs`` field and in ``<cache dir>/.compilecache-graphs.json``.
+    ``volatile`` maps a test to ``[what changed, runs in a row]``: the memory ``never_hits`` needs
+    without keeping whole histories.
+    """
+
+    tests: dict[str, list[GraphLookup]] = field(default_factory=dict)
+    volatile: dict[str, tuple[str, int]] = field(default_factory=dict)
+    torch: str = ""
+    truncated: int = 0
+
+    def to_json(self, max_bytes: int = MAX_RECORD_BYTES) -> dict[str, Any]:
+        """Bounded: at most ``MAX_LOOKUPS_PER_TEST`` lookups per test and about ``max_bytes`` in all.
+
+        Tests past the byte budget are left out (``truncated`` counts them): their next miss reads
+        ``new test``, which is honest about what we kept.
+        """
+        tests: dict[str, Any] = {}
+        size = 200
+        dropped = self.truncated
+        for nodeid in sorted(self.tests):
+            entry = [g.to_json() for g in self.tests[nodeid][:MAX_LOOKUPS_PER_TEST]]
+            cost = len(json.dumps(entry, separators=(",", ":"))) + len(nodeid) + 8
+            if size + cost > max_bytes:
+                dropped += 1
+                continue
+            size += cost
+            tests[nodeid] = entry
+        volatile = {k: [v[0], v[1]] for k, v in self.volatile.items() if k in tests}
+        return {"format": FORMAT, "torch": self.torch, "tests": tests, "volatile": volatile, "truncated": dropped}
+
+    @classmethod
+    def from_json(cls, data: Any) -> GraphsRecord:
+        """Read :meth:`to_json`'s form; raises ValueError on anything malformed (a bundle may be hostile)."""
+        if not isinstance(data, Mapping) or data.get("format") != FORMAT:
+            raise ValueError("graphs record: unknown format")
+        tests_in, volatile_in = data.get("tests", {}), data.get("volatile", {})
+        if not isinstance(tests_in, Mapping) or not isinstance(volatile_in, Mapping):
+            raise ValueError("graphs record: bad tests or volatile")
+        tests: dict[str, list[GraphLookup]] = {}
+        for nodeid, entries in tests_in.items():
+            if not isinstance(entries, list):
+                raise ValueError(f"graphs record: bad entry for {nodeid!r}")
+            tests[str(nodeid)] = [GraphLookup.from_json(e) for e in entries[:MAX_LOOKUPS_PER_TEST]]
+        volatile: dict[str, tuple[str, int]] = {}
+        for nodeid, entry in volatile_in.items():
+            if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], int):
+                volatile[str(nodeid)] = (entry[0], entry[1])
+        truncated = data.get("truncated", 0)
+        return cls(tests, volatile, str(data.get("torch", "")), truncated if isinstance(truncated, int) else 0)
+
+
+@dataclass
+class SessionExplanation:
+    """Every miss of a session explained, and the tests flagged as never hitting."""
+
+    misses: dict[str, list[MissExplanation]] = field(default_factory=dict)
+    never_hit: dict[str, str] = field(default_factory=dict)
+    compared_with: str = ""  # "bundle", "previous session" or "" (nothing to compare with)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "compared_with": self.compared_with or None,
+            "misses": {k: [m.to_json() for m in v] for k, v in self.misses.items()},
+            "never_hit": dict(self.never_hit),
+        }
+
+
+def explain_session(
+    current: Mapping[str, Sequence[GraphLookup]], previous: GraphsRecord | None, compared_with: str = ""
+) -> tuple[SessionExplanation, GraphsRecord]:
+    """Explain this session's misses against ``previous`` and build the record the next run compares with.
+
+    Returns the explanation and the new record (this session's graphs, with the ``volatile`` streaks
+    updated). Without ``previous`` nothing is explained (a first run has nothing to compare with).
+    """
+    out = SessionExplanation(compared_with=compared_with if previous is not None else "")
+    record = GraphsRecord(tests={k: list(v) for k, v in current.items() if v})
+    for nodeid, lookups in current.items():
+        if previous is None or not lookups:
+            continue
+        earlier = previous.tests.get(nodeid)
+        explained = explain_test(lookups, earlier)
+        if explained:
+            out.misses[nodeid] = explained
+        if earlier is None:
+            continue
+        changed = never_hits([earlier, lookups])
+        if changed is None:
+            continue
+        streak = previous.volatile.get(nodeid, ("", 0))[1] + 1
+        record.volatile[nodeid] = (changed, streak)
+        out.never_hit[nodeid] = changed
+    return out, record
+
+
+def carry_forward(record: GraphsRecord, previous: GraphsRecord | None) -> GraphsRecord:
+    """Keep ``previous``'s graphs of the tests this session did not run (a ``-k`` run forgets nothing)."""
+    if previous is None:
+        return record
+    for nodeid, lookups in previous.tests.items():
+        if nodeid not in record.tests:
+            record.tests[nodeid] = lookups
+            if nodeid in previous.volatile:
+                record.volatile[nodeid] = previous.volatile[nodeid]
+    return record
+
+
+def load_record(cache_dir: Path) -> GraphsRecord | None:
+    """The previous session's record in ``cache_dir``; None when absent. Raises ValueError/OSError when unreadable."""
+    path = Path(cache_dir) / RECORD_NAME
+    if not path.is_file() or path.is_symlink():
+        return None
+    if path.stat().st_size > MAX_RECORD_BYTES * 2:
+        raise ValueError(f"{path} is larger than {MAX_RECORD_BYTES * 2} bytes")
+    return GraphsRecord.from_json(json.loads(path.read_text(encoding="utf-8")))
+
+
+def save_record(cache_dir: Path, record: GraphsRecord) -> Path:
+    """Write ``record`` to ``<cache_dir>/.compilecache-graphs.json`` atomically (readers see old or new)."""
+    path = Path(cache_dir) / RECORD_NAME
+    data = json.dumps(record.to_json(), separators=(",", ":"), sort_keys=True).encode("utf-8")
+    with atomic_file(path, fsync=False) as fh:
+        fh.write(data)
+    return path

@@ -1,0 +1,108 @@
+"""Compile tiny models twice per scenario, changing exactly one thing, and print every FX lookup as JSON.
+
+Run as a script (``python explain_scenarios.py NAME...``) by ``test_explain_real.py``: one torch import
+for all scenarios, and the test process stays torch-free. Each scenario gets a fresh cache dir; its two
+"sessions" are separated by ``torch._dynamo.reset()`` and ``clear_caches()``, so the second one looks
+every graph up on disk exactly as a new process would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import traceback
+from typing import Any
+from typing import Callable
+
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+import torch  # noqa: E402
+from torch._inductor.utils import clear_caches  # noqa: E402
+
+from pytest_compilecache import probe  # noqa: E402
+
+
+def _scale(c: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return (x * c).relu().sum(0)
+
+    return fn
+
+
+def _plain(x: torch.Tensor) -> torch.Tensor:
+    return (x * 2.0).relu().sum(0)
+
+
+def _run(fn: Callable[..., Any], *args: Any, options: dict[str, Any] | None = None) -> None:
+    with torch.no_grad() if not any(getattr(a, "requires_grad", False) for a in args) else _null():
+        torch.compile(fn, options=options)(*args)
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+torch.manual_seed(0)
+LINEAR = torch.nn.Linear(16, 4)
+
+SCENARIOS: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {
+    "same": (lambda: _run(_plain, torch.randn(8, 16)), lambda: _run(_plain, torch.randn(8, 16))),
+    "shape": (lambda: _run(_plain, torch.randn(8, 16)), lambda: _run(_plain, torch.randn(8, 32))),
+    "dtype": (
+        lambda: _run(_plain, torch.randn(8, 16)),
+        lambda: _run(_plain, torch.randn(8, 16, dtype=torch.bfloat16)),
+    ),
+    "requires_grad": (
+        lambda: _run(LINEAR, torch.randn(8, 16)),
+        lambda: _run(LINEAR, torch.randn(8, 16, requires_grad=True)),
+    ),
+    "constant": (lambda: _run(_scale(2.0), torch.randn(8, 16)), lambda: _run(_scale(3.0), torch.randn(8, 16))),
+    "option": (
+        lambda: _run(_plain, torch.randn(8, 16)),
+        lambda: _run(_plain, torch.randn(8, 16), options={"epilogue_fusion": False}),
+    ),
+    # An unseeded random number baked into the graph: what makes a test never hit.
+    "random": (
+        lambda: _run(_scale(random.random()), torch.randn(8, 16)),
+        lambda: _run(_scale(random.random()), torch.randn(8, 16)),
+    ),
+}
+
+
+def _session(step: Callable[[], None]) -> list[dict[str, Any]]:
+    torch._dynamo.reset()
+    clear_caches()
+    start = probe.graph_mark()
+    step()
+    return probe.graph_delta(start)
+
+
+def main(names: list[str]) -> int:
+    import torch._inductor.codecache  # noqa: F401  (the capture wraps a function of this module)
+
+    note = probe.graph_capture_installed()
+    out: dict[str, Any] = {"note": note}
+    for name in names:
+        cache = tempfile.mkdtemp(prefix=f"explain-{name}-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+        try:
+            first, second = SCENARIOS[name]
+            out[name] = {"a": _session(first), "b": _session(second)}
+        except Exception:
+            out[name] = {"error": traceback.format_exc()}
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+    print("SCENARIOS-JSON " + json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:] or list(SCENARIOS)))
