@@ -203,7 +203,9 @@ def _code_signature(code: str) -> str | None:
     baked into the graph (a Python number, a string), which is what makes a test never hit when that
     constant changes every run.
     """
-    lines = [ln.strip() for ln in code.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    lines = [ln.strip() for ln in code.splitlines()]
+    # Statements only: no header (``GraphModule()``, ``def forward(...)``), comments or blank lines.
+    lines = [ln for ln in lines if ln and not ln.startswith(("#", "def ", "class ")) and ln != "GraphModule()"]
     if len(lines) > MAX_GRAPH_LINES:
         return None
     sig = []
@@ -368,7 +370,7 @@ def _code_diff(before: str | None, after: str | None) -> str:
         changed = [i for i, (a, b) in enumerate(zip(old, new)) if a != b]
         if changed and all(old[i][:4] == new[i][:4] for i in changed):
             where = ", ".join(str(i + 1) for i in changed[:5])
-            return f"graph code changed: a constant in graph line {where}"
+            return f"graph code changed: a constant in graph statement {where}"
     return "graph code changed"
 
 
@@ -462,10 +464,11 @@ class GraphsRecord:
         ``new test``, which is honest about what we kept.
         """
         tests: dict[str, Any] = {}
-        size = 200
+        common = _common(g for lookups in self.tests.values() for g in lookups[:MAX_LOOKUPS_PER_TEST])
+        size = 200 + len(json.dumps(common))
         dropped = self.truncated
         for nodeid in sorted(self.tests):
-            entry = [g.to_json() for g in self.tests[nodeid][:MAX_LOOKUPS_PER_TEST]]
+            entry = [_without(g.to_json(), common) for g in self.tests[nodeid][:MAX_LOOKUPS_PER_TEST]]
             cost = len(json.dumps(entry, separators=(",", ":"))) + len(nodeid) + 8
             if size + cost > max_bytes:
                 dropped += 1
@@ -473,7 +476,14 @@ class GraphsRecord:
             size += cost
             tests[nodeid] = entry
         volatile = {k: [v[0], v[1]] for k, v in self.volatile.items() if k in tests}
-        return {"format": FORMAT, "torch": self.torch, "tests": tests, "volatile": volatile, "truncated": dropped}
+        return {
+            "format": FORMAT,
+            "torch": self.torch,
+            "common": common,
+            "tests": tests,
+            "volatile": volatile,
+            "truncated": dropped,
+        }
 
     @classmethod
     def from_json(cls, data: Any) -> GraphsRecord:
@@ -483,17 +493,37 @@ class GraphsRecord:
         tests_in, volatile_in = data.get("tests", {}), data.get("volatile", {})
         if not isinstance(tests_in, Mapping) or not isinstance(volatile_in, Mapping):
             raise ValueError("graphs record: bad tests or volatile")
+        common = data.get("common", {})
+        if not isinstance(common, Mapping):
+            raise ValueError("graphs record: bad common components")
         tests: dict[str, list[GraphLookup]] = {}
         for nodeid, entries in tests_in.items():
-            if not isinstance(entries, list):
+            if not isinstance(entries, list) or not all(
+                isinstance(e, Mapping) and isinstance(e.get("c", {}), Mapping) for e in entries
+            ):
                 raise ValueError(f"graphs record: bad entry for {nodeid!r}")
-            tests[str(nodeid)] = [GraphLookup.from_json(e) for e in entries[:MAX_LOOKUPS_PER_TEST]]
+            tests[str(nodeid)] = [
+                GraphLookup.from_json({**e, "c": {**common, **e.get("c", {})}}) for e in entries[:MAX_LOOKUPS_PER_TEST]
+            ]
         volatile: dict[str, tuple[str, int]] = {}
         for nodeid, entry in volatile_in.items():
             if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], int):
                 volatile[str(nodeid)] = (entry[0], entry[1])
         truncated = data.get("truncated", 0)
         return cls(tests, volatile, str(data.get("torch", "")), truncated if isinstance(truncated, int) else 0)
+
+
+def _common(lookups: Iterable[GraphLookup]) -> dict[str, Any]:
+    """Components equal in every lookup (custom passes, system, torch version...): stored once per record."""
+    common: dict[str, Any] | None = None
+    for lookup in lookups:
+        comps = lookup.to_json()["c"]
+        common = dict(comps) if common is None else {k: v for k, v in common.items() if comps.get(k) == v}
+    return common or {}
+
+
+def _without(entry: dict[str, Any], common: Mapping[str, Any]) -> dict[str, Any]:
+    return {**entry, "c": {k: v for k, v in entry["c"].items() if k not in common}}
 
 
 @dataclass

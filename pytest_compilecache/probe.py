@@ -412,13 +412,15 @@ def graph_capture_installed() -> str | None:
         _graph_capture = f"per-graph miss explanations unavailable on this torch ({type(exc).__name__})"
         return _graph_capture
 
+    original_func: Any = func
+
     def load_with_key(key: Any, debug_lines: Any, *args: Any, **kwargs: Any) -> Any:
-        result = func(key, debug_lines, *args, **kwargs)
+        result = original_func(key, debug_lines, *args, **kwargs)
         with contextlib.suppress(Exception):
             _record_lookup(key, debug_lines, result)
         return result
 
-    load_with_key.__wrapped__ = func  # type: ignore[attr-defined]
+    load_with_key.__wrapped__ = original_func  # type: ignore[attr-defined]
     FxGraphCache.load_with_key = staticmethod(load_with_key)  # type: ignore[method-assign]
     _graph_capture = ""
     return None

@@ -6,15 +6,20 @@ workers to the controller on pytest's ``TestReport`` objects.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from dataclasses import field
 from typing import Any
 from typing import Callable
 from typing import Mapping
 
+from pytest_compilecache.explain import GraphLookup
+from pytest_compilecache.explain import MissExplanation
+
 FX_FIELDS = ("hit", "miss", "bypass")
 AOT_FIELDS = ("hit", "miss", "bypass", "guard_miss")
 REMOTE_FIELDS = ("fx_hit", "fx_miss", "aot_hit", "aot_miss")
+MAX_GRAPHS = 64  # lookups kept per test: a test that compiles more is rare, and the rest add no reason
 
 
 def _counts(fields: tuple[str, ...], data: Mapping[str, Any] | None = None) -> dict[str, int]:
@@ -44,6 +49,10 @@ class ItemRecord:
     recompiles: int = 0
     compile_seconds: float = 0.0
     bypass_reasons: list[str] = field(default_factory=list)
+    # Every FX-graph lookup of this test with its key's components (issue 12), capped; and, once the
+    # controller compared them with an earlier run, why each miss missed.
+    graphs: list[GraphLookup] = field(default_factory=list)
+    why: list[MissExplanation] = field(default_factory=list)
 
     @property
     def compiled(self) -> bool:
@@ -66,6 +75,13 @@ class ItemRecord:
         for reason in delta.get("bypass_reasons", ()):
             if reason not in self.bypass_reasons:
                 self.bypass_reasons.append(reason)
+        for graph in delta.get("graphs", ()):
+            if len(self.graphs) < MAX_GRAPHS:
+                with contextlib.suppress(ValueError):  # a malformed lookup from a worker is dropped, not fatal
+                    self.graphs.append(graph if isinstance(graph, GraphLookup) else GraphLookup.from_json(graph))
+        for item in delta.get("why", ()):
+            if isinstance(item, Mapping) and isinstance(item.get("key"), str):
+                self.why.append(MissExplanation(item["key"], [str(r) for r in item.get("reasons", ())]))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -78,6 +94,8 @@ class ItemRecord:
             "recompiles": self.recompiles,
             "compile_seconds": round(self.compile_seconds, 4),
             "bypass_reasons": list(self.bypass_reasons),
+            "graphs": [g.to_json() for g in self.graphs],
+            "why": [w.to_json() for w in self.why],
         }
 
     @classmethod

@@ -93,6 +93,8 @@ def test_json_round_trip_through_real_json() -> None:
         "recompiles",
         "compile_seconds",
         "bypass_reasons",
+        "graphs",
+        "why",
     }
 
 

@@ -1,0 +1,249 @@
+"""explain.py: torch's debug lines -> compact lookups, a miss diffed in words, never-hit tests, the bounded record.
+
+The debug lines here follow torch 2.13's ``FxGraphCachePickler.debug_lines`` format (``[<hash>] <attr>[<index>]:
+<value>``); ``tests/integration/test_explain_real.py`` proves the same on real compiles.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_compilecache import explain
+from pytest_compilecache.explain import GraphLookup
+from pytest_compilecache.explain import GraphsRecord
+
+CODE = """GraphModule()
+
+
+
+def forward(self, arg0_1):
+    mul = torch.ops.aten.mul.Tensor(arg0_1, {c});  arg0_1 = None
+    relu = torch.ops.aten.relu.default(mul);  mul = None
+    return (relu,)
+"""
+
+
+def _tensor(shape: str, dtype: str = "float32", grad: bool = False, stride: str = "(16, 1)") -> str:
+    return (
+        f"TensorMetadata(dtype=torch.{dtype}, shape=torch.Size([{shape}]), stride={stride}, "
+        f"device=device(type='cpu'), layout=torch.strided, memory_format=torch.contiguous_format, "
+        f"storage_offset=0, storage_bytes=None, requires_grad={grad}, is_quantized=False, is_conj=False, "
+        f"is_neg=False, is_inference=False, is_sparse=False, is_coalesced=None, dense_dim=None, sparse_dim=None)"
+    )
+
+
+def _h(value: object) -> str:
+    """A stand-in for torch's component hash: equal values, equal hashes."""
+    return explain._short(repr(value)) + "abcdefghijklmnopqrstuvwxyz"
+
+
+def _lines(
+    *,
+    c: str = "2.0",
+    inputs: tuple[str, ...] = ("8, 16",),
+    dtype: str = "float32",
+    grad: bool = False,
+    options: dict[str, str] | None = None,
+    torch_key: str = "k1",
+    system: str = "s1",
+    backward: bool = False,
+) -> list[str]:
+    code = CODE.format(c=c)
+    lines = [f"[{_h(code)}] gm: {code}"]
+    for i, shape in enumerate(inputs):
+        meta = _tensor(shape, dtype, grad)
+        lines.append(f"[{_h(meta)}] example_inputs[{i}]: {meta}")
+    lines += [
+        f"[{_h(backward)}] fx_kwargs[is_backward]: {backward}",
+        f"[{_h(False)}] fx_kwargs[is_inference]: False",
+        f"[{_h('fn')}] fx_kwargs[get_decomp_fn]: <function select_decomp_table at 0x7fd218e16ac0>",
+        f"[{_h(torch_key)}] torch_version: \ufffd\x01garbage",
+        f"[{_h(system)}] system_info[hash]: {system}",
+    ]
+    config = {"debug": "False", "max_autotune": "False", "epilogue_fusion": "True"} | (options or {})
+    lines += [f"[{_h(v)}] inductor_config[{k}]: {v}" for k, v in config.items()]
+    return lines
+
+
+DEFAULTS = {"debug": "False", "max_autotune": "False", "epilogue_fusion": "True"}
+
+
+def _lookup(outcome: str = "miss", *, torch_version: str = "2.13.0", **kw: Any) -> GraphLookup:
+    lines = _lines(**kw)
+    options = kw.get("options") or {}
+    assert isinstance(options, dict)
+    key = "f" + explain._short("\n".join(lines))
+    return explain.lookup_from_torch(
+        key,
+        outcome,
+        lines,
+        is_default=lambda name: options.get(name, DEFAULTS[name]) == DEFAULTS[name],
+        values={"torch_version": torch_version},
+    )
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def test_lookup_from_torch_keeps_short_readable_values_and_collapses_the_config() -> None:
+    lookup = _lookup(options={"max_autotune": "True"})
+    assert (
+        lookup.value("example_inputs[0]") == "dtype=float32;shape=[8, 16];stride=(16, 1);device=cpu;requires_grad=False"
+    )
+    assert lookup.value("fx_kwargs[get_decomp_fn]") == "<function select_decomp_table>"  # no address
+    assert lookup.value("torch_version") == "2.13.0"
+    assert lookup.value("inductor_config.max_autotune") == "True"
+    assert "inductor_config.debug" not in lookup.components  # at its default: only in the digest
+    assert lookup.components["inductor_config"][1] is None
+    assert all(len(digest) == explain.HASH_CHARS for digest, _ in lookup.components.values())
+    assert lookup.kind == ("False", "False")
+
+
+def test_unparsable_lines_are_ignored_and_large_values_keep_only_their_hash() -> None:
+    big = "x" * (explain.VALUE_CHARS + 1)
+    lookup = explain.lookup_from_torch("k", "hit", ["garbage", f"[abc] custom: {big}", 42])  # type: ignore[list-item]
+    assert lookup.components == {"custom": ("abc", None)}
+
+
+def test_the_values_budget_bounds_a_lookup_with_many_inputs() -> None:
+    lookup = _lookup(inputs=tuple(f"{i}, 16" for i in range(200)))
+    kept = [v for _, v in lookup.components.values() if v]
+    assert sum(len(v) for v in kept) <= explain.VALUES_PER_LOOKUP + 200
+    assert lookup.components["example_inputs[199]"][1] is None
+
+
+def test_lookup_json_round_trip_and_hostile_input() -> None:
+    lookup = _lookup()
+    assert GraphLookup.from_json(json.loads(json.dumps(lookup.to_json()))) == lookup
+    bad: object
+    for bad in ([], {"k": 1, "o": "miss"}, {"k": "a", "o": "boom"}, {"k": "a", "o": "hit", "c": {"x": [1]}}):
+        with pytest.raises(ValueError):
+            GraphLookup.from_json(bad)
+
+
+# --------------------------------------------------------------------------- one miss, in words
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "reasons"),
+    [
+        ({}, {"inputs": ("8, 32",)}, ["input 0 shape [8, 16] -> [8, 32]"]),
+        ({}, {"dtype": "bfloat16"}, ["input 0 dtype float32 -> bfloat16"]),
+        ({}, {"grad": True}, ["input 0 requires_grad False -> True"]),
+        ({}, {"c": "3.0"}, ["graph code changed: a constant in graph statement 1"]),
+        ({}, {"options": {"max_autotune": "True"}}, ["inductor config changed: max_autotune"]),
+        ({}, {"torch_key": "k2"}, ["torch build (same version, other source) changed"]),
+        ({}, {"torch_key": "k2", "torch_version": "2.14.0"}, ["torch version 2.13.0 -> 2.14.0"]),
+        ({}, {"system": "s2"}, ["system (compiler, devices or drivers) changed"]),
+        ({}, {"inputs": ("8, 16", "4")}, ["number of graph inputs 1 -> 2"]),
+    ],
+)
+def test_explain_miss_names_the_one_thing_that_changed(
+    before: dict[str, Any], after: dict[str, Any], reasons: list[str]
+) -> None:
+    assert explain.explain_miss(_lookup(**after), [_lookup("hit", **before)]) == reasons
+
+
+def test_explain_miss_new_test_new_graph_and_same_key() -> None:
+    miss = _lookup()
+    assert explain.explain_miss(miss, None) == [explain.NEW_TEST]
+    assert explain.explain_miss(miss, []) == [explain.NEW_GRAPH]
+    assert explain.explain_miss(miss, [_lookup(backward=True)]) == [explain.NEW_GRAPH]  # only other kinds
+    assert explain.explain_miss(miss, [_lookup("hit")]) == [explain.SAME_KEY]
+
+
+def test_explain_miss_compares_with_the_most_similar_candidate() -> None:
+    far = _lookup("hit", c="5.0", dtype="bfloat16")
+    near = _lookup("hit", dtype="bfloat16")
+    assert explain.explain_miss(_lookup(), [far, near]) == ["input 0 dtype bfloat16 -> float32"]
+
+
+def test_a_structural_code_change_is_not_called_a_constant() -> None:
+    old = _lookup("hit")
+    new = _lookup()
+    code = CODE.format(c="2.0").replace("relu", "sigmoid")
+    new.components["gm"] = (_h(code)[:12], explain._code_signature(code))
+    new.key = "f-other"
+    assert explain.diff(old, new) == ["graph code changed"]
+
+
+def test_explain_test_pairs_each_miss_with_an_unmatched_earlier_graph() -> None:
+    fw, bw = _lookup("hit"), _lookup("hit", backward=True)
+    now = [_lookup("hit"), _lookup(backward=True, c="3.0"), _lookup(inputs=("1, 1",))]
+    out = explain.explain_test(now, [fw, bw])
+    assert [m.reasons for m in out] == [["graph code changed: a constant in graph statement 1"], [explain.NEW_GRAPH]]
+    assert explain.explain_test([_lookup()], None)[0].reasons == [explain.NEW_TEST]
+    assert explain.explain_test([_lookup("hit")], [fw]) == []
+
+
+# --------------------------------------------------------------------------- tests that can never hit
+
+
+def test_never_hits_flags_a_constant_that_changes_every_run() -> None:
+    runs = [[_lookup(c=c)] for c in ("0.84", "0.76", "0.42")]
+    assert explain.never_hits(runs) == "a constant in graph statement 1"
+    assert explain.never_hits(runs[:2]) == "a constant in graph statement 1"
+    assert explain.never_hits(runs[:1]) is None
+
+
+def test_never_hits_ignores_other_changes_and_runs_that_hit() -> None:
+    assert explain.never_hits([[_lookup()], [_lookup(inputs=("8, 32",))]]) is None
+    assert explain.never_hits([[_lookup(c="1.0")], [_lookup("hit", c="2.0")]]) is None
+    assert explain.never_hits([[_lookup(c="1.0")], [_lookup(c="2.0")], [_lookup("hit", c="2.0")]]) is None
+
+
+def test_explain_session_counts_the_streak_and_explains_against_the_record() -> None:
+    first, record1 = explain.explain_session({"t::a": [_lookup(c="0.1")]}, None)
+    assert first.misses == {} and first.compared_with == ""
+    second, record2 = explain.explain_session(
+        {"t::a": [_lookup(c="0.2")], "t::b": [_lookup()]}, record1, "previous session"
+    )
+    assert second.never_hit == {"t::a": "a constant in graph statement 1"}
+    assert second.misses["t::b"][0].reasons == [explain.NEW_TEST]
+    assert record2.volatile["t::a"] == ("a constant in graph statement 1", 1)
+    third, record3 = explain.explain_session({"t::a": [_lookup(c="0.3")]}, record2, "bundle")
+    assert record3.volatile["t::a"][1] == 2
+    assert third.to_json()["compared_with"] == "bundle"
+    kept = explain.carry_forward(record3, record2)
+    assert set(kept.tests) == {"t::a", "t::b"}
+
+
+# --------------------------------------------------------------------------- the record on disk
+
+
+def test_record_round_trip_stores_common_components_once(tmp_path: Path) -> None:
+    record = GraphsRecord(tests={f"t::{i}": [_lookup(c=f"{i}.0"), _lookup("hit", backward=True)] for i in range(20)})
+    data = record.to_json()
+    assert "system_info[hash]" in data["common"]
+    assert all("system_info[hash]" not in g["c"] for lookups in data["tests"].values() for g in lookups)
+    explain.save_record(tmp_path, record)
+    again = explain.load_record(tmp_path)
+    assert again is not None and again.tests == record.tests
+    assert [p.name for p in tmp_path.iterdir()] == [explain.RECORD_NAME]  # no temp file left
+
+
+def test_record_is_bounded_and_says_how_much_it_dropped() -> None:
+    record = GraphsRecord(tests={f"t::{i}": [_lookup(c=f"{i}.0")] * 40 for i in range(50)})
+    data = record.to_json(max_bytes=20_000)
+    assert len(json.dumps(data)) < 25_000
+    assert data["truncated"] == 50 - len(data["tests"]) > 0
+    assert all(len(v) == explain.MAX_LOOKUPS_PER_TEST for v in data["tests"].values())
+
+
+def test_load_record_absent_corrupt_and_hostile(tmp_path: Path) -> None:
+    assert explain.load_record(tmp_path) is None
+    path = tmp_path / explain.RECORD_NAME
+    bad: object
+    for bad in ("{", '{"format": 99}', '{"format": 1, "tests": {"t": [{"k": "a", "o": "hit", "c": []}]}}'):
+        path.write_text(bad)
+        with pytest.raises(ValueError):
+            explain.load_record(tmp_path)
+    path.unlink()
+    target = tmp_path / "elsewhere.json"
+    target.write_text(json.dumps(GraphsRecord().to_json()))
+    path.symlink_to(target)
+    assert explain.load_record(tmp_path) is None  # a link is not ours to follow
