@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 from typing import Any
-from typing import Callable
 from typing import Iterable
 from typing import Mapping
 from typing import Sequence
@@ -111,13 +110,14 @@ def lookup_from_torch(
     outcome: str,
     debug_lines: Iterable[str],
     *,
-    is_default: Callable[[str], bool] | None = None,
+    defaults: Mapping[str, str] | None = None,
     values: Mapping[str, str] | None = None,
 ) -> GraphLookup:
     """Build a compact :class:`GraphLookup` from torch's ``debug_lines`` for one lookup.
 
-    ``is_default(option)`` says whether an inductor option is at its default (torch's
-    ``config._is_default``); without it options are kept as one digest, without names. ``values``
+    ``defaults`` maps each inductor option to ``str()`` of its declared default: an option whose
+    readable value differs is kept by name, so a config change can be named; without it the options
+    are kept as one digest only. ``values``
     overrides readable values torch gives as bytes (``torch_version`` -> ``torch.__version__``).
     Lines that do not parse are ignored: torch's format is not a contract.
     """
@@ -132,7 +132,7 @@ def lookup_from_torch(
         digest = digest[:HASH_CHARS]
         if attr in CONFIG_GROUPS and index is not None:
             groups.setdefault(attr, []).append(f"{index}={digest}")
-            if attr == "inductor_config" and is_default is not None and not _safe_default(is_default, index):
+            if attr == "inductor_config" and defaults is not None and defaults.get(index, text) != text:
                 components[CONFIG_OPTION + index] = (digest, _readable(text))
             continue
         name = attr if index is None else f"{attr}[{index}]"
@@ -150,13 +150,6 @@ def lookup_from_torch(
     for attr, entries in groups.items():
         components[attr] = (_short(";".join(sorted(entries))), None)
     return GraphLookup(key=key, outcome=outcome, components=components)
-
-
-def _safe_default(is_default: Callable[[str], bool], name: str) -> bool:
-    try:
-        return bool(is_default(name))
-    except Exception:  # an option torch cannot answer for is treated as default: no name, no crash
-        return True
 
 
 def _readable(text: str) -> str | None:
@@ -218,16 +211,22 @@ def _code_signature(code: str) -> str | None:
 # --------------------------------------------------------------------------- comparing two lookups
 
 
-def similarity(a: GraphLookup, b: GraphLookup) -> tuple[int, int, int]:
-    """Sort key, higher is more similar: same kind first, then same graph code, then equal components."""
+def similarity(a: GraphLookup, b: GraphLookup) -> tuple[int, int, int, int]:
+    """Sort key, higher is more similar: forward vs backward, then inference vs training, then the same
+    graph code, then the number of equal components."""
     same = sum(1 for name, entry in a.components.items() if b.components.get(name, ("",))[0] == entry[0])
-    return (int(a.kind == b.kind), int(a.components.get(CODE, ("a",))[0] == b.components.get(CODE, ("b",))[0]), same)
+    code = a.components.get(CODE, ("a",))[0] == b.components.get(CODE, ("b",))[0]
+    return (int(a.kind[0] == b.kind[0]), int(a.kind[1] == b.kind[1]), int(code), same)
 
 
 def most_similar(lookup: GraphLookup, candidates: Sequence[GraphLookup]) -> GraphLookup | None:
-    """The candidate of the same kind most similar to ``lookup`` (the first one on a tie), or None."""
+    """The candidate most similar to ``lookup`` (the first one on a tie), or None.
+
+    A forward graph is never compared with a backward one; a training graph is compared with an
+    inference one when nothing closer exists (a ``requires_grad`` change turns one into the other).
+    """
     best: GraphLookup | None = None
-    best_score: tuple[int, int, int] | None = None
+    best_score: tuple[int, int, int, int] | None = None
     for cand in candidates:
         score = similarity(lookup, cand)
         if score[0] and (best_score is None or score > best_score):
@@ -297,7 +296,7 @@ def diff(old: GraphLookup, new: GraphLookup) -> list[str]:
         else:
             change = _change(before[1], after[1])
             other.append(f"{_label(name)} {change}" if change else f"{_label(name)} changed")
-    if config_changed or options:
+    if config_changed:  # the digest decides; the names say what we can tell
         config.append("inductor config changed" + (": " + ", ".join(sorted(options)) if options else ""))
     reasons = inputs + code + config + other + toolchain
     return reasons or ["key changed, but no recorded component differs (the record may be truncated)"]

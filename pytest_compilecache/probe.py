@@ -433,14 +433,23 @@ def _record_lookup(key: Any, debug_lines: Any, result: Any) -> None:
     state = info.get("cache_state") if isinstance(info, dict) else None
     if state not in ("hit", "miss") or not isinstance(key, str) or not isinstance(debug_lines, list):
         return
-    lookup = lookup_from_torch(key, state, debug_lines, is_default=_inductor_is_default(), values=_torch_values())
+    lookup = lookup_from_torch(key, state, debug_lines, defaults=_inductor_defaults(), values=_torch_values())
     _lookups.append(lookup.to_json())
 
 
-def _inductor_is_default() -> Any:
-    from torch._inductor import config as inductor_config
+_defaults: dict[str, str] | None = None
 
-    return getattr(inductor_config, "_is_default", None)
+
+def _inductor_defaults() -> dict[str, str] | None:
+    """``str()`` of each inductor option's declared default (``config._config``, 2.6-2.15), once per process."""
+    global _defaults
+    if _defaults is None:
+        _defaults = {}
+        with contextlib.suppress(Exception):
+            from torch._inductor import config as inductor_config
+
+            _defaults = {name: str(entry.default) for name, entry in inductor_config._config.items()}
+    return _defaults or None
 
 
 def _torch_values() -> dict[str, str]:

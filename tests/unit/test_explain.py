@@ -74,14 +74,12 @@ DEFAULTS = {"debug": "False", "max_autotune": "False", "epilogue_fusion": "True"
 
 def _lookup(outcome: str = "miss", *, torch_version: str = "2.13.0", **kw: Any) -> GraphLookup:
     lines = _lines(**kw)
-    options = kw.get("options") or {}
-    assert isinstance(options, dict)
     key = "f" + explain._short("\n".join(lines))
     return explain.lookup_from_torch(
         key,
         outcome,
         lines,
-        is_default=lambda name: options.get(name, DEFAULTS[name]) == DEFAULTS[name],
+        defaults=DEFAULTS,
         values={"torch_version": torch_version},
     )
 
@@ -154,6 +152,16 @@ def test_explain_miss_new_test_new_graph_and_same_key() -> None:
     assert explain.explain_miss(miss, []) == [explain.NEW_GRAPH]
     assert explain.explain_miss(miss, [_lookup(backward=True)]) == [explain.NEW_GRAPH]  # only other kinds
     assert explain.explain_miss(miss, [_lookup("hit")]) == [explain.SAME_KEY]
+
+
+def test_a_training_graph_is_compared_with_an_inference_graph_when_nothing_closer_exists() -> None:
+    flag = f"[{_h(True)}] fx_kwargs[is_inference]: True"
+    lines = [flag if "fx_kwargs[is_inference]" in ln else ln for ln in _lines()]
+    inference = explain.lookup_from_torch("f-inference", "hit", lines, defaults=DEFAULTS)
+    assert explain.explain_miss(_lookup(grad=True), [inference]) == [
+        "input 0 requires_grad False -> True",
+        "compile option is_inference True -> False",
+    ]
 
 
 def test_explain_miss_compares_with_the_most_similar_candidate() -> None:

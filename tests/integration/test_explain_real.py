@@ -1,0 +1,108 @@
+"""Miss explanations on real compiles: exactly one thing changes between two sessions, and we name it.
+
+One subprocess (``explain_scenarios.py``) imports torch once and runs every scenario: a fresh cache dir,
+a first session, ``torch._dynamo.reset()`` + ``clear_caches()``, a second session in which one thing
+differs. The capture is ``probe``'s wrapper of ``FxGraphCache.load_with_key``; the words are explain.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_compilecache import explain
+from pytest_compilecache.explain import GraphLookup
+from pytest_compilecache.explain import GraphsRecord
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).with_name("explain_scenarios.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def scenarios() -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_", "PYTEST_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("SCENARIOS-JSON "))
+    data: dict[str, Any] = json.loads(line.split(" ", 1)[1])
+    assert data["note"] is None  # torch 2.13 has the API: the capture must be installed
+    return data
+
+
+def _sessions(scenarios: dict[str, Any], name: str) -> tuple[list[GraphLookup], list[GraphLookup]]:
+    result = scenarios[name]
+    assert "error" not in result, result.get("error")
+    first = [GraphLookup.from_json(g) for g in result["a"]]
+    second = [GraphLookup.from_json(g) for g in result["b"]]
+    assert first and [g.outcome for g in first] == ["miss"] * len(first)  # a fresh cache dir: all cold
+    return first, second
+
+
+def _reasons(scenarios: dict[str, Any], name: str) -> list[list[str]]:
+    first, second = _sessions(scenarios, name)
+    return [m.reasons for m in explain.explain_test(second, first)]
+
+
+def test_nothing_changed_every_graph_hits_and_nothing_is_explained(scenarios: dict[str, Any]) -> None:
+    first, second = _sessions(scenarios, "same")
+    assert [g.outcome for g in second] == ["hit"] * len(first)
+    assert [g.key for g in second] == [g.key for g in first]
+    assert explain.explain_test(second, first) == []
+    assert explain.never_hits([first, second]) is None
+
+
+def test_an_input_shape_change_is_named(scenarios: dict[str, Any]) -> None:
+    assert _reasons(scenarios, "shape") == [["input 0 shape [8, 16] -> [8, 32]"]]
+
+
+def test_a_dtype_change_is_named(scenarios: dict[str, Any]) -> None:
+    assert _reasons(scenarios, "dtype") == [["input 0 dtype float32 -> bfloat16"]]
+
+
+def test_a_requires_grad_change_is_named(scenarios: dict[str, Any]) -> None:
+    (reasons,) = _reasons(scenarios, "requires_grad")
+    assert reasons[0] == "input 0 requires_grad False -> True"
+    assert "compile option is_inference True -> False" in reasons
+
+
+def test_a_constant_in_the_model_is_a_graph_code_change(scenarios: dict[str, Any]) -> None:
+    ((reason,),) = _reasons(scenarios, "constant")
+    assert reason.startswith("graph code changed: a constant in graph statement ")
+
+
+def test_an_inductor_option_is_named(scenarios: dict[str, Any]) -> None:
+    assert _reasons(scenarios, "option") == [["inductor config changed: epilogue_fusion"]]
+
+
+def test_a_random_constant_makes_a_test_that_can_never_hit(scenarios: dict[str, Any]) -> None:
+    first, second = _sessions(scenarios, "random")
+    changed = explain.never_hits([first, second])
+    assert changed is not None and changed.startswith("a constant in graph statement ")
+    assert explain.never_hits(list(_sessions(scenarios, "shape"))) is None  # a real change is not flagged
+
+
+def test_a_new_test_and_the_record_round_trip(scenarios: dict[str, Any], tmp_path: Path) -> None:
+    first, second = _sessions(scenarios, "random")
+    _, record = explain.explain_session({"t.py::test_old": first}, None)
+    explain.save_record(tmp_path, record)
+    previous = explain.load_record(tmp_path)
+    assert previous is not None and previous.tests == record.tests
+    result, _ = explain.explain_session(
+        {"t.py::test_old": second, "t.py::test_new": second}, previous, "previous session"
+    )
+    assert [m.reasons for m in result.misses["t.py::test_new"]] == [[explain.NEW_TEST]]
+    assert list(result.never_hit) == ["t.py::test_old"]
+    # Compact: a real lookup costs well under a few KB in the record.
+    size = len(json.dumps(GraphsRecord(tests={"t": first}).to_json()))
+    assert size < 4000 * len(first)
