@@ -448,7 +448,8 @@ def _inductor_defaults() -> dict[str, str] | None:
         with contextlib.suppress(Exception):
             from torch._inductor import config as inductor_config
 
-            _defaults = {name: str(entry.default) for name, entry in inductor_config._config.items()}
+            entries = getattr(inductor_config, "_config", {})
+            _defaults = {name: str(entry.default) for name, entry in entries.items()}
     return _defaults or None
 
 
@@ -456,6 +457,56 @@ def _torch_values() -> dict[str, str]:
     import torch
 
     return {"torch_version": str(torch.__version__)}
+
+
+_CODECACHE = "torch._inductor.codecache"
+
+
+class _InstallOnImport:
+    """A ``sys.meta_path`` entry that installs the capture right after torch imports its codecache.
+
+    torch imports ``torch._inductor.codecache`` lazily, at the first compile, inside a test; without
+    this the first test's lookups would pass before we could wrap anything. It answers only for that
+    one module name (one string comparison per import otherwise) and removes itself once used.
+    """
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != _CODECACHE:
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        import importlib.util
+
+        spec = importlib.util.find_spec(name)
+        loader = getattr(spec, "loader", None)
+        exec_module = getattr(loader, "exec_module", None)
+        if spec is None or exec_module is None:
+            return spec
+
+        def exec_and_install(module: Any) -> None:
+            exec_module(module)
+            with contextlib.suppress(Exception):
+                graph_capture_installed()
+
+        loader.exec_module = exec_and_install  # type: ignore[union-attr]
+        return spec
+
+
+def watch_graph_lookups() -> None:
+    """Capture every FX-graph lookup of this process from now on; never imports torch.
+
+    Call once per process (the plugin's configure step, in every xdist worker). Installs now when
+    torch's codecache is already imported, else as soon as it is.
+    """
+    if _CODECACHE in sys.modules:
+        graph_capture_installed()
+    elif _graph_capture is None and not any(isinstance(f, _InstallOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _InstallOnImport())
+
+
+def graph_capture_active() -> bool:
+    """True once the capture wraps torch's ``load_with_key`` in this process."""
+    return _graph_capture == ""
 
 
 def graph_mark() -> int:

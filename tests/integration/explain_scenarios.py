@@ -18,12 +18,13 @@ import traceback
 from typing import Any
 from typing import Callable
 
+from pytest_compilecache import probe
+
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+probe.watch_graph_lookups()  # before torch: the capture must install itself when torch loads its codecache
 
 import torch  # noqa: E402
 from torch._inductor.utils import clear_caches  # noqa: E402
-
-from pytest_compilecache import probe  # noqa: E402
 
 
 def _scale(c: float) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -83,10 +84,7 @@ def _session(step: Callable[[], None]) -> list[dict[str, Any]]:
 
 
 def main(names: list[str]) -> int:
-    import torch._inductor.codecache  # noqa: F401  (the capture wraps a function of this module)
-
-    note = probe.graph_capture_installed()
-    out: dict[str, Any] = {"note": note}
+    out: dict[str, Any] = {}
     for name in names:
         cache = tempfile.mkdtemp(prefix=f"explain-{name}-")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
@@ -97,6 +95,8 @@ def main(names: list[str]) -> int:
             out[name] = {"error": traceback.format_exc()}
         finally:
             shutil.rmtree(cache, ignore_errors=True)
+    out["active"] = probe.graph_capture_active()
+    out["note"] = probe.graph_capture_installed()
     print("SCENARIOS-JSON " + json.dumps(out))
     return 0
 
