@@ -42,7 +42,7 @@ CONFIG_GROUPS = ("inductor_config", "inductor_config_comms")
 CONFIG_OPTION = "inductor_config."  # prefix of the non-default inductor options kept by name
 INPUT = "example_inputs"
 
-_LINE = re.compile(r"\[([A-Za-z0-9]+)\] ([A-Za-z_][\w.]*)(?:\[([^\]]*)\])?: ?(.*)\Z", re.DOTALL)
+_NAME = re.compile(r"[A-Za-z_][\w.]*(?:\[[^\]]*\])?\Z")
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _LITERAL = re.compile(r"'[^']*'|\"[^\"]*\"|(?<![\w.])-?\d+(?:\.\d*)?(?:e[-+]?\d+)?(?![\w])")
 
@@ -124,12 +124,26 @@ def lookup_from_torch(
     components: dict[str, tuple[str, str | None]] = {}
     groups: dict[str, list[str]] = {}
     budget = VALUES_PER_LOOKUP
+    config_marker = CONFIG_GROUPS[0] + "["
     for line in debug_lines:
-        match = _LINE.match(line) if isinstance(line, str) else None
-        if match is None:
+        # Fast path for the ~600 inductor options of every lookup: three string operations each.
+        end = line.find("] ", 1) if isinstance(line, str) else -1
+        if end > 0 and line.startswith(config_marker, end + 2):
+            close = line.find("]: ", end + 2)
+            if close > 0:
+                index, digest, text = (
+                    line[end + 2 + len(config_marker) : close],
+                    line[1:end][:HASH_CHARS],
+                    line[close + 3 :],
+                )
+                groups.setdefault(CONFIG_GROUPS[0], []).append(index + "=" + digest)
+                if defaults is not None and defaults.get(index, text) != text:
+                    components[CONFIG_OPTION + index] = (digest, _readable(text))
+                continue
+        parsed = _parse(line)
+        if parsed is None:
             continue
-        digest, attr, index, text = match.groups()
-        digest = digest[:HASH_CHARS]
+        digest, attr, index, text = parsed
         if attr in CONFIG_GROUPS and index is not None:
             groups.setdefault(attr, []).append(f"{index}={digest}")
             if attr == "inductor_config" and defaults is not None and defaults.get(index, text) != text:
@@ -150,6 +164,29 @@ def lookup_from_torch(
     for attr, entries in groups.items():
         components[attr] = (_short(";".join(sorted(entries))), None)
     return GraphLookup(key=key, outcome=outcome, components=components)
+
+
+def _parse(line: object) -> tuple[str, str, str | None, str] | None:
+    """``[<hash>] <attr>[<index>]: <value>`` -> (short hash, attr, index or None, value); None if not that.
+
+    Plain string operations, not a regex: a lookup has ~650 lines, most of them inductor options,
+    and this runs for every lookup of a session.
+    """
+    if not isinstance(line, str) or not line.startswith("["):
+        return None
+    end = line.find("] ", 1)
+    if end < 0:
+        return None
+    rest = line[end + 2 :]
+    colon = rest.find(":")
+    bracket = rest.find("[", 0, colon)
+    if bracket >= 0:  # an index may hold a colon (a device name): look for the one after its bracket
+        colon = rest.find(":", rest.find("]", bracket))
+    head, text = rest[:colon], rest[colon + 1 :]
+    if colon < 0 or not _NAME.match(head):
+        return None
+    attr, opened, index = head.partition("[")
+    return line[1:end][:HASH_CHARS], attr, index[:-1] if opened else None, text.removeprefix(" ")
 
 
 def _readable(text: str) -> str | None:

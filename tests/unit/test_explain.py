@@ -107,6 +107,11 @@ def test_unparsable_lines_are_ignored_and_large_values_keep_only_their_hash() ->
     assert lookup.components == {"custom": ("abc", None)}
 
 
+def test_an_index_with_a_colon_parses() -> None:
+    lookup = explain.lookup_from_torch("k", "hit", ["[abc] system_info[device:0]: NVIDIA H100", "[d] x[1: 2"])
+    assert lookup.components == {"system_info[device:0]": ("abc", "NVIDIA H100")}
+
+
 def test_the_values_budget_bounds_a_lookup_with_many_inputs() -> None:
     lookup = _lookup(inputs=tuple(f"{i}, 16" for i in range(200)))
     kept = [v for _, v in lookup.components.values() if v]
