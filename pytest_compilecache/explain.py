@@ -143,13 +143,13 @@ def lookup_from_torch(
         parsed = _parse(line)
         if parsed is None:
             continue
-        digest, attr, index, text = parsed
-        if attr in CONFIG_GROUPS and index is not None:
-            groups.setdefault(attr, []).append(f"{index}={digest}")
-            if attr == "inductor_config" and defaults is not None and defaults.get(index, text) != text:
-                components[CONFIG_OPTION + index] = (digest, _readable(text))
+        digest, attr, option, text = parsed
+        if attr in CONFIG_GROUPS and option is not None:
+            groups.setdefault(attr, []).append(f"{option}={digest}")
+            if attr == "inductor_config" and defaults is not None and defaults.get(option, text) != text:
+                components[CONFIG_OPTION + option] = (digest, _readable(text))
             continue
-        name = attr if index is None else f"{attr}[{index}]"
+        name = attr if option is None else f"{attr}[{option}]"
         if attr == CODE:
             components[name] = (digest, _code_signature(text))
             continue
@@ -333,10 +333,25 @@ def diff(old: GraphLookup, new: GraphLookup) -> list[str]:
         else:
             change = _change(before[1], after[1])
             other.append(f"{_label(name)} {change}" if change else f"{_label(name)} changed")
+    if before_kind := _grad_flip(old, new):
+        # A training graph's forward takes detached inputs, so no input's requires_grad differs in the
+        # key: the graph kind does, and the graph code with it (a consequence, not a second cause).
+        inputs.insert(0, before_kind)
+        code.clear()
+        other = [line for line in other if not line.startswith("compile option is_inference ")]
     if config_changed:  # the digest decides; the names say what we can tell
         config.append("inductor config changed" + (": " + ", ".join(sorted(options)) if options else ""))
     reasons = inputs + code + config + other + toolchain
     return reasons or ["key changed, but no recorded component differs (the record may be truncated)"]
+
+
+def _grad_flip(old: GraphLookup, new: GraphLookup) -> str | None:
+    before, after = old.kind[1], new.kind[1]
+    if old.kind[0] != "False" or before == after or {before, after} != {"True", "False"}:
+        return None
+    if before == "True":
+        return "requires_grad False -> True (an input or parameter now requires grad: a training graph)"
+    return "requires_grad True -> False (nothing requires grad now, or no_grad: an inference graph)"
 
 
 _ORDER = {INPUT: 0, CODE: 1}

@@ -163,9 +163,11 @@ def test_a_training_graph_is_compared_with_an_inference_graph_when_nothing_close
     flag = f"[{_h(True)}] fx_kwargs[is_inference]: True"
     lines = [flag if "fx_kwargs[is_inference]" in ln else ln for ln in _lines()]
     inference = explain.lookup_from_torch("f-inference", "hit", lines, defaults=DEFAULTS)
-    assert explain.explain_miss(_lookup(grad=True), [inference]) == [
-        "input 0 requires_grad False -> True",
-        "compile option is_inference True -> False",
+    assert explain.explain_miss(_lookup(c="3.0"), [inference]) == [
+        "requires_grad False -> True (an input or parameter now requires grad: a training graph)"
+    ]
+    assert explain.diff(_lookup(c="3.0"), inference) == [
+        "requires_grad True -> False (nothing requires grad now, or no_grad: an inference graph)"
     ]
 
 
