@@ -37,6 +37,8 @@ MAX_LOOKUPS_PER_TEST = 32
 MAX_RECORD_BYTES = 2_000_000
 MAX_GRAPH_LINES = 400  # graph code longer than this keeps its hash, not its per-line signature
 
+GUARD = "guard_miss"  # the key was in the cache, its guards rejected this call (torch 2.13+ says so)
+OUTCOMES = ("hit", "miss", GUARD)
 CODE = "gm"
 CONFIG_GROUPS = ("inductor_config", "inductor_config_comms")
 CONFIG_OPTION = "inductor_config."  # prefix of the non-default inductor options kept by name
@@ -56,7 +58,7 @@ def _short(text: str) -> str:
 
 @dataclass
 class GraphLookup:
-    """One FX-graph cache lookup: its key, ``hit`` or ``miss``, and the components of the key.
+    """One FX-graph cache lookup: its key, ``hit``, ``miss`` or ``guard_miss``, and the key's components.
 
     ``components`` maps a component name (``gm``, ``example_inputs[2]``, ``fx_kwargs[is_backward]``,
     ``inductor_config``, ``inductor_config.max_autotune``, ``torch_version``...) to ``(hash, value)``:
@@ -92,7 +94,7 @@ class GraphLookup:
         if not isinstance(data, Mapping):
             raise ValueError("graph lookup: not an object")
         key, outcome, comps = data.get("k"), data.get("o"), data.get("c", {})
-        if not isinstance(key, str) or outcome not in ("hit", "miss") or not isinstance(comps, Mapping):
+        if not isinstance(key, str) or outcome not in OUTCOMES or not isinstance(comps, Mapping):
             raise ValueError("graph lookup: bad key, outcome or components")
         components: dict[str, tuple[str, str | None]] = {}
         for name, entry in comps.items():
@@ -274,6 +276,7 @@ def most_similar(lookup: GraphLookup, candidates: Sequence[GraphLookup]) -> Grap
 NEW_TEST = "new test"
 NEW_GRAPH = "new graph in this test"
 SAME_KEY = "same key as before: the entry was not in the cache (not saved, not restored, or evicted)"
+GUARD_MISS = "same key, but the cached graph's shape guards failed (a dynamic size outside what it covers)"
 
 
 def explain_miss(lookup: GraphLookup, candidates: Sequence[GraphLookup] | None) -> list[str]:
@@ -293,7 +296,7 @@ def explain_miss(lookup: GraphLookup, candidates: Sequence[GraphLookup] | None) 
 def diff(old: GraphLookup, new: GraphLookup) -> list[str]:
     """The components that differ from ``old`` to ``new``, in words, most actionable first."""
     if old.key == new.key:
-        return [SAME_KEY]
+        return [GUARD_MISS if new.outcome == GUARD else SAME_KEY]
     inputs: list[str] = []
     code: list[str] = []
     config: list[str] = []
@@ -445,7 +448,7 @@ def explain_test(current: Sequence[GraphLookup], previous: Sequence[GraphLookup]
     Earlier graphs matched exactly by a current lookup (same key) are set aside first, so each miss
     is compared with a graph that this run did not already account for.
     """
-    misses = [lookup for lookup in current if lookup.outcome == "miss"]
+    misses = [lookup for lookup in current if lookup.outcome != "hit"]
     if not misses:
         return []
     if previous is None:
@@ -457,7 +460,8 @@ def explain_test(current: Sequence[GraphLookup], previous: Sequence[GraphLookup]
         best = most_similar(miss, left)
         if best is None:
             same_key = any(p.key == miss.key for p in previous)
-            out.append(MissExplanation(miss.key, [SAME_KEY] if same_key else [NEW_GRAPH]))
+            reason = (GUARD_MISS if miss.outcome == GUARD else SAME_KEY) if same_key else NEW_GRAPH
+            out.append(MissExplanation(miss.key, [reason]))
             continue
         left.remove(best)
         out.append(MissExplanation(miss.key, diff(best, miss)))
@@ -475,7 +479,7 @@ def never_hits(history: Sequence[Sequence[GraphLookup]]) -> str | None:
         return None
     found: str | None = None
     for before, after in zip(history, history[1:]):
-        misses = [lookup for lookup in after if lookup.outcome == "miss"]
+        misses = [lookup for lookup in after if lookup.outcome != "hit"]
         if not misses:
             return None
         volatile = None

@@ -433,6 +433,8 @@ def _record_lookup(key: Any, debug_lines: Any, result: Any) -> None:
     state = info.get("cache_state") if isinstance(info, dict) else None
     if state not in ("hit", "miss") or not isinstance(key, str) or not isinstance(debug_lines, list):
         return
+    if state == "miss" and info.get("cache_status_detailed") == "guard_miss":
+        state = "guard_miss"  # the entry exists; its symbolic-shape guards failed (torch 2.13+ says so)
     lookup = lookup_from_torch(key, state, debug_lines, defaults=_inductor_defaults(), values=_torch_values())
     _lookups.append(lookup.to_json())
 

@@ -157,6 +157,9 @@ def test_explain_miss_new_test_new_graph_and_same_key() -> None:
     assert explain.explain_miss(miss, []) == [explain.NEW_GRAPH]
     assert explain.explain_miss(miss, [_lookup(backward=True)]) == [explain.NEW_GRAPH]  # only other kinds
     assert explain.explain_miss(miss, [_lookup("hit")]) == [explain.SAME_KEY]
+    guarded = _lookup("guard_miss")
+    assert explain.explain_miss(guarded, [_lookup("hit")]) == [explain.GUARD_MISS]
+    assert explain.explain_test([guarded], [_lookup("hit")])[0].reasons == [explain.GUARD_MISS]
 
 
 def test_a_training_graph_is_compared_with_an_inference_graph_when_nothing_closer_exists() -> None:
