@@ -11,7 +11,14 @@ from typing import Any
 from .explain import SessionExplanation
 
 WHY_ROWS = 20  # terminal lines of explanations; the JSON report has them all
-NEVER_HIT_HINT = "changes every run: seed random values, pass them as inputs, or keep timestamps/paths out of the graph"
+NEVER_HIT_HINT = "seed random values, pass them as inputs, or keep timestamps and paths out of the graph"
+
+
+def never_hit_text(what: str, runs: int) -> str:
+    """Two runs cannot tell an edit from a value that changes by itself: say which case we are sure of."""
+    if runs >= 3:
+        return f"{what} changed in each of the last {runs} runs: this test can never hit ({NEVER_HIT_HINT})"
+    return f"only {what} changed since the last run: if nothing was edited, this test can never hit ({NEVER_HIT_HINT})"
 
 
 def why_lines(why: SessionExplanation, limit: int = WHY_ROWS) -> list[str]:
@@ -19,7 +26,7 @@ def why_lines(why: SessionExplanation, limit: int = WHY_ROWS) -> list[str]:
 
     ``why t.py::test_x: input 0 shape [8, 16] -> [8, 32]``; nothing when nothing was compared.
     """
-    lines = [f"never hits {nodeid}: {what} {NEVER_HIT_HINT}" for nodeid, what in sorted(why.never_hit.items())]
+    lines = [f"never hits {nodeid}: {never_hit_text(*flag)}" for nodeid, flag in sorted(why.never_hit.items())]
     for nodeid in sorted(why.misses):
         if nodeid in why.never_hit:
             continue
@@ -37,8 +44,8 @@ def why_lines(why: SessionExplanation, limit: int = WHY_ROWS) -> list[str]:
 def why_markdown(why: SessionExplanation, budget: int) -> str:
     """A collapsed "Why these tests missed" section of at most ``budget`` UTF-8 bytes ("" when empty)."""
     rows: list[str] = []
-    for nodeid, what in sorted(why.never_hit.items()):
-        rows.append(f"| `{_cell(nodeid)}` | **never hits**: {_cell(what)} changes every run |")
+    for nodeid, flag in sorted(why.never_hit.items()):
+        rows.append(f"| `{_cell(nodeid)}` | **never hits**: {_cell(never_hit_text(*flag))} |")
     for nodeid in sorted(why.misses):
         if nodeid in why.never_hit:
             continue
@@ -65,7 +72,7 @@ def why_json(why: SessionExplanation) -> dict[str, Any]:
     """The JSON report's additive ``why`` field (schema version 1).
 
     ``{"compared_with": "bundle"|"previous session"|null, "misses": {nodeid: [{"key", "reasons": [str]}]},
-    "never_hit": {nodeid: what changes}}``.
+    "never_hit": {nodeid: {"what": component that changed, "runs": runs in a row it changed}}}``.
     """
     return why.to_json()
 

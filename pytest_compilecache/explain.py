@@ -586,14 +586,15 @@ class SessionExplanation:
     """Every miss of a session explained, and the tests flagged as never hitting."""
 
     misses: dict[str, list[MissExplanation]] = field(default_factory=dict)
-    never_hit: dict[str, str] = field(default_factory=dict)
+    # nodeid -> (what changed, in how many runs in a row): 2 = this run and the one before.
+    never_hit: dict[str, tuple[str, int]] = field(default_factory=dict)
     compared_with: str = ""  # "bundle", "previous session" or "" (nothing to compare with)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "compared_with": self.compared_with or None,
             "misses": {k: [m.to_json() for m in v] for k, v in self.misses.items()},
-            "never_hit": dict(self.never_hit),
+            "never_hit": {k: {"what": what, "runs": runs} for k, (what, runs) in self.never_hit.items()},
         }
 
 
@@ -621,7 +622,7 @@ def explain_session(
             continue
         streak = previous.volatile.get(nodeid, ("", 0))[1] + 1
         record.volatile[nodeid] = (changed, streak)
-        out.never_hit[nodeid] = changed
+        out.never_hit[nodeid] = (changed, streak + 1)
     return out, record
 
 

@@ -220,11 +220,12 @@ def test_explain_session_counts_the_streak_and_explains_against_the_record() -> 
     second, record2 = explain.explain_session(
         {"t::a": [_lookup(c="0.2")], "t::b": [_lookup()]}, record1, "previous session"
     )
-    assert second.never_hit == {"t::a": "a constant in graph statement 1"}
+    assert second.never_hit == {"t::a": ("a constant in graph statement 1", 2)}
     assert second.misses["t::b"][0].reasons == [explain.NEW_TEST]
     assert record2.volatile["t::a"] == ("a constant in graph statement 1", 1)
     third, record3 = explain.explain_session({"t::a": [_lookup(c="0.3")]}, record2, "bundle")
     assert record3.volatile["t::a"][1] == 2
+    assert third.never_hit["t::a"][1] == 3
     assert third.to_json()["compared_with"] == "bundle"
     kept = explain.carry_forward(record3, record2)
     assert set(kept.tests) == {"t::a", "t::b"}
