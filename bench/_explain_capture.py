@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 from typing import Iterator
@@ -20,11 +21,25 @@ ON = os.environ.get("EXPLAIN_CAPTURE") == "1"
 _graphs: dict[str, list[Any]] = {}
 
 
+_spent = {"capture": 0.0, "finish": 0.0}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if ON:
         from pytest_compilecache import probe
 
         probe.watch_graph_lookups()
+        record = probe._record_lookup
+
+        def timed(key: Any, debug_lines: Any, result: Any) -> None:
+            # What the capture adds to each lookup, measured in place (the wrapper calls this).
+            start = time.perf_counter()
+            try:
+                record(key, debug_lines, result)
+            finally:
+                _spent["capture"] += time.perf_counter() - start
+
+        probe._record_lookup = timed
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -44,6 +59,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     from pytest_compilecache import explain
 
+    start = time.perf_counter()
     record_dir = Path(os.environ["EXPLAIN_RECORD_DIR"])
     try:
         previous = explain.load_record(record_dir)
@@ -52,7 +68,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     current = {k: [explain.GraphLookup.from_json(g) for g in v] for k, v in _graphs.items()}
     result, record = explain.explain_session(current, previous, "previous session")
     explain.save_record(record_dir, explain.carry_forward(record, previous))
+    _spent["finish"] = time.perf_counter() - start
     out = os.environ.get("EXPLAIN_RESULT")
     if out:
         lookups = sum(len(v) for v in current.values())
-        Path(out).write_text(json.dumps({"lookups": lookups, "explanation": result.to_json()}))
+        cpu = time.process_time()
+        data = {"lookups": lookups, "spent": _spent, "process_cpu_s": cpu, "explanation": result.to_json()}
+        Path(out).write_text(json.dumps(data))
