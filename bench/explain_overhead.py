@@ -1,7 +1,7 @@
 """What per-graph miss explanations (issue 12) cost: per lookup, and on the compiled ``examples/`` suite.
 
     python bench/explain_overhead.py micro [--iterations 200]
-    python bench/explain_overhead.py suite [--rounds 5] [--json results.json]
+    python bench/explain_overhead.py suite [--rounds 5] [--suite examples] [--json results.json]
 
 ``micro`` compiles one tiny function, keeps torch's real ``debug_lines`` of its lookup and times what the
 capture adds to every FX-graph lookup (parse, compact, to JSON), against the time of the lookup itself.
@@ -69,7 +69,7 @@ def micro(iterations: int) -> dict[str, Any]:
     }
 
 
-def _run(on: bool, cache_dir: str, record_dir: str) -> tuple[float, float, int]:
+def _run(on: bool, cache_dir: str, record_dir: str, suite: Path) -> tuple[float, float, int]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_", "PYTEST_"))}
     result = Path(record_dir) / "result.json"
     env.update(
@@ -80,14 +80,14 @@ def _run(on: bool, cache_dir: str, record_dir: str) -> tuple[float, float, int]:
         TORCHINDUCTOR_COMPILE_THREADS="1",
     )
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "_explain_capture"]
-    cmd += ["--compile-cache=shared", f"--compile-cache-dir={cache_dir}", str(ROOT / "examples")]
+    cmd += ["--compile-cache=shared", f"--compile-cache-dir={cache_dir}", str(suite)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT / "examples", env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=suite, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
-        raise SystemExit(f"examples failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        raise SystemExit(f"{suite} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if on:
         data = json.loads(result.read_text())
@@ -99,18 +99,18 @@ def _run(on: bool, cache_dir: str, record_dir: str) -> tuple[float, float, int]:
 _SPENT: list[dict[str, float]] = []
 
 
-def suite(rounds: int) -> dict[str, Any]:
+def suite(rounds: int, path: Path) -> dict[str, Any]:
     cache_dir = tempfile.mkdtemp(prefix="explain-suite-cache-")
     record_dir = tempfile.mkdtemp(prefix="explain-suite-record-")
-    _run(True, cache_dir, record_dir)  # warm-up: fills the cache dir and the __pycache__ files
+    _run(True, cache_dir, record_dir, path)  # warm-up: fills the cache dir and the __pycache__ files
     samples: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
     lookups = 0
     for index in range(rounds):
         for variant in ("on", "off") if index % 2 else ("off", "on"):
-            wall, cpu, count = _run(variant == "on", cache_dir, record_dir)
+            wall, cpu, count = _run(variant == "on", cache_dir, record_dir, path)
             samples[variant].append((wall, cpu))
             lookups = max(lookups, count)
-    out: dict[str, Any] = {"rounds": rounds, "lookups_per_run": lookups}
+    out: dict[str, Any] = {"suite": str(path), "rounds": rounds, "lookups_per_run": lookups}
     for variant, values in samples.items():
         out[variant] = {
             "wall_median_s": round(statistics.median(w for w, _ in values), 3),
@@ -137,8 +137,9 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--suite", type=Path, default=ROOT / "examples", help="a directory of compiled tests")
     args = parser.parse_args()
-    result = micro(args.iterations) if args.mode == "micro" else suite(args.rounds)
+    result = micro(args.iterations) if args.mode == "micro" else suite(args.rounds, args.suite.resolve())
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
