@@ -25,7 +25,7 @@ from typing import Iterable
 from typing import Mapping
 from typing import Sequence
 
-from pytest_compilecache._fs import atomic_file
+from ._fs import atomic_file
 
 RECORD_NAME = ".compilecache-graphs.json"
 FORMAT = 1

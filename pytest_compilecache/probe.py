@@ -427,7 +427,7 @@ def graph_capture_installed() -> str | None:
 
 
 def _record_lookup(key: Any, debug_lines: Any, result: Any) -> None:
-    from pytest_compilecache.explain import lookup_from_torch
+    from .explain import lookup_from_torch
 
     info = result[1] if isinstance(result, tuple) and len(result) == 2 else {}
     state = info.get("cache_state") if isinstance(info, dict) else None

@@ -13,8 +13,8 @@ from typing import Any
 from typing import Callable
 from typing import Mapping
 
-from pytest_compilecache.explain import GraphLookup
-from pytest_compilecache.explain import MissExplanation
+from .explain import GraphLookup
+from .explain import MissExplanation
 
 FX_FIELDS = ("hit", "miss", "bypass")
 AOT_FIELDS = ("hit", "miss", "bypass", "guard_miss")
