@@ -15,10 +15,10 @@ from pytest_compilecache.cachedir import SessionDir
 T0 = 1_700_000_000  # fixed epoch seconds: eviction order never depends on the clock
 
 
+
 def _dir_size(path: str) -> int:
     """Bytes of every file under ``path`` (what evict() measures against its cap)."""
     return sum(os.lstat(os.path.join(root, name)).st_size for root, _, files in os.walk(path) for name in files)
-
 
 def _is_tagged(path: Path) -> bool:
     tag = (path / "CACHEDIR.TAG").read_text()

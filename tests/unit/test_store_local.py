@@ -240,18 +240,8 @@ def test_open_store_readonly_wraps(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "url",
-    [
-        "",
-        "   ",
-        "file://relative/dir",
-        "file:relative",
-        "file:///abs?x=1",
-        "ftp://host/x",
-        "gs://bucket",
-        "s3://",
-        "s3:bucket",
-        "http://example.com/x",
-    ],
+    ["", "   ", "file://relative/dir", "file:relative", "file:///abs?x=1", "ftp://host/x", "gs://bucket", "s3://",
+     "s3:bucket", "http://example.com/x"],
 )
 def test_open_store_refuses_bad_values(url: str) -> None:
     with pytest.raises(ConfigError) as info:
