@@ -47,7 +47,8 @@ def micro(iterations: int) -> dict[str, Any]:
         seen.append((key, list(debug_lines), time.perf_counter() - start))
         return result
 
-    FxGraphCache.load_with_key = staticmethod(timed)  # type: ignore[method-assign]
+    cache_class: Any = FxGraphCache
+    cache_class.load_with_key = staticmethod(timed)
     fn = torch.compile(lambda x: (x * 2.0).relu().sum(0))
     with torch.no_grad():
         fn(torch.randn(8, 16))

@@ -421,7 +421,8 @@ def graph_capture_installed() -> str | None:
         return result
 
     load_with_key.__wrapped__ = original_func  # type: ignore[attr-defined]
-    FxGraphCache.load_with_key = staticmethod(load_with_key)  # type: ignore[method-assign]
+    cache_class: Any = FxGraphCache
+    cache_class.load_with_key = staticmethod(load_with_key)
     _graph_capture = ""
     return None
 

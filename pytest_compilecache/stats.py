@@ -188,17 +188,39 @@ class CompileCacheStats:
             assert compile_cache_stats.fxgraph["miss"] == 0, compile_cache_stats.bypass_reasons
     """
 
-    __slots__ = ("_nodeid", "_snapshot")
+    __slots__ = ("_explain", "_nodeid", "_snapshot")
 
-    def __init__(self, nodeid: str, snapshot: Callable[[], Mapping[str, Any]]) -> None:
+    def __init__(
+        self,
+        nodeid: str,
+        snapshot: Callable[[], Mapping[str, Any]],
+        explain: Callable[[ItemRecord], list[MissExplanation]] | None = None,
+    ) -> None:
+        """``explain`` says why the record's misses missed (against the earlier run); None: nothing to compare."""
         self._nodeid = nodeid
         self._snapshot = snapshot
+        self._explain = explain
 
     def snapshot(self) -> ItemRecord:
         """The record so far, as a detached :class:`ItemRecord`."""
         record = ItemRecord(nodeid=self._nodeid)
         record.add(self._snapshot())
+        if self._explain is not None and record.graphs:
+            record.why = self._explain(record)
         return record
+
+    @property
+    def graphs(self) -> list[GraphLookup]:
+        """Every FX-graph lookup so far, with its key and the key's components (see ``explain``)."""
+        return self.snapshot().graphs
+
+    @property
+    def why(self) -> list[MissExplanation]:
+        """Why each miss so far missed, against the earlier run (bundle or previous session); [] if none::
+
+        assert compile_cache_stats.misses == 0, compile_cache_stats.why
+        """
+        return self.snapshot().why
 
     @property
     def nodeid(self) -> str:

@@ -198,3 +198,24 @@ def test_silent_workers_are_recorded_not_fatal() -> None:
     assert stats.silent_workers == ["gw1"]
     assert stats.totals_json()["hits"] == 1
     assert SessionStats().silent_workers == []  # not a shared default
+
+
+def test_live_stats_expose_graphs_and_why() -> None:
+    from pytest_compilecache.explain import GraphLookup
+    from pytest_compilecache.explain import MissExplanation
+    from pytest_compilecache.stats import CompileCacheStats
+
+    lookup = GraphLookup("fk", "miss", {"gm": ("abc", None)})
+    delta = {"fxgraph": {"miss": 1}, "graphs": [lookup.to_json(), {"k": 1}]}  # a malformed lookup is dropped
+    seen: list[ItemRecord] = []
+
+    def explain(record: ItemRecord) -> list[MissExplanation]:
+        seen.append(record)
+        return [MissExplanation(g.key, ["new test"]) for g in record.graphs]
+
+    live = CompileCacheStats("t.py::test", lambda: delta, explain)
+    assert live.graphs == [lookup]
+    assert live.why == [MissExplanation("fk", ["new test"])]
+    assert CompileCacheStats("t.py::test", lambda: delta).why == []  # nothing to compare with
+    record = ItemRecord.from_json(json.loads(json.dumps(live.snapshot().to_json())))
+    assert (record.graphs, record.why) == ([lookup], [MissExplanation("fk", ["new test"])])
