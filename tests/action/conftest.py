@@ -30,6 +30,10 @@ def load_action_module() -> ModuleType:
     return sys.modules[name]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "action: runs workflows through nektos/act (select with -m action)")
+
+
 @pytest.fixture
 def action() -> ModuleType:
     return load_action_module()
