@@ -56,7 +56,10 @@ _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 # The names under RUNNER_TEMP (the runner empties it for every job).
 INBOX, CACHE_DIR, REPORT, PLAN = (
-    "compilecache-inbox", "compilecache-dir", "compilecache-report.json", "compilecache-plan.json",
+    "compilecache-inbox",
+    "compilecache-dir",
+    "compilecache-report.json",
+    "compilecache-plan.json",
 )
 # The staging dir actions/cache restores into and saves from, relative to GITHUB_WORKSPACE (where
 # actions/cache resolves relative paths). action.yml spells ``<STAGING>/*.bundle`` literally in both
@@ -104,8 +107,10 @@ def decide_save(value: str, event: str, ref: str = "", default_branch: str = "")
     if value in _FALSE:
         return False, "save: false"
     if event not in SAVING_EVENTS:
-        return False, (f"save: auto restores only on {event or 'this event'} (it saves on "
-                       f"{', '.join(SAVING_EVENTS)} to the default branch)")
+        return False, (
+            f"save: auto restores only on {event or 'this event'} (it saves on "
+            f"{', '.join(SAVING_EVENTS)} to the default branch)"
+        )
     if not default_branch:
         return False, "save: auto could not tell the default branch (no repository.default_branch in the event)"
     if ref != f"refs/heads/{default_branch}":
@@ -217,7 +222,9 @@ def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
     except ConfigError as exc:
         raise InputError(str(exc).replace("--compile-cache-store", "input store")) from None
     save, why = decide_save(
-        _input(environ, "save", "auto"), environ.get("GITHUB_EVENT_NAME", ""), environ.get("GITHUB_REF", ""),
+        _input(environ, "save", "auto"),
+        environ.get("GITHUB_EVENT_NAME", ""),
+        environ.get("GITHUB_REF", ""),
         default_branch(environ),
     )
     summary = _flag(environ, "summary", "true")
@@ -228,11 +235,25 @@ def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
         save, why = False, f"mode {mode} keeps no cache dir between runs"
     digest = fingerprint.digest()
     return Plan(
-        transfer=transfer, store=store, save=save, why=why, mode=mode, prefix=prefix, salt=salt,
-        suffix=suffix, digest=digest, key=make_key(prefix, digest, suffix),
-        restore_prefix=restore_prefix(prefix, digest), staging=str(workspace / STAGING), inbox=str(temp / INBOX),
-        cache_dir=os.path.abspath(cache_dir), json=str(temp / REPORT), summary=summary,
-        min_hit_rate=min_hit_rate, fingerprint=fingerprint.to_json(), event=environ.get("GITHUB_EVENT_NAME", ""),
+        transfer=transfer,
+        store=store,
+        save=save,
+        why=why,
+        mode=mode,
+        prefix=prefix,
+        salt=salt,
+        suffix=suffix,
+        digest=digest,
+        key=make_key(prefix, digest, suffix),
+        restore_prefix=restore_prefix(prefix, digest),
+        staging=str(workspace / STAGING),
+        inbox=str(temp / INBOX),
+        cache_dir=os.path.abspath(cache_dir),
+        json=str(temp / REPORT),
+        summary=summary,
+        min_hit_rate=min_hit_rate,
+        fingerprint=fingerprint.to_json(),
+        event=environ.get("GITHUB_EVENT_NAME", ""),
     )
 
 
@@ -325,8 +346,12 @@ class CacheSteps:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> CacheSteps:
-        return cls(*(environ.get("COMPILECACHE_" + name, "").strip()
-                     for name in ("CACHE_OUTCOME", "CACHE_HIT", "LOOKUP_OUTCOME", "LOOKUP_KEY")))
+        return cls(
+            *(
+                environ.get("COMPILECACHE_" + name, "").strip()
+                for name in ("CACHE_OUTCOME", "CACHE_HIT", "LOOKUP_OUTCOME", "LOOKUP_KEY")
+            )
+        )
 
     def trouble(self, staged: bool) -> str | None:
         """Why the restore failed, in words, or None (a restore, or a real miss).
@@ -340,8 +365,10 @@ class CacheSteps:
         if staged:
             return None
         if self.lookup_key:
-            return (f"actions/cache found {self.lookup_key} but restored nothing (a failed download or "
-                    "extraction: see its log)")
+            return (
+                f"actions/cache found {self.lookup_key} but restored nothing (a failed download or "
+                "extraction: see its log)"
+            )
         if self.hit:
             return f"the cache service is not available (actions/cache: cache-hit={self.hit}, nothing restored)"
         return None
@@ -377,8 +404,11 @@ def restore(plan: Plan, environ: Mapping[str, str]) -> dict[str, Any]:
             store = open_store(plan.store, readonly=True, **options)
         signing_key = environ.get(SIGNING_KEY_ENV, "")
         result = sync.restore(
-            store, prefix=plan.prefix, fingerprint=Fingerprint.from_json(plan.fingerprint),
-            cache_dir=plan.cache_dir, signing_key=signing_key.encode() if signing_key else None,
+            store,
+            prefix=plan.prefix,
+            fingerprint=Fingerprint.from_json(plan.fingerprint),
+            cache_dir=plan.cache_dir,
+            signing_key=signing_key.encode() if signing_key else None,
             exact_key=plan.key,
         )
         return result.to_json()
@@ -415,8 +445,9 @@ def restore_markdown(plan: Plan, result: Mapping[str, Any]) -> str:
     else:
         restored = f"{outcome}" + (f": {_cell(str(result['message']))}" if result.get("message") else "")
     if plan.save and plan.transfer == "github":
-        saving = (f"`{plan.key}` if the tests compile something new: actions/cache uploads it at job end "
-                  "if the job succeeds")
+        saving = (
+            f"`{plan.key}` if the tests compile something new: actions/cache uploads it at job end if the job succeeds"
+        )
         if plan.why == "save: true" and plan.event not in SAVING_EVENTS:
             # GitHub gives untrusted triggers (pull requests from forks...) a read-only cache token.
             saving += f"; {plan.event} runs may get a read-only cache token, and then nothing is saved"
@@ -455,9 +486,12 @@ def restored_env(plan: Plan, result: Mapping[str, Any]) -> dict[str, str]:
     if plan.transfer == "none":
         return {}
     outcome = str(result.get("outcome") or "error")
-    env = {RESTORED_ENV: json.dumps(
-        {"outcome": outcome, "key": result.get("key"), "message": result.get("message")}, separators=(",", ":"),
-    )}
+    env = {
+        RESTORED_ENV: json.dumps(
+            {"outcome": outcome, "key": result.get("key"), "message": result.get("message")},
+            separators=(",", ":"),
+        )
+    }
     if outcome == "error" and plan.min_hit_rate:
         env[ENV_PREFIX + "MIN_HIT_RATE"] = ""
     return env
@@ -495,12 +529,16 @@ def _command(name: str, message: str, title: str = "compile cache") -> None:
 
 
 def _has_pip(python: str) -> bool:
-    return subprocess.call([python, "-m", "pip", "--version"], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL) == 0
+    return (
+        subprocess.call([python, "-m", "pip", "--version"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0
+    )
 
 
 def install_command(
-    environ: Mapping[str, str], python: str = sys.executable, *, has_pip: Callable[[str], bool] = _has_pip,
+    environ: Mapping[str, str],
+    python: str = sys.executable,
+    *,
+    has_pip: Callable[[str], bool] = _has_pip,
     which: Callable[[str], str | None] = shutil.which,
 ) -> list[str] | None:
     """``pip install <action path>[s3]`` (``uv pip install --python`` where the venv has no pip, as uv
@@ -515,8 +553,10 @@ def install_command(
     uv = which("uv")
     if uv:
         return [uv, "pip", "install", "--python", python, target]
-    raise InputError(f"input install: {python} has no pip (a venv made by uv?) and uv is not on PATH: add pip "
-                     "or uv, or install pytest-compilecache yourself and set install: false")
+    raise InputError(
+        f"input install: {python} has no pip (a venv made by uv?) and uv is not on PATH: add pip "
+        "or uv, or install pytest-compilecache yourself and set install: false"
+    )
 
 
 def action_version(action_path: str) -> str | None:
@@ -536,14 +576,19 @@ def check_installed(environ: Mapping[str, str]) -> None:
     try:
         import pytest_compilecache
     except ImportError as exc:
-        raise InputError(f"input install is false but pytest-compilecache is not importable by {sys.executable} "
-                         f"({exc}): install it in the step before, or set install: true") from None
+        raise InputError(
+            f"input install is false but pytest-compilecache is not importable by {sys.executable} "
+            f"({exc}): install it in the step before, or set install: true"
+        ) from None
     installed = getattr(pytest_compilecache, "__version__", "?")
     wanted = action_version(environ.get("GITHUB_ACTION_PATH", ""))
     if wanted and installed != wanted:
-        _command("warning", f"install: false: the installed pytest-compilecache is {installed}, this Action is "
-                 f"{wanted}; the Action's steps and the plugin may disagree: install {wanted}, or pin the Action "
-                 f"to the release of {installed}")
+        _command(
+            "warning",
+            f"install: false: the installed pytest-compilecache is {installed}, this Action is "
+            f"{wanted}; the Action's steps and the plugin may disagree: install {wanted}, or pin the Action "
+            f"to the release of {installed}",
+        )
     else:
         print(f"install: false: using pytest-compilecache {installed} from {sys.executable}")
 
@@ -561,12 +606,15 @@ def cmd_plan(environ: Mapping[str, str]) -> int:
     try:
         from pytest_compilecache.fingerprint import collect
     except ImportError as exc:
-        raise InputError(f"pytest-compilecache is not importable by {sys.executable} ({exc}); keep input "
-                         "install: true, or install it into the interpreter named by input python") from None
+        raise InputError(
+            f"pytest-compilecache is not importable by {sys.executable} ({exc}); keep input "
+            "install: true, or install it into the interpreter named by input python"
+        ) from None
     temp = Path(_required(environ, "RUNNER_TEMP"))
     if (temp / PLAN).exists():
-        raise InputError("the Action already ran in this job: use it once per job (one pytest-compilecache "
-                         "configuration per job)")
+        raise InputError(
+            "the Action already ran in this job: use it once per job (one pytest-compilecache configuration per job)"
+        )
     fingerprint = collect(salt=key_salt(environ))
     plan = make_plan(environ, fingerprint)
     print("::group::compile cache fingerprint (what decides reuse)")

@@ -123,8 +123,15 @@ class Act:
         return path
 
     def run(
-        self, workflow: str, event: str, *, ref: str = "refs/heads/main", payload: Mapping[str, Any] | None = None,
-        scopes: list[dict[str, Any]] | None = None, env: Mapping[str, str] | None = None, run_id: int | None = None,
+        self,
+        workflow: str,
+        event: str,
+        *,
+        ref: str = "refs/heads/main",
+        payload: Mapping[str, Any] | None = None,
+        scopes: list[dict[str, Any]] | None = None,
+        env: Mapping[str, str] | None = None,
+        run_id: int | None = None,
     ) -> Run:
         """Run ``workflow`` (YAML with ``%(out)s`` for the Collect step's folder) for ``event`` on ``ref``.
 
@@ -159,15 +166,29 @@ class Act:
             **(env or {}),
         )
         argv = [
-            act_binary(), event, "-W", str(self.workspace / ".github" / "workflows" / "ci.yml"),
-            "-e", str(event_file), "-P", "ubuntu-latest=-self-hosted", "--no-cache-server",
-            "--action-cache-path", str(self.root / "act-cache"),
-            "--local-repository", f"actions/cache@v5={STAND_IN / 'cache'}",
-            "--local-repository", f"{ACTION}={self.action}",
-            "--env", f"GITHUB_RUN_ID={run_id}", "--concurrent-jobs", "2",
+            act_binary(),
+            event,
+            "-W",
+            str(self.workspace / ".github" / "workflows" / "ci.yml"),
+            "-e",
+            str(event_file),
+            "-P",
+            "ubuntu-latest=-self-hosted",
+            "--no-cache-server",
+            "--action-cache-path",
+            str(self.root / "act-cache"),
+            "--local-repository",
+            f"actions/cache@v5={STAND_IN / 'cache'}",
+            "--local-repository",
+            f"{ACTION}={self.action}",
+            "--env",
+            f"GITHUB_RUN_ID={run_id}",
+            "--concurrent-jobs",
+            "2",
         ]
-        result = subprocess.run(argv, cwd=self.workspace, env=environ, capture_output=True, text=True, timeout=900,
-                                check=False)
+        result = subprocess.run(
+            argv, cwd=self.workspace, env=environ, capture_output=True, text=True, timeout=900, check=False
+        )
         out.mkdir(parents=True, exist_ok=True)
         (out / "act.log").write_text(result.stdout + result.stderr)
         return Run(result.returncode, result.stdout + result.stderr, out)

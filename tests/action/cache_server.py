@@ -71,8 +71,10 @@ def scopes_for(event: str, ref: str, *, default_branch: str = "main", base_ref: 
     """
     default = f"refs/heads/{default_branch}"
     if event in ("pull_request", "pull_request_review", "pull_request_review_comment"):
-        return [{"Scope": ref, "Permission": READ | WRITE}, {"Scope": f"refs/heads/{base_ref or default_branch}",
-                                                          "Permission": READ}]
+        return [
+            {"Scope": ref, "Permission": READ | WRITE},
+            {"Scope": f"refs/heads/{base_ref or default_branch}", "Permission": READ},
+        ]
     scopes = [{"Scope": ref, "Permission": READ | WRITE}]
     if ref != default:
         scopes.append({"Scope": default, "Permission": READ})
@@ -134,7 +136,9 @@ class CacheServer:
     def __enter__(self) -> CacheServer:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     # ---- tokens
@@ -180,8 +184,14 @@ class CacheServer:
         key, version = str(body.get("key") or ""), str(body.get("version") or "")
         writable = [s["Scope"] for s in scopes if s["Permission"] & WRITE]
         with self._lock:
-            entry = next((e for e in self.entries if writable and e.scope == writable[0] and e.key == key
-                          and e.version == version and not e.finalized), None)
+            entry = next(
+                (
+                    e
+                    for e in self.entries
+                    if writable and e.scope == writable[0] and e.key == key and e.version == version and not e.finalized
+                ),
+                None,
+            )
             if entry is None or entry.data is None:
                 raise TwirpError(404, "not_found", f"no uploaded cache entry to finalize for key {key}")
             if int(body.get("size_bytes") or 0) != len(entry.data):
@@ -315,10 +325,17 @@ class _Handler(BaseHTTPRequestHandler):
         except TwirpError as exc:
             status = exc.status
         md5 = base64.b64encode(hashlib.md5(body).digest()).decode()
-        self._reply(status, headers={"ETag": f'"0x{secrets.token_hex(8)}"', "Content-MD5": md5,
-                                     "x-ms-request-id": secrets.token_hex(8), "x-ms-version": "2025-01-05",
-                                     "x-ms-request-server-encrypted": "true",
-                                     "Last-Modified": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime())})
+        self._reply(
+            status,
+            headers={
+                "ETag": f'"0x{secrets.token_hex(8)}"',
+                "Content-MD5": md5,
+                "x-ms-request-id": secrets.token_hex(8),
+                "x-ms-version": "2025-01-05",
+                "x-ms-request-server-encrypted": "true",
+                "Last-Modified": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime()),
+            },
+        )
 
     def do_GET(self) -> None:
         path, query = self._split()
