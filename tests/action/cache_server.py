@@ -156,9 +156,12 @@ class CacheServer:
         if len(parts) != 3:
             raise TwirpError(401, "unauthenticated", "no runtime token")
         expected = hmac.new(self._secret, f"{parts[0]}.{parts[1]}".encode(), hashlib.sha256).digest()
-        if not hmac.compare_digest(_unb64(parts[2]), expected):
-            raise TwirpError(401, "unauthenticated", "invalid runtime token")
-        return list(json.loads(json.loads(_unb64(parts[1]))["ac"]))
+        try:
+            if hmac.compare_digest(_unb64(parts[2]), expected):
+                return list(json.loads(json.loads(_unb64(parts[1]))["ac"]))
+        except (ValueError, KeyError):
+            pass
+        raise TwirpError(401, "unauthenticated", "invalid runtime token")
 
     def _signature(self, entry_id: int, action: str) -> str:
         return _b64(hmac.new(self._secret, f"{action}:{entry_id}".encode(), hashlib.sha256).digest())
