@@ -6,14 +6,18 @@ does not set them itself, so action.yml maps every input a step needs with ``env
 ``GITHUB_*`` and ``RUNNER_*`` variables say where to write and which run this is.
 
 * ``install``: ``pip install`` the plugin from the Action's own checkout (input ``install``), with the
-  ``s3`` extra for an S3 store. Standard library only: the plugin may not be importable yet.
+  ``s3`` extra for an S3 store; ``uv pip install --python`` where the interpreter has no pip (uv's venvs).
+  With ``install: false``, warn when the installed plugin is not the Action's version. Standard library
+  only: the plugin may not be importable yet.
 * ``plan``: check the inputs, decide whether this run saves, compute the fingerprint and the keys; write
   the plan file (read by ``restore``), the step outputs (read by the ``actions/cache`` steps) and the
   ``PYTEST_COMPILECACHE_*`` variables that configure the plugin in the job's later steps.
 * ``restore``: unpack the bundle that ``actions/cache`` put in the staging dir (``store: github``) or fetch
   it from the store itself (``s3://``, a directory) into the cache dir; leave the staging dir absent, so
-  that it holds only the plugin's new bundle when ``actions/cache``'s post step saves it; outputs and the
-  restore section of the step summary.
+  that it holds only the plugin's new bundle when ``actions/cache``'s post step saves it; tell a miss from
+  trouble by what the ``actions/cache`` steps reported (:class:`CacheSteps`); outputs, the restore section
+  of the step summary, and the outcome for the plugin (``PYTEST_COMPILECACHE_RESTORED``, see
+  :func:`restored_env`).
 
 Why the bundle cannot be packed here: torch's mega-cache artifacts exist only inside the pytest
 processes, so the plugin writes the new bundle at the end of the pytest step; see action/README.md.
