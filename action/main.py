@@ -6,14 +6,18 @@ does not set them itself, so action.yml maps every input a step needs with ``env
 ``GITHUB_*`` and ``RUNNER_*`` variables say where to write and which run this is.
 
 * ``install``: ``pip install`` the plugin from the Action's own checkout (input ``install``), with the
-  ``s3`` extra for an S3 store. Standard library only: the plugin may not be importable yet.
+  ``s3`` extra for an S3 store; ``uv pip install --python`` where the interpreter has no pip (uv's venvs).
+  With ``install: false``, warn when the installed plugin is not the Action's version. Standard library
+  only: the plugin may not be importable yet.
 * ``plan``: check the inputs, decide whether this run saves, compute the fingerprint and the keys; write
   the plan file (read by ``restore``), the step outputs (read by the ``actions/cache`` steps) and the
   ``PYTEST_COMPILECACHE_*`` variables that configure the plugin in the job's later steps.
 * ``restore``: unpack the bundle that ``actions/cache`` put in the staging dir (``store: github``) or fetch
   it from the store itself (``s3://``, a directory) into the cache dir; leave the staging dir absent, so
-  that it holds only the plugin's new bundle when ``actions/cache``'s post step saves it; outputs and the
-  restore section of the step summary.
+  that it holds only the plugin's new bundle when ``actions/cache``'s post step saves it; tell a miss from
+  trouble by what the ``actions/cache`` steps reported (:class:`CacheSteps`); outputs, the restore section
+  of the step summary, and the outcome for the plugin (``PYTEST_COMPILECACHE_RESTORED``, see
+  :func:`restored_env`).
 
 Why the bundle cannot be packed here: torch's mega-cache artifacts exist only inside the pytest
 processes, so the plugin writes the new bundle at the end of the pytest step; see action/README.md.
@@ -42,18 +46,33 @@ from typing import Sequence
 GITHUB_STORE = "github"
 ENV_PREFIX = "PYTEST_COMPILECACHE_"
 SIGNING_KEY_ENV = ENV_PREFIX + "SIGNING_KEY"
-# Events whose runs save with ``save: auto``: code that is already on a branch of this repository.
-SAVING_EVENTS = ("push", "schedule", "workflow_dispatch", "merge_group")
-# Never saves, whatever ``save`` says: it runs with a write token in the base repository's cache scope,
-# often on a fork's code, so a save would let a fork poison the cache every later run restores.
-NEVER_SAVING_EVENT = "pull_request_target"
+RESTORED_ENV = ENV_PREFIX + "RESTORED"
+# Events whose runs save with ``save: auto``, and then only on the default branch: an entry saved on
+# another branch serves only that branch (and its pull requests) and evicts the default branch's
+# entries from the repository's quota (setup-gradle's default).
+SAVING_EVENTS = ("push", "schedule", "workflow_dispatch")
+# Never save, whatever ``save`` says. pull_request_target runs with a write token in the base
+# repository's cache scope, often on a fork's code, so a save would let a fork poison the cache every
+# later run restores. merge_group runs on a temporary gh-readonly-queue/... branch whose entries no
+# later run can read: a save would only use quota and evict the default branch's entries.
+NEVER_SAVING_EVENTS = ("pull_request_target", "merge_group")
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 # The names under RUNNER_TEMP (the runner empties it for every job).
-STAGING, INBOX, CACHE_DIR, REPORT, PLAN = (
-    "compilecache-staging", "compilecache-inbox", "compilecache-dir", "compilecache-report.json",
+INBOX, CACHE_DIR, REPORT, PLAN = (
+    "compilecache-inbox",
+    "compilecache-dir",
+    "compilecache-report.json",
     "compilecache-plan.json",
 )
+# The staging dir actions/cache restores into and saves from, relative to GITHUB_WORKSPACE (where
+# actions/cache resolves relative paths). action.yml spells ``<STAGING>/*.bundle`` literally in both
+# actions/cache steps: the path string is hashed into the entry version, so it must be the same on
+# every runner (an absolute RUNNER_TEMP is not: self-hosted runners differ, act randomises it), and a
+# literal survives the post step's re-evaluation of ``with:``, which loses the ``steps`` context when
+# this Action is wrapped in another composite action (actions/runner#2009, #2030).
+STAGING = ".compilecache-staging"
+SAVE_PATH = STAGING + "/*.bundle"
 
 
 class InputError(ValueError):
@@ -74,20 +93,64 @@ def _flag(environ: Mapping[str, str], name: str, default: str) -> bool:
     raise InputError(f"input {name}: expected true or false, got {value!r}")
 
 
-def decide_save(value: str, event: str) -> tuple[bool, str]:
-    """Whether this run saves a bundle (input ``save``: auto, true or false), and why, in words."""
+def decide_save(value: str, event: str, ref: str = "", default_branch: str = "") -> tuple[bool, str]:
+    """Whether this run saves a bundle (input ``save``: auto, true or false), and why, in words.
+
+    ``ref`` is ``GITHUB_REF``; ``default_branch`` the repository's (from the event payload, see
+    :func:`default_branch`; empty when unknown, and then ``save: auto`` does not save).
+    """
     value = (value or "auto").strip().lower()
     if value not in ("auto", *_TRUE, *_FALSE):
         raise InputError(f"input save: expected auto, true or false, got {value!r}")
-    if event == NEVER_SAVING_EVENT:
+    if event == "pull_request_target":
         return False, f"{event} runs never save (a fork could poison the cache)"
+    if event == "merge_group":
+        return False, f"{event} runs never save (no later run can read a merge queue branch's entries)"
     if value in _TRUE:
         return True, "save: true"
     if value in _FALSE:
         return False, "save: false"
-    if event in SAVING_EVENTS:
-        return True, f"save: auto saves on {event}"
-    return False, f"save: auto restores only on {event or 'this event'} (it saves on {', '.join(SAVING_EVENTS)})"
+    if event not in SAVING_EVENTS:
+        return False, (
+            f"save: auto restores only on {event or 'this event'} (it saves on "
+            f"{', '.join(SAVING_EVENTS)} to the default branch)"
+        )
+    if not default_branch:
+        return False, "save: auto could not tell the default branch (no repository.default_branch in the event)"
+    if ref != f"refs/heads/{default_branch}":
+        return False, f"save: auto saves on the default branch ({default_branch}) only, not on {ref or 'this ref'}"
+    return True, f"save: auto saves on {event} to {default_branch}"
+
+
+def default_branch(environ: Mapping[str, str]) -> str:
+    """The repository's default branch, from the event payload (``GITHUB_EVENT_PATH``); empty if unknown."""
+    try:
+        event = json.loads(Path(environ.get("GITHUB_EVENT_PATH") or "").read_text(encoding="utf-8"))
+        return str(event["repository"]["default_branch"] or "")
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def lineage(environ: Mapping[str, str], prefix: str) -> str:
+    """``<key-prefix>-<job id>[-<matrix leg>]``: what every key of this job starts with.
+
+    Two jobs, or two legs of a matrix, with one fingerprint would otherwise race for one key (the
+    loser's save is refused) and restore each other's bundles. The matrix leg is a short hash of the
+    job's ``matrix`` context (action.yml passes ``toJSON(matrix)`` as ``COMPILECACHE_MATRIX``).
+    """
+    import hashlib
+    import re
+
+    job = re.sub(r"[^A-Za-z0-9._-]", "_", environ.get("GITHUB_JOB", ""))[:60]
+    parts = [prefix, job] if job else [prefix]
+    matrix = (environ.get("COMPILECACHE_MATRIX") or "").strip()
+    if matrix and matrix not in ("null", "{}", '""'):
+        try:
+            canonical = json.dumps(json.loads(matrix), sort_keys=True, separators=(",", ":"))
+        except ValueError:
+            canonical = matrix
+        parts.append(hashlib.sha256(canonical.encode()).hexdigest()[:8])
+    return "-".join(parts)
 
 
 @dataclass
@@ -103,7 +166,7 @@ class Plan:
     save: bool
     why: str
     mode: str
-    prefix: str
+    prefix: str  # the lineage: input key-prefix, the job id and the matrix leg (see lineage())
     salt: str
     suffix: str
     digest: str
@@ -115,6 +178,7 @@ class Plan:
     json: str
     summary: bool
     min_hit_rate: str
+    event: str = ""
     fingerprint: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -139,7 +203,7 @@ def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
 
     parsers = {option.name: option.parse for option in OPTIONS}
     temp = Path(_required(environ, "RUNNER_TEMP"))
-    workspace = Path(environ.get("GITHUB_WORKSPACE") or os.getcwd())
+    workspace = Path(_required(environ, "GITHUB_WORKSPACE"))
     try:
         store = _input(environ, "store", GITHUB_STORE) or GITHUB_STORE
         if store.lower() == GITHUB_STORE:
@@ -150,6 +214,7 @@ def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
             open_store(store)  # checks the URL; touches neither disk nor network
         mode = parsers["mode"]("input mode", _input(environ, "mode", "shared") or "shared")
         prefix = parsers["key_prefix"]("input key-prefix", _input(environ, "key-prefix") or DEFAULT_PREFIX)
+        prefix = parsers["key_prefix"]("input key-prefix (with the job id)", lineage(environ, prefix))
         salt = key_salt(environ)
         min_hit_rate = _input(environ, "min-hit-rate")
         if min_hit_rate:
@@ -160,7 +225,12 @@ def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
         )
     except ConfigError as exc:
         raise InputError(str(exc).replace("--compile-cache-store", "input store")) from None
-    save, why = decide_save(_input(environ, "save", "auto"), environ.get("GITHUB_EVENT_NAME", ""))
+    save, why = decide_save(
+        _input(environ, "save", "auto"),
+        environ.get("GITHUB_EVENT_NAME", ""),
+        environ.get("GITHUB_REF", ""),
+        default_branch(environ),
+    )
     summary = _flag(environ, "summary", "true")
     cache_dir = _input(environ, "cache-dir")
     cache_dir = str(workspace / cache_dir) if cache_dir else str(temp / CACHE_DIR)
@@ -169,11 +239,25 @@ def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
         save, why = False, f"mode {mode} keeps no cache dir between runs"
     digest = fingerprint.digest()
     return Plan(
-        transfer=transfer, store=store, save=save, why=why, mode=mode, prefix=prefix, salt=salt,
-        suffix=suffix, digest=digest, key=make_key(prefix, digest, suffix),
-        restore_prefix=restore_prefix(prefix, digest), staging=str(temp / STAGING), inbox=str(temp / INBOX),
-        cache_dir=os.path.abspath(cache_dir), json=str(temp / REPORT), summary=summary,
-        min_hit_rate=min_hit_rate, fingerprint=fingerprint.to_json(),
+        transfer=transfer,
+        store=store,
+        save=save,
+        why=why,
+        mode=mode,
+        prefix=prefix,
+        salt=salt,
+        suffix=suffix,
+        digest=digest,
+        key=make_key(prefix, digest, suffix),
+        restore_prefix=restore_prefix(prefix, digest),
+        staging=str(workspace / STAGING),
+        inbox=str(temp / INBOX),
+        cache_dir=os.path.abspath(cache_dir),
+        json=str(temp / REPORT),
+        summary=summary,
+        min_hit_rate=min_hit_rate,
+        fingerprint=fingerprint.to_json(),
+        event=environ.get("GITHUB_EVENT_NAME", ""),
     )
 
 
@@ -249,8 +333,56 @@ def stage_bundles(staging: Path, inbox: Path) -> list[str]:
     return moved
 
 
+@dataclass(frozen=True)
+class CacheSteps:
+    """What action.yml's ``actions/cache`` steps reported, passed to ``restore`` as ``COMPILECACHE_*``.
+
+    ``outcome``: the restoring step's outcome (``success``, ``failure``: ``continue-on-error`` keeps the
+    job going); ``hit``: its ``cache-hit`` output, which actions/cache leaves unset on a miss and sets to
+    ``false`` when the cache service is not available; ``lookup_outcome``/``lookup_key``: the lookup-only
+    step before it (``cache-matched-key``: an entry exists). Empty strings: not known.
+    """
+
+    outcome: str = ""
+    hit: str = ""
+    lookup_outcome: str = ""
+    lookup_key: str = ""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> CacheSteps:
+        return cls(
+            *(
+                environ.get("COMPILECACHE_" + name, "").strip()
+                for name in ("CACHE_OUTCOME", "CACHE_HIT", "LOOKUP_OUTCOME", "LOOKUP_KEY")
+            )
+        )
+
+    def trouble(self, staged: bool) -> str | None:
+        """Why the restore failed, in words, or None (a restore, or a real miss).
+
+        actions/cache turns its client's errors into log lines, never a failed step: a download that
+        fails after the lookup found an entry leaves exactly what a miss leaves. The lookup step tells
+        the two apart; a service that fails the lookup too still reads as a miss (its log says why).
+        """
+        if "failure" in (self.outcome, self.lookup_outcome):
+            return "the actions/cache step failed (see its log)"
+        if staged:
+            return None
+        if self.lookup_key:
+            return (
+                f"actions/cache found {self.lookup_key} but restored nothing (a failed download or "
+                "extraction: see its log)"
+            )
+        if self.hit:
+            return f"the cache service is not available (actions/cache: cache-hit={self.hit}, nothing restored)"
+        return None
+
+
 def restore(plan: Plan, environ: Mapping[str, str]) -> dict[str, Any]:
-    """Restore into ``plan.cache_dir``; never raises. Returns ``sync.Transfer.to_json()`` (outcome...)."""
+    """Restore into ``plan.cache_dir``; never raises. Returns ``sync.Transfer.to_json()`` (outcome...).
+
+    Outcomes: ``exact``, ``partial``, ``miss`` (no entry) or ``error`` (trouble: the tests compile cold).
+    """
     from pytest_compilecache import sync
 
     if plan.transfer == "none":
@@ -263,6 +395,9 @@ def restore(plan: Plan, environ: Mapping[str, str]) -> dict[str, Any]:
         point_cache_dir(plan.cache_dir)  # before anything imports torch
         if plan.transfer == "github":
             staged = stage_bundles(Path(plan.staging), Path(plan.inbox))
+            trouble = CacheSteps.from_env(environ).trouble(bool(staged))
+            if trouble:
+                return sync.Transfer("error", message=trouble).to_json()
             if not staged:
                 message = f"actions/cache found no entry under {plan.restore_prefix}"
                 return sync.Transfer("miss", message=message).to_json()
@@ -273,8 +408,11 @@ def restore(plan: Plan, environ: Mapping[str, str]) -> dict[str, Any]:
             store = open_store(plan.store, readonly=True, **options)
         signing_key = environ.get(SIGNING_KEY_ENV, "")
         result = sync.restore(
-            store, prefix=plan.prefix, fingerprint=Fingerprint.from_json(plan.fingerprint),
-            cache_dir=plan.cache_dir, signing_key=signing_key.encode() if signing_key else None,
+            store,
+            prefix=plan.prefix,
+            fingerprint=Fingerprint.from_json(plan.fingerprint),
+            cache_dir=plan.cache_dir,
+            signing_key=signing_key.encode() if signing_key else None,
             exact_key=plan.key,
         )
         return result.to_json()
@@ -287,7 +425,7 @@ def restore(plan: Plan, environ: Mapping[str, str]) -> dict[str, Any]:
 def restore_outputs(result: Mapping[str, Any]) -> dict[str, str]:
     outcome = result.get("outcome")
     return {
-        "restore-outcome": outcome if outcome in ("exact", "partial") else "miss",
+        "restore-outcome": outcome if outcome in ("exact", "partial", "error") else "miss",
         "cache-hit": str(outcome == "exact").lower(),
         "matched-key": str(result.get("key") or "") if outcome in ("exact", "partial") else "",
     }
@@ -311,9 +449,14 @@ def restore_markdown(plan: Plan, result: Mapping[str, Any]) -> str:
     else:
         restored = f"{outcome}" + (f": {_cell(str(result['message']))}" if result.get("message") else "")
     if plan.save and plan.transfer == "github":
-        saving = f"`{plan.key}`, written by the tests, uploaded by actions/cache at job end if the job succeeds"
+        saving = (
+            f"`{plan.key}` if the tests compile something new: actions/cache uploads it at job end if the job succeeds"
+        )
+        if plan.why == "save: true" and plan.event not in SAVING_EVENTS:
+            # GitHub gives untrusted triggers (pull requests from forks...) a read-only cache token.
+            saving += f"; {plan.event} runs may get a read-only cache token, and then nothing is saved"
     elif plan.save:
-        saving = f"`{plan.key}`, written by the tests into the store"
+        saving = f"`{plan.key}` if the tests compile something new, written by the tests into the store"
     else:
         saving = f"nothing: {_cell(plan.why)}"
     lines = [
@@ -325,6 +468,7 @@ def restore_markdown(plan: Plan, result: Mapping[str, Any]) -> str:
         f"| restored | {restored} |",
         f"| saving | {saving} |",
         f"| fingerprint | `{plan.digest}` (restore prefix `{plan.restore_prefix}`) |",
+        f"| lineage | `{plan.prefix}` (key prefix, job id, matrix leg) |",
         "",
     ]
     return "\n".join(lines) + "\n"
@@ -332,6 +476,29 @@ def restore_markdown(plan: Plan, result: Mapping[str, Any]) -> str:
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+def restored_env(plan: Plan, result: Mapping[str, Any]) -> dict[str, str]:
+    """What the restore tells the plugin in the job's later steps (it runs with ``RESTORE=skip``).
+
+    ``PYTEST_COMPILECACHE_RESTORED``: compact JSON ``{"outcome": "exact"|"partial"|"miss"|"error", "key":
+    <restored key or null>, "message": <why, or null>}``, the plugin's contract for knowing how the
+    Action's restore went (its hit-rate guard must not fail a session after a failed restore). After a
+    failed restore the Action also clears ``PYTEST_COMPILECACHE_MIN_HIT_RATE`` (an empty value is unset for
+    the plugin), so input ``min-hit-rate`` cannot fail the job whatever the plugin's version.
+    """
+    if plan.transfer == "none":
+        return {}
+    outcome = str(result.get("outcome") or "error")
+    env = {
+        RESTORED_ENV: json.dumps(
+            {"outcome": outcome, "key": result.get("key"), "message": result.get("message")},
+            separators=(",", ":"),
+        )
+    }
+    if outcome == "error" and plan.min_hit_rate:
+        env[ENV_PREFIX + "MIN_HIT_RATE"] = ""
+    return env
 
 
 # ---- runner files
@@ -365,20 +532,75 @@ def _command(name: str, message: str, title: str = "compile cache") -> None:
 # ---- commands
 
 
-def install_command(environ: Mapping[str, str], python: str = sys.executable) -> list[str] | None:
-    """``pip install <action path>[s3]``, or None with ``install: false``."""
+def _has_pip(python: str) -> bool:
+    return (
+        subprocess.call([python, "-m", "pip", "--version"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0
+    )
+
+
+def install_command(
+    environ: Mapping[str, str],
+    python: str = sys.executable,
+    *,
+    has_pip: Callable[[str], bool] = _has_pip,
+    which: Callable[[str], str | None] = shutil.which,
+) -> list[str] | None:
+    """``pip install <action path>[s3]`` (``uv pip install --python`` where the venv has no pip, as uv
+    makes them), or None with ``install: false``. Raises InputError when neither can install."""
     if not _flag(environ, "install", "true"):
         return None
     target = _required(environ, "GITHUB_ACTION_PATH")
     if _input(environ, "store").lower().startswith("s3://"):
         target += "[s3]"
-    return [python, "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off", target]
+    if has_pip(python):
+        return [python, "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off", target]
+    uv = which("uv")
+    if uv:
+        return [uv, "pip", "install", "--python", python, target]
+    raise InputError(
+        f"input install: {python} has no pip (a venv made by uv?) and uv is not on PATH: add pip "
+        "or uv, or install pytest-compilecache yourself and set install: false"
+    )
+
+
+def action_version(action_path: str) -> str | None:
+    """The plugin version this Action ships (its ``pytest_compilecache/__init__.py``), or None."""
+    import re
+
+    try:
+        text = (Path(action_path) / "pytest_compilecache" / "__init__.py").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    match = re.search(r"^__version__\s*=\s*[\"']([^\"']+)[\"']", text, re.MULTILINE)
+    return match.group(1) if match else None
+
+
+def check_installed(environ: Mapping[str, str]) -> None:
+    """``install: false``: the plugin this interpreter imports must be the Action's version (a warning)."""
+    try:
+        import pytest_compilecache
+    except ImportError as exc:
+        raise InputError(
+            f"input install is false but pytest-compilecache is not importable by {sys.executable} "
+            f"({exc}): install it in the step before, or set install: true"
+        ) from None
+    installed = getattr(pytest_compilecache, "__version__", "?")
+    wanted = action_version(environ.get("GITHUB_ACTION_PATH", ""))
+    if wanted and installed != wanted:
+        _command(
+            "warning",
+            f"install: false: the installed pytest-compilecache is {installed}, this Action is "
+            f"{wanted}; the Action's steps and the plugin may disagree: install {wanted}, or pin the Action "
+            f"to the release of {installed}",
+        )
+    else:
+        print(f"install: false: using pytest-compilecache {installed} from {sys.executable}")
 
 
 def cmd_install(environ: Mapping[str, str]) -> int:
     argv = install_command(environ)
     if argv is None:
-        print("install: false: using the pytest-compilecache installed for this interpreter")
+        check_installed(environ)
         return 0
     print("+ " + " ".join(argv), flush=True)
     return subprocess.call(argv)
@@ -388,12 +610,15 @@ def cmd_plan(environ: Mapping[str, str]) -> int:
     try:
         from pytest_compilecache.fingerprint import collect
     except ImportError as exc:
-        raise InputError(f"pytest-compilecache is not importable by {sys.executable} ({exc}); keep input "
-                         "install: true, or install it into the interpreter named by input python") from None
+        raise InputError(
+            f"pytest-compilecache is not importable by {sys.executable} ({exc}); keep input "
+            "install: true, or install it into the interpreter named by input python"
+        ) from None
     temp = Path(_required(environ, "RUNNER_TEMP"))
     if (temp / PLAN).exists():
-        raise InputError("the Action already ran in this job: use it once per job (one pytest-compilecache "
-                         "configuration per job)")
+        raise InputError(
+            "the Action already ran in this job: use it once per job (one pytest-compilecache configuration per job)"
+        )
     fingerprint = collect(salt=key_salt(environ))
     plan = make_plan(environ, fingerprint)
     print("::group::compile cache fingerprint (what decides reuse)")
@@ -430,6 +655,9 @@ def cmd_restore(environ: Mapping[str, str]) -> int:
     elif result.get("outcome") == "miss":
         print(f"miss: {result.get('message')}")
     write_vars(environ.get("GITHUB_OUTPUT"), outputs)
+    write_vars(environ.get("GITHUB_ENV"), restored_env(plan, result))
+    if result.get("outcome") == "error" and plan.min_hit_rate:
+        print(f"min-hit-rate {plan.min_hit_rate} is not enforced in this job: the restore failed")
     if plan.summary:
         try:
             _append(environ.get("GITHUB_STEP_SUMMARY"), restore_markdown(plan, result))

@@ -1,4 +1,4 @@
-"""Fixtures for the Action's tests: its Python module, a fake fingerprint, and the S3 server fixtures."""
+"""Fixtures for the Action's tests: its Python module, a fake fingerprint, the S3 server fixtures, runner files."""
 
 from __future__ import annotations
 
@@ -28,6 +28,35 @@ def load_action_module() -> ModuleType:
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def parse_vars(text: str) -> dict[str, str]:
+    """Parse a GITHUB_ENV / GITHUB_OUTPUT file: ``NAME=value`` lines and ``NAME<<DELIMITER`` blocks."""
+    values: dict[str, str] = {}
+    lines = iter(text.splitlines())
+    for line in lines:
+        if not line:
+            continue
+        if "<<" in line and ("=" not in line or line.index("<<") < line.index("=")):
+            name, delimiter = line.split("<<", 1)
+            body: list[str] = []
+            for item in lines:
+                if item == delimiter:
+                    break
+                body.append(item)
+            else:
+                raise ValueError(f"{name}: no closing {delimiter!r} in a runner file")
+            values[name] = "\n".join(body)
+        elif "=" in line:
+            name, value = line.split("=", 1)
+            values[name] = value
+        else:
+            raise ValueError(f"malformed line in a runner file: {line!r}")
+    return values
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "action: runs workflows through nektos/act (select with -m action)")
 
 
 @pytest.fixture

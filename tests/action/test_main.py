@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.action.runner import parse_vars
+from tests.action.conftest import parse_vars
 
 RUN = {"GITHUB_RUN_ID": "1234", "GITHUB_RUN_ATTEMPT": "2"}
 
@@ -18,12 +18,18 @@ RUN = {"GITHUB_RUN_ID": "1234", "GITHUB_RUN_ATTEMPT": "2"}
 def environ(tmp_path: Path) -> dict[str, str]:
     temp = tmp_path / "runner-temp"
     temp.mkdir()
+    (tmp_path / "work").mkdir()
     files = {name: tmp_path / name for name in ("env", "output", "summary")}
     for path in files.values():
         path.write_text("")
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"ref": "refs/heads/main", "repository": {"default_branch": "main"}}))
     return {
         **RUN,
         "GITHUB_EVENT_NAME": "push",
+        "GITHUB_EVENT_PATH": str(event),
+        "GITHUB_REF": "refs/heads/main",
+        "GITHUB_JOB": "test",
         "GITHUB_WORKSPACE": str(tmp_path / "work"),
         "RUNNER_TEMP": str(temp),
         "GITHUB_ENV": str(files["env"]),
@@ -48,7 +54,8 @@ def _torch_env(monkeypatch: pytest.MonkeyPatch) -> None:
         ("auto", "push", True),
         ("auto", "schedule", True),
         ("auto", "workflow_dispatch", True),
-        ("auto", "merge_group", True),
+        ("auto", "merge_group", False),
+        ("true", "merge_group", False),
         ("auto", "pull_request", False),
         ("auto", "pull_request_review", False),
         ("auto", "release", False),
@@ -61,9 +68,53 @@ def _torch_env(monkeypatch: pytest.MonkeyPatch) -> None:
     ],
 )
 def test_decide_save(action: ModuleType, value: str, event: str, saves: bool) -> None:
-    decided, why = action.decide_save(value, event)
+    decided, why = action.decide_save(value, event, "refs/heads/main", "main")
     assert decided is saves
     assert why
+
+
+@pytest.mark.parametrize("event", ["push", "schedule", "workflow_dispatch"])
+def test_save_auto_saves_on_the_default_branch_only(action: ModuleType, event: str) -> None:
+    """Fix 4: an entry saved on another branch serves only that branch and evicts the default branch's."""
+    assert action.decide_save("auto", event, "refs/heads/main", "main")[0] is True
+    saves, why = action.decide_save("auto", event, "refs/heads/feature", "main")
+    assert saves is False and "default branch (main) only" in why
+    assert action.decide_save("auto", event, "refs/heads/main", "")[0] is False  # unknown: do not guess
+    assert action.decide_save("true", event, "refs/heads/feature", "main")[0] is True
+
+
+def test_merge_group_never_saves(action: ModuleType) -> None:
+    """Fix 3: a merge queue branch's entries are never read by any later run."""
+    saves, why = action.decide_save("true", "merge_group", "refs/heads/gh-readonly-queue/main/pr-1-abc", "main")
+    assert saves is False and "merge queue" in why
+
+
+def test_default_branch_from_the_event(action: ModuleType, environ: dict[str, str], tmp_path: Path) -> None:
+    assert action.default_branch(environ) == "main"
+    assert action.default_branch({**environ, "GITHUB_EVENT_PATH": str(tmp_path / "absent.json")}) == ""
+    (tmp_path / "bare.json").write_text("{}")
+    assert action.default_branch({**environ, "GITHUB_EVENT_PATH": str(tmp_path / "bare.json")}) == ""
+
+
+def test_lineage_carries_the_job_and_the_matrix_leg(action: ModuleType) -> None:
+    """Fix 5: two jobs or two matrix legs with one fingerprint get different keys and restore their own."""
+    assert action.lineage({"GITHUB_JOB": "test"}, "compilecache-v1") == "compilecache-v1-test"
+    assert action.lineage({"GITHUB_JOB": "test", "COMPILECACHE_MATRIX": "null"}, "p") == "p-test"
+    assert action.lineage({"GITHUB_JOB": "test", "COMPILECACHE_MATRIX": "{}"}, "p") == "p-test"
+    leg_a = action.lineage({"GITHUB_JOB": "test", "COMPILECACHE_MATRIX": '{"py": "3.11", "os": "linux"}'}, "p")
+    leg_a_reordered = action.lineage({"GITHUB_JOB": "test", "COMPILECACHE_MATRIX": '{"os":"linux","py":"3.11"}'}, "p")
+    leg_b = action.lineage({"GITHUB_JOB": "test", "COMPILECACHE_MATRIX": '{"py": "3.12", "os": "linux"}'}, "p")
+    assert leg_a == leg_a_reordered and leg_a != leg_b
+    assert leg_a.startswith("p-test-") and len(leg_a) == len("p-test-") + 8
+    assert action.lineage({"GITHUB_JOB": "odd job/name"}, "p") == "p-odd_job_name"
+    assert action.lineage({}, "p") == "p"
+
+
+def test_plan_keys_carry_the_job(action: ModuleType, environ: dict[str, str], fingerprint: Any) -> None:
+    other = action.make_plan({**environ, "GITHUB_JOB": "lint"}, fingerprint)
+    plan = action.make_plan(environ, fingerprint)
+    assert plan.key != other.key and not other.key.startswith(plan.restore_prefix)
+    assert action.plugin_env(other)["PYTEST_COMPILECACHE_KEY_PREFIX"] == "compilecache-v1-lint"
 
 
 def test_decide_save_explains_pull_request_target(action: ModuleType) -> None:
@@ -83,9 +134,9 @@ def test_plan_for_github_store(action: ModuleType, environ: dict[str, str], fing
     temp = Path(environ["RUNNER_TEMP"])
     digest = fingerprint.digest()
     assert plan.transfer == "github" and plan.save
-    assert plan.key == f"compilecache-v1-{digest}-1234-2"
-    assert plan.restore_prefix == f"compilecache-v1-{digest}-"
-    assert plan.staging == str(temp / "compilecache-staging")
+    assert plan.key == f"compilecache-v1-test-{digest}-1234-2"
+    assert plan.restore_prefix == f"compilecache-v1-test-{digest}-"
+    assert plan.staging == str(Path(environ["GITHUB_WORKSPACE"]) / ".compilecache-staging")
     assert plan.cache_dir == str(temp / "compilecache-dir")
     assert plan.fingerprint == fingerprint.to_json()
     assert action.Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
@@ -99,7 +150,7 @@ def test_plugin_env_for_a_saving_github_run(action: ModuleType, environ: dict[st
         "PYTEST_COMPILECACHE_JSON": plan.json,
         "PYTEST_COMPILECACHE_DIR": plan.cache_dir,
         "PYTEST_COMPILECACHE_RESTORE": "skip",
-        "PYTEST_COMPILECACHE_KEY_PREFIX": "compilecache-v1",
+        "PYTEST_COMPILECACHE_KEY_PREFIX": "compilecache-v1-test",
         "PYTEST_COMPILECACHE_RUN_SUFFIX": "1234-2",
         "PYTEST_COMPILECACHE_STORE": plan.staging,
         "PYTEST_COMPILECACHE_KEEP_BUNDLES": "1",
@@ -121,7 +172,7 @@ def test_plugin_env_for_s3(action: ModuleType, environ: dict[str, str], fingerpr
     env = action.plugin_env(plan)
     assert plan.transfer == "direct"
     assert env["PYTEST_COMPILECACHE_STORE"] == "s3://bucket/ci/cache"
-    assert env["PYTEST_COMPILECACHE_KEY_PREFIX"] == "shard-1"
+    assert env["PYTEST_COMPILECACHE_KEY_PREFIX"] == "shard-1-test"
     assert env["PYTEST_COMPILECACHE_KEY_SALT"] == "model-v2"
     assert "PYTEST_COMPILECACHE_KEEP_BUNDLES" not in env  # the plugin's own pruning applies
 
@@ -212,7 +263,7 @@ def test_stage_bundles_without_a_restore(action: ModuleType, tmp_path: Path) -> 
     assert action.stage_bundles(tmp_path / "absent", tmp_path / "inbox") == []
 
 
-def _bundle(fingerprint: Any, store_dir: Path, suffix: str, prefix: str = "compilecache-v1") -> str:
+def _bundle(fingerprint: Any, store_dir: Path, suffix: str, prefix: str = "compilecache-v1-test") -> str:
     """A real bundle (files only: no torch needed) in a directory store; returns its key."""
     from pytest_compilecache import sync
     from pytest_compilecache.stores import open_store
@@ -221,8 +272,14 @@ def _bundle(fingerprint: Any, store_dir: Path, suffix: str, prefix: str = "compi
     (source / "fxgraph" / "ab").mkdir(parents=True)
     (source / "fxgraph" / "ab" / "entry").write_bytes(b"graph " + suffix.encode())
     result = sync.save(
-        open_store(store_dir), prefix=prefix, fingerprint=fingerprint, suffix=suffix, cache_dir=str(source),
-        blobs={}, files=["fxgraph/ab/entry"], stats={},
+        open_store(store_dir),
+        prefix=prefix,
+        fingerprint=fingerprint,
+        suffix=suffix,
+        cache_dir=str(source),
+        blobs={},
+        files=["fxgraph/ab/entry"],
+        stats={},
     )
     assert result.outcome == "saved", result.message
     return str(result.key)
@@ -269,16 +326,17 @@ def test_restore_of_a_corrupt_bundle_is_an_error_not_a_crash(
     action: ModuleType, environ: dict[str, str], fingerprint: Any
 ) -> None:
     plan = action.make_plan(environ, fingerprint)
-    Path(plan.staging).mkdir()
+    Path(plan.staging).mkdir(parents=True)
     (Path(plan.staging) / f"{plan.restore_prefix}5-1.bundle").write_bytes(b"not a bundle")
     result = action.restore(plan, environ)
     assert result["outcome"] == "error"
-    assert action.restore_outputs(result)["restore-outcome"] == "miss"
+    assert action.restore_outputs(result)["restore-outcome"] == "error"
     assert not list(Path(plan.cache_dir).glob("**/entry"))
 
 
-def test_restore_from_a_directory_store(action: ModuleType, environ: dict[str, str], fingerprint: Any,
-                                        tmp_path: Path) -> None:
+def test_restore_from_a_directory_store(
+    action: ModuleType, environ: dict[str, str], fingerprint: Any, tmp_path: Path
+) -> None:
     store = tmp_path / "store"
     environ["INPUT_STORE"] = str(store)
     key = _bundle(fingerprint, store, "5-1")
@@ -290,11 +348,13 @@ def test_restore_from_a_directory_store(action: ModuleType, environ: dict[str, s
 
 def test_restore_markdown(action: ModuleType, environ: dict[str, str], fingerprint: Any) -> None:
     plan = action.make_plan(environ, fingerprint)
-    text = action.restore_markdown(plan, {"outcome": "partial", "key": "k-1", "size": 4096, "seconds": 0.25,
-                                          "files": 3})
+    text = action.restore_markdown(
+        plan, {"outcome": "partial", "key": "k-1", "size": 4096, "seconds": 0.25, "files": 3}
+    )
     assert "### torch.compile cache: restore" in text
     assert "partial: `k-1`, 4.0 KiB in 0.2 s, 3 files" in text
-    assert f"`{plan.key}`, written by the tests, uploaded by actions/cache" in text
+    assert f"`{plan.key}` if the tests compile something new: actions/cache uploads it at job end" in text
+    assert "| lineage | `compilecache-v1-test` |" not in text and "| lineage | `compilecache-v1-test` (" in text
     environ["GITHUB_EVENT_NAME"] = "pull_request"
     text = action.restore_markdown(action.make_plan(environ, fingerprint), {"outcome": "miss", "message": "a|b"})
     assert "| restored | miss: a\\|b |" in text
@@ -306,12 +366,61 @@ def test_restore_markdown(action: ModuleType, environ: dict[str, str], fingerpri
 
 def test_install_command(action: ModuleType, environ: dict[str, str]) -> None:
     environ["GITHUB_ACTION_PATH"] = "/actions/pytest-compilecache"
-    argv = action.install_command(environ, python="/py")
+    argv = action.install_command(environ, python="/py", has_pip=lambda python: True)
     assert argv[:4] == ["/py", "-m", "pip", "install"] and argv[-1] == "/actions/pytest-compilecache"
     environ["INPUT_STORE"] = "s3://bucket/x"
-    assert action.install_command(environ, python="/py")[-1] == "/actions/pytest-compilecache[s3]"
+    assert action.install_command(environ, python="/py", has_pip=lambda python: True)[-1] == (
+        "/actions/pytest-compilecache[s3]"
+    )
     environ["INPUT_INSTALL"] = "false"
     assert action.install_command(environ) is None
+
+
+def test_install_into_a_venv_without_pip_uses_uv(action: ModuleType, environ: dict[str, str]) -> None:
+    """Fix 8: uv makes venvs without pip; ``python -m pip`` fails there with no word of why."""
+    environ["GITHUB_ACTION_PATH"] = "/actions/pytest-compilecache"
+    argv = action.install_command(
+        environ,
+        python="/venv/bin/python",
+        has_pip=lambda python: False,
+        which=lambda name: "/usr/bin/uv" if name == "uv" else None,
+    )
+    assert argv == ["/usr/bin/uv", "pip", "install", "--python", "/venv/bin/python", "/actions/pytest-compilecache"]
+    with pytest.raises(action.InputError, match="input install: /venv/bin/python has no pip .* uv is not on PATH"):
+        action.install_command(
+            environ, python="/venv/bin/python", has_pip=lambda python: False, which=lambda name: None
+        )
+
+
+def test_has_pip_asks_the_interpreter(action: ModuleType, tmp_path: Path) -> None:
+    import sys
+    import venv
+
+    assert action._has_pip(sys.executable) is True
+    venv.create(tmp_path / "bare", with_pip=False)  # what `uv venv` makes: no pip inside
+    assert action._has_pip(str(tmp_path / "bare" / "bin" / "python")) is False
+
+
+def test_install_false_checks_the_installed_version(
+    action: ModuleType, environ: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Fix 8: with install: false, a plugin of another version than the Action's is named, not ignored."""
+    import pytest_compilecache
+
+    shipped = tmp_path / "action" / "pytest_compilecache"
+    shipped.mkdir(parents=True)
+    environ.update(INPUT_INSTALL="false", GITHUB_ACTION_PATH=str(tmp_path / "action"))
+    (shipped / "__init__.py").write_text(f'__version__ = "{pytest_compilecache.__version__}"\n')
+    assert action.action_version(str(tmp_path / "action")) == pytest_compilecache.__version__
+    assert action.main(["install"], environ) == 0
+    assert "::warning" not in capsys.readouterr().out
+    (shipped / "__init__.py").write_text('"""doc"""\n\n__version__ = "9.9.9"\n')
+    assert action.main(["install"], environ) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"::warning title=compile cache::install: false: the installed pytest-compilecache is "
+        f"{pytest_compilecache.__version__}, this Action is 9.9.9" in out
+    )
 
 
 def test_main_reports_invalid_input_as_an_error_annotation(
@@ -328,7 +437,10 @@ def test_main_usage(action: ModuleType, capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_plan_and_restore_commands(
-    action: ModuleType, environ: dict[str, str], monkeypatch: pytest.MonkeyPatch, fingerprint: Any,
+    action: ModuleType,
+    environ: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    fingerprint: Any,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     import pytest_compilecache.fingerprint
@@ -359,9 +471,133 @@ def test_restore_command_warns_and_succeeds_on_trouble(
     action: ModuleType, environ: dict[str, str], fingerprint: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     plan = action.make_plan(environ, fingerprint)
-    Path(plan.staging).mkdir()
+    Path(plan.staging).mkdir(parents=True)
     (Path(plan.staging) / f"{plan.restore_prefix}5-1.bundle").write_bytes(b"garbage")
     plan_file = Path(environ["RUNNER_TEMP"]) / "compilecache-plan.json"
     plan_file.write_text(json.dumps(plan.to_json()))
     assert action.main(["restore"], {**environ, "COMPILECACHE_PLAN": str(plan_file)}) == 0
     assert "::warning title=compile cache::restore failed" in capsys.readouterr().out
+
+
+# ---- what actions/cache reported (fix 7) and what the plugin is told (fix 9)
+
+
+@pytest.mark.parametrize(
+    ("steps", "staged", "trouble"),
+    [
+        ({}, False, None),  # an older action.yml, or a plain miss
+        ({"COMPILECACHE_CACHE_OUTCOME": "success"}, False, None),  # a miss: cache-hit unset
+        ({"COMPILECACHE_CACHE_OUTCOME": "success", "COMPILECACHE_CACHE_HIT": "false"}, True, None),  # partial
+        ({"COMPILECACHE_CACHE_OUTCOME": "failure"}, False, "step failed"),
+        ({"COMPILECACHE_CACHE_OUTCOME": "success", "COMPILECACHE_LOOKUP_OUTCOME": "failure"}, False, "step failed"),
+        ({"COMPILECACHE_CACHE_OUTCOME": "success", "COMPILECACHE_LOOKUP_KEY": "k-1"}, False, "found k-1 but"),
+        ({"COMPILECACHE_CACHE_OUTCOME": "success", "COMPILECACHE_CACHE_HIT": "false"}, False, "not available"),
+    ],
+)
+def test_cache_steps_tell_trouble_from_a_miss(
+    action: ModuleType, steps: dict[str, str], staged: bool, trouble: str | None
+) -> None:
+    found = action.CacheSteps.from_env(steps).trouble(staged)
+    assert (found is None) if trouble is None else (trouble in found)
+
+
+def test_a_failed_download_is_an_error_not_a_miss(
+    action: ModuleType, environ: dict[str, str], fingerprint: Any
+) -> None:
+    """Fix 7: the lookup found an entry, actions/cache restored nothing: that is trouble, not "no entry"."""
+    plan = action.make_plan(environ, fingerprint)
+    environ.update(
+        COMPILECACHE_CACHE_OUTCOME="success",
+        COMPILECACHE_LOOKUP_OUTCOME="success",
+        COMPILECACHE_LOOKUP_KEY=f"{plan.restore_prefix}1-1",
+    )
+    result = action.restore(plan, environ)
+    assert result["outcome"] == "error" and "failed download" in result["message"]
+    assert action.restore_outputs(result) == {"restore-outcome": "error", "cache-hit": "false", "matched-key": ""}
+    assert "| restored | error: actions/cache found" in action.restore_markdown(plan, result)
+
+
+def test_restore_tells_the_plugin_and_lifts_min_hit_rate_after_trouble(
+    action: ModuleType, environ: dict[str, str], fingerprint: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fix 9: the plugin runs with RESTORE=skip; the Action passes its outcome, and a failed restore never
+    leaves min-hit-rate to fail the job (an empty variable is unset for the plugin's settings)."""
+    import pytest_compilecache.fingerprint
+    from pytest_compilecache.settings import resolve
+
+    monkeypatch.setattr(pytest_compilecache.fingerprint, "collect", lambda salt="": fingerprint)
+    environ["INPUT_MIN_HIT_RATE"] = "0.9"
+    assert action.main(["plan"], environ) == 0
+    plan_file = parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["plan"]
+    environ.update(COMPILECACHE_PLAN=plan_file, COMPILECACHE_CACHE_OUTCOME="failure")
+    assert action.main(["restore"], environ) == 0
+    env = parse_vars(Path(environ["GITHUB_ENV"]).read_text())
+    assert json.loads(env["PYTEST_COMPILECACHE_RESTORED"]) == {
+        "outcome": "error",
+        "key": None,
+        "message": "the actions/cache step failed (see its log)",
+    }
+    assert env["PYTEST_COMPILECACHE_MIN_HIT_RATE"] == ""  # the later line wins in GITHUB_ENV
+    assert resolve({}, lambda name: None, env).min_hit_rate is None
+
+
+def test_a_miss_keeps_min_hit_rate(action: ModuleType, environ: dict[str, str], fingerprint: Any) -> None:
+    environ["INPUT_MIN_HIT_RATE"] = "0.9"
+    plan = action.make_plan(environ, fingerprint)
+    env = action.restored_env(plan, {"outcome": "miss", "message": "no entry"})
+    assert json.loads(env["PYTEST_COMPILECACHE_RESTORED"])["outcome"] == "miss"
+    assert "PYTEST_COMPILECACHE_MIN_HIT_RATE" not in env
+    environ["INPUT_MODE"] = "disabled"
+    assert action.restored_env(action.make_plan(environ, fingerprint), {"outcome": "miss"}) == {}
+
+
+# ---- the signing key (fix 10) and what the summary promises (fix 12)
+
+
+def test_a_signing_key_from_the_step_env_stays_out_of_github_env(
+    action: ModuleType, environ: dict[str, str], fingerprint: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fix 10: the scoped way (action/README.md): the key as ``env:`` of the Action's and the pytest step."""
+    import pytest_compilecache.fingerprint
+
+    monkeypatch.setattr(pytest_compilecache.fingerprint, "collect", lambda salt="": fingerprint)
+    environ["PYTEST_COMPILECACHE_SIGNING_KEY"] = "scoped-secret"
+    assert action.main(["plan"], environ) == 0
+    assert "scoped-secret" not in Path(environ["GITHUB_ENV"]).read_text()
+
+
+def test_the_summary_does_not_promise_a_save_a_read_only_token_cannot_make(
+    action: ModuleType, environ: dict[str, str], fingerprint: Any
+) -> None:
+    environ.update(GITHUB_EVENT_NAME="pull_request", INPUT_SAVE="true")
+    text = action.restore_markdown(action.make_plan(environ, fingerprint), {"outcome": "miss"})
+    assert "pull_request runs may get a read-only cache token, and then nothing is saved" in text
+
+
+# ---- action.yml (fixes 1, 2, 6, 7)
+
+
+def test_action_yml_names_one_literal_workspace_relative_path_on_actions_cache_v5(action: ModuleType) -> None:
+    import yaml
+
+    from tests.action.conftest import REPO
+
+    steps = yaml.safe_load((REPO / "action.yml").read_text())["runs"]["steps"]
+    cache_steps = [step for step in steps if str(step.get("uses", "")).startswith("actions/cache")]
+    assert [step["uses"] for step in cache_steps] == [
+        "actions/cache/restore@v5",
+        "actions/cache@v5",
+        "actions/cache/restore@v5",
+    ]
+    for step in cache_steps:
+        # Literal (fix 1: the post step re-evaluates it, a wrapping composite loses `steps`) and relative to
+        # the workspace (fix 2: it is hashed into the entry version, which must match on every runner).
+        assert step["with"]["path"] == action.SAVE_PATH == ".compilecache-staging/*.bundle"
+        assert step.get("id") and step.get("continue-on-error") is True
+    restore = next(step for step in steps if step.get("id") == "restore")
+    assert {
+        "COMPILECACHE_CACHE_OUTCOME",
+        "COMPILECACHE_CACHE_HIT",
+        "COMPILECACHE_LOOKUP_OUTCOME",
+        "COMPILECACHE_LOOKUP_KEY",
+    } <= set(restore["env"])

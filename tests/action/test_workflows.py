@@ -82,8 +82,12 @@ def test_actionlint_rejects_a_broken_workflow(tmp_path: Path) -> None:
     (tmp_path / "broken.yml").write_text(BROKEN_WORKFLOW)
     result = actionlint(tmp_path)
     assert result.returncode == 1
-    for problem in ('unknown Webhook event "pull_requset"', 'input "pth" is not defined', 'missing input "path"',
-                    'property "nope" is not defined'):
+    for problem in (
+        'unknown Webhook event "pull_requset"',
+        'input "pth" is not defined',
+        'missing input "path"',
+        'property "nope" is not defined',
+    ):
         assert problem in result.stdout
 
 
@@ -144,7 +148,7 @@ def test_run_scripts_pass_shellcheck(where: str, script: str) -> None:
 
 
 def test_shellcheck_rejects_a_broken_script() -> None:
-    assert shellcheck('python -m pytest $(cat selected.txt)\nif [ $X = 1 ]; then echo; fi\n').returncode == 1
+    assert shellcheck("python -m pytest $(cat selected.txt)\nif [ $X = 1 ]; then echo; fi\n").returncode == 1
 
 
 # ---- what the examples must show

@@ -1,0 +1,284 @@
+"""The Action end to end, the way a runner runs it: nektos/act, the real ``@actions/cache`` client, a local
+cache service with GitHub's rules (see :mod:`tests.action.actrun` and :mod:`tests.action.cache_server`).
+
+Every test here starts act and runs real jobs (a compiled suite: two tiny matmul models); they are marked
+``action`` and ``slow``: ``pytest -m action`` selects them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.action.actrun import ACTION
+from tests.action.actrun import COLLECT
+from tests.action.actrun import Act
+from tests.action.actrun import action_copy
+from tests.action.cache_server import CacheServer
+from tests.action.cache_server import scopes_for
+
+pytestmark = [pytest.mark.action, pytest.mark.slow]
+
+PYTEST_INI = """\
+[pytest]
+addopts = -ra -p no:cacheprovider
+filterwarnings =
+    ignore::DeprecationWarning
+"""
+
+COMPILED_SUITE = """\
+import torch
+
+
+def test_matmul_relu():
+    def fn(x, w):
+        return torch.relu(x @ w)
+
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    torch.testing.assert_close(torch.compile(fn)(x, w), fn(x, w))
+
+
+def test_matmul_tanh():
+    def fn(x, w):
+        return torch.tanh(x @ w) + 1
+
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    torch.testing.assert_close(torch.compile(fn)(x, w), fn(x, w))
+"""
+
+FAILING_TEST = """\
+
+def test_fails():
+    assert False, "this job's tests fail"
+"""
+
+
+def workflow(
+    *,
+    jobs: tuple[str, ...] = ("test",),
+    with_: str = "",
+    uses: str = ACTION,
+    tests: str = "python -m pytest -q",
+    on: str = "[push, pull_request, merge_group]",
+) -> str:
+    """A workflow of ``jobs`` (same steps each): the Action (``id: cc``), the tests, Collect."""
+    text = f"on: {on}\njobs:\n"
+    for job in jobs:
+        text += (
+            f"""\
+  {job}:
+    runs-on: ubuntu-latest
+    steps:
+      - uses: actions/checkout@v6
+      - id: cc
+        uses: {uses}
+        with:
+          install: "false"
+{with_}
+      - name: Tests
+        id: tests
+        run: {tests}
+"""
+            + COLLECT
+        )
+    return text
+
+
+@pytest.fixture(scope="module")
+def action_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return action_copy(tmp_path_factory.mktemp("action") / "pytest-compilecache")
+
+
+@pytest.fixture
+def server() -> Iterator[CacheServer]:
+    with CacheServer() as service:
+        yield service
+
+
+@pytest.fixture
+def act(tmp_path: Path, server: CacheServer, action_dir: Path) -> Act:
+    runner = Act(tmp_path, server, action_dir)
+    runner.write("pytest.ini", PYTEST_INI)
+    runner.write("test_models.py", COMPILED_SUITE)
+    return runner
+
+
+def assert_succeeded(run: Any, job: str = "test") -> None:
+    assert run.returncode == 0, run.log[-6000:]
+    steps = run.steps(job)
+    assert steps["cc"]["outcome"] == "success", run.log[-6000:]
+
+
+def totals(run: Any, job: str = "test") -> dict[str, Any]:
+    return dict(run.report(job)["totals"])
+
+
+# ---- store: github
+
+
+def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, server: CacheServer) -> None:
+    """One lineage through the events that matter (one test: every job costs a torch import and act)."""
+    # push to the default branch: a miss, compile, the plugin writes a bundle, actions/cache's post step saves it.
+    first = act.run(workflow(), "push")
+    assert_succeeded(first)
+    out = first.outputs()
+    assert out["restore-outcome"] == "miss"
+    assert totals(first)["misses"] >= 2 and totals(first)["hits"] == 0
+    # Fix 5: the job id is in the lineage. Fixes 1, 2 and 6: actions/cache@v5's post step found the bundle
+    # through the literal workspace-relative path, under the version the restore computes.
+    assert out["key"].startswith("compilecache-v1-test-")
+    assert server.keys("refs/heads/main") == [out["key"]]
+    assert "Cache saved with key" in first.log
+
+    # push again: the newest entry of the lineage (partial: another run's key), every graph hits, nothing new.
+    second = act.run(workflow(), "push")
+    assert_succeeded(second)
+    out2 = second.outputs()
+    assert (out2["restore-outcome"], out2["matched-key"], out2["cache-hit"]) == ("partial", out["key"], "false")
+    assert totals(second)["misses"] == 0 and totals(second)["hits"] >= 2
+    assert second.report()["save"]["outcome"] == "skipped"
+    assert "Path Validation Error" in second.log  # no bundle written: the post step saves no empty entry
+    assert f"partial: `{out['key']}`" in second.summary() and "100% hit rate" in second.summary()
+    assert server.keys() == [out["key"]]
+
+    # pull_request: reads its base branch's entries, saves nothing (restore-only action, no post step).
+    pull = act.run(workflow(), "pull_request", payload={"number": 7, "pull_request": {"base": {"ref": "main"}}})
+    assert_succeeded(pull)
+    assert (pull.outputs()["restore-outcome"], pull.outputs()["matched-key"]) == ("partial", out["key"])
+    assert totals(pull)["misses"] == 0
+    assert "nothing: save: auto restores only on pull_request" in pull.summary()
+    assert server.keys() == [out["key"]]
+
+    # merge_group (fix 3): restore only, though its token could write its temporary queue branch.
+    queue = "refs/heads/gh-readonly-queue/main/pr-7-0123456789abcdef"
+    merge = act.run(
+        workflow(),
+        "merge_group",
+        scopes=scopes_for("merge_group", queue),
+        payload={"merge_group": {"head_ref": queue, "base_ref": "refs/heads/main"}},
+    )
+    assert_succeeded(merge)
+    assert merge.outputs()["restore-outcome"] == "partial"
+    assert "merge_group runs never save" in merge.summary()
+
+    # A download that fails after the lookup found the entry (fix 7): error, not miss; and fix 9:
+    # min-hit-rate does not fail the job after the failed restore, though every graph compiles cold.
+    server.fail_downloads = True
+    failed = act.run(
+        workflow(with_='          min-hit-rate: "0.9"'),
+        "pull_request",
+        payload={"number": 8, "pull_request": {"base": {"ref": "main"}}},
+    )
+    assert failed.returncode == 0, failed.log[-6000:]
+    assert failed.outputs()["restore-outcome"] == "error"
+    assert "restored nothing (a failed download" in failed.summary()
+    assert failed.steps()["tests"]["outcome"] == "success"
+    assert totals(failed)["misses"] >= 2 and totals(failed)["hits"] == 0
+
+
+def test_two_jobs_with_one_fingerprint_keep_their_own_lineage(act: Act, server: CacheServer) -> None:
+    first = act.run(workflow(jobs=("unit", "models")), "push")
+    assert first.returncode == 0, first.log[-6000:]
+    unit, models = first.outputs("unit"), first.outputs("models")
+    assert unit["key"].startswith("compilecache-v1-unit-") and models["key"].startswith("compilecache-v1-models-")
+    assert sorted(server.keys()) == sorted([unit["key"], models["key"]])
+    assert "Unable to reserve cache" not in first.log
+
+    second = act.run(workflow(jobs=("unit", "models")), "push")
+    assert second.returncode == 0, second.log[-6000:]
+    assert second.outputs("unit")["matched-key"] == unit["key"]
+    assert second.outputs("models")["matched-key"] == models["key"]
+
+
+def test_a_job_whose_tests_fail(act: Act, server: CacheServer) -> None:
+    """The cache never decides the job's outcome; what a red job saves depends on the runner.
+
+    GitHub's runner evaluates actions/cache's ``post-if: success()`` against the job, so after the failed
+    pytest step it skips the save: a red job saves nothing. act evaluates it inside a composite action
+    against the composite's own steps, which all succeeded, and saves. This test checks what is the
+    Action's (the restore, the plugin's report, a failure that is the tests' own) and pins act's
+    behaviour, so that a change in act shows up here rather than in a misleading pass.
+    """
+    act.write("test_failing.py", FAILING_TEST)
+    run = act.run(workflow(), "push")
+    assert run.returncode != 0
+    steps = run.steps()
+    assert (steps["cc"]["outcome"], steps["tests"]["outcome"]) == ("success", "failure")
+    assert run.outputs()["restore-outcome"] == "miss"
+    assert totals(run)["misses"] >= 2  # the plugin reported, and wrote its bundle, despite the failure
+    assert "Run Post Restore the compile cache (actions/cache, saved at job end)" in run.log
+    assert server.keys() == [run.outputs()["key"]]  # act only: GitHub skips this save
+
+
+def test_inside_a_users_composite_action(act: Act, server: CacheServer) -> None:
+    act.write(
+        ".github/actions/tests/action.yml",
+        f"""\
+name: tests
+description: the user's own composite action that wraps pytest-compilecache
+runs:
+  using: composite
+  steps:
+    - id: compile-cache
+      uses: {ACTION}
+      with:
+        install: "false"
+    - shell: bash
+      run: python -m pytest -q
+""",
+    )
+    steps = (
+        """\
+on: [push]
+jobs:
+  test:
+    runs-on: ubuntu-latest
+    steps:
+      - uses: actions/checkout@v6
+      - id: cc
+        uses: ./.github/actions/tests
+"""
+        + COLLECT
+    )
+    run = act.run(steps, "push")
+    assert run.returncode == 0, run.log[-6000:]
+    keys = server.keys()
+    assert len(keys) == 1 and keys[0].startswith("compilecache-v1-test-")
+
+
+# ---- store: s3
+
+
+@pytest.mark.integration
+def test_s3_store_push_then_pull_request(act: Act, server: CacheServer, s3_bucket: Any) -> None:
+    store = f"s3://{s3_bucket.name}/ci/cache"
+    env = {
+        "AWS_ENDPOINT_URL": s3_bucket.endpoint_url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+
+    def bundles() -> list[str]:
+        listing = s3_bucket.client.list_objects_v2(Bucket=s3_bucket.name, Prefix="ci/cache/")
+        return sorted(item["Key"] for item in listing.get("Contents", []))
+
+    first = act.run(workflow(with_=f"          store: {store}"), "push", env=env)
+    assert_succeeded(first)
+    key = first.outputs()["key"]
+    assert bundles() == [f"ci/cache/{key}.bundle"]
+    pull = act.run(
+        workflow(with_=f"          store: {store}"),
+        "pull_request",
+        env=env,
+        payload={"number": 2, "pull_request": {"base": {"ref": "main"}}},
+    )
+    assert_succeeded(pull)
+    assert (pull.outputs()["restore-outcome"], pull.outputs()["matched-key"]) == ("partial", key)
+    assert totals(pull)["misses"] == 0
+    assert bundles() == [f"ci/cache/{key}.bundle"]
+    assert server.requests == []  # actions/cache was never involved
