@@ -24,6 +24,10 @@ processes, so the plugin writes the new bundle at the end of the pytest step; se
 
 Exit codes: 0 done, including a restore that failed (one ``::warning::``, the tests compile cold);
 2 an input is invalid (one ``::error::`` naming the input: configuration errors fail fast).
+
+Everything this file writes for the runner (workflow commands, ``GITHUB_OUTPUT``, ``GITHUB_ENV``, the
+step summary) goes through :mod:`pytest_compilecache.ghrunner`, escaped, as the plugin's and the CLI's
+output does. ``action`` is a typed package: tests import ``action.main`` like any module.
 """
 
 from __future__ import annotations
@@ -33,15 +37,38 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
 from dataclasses import asdict
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 from typing import Any
 from typing import Callable
 from typing import Mapping
 from typing import Sequence
+
+if TYPE_CHECKING:
+    from pytest_compilecache.sync import RestoreResult
+
+
+def _load_ghrunner() -> ModuleType:
+    """The runner I/O module: the installed plugin's, or, for the ``install`` step that runs before the
+    plugin is installed, the Action's own copy (``ghrunner.py`` needs only the standard library)."""
+    try:
+        from pytest_compilecache import ghrunner
+    except ImportError:
+        import importlib.util
+
+        path = Path(__file__).resolve().parents[1] / "pytest_compilecache" / "ghrunner.py"
+        spec = importlib.util.spec_from_file_location("_compilecache_ghrunner", path)
+        assert spec is not None and spec.loader is not None
+        ghrunner = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(ghrunner)
+    return ghrunner
+
+
+ghrunner = _load_ghrunner()
 
 GITHUB_STORE = "github"
 ENV_PREFIX = "PYTEST_COMPILECACHE_"
@@ -378,15 +405,15 @@ class CacheSteps:
         return None
 
 
-def restore(plan: Plan, environ: Mapping[str, str]) -> dict[str, Any]:
-    """Restore into ``plan.cache_dir``; never raises. Returns ``sync.Transfer.to_json()`` (outcome...).
+def restore(plan: Plan, environ: Mapping[str, str]) -> RestoreResult:
+    """Restore into ``plan.cache_dir``; never raises.
 
     Outcomes: ``exact``, ``partial``, ``miss`` (no entry) or ``error`` (trouble: the tests compile cold).
     """
     from pytest_compilecache import sync
 
     if plan.transfer == "none":
-        return sync.Transfer("miss", message=plan.why).to_json()
+        return sync.RestoreResult("miss", message=plan.why)
     try:
         from pytest_compilecache.fingerprint import Fingerprint
         from pytest_compilecache.probe import point_cache_dir
@@ -397,17 +424,17 @@ def restore(plan: Plan, environ: Mapping[str, str]) -> dict[str, Any]:
             staged = stage_bundles(Path(plan.staging), Path(plan.inbox))
             trouble = CacheSteps.from_env(environ).trouble(bool(staged))
             if trouble:
-                return sync.Transfer("error", message=trouble).to_json()
+                return sync.RestoreResult("error", message=trouble)
             if not staged:
                 message = f"actions/cache found no entry under {plan.restore_prefix}"
-                return sync.Transfer("miss", message=message).to_json()
+                return sync.RestoreResult("miss", message=message)
             store = open_store(plan.inbox, readonly=True)
         else:
             endpoint = environ.get(ENV_PREFIX + "S3_ENDPOINT")
             options = {"endpoint_url": endpoint} if endpoint and plan.store.startswith("s3://") else {}
             store = open_store(plan.store, readonly=True, **options)
         signing_key = environ.get(SIGNING_KEY_ENV, "")
-        result = sync.restore(
+        return sync.restore(
             store,
             prefix=plan.prefix,
             fingerprint=Fingerprint.from_json(plan.fingerprint),
@@ -415,50 +442,55 @@ def restore(plan: Plan, environ: Mapping[str, str]) -> dict[str, Any]:
             signing_key=signing_key.encode() if signing_key else None,
             exact_key=plan.key,
         )
-        return result.to_json()
     except Exception as exc:  # cache trouble never fails the job: anything here becomes one warning
-        return sync.Transfer("error", message=f"restore failed: {type(exc).__name__}: {exc}").to_json()
+        return sync.RestoreResult("error", message=f"restore failed: {type(exc).__name__}: {exc}")
     finally:
         shutil.rmtree(plan.inbox, ignore_errors=True)
 
 
-def restore_outputs(result: Mapping[str, Any]) -> dict[str, str]:
-    outcome = result.get("outcome")
-    return {
-        "restore-outcome": outcome if outcome in ("exact", "partial", "error") else "miss",
-        "cache-hit": str(outcome == "exact").lower(),
-        "matched-key": str(result.get("key") or "") if outcome in ("exact", "partial") else "",
-    }
+def restore_outputs(result: RestoreResult) -> dict[str, str]:
+    """The step outputs, as the CLI's ``restore --github-output`` writes them (one mapping for both)."""
+    from pytest_compilecache.sync import restore_outputs as outputs
+
+    return outputs(result)
 
 
-def restore_markdown(plan: Plan, result: Mapping[str, Any]) -> str:
-    """The step summary's short restore section; the plugin appends its own report after the tests."""
+def restore_markdown(plan: Plan, result: RestoreResult) -> str:
+    """The step summary's short restore section; the plugin appends its own report after the tests.
+
+    Every value that did not come from this file (keys, messages, the store URL) is escaped.
+    """
     from pytest_compilecache.report import human_size
 
-    outcome = result.get("outcome", "?")
+    md_code, md_text = ghrunner.md_code, ghrunner.md_text
+    outcome = result.outcome
     where = {
         "github": "GitHub Actions cache (`actions/cache`)",
-        "direct": f"`{plan.store}`",
+        "direct": md_code(plan.store),
         "none": f"none (mode {plan.mode})",
     }[plan.transfer]
     if outcome in ("exact", "partial"):
         restored = (
-            f"{outcome}: `{result.get('key')}`, {human_size(result.get('size'))} in "
-            f"{float(result.get('seconds') or 0):.1f} s, {result.get('files', 0)} files"
+            f"{outcome}: {md_code(result.key or '')}, {human_size(result.size)} in "
+            f"{result.seconds:.1f} s, {result.files} files"
         )
     else:
-        restored = f"{outcome}" + (f": {_cell(str(result['message']))}" if result.get("message") else "")
+        restored = f"{outcome}" + (f": {md_text(result.message)}" if result.message else "")
+    if result.skipped:
+        restored += f"; refused {len(result.skipped)} bad bundle(s): " + md_text(
+            "; ".join(f"{key}: {why}" for key, why in result.skipped)
+        )
     if plan.save and plan.transfer == "github":
         saving = (
-            f"`{plan.key}` if the tests compile something new: actions/cache uploads it at job end if the job succeeds"
+            f"{md_code(plan.key)} if the tests compile something new: actions/cache uploads it at job end if the job succeeds"
         )
         if plan.why == "save: true" and plan.event not in SAVING_EVENTS:
             # GitHub gives untrusted triggers (pull requests from forks...) a read-only cache token.
             saving += f"; {plan.event} runs may get a read-only cache token, and then nothing is saved"
     elif plan.save:
-        saving = f"`{plan.key}` if the tests compile something new, written by the tests into the store"
+        saving = f"{md_code(plan.key)} if the tests compile something new, written by the tests into the store"
     else:
-        saving = f"nothing: {_cell(plan.why)}"
+        saving = f"nothing: {md_text(plan.why)}"
     lines = [
         "### torch.compile cache: restore",
         "",
@@ -467,18 +499,14 @@ def restore_markdown(plan: Plan, result: Mapping[str, Any]) -> str:
         f"| store | {where} |",
         f"| restored | {restored} |",
         f"| saving | {saving} |",
-        f"| fingerprint | `{plan.digest}` (restore prefix `{plan.restore_prefix}`) |",
-        f"| lineage | `{plan.prefix}` (key prefix, job id, matrix leg) |",
+        f"| fingerprint | {md_code(plan.digest)} (restore prefix {md_code(plan.restore_prefix)}) |",
+        f"| lineage | {md_code(plan.prefix)} (key prefix, job id, matrix leg) |",
         "",
     ]
     return "\n".join(lines) + "\n"
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def restored_env(plan: Plan, result: Mapping[str, Any]) -> dict[str, str]:
+def restored_env(plan: Plan, result: RestoreResult) -> dict[str, str]:
     """What the restore tells the plugin in the job's later steps (it runs with ``RESTORE=skip``).
 
     ``PYTEST_COMPILECACHE_RESTORED``: compact JSON ``{"outcome": "exact"|"partial"|"miss"|"error", "key":
@@ -489,10 +517,10 @@ def restored_env(plan: Plan, result: Mapping[str, Any]) -> dict[str, str]:
     """
     if plan.transfer == "none":
         return {}
-    outcome = str(result.get("outcome") or "error")
+    outcome = result.outcome
     env = {
         RESTORED_ENV: json.dumps(
-            {"outcome": outcome, "key": result.get("key"), "message": result.get("message")},
+            {"outcome": outcome, "key": result.key, "message": result.warning or result.message or None},
             separators=(",", ":"),
         )
     }
@@ -501,32 +529,17 @@ def restored_env(plan: Plan, result: Mapping[str, Any]) -> dict[str, str]:
     return env
 
 
-# ---- runner files
+# ---- runner files: everything goes through ghrunner (escaped)
 
 
 def write_vars(path: str | None, values: Mapping[str, str]) -> None:
-    """Append ``NAME=value`` lines to a GITHUB_ENV/GITHUB_OUTPUT file (heredoc form for multi-line values)."""
-    if not path:
-        return
-    with open(path, "a", encoding="utf-8") as fh:
-        for name, value in values.items():
-            if "\n" in value or "\r" in value:
-                delimiter = f"ghadelimiter_{uuid.uuid4().hex}"
-                fh.write(f"{name}<<{delimiter}\n{value}\n{delimiter}\n")
-            else:
-                fh.write(f"{name}={value}\n")
-
-
-def _append(path: str | None, text: str) -> None:
-    if path:
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(text)
+    """Append to a GITHUB_ENV/GITHUB_OUTPUT file: :func:`pytest_compilecache.ghrunner.append_vars`."""
+    ghrunner.append_vars(path, values)
 
 
 def _command(name: str, message: str, title: str = "compile cache") -> None:
-    """A workflow command (``::warning::``...); its message is escaped as the runner expects."""
-    escaped = message.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-    print(f"::{name} title={title}::{escaped}", flush=True)
+    """A workflow command (``::warning::``...), escaped by ghrunner."""
+    ghrunner.write_command(sys.stdout, name, message, title=title)
 
 
 # ---- commands
@@ -621,12 +634,13 @@ def cmd_plan(environ: Mapping[str, str]) -> int:
         )
     fingerprint = collect(salt=key_salt(environ))
     plan = make_plan(environ, fingerprint)
-    print("::group::compile cache fingerprint (what decides reuse)")
+    ghrunner.write_command(sys.stdout, "group", "compile cache fingerprint (what decides reuse)")
     width = max(len(name) for name in plan.fingerprint)
     for name, value in plan.fingerprint.items():
-        print(f"{name:<{width}}  {value}")
+        # A line starting with "::" would be a command: facts are one escaped line, indented.
+        print(f"{ghrunner.one_line(name):<{width}}  {ghrunner.one_line(value)}")
     print(f"{'digest':<{width}}  {plan.digest}")
-    print("::endgroup::")
+    ghrunner.write_command(sys.stdout, "endgroup")
     print(f"key {plan.key}; restore prefix {plan.restore_prefix}; saving: {str(plan.save).lower()} ({plan.why})")
     shutil.rmtree(plan.staging, ignore_errors=True)  # only what actions/cache restores may be there
     if plan.transfer != "none":
@@ -637,7 +651,7 @@ def cmd_plan(environ: Mapping[str, str]) -> int:
     if signing_key:
         for line in signing_key.splitlines():
             if line.strip():
-                print(f"::add-mask::{line}", flush=True)
+                ghrunner.write_command(sys.stdout, "add-mask", line)
         env[SIGNING_KEY_ENV] = signing_key
     write_vars(environ.get("GITHUB_ENV"), env)
     write_vars(environ.get("GITHUB_OUTPUT"), {**step_outputs(plan), "plan": str(temp / PLAN)})
@@ -649,18 +663,18 @@ def cmd_restore(environ: Mapping[str, str]) -> int:
     result = restore(plan, environ)
     outputs = restore_outputs(result)
     for name, value in outputs.items():
-        print(f"{name}={value}")
-    if result.get("outcome") == "error":
-        _command("warning", f"{result.get('message')}; the tests compile cold")
-    elif result.get("outcome") == "miss":
-        print(f"miss: {result.get('message')}")
+        print(f"{name}={ghrunner.one_line(value)}")
+    if result.warning:
+        _command("warning", f"{result.warning}; the tests compile cold" if not result.ok else result.warning)
+    if result.outcome == "miss":
+        print(f"miss: {ghrunner.one_line(result.message)}")
     write_vars(environ.get("GITHUB_OUTPUT"), outputs)
     write_vars(environ.get("GITHUB_ENV"), restored_env(plan, result))
-    if result.get("outcome") == "error" and plan.min_hit_rate:
+    if result.outcome == "error" and plan.min_hit_rate:
         print(f"min-hit-rate {plan.min_hit_rate} is not enforced in this job: the restore failed")
     if plan.summary:
         try:
-            _append(environ.get("GITHUB_STEP_SUMMARY"), restore_markdown(plan, result))
+            ghrunner.append_summary(environ.get("GITHUB_STEP_SUMMARY"), restore_markdown(plan, result))
         except OSError as exc:
             _command("warning", f"could not write the step summary: {exc}")
     return 0

@@ -161,14 +161,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
         signing_key=_signing_key(), exact_key=args.key, max_bytes=args.max_bundle_size,
     )
     done(result.size)
-    _emit(
-        {
-            "restore-outcome": result.outcome,
-            "cache-hit": str(result.outcome == "exact").lower(),
-            "matched-key": (result.key or "") if result.outcome in ("exact", "partial") else "",
-        },
-        args.github_output,
-    )
+    _emit(sync.restore_outputs(result), args.github_output)
     if json_target is not None:
         from ._fs import atomic_file
 

@@ -116,7 +116,7 @@ def append_summary(path: str | os.PathLike[str] | None, markdown: str) -> None:
         fh.write(markdown if markdown.endswith("\n") else markdown + "\n")
 
 
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")
+_MD_SPECIAL = re.compile(r"([\\`*\[\]<>|~])")
 
 
 def md_text(text: str, limit: int = 500) -> str:

@@ -49,7 +49,7 @@ from .probe import CACHE_ENV
 from .stores.base import Store
 from .stores.base import prune
 
-__all__ = ["MAX_CANDIDATES", "RestoreResult", "SaveResult", "restore", "save"]
+__all__ = ["MAX_CANDIDATES", "RestoreResult", "SaveResult", "restore", "restore_outputs", "save"]
 
 MAX_CANDIDATES = 3
 RestoreOutcome = Literal["exact", "partial", "miss", "error"]
@@ -139,8 +139,16 @@ class SaveResult:
         }
 
 
-Transfer = RestoreResult
-"""Deprecated alias kept while callers move to :class:`RestoreResult`."""
+def restore_outputs(result: RestoreResult) -> dict[str, str]:
+    """What a restore reports to a CI job's later steps (the CLI's ``--github-output`` and the Action):
+    ``restore-outcome`` (exact, partial, miss or error), ``cache-hit`` (``true`` only for the exact key) and
+    ``matched-key`` (the restored key; empty unless something was restored)."""
+    restored = result.outcome in ("exact", "partial")
+    return {
+        "restore-outcome": result.outcome,
+        "cache-hit": str(result.outcome == "exact").lower(),
+        "matched-key": (result.key or "") if restored else "",
+    }
 
 
 def _load_with_torch(blob: bytes) -> Mapping[str, int]:

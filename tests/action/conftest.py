@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -19,15 +17,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def load_action_module() -> ModuleType:
-    """action/main.py is a script, not a package module: load it by path, once."""
-    name = "compilecache_action_main"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "action" / "main.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """The Action's Python: the ``action`` package (the repository root is on ``pythonpath``)."""
+    from action import main
+
+    return main
 
 
 def parse_vars(text: str) -> dict[str, str]:
@@ -53,10 +46,6 @@ def parse_vars(text: str) -> dict[str, str]:
         else:
             raise ValueError(f"malformed line in a runner file: {line!r}")
     return values
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "action: runs workflows through nektos/act (select with -m action)")
 
 
 @pytest.fixture

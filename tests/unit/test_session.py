@@ -74,7 +74,7 @@ def test_hit_rate_guard(tmp_path: Path) -> None:
 @pytest.mark.parametrize("strict", [False, True])
 def test_a_failed_restore_never_fails_the_guard_unless_strict(tmp_path: Path, strict: bool) -> None:
     controller = _controller(tmp_path, min_hit_rate=0.9, strict=strict)
-    controller.restored = sync.Transfer("error", message="restore failed: store down")
+    controller.restored = sync.RestoreResult("error", message="restore failed: store down")
     controller.stats.add_record(_record("t::a", miss=2))
     controller._check_hit_rate()
     assert bool(controller.problems.errors) is strict
@@ -123,7 +123,7 @@ def test_restore_setup_trouble_is_one_warning(tmp_path: Path) -> None:
 
 def test_save_is_skipped_when_every_graph_hit_a_restored_cache(tmp_path: Path) -> None:
     controller = _controller(tmp_path, store=str(tmp_path / "store"))
-    controller.restored = sync.Transfer("partial", key="k")
+    controller.restored = sync.RestoreResult("partial", key="k")
     controller.stats.add_record(_record("t::a", hit=3))
     controller._save()
     assert controller.saved is not None and controller.saved.outcome == "skipped"
@@ -182,7 +182,7 @@ def test_step_summary_goes_through_the_escaping_renderer(tmp_path: Path, monkeyp
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     controller = _controller(tmp_path)
-    controller.restored = sync.Transfer("miss", message="newest differs in: x\n</details><script>alert(1)</script>|")
+    controller.restored = sync.RestoreResult("miss", message="newest differs in: x\n</details><script>alert(1)</script>|")
     controller.stats.add_record(_record("t::a|b", miss=1))
     controller._write_step_summary()
     text = summary.read_text()
