@@ -154,7 +154,9 @@ def find_used(directory: Path, since: float, installed: Iterable[str] = ()) -> l
 
     Not found: a header that was on this machine before the session and that no kernel build read (a warm
     persistent machine): then this bundle names no header, and a fresh runner restoring it builds the header
-    once, as before. Symlinks and names that are not torch's are skipped; a missing dir is an empty list.
+    once, as before. Skipped: symlinks, names that are not torch's, empty files, and headers whose build lock
+    another process holds right now (gcc writes the file in place, and a truncated PCH is a fatal error for
+    every kernel build that includes it, not a fallback). A missing dir is an empty list.
     """
     keep = set(installed)
     found: list[Path] = []
@@ -171,7 +173,8 @@ def find_used(directory: Path, since: float, installed: Iterable[str] = ()) -> l
             continue
         if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
             continue
-        if entry.name in keep or info.st_mtime >= since or info.st_atime >= since:
+        used = entry.name in keep or info.st_mtime >= since or info.st_atime >= since
+        if used and not _being_built(Path(directory), entry.name):
             found.append(Path(entry.path))
     return found
 
@@ -307,7 +310,7 @@ def _build_lock(directory: Path, name: str):  # type: ignore[no-untyped-def]
     locks = directory / "locks"
     try:
         os.makedirs(locks, exist_ok=True)
-        fd = os.open(locks / (name.split(".", 1)[0] + ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        fd = os.open(locks / _lock_name(name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
     except OSError as exc:
         raise HeaderError(f"cannot lock {name}: {exc.strerror or exc}") from None
     try:
@@ -324,6 +327,26 @@ def _build_lock(directory: Path, name: str):  # type: ignore[no-untyped-def]
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _being_built(directory: Path, name: str) -> bool:
+    """True when torch's build lock for this header exists and another process holds it (never creates it)."""
+    try:
+        fd = os.open(directory / "locks" / _lock_name(name), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False  # no lock file: torch never started building this header here
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the probe's own lock, if it got one
+    return False
+
+
+def _lock_name(name: str) -> str:
+    # torch: os.path.join(_HEADER_LOCK_DIR, f"{header_hash}.lock"); header_hash is the name before ".h".
+    return name.split(".", 1)[0] + ".lock"
 
 
 def _copy_verified(artifact: HeaderArtifact, compressed: BinaryIO, out: BinaryIO) -> None:

@@ -88,6 +88,15 @@ def test_find_used_picks_built_read_and_installed_headers(tmp_path: Path) -> Non
     assert headers.find_used(tmp_path, since, installed=[installed.name]) == [built, installed, read]
 
 
+def test_find_used_skips_a_header_being_built(tmp_path: Path) -> None:
+    path = make_header(tmp_path)
+    (tmp_path / "locks").mkdir()
+    with open(tmp_path / "locks" / (NAME.split(".")[0] + ".lock"), "w") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # torch's FileLock while gcc writes the file in place
+        assert headers.find_used(tmp_path, 0.0) == []
+    assert headers.find_used(tmp_path, 0.0) == [path]
+
+
 def test_find_used_on_a_missing_dir(tmp_path: Path) -> None:
     assert headers.find_used(tmp_path / "absent", 0.0) == []
 
