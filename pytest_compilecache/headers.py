@@ -51,7 +51,9 @@ import stat
 import tempfile
 import time
 from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 from typing import BinaryIO
 from typing import Iterable
@@ -60,6 +62,9 @@ from typing import Mapping
 import zstandard
 
 from ._fs import atomic_file
+
+if TYPE_CHECKING:
+    from .stores.base import Store
 
 __all__ = [
     "KIND",
@@ -72,6 +77,8 @@ __all__ = [
     "install",
     "is_header_name",
     "object_key",
+    "restore_headers",
+    "save_headers",
     "session_start",
 ]
 
@@ -264,6 +271,90 @@ def object_key(prefix: str, sha256: str) -> str:
     if not _KEY_CHARS.fullmatch(key):
         raise ValueError(f"store keys allow only [A-Za-z0-9._-]: {prefix!r}")
     return key
+
+
+@dataclass
+class HeaderTransfer:
+    """What :func:`save_headers` or :func:`restore_headers` did, for the report; ``errors`` are warning lines."""
+
+    artifacts: list[HeaderArtifact] = field(default_factory=list)
+    transferred: list[str] = field(default_factory=list)  # names uploaded (save) or installed (restore)
+    errors: list[str] = field(default_factory=list)
+
+
+def save_headers(
+    store: Store, prefix: str, since: float, installed: Iterable[str], scratch: Path, directory: Path | None = None
+) -> HeaderTransfer:
+    """Controller, at session end: describe the headers the session used and upload those the store lacks.
+
+    ``artifacts`` are what the bundle manifest must name (``[a.to_json() for a in artifacts]``); a header that
+    could not be read or uploaded is left out of it with one line in ``errors``, never failing the save.
+    Each upload is one zstd object under :func:`object_key`, skipped when the store already has that key
+    (content-addressed: once per store). ``scratch`` is a private temp dir of the caller's.
+    """
+    result = HeaderTransfer()
+    for path in find_used(directory or header_dir(), since, installed):
+        try:
+            artifact = describe(path)
+            key = object_key(prefix, artifact.sha256)
+            if not any(entry.key == key for entry in store.list(key)):
+                packed = scratch / key
+                try:
+                    with open(packed, "wb") as out:
+                        compress(path, out, artifact)
+                    store.put(key, packed)
+                finally:
+                    with contextlib.suppress(OSError):
+                        packed.unlink()
+                result.transferred.append(artifact.name)
+            result.artifacts.append(artifact)
+        except Exception as exc:  # a store or file problem costs this header, not the save
+            result.errors.append(f"precompiled header {path.name} not saved: {_one_line(exc)}")
+    return result
+
+
+def restore_headers(
+    store: Store, prefix: str, entries: Iterable[Mapping[str, Any]], scratch: Path, directory: Path | None = None
+) -> HeaderTransfer:
+    """Controller, at session start, before any test: install the headers a verified manifest names.
+
+    ``entries`` are the manifest's artifacts (other kinds are ignored); the manifest must already be verified
+    (checksums, signature), since its sha256 is what every downloaded byte is checked against. A header
+    already present is not downloaded. Every failure (a bad entry, a store miss, content that does not match)
+    is one line in ``errors`` and leaves the header dir as it was: torch then builds the header itself.
+    ``transferred`` lists the installed names; ``artifacts`` every valid entry, installed or already present:
+    pass ``[a.name for a in result.artifacts]`` to :func:`find_used` as ``installed`` at session end, so the
+    next bundle names them again even though no kernel build read them.
+    """
+    result = HeaderTransfer()
+    target = directory or header_dir()
+    for entry in entries:
+        if entry.get("kind") != KIND:
+            continue
+        try:
+            artifact = HeaderArtifact.from_json(entry)
+            result.artifacts.append(artifact)
+            if os.path.lexists(target / artifact.name):
+                continue
+            key = object_key(prefix, artifact.sha256)
+            packed = scratch / key
+            try:
+                if not store.get(key, packed):
+                    raise HeaderError(f"{key} is not in the store")
+                with open(packed, "rb") as fh:
+                    if install(artifact, fh, target):
+                        result.transferred.append(artifact.name)
+            finally:
+                with contextlib.suppress(OSError):
+                    packed.unlink()
+        except Exception as exc:  # infrastructure trouble: torch builds the header as it would without us
+            result.errors.append(f"precompiled header {entry.get('name')!r} not restored: {_one_line(exc)}")
+    return result
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if not isinstance(exc, HeaderError) else text
 
 
 # --------------------------------------------------------------------------- internals

@@ -232,3 +232,49 @@ def test_object_keys_are_content_addressed_and_store_safe() -> None:
         headers.object_key("p", "../" + digest)
     with pytest.raises(ValueError, match=r"\[A-Za-z0-9._-\]"):
         headers.object_key("a/b", digest)
+
+
+def test_save_then_restore_through_a_store(tmp_path: Path) -> None:
+    from pytest_compilecache.stores.local import LocalStore
+
+    store = LocalStore(tmp_path / "store")
+    machine = headers.header_dir(tmp_path / "a")
+    content = os.urandom(1 << 16) * 8
+    make_header(machine, content=content)
+    (tmp_path / "scratch").mkdir()
+    saved = headers.save_headers(store, "pfx", time.time() - 60, [], tmp_path / "scratch", machine)
+    assert (saved.transferred, saved.errors) == ([NAME], [])
+    key = headers.object_key("pfx", saved.artifacts[0].sha256)
+    assert [entry.key for entry in store.list("pfx")] == [key]
+    again = headers.save_headers(store, "pfx", time.time() - 60, [], tmp_path / "scratch", machine)
+    assert (again.artifacts, again.transferred) == (saved.artifacts, [])  # once per store
+
+    (tmp_path / "b").mkdir()  # the fresh machine's TMPDIR
+    fresh = headers.header_dir(tmp_path / "b")
+    entries = [a.to_json() for a in saved.artifacts] + [{"kind": "cpp-so", "name": "x.so"}]
+    restored = headers.restore_headers(store, "pfx", entries, tmp_path / "scratch", fresh)
+    assert (restored.transferred, restored.errors) == ([NAME], [])
+    assert (fresh / NAME).read_bytes() == content
+    present = headers.restore_headers(store, "pfx", entries, tmp_path / "scratch", fresh)
+    assert (present.artifacts, present.transferred, present.errors) == (saved.artifacts, [], [])
+    assert list((tmp_path / "scratch").iterdir()) == []
+
+
+def test_restore_problems_are_warning_lines_and_change_nothing(tmp_path: Path) -> None:
+    from pytest_compilecache.stores.local import LocalStore
+
+    store = LocalStore(tmp_path / "store")
+    (tmp_path / "scratch").mkdir()
+    artifact, buf = packed(make_header(tmp_path / "a"))
+    (tmp_path / "b").mkdir()
+    fresh = headers.header_dir(tmp_path / "b")
+    missing = headers.restore_headers(store, "pfx", [artifact.to_json()], tmp_path / "scratch", fresh)
+    assert missing.transferred == [] and len(missing.errors) == 1 and "not in the store" in missing.errors[0]
+    other = tmp_path / "other.zst"
+    other.write_bytes(zstandard.ZstdCompressor().compress(b"tampered"))
+    store.put(headers.object_key("pfx", artifact.sha256), other)
+    tampered = headers.restore_headers(store, "pfx", [artifact.to_json()], tmp_path / "scratch", fresh)
+    assert tampered.transferred == [] and "does not match" in tampered.errors[0]
+    bad = headers.restore_headers(store, "pfx", [{**artifact.to_json(), "name": "../x.h.gch"}], tmp_path, fresh)
+    assert "not a precompiled-header name" in bad.errors[0]
+    assert not (fresh / NAME).exists()
