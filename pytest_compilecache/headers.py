@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import getpass
 import hashlib
 import os
@@ -70,6 +69,7 @@ __all__ = [
     "KIND",
     "HeaderArtifact",
     "HeaderError",
+    "HeaderTransfer",
     "compress",
     "describe",
     "find_used",
@@ -165,6 +165,8 @@ def find_used(directory: Path, since: float, installed: Iterable[str] = ()) -> l
     another process holds right now (gcc writes the file in place, and a truncated PCH is a fatal error for
     every kernel build that includes it, not a fallback). A missing dir is an empty list.
     """
+    if os.name == "nt":  # torch precompiles no header on Windows (codecache asserts it)
+        return []
     keep = set(installed)
     found: list[Path] = []
     try:
@@ -244,6 +246,8 @@ def install(artifact: HeaderArtifact, compressed: BinaryIO, directory: Path) -> 
     """
     if not is_header_name(artifact.name) or artifact.kind != KIND:
         raise HeaderError(f"not a precompiled-header artifact: {artifact.name!r}")
+    if os.name == "nt":
+        raise HeaderError("torch precompiles no header on Windows")
     _ensure_dir(directory)
     dest = directory / artifact.name
     if os.path.lexists(dest):
@@ -398,6 +402,8 @@ def _build_lock(directory: Path, name: str):  # type: ignore[no-untyped-def]
 
     Yields False when torch holds it: torch is building this very header and will publish it itself.
     """
+    import fcntl  # POSIX only, like torch's precompiled headers
+
     locks = directory / "locks"
     try:
         os.makedirs(locks, exist_ok=True)
@@ -422,6 +428,8 @@ def _build_lock(directory: Path, name: str):  # type: ignore[no-untyped-def]
 
 def _being_built(directory: Path, name: str) -> bool:
     """True when torch's build lock for this header exists and another process holds it (never creates it)."""
+    import fcntl  # POSIX only, like torch's precompiled headers
+
     try:
         fd = os.open(directory / "locks" / _lock_name(name), os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
