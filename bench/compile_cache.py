@@ -35,6 +35,7 @@ import argparse
 import io
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -97,12 +98,17 @@ def run_pytest(
         *args,
     ]
     started = time.perf_counter()
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True)
     seconds = time.perf_counter() - started
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
         raise SystemExit(f"pytest failed in scenario {args}")
     data = json.loads(report.read_text()) if report.exists() else {}
+    # CPU seconds of pytest and everything it waited for (g++ included): far less sensitive than wall time to
+    # other load on a shared machine.
+    data["_cpu"] = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
     if TRACE_DIR is not None:
         data["_trace"] = classify(trace)
     return seconds, data
@@ -347,22 +353,32 @@ def main() -> int:
         rows = [] if args.no_growth else growth(suite, tmp)
     extra = results.pop("_extra")
     warm = median([seconds for seconds, _ in results["warm"]])
+    warm_cpu = median([data["_cpu"] for _, data in results["warm"]])
     load_after = os.getloadavg()
     print(f"suite: {suite}  (python {sys.version.split()[0]}, {os.cpu_count()} cpus, {args.rounds} rounds)")
     print(f"load average: {load[0]:.1f} before, {load_after[0]:.1f} after")
-    print(f"{'scenario':<23} {'median s':>8} {'x warm':>7} {'min s':>7} {'max s':>7}  hits/misses")
+    print(
+        f"{'scenario':<23} {'median s':>8} {'x warm':>7} {'min s':>7} {'max s':>7} {'cpu s':>7} {'cpu x warm':>10}"
+        "  hits/misses"
+    )
     summary = {}
     for name, runs in results.items():
         times = [seconds for seconds, _ in runs]
         mid = median(times)
+        cpu = median([data["_cpu"] for _, data in runs])
         summary[name] = {
             "seconds": [round(t, 3) for t in times],
             "median": round(mid, 3),
             "ratio_to_warm": round(mid / warm, 3),
+            "cpu_seconds": [round(data["_cpu"], 3) for _, data in runs],
+            "cpu_ratio_to_warm": round(cpu / warm_cpu, 3),
             "totals": runs[-1][1].get("totals"),
             "compiler": runs[-1][1].get("_trace"),
         }
-        print(f"{name:<23} {mid:8.2f} {mid / warm:7.2f} {min(times):7.2f} {max(times):7.2f}  {misses(runs[-1][1])}")
+        print(
+            f"{name:<23} {mid:8.2f} {mid / warm:7.2f} {min(times):7.2f} {max(times):7.2f} {cpu:7.2f} "
+            f"{cpu / warm_cpu:10.2f}  {misses(runs[-1][1])}"
+        )
     restores = [(r[1].get("restore") or {}).get("seconds", 0.0) for r in results["restored-fresh"]]
     save = results["cold"][0][1].get("save") or {}
     hdr = extra["headers"]
