@@ -268,6 +268,9 @@ def object_key(prefix: str, sha256: str) -> str:
 
     Content-addressed, so a save uploads it only when the store lacks the key and every bundle naming the same
     bytes shares it. Raises ValueError for a prefix or digest a store key cannot hold (``[A-Za-z0-9._-]``).
+    ``artifact`` is not a hex word, so no such key starts with a bundle's ``<prefix>-<hex digest>`` restore
+    prefix; but a listing or prune over the bare ``<prefix>`` sees these objects too: prune bundles by their
+    own prefix, and drop an artifact only when no kept bundle's manifest names its sha256.
     """
     if not _SHA256.fullmatch(sha256):
         raise ValueError(f"not a sha256 hex digest: {sha256!r}")
