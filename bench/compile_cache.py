@@ -11,6 +11,16 @@ as a new CI runner does, and so rebuild that header (seconds of g++, whatever th
 * restored-fresh - the same on a fresh machine (the CI case)
 * megacache - fresh machine, an empty dir into which only torch's mega-cache blobs are loaded (no kernels)
 * wholedir  - fresh machine, the cold run's whole cache dir archived (tar + zstd) and unpacked
+* restored-fresh+headers - restored-fresh, after the precompiled headers the cold run used were carried to
+  the fresh machine the way the product does (``pytest_compilecache.headers``: find_used, describe, compress
+  to a content-addressed object in the store, download, install into torch's header dir under the new TMPDIR)
+
+``--rounds N`` repeats warm, restored, restored-fresh, restored-fresh+headers and wholedir N times in a
+rotating order (load drifting on a shared machine then touches all of them alike) and reports the median.
+``--trace-compiler`` puts ``g++`` and ``openssl`` shims first on PATH (same names, so torch's command lines and
+kernel keys do not change) and reports, per scenario, how many of each kind of compiler call ran and their
+seconds: header preprocessing (``g++ -E``), header builds, kernel builds, other builds (ISA probes, links),
+compiler version queries and ``openssl sha512``. That is what a fresh runner still pays that a warm one does not.
 
 Then a growth series: five runs in which the tested code changes, sharing one cache dir and one store;
 the newest bundle's size against the whole dir's archive size after each run.
@@ -25,6 +35,7 @@ import argparse
 import io
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -35,12 +46,29 @@ from pathlib import Path
 
 import zstandard
 
+from pytest_compilecache import headers
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+TRACE_DIR: Path | None = None  # the compiler shims' dir when --trace-compiler is on
+
+SHIM = """#!/bin/sh
+# A benchmark shim: time one call of the real tool and log it, then exit with its status.
+tool=$(basename "$0")
+PATH=$COMPILECACHE_BENCH_REALPATH
+export PATH
+start=$(date +%s.%N)
+"$tool" "$@"
+status=$?
+end=$(date +%s.%N)
+printf '%s %s %s %s\\n' "$tool" "$start" "$end" "$*" >> "$COMPILECACHE_BENCH_TRACE"
+exit $status
+"""
 
 
-def run_pytest(suite: Path, tmp: Path, *args: str, env: dict[str, str] | None = None,
-               machine: Path | None = None) -> tuple[float, dict]:
+def run_pytest(
+    suite: Path, tmp: Path, *args: str, env: dict[str, str] | None = None, machine: Path | None = None
+) -> tuple[float, dict]:
     """Run the suite once; return wall seconds and the plugin's JSON report (empty for eager).
 
     ``machine`` is the TMPDIR to use (same machine); None gives a fresh one (a fresh machine).
@@ -49,16 +77,112 @@ def run_pytest(suite: Path, tmp: Path, *args: str, env: dict[str, str] | None = 
     scratch = machine or Path(tempfile.mkdtemp(prefix="tmpdir-", dir=tmp))
     full_env = {**os.environ, "TMPDIR": str(scratch), **(env or {})}
     full_env.pop("TORCHINDUCTOR_CACHE_DIR", None)
-    cmd = [PY, "-m", "pytest", str(suite), "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-           f"--compile-cache-json={report}", *args]
+    trace = tmp / f"trace-{time.monotonic_ns()}.log"
+    if TRACE_DIR is not None:
+        full_env.update(
+            PATH=f"{TRACE_DIR}:{os.environ['PATH']}",
+            COMPILECACHE_BENCH_REALPATH=os.environ["PATH"],
+            COMPILECACHE_BENCH_TRACE=str(trace),
+        )
+    cmd = [
+        PY,
+        "-m",
+        "pytest",
+        str(suite),
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        f"--compile-cache-json={report}",
+        *args,
+    ]
     started = time.perf_counter()
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True)
     seconds = time.perf_counter() - started
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
         raise SystemExit(f"pytest failed in scenario {args}")
     data = json.loads(report.read_text()) if report.exists() else {}
+    # CPU seconds of pytest and everything it waited for (g++ included): far less sensitive than wall time to
+    # other load on a shared machine.
+    data["_cpu"] = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
+    if TRACE_DIR is not None:
+        data["_trace"] = classify(trace)
     return seconds, data
+
+
+def classify(trace: Path) -> dict[str, list[float]]:
+    """Compiler calls of one run by kind: [count, seconds] each (see the module docstring)."""
+    kinds: dict[str, list[float]] = {}
+    lines = trace.read_text().splitlines() if trace.exists() else []
+    for line in lines:
+        tool, start, end, args = (line.split(" ", 3) + [""])[:4]
+        if tool == "openssl":
+            kind = "openssl sha512"
+        elif args.startswith(("-v", "--version")):
+            kind = "g++ version"
+        elif " -E " in f" {args} ":
+            kind = "header preprocess"
+        elif "-x c++-header" in args:
+            kind = "header build"
+        elif ".main.cpp" in args or ".optimized.cpp" in args or ".main.o" in args:
+            kind = "kernel build"
+        else:
+            kind = "other build"
+        entry = kinds.setdefault(kind, [0, 0.0])
+        entry[0] += 1
+        entry[1] += float(end) - float(start)
+    return kinds
+
+
+def make_shims(tmp: Path) -> Path:
+    shims = tmp / "shims"
+    shims.mkdir()
+    for tool in ("g++", "openssl"):
+        (shims / tool).write_text(SHIM)
+        (shims / tool).chmod(0o755)
+    return shims
+
+
+def carry_headers(machine: Path, objects: Path, since: float) -> tuple[list[headers.HeaderArtifact], dict]:
+    """Upload the headers the cold run used on ``machine`` as content-addressed objects (once each)."""
+    started = time.perf_counter()
+    artifacts = []
+    for path in headers.find_used(headers.header_dir(machine), since):
+        artifact = headers.describe(path)
+        key = objects / headers.object_key("bench", artifact.sha256)
+        if not key.exists():  # content-addressed: a store that has it needs no upload
+            tmp_key = key.with_suffix(".partial")
+            with open(tmp_key, "wb") as out:
+                headers.compress(path, out, artifact)
+            os.replace(tmp_key, key)
+        artifacts.append(artifact)
+    info = {
+        "count": len(artifacts),
+        "raw": sum(a.size for a in artifacts),
+        "compressed": sum((objects / headers.object_key("bench", a.sha256)).stat().st_size for a in artifacts),
+        "upload_s": time.perf_counter() - started,
+    }
+    return artifacts, info
+
+
+def install_headers(artifacts: list[headers.HeaderArtifact], objects: Path, fresh: Path) -> dict:
+    """Download each object (a local copy stands in for the transfer) and install it under ``fresh``."""
+    started = time.perf_counter()
+    downloads = fresh / "downloads"
+    downloads.mkdir()
+    for artifact in artifacts:
+        key = headers.object_key("bench", artifact.sha256)
+        shutil.copyfile(objects / key, downloads / key)
+    downloaded = time.perf_counter()
+    for artifact in artifacts:
+        with open(downloads / headers.object_key("bench", artifact.sha256), "rb") as fh:
+            headers.install(artifact, fh, headers.header_dir(fresh))
+    shutil.rmtree(downloads)
+    return {"download_s": downloaded - started, "install_s": time.perf_counter() - downloaded}
 
 
 def load_blobs_only(bundle_path: Path, cache_dir: Path) -> None:
@@ -74,6 +198,7 @@ def load_blobs_only(bundle_path: Path, cache_dir: Path) -> None:
 
 
 def archive(directory: Path, dest: Path) -> int:
+    """tar + zstd -10 of a whole dir, as a cache-the-dir workflow would upload it; returns the byte count."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         tar.add(directory, arcname=".")
@@ -96,28 +221,73 @@ def misses(data: dict) -> str:
     return f"{totals.get('hits', '-')}/{totals.get('misses', '-')}"
 
 
-def scenarios(suite: Path, tmp: Path) -> dict:
-    store, cold_dir = tmp / "store", tmp / "cold-dir"
+def scenarios(suite: Path, tmp: Path, rounds: int, megacache: bool) -> dict:
+    store, cold_dir, objects = tmp / "store", tmp / "cold-dir", tmp / "objects"
     machine = tmp / "machine-a"
     machine.mkdir()
-    out: dict = {}
-    out["eager"] = run_pytest(suite, tmp, env={"TORCH_COMPILE_DISABLE": "1"})
-    out["cold"] = run_pytest(suite, tmp, "--compile-cache=shared", f"--compile-cache-dir={cold_dir}",
-                             f"--compile-cache-store={store}", machine=machine)
+    objects.mkdir()
+    out: dict = {"eager": [run_pytest(suite, tmp, env={"TORCH_COMPILE_DISABLE": "1"})]}
+    since = headers.session_start()
+    out["cold"] = [
+        run_pytest(
+            suite,
+            tmp,
+            "--compile-cache=shared",
+            f"--compile-cache-dir={cold_dir}",
+            f"--compile-cache-store={store}",
+            machine=machine,
+        )
+    ]
     bundle_path = newest_bundle(store)
     whole = tmp / "whole.tar.zst"
-    out["_sizes"] = {"bundle": bundle_path.stat().st_size, "wholedir": archive(cold_dir, whole)}
-    out["warm"] = run_pytest(suite, tmp, "--compile-cache=shared", f"--compile-cache-dir={cold_dir}",
-                             machine=machine)
+    started = time.perf_counter()
+    whole_size = archive(cold_dir, whole)
+    archive_s = time.perf_counter() - started
+    artifacts, carried = carry_headers(machine, objects, since)
+    extra: dict = {"bundle": bundle_path.stat().st_size, "wholedir": whole_size, "wholedir_pack_s": archive_s}
+    extra["headers"] = carried
+    extra["headers"]["installs"] = []
+    extra["wholedir_unpack_s"] = []
     restore_args = ("--compile-cache=isolated", f"--compile-cache-store={store}", "--compile-cache-readonly")
-    out["restored"] = run_pytest(suite, tmp, *restore_args, machine=machine)
-    out["restored-fresh"] = run_pytest(suite, tmp, *restore_args)
-    mega_dir = tmp / "mega-dir"
-    load_blobs_only(bundle_path, mega_dir)
-    out["megacache"] = run_pytest(suite, tmp, "--compile-cache=shared", f"--compile-cache-dir={mega_dir}")
-    whole_dir = tmp / "whole-dir"
-    unarchive(whole, whole_dir)
-    out["wholedir"] = run_pytest(suite, tmp, "--compile-cache=shared", f"--compile-cache-dir={whole_dir}")
+
+    def warm() -> tuple[float, dict]:
+        return run_pytest(suite, tmp, "--compile-cache=shared", f"--compile-cache-dir={cold_dir}", machine=machine)
+
+    def restored() -> tuple[float, dict]:
+        return run_pytest(suite, tmp, *restore_args, machine=machine)
+
+    def restored_fresh() -> tuple[float, dict]:
+        return run_pytest(suite, tmp, *restore_args)
+
+    def restored_fresh_headers() -> tuple[float, dict]:
+        fresh = Path(tempfile.mkdtemp(prefix="tmpdir-", dir=tmp))
+        extra["headers"]["installs"].append(install_headers(artifacts, objects, fresh))
+        return run_pytest(suite, tmp, *restore_args, machine=fresh)
+
+    def wholedir() -> tuple[float, dict]:
+        target = Path(tempfile.mkdtemp(prefix="whole-dir-", dir=tmp))
+        started = time.perf_counter()
+        unarchive(whole, target)
+        extra["wholedir_unpack_s"].append(time.perf_counter() - started)
+        return run_pytest(suite, tmp, "--compile-cache=shared", f"--compile-cache-dir={target}")
+
+    timed = {
+        "warm": warm,
+        "restored": restored,
+        "restored-fresh": restored_fresh,
+        "restored-fresh+headers": restored_fresh_headers,
+        "wholedir": wholedir,
+    }
+    names = list(timed)
+    for index in range(rounds):
+        order = names[index % len(names) :] + names[: index % len(names)]
+        for name in order:
+            out.setdefault(name, []).append(timed[name]())
+    if megacache:
+        mega_dir = tmp / "mega-dir"
+        load_blobs_only(bundle_path, mega_dir)
+        out["megacache"] = [run_pytest(suite, tmp, "--compile-cache=shared", f"--compile-cache-dir={mega_dir}")]
+    out["_extra"] = extra
     return out
 
 
@@ -136,47 +306,120 @@ def growth(suite: Path, tmp: Path, runs: int = 5) -> list[dict]:
     rows = []
     for index in range(runs):
         copy = variant(suite, tmp / f"variant-{index}", index)
-        seconds, data = run_pytest(copy, tmp, "--compile-cache=shared", f"--compile-cache-dir={shared}",
-                                   f"--compile-cache-store={store}", "--compile-cache-keep-bundles=1")
+        seconds, data = run_pytest(
+            copy,
+            tmp,
+            "--compile-cache=shared",
+            f"--compile-cache-dir={shared}",
+            f"--compile-cache-store={store}",
+            "--compile-cache-keep-bundles=1",
+        )
         bundle_size = newest_bundle(store).stat().st_size
-        rows.append({"run": index + 1, "seconds": round(seconds, 2), "misses": data["totals"]["misses"],
-                     "bundle": bundle_size, "wholedir": archive(shared, tmp / f"growth-{index}.tar.zst")})
+        rows.append(
+            {
+                "run": index + 1,
+                "seconds": round(seconds, 2),
+                "misses": data["totals"]["misses"],
+                "bundle": bundle_size,
+                "wholedir": archive(shared, tmp / f"growth-{index}.tar.zst"),
+            }
+        )
     return rows
 
 
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 def main() -> int:
+    global TRACE_DIR
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--suite", default=str(ROOT / "examples"))
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--rounds", type=int, default=1, help="alternating rounds of the timed scenarios")
     parser.add_argument("--no-growth", action="store_true", help="skip the five-run growth series")
+    parser.add_argument("--no-megacache", action="store_true", help="skip the mega-cache-only scenario")
+    parser.add_argument("--trace-compiler", action="store_true", help="count and time g++ and openssl calls")
     args = parser.parse_args()
     suite = Path(args.suite).resolve()
+    load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="compilecache-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        results = scenarios(suite, tmp)
+        if args.trace_compiler:
+            TRACE_DIR = make_shims(tmp)
+        results = scenarios(suite, tmp, max(1, args.rounds), megacache=not args.no_megacache)
         rows = [] if args.no_growth else growth(suite, tmp)
-    sizes = results.pop("_sizes")
-    warm = results["warm"][0]
-    print(f"suite: {suite}  (python {sys.version.split()[0]}, {os.cpu_count()} cpus)")
-    print(f"{'scenario':<15} {'wall s':>7} {'x warm':>7}  hits/misses")
-    for name, (seconds, data) in results.items():
-        print(f"{name:<15} {seconds:7.2f} {seconds / warm:7.2f}  {misses(data)}")
-    restore = results["restored-fresh"][1].get("restore") or {}
-    save = results["cold"][1].get("save") or {}
-    print(f"bundle {sizes['bundle'] / 1024:.0f} KiB vs whole-dir archive {sizes['wholedir'] / 1024:.0f} KiB; "
-          f"save {save.get('seconds', 0):.2f} s, restore {restore.get('seconds', 0):.2f} s")
+    extra = results.pop("_extra")
+    warm = median([seconds for seconds, _ in results["warm"]])
+    warm_cpu = median([data["_cpu"] for _, data in results["warm"]])
+    load_after = os.getloadavg()
+    print(f"suite: {suite}  (python {sys.version.split()[0]}, {os.cpu_count()} cpus, {args.rounds} rounds)")
+    print(f"load average: {load[0]:.1f} before, {load_after[0]:.1f} after")
+    print(
+        f"{'scenario':<23} {'median s':>8} {'x warm':>7} {'min s':>7} {'max s':>7} {'cpu s':>7} {'cpu x warm':>10}"
+        "  hits/misses"
+    )
+    summary = {}
+    for name, runs in results.items():
+        times = [seconds for seconds, _ in runs]
+        mid = median(times)
+        cpu = median([data["_cpu"] for _, data in runs])
+        summary[name] = {
+            "seconds": [round(t, 3) for t in times],
+            "median": round(mid, 3),
+            "ratio_to_warm": round(mid / warm, 3),
+            "cpu_seconds": [round(data["_cpu"], 3) for _, data in runs],
+            "cpu_ratio_to_warm": round(cpu / warm_cpu, 3),
+            "totals": runs[-1][1].get("totals"),
+            "compiler": runs[-1][1].get("_trace"),
+        }
+        print(
+            f"{name:<23} {mid:8.2f} {mid / warm:7.2f} {min(times):7.2f} {max(times):7.2f} {cpu:7.2f} "
+            f"{cpu / warm_cpu:10.2f}  {misses(runs[-1][1])}"
+        )
+    restores = [(r[1].get("restore") or {}).get("seconds", 0.0) for r in results["restored-fresh"]]
+    save = results["cold"][0][1].get("save") or {}
+    hdr = extra["headers"]
+    installs = hdr["installs"]
+    print(
+        f"bundle {extra['bundle'] / 1024:.0f} KiB: save (pack + upload) {save.get('seconds', 0):.2f} s, "
+        f"restore (download + verify + unpack) {median(restores):.2f} s"
+    )
+    print(
+        f"headers: {hdr['count']} file(s), {hdr['raw'] / 2**20:.1f} MiB raw, {hdr['compressed'] / 2**20:.1f} MiB "
+        f"zstd-3: upload (hash + compress) {hdr['upload_s']:.2f} s, download "
+        f"{median([i['download_s'] for i in installs]):.2f} s, install (decompress + verify) "
+        f"{median([i['install_s'] for i in installs]):.2f} s"
+    )
+    print(
+        f"whole-dir archive {extra['wholedir'] / 1024:.0f} KiB (zstd-10): pack {extra['wholedir_pack_s']:.2f} s, "
+        f"unpack {median(extra['wholedir_unpack_s']):.2f} s"
+    )
+    if args.trace_compiler:
+        print("compiler calls in the last run of each scenario: kind count/seconds")
+        for name, info in summary.items():
+            calls = info["compiler"] or {}
+            text = ", ".join(f"{kind} {int(c)}/{sec:.1f}" for kind, (c, sec) in sorted(calls.items()))
+            print(f"  {name:<23} {text or '-'}")
     if rows:
         print("growth: run  misses  bundle KiB  whole-dir KiB")
         for row in rows:
             bundle_kib, whole_kib = row["bundle"] / 1024, row["wholedir"] / 1024
             print(f"        {row['run']:>3}  {row['misses']:>6}  {bundle_kib:>10.0f}  {whole_kib:>13.0f}")
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "scenarios": {k: {"seconds": round(v[0], 3), "ratio_to_warm": round(v[0] / warm, 3),
-                              "totals": v[1].get("totals")} for k, v in results.items()},
-            "sizes": sizes, "save_seconds": save.get("seconds"), "restore_seconds": restore.get("seconds"),
+        payload = {
+            "suite": str(suite),
+            "rounds": args.rounds,
+            "load": [load[0], load_after[0]],
+            "scenarios": summary,
+            "sizes_and_transfers": extra,
+            "save_seconds": save.get("seconds"),
+            "restore_seconds": restores,
             "growth": rows,
-        }, indent=2) + "\n")
+        }
+        Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
     return 0
 
 

@@ -534,3 +534,20 @@ def uninstall_graph_capture() -> None:
         if wrapped is not None:
             codecache.FxGraphCache.load_with_key = staticmethod(wrapped)
     _graph_capture = None
+
+# --------------------------------------------------------------------------- precompiled headers
+
+
+def precompiled_header_dir() -> str | None:
+    """torch's precompiled-header dir in this process, or None where this torch has none (2.7) or is not loaded.
+
+    Reads ``torch._inductor.codecache._HEADER_DIR`` (2.8-2.15) only when torch already imported that module, so
+    it never costs an import. ``headers.header_dir()`` computes the same path without torch; call this at
+    session end, in each process that compiled, to check that the two agree before carrying headers (a
+    mismatch means a torch that moved the dir: carry nothing rather than the wrong files).
+    """
+    codecache = sys.modules.get("torch._inductor.codecache")
+    if codecache is None or not callable(getattr(codecache, "_precompile_header", None)):
+        return None
+    directory = getattr(codecache, "_HEADER_DIR", None)
+    return directory if isinstance(directory, str) else None
