@@ -3,33 +3,88 @@
 The controller decides the dir once and exports it through environment variables before anything
 imports torch and before xdist starts workers; workers inherit the environment and follow it (they
 find the decision in :data:`SESSION_ENV`, so an ``isolated`` worker never makes a second fresh dir).
+
+What this module may delete, and when (the contract every caller relies on):
+
+* **Ownership.** A dir is *ours* when its ``CACHEDIR.TAG`` carries our signature (we created it with
+  :func:`make_dir` or :func:`decide`); it is *torch's* when it is untagged but every top-level entry is
+  part of torch's cache layout (``fxgraph/``, ``aotautograd/``, the two-character kernel dirs holding
+  torch's hash-named files, ``triton/``, ...: see :func:`ownership`) or one of our own markers. Anything
+  else that is not empty is *foreign*. Nothing here ever deletes a file in a foreign dir, nor a file
+  outside torch's layout in torch's dir; an isolated dir is removed at the end only when it is ours.
+* **A foreign ``--compile-cache-dir`` is refused at start-up** (:class:`ConfigError` naming the option),
+  in ``shared`` mode: a project root, ``$HOME``, ``/tmp`` or a workspace would otherwise get torch's
+  kernel dirs sprayed among the user's files and could never be trimmed. ``isolated`` mode only creates
+  a fresh tagged dir inside the given parent, so any writable parent is fine there.
+* **Live sessions.** Each session that uses a shared dir registers in it (:func:`register_session`: a
+  file in ``.compilecache-sessions/`` holding an ``flock`` for the session's life, so a killed session's
+  registration is visibly dead). :func:`trim` never runs while another registered session is live
+  (torch may be about to load any file, or have checked that a ``.cpp`` exists just before compiling
+  it); it reports itself deferred instead. While it runs it re-reads the registrations before every
+  removal and stops when a session appears, and it never removes a file or dir changed since it began.
+  Processes that do not register (torch run without the plugin) are protected only by that last rule.
+* **Stale leftovers.** :func:`sweep_stale` removes temp files of dead owners (ours and torch's) and dead
+  registrations, only in our or torch's dir and only by their known names.
+* **Paths torch can build in.** torch runs its C++ compiler on a command line it splits with
+  :func:`shlex.split` without quoting paths, so a cache dir containing whitespace, quotes or a backslash
+  breaks every compile. :func:`unsafe_reason` names such a path; an explicit ``--compile-cache-dir`` with
+  one is a :class:`ConfigError`, a default location with one falls back to a safe dir under the system
+  temp dir, and :attr:`SessionDir.note` says where and why.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import hashlib
+import itertools
 import json
 import os
+import re
 import shutil
+import socket
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
+from typing import Literal
 
 from . import ConfigError
+from .report import human_size
 
 SESSION_ENV = "PYTEST_COMPILECACHE_SESSION"
 LOCK_NAME = ".compilecache.lock"
+SESSIONS_DIR = ".compilecache-sessions"
+TEMP_PREFIX = ".compilecache-tmp-"
 _TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# Created by pytest-compilecache.\n"
+_GITIGNORE = "# Created by pytest-compilecache.\n*\n"
+
+# A temp file whose owner cannot be named (an ``atomic_file`` temp of an older version) is stale after
+# this long: nobody writes one file for an hour, and its mtime moves while it is written.
+STALE_AFTER = 3600.0
+# torch's own ``.<pid>.<thread>.tmp`` names carry a pid but no host; on a dir shared over the network
+# that pid may live elsewhere, so a dead-looking owner must also have stopped writing for this long.
+TORCH_TEMP_GRACE = 60.0
+
+
+# ---------------------------------------------------------------------------------------- the decision
 
 
 @dataclass(frozen=True)
 class SessionDir:
-    """The session's decision. ``path`` is None in ``disabled`` mode and when the plugin is passive."""
+    """The session's decision. ``path`` is None in ``disabled`` mode and when the plugin is passive.
+
+    ``note`` is set when the dir is not where the user would look for it (a default location torch
+    cannot build in was replaced): one sentence for the session header.
+    """
 
     mode: str | None
     path: str | None
     owned: bool = False  # made by this session: removed at the end (isolated, without --compile-cache-keep)
+    note: str | None = None
 
     def to_env(self) -> str:
         """For the workers; the pid lets a worker tell its controller from an outer session's."""
@@ -54,27 +109,53 @@ class SessionDir:
 
 
 def decide(mode: str | None, configured_dir: str | None, default_shared: Path) -> SessionDir:
-    """Create (if needed) and return the session cache dir for ``mode``. Raises ConfigError if unusable."""
+    """Create (if needed) and return the session cache dir for ``mode``. Raises ConfigError if unusable.
+
+    ``configured_dir`` is ``--compile-cache-dir`` (the dir itself when shared, the parent of a fresh dir
+    when isolated). It must be a path torch can build in and, when shared, a new, empty, ours or torch's
+    dir. A default location torch cannot build in is replaced by :func:`fallback_dir` (shared) or a safe
+    temp dir (isolated), with the reason in :attr:`SessionDir.note`.
+    """
     if mode is None or mode == "disabled":
         return SessionDir(mode=mode, path=None)
+    note = None
     if mode == "shared":
-        path = Path(configured_dir).expanduser() if configured_dir else default_shared
-        return SessionDir(mode=mode, path=str(make_dir(path.absolute())))
-    parent = Path(configured_dir).expanduser().absolute() if configured_dir else Path(tempfile.gettempdir())
+        if configured_dir:
+            path = Path(configured_dir).expanduser().absolute()
+            _require_safe(path)
+        else:
+            path = default_shared.absolute()
+            if unsafe_reason(str(path)):
+                fallback = fallback_dir(path)
+                note = f"the default dir {path} {unsafe_reason(str(path))}; using {fallback} instead"
+                path = fallback
+        _refuse_foreign(path)
+        return SessionDir(mode=mode, path=str(make_dir(path)), note=note)
+    if configured_dir:
+        parent = Path(configured_dir).expanduser().absolute()
+        _require_safe(parent)
+    else:
+        parent = Path(tempfile.gettempdir()).absolute()
+        if unsafe_reason(str(parent)):
+            safe = _private_temp_root()
+            note = f"the temp dir {parent} {unsafe_reason(str(parent))}; using {safe} instead"
+            parent = safe
     try:
         parent.mkdir(parents=True, exist_ok=True)
         fresh = tempfile.mkdtemp(prefix="compilecache-", dir=parent)
+        _tag(Path(fresh))
     except OSError as exc:
         raise ConfigError(f"--compile-cache-dir: cannot create an isolated dir in {parent}: {exc.strerror}") from None
-    _tag(Path(fresh))
-    return SessionDir(mode=mode, path=fresh, owned=True)
+    return SessionDir(mode=mode, path=fresh, owned=True, note=note)
 
 
 def make_dir(path: Path) -> Path:
     """Create ``path`` atomically with a CACHEDIR.TAG and a ``*`` .gitignore; verify it is writable.
 
-    Two sessions may race here: the loser's rename fails with the directory already in place, which is
-    the outcome it wanted (the same approach as pytest's ``_make_cachedir``).
+    An existing empty dir is tagged (the user handed it to us and nothing in it is anyone's); an existing
+    non-empty dir is used as it is (:func:`decide` refuses a foreign one first). Two sessions may race
+    here: the loser's rename fails with the directory already in place, which is the outcome it wanted
+    (the same approach as pytest's ``_make_cachedir``).
     """
     try:
         if not path.is_dir():
@@ -86,8 +167,11 @@ def make_dir(path: Path) -> Path:
                     os.rename(tmp, path)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
-            pass
+        elif not any(path.iterdir()):
+            _tag(path)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=TEMP_PREFIX + owner_tag() + "-")
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
         raise ConfigError(f"--compile-cache-dir: {path} is not a writable directory ({exc.strerror})") from None
     if not path.is_dir():
@@ -97,19 +181,474 @@ def make_dir(path: Path) -> Path:
 
 def _tag(path: Path) -> None:
     (path / "CACHEDIR.TAG").write_text(_TAG)
-    (path / ".gitignore").write_text("# Created by pytest-compilecache.\n*\n")
+    (path / ".gitignore").write_text(_GITIGNORE)
 
 
 def remove(session: SessionDir) -> None:
-    if session.owned and session.path:
+    """Remove an isolated dir this session made, at the end; only when it still carries our tag."""
+    if session.owned and session.path and ownership(session.path).kind == "ours":
         shutil.rmtree(session.path, ignore_errors=True)
 
 
 def lock(path: str, timeout: float = 60.0):  # type: ignore[no-untyped-def]
-    """An inter-process lock for the plugin's own writes into a shared dir (unpack, eviction)."""
+    """An inter-process lock for the plugin's own writes into a shared dir (unpack, eviction).
+
+    Not reentrant: a second ``lock(path)`` in the same thread waits for the first (do not call
+    :func:`trim` while holding it; :func:`evict` is the variant for callers that hold it).
+    """
     from filelock import FileLock
 
     return FileLock(os.path.join(path, LOCK_NAME), timeout=timeout)
+
+
+# ------------------------------------------------------------------------------------------- ownership
+
+Kind = Literal["ours", "torch", "empty", "missing", "foreign"]
+
+# torch 2.6-2.15: every name ``torch/_inductor`` (codecache, cpp_builder, runtime/*, autoheuristic,
+# compiler_bisector, aoti_eager, codegen/cutlass), ``_functorch/_aot_autograd/autograd_cache`` and
+# ``_dynamo`` (package, pgo) join onto ``cache_dir()``, plus Triton's dir and the precompiled headers
+# (which torch keeps under its default dir, the one a user may point us at).
+TORCH_DIRS = frozenset(
+    {
+        "fxgraph", "aotautograd", "dynamo", "triton", "locks", "cache", "gcc", "unhashed_kernel_inputs",
+        "torch_cutlass", "aoti_eager", "autoheuristic", "bisect", "precompiled_headers",
+        "cutedsl_compile_cache",
+    }
+)  # fmt: skip
+TORCH_FILES = frozenset({"memoizer_cache.json", "memoizer_cache.lock"})
+_OUR_NAMES = frozenset({"CACHEDIR.TAG", ".gitignore", LOCK_NAME, SESSIONS_DIR})
+# codecache.get_path: ``<key[1:3]>/<key>.<ext>``; keys are lowercase base32 (or hex) hashes.
+_KERNEL_DIR = re.compile(r"[a-z0-9]{2}")
+_KERNEL_NAME = re.compile(r"[a-z0-9_]{20,}(\.[A-Za-z0-9_]+)*")
+_TORCH_TEMP = re.compile(r"\.(\d+)\.\d+\.tmp")  # codecache.write_atomic
+_TORCH_TOP_FILE = re.compile(r"tmp[a-z0-9_]{8}\.py|configs_[A-Za-z0-9_]+\.json")  # wrapper.py, cutlass
+# Ours: TEMP_PREFIX + owner_tag() + anything; _fs.atomic_file's ``.<name>.<owner_tag>.<random>.tmp``;
+# the same without owner (older versions: stale only by age).
+_OUR_TEMP = re.compile(re.escape(TEMP_PREFIX) + r"(\d+)-([0-9a-f]{8})-.*")
+_ATOMIC_TEMP = re.compile(r"\..+\.(\d+)-([0-9a-f]{8})\.[a-z0-9_]{8}\.tmp")
+_ATOMIC_TEMP_OLD = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Whose dir this is. ``foreign`` lists (up to three of) the entries that are nobody's cache."""
+
+    kind: Kind
+    foreign: tuple[str, ...] = ()
+
+
+def ownership(path: str | os.PathLike[str]) -> Ownership:
+    """Classify ``path``: ``ours`` (our CACHEDIR.TAG), ``torch`` (only torch's layout and our markers),
+    ``empty``, ``missing`` or ``foreign``. Reads names only; follows no link but ``path`` itself."""
+    root = Path(path)
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return Ownership("missing")
+    except NotADirectoryError:
+        return Ownership("foreign", (root.name,))
+    if _tagged(root):
+        return Ownership("ours")
+    if not names:
+        return Ownership("empty")
+    foreign = [name for name in names if not _torch_top_entry(root, name)]
+    if foreign:
+        return Ownership("foreign", tuple(foreign[:3]))
+    return Ownership("torch")
+
+
+def _tagged(root: Path) -> bool:
+    tag = root / "CACHEDIR.TAG"
+    try:
+        if not stat.S_ISREG(os.lstat(tag).st_mode):
+            return False
+        with open(tag, encoding="utf-8", errors="replace") as fh:
+            return fh.read(len(_TAG) + 1) == _TAG
+    except OSError:
+        return False
+
+
+def _torch_top_entry(root: Path, name: str) -> bool:
+    """Is ``root/name`` part of torch's cache layout or one of our own markers? (no link counts)."""
+    try:
+        st = os.lstat(root / name)
+    except OSError:
+        return True  # vanished meanwhile: it was a temp file
+    if stat.S_ISLNK(st.st_mode):
+        return False
+    if stat.S_ISDIR(st.st_mode):
+        if name in TORCH_DIRS or name == SESSIONS_DIR:
+            return True
+        return bool(_KERNEL_DIR.fullmatch(name)) and _kernel_dir_contents_ok(root / name)
+    return name in _OUR_NAMES or name in TORCH_FILES or bool(_TORCH_TOP_FILE.fullmatch(name)) or _is_temp_name(name)
+
+
+def _kernel_dir_contents_ok(folder: Path) -> bool:
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return False
+    return all(_KERNEL_NAME.fullmatch(e.name) or _is_temp_name(e.name) for e in entries if not e.is_symlink())
+
+
+def _is_temp_name(name: str) -> bool:
+    return bool(
+        _TORCH_TEMP.fullmatch(name)
+        or _OUR_TEMP.fullmatch(name)
+        or _ATOMIC_TEMP.fullmatch(name)
+        or _ATOMIC_TEMP_OLD.fullmatch(name)
+        or name.startswith(".write-test-")  # make_dir's probe before 0.2
+    )
+
+
+def _refuse_foreign(path: Path) -> None:
+    found = ownership(path)
+    if found.kind != "foreign" or not path.is_dir():  # not a dir at all: make_dir says so
+        return
+    shown = ", ".join(found.foreign)
+    raise ConfigError(
+        f"--compile-cache-dir: {path} is not a compile cache: it already holds files that are neither "
+        f"pytest-compilecache's nor torch's ({shown}). The plugin would write torch's kernel dirs among "
+        f"them and could never trim the dir safely; give it a new or empty directory, e.g. "
+        f"{path / '.compilecache'}"
+    )
+
+
+def _managed_files(root: str, kind: Kind) -> Iterator[tuple[str, os.stat_result]]:
+    """Every regular file (and link) under ``root`` that belongs to the cache: all of an ``ours`` dir but
+    our markers, registrations and ``locks/``; only torch's layout in a ``torch`` dir; nothing otherwise.
+
+    ``locks/`` and ``*.lock`` are never yielded: removing a lock file another process holds splits the
+    lock in two (a second process creates a new file and "holds" it too).
+    """
+    if kind not in ("ours", "torch"):
+        return
+    try:
+        top = list(os.scandir(root))
+    except OSError:
+        return
+    for entry in top:
+        name = entry.name
+        if name in _OUR_NAMES or name == "locks" or name.endswith(".lock"):
+            continue
+        if entry.is_symlink():
+            if kind == "ours":
+                with contextlib.suppress(OSError):
+                    yield entry.path, entry.stat(follow_symlinks=False)
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            kernel = bool(_KERNEL_DIR.fullmatch(name))
+            if kind == "torch" and name not in TORCH_DIRS and not kernel:
+                continue
+            for dirpath, dirnames, filenames in os.walk(entry.path):
+                if kind == "torch" and kernel and dirpath == entry.path:
+                    filenames = [n for n in filenames if _KERNEL_NAME.fullmatch(n) or _is_temp_name(n)]
+                    dirnames[:] = [n for n in dirnames if _KERNEL_NAME.fullmatch(n)]
+                for filename in filenames:
+                    if filename.endswith(".lock"):
+                        continue
+                    full = os.path.join(dirpath, filename)
+                    with contextlib.suppress(OSError):
+                        yield full, os.lstat(full)
+            continue
+        if kind == "torch" and not _torch_top_entry(Path(root), name):
+            continue
+        with contextlib.suppress(OSError):
+            yield entry.path, entry.stat(follow_symlinks=False)
+
+
+# ------------------------------------------------------------------------------- paths torch can use
+
+# torch joins paths into its C++ compiler's command line unquoted and splits it with shlex.split
+# (torch/_inductor/cpp_builder.py, _run_compile_cmd), so whitespace, quotes and backslashes in the cache
+# dir break the build ("g++: fatal error: input file '/tmp/x' is the same as output file").
+_UNSAFE = {" ": "a space", "\t": "a tab", "\n": "a newline", "'": "a quote", '"': "a quote", "\\": "a backslash"}
+
+
+def unsafe_reason(path: str) -> str | None:
+    """Why torch's C++ build cannot work in ``path`` ("contains a space"), or None when it can."""
+    for char, what in _UNSAFE.items():
+        if char in path:
+            return f"contains {what}, which torch's C++ compiler command line cannot take (torch does not quote it)"
+    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+        return "contains a control character, which torch's C++ compiler command line cannot take"
+    return None
+
+
+def _require_safe(path: Path) -> None:
+    reason = unsafe_reason(str(path))
+    if reason:
+        raise ConfigError(f"--compile-cache-dir: {path} {reason}; choose a path without it")
+
+
+def fallback_dir(original: Path) -> Path:
+    """Where a default shared dir that torch cannot build in goes: a per-user dir under the system temp
+    dir, one subdir per original path (so two projects never share by accident)."""
+    digest = hashlib.sha256(str(original).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return _private_temp_root() / digest
+
+
+def _private_temp_root() -> Path:
+    """``<temp>/pytest-compilecache-<uid>``, made 0700 and checked to be ours (not a planted link): the
+    first of the system temp dir, /tmp, /var/tmp whose path torch can build in."""
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    candidates = [tempfile.gettempdir(), "/tmp", "/var/tmp"]
+    for base in candidates:
+        if unsafe_reason(base) or not os.path.isdir(base):
+            continue
+        root = Path(base).absolute() / f"pytest-compilecache-{uid}"
+        with contextlib.suppress(FileExistsError):
+            root.mkdir(mode=0o700)
+        st = os.lstat(root)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o022:
+            return root
+    raise ConfigError(
+        "--compile-cache-dir: no temp dir torch can build in (TMPDIR has a space or similar, and /tmp and "
+        "/var/tmp are unusable); set --compile-cache-dir to a path without spaces or quotes"
+    )
+
+
+# --------------------------------------------------------------------------------------- registration
+
+
+def _host_id() -> str:
+    """The host and pid namespace (containers on one host share a hostname but not pids), hashed."""
+    pid_ns = ""
+    with contextlib.suppress(OSError):
+        pid_ns = str(os.stat("/proc/self/ns/pid").st_ino)
+    return hashlib.sha256(f"{socket.gethostname()}/{pid_ns}".encode("utf-8", "surrogateescape")).hexdigest()[:8]
+
+
+_HOST = _host_id()
+_MARKER = re.compile(r"(\d+)-([0-9a-f]{8})-(\d+)-(\d+)")  # <pid>-<host>-<start, ns>-<n>
+_SERIAL = itertools.count()
+_OWN: dict[str, Registration] = {}  # this process's live registrations, by marker path
+
+
+def owner_tag() -> str:
+    """``<pid>-<host hash>``: what our temp names carry so :func:`sweep_stale` can tell a dead owner."""
+    return f"{os.getpid()}-{_HOST}"
+
+
+def temp_name(label: str = "") -> str:
+    """A name for a temp file or dir of ours inside a cache dir, sweepable once its owner is dead."""
+    suffix = f"-{label}" if label else ""
+    return f"{TEMP_PREFIX}{owner_tag()}-{time.time_ns()}{suffix}"
+
+
+@dataclass
+class Registration:
+    """A live session's mark in a cache dir: a file holding an ``flock`` until :meth:`close` (or death)."""
+
+    path: str
+    marker: str
+    start: float
+    fd: int | None
+
+    def close(self) -> None:
+        """Withdraw the registration (idempotent): unlink the marker, then release the lock."""
+        if self.fd is None:
+            return
+        _OWN.pop(self.marker, None)
+        with contextlib.suppress(OSError):
+            os.unlink(self.marker)
+        os.close(self.fd)
+        self.fd = None
+
+    def __enter__(self) -> Registration:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class LiveSession:
+    pid: int
+    start: float
+    here: bool  # on this host
+
+
+def register_session(path: str, *, start: float | None = None) -> Registration:
+    """Register this process as a live user of cache dir ``path`` until the registration is closed.
+
+    The marker is created under a temp name, locked, then renamed into place, so every visible marker
+    is locked from the start (a peer never mistakes a new one for a dead one). ``start`` (default now)
+    is when the session began using the dir. Raises OSError when the dir is not writable.
+    """
+    begun = time.time() if start is None else start
+    folder = os.path.join(path, SESSIONS_DIR)
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, temp_name("new"))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "start": begun}).encode())
+        marker = os.path.join(folder, f"{os.getpid()}-{_HOST}-{int(begun * 1e9)}-{next(_SERIAL)}")
+        os.replace(tmp, marker)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    registration = Registration(path=path, marker=marker, start=begun, fd=fd)
+    _OWN[marker] = registration
+    return registration
+
+
+def live_sessions(path: str, *, include_own: bool = False) -> list[LiveSession]:
+    """The sessions registered in ``path`` whose registration is still held (alive). Dead ones are
+    removed on the way. This process's own registrations count only with ``include_own``."""
+    folder = os.path.join(path, SESSIONS_DIR)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    live = []
+    for name in names:
+        match = _MARKER.fullmatch(name)
+        marker = os.path.join(folder, name)
+        if not match:
+            continue
+        if marker in _OWN:
+            if include_own:
+                live.append(LiveSession(int(match[1]), int(match[3]) / 1e9, True))
+            continue
+        if _held(marker, remove_if_dead=True):
+            live.append(LiveSession(int(match[1]), int(match[3]) / 1e9, match[2] == _HOST))
+    return live
+
+
+def _held(marker: str, *, remove_if_dead: bool) -> bool:
+    """Is ``marker`` locked by a live process? A dead one's is removed (while we hold its lock)."""
+    try:
+        fd = os.open(marker, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False  # gone: its owner closed it
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return True
+            raise
+        if remove_if_dead:
+            with contextlib.suppress(OSError):
+                os.unlink(marker)
+        return False
+    finally:
+        os.close(fd)
+
+
+# -------------------------------------------------------------------------------------------- trimming
+
+
+@dataclass(frozen=True)
+class Trim:
+    """What :func:`trim` did. ``deferred`` counts other live sessions when it did nothing because of
+    them; ``stopped`` is True when a session registered meanwhile and trimming stopped early."""
+
+    kind: Kind
+    removed: int = 0
+    freed: int = 0
+    remaining: int = 0  # bytes of cache files left
+    deferred: int = 0
+    stopped: bool = False
+
+    def describe(self) -> str | None:
+        """One line for the session report, or None when there is nothing to say."""
+        from_size = human_size(self.remaining + self.freed)
+        if self.kind in ("empty", "missing"):
+            return None
+        if self.kind not in ("ours", "torch"):
+            return f"did not trim the cache dir: it is not a compile cache this plugin manages ({self.kind})"
+        if self.deferred:
+            who = "session is" if self.deferred == 1 else "sessions are"
+            return f"cache dir trim deferred: {self.deferred} other {who} using it ({from_size})"
+        if self.removed:
+            line = (
+                f"trimmed the cache dir: removed {self.removed} least recently used files, {human_size(self.freed)} "
+                f"({from_size} -> {human_size(self.remaining)})"
+            )
+            return line + (" (stopped early: another session started)" if self.stopped else "")
+        return None
+
+
+def trim(path: str, max_bytes: int, *, now: float | None = None, lock_timeout: float = 60.0) -> Trim:
+    """Remove least recently used cache files until ``path`` holds at most ``max_bytes`` of them.
+
+    Takes :func:`lock` itself. Removes only what :func:`ownership` proves belongs to the cache, nothing
+    while another registered session is live (:attr:`Trim.deferred`), and nothing changed at or after
+    ``now`` (default: when it starts). "Used" is the later of access and modification time.
+    """
+    with lock(path, timeout=lock_timeout):
+        return _trim(path, max_bytes, now=now)
+
+
+def evict(path: str, max_bytes: int) -> tuple[int, int]:
+    """:func:`trim` for a caller that already holds :func:`lock`: returns (files removed, bytes freed)."""
+    result = _trim(path, max_bytes, now=None)
+    return result.removed, result.freed
+
+
+def _trim(path: str, max_bytes: int, *, now: float | None) -> Trim:
+    began = time.time() if now is None else now
+    kind = ownership(path).kind
+    # The cap is on everything in the dir (markers and registrations too); only cache files go.
+    total = _dir_bytes(path)
+    entries = [(max(st.st_atime, st.st_mtime), st.st_size, full, st) for full, st in _managed_files(path, kind)]
+    others = len(live_sessions(path))
+    if kind not in ("ours", "torch") or others:
+        return Trim(kind=kind, remaining=total, deferred=others)
+    removed = freed = 0
+    stopped = False
+    emptied: set[str] = set()
+    for _used, size, full, st in sorted(entries):
+        if total - freed <= max_bytes:
+            break
+        if max(st.st_mtime, st.st_ctime) >= began:
+            continue  # written (or renamed in) since trimming began: someone is using it
+        if live_sessions(path):
+            stopped = True
+            break
+        with contextlib.suppress(OSError):
+            os.unlink(full)
+            removed += 1
+            freed += size
+            emptied.add(os.path.dirname(full))
+    if not stopped:
+        _drop_empty_dirs(path, kind, began, emptied)
+    return Trim(kind=kind, removed=removed, freed=freed, remaining=total - freed, stopped=stopped)
+
+
+def _dir_bytes(path: str) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+def _drop_empty_dirs(path: str, kind: Kind, began: float, emptied: set[str]) -> None:
+    """rmdir empty cache dirs: ones untouched since ``began`` or emptied by this trim; never with a live
+    session registered (torch ``mkdir(exist_ok=True)``s a dir and then writes into it)."""
+    for root, _dirs, _files in os.walk(path, topdown=False):
+        rel = os.path.relpath(root, path)
+        top = rel.split(os.sep, 1)[0]
+        if root == path or top in _OUR_NAMES or top == "locks":
+            continue
+        if kind == "torch" and top not in TORCH_DIRS and not _KERNEL_DIR.fullmatch(top):
+            continue
+        with contextlib.suppress(OSError):
+            st = os.lstat(root)
+            if root not in emptied and max(st.st_mtime, st.st_ctime) >= began:
+                continue
+            if live_sessions(path):
+                return
+            os.rmdir(root)  # fails, as wanted, unless empty
+            emptied.add(os.path.dirname(root))
 
 
 def touch(path: str, relpaths: list[str]) -> None:
@@ -120,37 +659,113 @@ def touch(path: str, relpaths: list[str]) -> None:
             os.utime(os.path.join(path, rel), (now, os.stat(os.path.join(path, rel)).st_mtime))
 
 
-def evict(path: str, max_bytes: int) -> tuple[int, int]:
-    """Delete least recently used files until ``path`` holds at most ``max_bytes``.
+# ---------------------------------------------------------------------------------------------- sweep
 
-    "Used" is the later of access and modification time. Returns (files removed, bytes freed). Our own
-    marker files stay. Runs under :func:`lock` so two sessions do not evict at once.
+
+def sweep_stale(path: str, *, now: float | None = None) -> int:
+    """Remove what killed sessions left in cache dir ``path``; return how many entries went.
+
+    Only in our or torch's dir (:func:`ownership`), only these names: dead registrations; our temp files
+    and dirs (``.compilecache-tmp-<pid>-<host>-...``, ``.<name>.<pid>-<host>.<random>.tmp``) whose owner
+    on this host is dead, or older than :data:`STALE_AFTER` when it lives elsewhere or is unnamed;
+    torch's ``.<pid>.<thread>.tmp`` when that pid is dead and the file untouched for
+    :data:`TORCH_TEMP_GRACE`, or older than :data:`STALE_AFTER`.
     """
-    entries = []
-    keep = {"CACHEDIR.TAG", ".gitignore", LOCK_NAME}
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            full = os.path.join(root, name)
-            with contextlib.suppress(OSError):
+    clock = time.time() if now is None else now
+    kind = ownership(path).kind
+    if kind not in ("ours", "torch"):
+        return 0
+    live_sessions(path)  # removes dead registrations
+    count = 0
+    for dirpath, dirnames, filenames in os.walk(path):
+        rel = os.path.relpath(dirpath, path)
+        top = rel.split(os.sep, 1)[0]
+        if kind == "torch" and rel != "." and not _torch_top_entry(Path(path), top):
+            dirnames[:] = []
+            continue
+        for name in list(dirnames) + filenames:
+            full = os.path.join(dirpath, name)
+            try:
                 st = os.lstat(full)
-                total += st.st_size
-                if not (root == path and name in keep):
-                    entries.append((max(st.st_atime, st.st_mtime), st.st_size, full))
-    removed = freed = 0
-    for _used, size, full in sorted(entries):
-        if total - freed <= max_bytes:
-            break
-        with contextlib.suppress(OSError):
-            os.unlink(full)
-            removed += 1
-            freed += size
-    _drop_empty_dirs(path)
-    return removed, freed
+            except OSError:
+                continue
+            if not _stale(name, st, clock):
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                dirnames.remove(name)
+                shutil.rmtree(full, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(full)
+            count += 1
+    return count
 
 
-def _drop_empty_dirs(path: str) -> None:
-    for root, _dirs, _files in os.walk(path, topdown=False):
-        if root != path:
-            with contextlib.suppress(OSError):  # fails, as wanted, unless empty
-                os.rmdir(root)
+def _stale(name: str, st: os.stat_result, clock: float) -> bool:
+    age = clock - max(st.st_mtime, st.st_ctime)
+    match = _OUR_TEMP.fullmatch(name) or _ATOMIC_TEMP.fullmatch(name)
+    if match:
+        pid, host = int(match[1]), match[2]
+        if host == _HOST and pid != os.getpid():
+            return not _pid_alive(pid)
+        return age > STALE_AFTER
+    match = _TORCH_TEMP.fullmatch(name)
+    if match:
+        return (age > TORCH_TEMP_GRACE and not _pid_alive(int(match[1]))) or age > STALE_AFTER
+    if _ATOMIC_TEMP_OLD.fullmatch(name) or name.startswith(".write-test-"):
+        return age > STALE_AFTER
+    return False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+# -------------------------------------------------------------------------------------- the env lease
+
+
+class EnvLease:
+    """Saves the named environment variables; :meth:`restore` puts them back exactly (unset stays unset).
+
+    The one helper for every place that swaps environment variables (the session's cache-dir export, a
+    test's isolated compile, loading mega-cache blobs into a dir). Use as a context manager or call
+    :meth:`restore` yourself; restoring twice is harmless.
+    """
+
+    def __init__(self, names: tuple[str, ...] | list[str]) -> None:
+        self.saved: dict[str, str | None] = {name: os.environ.get(name) for name in names}
+
+    def set(self, **values: str | None) -> EnvLease:
+        """Set (or, with None, unset) leased variables; naming one not leased is a bug (KeyError)."""
+        for name, value in values.items():
+            if name not in self.saved:
+                raise KeyError(f"{name} is not leased")
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        return self
+
+    def restore(self) -> None:
+        for name, value in self.saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+    def __enter__(self) -> EnvLease:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.restore()
+
+
+def lease_env(*names: str) -> EnvLease:
+    """``with lease_env("TORCHINDUCTOR_CACHE_DIR") as env: env.set(TORCHINDUCTOR_CACHE_DIR=d) ...``"""
+    return EnvLease(names)
