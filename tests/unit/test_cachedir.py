@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -15,10 +21,10 @@ from pytest_compilecache.cachedir import SessionDir
 T0 = 1_700_000_000  # fixed epoch seconds: eviction order never depends on the clock
 
 
-
 def _dir_size(path: str) -> int:
     """Bytes of every file under ``path`` (what evict() measures against its cap)."""
     return sum(os.lstat(os.path.join(root, name)).st_size for root, _, files in os.walk(path) for name in files)
+
 
 def _is_tagged(path: Path) -> bool:
     tag = (path / "CACHEDIR.TAG").read_text()
@@ -217,3 +223,352 @@ def test_lock_is_a_file_lock_inside_the_dir(tmp_path: Path) -> None:
     with cachedir.lock(str(tmp_path), timeout=5) as held:
         assert held.is_locked
     assert (tmp_path / LOCK_NAME).exists()
+
+
+# ------------------------------------------------------------------------------------------- ownership()
+
+KEY = "c3g2mqobe6g24e353lemr6cpzfcmocdsk5rbq3mousrlfxbh7zgy"  # a real torch 2.13 kernel key
+
+
+def _torch_layout(root: Path) -> set[str]:
+    """What torch 2.13 leaves after compiling a pointwise op on CPU (names from a real run)."""
+    files = {
+        f"{KEY[1:3]}/{KEY}.cpp": 300, f"{KEY[1:3]}/{KEY}.so": 900, f"dg/cdg3{KEY[4:]}.py": 200,
+        f"4n/c4n{KEY[3:]}.main.cpp": 100, "fxgraph/xd/fxkey/entry": 400, "aotautograd/ab/aotkey/entry": 50,
+        f"locks/{KEY}.lock": 0, "triton/0/x/kernel.json": 10,
+    }  # fmt: skip
+    for rel, size in files.items():
+        _file(root, rel, size, T0)
+    return set(files)
+
+
+def test_ownership_kinds(tmp_path: Path) -> None:
+    assert cachedir.ownership(tmp_path / "missing").kind == "missing"
+    (tmp_path / "empty").mkdir()
+    assert cachedir.ownership(tmp_path / "empty").kind == "empty"
+    assert cachedir.ownership(cachedir.make_dir(tmp_path / "ours")).kind == "ours"
+    _torch_layout(tmp_path / "torch")
+    assert cachedir.ownership(tmp_path / "torch").kind == "torch"
+    project = tmp_path / "project"
+    _torch_layout(project)
+    (project / "NOTES.md").write_text("notes")
+    assert cachedir.ownership(project) == cachedir.Ownership("foreign", ("NOTES.md",))
+
+
+@pytest.mark.parametrize(
+    "rel",
+    [
+        "go/bin/tool",  # a two-character dir that does not hold torch's hash-named files
+        "ab/README",
+        "CACHEDIR.TAG/x",  # our marker's name, but a dir
+    ],
+)
+def test_ownership_of_look_alikes_is_foreign(tmp_path: Path, rel: str) -> None:
+    _file(tmp_path, rel, 1, T0)
+    assert cachedir.ownership(tmp_path).kind == "foreign"
+
+
+def test_a_generic_cachedir_tag_is_not_ours(tmp_path: Path) -> None:
+    # pytest's and cargo's cache dirs carry the same CACHEDIR.TAG signature: only our line makes a dir ours.
+    (tmp_path / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n# created by pytest.\n")
+    (tmp_path / "v").mkdir()
+    assert cachedir.ownership(tmp_path).kind == "foreign"
+
+
+def test_a_link_in_place_of_a_torch_dir_is_foreign(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "fxgraph").symlink_to(tmp_path / "elsewhere")
+    assert cachedir.ownership(tmp_path / "cache").kind == "foreign"
+
+
+def _user_files(root: Path) -> dict[str, bytes]:
+    _file(root, "NOTES.md", 6, T0)
+    _file(root, "src/model.bin", 2000, T0)
+    _file(root, ".git/objects/ab/cdef0123456789abcdef0123456789abcdef01", 30, T0)
+    _file(root, "ab/user-file", 5, T0)
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_foreign_shared_dir_is_refused_and_left_alone(tmp_path: Path) -> None:
+    before = _user_files(tmp_path / "project")
+    with pytest.raises(ConfigError, match=r"^--compile-cache-dir: .*project is not a compile cache.*(NOTES\.md|ab)"):
+        cachedir.decide("shared", str(tmp_path / "project"), tmp_path / "default")
+    project = tmp_path / "project"
+    after = {str(p.relative_to(project)): p.read_bytes() for p in project.rglob("*") if p.is_file()}
+    assert after == before  # not even a tag or a probe file was written
+
+
+def test_a_foreign_dir_is_a_fine_parent_for_isolated_dirs(tmp_path: Path) -> None:
+    before = _user_files(tmp_path)
+    session = cachedir.decide("isolated", str(tmp_path), tmp_path / "default")
+    assert session.path is not None and Path(session.path).parent == tmp_path
+    cachedir.remove(session)
+    assert {str(p.relative_to(tmp_path)): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_a_torch_dir_is_used_as_it_is(tmp_path: Path) -> None:
+    layout = _torch_layout(tmp_path / "torchinductor_me")
+    session = cachedir.decide("shared", str(tmp_path / "torchinductor_me"), tmp_path / "default")
+    assert session.path == str(tmp_path / "torchinductor_me")
+    assert _files(tmp_path / "torchinductor_me") == layout  # not tagged: it is torch's, not ours
+
+
+def test_an_empty_dir_becomes_ours(tmp_path: Path) -> None:
+    (tmp_path / "given").mkdir()
+    cachedir.decide("shared", str(tmp_path / "given"), tmp_path / "default")
+    assert cachedir.ownership(tmp_path / "given").kind == "ours"
+    assert _is_tagged(tmp_path / "given")
+
+
+def test_remove_needs_our_tag_even_when_owned(tmp_path: Path) -> None:
+    (tmp_path / "untagged").mkdir()
+    (tmp_path / "untagged" / "file").write_text("x")
+    cachedir.remove(SessionDir(mode="isolated", path=str(tmp_path / "untagged"), owned=True))
+    assert (tmp_path / "untagged" / "file").exists()
+
+
+# ------------------------------------------------------------------------------------------------ trim()
+
+
+def test_trim_in_a_torch_dir_removes_only_torch_files(tmp_path: Path) -> None:
+    root = tmp_path / "torchinductor_me"
+    layout = _torch_layout(root)
+    result = cachedir.trim(str(root), 0)
+    assert result.kind == "torch"
+    kept = _files(root)
+    # every cache file went but torch's lock files (removing a held lock file would split the lock)
+    assert kept == {f"locks/{KEY}.lock", cachedir.LOCK_NAME}
+    assert result.removed == len(layout) - 1
+    assert result.freed == 300 + 900 + 200 + 100 + 400 + 50 + 10
+    assert result.describe() == f"trimmed the cache dir: removed {len(layout) - 1} least recently used files, " + (
+        "1.9 KiB (1.9 KiB -> 0 B)"
+    )
+
+
+def test_trim_never_touches_a_foreign_dir(tmp_path: Path) -> None:
+    """The issue's recipe, at unit level: a project root given as the dir, a 1K cap."""
+    before = _user_files(tmp_path)
+    _torch_layout(tmp_path)  # torch did write its kernel dirs there
+    result = cachedir.trim(str(tmp_path), 1024)
+    assert (result.kind, result.removed, result.freed) == ("foreign", 0, 0)
+    assert result.describe() is not None and "not a compile cache" in result.describe()  # type: ignore[operator]
+    for rel, data in before.items():
+        assert (tmp_path / rel).read_bytes() == data
+    assert cachedir.evict(str(tmp_path), 0) == (0, 0)
+
+
+def test_trim_keeps_what_changed_after_it_began(cache: Path) -> None:
+    _file(cache, "fxgraph/aa/entry", 100, T0)
+    changed = os.stat(cache / "fxgraph/aa/entry").st_ctime  # utime changes ctime: "now"
+    result = cachedir.trim(str(cache), 0, now=changed)
+    assert (result.removed, result.freed) == (0, 0)
+    assert "fxgraph/aa/entry" in _files(cache)
+    assert cachedir.trim(str(cache), 0).removed == 1
+
+
+def _other_session(path: Path) -> subprocess.Popen[str]:
+    """Another live process registered in ``path`` (until its stdin closes, or it is killed)."""
+    code = (
+        "import sys\nfrom pytest_compilecache import cachedir\n"
+        f"cachedir.register_session({str(path)!r})\nprint('registered', flush=True)\nsys.stdin.read()\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    process.stdout.close()
+    assert line == "registered\n"
+    return process
+
+
+def _end(process: subprocess.Popen[str], *, kill: bool = False) -> None:
+    if kill:
+        process.kill()
+    assert process.stdin is not None
+    with contextlib.suppress(BrokenPipeError):
+        process.stdin.close()
+    process.wait(timeout=60)
+
+
+def test_trim_is_deferred_while_another_session_is_live(cache: Path) -> None:
+    _file(cache, "fxgraph/aa/entry", 100, T0)
+    (cache / "fxgraph" / "empty").mkdir()
+    other = _other_session(cache)
+    try:
+        result = cachedir.trim(str(cache), 0)
+        assert (result.removed, result.deferred) == (0, 1)
+        assert result.describe() is not None and "deferred: 1 other session is using it" in result.describe()  # type: ignore[operator]
+        assert "fxgraph/aa/entry" in _files(cache)
+        assert (cache / "fxgraph" / "empty").is_dir()  # torch may be about to write into it
+    finally:
+        _end(other)
+    after = cachedir.trim(str(cache), 0)
+    assert (after.removed, after.deferred) == (1, 0)
+    assert not (cache / "fxgraph").exists()
+
+
+def test_a_killed_sessions_registration_does_not_block_trimming(cache: Path) -> None:
+    _file(cache, "fxgraph/aa/entry", 100, T0)
+    other = _other_session(cache)
+    assert len(cachedir.live_sessions(str(cache))) == 1
+    _end(other, kill=True)
+    assert cachedir.live_sessions(str(cache)) == []  # the lock died with it...
+    assert os.listdir(cache / cachedir.SESSIONS_DIR) == []  # ...and its marker is cleared away
+    assert cachedir.trim(str(cache), 0).removed == 1
+
+
+def test_own_registration_does_not_defer_own_trim(cache: Path) -> None:
+    _file(cache, "fxgraph/aa/entry", 100, T0)
+    with cachedir.register_session(str(cache)) as registration:
+        assert [s.pid for s in cachedir.live_sessions(str(cache), include_own=True)] == [os.getpid()]
+        assert cachedir.live_sessions(str(cache)) == []
+        assert cachedir.trim(str(cache), 0).removed == 1
+        assert os.path.exists(registration.marker)
+    assert not os.path.exists(registration.marker)
+    assert cachedir.trim(str(cache), 0).removed == 0  # registrations are never trimmed, nor counted as cache
+
+
+def test_trim_stops_when_a_session_registers_meanwhile(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for index in range(5):
+        _file(cache, f"fxgraph/aa/e{index}", 10, T0 + index)
+    checks = iter([[], [], [], [cachedir.LiveSession(1, T0, True)]])  # before: the count; then per removal
+    monkeypatch.setattr(cachedir, "live_sessions", lambda path: next(checks))
+    result = cachedir.trim(str(cache), 0)
+    assert (result.removed, result.freed, result.stopped) == (2, 20, True)
+    assert {f"fxgraph/aa/e{i}" for i in (2, 3, 4)} <= _files(cache)
+    assert result.describe() is not None and "stopped early" in result.describe()  # type: ignore[operator]
+
+
+# ---------------------------------------------------------------------------------------- sweep_stale()
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait(timeout=60)
+    return process.pid
+
+
+def test_sweep_removes_dead_owners_temp_files_only(cache: Path) -> None:
+    dead, host = _dead_pid(), cachedir.owner_tag().split("-")[1]
+    ours_dead = {
+        f"ab/.k.so.{dead}-{host}.abcd_123.tmp",  # _fs.atomic_file of a killed unpack
+        f"{cachedir.TEMP_PREFIX}{dead}-{host}-123-staging/files/x",  # a staging dir of ours
+    }
+    torch_dead = f"ab/.{dead}.140234.tmp"  # torch's write_atomic in a killed process
+    old_style = "ab/.k.so.abcdefgh.tmp"  # an older version's temp name: no owner
+    alive = {f"ab/.k.so.{os.getpid()}-{host}.abcd_123.tmp", f"ab/.{os.getpid()}.140234.tmp"}
+    never = {f"ab/.{dead}.1.tmp.fresh", "ab/user.tmp", f"fxgraph/aa/.{dead}-{host}.abcdefgh.tmp.x"}
+    for rel in ours_dead | alive | never | {torch_dead, old_style}:
+        _file(cache, rel, 1, T0)
+    now = time.time()
+    # What a killed owner on this host left goes at once (it cannot come back)...
+    assert cachedir.sweep_stale(str(cache), now=now) == 2
+    assert not _files(cache) & ours_dead and not (cache / f"{cachedir.TEMP_PREFIX}{dead}-{host}-123-staging").exists()
+    # ...torch's names carry no host: the dead-looking pid may live elsewhere, so the file must also have
+    # stopped changing (ctime cannot be set back: the sweep's clock moves forward instead)...
+    assert cachedir.sweep_stale(str(cache), now=now + cachedir.TORCH_TEMP_GRACE + 1) == 1
+    assert torch_dead not in _files(cache)
+    # ...and a name without an owner, or an owner alive for an hour without writing, only by age.
+    assert old_style in _files(cache)
+    assert cachedir.sweep_stale(str(cache), now=now + cachedir.STALE_AFTER + 1) == 3
+    assert _files(cache) - {"CACHEDIR.TAG", ".gitignore", cachedir.LOCK_NAME} == never
+
+
+def test_sweep_never_enters_a_foreign_dir(tmp_path: Path) -> None:
+    dead = _dead_pid()
+    _user_files(tmp_path)
+    _file(tmp_path, f"src/.{dead}.1.tmp", 1, T0)
+    _file(tmp_path, f".k.so.{cachedir.owner_tag()}.abcdefgh.tmp", 1, T0)
+    assert cachedir.sweep_stale(str(tmp_path), now=time.time() + 10 * cachedir.STALE_AFTER) == 0
+    assert (tmp_path / f"src/.{dead}.1.tmp").exists()
+
+
+def test_sweep_clears_a_killed_sessions_registration(cache: Path) -> None:
+    other = _other_session(cache)
+    _end(other, kill=True)
+    assert len(os.listdir(cache / cachedir.SESSIONS_DIR)) == 1
+    cachedir.sweep_stale(str(cache))
+    assert os.listdir(cache / cachedir.SESSIONS_DIR) == []
+
+
+def test_temp_names_carry_their_owner() -> None:
+    name = cachedir.temp_name("staging")
+    assert name.startswith(f"{cachedir.TEMP_PREFIX}{os.getpid()}-") and name.endswith("-staging")
+
+
+# ------------------------------------------------------------------------------- paths torch can build in
+
+
+@pytest.mark.parametrize("char", [" ", "\t", "'", '"', "\\", "\n"])
+def test_unsafe_paths_are_named(char: str) -> None:
+    assert cachedir.unsafe_reason(f"/home/me/my{char}project") is not None
+
+
+@pytest.mark.parametrize("char", ["$", "#", ";", "&", "(", "*", ":", ",", "=", "@", "+", "~", "%", "é", "!"])
+def test_characters_torch_builds_with_are_safe(char: str) -> None:
+    # Each one compiled and ran a C++ kernel with torch 2.13 on CPU (see the module docstring).
+    assert cachedir.unsafe_reason(f"/home/me/my{char}project") is None
+
+
+@pytest.mark.parametrize("mode", ["shared", "isolated"])
+def test_an_explicit_dir_with_a_space_is_refused(tmp_path: Path, mode: str) -> None:
+    with pytest.raises(ConfigError, match=r"^--compile-cache-dir: .*my cache contains a space"):
+        cachedir.decide(mode, str(tmp_path / "my cache"), tmp_path / "default")
+    assert not (tmp_path / "my cache").exists()
+
+
+def test_a_default_dir_with_a_space_falls_back(tmp_path: Path) -> None:
+    default = tmp_path / "my project" / ".pytest_cache" / "d" / "compilecache"
+    session = cachedir.decide("shared", None, default)
+    assert session.path is not None and cachedir.unsafe_reason(session.path) is None
+    assert session.path == str(cachedir.fallback_dir(default))
+    assert session.note is not None and str(default) in session.note and session.path in session.note
+    assert "contains a space" in session.note
+    assert not default.exists()
+    again = cachedir.decide("shared", None, default)  # the same project gets the same dir back
+    other = cachedir.decide("shared", None, tmp_path / "other project" / "cc")
+    assert again.path == session.path != other.path
+    root = Path(session.path).parent
+    assert root.name == f"pytest-compilecache-{os.getuid()}"
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+
+
+def test_an_isolated_default_in_a_temp_dir_with_a_space_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spaced = tmp_path / "temp dir"
+    spaced.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spaced))
+    session = cachedir.decide("isolated", None, tmp_path / "default")
+    assert session.path is not None and cachedir.unsafe_reason(session.path) is None
+    assert session.note is not None and "temp dir" in session.note
+    cachedir.remove(session)
+    assert not Path(session.path).exists()
+
+
+def test_a_planted_fallback_root_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = tmp_path / "tmp"
+    base.mkdir()
+    (base / f"pytest-compilecache-{os.getuid()}").symlink_to(tmp_path)  # someone else's link in /tmp
+    monkeypatch.setattr(tempfile, "tempdir", str(base))
+    root = cachedir.fallback_dir(Path("/x y")).parent
+    assert root != base / f"pytest-compilecache-{os.getuid()}"
+    assert not root.is_symlink()
+
+
+# ------------------------------------------------------------------------------------------ EnvLease
+
+
+def test_env_lease_puts_back_set_and_unset_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC_LEASE_A", "before")
+    monkeypatch.delenv("CC_LEASE_B", raising=False)
+    with cachedir.lease_env("CC_LEASE_A", "CC_LEASE_B") as env:
+        env.set(CC_LEASE_A=None, CC_LEASE_B="during")
+        assert "CC_LEASE_A" not in os.environ and os.environ["CC_LEASE_B"] == "during"
+        with pytest.raises(KeyError, match="CC_LEASE_C is not leased"):
+            env.set(CC_LEASE_C="x")
+    assert os.environ["CC_LEASE_A"] == "before" and "CC_LEASE_B" not in os.environ
+    lease = cachedir.EnvLease(["CC_LEASE_A"]).set(CC_LEASE_A="again")
+    lease.restore()
+    lease.restore()
+    assert os.environ["CC_LEASE_A"] == "before"
