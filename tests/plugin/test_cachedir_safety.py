@@ -1,0 +1,198 @@
+"""The cache dir through the real plugin: never deleting what is not a cache, leftovers of killed sessions,
+and paths torch's C++ build cannot take (issue 9, items 1, 9 and 11)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.plugin.helpers import check_report
+
+TRIVIAL = "def test_ok():\n    pass\n"
+OLD = 1577836800  # 2020-01-01, as `touch -d 2020-01-01` in the issue's recipe
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` but pytester's own (``stdout``, ``stderr``, basetemp ``runpytest-<n>/``)."""
+    files = {str(p.relative_to(root)): p for p in sorted(root.rglob("*")) if p.is_file()}
+    pytesters = ("stdout", "stderr", "runpytest-")
+    return {rel: p.read_bytes() for rel, p in files.items() if not rel.startswith(pytesters)}
+
+
+def _user_project(root: Path) -> dict[str, bytes]:
+    """The issue's recipe: a git checkout with notes and a model file, both last changed in 2020."""
+    (root / ".git" / "objects" / "ab").mkdir(parents=True, exist_ok=True)
+    (root / ".git" / "objects" / "ab" / "cdef0123456789abcdef0123456789abcdef01").write_bytes(b"x\x9c" + os.urandom(40))
+    (root / "src").mkdir(exist_ok=True)
+    (root / "NOTES.md").write_text("notes\n")
+    (root / "src" / "model.bin").write_bytes(os.urandom(200_000))
+    for rel in ("NOTES.md", "src/model.bin", ".git/objects/ab/cdef0123456789abcdef0123456789abcdef01"):
+        os.utime(root / rel, (OLD, OLD))
+    return _snapshot(root)
+
+
+def test_the_project_root_as_the_dir_is_refused_and_nothing_is_deleted(inner: pytest.Pytester) -> None:
+    inner.makepyfile(test_x=TRIVIAL)
+    before = _user_project(inner.path)
+
+    result = inner.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--compile-cache-dir=.", "--compile-cache-max-size=1K", timeout=120
+    )
+
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --compile-cache-dir: * is not a compile cache*(.git, NOTES.md, *)*"])
+    assert _snapshot(inner.path) == before  # not a file removed, changed or added (no tag, no kernel dir)
+
+
+def test_home_as_the_dir_is_refused_and_nothing_is_deleted(
+    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = inner.path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("secret\n")
+    (home / ".bashrc").write_text("export PS1='$ '\n")
+    (home / "go" / "bin").mkdir(parents=True)  # a two-character dir, like torch's kernel dirs
+    (home / "go" / "bin" / "tool").write_bytes(b"\x7fELF")
+    _user_project(home / "work")
+    for path in home.rglob("*"):
+        os.utime(path, (OLD, OLD), follow_symlinks=False)
+    before = _snapshot(home)
+    monkeypatch.setenv("HOME", str(home))
+    inner.makepyfile(test_x=TRIVIAL)
+
+    for spelling in ("~", str(home), "$HOME"):
+        arg = os.path.expandvars(spelling)
+        result = inner.runpytest_subprocess(
+            "-p", "no:cacheprovider", f"--compile-cache-dir={arg}", "--compile-cache-max-size=1K", timeout=120
+        )
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, spelling
+        result.stderr.fnmatch_lines([f"ERROR: --compile-cache-dir: {home} is not a compile cache*"])
+    assert _snapshot(home) == before
+
+
+def test_a_subdir_as_the_error_suggests_is_used_and_trimmed_alone(inner: pytest.Pytester) -> None:
+    """Following the advice works: the new dir becomes ours, and trimming it leaves the project alone."""
+    inner.makepyfile(test_x=TRIVIAL)
+    before = _user_project(inner.path)
+    cache = inner.path / ".compilecache"
+    report = inner.path / "report.json"
+
+    first = inner.runpytest_subprocess("-p", "no:cacheprovider", f"--compile-cache-dir={cache}", timeout=120)
+    assert first.ret == 0, first.stdout.str()
+    torch_file = cache / "ab" / ("cab" + "x" * 49 + ".so")  # stands for a kernel from an earlier run
+    torch_file.parent.mkdir()
+    torch_file.write_bytes(b"k" * 4096)
+    os.utime(torch_file, (OLD, OLD))
+
+    second = inner.runpytest_subprocess(
+        "-p", "no:cacheprovider", f"--compile-cache-dir={cache}", "--compile-cache-max-size=1K",
+        f"--compile-cache-json={report}", timeout=120,
+    )  # fmt: skip
+
+    assert second.ret == 0, second.stdout.str()
+    assert not torch_file.exists()
+    data = json.loads(report.read_text())
+    check_report(data)
+    assert any(n.startswith("trimmed the cache dir: removed 1 least recently used files, 4.0 KiB") for n in data["notes"])
+    assert {k: v for k, v in _snapshot(inner.path).items() if k in before} == before
+
+
+@pytest.mark.parametrize("mode", ["shared", "isolated"])
+def test_an_explicit_dir_torch_cannot_build_in_is_refused(inner: pytest.Pytester, mode: str) -> None:
+    inner.makepyfile(test_x=TRIVIAL)
+    result = inner.runpytest_subprocess(
+        "-p", "no:cacheprovider", f"--compile-cache={mode}", f"--compile-cache-dir={inner.path / 'my cache'}",
+        timeout=120,
+    )  # fmt: skip
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: --compile-cache-dir: */my cache contains a space, which torch's C++ compiler command line*"]
+    )
+    assert not (inner.path / "my cache").exists()
+
+
+KILLED = """
+import os, sys, time
+from pytest_compilecache import cachedir
+
+path = sys.argv[1]
+cachedir.register_session(path)
+os.makedirs(os.path.join(path, "ab"), exist_ok=True)
+# What a session killed mid-restore leaves: an unpack's temp file, a staging dir, torch's own temp file.
+open(os.path.join(path, "ab", f".k.so.{cachedir.owner_tag()}.abcd1234.tmp"), "wb").write(b"x" * 1000)
+os.makedirs(os.path.join(path, cachedir.temp_name("staging"), "files"))
+open(os.path.join(path, "ab", f".{os.getpid()}.140000000000.tmp"), "wb").write(b"y")
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_next_session_sweeps_what_a_killed_one_left(inner: pytest.Pytester) -> None:
+    inner.makepyfile(test_x=TRIVIAL)
+    cache = inner.path / "cache"
+    shared = ["-p", "no:cacheprovider", f"--compile-cache-dir={cache}"]
+    assert inner.runpytest_subprocess(*shared, timeout=120).ret == 0
+    victim = subprocess.Popen([sys.executable, "-c", KILLED, str(cache)], stdout=subprocess.PIPE, text=True)
+    with victim:
+        assert victim.stdout is not None and victim.stdout.readline() == "ready\n"
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=60)
+    assert len(os.listdir(cache / ".compilecache-sessions")) == 1  # the dead session's registration
+    assert len([p for p in cache.rglob(".*.tmp")] + list(cache.glob(".compilecache-tmp-*"))) == 3
+    report = inner.path / "report.json"
+
+    result = inner.runpytest_subprocess(*shared, f"--compile-cache-json={report}", timeout=120)
+
+    assert result.ret == 0, result.stdout.str()
+    left = sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))
+    # torch's temp file has a pid but no host: it waits out a grace period (see cachedir.sweep_stale).
+    torch_temp = [name for name in left if name.endswith(".140000000000.tmp")]
+    assert left == sorted(["CACHEDIR.TAG", ".gitignore", ".compilecache-sessions", "ab", *torch_temp]), left
+    assert len(torch_temp) == 1
+    notes = json.loads(report.read_text())["notes"]
+    assert "removed 2 temp files left in the cache dir by killed sessions" in notes, notes
+
+
+SPACE_SUITE = """
+import torch
+
+
+def activation(x):
+    return torch.sin(x) + x
+
+
+def test_activation():
+    x = torch.randn(8)
+    torch.testing.assert_close(torch.compile(activation)(x), activation(x))
+"""
+
+
+@pytest.mark.slow
+def test_a_rootdir_with_a_space_still_compiles(inner: pytest.Pytester) -> None:
+    """torch's C++ build fails in a dir with a space; the default shared dir moves to a safe place."""
+    project = inner.path / "my project"
+    project.mkdir()
+    (project / "pytest.ini").write_text((inner.path / "pytest.ini").read_text())
+    (project / "test_space.py").write_text(SPACE_SUITE)
+    report = inner.path / "report.json"
+
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:xdist", "--compile-cache=shared", f"--compile-cache-json={report}"],
+        cwd=project, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(report.read_text())
+    check_report(data)
+    assert data["totals"]["compiled_tests"] == 1
+    cache_dir = data["cache_dir"]
+    assert " " not in cache_dir and Path(cache_dir).parent.name == f"pytest-compilecache-{os.getuid()}"
+    assert list(Path(cache_dir).glob("*/*.so")), "no C++ kernel was built in the fallback dir"
+    default = project / ".pytest_cache" / "d" / "compilecache"
+    assert f"compile cache: shared:{cache_dir} (the default dir {default} contains a space" in result.stdout
