@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.plugin.helpers import INNER_INI
 from tests.plugin.helpers import check_report
 
 TRIVIAL = "def test_ok():\n    pass\n"
@@ -99,7 +100,8 @@ def test_a_subdir_as_the_error_suggests_is_used_and_trimmed_alone(inner: pytest.
     assert not torch_file.exists()
     data = json.loads(report.read_text())
     check_report(data)
-    assert any(n.startswith("trimmed the cache dir: removed 1 least recently used files, 4.0 KiB") for n in data["notes"])
+    trimmed = "trimmed the cache dir: removed 1 least recently used files, 4.0 KiB"
+    assert any(note.startswith(trimmed) for note in data["notes"]), data["notes"]
     assert {k: v for k, v in _snapshot(inner.path).items() if k in before} == before
 
 
@@ -178,7 +180,7 @@ def test_a_rootdir_with_a_space_still_compiles(inner: pytest.Pytester) -> None:
     """torch's C++ build fails in a dir with a space; the default shared dir moves to a safe place."""
     project = inner.path / "my project"
     project.mkdir()
-    (project / "pytest.ini").write_text((inner.path / "pytest.ini").read_text())
+    (project / "pytest.ini").write_text(INNER_INI)
     (project / "test_space.py").write_text(SPACE_SUITE)
     report = inner.path / "report.json"
 

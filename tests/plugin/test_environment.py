@@ -51,7 +51,9 @@ def test_max_size_trims_the_shared_dir(pytester: pytest.Pytester) -> None:
     old = cache / "ab"
     old.mkdir(parents=True)
     # The tag pytest-compilecache writes: only a dir it made is trimmed beyond torch's own layout.
-    (cache / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n# Created by pytest-compilecache.\n")
+    (cache / "CACHEDIR.TAG").write_text(
+        "Signature: 8a477f597d28d172789f06886806bc55\n# Created by pytest-compilecache.\n"
+    )
     os.utime(cache / "CACHEDIR.TAG", (1, 1))  # oldest of all, and still kept: it is ours
     for index in range(20):
         entry = old / f"entry{index}.so"
