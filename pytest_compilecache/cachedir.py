@@ -456,6 +456,17 @@ class Registration:
         os.close(self.fd)
         self.fd = None
 
+    def renew(self) -> None:
+        """Register again if the marker was removed meanwhile (``--cache-clear`` deletes a shared dir
+        under ``.pytest_cache`` after the session registered in it, and :func:`make_dir` makes it anew)."""
+        if self.fd is None or os.path.exists(self.marker):
+            return
+        _OWN.pop(self.marker, None)
+        os.close(self.fd)
+        self.fd = None
+        self.marker, self.fd = _create_marker(self.path, self.start)
+        _OWN[self.marker] = self
+
     def __enter__(self) -> Registration:
         return self
 
@@ -478,6 +489,13 @@ def register_session(path: str, *, start: float | None = None) -> Registration:
     is when the session began using the dir. Raises OSError when the dir is not writable.
     """
     begun = time.time() if start is None else start
+    marker, fd = _create_marker(path, begun)
+    registration = Registration(path=path, marker=marker, start=begun, fd=fd)
+    _OWN[marker] = registration
+    return registration
+
+
+def _create_marker(path: str, begun: float) -> tuple[str, int]:
     folder = os.path.join(path, SESSIONS_DIR)
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, temp_name("new"))
@@ -492,9 +510,7 @@ def register_session(path: str, *, start: float | None = None) -> Registration:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    registration = Registration(path=path, marker=marker, start=begun, fd=fd)
-    _OWN[marker] = registration
-    return registration
+    return marker, fd
 
 
 def live_sessions(path: str, *, include_own: bool = False) -> list[LiveSession]:

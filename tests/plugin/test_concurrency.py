@@ -26,9 +26,19 @@ def test_two_sessions_at_once_share_a_dir(inner: pytest.Pytester) -> None:
 
     processes = {
         name: subprocess.Popen(
-            [sys.executable, "-m", "pytest", *shared, *extra, f"--basetemp={inner.path / ('tmp-' + name)}",
-             f"--compile-cache-json={inner.path / (name + '.json')}"],
-            cwd=inner.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                *shared,
+                *extra,
+                f"--basetemp={inner.path / ('tmp-' + name)}",
+                f"--compile-cache-json={inner.path / (name + '.json')}",
+            ],
+            cwd=inner.path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for name, extra in sessions.items()
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -572,3 +573,19 @@ def test_env_lease_puts_back_set_and_unset_variables(monkeypatch: pytest.MonkeyP
     lease.restore()
     lease.restore()
     assert os.environ["CC_LEASE_A"] == "before"
+
+
+def test_a_registration_renews_itself_after_its_dir_was_cleared(tmp_path: Path) -> None:
+    root = cachedir.make_dir(tmp_path / "cc")
+    registration = cachedir.register_session(str(root))
+    first = registration.marker
+    registration.renew()
+    assert registration.marker == first  # still in place: nothing to do
+    shutil.rmtree(root)  # --cache-clear removed .pytest_cache and the dir in it
+    cachedir.make_dir(root)
+    registration.renew()
+    assert registration.marker != first and os.path.exists(registration.marker)
+    assert len(cachedir.live_sessions(str(root), include_own=True)) == 1
+    registration.close()
+    registration.renew()  # closed: stays closed
+    assert os.listdir(root / cachedir.SESSIONS_DIR) == []
