@@ -320,7 +320,8 @@ def _managed_files(root: str, kind: Kind) -> Iterator[tuple[str, os.stat_result]
     our markers, registrations and ``locks/``; only torch's layout in a ``torch`` dir; nothing otherwise.
 
     ``locks/`` and ``*.lock`` are never yielded: removing a lock file another process holds splits the
-    lock in two (a second process creates a new file and "holds" it too).
+    lock in two (a second process creates a new file and "holds" it too). Nor are temp files and dirs
+    (someone is writing them; :func:`sweep_stale` removes those whose writer died).
     """
     if kind not in ("ours", "torch"):
         return
@@ -330,7 +331,7 @@ def _managed_files(root: str, kind: Kind) -> Iterator[tuple[str, os.stat_result]
         return
     for entry in top:
         name = entry.name
-        if name in _OUR_NAMES or name == "locks" or name.endswith(".lock"):
+        if name in _OUR_NAMES or name == "locks" or name.endswith(".lock") or _is_temp_name(name):
             continue
         if entry.is_symlink():
             if kind == "ours":
@@ -343,10 +344,11 @@ def _managed_files(root: str, kind: Kind) -> Iterator[tuple[str, os.stat_result]
                 continue
             for dirpath, dirnames, filenames in os.walk(entry.path):
                 if kind == "torch" and kernel and dirpath == entry.path:
-                    filenames = [n for n in filenames if _KERNEL_NAME.fullmatch(n) or _is_temp_name(n)]
+                    filenames = [n for n in filenames if _KERNEL_NAME.fullmatch(n)]
                     dirnames[:] = [n for n in dirnames if _KERNEL_NAME.fullmatch(n)]
+                dirnames[:] = [n for n in dirnames if not _is_temp_name(n)]
                 for filename in filenames:
-                    if filename.endswith(".lock"):
+                    if filename.endswith(".lock") or _is_temp_name(filename):
                         continue
                     full = os.path.join(dirpath, filename)
                     with contextlib.suppress(OSError):
@@ -653,7 +655,7 @@ def _drop_empty_dirs(path: str, kind: Kind, began: float, emptied: set[str]) -> 
     for root, _dirs, _files in os.walk(path, topdown=False):
         rel = os.path.relpath(root, path)
         top = rel.split(os.sep, 1)[0]
-        if root == path or top in _OUR_NAMES or top == "locks":
+        if root == path or top in _OUR_NAMES or top == "locks" or any(map(_is_temp_name, rel.split(os.sep))):
             continue
         if kind == "torch" and top not in TORCH_DIRS and not _KERNEL_DIR.fullmatch(top):
             continue

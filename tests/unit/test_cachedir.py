@@ -589,3 +589,14 @@ def test_a_registration_renews_itself_after_its_dir_was_cleared(tmp_path: Path) 
     registration.close()
     registration.renew()  # closed: stays closed
     assert os.listdir(root / cachedir.SESSIONS_DIR) == []
+
+
+def test_trim_leaves_temp_files_to_the_sweep(cache: Path) -> None:
+    """A temp file is being written by someone (or waits for sweep_stale): trimming never takes it."""
+    temps = {"ab/.k.so.abcdefgh.tmp", f"ab/.{os.getpid()}.1.tmp", f"{cachedir.temp_name('staging')}/files/x"}
+    for rel in temps:
+        _file(cache, rel, 100, T0)
+    _file(cache, "ab/entry", 100, T0)
+    result = cachedir.trim(str(cache), 0)
+    assert (result.removed, result.freed) == (1, 100)
+    assert temps <= _files(cache)
