@@ -135,18 +135,32 @@ def decide(mode: str | None, configured_dir: str | None, default_shared: Path) -
         parent = Path(configured_dir).expanduser().absolute()
         _require_safe(parent)
     else:
-        parent = Path(tempfile.gettempdir()).absolute()
-        if unsafe_reason(str(parent)):
-            safe = _private_temp_root()
-            note = f"the temp dir {parent} {unsafe_reason(str(parent))}; using {safe} instead"
-            parent = safe
+        parent, note = safe_temp_dir()
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        fresh = tempfile.mkdtemp(prefix="compilecache-", dir=parent)
-        _tag(Path(fresh))
+        fresh = fresh_dir(parent)
     except OSError as exc:
         raise ConfigError(f"--compile-cache-dir: cannot create an isolated dir in {parent}: {exc.strerror}") from None
-    return SessionDir(mode=mode, path=fresh, owned=True, note=note)
+    return SessionDir(mode=mode, path=str(fresh), owned=True, note=note)
+
+
+def safe_temp_dir() -> tuple[Path, str | None]:
+    """The system temp dir, or (when torch cannot build in it) a private one elsewhere and why."""
+    parent = Path(tempfile.gettempdir()).absolute()
+    reason = unsafe_reason(str(parent))
+    if not reason:
+        return parent, None
+    safe = _private_temp_root()
+    return safe, f"the temp dir {parent} {reason}; using {safe} instead"
+
+
+def fresh_dir(parent: Path | None = None, prefix: str = "compilecache-") -> Path:
+    """A new, empty, tagged cache dir in ``parent`` (default: :func:`safe_temp_dir`); remove it with
+    :func:`remove_dir`. For a per-test cold compile as much as for an isolated session. Raises OSError."""
+    where = safe_temp_dir()[0] if parent is None else parent
+    fresh = Path(tempfile.mkdtemp(prefix=prefix, dir=where))
+    _tag(fresh)
+    return fresh
 
 
 def make_dir(path: Path) -> Path:
@@ -186,8 +200,17 @@ def _tag(path: Path) -> None:
 
 def remove(session: SessionDir) -> None:
     """Remove an isolated dir this session made, at the end; only when it still carries our tag."""
-    if session.owned and session.path and ownership(session.path).kind == "ours":
-        shutil.rmtree(session.path, ignore_errors=True)
+    if session.owned and session.path:
+        remove_dir(session.path)
+
+
+def remove_dir(path: str | os.PathLike[str]) -> bool:
+    """Remove a dir made by :func:`fresh_dir` (or :func:`decide`): only while it carries our tag, and
+    without following links in it. Returns whether it was removed."""
+    if ownership(path).kind != "ours":
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return not os.path.lexists(path)
 
 
 def lock(path: str, timeout: float = 60.0):  # type: ignore[no-untyped-def]

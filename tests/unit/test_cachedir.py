@@ -600,3 +600,23 @@ def test_trim_leaves_temp_files_to_the_sweep(cache: Path) -> None:
     result = cachedir.trim(str(cache), 0)
     assert (result.removed, result.freed) == (1, 100)
     assert temps <= _files(cache)
+
+
+def test_fresh_dir_is_tagged_and_removed_only_while_tagged(tmp_path: Path) -> None:
+    fresh = cachedir.fresh_dir(tmp_path, prefix="compilecache-test-")
+    assert fresh.parent == tmp_path and fresh.name.startswith("compilecache-test-") and _is_tagged(fresh)
+    (fresh / "CACHEDIR.TAG").unlink()  # no longer provably ours
+    assert cachedir.remove_dir(fresh) is False and fresh.is_dir()
+    again = cachedir.fresh_dir(tmp_path)
+    assert cachedir.remove_dir(again) is True and not again.exists()
+
+
+def test_fresh_dir_defaults_to_a_temp_dir_torch_can_build_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spaced = tmp_path / "temp dir"
+    spaced.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spaced))
+    fresh = cachedir.fresh_dir()
+    assert cachedir.unsafe_reason(str(fresh)) is None and " " not in str(fresh)
+    parent, note = cachedir.safe_temp_dir()
+    assert fresh.parent == parent and note is not None and str(spaced) in note
+    assert cachedir.remove_dir(fresh)
