@@ -21,7 +21,8 @@ What this module may delete, and when (the contract every caller relies on):
   registration is visibly dead). :func:`trim` never runs while another registered session is live
   (torch may be about to load any file, or have checked that a ``.cpp`` exists just before compiling
   it); it reports itself deferred instead. While it runs it re-reads the registrations before every
-  removal and stops when a session appears, and it never removes a file or dir changed since it began.
+  removal and stops when a session appears, and it never removes a file changed since it began (nor a
+  dir, unless this trim emptied it).
   Processes that do not register (torch run without the plugin) are protected only by that last rule.
 * **Stale leftovers.** :func:`sweep_stale` removes temp files of dead owners (ours and torch's) and dead
   registrations, only in our or torch's dir and only by their known names.
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import itertools
 import json
@@ -526,6 +526,8 @@ def _create_marker(path: str, begun: float) -> tuple[str, int]:
     tmp = os.path.join(folder, temp_name("new"))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
+        import fcntl  # POSIX only, like torch's C++ cache; imported here so the module loads anywhere
+
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "start": begun}).encode())
         marker = os.path.join(folder, f"{os.getpid()}-{_HOST}-{int(begun * 1e9)}-{next(_SERIAL)}")
@@ -568,6 +570,8 @@ def _held(marker: str, *, remove_if_dead: bool) -> bool:
     except OSError:
         return False  # gone: its owner closed it
     try:
+        import fcntl
+
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
