@@ -557,22 +557,7 @@ def test_a_planted_fallback_root_is_not_used(tmp_path: Path, monkeypatch: pytest
     assert not root.is_symlink()
 
 
-# ------------------------------------------------------------------------------------------ EnvLease
-
-
-def test_env_lease_puts_back_set_and_unset_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CC_LEASE_A", "before")
-    monkeypatch.delenv("CC_LEASE_B", raising=False)
-    with cachedir.lease_env("CC_LEASE_A", "CC_LEASE_B") as env:
-        env.set(CC_LEASE_A=None, CC_LEASE_B="during")
-        assert "CC_LEASE_A" not in os.environ and os.environ["CC_LEASE_B"] == "during"
-        with pytest.raises(KeyError, match="CC_LEASE_C is not leased"):
-            env.set(CC_LEASE_C="x")
-    assert os.environ["CC_LEASE_A"] == "before" and "CC_LEASE_B" not in os.environ
-    lease = cachedir.EnvLease(["CC_LEASE_A"]).set(CC_LEASE_A="again")
-    lease.restore()
-    lease.restore()
-    assert os.environ["CC_LEASE_A"] == "before"
+# ------------------------------------------------------------------------------------------ renew()
 
 
 def test_a_registration_renews_itself_after_its_dir_was_cleared(tmp_path: Path) -> None:
