@@ -69,6 +69,7 @@ class Setup:
     problems: Problems
     follows_controller: bool = False
     _fingerprint: Fingerprint | None = field(default=None, repr=False)
+    registration: cachedir.Registration | None = field(default=None, repr=False)
 
     @classmethod
     def start(cls, settings: Settings, default_shared: Path, *, inherited: str | None, problems: Problems) -> Setup:
@@ -89,7 +90,27 @@ class Setup:
             atexit.register(cachedir.remove, session_dir)
         if not inherited:
             setup._export()
+            setup._register()
         return setup
+
+    def _register(self) -> None:
+        """A shared dir's controller: sweep what killed sessions left, then mark this session live in the
+        dir (no other session trims it while the registration is held)."""
+        if self.dir.mode != "shared" or not self.dir.path:
+            return
+        try:
+            swept = cachedir.sweep_stale(self.dir.path)
+            self.registration = cachedir.register_session(self.dir.path)
+        except OSError as exc:
+            self.problems.warn(f"could not register in the cache dir ({exc}); other sessions may trim it meanwhile")
+            return
+        if swept:
+            self.problems.note(f"removed {swept} temp files left in the cache dir by killed sessions")
+
+    def release(self) -> None:
+        """Withdraw the registration: this session no longer reads or writes the dir (idempotent)."""
+        if self.registration is not None:
+            self.registration.close()
 
     def _export(self) -> None:
         mode = self.dir.mode
@@ -127,6 +148,11 @@ class Setup:
                 cachedir.make_dir(Path(self.dir.path))
             except ConfigError as exc:
                 self.problems.warn(str(exc))
+        if self.registration is not None:
+            try:
+                self.registration.renew()  # --cache-clear removed it with the dir
+            except OSError as exc:
+                self.problems.warn(f"could not register in the cache dir ({exc}); other sessions may trim it meanwhile")
 
     def header(self) -> str | None:
         if self.dir.mode is None and not self.settings.redis:
@@ -137,7 +163,8 @@ class Setup:
         if self.settings.redis and not self.redis_on:
             extra += " (unreachable, off)"
         store = f", store {self.settings.store}" if self.settings.store else ""
-        return f"compile cache: {self.dir.describe()}{store}{extra}"
+        where = f" ({self.dir.note})" if self.dir.note else ""
+        return f"compile cache: {self.dir.describe()}{where}{store}{extra}"
 
     @property
     def saving(self) -> bool:
@@ -152,6 +179,7 @@ class Setup:
 
     def close(self) -> None:
         """Put the environment back as it was (matters when pytest runs in-process, e.g. pytester)."""
+        self.release()
         self.lease.restore()
 
 
@@ -312,6 +340,7 @@ class Controller:
         if self.setup.saving:
             self._save()
         self._evict()
+        self.setup.release()  # done with the dir: other sessions may trim it now
         self._write_json()
         self._write_step_summary()
         if not self.settings.keep:
@@ -366,15 +395,13 @@ class Controller:
         if self.setup.dir.mode != "shared" or not path or not self.settings.max_size:
             return
         try:
-            with cachedir.lock(path):
-                removed, freed = cachedir.evict(path, self.settings.max_size)
+            trimmed = cachedir.trim(path, self.settings.max_size)
         except Exception as exc:
             self.problems.warn(f"could not trim the cache dir: {exc}")
             return
-        if removed:
-            self.problems.note(
-                f"trimmed the cache dir: {removed} files, {report.human_size(freed)} least recently used"
-            )
+        line = trimmed.describe()
+        if line:
+            self.problems.note(line)
 
     def to_json(self) -> dict[str, Any]:
         data = report.to_json(
