@@ -316,8 +316,11 @@ def _kernel_dir_contents_ok(folder: Path) -> bool:
 
 
 def _is_temp_name(name: str) -> bool:
+    from ._fs import parse_temp_name  # bundle staging dirs and save/restore temps (swept by _fs.sweep_stale)
+
     return bool(
-        _TORCH_TEMP.fullmatch(name)
+        parse_temp_name(name) is not None
+        or _TORCH_TEMP.fullmatch(name)
         or _OUR_TEMP.fullmatch(name)
         or _ATOMIC_TEMP.fullmatch(name)
         or _ATOMIC_TEMP_OLD.fullmatch(name)

@@ -297,11 +297,15 @@ class Controller:
             self.problems.warn(self.restored.warning)
 
     def _sweep(self) -> None:
+        """Remove the bundle temps (staging dirs, save/restore dirs) whose owner is gone: in the cache dir,
+        and in the temp dir when this session moves bundles. torch's own temp files in the cache dir are
+        swept by :func:`cachedir.sweep_stale` when the session registers."""
         import tempfile
 
         from ._fs import sweep_stale
 
-        for where in (self.setup.dir.path, tempfile.gettempdir()):
+        places = [self.setup.dir.path, tempfile.gettempdir() if self.settings.store else None]
+        for where in places:
             if where:
                 try:
                     sweep_stale(where)

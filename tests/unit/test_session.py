@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+from typing import Iterator
 
 import pytest
 
@@ -29,12 +30,19 @@ from pytest_compilecache.stats import ItemRecord
 FP = Fingerprint({"torch": "2.13.0", "python": "cpython 3.11"})
 
 
+_OPEN: list[Setup] = []
+
+
 @pytest.fixture(autouse=True)
-def _no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A fake probe: this process has compiled nothing (whatever other unit tests imported)."""
+def _no_torch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A fake probe: this process has compiled nothing (whatever other unit tests imported). Every set-up
+    made here is closed afterwards, so no exported variable leaks into later tests."""
     monkeypatch.setattr("pytest_compilecache.probe.dynamo_loaded", lambda: False)
     monkeypatch.delenv(session_mod.ACTION_RESTORE_ENV, raising=False)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
 
 
 def _controller(tmp_path: Path, **options: Any) -> Controller:
@@ -44,6 +52,7 @@ def _controller(tmp_path: Path, **options: Any) -> Controller:
     problems = Problems(strict=settings.strict)
     setup = Setup.start(settings, tmp_path / "default", inherited=None, problems=problems)
     setup._fingerprint = FP
+    _OPEN.append(setup)
     return Controller(setup, Recorder("controller"))
 
 
