@@ -482,7 +482,8 @@ def restore_markdown(plan: Plan, result: RestoreResult) -> str:
         )
     if plan.save and plan.transfer == "github":
         saving = (
-            f"{md_code(plan.key)} if the tests compile something new: actions/cache uploads it at job end if the job succeeds"
+            f"{md_code(plan.key)} if the tests compile something new: "
+            "actions/cache uploads it at job end if the job succeeds"
         )
         if plan.why == "save: true" and plan.event not in SAVING_EVENTS:
             # GitHub gives untrusted triggers (pull requests from forks...) a read-only cache token.

@@ -197,12 +197,21 @@ def count_instructions(python: str, tests: int) -> dict[str, int]:
             env = clean_env(project / ".torch-flag")
             subprocess.run(warmup, cwd=project, env=env, capture_output=True, check=False)
         for variant in VARIANTS:
-            command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", python, "-m", "pytest",
-                       "-q", "-p", "no:cacheprovider", *variant_args(variant, work / "cache")]
+            command = [
+                "valgrind",
+                "--tool=callgrind",
+                "--callgrind-out-file=/dev/null",
+                python,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                *variant_args(variant, work / "cache"),
+            ]
             # A fixed hash seed: dict layouts (and so instruction counts) vary with it from run to run.
             env = {**clean_env(project / ".torch-flag"), "PYTHONHASHSEED": "0"}
-            done = subprocess.run(command, cwd=project, env=env,
-                                  capture_output=True, text=True, check=False)
+            done = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, check=False)
             match = re.search(r"Collected : (\d+)", done.stderr)
             if done.returncode != 0 or not match:
                 sys.exit(f"{variant}: callgrind run failed:\n{done.stderr[-2000:]}")
@@ -226,8 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PERCENT",
         help="exit 1 when the active or installed median is slower than this",
     )
-    parser.add_argument("--instructions", action="store_true",
-                        help="count instructions under valgrind callgrind instead of timing (repeatable)")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count instructions under valgrind callgrind instead of timing (repeatable)",
+    )
     args = parser.parse_args(argv)
     if args.instructions:
         counts = count_instructions(args.python, args.tests)

@@ -62,9 +62,13 @@ def device_facts(device: Mapping[str, Any]) -> dict[str, str]:
     from . import ConfigError
 
     gpus = device.get("gpus") if isinstance(device, Mapping) else None
-    if not isinstance(device, Mapping) or not isinstance(gpus or [], list) or not all(
-        isinstance(g, Mapping) and isinstance(g.get("name"), str) and isinstance(g.get("capability"), str)
-        for g in gpus or []
+    if (
+        not isinstance(device, Mapping)
+        or not isinstance(gpus or [], list)
+        or not all(
+            isinstance(g, Mapping) and isinstance(g.get("name"), str) and isinstance(g.get("capability"), str)
+            for g in gpus or []
+        )
     ):
         raise ConfigError(
             'device facts: expected {"cuda": str, "hip": str, "triton": str, '

@@ -81,9 +81,7 @@ def _s3_from_url(url: str, options: dict[str, Any]) -> Store:
     return store
 
 
-def open_store(
-    target: Union[str, os.PathLike[str], Settings], *, readonly: bool = False, **options: Any
-) -> Store:
+def open_store(target: Union[str, os.PathLike[str], Settings], *, readonly: bool = False, **options: Any) -> Store:
     """Build the store that ``target`` names; wrap it in :class:`ReadOnlyStore` when ``readonly``.
 
     ``target`` is a store URL or path, or the plugin's :class:`~pytest_compilecache.settings.Settings`

@@ -38,7 +38,6 @@ class LocalStore:
     saving the same or different keys never expose a partial file (last writer wins for the same key).
     """
 
-
     def __init__(self, root: Path) -> None:
         self.root = Path(os.path.abspath(root))
         self.location = self.root.as_uri()

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from pytest_compilecache.sync import RestoreResult
-
 from tests.action.conftest import parse_vars
 
 RUN = {"GITHUB_RUN_ID": "1234", "GITHUB_RUN_ATTEMPT": "2"}
@@ -352,9 +351,7 @@ def test_restore_from_a_directory_store(
 
 def test_restore_markdown(action: ModuleType, environ: dict[str, str], fingerprint: Any) -> None:
     plan = action.make_plan(environ, fingerprint)
-    text = action.restore_markdown(
-        plan, RestoreResult("partial", key="k-1", size=4096, seconds=0.25, files=3)
-    )
+    text = action.restore_markdown(plan, RestoreResult("partial", key="k-1", size=4096, seconds=0.25, files=3))
     assert "### torch.compile cache: restore" in text
     assert "partial: `k-1`, 4.0 KiB in 0.2 s, 3 files" in text
     assert f"`{plan.key}` if the tests compile something new: actions/cache uploads it at job end" in text

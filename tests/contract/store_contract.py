@@ -32,9 +32,9 @@ import pytest
 from pytest_compilecache import ConfigError
 from pytest_compilecache import StoreError
 from pytest_compilecache.stores import ReadOnlyStore
-from pytest_compilecache.stores import find_latest
 from pytest_compilecache.stores import Store
 from pytest_compilecache.stores import StoreEntry
+from pytest_compilecache.stores import find_latest
 from pytest_compilecache.stores import prune
 
 MakeStore = Callable[[], Store]

@@ -51,14 +51,28 @@ def fingerprint() -> Fingerprint:
     return collect()
 
 
-def _good(path: Path, fp: Fingerprint, *, key: bytes | None = None, facts: dict[str, str] | None = None,
-          blob: bytes = b"not a real mega-cache blob") -> Path:
+def _good(
+    path: Path,
+    fp: Fingerprint,
+    *,
+    key: bytes | None = None,
+    facts: dict[str, str] | None = None,
+    blob: bytes = b"not a real mega-cache blob",
+) -> Path:
     cache = path.parent / "src-cache"
     (cache / "ke").mkdir(parents=True, exist_ok=True)
     (cache / "ke" / "kernel.main.so").write_bytes(b"\x7fELF not really")
     bundle.pack(
-        path, key=path.stem, fingerprint=facts or fp.to_json(), digest=fp.digest(), torch_version="2.13.0",
-        blobs={"controller": blob}, cache_dir=cache, files=["ke/kernel.main.so"], stats={}, signing_key=key,
+        path,
+        key=path.stem,
+        fingerprint=facts or fp.to_json(),
+        digest=fp.digest(),
+        torch_version="2.13.0",
+        blobs={"controller": blob},
+        cache_dir=cache,
+        files=["ke/kernel.main.so"],
+        stats={},
+        signing_key=key,
         lineage=restore_prefix(DEFAULT_PREFIX, fp.digest()),
     )
     return path
@@ -99,10 +113,17 @@ def _escaping_member(path: Path, fp: Fingerprint) -> None:
     import hashlib
 
     manifest = bundle.Manifest(
-        format=bundle.FORMAT_VERSION, key=path.stem, fingerprint=fp.to_json(), digest=fp.digest(),
-        plugin_version="0", torch_version="2.13.0", created="2026-01-01T00:00:00+00:00",
+        format=bundle.FORMAT_VERSION,
+        key=path.stem,
+        fingerprint=fp.to_json(),
+        digest=fp.digest(),
+        plugin_version="0",
+        torch_version="2.13.0",
+        created="2026-01-01T00:00:00+00:00",
         members=(bundle.Member("files/../../escaped.so", len(payload), hashlib.sha256(payload).hexdigest()),),
-        stats={}, payload_size=len(compressed), payload_sha256=hashlib.sha256(compressed).hexdigest(),
+        stats={},
+        payload_size=len(compressed),
+        payload_sha256=hashlib.sha256(compressed).hexdigest(),
         lineage=restore_prefix(DEFAULT_PREFIX, fp.digest()),
     )
     raw = manifest.to_json_bytes()
@@ -131,8 +152,13 @@ FAULTS: dict[str, tuple[Callable[[Path, Fingerprint], None], dict[str, str]]] = 
 def _run(pytester: pytest.Pytester, store: Path, *extra: str) -> tuple[Any, dict[str, Any]]:
     report = pytester.path / "report.json"
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--compile-cache=isolated", f"--compile-cache-store={store}",
-        "--compile-cache-readonly", f"--compile-cache-json={report}", *extra,
+        "-p",
+        "no:cacheprovider",
+        "--compile-cache=isolated",
+        f"--compile-cache-store={store}",
+        "--compile-cache-readonly",
+        f"--compile-cache-json={report}",
+        *extra,
     )
     return result, json.loads(report.read_text())
 
@@ -174,8 +200,7 @@ def test_torch_rejecting_artifacts_compiles_cold(pytester: pytest.Pytester, fing
     """A bundle that verifies but whose mega-cache blob torch cannot load: warning, cold compile, pass."""
     store = pytester.path / "store"
     store.mkdir()
-    _good(store / (make_key(DEFAULT_PREFIX, fingerprint.digest(), "run1") + ".bundle"), fingerprint,
-          blob=b"\x00" * 64)
+    _good(store / (make_key(DEFAULT_PREFIX, fingerprint.digest(), "run1") + ".bundle"), fingerprint, blob=b"\x00" * 64)
     pytester.makeini("[pytest]\nfilterwarnings = ignore::DeprecationWarning\n")
     pytester.makepyfile(test_compiled=COMPILED_SUITE)
 

@@ -62,16 +62,22 @@ def test_s3_down_is_one_warning_and_a_cold_compile(suite: pytest.Pytester, aws_e
     endpoint = f"http://127.0.0.1:{free_port()}"
     store = "--compile-cache-store=s3://bucket/x"
     # A cold run caused by the store being down does not trip the hit-rate guard either.
-    result, data = _session(suite, "down", store, f"--compile-cache-s3-endpoint={endpoint}",
-                            "--compile-cache-min-hit-rate=0.9")
+    result, data = _session(
+        suite, "down", store, f"--compile-cache-s3-endpoint={endpoint}", "--compile-cache-min-hit-rate=0.9"
+    )
     assert result.ret == 0
     result.stdout.fnmatch_lines(["*passed*"])
     warnings = [line for line in result.outlines if line.startswith("CompileCacheWarning:")]
     assert len(warnings) == 2, warnings  # one for the restore, one for the save
     assert data["restore"]["outcome"] == "error" and data["totals"]["misses"] >= 1
 
-    strict, _ = _session(suite, "strict", "--compile-cache-store=s3://bucket/x",
-                         f"--compile-cache-s3-endpoint={endpoint}", "--compile-cache-strict")
+    strict, _ = _session(
+        suite,
+        "strict",
+        "--compile-cache-store=s3://bucket/x",
+        f"--compile-cache-s3-endpoint={endpoint}",
+        "--compile-cache-strict",
+    )
     assert strict.ret == 1
     strict.stdout.fnmatch_lines(["*compile cache FAILED: restore failed*"])
 

@@ -161,17 +161,40 @@ _COUNTS = {
     "remote": ("fx_hit", "fx_miss", "aot_hit", "aot_miss"),
 }
 _TOP = {
-    "version": int, "mode": (str, type(None)), "cache_dir": (str, type(None)), "totals": dict,
-    "restore": (dict, type(None)), "save": (dict, type(None)), "silent_workers": list, "notes": list,
-    "warnings": list, "tests": list,
+    "version": int,
+    "mode": (str, type(None)),
+    "cache_dir": (str, type(None)),
+    "totals": dict,
+    "restore": (dict, type(None)),
+    "save": (dict, type(None)),
+    "silent_workers": list,
+    "notes": list,
+    "warnings": list,
+    "tests": list,
 }
 _TOTALS = {
-    "tests": int, "compiled_tests": int, "fxgraph": dict, "aotautograd": dict, "remote": dict, "frames": int,
-    "recompiles": int, "hits": int, "misses": int, "hit_rate": (float, int, type(None)), "compile_seconds": _NUMBER,
+    "tests": int,
+    "compiled_tests": int,
+    "fxgraph": dict,
+    "aotautograd": dict,
+    "remote": dict,
+    "frames": int,
+    "recompiles": int,
+    "hits": int,
+    "misses": int,
+    "hit_rate": (float, int, type(None)),
+    "compile_seconds": _NUMBER,
 }
 _TEST = {
-    "nodeid": str, "worker": str, "fxgraph": dict, "aotautograd": dict, "remote": dict, "frames": int,
-    "recompiles": int, "compile_seconds": _NUMBER, "bypass_reasons": list,
+    "nodeid": str,
+    "worker": str,
+    "fxgraph": dict,
+    "aotautograd": dict,
+    "remote": dict,
+    "frames": int,
+    "recompiles": int,
+    "compile_seconds": _NUMBER,
+    "bypass_reasons": list,
 }
 
 

@@ -34,8 +34,13 @@ def test_torch_imported_before_the_plugin(pytester: pytest.Pytester, monkeypatch
     pytester.syspathinsert()
     report = pytester.path / "r.json"
     result = pytester.runpytest_subprocess(
-        "-p", "earlytorch", "-p", "no:cacheprovider", "--compile-cache=shared",
-        f"--compile-cache-dir={target}", f"--compile-cache-json={report}",
+        "-p",
+        "earlytorch",
+        "-p",
+        "no:cacheprovider",
+        "--compile-cache=shared",
+        f"--compile-cache-dir={target}",
+        f"--compile-cache-json={report}",
     )
     assert result.ret == 0, result.stdout.str()
     data = json.loads(report.read_text())
@@ -61,8 +66,12 @@ def test_max_size_trims_the_shared_dir(pytester: pytest.Pytester) -> None:
         os.utime(entry, (1_000_000 + index, 1_000_000 + index))
     pytester.makepyfile(test_plain="def test_ok():\n    pass\n")
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--compile-cache=shared", f"--compile-cache-dir={cache}",
-        "--compile-cache-max-size=40K", "--compile-cache-report=full",
+        "-p",
+        "no:cacheprovider",
+        "--compile-cache=shared",
+        f"--compile-cache-dir={cache}",
+        "--compile-cache-max-size=40K",
+        "--compile-cache-report=full",
     )
     assert result.ret == 0
     remaining = sorted(p.name for p in old.glob("*.so"))
@@ -110,8 +119,12 @@ def test_bypasses_are_counted_with_torchs_reason(pytester: pytest.Pytester) -> N
     pytester.makepyfile(test_bypass=BYPASS_SUITE)
     report = pytester.path / "r.json"
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--compile-cache=isolated", f"--compile-cache-json={report}",
-        "--compile-cache-report=full", "-rA",
+        "-p",
+        "no:cacheprovider",
+        "--compile-cache=isolated",
+        f"--compile-cache-json={report}",
+        "--compile-cache-report=full",
+        "-rA",
     )
     assert result.ret == 0, result.stdout.str()
     totals = json.loads(report.read_text())["totals"]

@@ -67,7 +67,7 @@ def test_shared_cold_then_warm(inner: pytest.Pytester, monkeypatch: pytest.Monke
     assert len(text.encode()) < GITHUB_SUMMARY_LIMIT
     headlines = [line for line in text.splitlines() if line.startswith("### ")]
     assert headlines == ["### torch.compile cache: 0% hit rate", "### torch.compile cache: 100% hit rate"]
-    warm_part = text[text.index(headlines[1]):]
+    warm_part = text[text.index(headlines[1]) :]
     fx, aot = warm.totals["fxgraph"], warm.totals["aotautograd"]
     assert f"| FX graph | {fx['hit']} | 0 | 0 | - |" in warm_part
     assert f"| AOTAutograd | {aot['hit']} | 0 | {aot['bypass']} | {aot['guard_miss']} |" in warm_part
@@ -81,7 +81,10 @@ def test_step_summary_off(inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
 
     run = run_inner(
-        inner, "--compile-cache=shared", f"--compile-cache-dir={inner.path / 'cache'}", "--compile-cache-summary=off",
+        inner,
+        "--compile-cache=shared",
+        f"--compile-cache-dir={inner.path / 'cache'}",
+        "--compile-cache-summary=off",
         *dist,
     )
 
@@ -110,7 +113,11 @@ def test_isolated_compiles_cold_every_time_in_one_dir(inner: pytest.Pytester, di
 
     parent = inner.path / "isolated"
     second = run_inner(
-        inner, "--compile-cache=isolated", f"--compile-cache-dir={parent}", "--compile-cache-keep", *dist,
+        inner,
+        "--compile-cache=isolated",
+        f"--compile-cache-dir={parent}",
+        "--compile-cache-keep",
+        *dist,
         json_name="second.json",
     )
 

@@ -28,32 +28,54 @@ def test_runs():
     ("args", "ini", "env", "message"),
     [
         pytest.param(
-            ["--compile-cache=bogus"], "", {},
-            "--compile-cache: invalid value 'bogus' (choose from shared, isolated, disabled)", id="mode",
+            ["--compile-cache=bogus"],
+            "",
+            {},
+            "--compile-cache: invalid value 'bogus' (choose from shared, isolated, disabled)",
+            id="mode",
         ),
         pytest.param(
-            ["--compile-cache-min-hit-rate=1.5"], "", {},
-            "--compile-cache-min-hit-rate: must be between 0 and 1, got '1.5'", id="min-hit-rate",
+            ["--compile-cache-min-hit-rate=1.5"],
+            "",
+            {},
+            "--compile-cache-min-hit-rate: must be between 0 and 1, got '1.5'",
+            id="min-hit-rate",
         ),
         pytest.param(
-            ["--compile-cache=shared", "--compile-cache-dir={file}/sub"], "", {},
-            "--compile-cache-dir: */a-file/sub is not a writable directory*", id="shared-dir-under-a-file",
+            ["--compile-cache=shared", "--compile-cache-dir={file}/sub"],
+            "",
+            {},
+            "--compile-cache-dir: */a-file/sub is not a writable directory*",
+            id="shared-dir-under-a-file",
         ),
         pytest.param(
-            ["--compile-cache=isolated", "--compile-cache-dir={file}/sub"], "", {},
-            "--compile-cache-dir: cannot create an isolated dir in */a-file/sub*", id="isolated-dir-under-a-file",
+            ["--compile-cache=isolated", "--compile-cache-dir={file}/sub"],
+            "",
+            {},
+            "--compile-cache-dir: cannot create an isolated dir in */a-file/sub*",
+            id="isolated-dir-under-a-file",
         ),
         pytest.param(
-            ["--compile-cache-max-size=lots"], "", {},
-            "--compile-cache-max-size: expected a size like 500M or 2G, got 'lots'", id="max-size",
+            ["--compile-cache-max-size=lots"],
+            "",
+            {},
+            "--compile-cache-max-size: expected a size like 500M or 2G, got 'lots'",
+            id="max-size",
         ),
         pytest.param(
-            ["--compile-cache=disabled", "--compile-cache-store={file}"], "", {},
-            "--compile-cache-store: cannot be used with --compile-cache=disabled", id="store-when-disabled",
+            ["--compile-cache=disabled", "--compile-cache-store={file}"],
+            "",
+            {},
+            "--compile-cache-store: cannot be used with --compile-cache=disabled",
+            id="store-when-disabled",
         ),
         pytest.param([], "compile_cache = bogus", {}, "compile_cache: invalid value 'bogus'*", id="ini"),
         pytest.param(
-            [], "", {"PYTEST_COMPILECACHE_MODE": "bogus"}, "PYTEST_COMPILECACHE_MODE: invalid value 'bogus'*", id="env",
+            [],
+            "",
+            {"PYTEST_COMPILECACHE_MODE": "bogus"},
+            "PYTEST_COMPILECACHE_MODE: invalid value 'bogus'*",
+            id="env",
         ),
     ],
 )
@@ -190,8 +212,11 @@ def test_isolated_dir_is_not_left_behind_when_the_session_stops_early(
     parent = inner.path / "isolated"
 
     result = inner.runpytest_subprocess(
-        "--compile-cache=isolated", f"--compile-cache-dir={parent}", *dist,
-        *([stop] if stop.startswith("--") else []), timeout=120,
+        "--compile-cache=isolated",
+        f"--compile-cache-dir={parent}",
+        *dist,
+        *([stop] if stop.startswith("--") else []),
+        timeout=120,
     )
 
     assert result.ret == (pytest.ExitCode.OK if stop == "--help" else pytest.ExitCode.USAGE_ERROR)

@@ -79,7 +79,11 @@ def test_output_values_cannot_set_other_names(tmp_path: Path, text: str) -> None
     target = tmp_path / "github_output"
     target.write_text("earlier=1\n")
     ghrunner.append_vars(target, {"restore-outcome": text, "cache-hit": "false"})
-    assert _parse_output_file(target.read_bytes().decode()) == {"earlier": "1", "restore-outcome": text, "cache-hit": "false"}
+    assert _parse_output_file(target.read_bytes().decode()) == {
+        "earlier": "1",
+        "restore-outcome": text,
+        "cache-hit": "false",
+    }
 
 
 def test_output_names_are_checked_before_writing(tmp_path: Path) -> None:

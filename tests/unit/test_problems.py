@@ -27,8 +27,11 @@ def test_warnings_are_lines_unless_strict() -> None:
         (["error::UserWarning"], [], "show"),
         (["error::pytest_compilecache.CompileCacheWarning"], [], "error"),
         ([], ["error::pytest_compilecache.CompileCacheWarning"], "error"),
-        (["error::pytest_compilecache.CompileCacheWarning"], ["ignore::pytest_compilecache.CompileCacheWarning"],
-         "ignore"),  # -W comes after the ini file, as in pytest
+        (
+            ["error::pytest_compilecache.CompileCacheWarning"],
+            ["ignore::pytest_compilecache.CompileCacheWarning"],
+            "ignore",
+        ),  # -W comes after the ini file, as in pytest
         (["ignore::UserWarning"], [], "ignore"),
         (["error::pytest_compilecache.CompileCacheWarning:.*other.*"], [], "show"),  # message does not match
         (["error:store down:pytest_compilecache.CompileCacheWarning"], [], "error"),

@@ -21,8 +21,8 @@ from pytest_compilecache import ConfigError
 from pytest_compilecache import StoreError
 from pytest_compilecache.stores import LocalStore
 from pytest_compilecache.stores import ReadOnlyStore
-from pytest_compilecache.stores import find_latest
 from pytest_compilecache.stores import Store
+from pytest_compilecache.stores import find_latest
 from pytest_compilecache.stores import open_store
 from pytest_compilecache.stores import validate_key
 from pytest_compilecache.stores import validate_prefix
@@ -240,8 +240,18 @@ def test_open_store_readonly_wraps(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "url",
-    ["", "   ", "file://relative/dir", "file:relative", "file:///abs?x=1", "ftp://host/x", "gs://bucket", "s3://",
-     "s3:bucket", "http://example.com/x"],
+    [
+        "",
+        "   ",
+        "file://relative/dir",
+        "file:relative",
+        "file:///abs?x=1",
+        "ftp://host/x",
+        "gs://bucket",
+        "s3://",
+        "s3:bucket",
+        "http://example.com/x",
+    ],
 )
 def test_open_store_refuses_bad_values(url: str) -> None:
     with pytest.raises(ConfigError) as info:
