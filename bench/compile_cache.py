@@ -43,6 +43,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import zstandard
 
@@ -68,7 +69,7 @@ exit $status
 
 def run_pytest(
     suite: Path, tmp: Path, *args: str, env: dict[str, str] | None = None, machine: Path | None = None
-) -> tuple[float, dict]:
+) -> tuple[float, dict[str, Any]]:
     """Run the suite once; return wall seconds and the plugin's JSON report (empty for eager).
 
     ``machine`` is the TMPDIR to use (same machine); None gives a fresh one (a fresh machine).
@@ -147,7 +148,7 @@ def make_shims(tmp: Path) -> Path:
     return shims
 
 
-def carry_headers(machine: Path, objects: Path, since: float) -> tuple[list[headers.HeaderArtifact], dict]:
+def carry_headers(machine: Path, objects: Path, since: float) -> tuple[list[headers.HeaderArtifact], dict[str, Any]]:
     """Upload the headers the cold run used on ``machine`` as content-addressed objects (once each)."""
     started = time.perf_counter()
     artifacts = []
@@ -169,7 +170,7 @@ def carry_headers(machine: Path, objects: Path, since: float) -> tuple[list[head
     return artifacts, info
 
 
-def install_headers(artifacts: list[headers.HeaderArtifact], objects: Path, fresh: Path) -> dict:
+def install_headers(artifacts: list[headers.HeaderArtifact], objects: Path, fresh: Path) -> dict[str, Any]:
     """Download each object (a local copy stands in for the transfer) and install it under ``fresh``."""
     started = time.perf_counter()
     downloads = fresh / "downloads"
@@ -216,17 +217,17 @@ def newest_bundle(store: Path) -> Path:
     return max(store.glob("*.bundle"), key=lambda p: p.stat().st_mtime)
 
 
-def misses(data: dict) -> str:
+def misses(data: dict[str, Any]) -> str:
     totals = data.get("totals", {})
     return f"{totals.get('hits', '-')}/{totals.get('misses', '-')}"
 
 
-def scenarios(suite: Path, tmp: Path, rounds: int, megacache: bool) -> dict:
+def scenarios(suite: Path, tmp: Path, rounds: int, megacache: bool) -> dict[str, Any]:
     store, cold_dir, objects = tmp / "store", tmp / "cold-dir", tmp / "objects"
     machine = tmp / "machine-a"
     machine.mkdir()
     objects.mkdir()
-    out: dict = {"eager": [run_pytest(suite, tmp, env={"TORCH_COMPILE_DISABLE": "1"})]}
+    out: dict[str, Any] = {"eager": [run_pytest(suite, tmp, env={"TORCH_COMPILE_DISABLE": "1"})]}
     since = headers.session_start()
     out["cold"] = [
         run_pytest(
@@ -244,27 +245,27 @@ def scenarios(suite: Path, tmp: Path, rounds: int, megacache: bool) -> dict:
     whole_size = archive(cold_dir, whole)
     archive_s = time.perf_counter() - started
     artifacts, carried = carry_headers(machine, objects, since)
-    extra: dict = {"bundle": bundle_path.stat().st_size, "wholedir": whole_size, "wholedir_pack_s": archive_s}
+    extra: dict[str, Any] = {"bundle": bundle_path.stat().st_size, "wholedir": whole_size, "wholedir_pack_s": archive_s}
     extra["headers"] = carried
     extra["headers"]["installs"] = []
     extra["wholedir_unpack_s"] = []
     restore_args = ("--compile-cache=isolated", f"--compile-cache-store={store}", "--compile-cache-readonly")
 
-    def warm() -> tuple[float, dict]:
+    def warm() -> tuple[float, dict[str, Any]]:
         return run_pytest(suite, tmp, "--compile-cache=shared", f"--compile-cache-dir={cold_dir}", machine=machine)
 
-    def restored() -> tuple[float, dict]:
+    def restored() -> tuple[float, dict[str, Any]]:
         return run_pytest(suite, tmp, *restore_args, machine=machine)
 
-    def restored_fresh() -> tuple[float, dict]:
+    def restored_fresh() -> tuple[float, dict[str, Any]]:
         return run_pytest(suite, tmp, *restore_args)
 
-    def restored_fresh_headers() -> tuple[float, dict]:
+    def restored_fresh_headers() -> tuple[float, dict[str, Any]]:
         fresh = Path(tempfile.mkdtemp(prefix="tmpdir-", dir=tmp))
         extra["headers"]["installs"].append(install_headers(artifacts, objects, fresh))
         return run_pytest(suite, tmp, *restore_args, machine=fresh)
 
-    def wholedir() -> tuple[float, dict]:
+    def wholedir() -> tuple[float, dict[str, Any]]:
         target = Path(tempfile.mkdtemp(prefix="whole-dir-", dir=tmp))
         started = time.perf_counter()
         unarchive(whole, target)
@@ -301,7 +302,7 @@ def variant(suite: Path, dest: Path, index: int) -> Path:
     return dest
 
 
-def growth(suite: Path, tmp: Path, runs: int = 5) -> list[dict]:
+def growth(suite: Path, tmp: Path, runs: int = 5) -> list[dict[str, Any]]:
     store, shared = tmp / "growth-store", tmp / "growth-dir"
     rows = []
     for index in range(runs):

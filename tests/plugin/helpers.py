@@ -122,9 +122,15 @@ class InnerRun:
         return int(self.result.ret)
 
     @property
-    def totals(self) -> dict[str, Any]:
+    def data(self) -> dict[str, Any]:
+        """The JSON report, which the session must have written."""
         assert self.report is not None, self.output
-        return self.report["totals"]
+        return self.report
+
+    @property
+    def totals(self) -> dict[str, Any]:
+        totals: dict[str, Any] = self.data["totals"]
+        return totals
 
     @property
     def output(self) -> str:
@@ -132,9 +138,8 @@ class InnerRun:
 
     def record(self, name: str) -> dict[str, Any]:
         """The JSON record of the compiled test whose nodeid ends in ``::name``."""
-        assert self.report is not None, self.output
-        found = [t for t in self.report["tests"] if t["nodeid"].endswith("::" + name)]
-        assert len(found) == 1, (name, self.report["tests"])
+        found: list[dict[str, Any]] = [t for t in self.data["tests"] if t["nodeid"].endswith("::" + name)]
+        assert len(found) == 1, (name, self.data["tests"])
         return found[0]
 
 

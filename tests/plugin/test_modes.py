@@ -41,16 +41,16 @@ def test_shared_cold_then_warm(inner: pytest.Pytester, monkeypatch: pytest.Monke
     cold.result.assert_outcomes(passed=2)
     assert cold.ret == pytest.ExitCode.TESTS_FAILED
     cold.result.stdout.fnmatch_lines(["compile cache FAILED: hit rate 0% is below --compile-cache-min-hit-rate=0.9"])
-    check_report(cold.report)
-    assert (cold.report["mode"], cold.report["cache_dir"]) == ("shared", str(cache))
+    check_report(cold.data)
+    assert (cold.data["mode"], cold.data["cache_dir"]) == ("shared", str(cache))
     assert cold.totals["hits"] == 0
     assert cold.totals["misses"] > 0
-    assert {t["worker"] for t in cold.report["tests"]} == _workers(dist)
+    assert {t["worker"] for t in cold.data["tests"]} == _workers(dist)
 
     warm = run_inner(inner, *args, "--compile-cache-report=full", json_name="warm.json")
 
     assert warm.ret == pytest.ExitCode.OK, warm.output
-    check_report(warm.report)
+    check_report(warm.data)
     assert warm.totals["fxgraph"]["miss"] == 0
     assert warm.totals["hits"] == cold.totals["misses"]
     assert warm.totals["aotautograd"]["hit"] == cold.totals["aotautograd"]["miss"] > 0
@@ -100,15 +100,15 @@ def test_isolated_compiles_cold_every_time_in_one_dir(inner: pytest.Pytester, di
     first = run_inner(inner, "--compile-cache=isolated", *dist, json_name="first.json")
 
     assert first.ret == 0, first.output
-    check_report(first.report)
-    assert first.report["mode"] == "isolated"
+    check_report(first.data)
+    assert first.data["mode"] == "isolated"
     assert (first.totals["hits"], first.totals["misses"]) == (0, 2)
-    session_dir = first.report["cache_dir"]
+    session_dir = first.data["cache_dir"]
     assert not os.path.exists(session_dir)
     # Workers compile into their controller's dir, not into fresh dirs of their own.
     env = read_envlog(inner.path)
     assert {env[t]["worker"] for t in ("project", "gram")} == _workers(dist)
-    assert {t["worker"] for t in first.report["tests"]} == _workers(dist)
+    assert {t["worker"] for t in first.data["tests"]} == _workers(dist)
     assert {env[t]["TORCHINDUCTOR_CACHE_DIR"] for t in ("project", "gram")} == {session_dir}
 
     parent = inner.path / "isolated"
@@ -122,9 +122,9 @@ def test_isolated_compiles_cold_every_time_in_one_dir(inner: pytest.Pytester, di
     )
 
     assert second.ret == 0, second.output
-    check_report(second.report)
+    check_report(second.data)
     assert (second.totals["hits"], second.totals["misses"]) == (0, 2)
-    kept = Path(second.report["cache_dir"])
+    kept = Path(second.data["cache_dir"])
     assert kept.parent == parent
     assert kept != Path(session_dir)
     assert (kept / "CACHEDIR.TAG").is_file()
@@ -138,8 +138,8 @@ def test_disabled_makes_no_cache_lookups(inner: pytest.Pytester, dist: tuple[str
     run = run_inner(inner, "--compile-cache=disabled", *dist)
 
     assert run.ret == 0, run.output
-    check_report(run.report)
-    assert (run.report["mode"], run.report["cache_dir"]) == ("disabled", None)
+    check_report(run.data)
+    assert (run.data["mode"], run.data["cache_dir"]) == ("disabled", None)
     assert run.totals["frames"] == 2  # both tests compiled...
     fx, aot = run.totals["fxgraph"], run.totals["aotautograd"]
     assert fx["hit"] + fx["miss"] == 0  # ...without asking a cache
@@ -188,7 +188,7 @@ def test_isolated_marker_compiles_cold_in_a_warm_dir(inner: pytest.Pytester, dis
     run = run_inner(inner, *shared, *dist)
 
     assert run.ret == 0, run.output
-    check_report(run.report)
+    check_report(run.data)
     assert run.record("test_twin")["fxgraph"] == {"hit": 1, "miss": 0, "bypass": 0}
     assert run.record("test_marked")["fxgraph"] == {"hit": 0, "miss": 1, "bypass": 0}
     env = read_envlog(inner.path)
@@ -249,7 +249,7 @@ def test_compile_cache_stats_fixture(inner: pytest.Pytester, dist: tuple[str, ..
 
     run.result.assert_outcomes(passed=3)
     assert run.ret == 0
-    check_report(run.report)
+    check_report(run.data)
     seen = int((inner.path / "seen-misses.txt").read_text())
     assert seen == run.record("test_reads_its_own_compile")["fxgraph"]["miss"] == 1
     assert run.record("test_no_recompile")["recompiles"] == 0

@@ -116,9 +116,9 @@ def test_cli_beats_ini_beats_env(
 
     for run in (from_cli, from_ini, from_env):
         assert run.ret == 0, run.output
-        check_report(run.report)
-    assert [r.report["mode"] for r in (from_cli, from_ini, from_env)] == ["shared", "isolated", "disabled"]
-    assert from_cli.report["cache_dir"] == str(inner.path / "cache")
+        check_report(run.data)
+    assert [r.data["mode"] for r in (from_cli, from_ini, from_env)] == ["shared", "isolated", "disabled"]
+    assert from_cli.data["cache_dir"] == str(inner.path / "cache")
 
 
 def test_default_shared_dir_is_in_pytest_cache(inner: pytest.Pytester, dist: tuple[str, ...]) -> None:
@@ -128,8 +128,8 @@ def test_default_shared_dir_is_in_pytest_cache(inner: pytest.Pytester, dist: tup
     run = run_inner(inner, "--compile-cache=shared", *dist)
 
     assert run.ret == 0, run.output
-    check_report(run.report)
-    assert Path(run.report["cache_dir"]).resolve() == expected.resolve()
+    check_report(run.data)
+    assert Path(run.data["cache_dir"]).resolve() == expected.resolve()
     assert (expected / "CACHEDIR.TAG").read_text().startswith("Signature: 8a477f597d28d172789f06886806bc55\n")
 
 
@@ -144,7 +144,7 @@ def test_default_shared_dir_survives_cache_clear(
     run = run_inner(inner, "--compile-cache=shared", "--cache-clear", *dist)
 
     assert run.ret == 0, run.output
-    assert Path(run.report["cache_dir"]).resolve() == expected.resolve()
+    assert Path(run.data["cache_dir"]).resolve() == expected.resolve()
     assert (expected / "CACHEDIR.TAG").is_file()
 
 
@@ -169,7 +169,7 @@ def test_session_without_torch_never_imports_it(inner: pytest.Pytester, dist: tu
     run = run_inner(inner, "--compile-cache=shared", f"--compile-cache-dir={inner.path / 'cache'}", *dist)
 
     assert run.ret == 0, run.output
-    check_report(run.report)
+    check_report(run.data)
     assert (run.totals["tests"], run.totals["compiled_tests"], run.totals["hit_rate"]) == (1, 0, None)
     seen = {p.name: p.read_text() for p in inner.path.glob("torch-imported-*.txt")}
     processes = ["controller", "gw0", "gw1"] if dist else ["controller"]

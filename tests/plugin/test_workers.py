@@ -35,7 +35,7 @@ def test_silent_worker_is_reported_not_a_crash(inner: pytest.Pytester, monkeypat
 
     assert run.ret == 0, run.output
     run.result.assert_outcomes(passed=2)
-    check_report(run.report)
-    assert run.report["silent_workers"] == ["gw0"]
+    check_report(run.data)
+    assert run.data["silent_workers"] == ["gw0"]
     run.result.stdout.fnmatch_lines(["workers that sent no statistics: gw0"])
     assert "- workers that sent no statistics: gw0" in summary.read_text()
