@@ -139,7 +139,7 @@ def test_mega_cache_round_trip_counts_artifacts_on_this_torch(tmp_path: Path) ->
         capture_output=True,
         text=True,
         env=env,
-        timeout=300,
+        timeout=900,
     )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
