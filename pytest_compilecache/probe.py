@@ -66,21 +66,30 @@ class _BypassTap(logging.Filter):
 _tap: _BypassTap | None = None
 
 
-def _prepare() -> None:
-    """Once per process after torch is imported: keep every compilation metric, tap bypass reasons."""
-    global _tap
-    if _tap is not None or not dynamo_loaded():
-        return
-    from torch._dynamo import utils
+_limit_raised = False
 
-    if hasattr(utils, "set_compilation_metrics_limit"):
-        # The default deque keeps 64 records; a suite compiles far more frames than that.
-        utils.set_compilation_metrics_limit(10**6)
-    logger = logging.getLogger("torch._inductor.codecache")
-    _tap = _BypassTap(logger.getEffectiveLevel())
-    logger.addFilter(_tap)
-    if logger.getEffectiveLevel() > logging.INFO:
-        logger.setLevel(logging.INFO)
+
+def _prepare() -> None:
+    """Once per process: tap bypass reasons once torch is imported, keep every metric once Dynamo is.
+
+    The tap must be in place before the first compile of a test, and ``import torch`` does not import
+    Dynamo (torch 2.7-2.15): waiting for Dynamo would lose the reasons of the test that first compiles.
+    """
+    global _tap, _limit_raised
+    if _tap is None and torch_loaded():
+        # torch configures its loggers while `import torch` runs: set ours after that, not before.
+        logger = logging.getLogger("torch._inductor.codecache")
+        _tap = _BypassTap(logger.getEffectiveLevel())
+        logger.addFilter(_tap)
+        if logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)
+    if not _limit_raised and dynamo_loaded():
+        from torch._dynamo import utils
+
+        if hasattr(utils, "set_compilation_metrics_limit"):
+            # The default deque keeps 64 records; a suite compiles far more frames than that.
+            utils.set_compilation_metrics_limit(10**6)
+        _limit_raised = True
 
 
 class Mark:
@@ -99,14 +108,16 @@ _GROUPS = ("inductor", "aot_autograd")
 
 
 def mark() -> Mark:
-    """Cheap snapshot; before torch's Dynamo is imported there is nothing to snapshot."""
-    if not dynamo_loaded():
+    """Cheap snapshot; before torch's Dynamo is imported there are no counters yet (they start at zero)."""
+    if not torch_loaded():
         return _EMPTY
     _prepare()
+    reasons = len(_tap.reasons) if _tap else 0
+    if not dynamo_loaded():
+        return Mark({}, 0, reasons)
     from torch._dynamo import utils
 
     counters = {group: dict(utils.counters[group]) for group in _GROUPS if group in utils.counters}
-    reasons = len(_tap.reasons) if _tap else 0
     return Mark(counters, len(_metrics(utils)), reasons)
 
 
