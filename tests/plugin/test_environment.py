@@ -43,7 +43,8 @@ def test_torch_imported_before_the_plugin(pytester: pytest.Pytester, monkeypatch
     assert data["totals"]["misses"] >= 1
     # The compiled artifacts landed in the chosen dir, not in torch's default one.
     assert list((target / "fxgraph").rglob("*")), sorted(os.listdir(target))
-    assert list(target.glob("*/*.main.so"))
+    # A compiled C++ kernel: "<key>.main.so" from torch 2.8, "<key>.so" on torch 2.7.
+    assert list(target.glob("*/*.so"))
 
 
 def test_max_size_trims_the_shared_dir(pytester: pytest.Pytester) -> None:
