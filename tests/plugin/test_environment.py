@@ -136,7 +136,10 @@ def pytest_sessionstart(session):
 """
 
 
-def test_workers_do_not_clear_the_restored_dir_again(pytester: pytest.Pytester) -> None:
+def test_workers_do_not_clear_the_restored_dir_again(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under an outer `-n 2` the inner controller would inherit the outer worker's identity.
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)
     pytester.makeconftest(WORKER_SEES_RESTORED)
     pytester.makepyfile(
         test_sees="import os\n\ndef test_sees():\n"
