@@ -136,7 +136,9 @@ def pytest_sessionstart(session):
 """
 
 
-def test_workers_do_not_clear_the_restored_dir_again(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_workers_do_not_clear_the_restored_dir_again(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Under an outer `-n 2` the inner controller would inherit the outer worker's identity.
     for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
         monkeypatch.delenv(name, raising=False)
