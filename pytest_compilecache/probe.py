@@ -9,6 +9,7 @@ available on this torch", never a crash in a user's test session.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import re
@@ -489,9 +490,8 @@ def device_facts() -> dict[str, Any]:
         "gpus": [],
     }
     with contextlib.suppress(Exception):
-        import triton
-
-        facts["triton"] = triton.__version__
+        # Through importlib: triton comes only with CUDA/ROCm builds, so type checks cannot rely on its stubs.
+        facts["triton"] = str(importlib.import_module("triton").__version__)
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)
