@@ -9,6 +9,7 @@ available on this torch", never a crash in a user's test session.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import re
@@ -66,21 +67,30 @@ class _BypassTap(logging.Filter):
 _tap: _BypassTap | None = None
 
 
-def _prepare() -> None:
-    """Once per process after torch is imported: keep every compilation metric, tap bypass reasons."""
-    global _tap
-    if _tap is not None or not dynamo_loaded():
-        return
-    from torch._dynamo import utils
+_limit_raised = False
 
-    if hasattr(utils, "set_compilation_metrics_limit"):
-        # The default deque keeps 64 records; a suite compiles far more frames than that.
-        utils.set_compilation_metrics_limit(10**6)
-    logger = logging.getLogger("torch._inductor.codecache")
-    _tap = _BypassTap(logger.getEffectiveLevel())
-    logger.addFilter(_tap)
-    if logger.getEffectiveLevel() > logging.INFO:
-        logger.setLevel(logging.INFO)
+
+def _prepare() -> None:
+    """Once per process: tap bypass reasons once torch is imported, keep every metric once Dynamo is.
+
+    The tap must be in place before the first compile of a test, and ``import torch`` does not import
+    Dynamo (torch 2.7-2.15): waiting for Dynamo would lose the reasons of the test that first compiles.
+    """
+    global _tap, _limit_raised
+    if _tap is None and torch_loaded():
+        # torch configures its loggers while `import torch` runs: set ours after that, not before.
+        logger = logging.getLogger("torch._inductor.codecache")
+        _tap = _BypassTap(logger.getEffectiveLevel())
+        logger.addFilter(_tap)
+        if logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)
+    if not _limit_raised and dynamo_loaded():
+        from torch._dynamo import utils
+
+        if hasattr(utils, "set_compilation_metrics_limit"):
+            # The default deque keeps 64 records; a suite compiles far more frames than that.
+            utils.set_compilation_metrics_limit(10**6)
+        _limit_raised = True
 
 
 class Mark:
@@ -99,15 +109,17 @@ _GROUPS = ("inductor", "aot_autograd")
 
 
 def mark() -> Mark:
-    """Cheap snapshot; before torch's Dynamo is imported there is nothing to snapshot."""
-    if not dynamo_loaded():
+    """Cheap snapshot; before torch's Dynamo is imported there are no counters yet (they start at zero)."""
+    if not torch_loaded():
         return _EMPTY
     _prepare()
+    reasons = len(_tap.reasons) if _tap else 0
+    if not dynamo_loaded():
+        return Mark({}, 0, reasons)
     from torch._dynamo import utils
 
     counters = {group: dict(utils.counters[group]) for group in _GROUPS if group in utils.counters}
-    reasons = len(_tap.reasons) if _tap else 0
-    return Mark(counters, len(utils.get_compilation_metrics()), reasons)
+    return Mark(counters, len(_metrics(utils)), reasons)
 
 
 def delta(start: Mark) -> dict[str, Any]:
@@ -125,8 +137,8 @@ def delta(start: Mark) -> dict[str, Any]:
         now = utils.counters[group].get(name, 0) if group in utils.counters else 0
         return max(0, now - start.counters.get(group, {}).get(name, 0))
 
-    metrics = utils.get_compilation_metrics()
-    new = metrics[start.metrics:] if len(metrics) >= start.metrics else metrics
+    metrics = _metrics(utils)
+    new = metrics[start.metrics :] if len(metrics) >= start.metrics else metrics
     out: dict[str, Any] = {
         "fxgraph": {k: moved("inductor", f"fxgraph_cache_{k}") for k in ("hit", "miss", "bypass")},
         "aotautograd": {
@@ -140,8 +152,14 @@ def delta(start: Mark) -> dict[str, Any]:
     for record in new:
         _add_metric(out, record)
     if _tap is not None:
-        out["bypass_reasons"] = sorted(set(_tap.reasons[start.reasons:]))
+        out["bypass_reasons"] = sorted(set(_tap.reasons[start.reasons :]))
     return out
+
+
+def _metrics(utils: Any) -> list[Any]:
+    """torch's per-compile records; empty where this torch keeps none (capability_notes says so)."""
+    get = getattr(utils, "get_compilation_metrics", None)
+    return list(get()) if get is not None else []
 
 
 _ATTEMPT = re.compile(r"(\d+)/(\d+)")
@@ -173,6 +191,82 @@ def remote_counts_available() -> bool:
     return "aotautograd_remote_cache_hit_count" in getattr(CompilationMetrics, "__dataclass_fields__", {})
 
 
+def capabilities() -> dict[str, bool]:
+    """What this torch offers the plugin, probed by attribute (never by version string).
+
+    Keys: ``fx_counters``, ``aot_counters`` (the caches whose counters per-test stats read),
+    ``compilation_metrics`` (frames, recompiles, compile seconds), ``metrics_limit`` (more than 64 records
+    kept), ``bypass_reasons`` (the codecache log line the bypass tap reads), ``clear_caches`` (isolated
+    compiles), ``mega_cache`` (bundles carry torch's artifacts), ``remote_fx_counts``, ``remote_aot_counts``.
+    Imports torch's modules: call it only when the session already imported torch.
+    """
+    import torch
+    from torch._dynamo import utils
+    from torch._inductor import codecache
+    from torch._inductor import utils as inductor_utils
+
+    fields = getattr(utils.CompilationMetrics, "__dataclass_fields__", {})
+    aot_cache = False
+    with contextlib.suppress(ImportError):
+        from torch._functorch._aot_autograd import autograd_cache
+
+        aot_cache = hasattr(autograd_cache, "AOTAutogradCache")
+    return {
+        "fx_counters": hasattr(codecache, "FxGraphCache"),
+        "aot_counters": aot_cache,
+        "compilation_metrics": hasattr(utils, "get_compilation_metrics"),
+        "metrics_limit": hasattr(utils, "set_compilation_metrics_limit"),
+        "bypass_reasons": _logs_bypass_reasons(codecache),
+        "clear_caches": hasattr(inductor_utils, "clear_caches") or hasattr(inductor_utils, "clear_inductor_caches"),
+        "mega_cache": all(hasattr(torch.compiler, name) for name in ("save_cache_artifacts", "load_cache_artifacts")),
+        "remote_fx_counts": "inductor_fx_remote_cache_hit_count" in fields,
+        "remote_aot_counts": "aotautograd_remote_cache_hit_count" in fields,
+    }
+
+
+def _logs_bypass_reasons(codecache: Any) -> bool:
+    """The tap reads ``log.info("Bypassing FX Graph Cache because '%s'", e)`` on the codecache module's logger."""
+    logger = getattr(codecache, "log", None)
+    if getattr(logger, "name", None) != "torch._inductor.codecache":
+        return False
+    try:
+        source = Path(codecache.__file__).read_text(encoding="utf-8", errors="replace")
+    except (OSError, TypeError):
+        return False
+    return "Bypassing FX Graph Cache because" in source
+
+
+# What a missing capability costs the user, in the words of the report.
+_MISSING = {
+    "fx_counters": "FX graph cache counters not available: per-test FX hits and misses are not measured",
+    "aot_counters": "AOTAutograd cache counters not available: per-test AOTAutograd hits and misses are not measured",
+    "compilation_metrics": "compilation metrics not available: frames, recompiles and compile seconds are not measured",
+    "metrics_limit": "compilation metrics keep only torch's last 64 records: frame counts of long sessions are low",
+    "bypass_reasons": "the FX graph cache bypass log line was not found: bypasses are counted without reasons",
+    "clear_caches": "no way to clear in-memory kernels: isolated tests may reuse kernels compiled earlier",
+    "mega_cache": "no mega-cache API (torch.compiler.save_cache_artifacts): bundles carry no torch artifacts",
+}
+_MISSING_REMOTE = {
+    "remote_fx_counts": "remote FX graph cache counts not available",
+    "remote_aot_counts": "AOTAutograd remote cache counts not available (remote FX-graph counts only)",
+}
+
+
+def capability_notes(*, remote: bool = False) -> list[str]:
+    """One report note per capability this torch lacks, e.g. "torch 2.7.1: AOTAutograd remote cache counts ...".
+
+    Empty when the session never imported torch (nothing is imported then) or when everything is there.
+    ``remote``: a Redis remote cache is on, so missing remote counts matter too. Reads, changes nothing.
+    """
+    if not dynamo_loaded():
+        return []
+    import torch
+
+    missing = dict(_MISSING, **_MISSING_REMOTE) if remote else _MISSING
+    found = capabilities()
+    return [f"torch {torch.__version__}: {text}" for key, text in missing.items() if not found[key]]
+
+
 # --------------------------------------------------------------------------- cache dirs
 
 
@@ -193,9 +287,9 @@ def point_cache_dir(cache_dir: str | None, *, disable: bool = False) -> str | No
     note = "torch was imported before pytest-compilecache configured the session"
     with contextlib.suppress(Exception):
         from torch._inductor import config as inductor_config
-        from torch._inductor.utils import clear_caches
 
-        clear_caches()
+        if not _clear_inductor_caches():
+            return note + "; could not clear its in-memory kernels (no clear_caches), compiles may use the old dir"
         if disable:
             inductor_config.force_disable_caches = True
         return note + "; switched its cache dir in-process (Dynamo's precompile cache stays where it was)"
@@ -211,13 +305,12 @@ def isolated_compile(disable: bool = False) -> Iterator[str]:
     """
     import torch
     from torch._inductor import config as inductor_config
-    from torch._inductor.utils import clear_caches
 
     saved = {name: os.environ.get(name) for name in (CACHE_ENV, TRITON_ENV)}
     tmp = tempfile.mkdtemp(prefix="compilecache-test-")
     collect_used_modules()
     torch._dynamo.reset()
-    clear_caches()
+    _clear_inductor_caches()
     os.environ[CACHE_ENV] = tmp
     os.environ[TRITON_ENV] = os.path.join(tmp, "triton")
     try:
@@ -225,13 +318,28 @@ def isolated_compile(disable: bool = False) -> Iterator[str]:
             yield tmp
     finally:
         torch._dynamo.reset()
-        clear_caches()
+        _clear_inductor_caches()
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _clear_inductor_caches() -> bool:
+    """Forget the kernels torch holds in memory; False when this torch offers no way to (see capability_notes).
+
+    ``torch._inductor.utils.clear_caches`` from torch 2.8; torch 2.7 calls the same function
+    ``clear_inductor_caches`` (kept as an alias later).
+    """
+    from torch._inductor import utils
+
+    clear = getattr(utils, "clear_caches", None) or getattr(utils, "clear_inductor_caches", None)
+    if clear is None:
+        return False
+    clear()
+    return True
 
 
 # --------------------------------------------------------------------------- what a warm start needs
@@ -288,6 +396,8 @@ def save_artifacts() -> bytes | None:
     import torch
     import torch._inductor.codecache  # noqa: F401  (torch 2.7 needs it imported, pytorch#154463)
 
+    if not hasattr(torch.compiler, "save_cache_artifacts"):
+        return None  # no mega-cache on this torch: capability_notes says so
     result = torch.compiler.save_cache_artifacts()
     return None if result is None else bytes(result[0])
 
@@ -304,7 +414,23 @@ def load_artifacts(blob: bytes) -> dict[str, int]:
     info = torch.compiler.load_cache_artifacts(blob)
     if info is None:
         raise ValueError("torch rejected the cache artifacts")
-    return {kind: len(keys) for kind, keys in info.artifacts.items()}
+    return artifact_counts(info)
+
+
+def artifact_counts(info: Any) -> dict[str, int]:
+    """Artifact counts per type from torch's ``CacheInfo``: ``{"inductor": 3, "aot_autograd": 1, ...}``.
+
+    torch 2.8+ keeps ``artifacts``, a dict by type name; torch 2.7 has one list field per type
+    (``inductor_artifacts``...), whose names give the same type names.
+    """
+    artifacts = getattr(info, "artifacts", None)
+    if isinstance(artifacts, dict):
+        return {str(kind): len(keys) for kind, keys in artifacts.items()}
+    counts: dict[str, int] = {}
+    for name, keys in vars(info).items():
+        if name.endswith("_artifacts") and isinstance(keys, list) and keys:
+            counts[name[: -len("_artifacts")]] = len(keys)
+    return counts
 
 
 # --------------------------------------------------------------------------- fingerprint facts
@@ -346,7 +472,7 @@ def _compiler_version() -> str:
 def _torch_key() -> str:
     from torch._inductor.codecache import torch_key
 
-    return torch_key().hex()[:16]
+    return str(torch_key().hex())[:16]
 
 
 def device_facts() -> dict[str, Any]:
@@ -364,9 +490,8 @@ def device_facts() -> dict[str, Any]:
         "gpus": [],
     }
     with contextlib.suppress(Exception):
-        import triton
-
-        facts["triton"] = triton.__version__
+        # Through importlib: triton comes only with CUDA/ROCm builds, so type checks cannot rely on its stubs.
+        facts["triton"] = str(importlib.import_module("triton").__version__)
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)

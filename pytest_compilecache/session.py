@@ -339,8 +339,8 @@ class Controller:
             self.files.update(files)
         if self.setup.dir.path and self.files:
             cachedir.touch(self.setup.dir.path, sorted(self.files))
-        if self.settings.redis and probe.dynamo_loaded() and not probe.remote_counts_available():
-            self.problems.note("this torch reports remote FX-graph counts only (AOTAutograd remote counts need 2.11+)")
+        for note in probe.capability_notes(remote=bool(self.settings.redis)):
+            self.problems.note(note)
         if self.setup.saving:
             self._save()
         self._evict()

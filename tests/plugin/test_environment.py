@@ -48,7 +48,8 @@ def test_torch_imported_before_the_plugin(pytester: pytest.Pytester, monkeypatch
     assert data["totals"]["misses"] >= 1
     # The compiled artifacts landed in the chosen dir, not in torch's default one.
     assert list((target / "fxgraph").rglob("*")), sorted(os.listdir(target))
-    assert list(target.glob("*/*.main.so"))
+    # A compiled C++ kernel: "<key>.main.so" from torch 2.8, "<key>.so" on torch 2.7.
+    assert list(target.glob("*/*.so"))
 
 
 def test_max_size_trims_the_shared_dir(pytester: pytest.Pytester) -> None:
@@ -151,7 +152,12 @@ def pytest_sessionstart(session):
 """
 
 
-def test_workers_do_not_clear_the_restored_dir_again(pytester: pytest.Pytester) -> None:
+def test_workers_do_not_clear_the_restored_dir_again(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Under an outer `-n 2` the inner controller would inherit the outer worker's identity.
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)
     pytester.makeconftest(WORKER_SEES_RESTORED)
     pytester.makepyfile(
         test_sees="import os\n\ndef test_sees():\n"

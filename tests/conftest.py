@@ -1,0 +1,27 @@
+"""The plugin-level subset that CI also runs on the oldest and newest declared torch (marker ``compat``).
+
+One place names it: the pytester suites that really compile (``tests/plugin``), the fault and remote
+(Redis) integration tests through the plugin, the probe's capability tests and the cross-version tests.
+Select it with ``-m compat``; ``bash scripts/test.sh --torch 2.15.0 -m compat`` runs it on another torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+_TESTS = Path(__file__).parent
+COMPAT_PATHS = (
+    _TESTS / "plugin",
+    _TESTS / "integration" / "test_plugin_faults.py",
+    _TESTS / "integration" / "test_plugin_remote.py",
+    _TESTS / "unit" / "test_probe.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.path))
+        if any(path == base or base in path.parents for base in COMPAT_PATHS):
+            item.add_marker(pytest.mark.compat)

@@ -1,0 +1,147 @@
+"""probe's capability guards, on whichever torch this venv has (CI runs them on 2.7.1, 2.13.0 and 2.15.0).
+
+A missing private API must become a note, never a crash or a silent zero: each test removes one API from
+the real torch (monkeypatch) and checks both the guard and the note.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo.utils
+import torch._inductor.utils
+
+from pytest_compilecache import probe
+
+
+@dataclasses.dataclass
+class _CacheInfo27:
+    """torch 2.7's CacheInfo: one list per artifact type."""
+
+    inductor_artifacts: list[str] = dataclasses.field(default_factory=list)
+    autotune_artifacts: list[str] = dataclasses.field(default_factory=list)
+    aot_autograd_artifacts: list[str] = dataclasses.field(default_factory=list)
+    pgo_artifacts: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _CacheInfo28:
+    """torch 2.8+'s CacheInfo: a dict by type name."""
+
+    artifacts: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+
+
+def test_artifact_counts_reads_both_cacheinfo_shapes() -> None:
+    old = _CacheInfo27(inductor_artifacts=["a", "b"], aot_autograd_artifacts=["c"])
+    new = _CacheInfo28(artifacts={"inductor": ["a", "b"], "aot_autograd": ["c"]})
+    assert probe.artifact_counts(old) == {"inductor": 2, "aot_autograd": 1}
+    assert probe.artifact_counts(new) == probe.artifact_counts(old)
+    assert probe.artifact_counts(_CacheInfo27()) == {}
+
+
+def test_every_capability_has_a_note() -> None:
+    found = probe.capabilities()
+    assert set(found) == set(probe._MISSING) | set(probe._MISSING_REMOTE)
+    assert all(isinstance(value, bool) for value in found.values())
+
+
+def test_notes_name_exactly_what_is_missing_here() -> None:
+    found = probe.capabilities()
+    notes = probe.capability_notes(remote=True)
+    missing = [key for key, ok in found.items() if not ok]
+    assert len(notes) == len(missing)
+    assert all(note.startswith(f"torch {torch.__version__}: ") for note in notes)
+    # The one capability known to differ inside the declared range agrees with the older check.
+    assert found["remote_aot_counts"] == probe.remote_counts_available()
+    local = probe.capability_notes(remote=False)
+    assert set(local) <= set(notes)
+    assert not [note for note in local for text in probe._MISSING_REMOTE.values() if text in note]
+
+
+def test_missing_mega_cache_is_a_note_and_no_blob(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(torch.compiler, "save_cache_artifacts")
+    assert probe.capabilities()["mega_cache"] is False
+    assert any("no mega-cache API" in note for note in probe.capability_notes())
+    assert probe.save_artifacts() is None
+
+
+def test_missing_clear_caches_is_a_note_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("clear_caches", "clear_inductor_caches"):
+        monkeypatch.delattr(torch._inductor.utils, name, raising=False)
+    assert probe.capabilities()["clear_caches"] is False
+    assert any("clear in-memory kernels" in note for note in probe.capability_notes())
+    with probe.isolated_compile() as tmp:
+        assert os.environ[probe.CACHE_ENV] == tmp
+
+
+def test_clear_caches_uses_whichever_name_this_torch_has(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    # torch 2.7 has only clear_inductor_caches; 2.8+ has clear_caches (and the old name as an alias).
+    monkeypatch.delattr(torch._inductor.utils, "clear_caches", raising=False)
+    monkeypatch.setattr(torch._inductor.utils, "clear_inductor_caches", lambda: calls.append("old"), raising=False)
+    assert probe._clear_inductor_caches() is True
+    assert calls == ["old"]
+
+
+def test_missing_compilation_metrics_counts_no_frames_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(torch._dynamo.utils, "get_compilation_metrics")
+    start = probe.mark()
+    out = probe.delta(start)
+    assert out["frames"] == 0 and out["compile_seconds"] == 0.0
+    assert any("compilation metrics not available" in note for note in probe.capability_notes())
+
+
+def test_missing_bypass_log_line_is_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch._inductor.codecache as codecache
+
+    monkeypatch.setattr(codecache, "log", __import__("logging").getLogger("elsewhere"))
+    assert probe.capabilities()["bypass_reasons"] is False
+    assert any("bypasses are counted without reasons" in note for note in probe.capability_notes())
+
+
+def test_no_notes_and_no_torch_import_in_a_session_without_torch(tmp_path: Path) -> None:
+    code = "import sys; from pytest_compilecache import probe; "
+    code += "print(probe.capability_notes(remote=True), 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert out.stdout.split() == ["[]", "False"]
+
+
+MEGA_CACHE_ROUND_TRIP = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch
+    from pytest_compilecache import probe
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = sys.argv[1]
+    torch.compile(lambda x: torch.sin(x) + x)(torch.randn(8))
+    blob = probe.save_artifacts()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = sys.argv[2]
+    print(json.dumps({"blob": blob is not None, "counts": probe.load_artifacts(blob) if blob else {}}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_mega_cache_round_trip_counts_artifacts_on_this_torch(tmp_path: Path) -> None:
+    """The real save/load API of this torch, in a fresh process (save is once per process)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_", "PYTEST_"))}
+    env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+    out = subprocess.run(
+        [sys.executable, "-c", MEGA_CACHE_ROUND_TRIP, str(tmp_path / "a"), str(tmp_path / "b")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["blob"] is True
+    assert result["counts"].get("inductor", 0) >= 1, result
