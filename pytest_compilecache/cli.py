@@ -159,9 +159,18 @@ def cmd_restore(args: argparse.Namespace) -> int:
     result = sync.restore(
         store, prefix=args.prefix, fingerprint=_fingerprint(args), cache_dir=cache_dir,
         signing_key=_signing_key(), exact_key=args.key, max_bytes=args.max_bundle_size,
+        headers=not args.no_headers,
     )
     done(result.size)
     _emit(sync.restore_outputs(result), args.github_output)
+    if result.headers.transferred:
+        print(
+            f"installed {len(result.headers.transferred)} precompiled header(s), "
+            f"{result.headers.size / 2**20:.1f} MiB, in {result.headers.seconds:.1f} s",
+            file=sys.stderr,
+        )
+    for line in result.headers.warnings:
+        _warn(line)
     if json_target is not None:
         from ._fs import atomic_file
 
@@ -194,10 +203,15 @@ def cmd_save(args: argparse.Namespace) -> int:
     result = sync.save(
         store, prefix=args.prefix, fingerprint=_fingerprint(args), suffix=args.suffix or default_suffix(),
         cache_dir=str(cache_dir), blobs={}, files=files, stats={}, signing_key=_signing_key(), keep=args.keep,
-        max_bytes=args.max_bundle_size,
+        max_bytes=args.max_bundle_size, header_since=0.0 if args.all_headers else args.headers_since,
     )
     done(result.size)
     print(f"save: {result.outcome} {result.key or ''} {ghrunner.one_line(result.message)}".rstrip())
+    if result.headers.named:
+        named, uploaded = len(result.headers.named), len(result.headers.transferred)
+        print(f"save: names {named} precompiled header(s), uploaded {uploaded}")
+    for line in result.headers.warnings:
+        _warn(line)
     if result.warning:
         _warn(result.warning)
         return EXIT_FAILED if args.strict else EXIT_OK
@@ -294,6 +308,16 @@ def _size(value: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _epoch(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a Unix time in seconds: {value!r}") from None
+    if not number >= 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"not a Unix time in seconds: {value!r}")
+    return number - 1.0  # headers.session_start(): a second of slack for coarse file-system clocks
+
+
 def _positive(value: str) -> int:
     number = int(value)
     if number < 1:
@@ -340,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the outcome as JSON here")
     p.add_argument("--fail-on-miss", action="store_true", help="exit 3 when nothing matched")
     p.add_argument("--github-output", action="store_true")
+    p.add_argument("--no-headers", action="store_true",
+                   help="do not install the precompiled headers the bundle names (by default they go to torch's "
+                   "header dir under this process's TMPDIR: run restore with the TMPDIR the tests use)")
     p.set_defaults(func=cmd_restore)
 
     p = sub.add_parser("save", help="bundle a cache dir's reusable entries and save them")
@@ -348,6 +375,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", required=True)
     p.add_argument("--suffix")
     p.add_argument("--keep", type=_positive, default=3)
+    headers = p.add_mutually_exclusive_group()
+    headers.add_argument("--headers-since", type=_epoch, metavar="EPOCH",
+                         help="also carry torch's precompiled headers built or read since this Unix time (take it "
+                         "with `date +%%s` before the tests; same TMPDIR as the tests)")
+    headers.add_argument("--all-headers", action="store_true",
+                         help="also carry every precompiled header in torch's header dir (a fresh CI runner's)")
     p.set_defaults(func=cmd_save)
 
     p = sub.add_parser("inspect", help="show a bundle's manifest (does not verify the payload)")

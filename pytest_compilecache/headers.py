@@ -58,8 +58,6 @@ from typing import BinaryIO
 from typing import Iterable
 from typing import Mapping
 
-import zstandard
-
 from ._fs import atomic_file
 
 if TYPE_CHECKING:
@@ -215,6 +213,8 @@ def compress(path: Path, dest: BinaryIO, expected: HeaderArtifact | None = None)
     described ones (torch or another session replaced the file between :func:`describe` and now); the
     caller then discards ``dest``.
     """
+    import zstandard  # only when a header moves: the plugin imports this module in every saving session
+
     digest = hashlib.sha256()
     size = 0
     compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
@@ -452,6 +452,8 @@ def _lock_name(name: str) -> str:
 
 
 def _copy_verified(artifact: HeaderArtifact, compressed: BinaryIO, out: BinaryIO) -> None:
+    import zstandard
+
     digest = hashlib.sha256()
     size = 0
     try:

@@ -241,6 +241,9 @@ class Worker:
             "blob": blob,
             "files": files,
             "problems": self.setup.problems.to_json(),
+            # Where torch in this process keeps precompiled headers (None: torch did not compile C++ here);
+            # the controller carries headers only when every process agrees with its own computed dir.
+            "header_dir": probe.precompiled_header_dir(),
         }
 
 
@@ -256,6 +259,8 @@ class Controller:
         self.blobs: dict[str, bytes] = {}
         self.files: set[str] = set()
         self.workers: list[str] = []
+        self.header_since: float | None = None  # the session start, for finding the headers it used
+        self.header_dirs: set[str] = set()  # torch's header dirs reported by the processes that compiled
 
     @property
     def settings(self) -> Settings:
@@ -275,6 +280,10 @@ class Controller:
         """
         self.setup.ensure_dir()
         self._sweep()
+        if self.setup.saving:
+            from .headers import session_start
+
+            self.header_since = session_start()
         if self.settings.restore == "skip":
             self.restored = action_restore_result(os.environ.get(ACTION_RESTORE_ENV))
             return
@@ -295,6 +304,8 @@ class Controller:
             )
         if self.restored.warning:
             self.problems.warn(self.restored.warning)
+        for line in self.restored.headers.warnings:
+            self.problems.warn(line)
 
     def _sweep(self) -> None:
         """Remove the bundle temps (staging dirs, save/restore dirs) whose owner is gone: in the cache dir,
@@ -326,6 +337,8 @@ class Controller:
         if output.get("blob"):
             self.blobs[worker] = bytes(output["blob"])
         self.files.update(output.get("files") or [])
+        if isinstance(output.get("header_dir"), str):
+            self.header_dirs.add(output["header_dir"])
         self.problems.merge(output.get("problems"))
 
     # ---- finish
@@ -337,6 +350,9 @@ class Controller:
             if blob:
                 self.blobs["controller"] = blob
             self.files.update(files)
+            own = probe.precompiled_header_dir()
+            if own is not None:
+                self.header_dirs.add(own)
         if self.setup.dir.path and self.files:
             cachedir.touch(self.setup.dir.path, sorted(self.files))
         for note in probe.capability_notes(remote=bool(self.settings.redis)):
@@ -372,7 +388,7 @@ class Controller:
             restored = self.restored.outcome in ("exact", "partial")
         else:  # restored by someone else (the Action, an earlier CLI step) who did not say how it went
             restored = self.settings.restore == "skip"
-        if restored and self.stats.hits and not self.stats.misses:
+        if restored and self.stats.hits and not self.stats.misses and not self._new_headers():
             # Every graph came from the restored cache: a new bundle would only repeat the old one.
             self.saved = sync.SaveResult("skipped", message="every graph hit the restored cache; nothing new to save")
             return
@@ -388,11 +404,49 @@ class Controller:
             blobs=self.blobs, files=sorted(self.files), stats=self.stats.totals_json(),
             signing_key=self.settings.signing_key, keep=self.settings.keep_bundles,
             max_bytes=self.settings.max_bundle_size,
+            header_since=self._header_since(), header_installed=self._restored_headers(),
         )
         if self.saved.warning:
             self.problems.warn(self.saved.warning)
         elif self.saved.message and self.saved.outcome == "saved":
             self.problems.note(f"save: {self.saved.message}")
+        for line in self.saved.headers.warnings:
+            self.problems.warn(line)
+
+    def _new_headers(self) -> bool:
+        """True when this session used a precompiled header its restored bundle does not name (a bundle saved
+        on a machine that already had the header names none): then a save is worth it even when every graph
+        hit. Only after our own restore: after the Action's, what it installed is not known here."""
+        if self.header_since is None or self.restored is None or self.settings.restore == "skip":
+            return False
+        from .headers import find_used
+        from .headers import header_dir
+
+        used = {path.name for path in find_used(header_dir(), self.header_since, self._restored_headers())}
+        return bool(used - set(self._restored_headers()))
+
+    def _restored_headers(self) -> tuple[str, ...]:
+        return self.restored.headers.named if self.restored is not None else ()
+
+    def _header_since(self) -> float | None:
+        """The ``since`` for carrying headers, or None (carry none) when torch keeps them elsewhere.
+
+        ``headers.header_dir()`` mirrors torch's path without importing torch; a process whose torch reports
+        another dir (a torch that moved it, a test that changed TMPDIR before importing torch) would make
+        us carry the wrong files, so then nothing is carried and a note says why.
+        """
+        if self.header_since is None:
+            return None
+        from .headers import header_dir
+
+        expected = str(header_dir())
+        others = sorted(d for d in self.header_dirs if d != expected)
+        if others:
+            self.problems.note(
+                f"precompiled headers not carried: torch keeps them in {others[0]}, not {expected}"
+            )
+            return None
+        return self.header_since
 
     def _evict(self) -> None:
         path = self.setup.dir.path

@@ -18,6 +18,12 @@ Restore outcomes:
 
 At most :data:`MAX_CANDIDATES` bundles are tried, newest first (the exact key before them), so one bad object
 cannot hide the good ones behind it, and a store full of bad ones cannot make a restore slow.
+
+Precompiled headers (:mod:`.headers`) travel beside the bundle, not in it: a save uploads each header the
+session used once per store (``<prefix>-artifact-<sha256>``) and its manifest names them; a restore, after
+the bundle is verified and installed, installs the named ones into torch's header dir. A header that cannot
+be carried is one line in ``headers.warnings`` (:class:`HeaderReport`) and never changes the outcome: torch
+builds it, as it would without us.
 """
 
 from __future__ import annotations
@@ -27,8 +33,10 @@ import time
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 from typing import Callable
+from typing import Iterable
 from typing import Literal
 from typing import Mapping
 
@@ -40,16 +48,20 @@ from .bundle import DEFAULT_MAX_BYTES
 from .bundle import CacheDirError
 from .cachedir import lock
 from .fingerprint import Fingerprint
-from .ghrunner import one_line
 from .fingerprint import explain
 from .fingerprint import make_key
 from .fingerprint import restore_prefix
-from .manifest import printable
+from .ghrunner import one_line
+from .manifest import Artifact
 from .probe import CACHE_ENV
 from .stores.base import Store
+from .stores.base import bundles
 from .stores.base import prune
 
-__all__ = ["MAX_CANDIDATES", "RestoreResult", "SaveResult", "restore", "restore_outputs", "save"]
+if TYPE_CHECKING:
+    from .headers import HeaderTransfer
+
+__all__ = ["MAX_CANDIDATES", "HeaderReport", "RestoreResult", "SaveResult", "restore", "restore_outputs", "save"]
 
 MAX_CANDIDATES = 3
 RestoreOutcome = Literal["exact", "partial", "miss", "error"]
@@ -59,6 +71,43 @@ Loader = Callable[[bytes], Mapping[str, int]]
 
 def _skipped_json(skipped: tuple[tuple[str, str], ...]) -> list[dict[str, str]]:
     return [{"key": key, "reason": reason} for key, reason in skipped]
+
+
+@dataclass(frozen=True)
+class HeaderReport:
+    """The precompiled headers a restore or save carried (see :mod:`.headers`).
+
+    ``named``: the headers the bundle's manifest names (restore: every valid entry, installed or already
+    present; pass them to the save as ``installed``); ``transferred``: those installed (restore) or uploaded
+    (save, only those the store lacked); ``size``: raw bytes of ``transferred``; ``warnings``: one line per
+    header that could not be carried.
+    """
+
+    named: tuple[str, ...] = ()
+    transferred: tuple[str, ...] = ()
+    size: int = 0
+    seconds: float = 0.0
+    warnings: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, transfer: HeaderTransfer, seconds: float) -> HeaderReport:
+        sizes = {artifact.name: artifact.size for artifact in transfer.artifacts}
+        return cls(
+            named=tuple(artifact.name for artifact in transfer.artifacts),
+            transferred=tuple(transfer.transferred),
+            size=sum(sizes.get(name, 0) for name in transfer.transferred),
+            seconds=seconds,
+            warnings=tuple(one_line(line) for line in transfer.errors),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "named": len(self.named),
+            "transferred": len(self.transferred),
+            "size": self.size,
+            "seconds": round(self.seconds, 3),
+            "warnings": list(self.warnings),
+        }
 
 
 @dataclass(frozen=True)
@@ -73,6 +122,7 @@ class RestoreResult:
     files: int = 0
     artifacts: Mapping[str, int] = field(default_factory=dict)
     skipped: tuple[tuple[str, str], ...] = ()
+    headers: HeaderReport = field(default_factory=HeaderReport)
 
     @property
     def ok(self) -> bool:
@@ -80,7 +130,10 @@ class RestoreResult:
 
     @property
     def warning(self) -> str | None:
-        """The one line to warn with, or None: the error, or the bad bundles skipped (whatever the outcome)."""
+        """The one line to warn with, or None: the error, or the bad bundles skipped (whatever the outcome).
+
+        Headers that could not be restored are not in it: each is its own line in ``headers.warnings``.
+        """
         if self.outcome == "error":
             return self.message
         if self.skipped:
@@ -89,7 +142,8 @@ class RestoreResult:
         return None
 
     def to_json(self) -> dict[str, Any]:
-        """The report's ``restore`` object: the fields of format 1 plus ``skipped`` (a list of {key, reason})."""
+        """The report's ``restore`` object: the fields of format 1 plus ``skipped`` (a list of {key, reason})
+        and ``headers`` (:meth:`HeaderReport.to_json`: counts, installed bytes, seconds, warnings)."""
         return {
             "outcome": self.outcome,
             "key": self.key,
@@ -99,6 +153,7 @@ class RestoreResult:
             "files": self.files,
             "artifacts": dict(self.artifacts),
             "skipped": _skipped_json(self.skipped),
+            "headers": self.headers.to_json(),
         }
 
 
@@ -115,6 +170,7 @@ class SaveResult:
     files: int = 0
     artifacts: Mapping[str, int] = field(default_factory=dict)
     skipped: tuple[tuple[str, str], ...] = ()
+    headers: HeaderReport = field(default_factory=HeaderReport)
 
     @property
     def ok(self) -> bool:
@@ -122,11 +178,13 @@ class SaveResult:
 
     @property
     def warning(self) -> str | None:
-        """The one line to warn with (an error), or None; files left out are a note, in ``message``."""
+        """The one line to warn with (an error), or None; files left out are a note, in ``message``; headers
+        that could not be saved are each a line in ``headers.warnings``."""
         return self.message if self.outcome == "error" else None
 
     def to_json(self) -> dict[str, Any]:
-        """The report's ``save`` object: the fields of format 1 plus ``skipped`` (a list of {key, reason})."""
+        """The report's ``save`` object: the fields of format 1 plus ``skipped`` (a list of {key, reason})
+        and ``headers`` (:meth:`HeaderReport.to_json`: named, uploaded, uploaded bytes, seconds, warnings)."""
         return {
             "outcome": self.outcome,
             "key": self.key,
@@ -136,6 +194,7 @@ class SaveResult:
             "files": self.files,
             "artifacts": dict(self.artifacts),
             "skipped": _skipped_json(self.skipped),
+            "headers": self.headers.to_json(),
         }
 
 
@@ -171,6 +230,8 @@ def restore(
     max_bytes: int = DEFAULT_MAX_BYTES,
     load: Loader = _load_with_torch,
     max_candidates: int = MAX_CANDIDATES,
+    headers: bool = True,
+    header_dir: Path | None = None,
 ) -> RestoreResult:
     """Restore the best bundle into ``cache_dir``: ``exact_key`` if present, else the newest of this lineage.
 
@@ -178,7 +239,10 @@ def restore(
     lineage, fingerprint, ``max_bytes``) into a staging dir inside ``cache_dir``, then installed all or
     nothing; a candidate that fails is skipped and the next newest tried (at most ``max_candidates``).
     Mega-cache blobs are loaded through ``load`` (torch by default) with ``TORCHINDUCTOR_CACHE_DIR`` pointing
-    at ``cache_dir``. Never raises.
+    at ``cache_dir``. Then, with ``headers``, the precompiled headers the verified manifest names are fetched
+    (``<prefix>-artifact-<sha256>``), checked against its sha256 and installed into ``header_dir`` (default:
+    torch's, :func:`.headers.header_dir`, which follows this process's ``TMPDIR``: restore in the environment
+    the tests run with). Never raises.
     """
     started = time.perf_counter()
     lineage = restore_prefix(prefix, fingerprint.digest())
@@ -228,6 +292,8 @@ def restore(
                         skipped.append((key, one_line(str(exc), 500)))
                         continue
                     artifacts = _load_blobs(verified, cache_dir, load)
+                    named = verified.manifest.artifacts
+                carried = _restore_headers(store, prefix, named, Path(tmp), header_dir) if headers else HeaderReport()
                 return result(
                     outcome,
                     key=key,
@@ -235,6 +301,7 @@ def restore(
                     files=len(installed.files),
                     artifacts=artifacts,
                     skipped=tuple(skipped),
+                    headers=carried,
                 )
     except (StoreError, BundleError, OSError) as exc:
         return result("error", f"restore failed: {exc}", skipped=tuple(skipped))
@@ -244,6 +311,23 @@ def restore(
     return result(
         "miss", f"no usable bundle for fingerprint {fingerprint.digest()}; skipped {reasons}", skipped=tuple(skipped)
     )
+
+
+def _restore_headers(
+    store: Store, prefix: str, named: Iterable[Any], scratch: Path, directory: Path | None
+) -> HeaderReport:
+    """Install the headers a verified manifest names; any trouble is a warning line, never an exception."""
+    if not named:
+        return HeaderReport()  # most bundles (GPU-only suites, torch 2.7): no import, no work
+    started = time.perf_counter()
+    try:
+        from . import headers
+
+        entries = [{"kind": a.kind, "name": a.name, "sha256": a.sha256, "size": a.size} for a in named]
+        transfer = headers.restore_headers(store, prefix, entries, scratch, directory)
+    except Exception as exc:  # e.g. zstandard missing: the bundle is installed, torch builds the headers
+        return HeaderReport(warnings=(one_line(f"precompiled headers not restored: {type(exc).__name__}: {exc}"),))
+    return HeaderReport.of(transfer, time.perf_counter() - started)
 
 
 def _candidates(store: Store, lineage: str, exact_key: str | None) -> list[tuple[str, int | None, RestoreOutcome]]:
@@ -284,7 +368,7 @@ def _why_miss(store: Store, prefix: str, fingerprint: Fingerprint, signing_key: 
     verified: no unauthenticated text reaches a log. Explaining is best effort: any trouble leaves a miss.
     """
     try:
-        newest = store.list(prefix + "-")
+        newest = bundles(store, prefix + "-")  # artifact objects share the prefix: never explain from one
         if not newest:
             return f"no bundle under {prefix}- in {store.location}"
         latest = newest[0]
@@ -322,11 +406,18 @@ def save(
     keep: int = 3,
     max_bytes: int = DEFAULT_MAX_BYTES,
     graphs: Mapping[str, Any] | None = None,
+    header_since: float | None = None,
+    header_installed: Iterable[str] = (),
+    header_dir: Path | None = None,
 ) -> SaveResult:
     """Pack this session's artifacts into one bundle bound to its key and lineage, put it, prune old ones.
 
     A bundle that restores would refuse (over ``max_bytes``) is not stored (``error``). Cache files whose
-    names no bundle can carry are left out and listed in ``skipped``. Never raises.
+    names no bundle can carry are left out and listed in ``skipped``. With ``header_since`` (the session's
+    start, :func:`.headers.session_start`), the precompiled headers in ``header_dir`` (default torch's) built
+    or read since then, or named in ``header_installed`` (what the restore installed or found), are uploaded
+    once per store and named in the manifest; one that cannot be is a line in ``headers.warnings`` and left
+    out. Pruning keeps every artifact (:func:`.stores.base.prune`). Never raises.
     """
     started = time.perf_counter()
     digest = fingerprint.digest()
@@ -340,8 +431,12 @@ def save(
             "error", key=key, seconds=time.perf_counter() - started, message=one_line(message), skipped=tuple(skipped)
         )
 
+    carried = HeaderReport()
     try:
         with temporary_dir("save") as tmp:
+            named: list[Artifact] = []
+            if header_since is not None:
+                carried, named = _save_headers(store, prefix, header_since, header_installed, Path(tmp), header_dir)
             path = Path(tmp) / "bundle"
             manifest = bundle.pack(
                 path,
@@ -356,6 +451,7 @@ def save(
                 stats=stats,
                 signing_key=signing_key,
                 graphs=graphs,
+                artifacts=named,
                 on_skip=lambda name, reason: skipped.append((name, reason)),
             )
             size = path.stat().st_size
@@ -380,4 +476,20 @@ def save(
         files=len(manifest.file_paths),
         message=one_line("; ".join(notes)),
         skipped=tuple(skipped),
+        headers=carried,
     )
+
+
+def _save_headers(
+    store: Store, prefix: str, since: float, installed: Iterable[str], scratch: Path, directory: Path | None
+) -> tuple[HeaderReport, list[Artifact]]:
+    """Upload the session's headers the store lacks; return the report and the manifest entries."""
+    started = time.perf_counter()
+    try:
+        from . import headers
+
+        transfer = headers.save_headers(store, prefix, since, installed, scratch, directory)
+    except Exception as exc:  # the bundle is worth saving without its headers
+        return HeaderReport(warnings=(one_line(f"precompiled headers not saved: {type(exc).__name__}: {exc}"),)), []
+    named = [Artifact(a.kind, a.name, a.sha256, a.size) for a in transfer.artifacts]
+    return HeaderReport.of(transfer, time.perf_counter() - started), named

@@ -16,11 +16,24 @@ from typing import runtime_checkable
 
 from .. import ConfigError
 
-__all__ = ["Store", "StoreEntry", "find_latest", "newest_first", "prune", "validate_key", "validate_prefix"]
+__all__ = [
+    "Store",
+    "StoreEntry",
+    "bundles",
+    "find_latest",
+    "is_artifact_key",
+    "newest_first",
+    "prune",
+    "validate_key",
+    "validate_prefix",
+]
 
 MAX_KEY_LENGTH = 512
 _KEY = re.compile(rf"^[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{MAX_KEY_LENGTH - 1}}}$")
 _PREFIX = re.compile(rf"^[A-Za-z0-9._-]{{0,{MAX_KEY_LENGTH}}}$")
+# headers.object_key(): "<prefix>-artifact-<sha256>". Spelled here too so that listing code never imports
+# headers (and its hashing) just to tell an artifact object from a bundle.
+_ARTIFACT_KEY = re.compile(r".*-artifact-[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -84,20 +97,42 @@ def newest_first(entries: builtins.list[StoreEntry]) -> builtins.list[StoreEntry
     return sorted(entries, key=lambda entry: (entry.modified, entry.key), reverse=True)
 
 
+def is_artifact_key(key: str) -> bool:
+    """True for a content-addressed artifact object (``<prefix>-artifact-<sha256>``), which is not a bundle.
+
+    Artifacts (torch's precompiled headers, :mod:`~pytest_compilecache.headers`) share the key prefix with
+    the bundles that name them; everything that picks or counts bundles by a prefix skips them.
+    """
+    return bool(_ARTIFACT_KEY.fullmatch(key))
+
+
+def bundles(store: Store, prefix: str) -> builtins.list[StoreEntry]:
+    """The bundle entries under ``prefix``, newest first: ``store.list`` without artifact objects."""
+    return [entry for entry in store.list(prefix) if not is_artifact_key(entry.key)]
+
+
 def find_latest(store: Store, prefix: str) -> str | None:
-    """Newest key starting with ``prefix`` (by modified time, ties: greatest key); None if none."""
-    entries = store.list(prefix)
+    """Newest bundle key starting with ``prefix`` (by modified time, ties: greatest key); None if none."""
+    entries = bundles(store, prefix)
     return entries[0].key if entries else None
 
 
 def prune(store: Store, prefix: str, keep: int) -> builtins.list[str]:
-    """Keep the newest ``keep`` entries under ``prefix``, delete the rest; return the deleted keys.
+    """Keep the newest ``keep`` bundles under ``prefix``, delete the older ones; return the deleted keys.
+
+    Artifact objects (:func:`is_artifact_key`) are never deleted nor counted, whatever the prefix: they are
+    content-addressed and shared by every bundle of the prefix that names their sha256 (also by bundles of
+    other fingerprints and lineages than the one being pruned), so proving that no kept bundle names one
+    would mean downloading every kept bundle. One exists per distinct header (compiler, flags and torch
+    build: ~21 MiB each), so they grow with upgrades, not with runs; clear them with the store's own tools
+    (or an expiry rule on ``*-artifact-*``) when the toolchain changes. A bundle that names a missing
+    artifact still restores: that header is a warning and torch builds it.
 
     ``keep`` must be >= 0 (ConfigError otherwise). StoreError from the store propagates, e.g. read-only.
     """
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
         raise ConfigError(f"prune: keep must be a non-negative whole number, got {keep!r}")
-    doomed = [entry.key for entry in store.list(prefix)[keep:]]
+    doomed = [entry.key for entry in bundles(store, prefix)[keep:]]
     for key in doomed:
         store.delete(key)
     return doomed

@@ -266,6 +266,7 @@ def test_transfer_json() -> None:
         "files": 2,
         "artifacts": {"fx_graph": 1},
         "skipped": [],
+        "headers": {"named": 0, "transferred": 0, "size": 0, "seconds": 0.0, "warnings": []},
     }
 
 
