@@ -1,0 +1,371 @@
+"""sync + headers: precompiled headers travel beside bundles (once per store) and come back verified.
+
+No torch and no gcc: a "header" is bytes under one of torch's header names; the store is the shared
+in-memory fake. The plugin-level proof with a real compile is tests/plugin/test_header_carry.py.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zstandard
+
+from pytest_compilecache import bundle
+from pytest_compilecache import cli
+from pytest_compilecache import headers
+from pytest_compilecache import sync
+from pytest_compilecache.fingerprint import make_key
+from pytest_compilecache.fingerprint import restore_prefix
+from pytest_compilecache.probe import CACHE_ENV
+from pytest_compilecache.settings import DEFAULT_PREFIX
+from pytest_compilecache.stores import LocalStore
+from pytest_compilecache.stores.base import find_latest
+from pytest_compilecache.stores.base import is_artifact_key
+from pytest_compilecache.stores.base import prune
+from tests.fakes import MemoryStore
+from tests.unit.test_sync import A100
+from tests.unit.test_sync import BLOBS
+from tests.unit.test_sync import CACHE_FILES
+from tests.unit.test_sync import H100
+from tests.unit.test_sync import PREFIX
+from tests.unit.test_sync import FakeLoader
+from tests.unit.test_sync import _tree
+
+NAME = "c" + "a2b3c4d5e6f7" * 4 + "abc" + ".h.gch"
+OTHER = "c" + "z" * 51 + ".h.gch"
+CONTENT = b"precompiled header " * 4096
+OTHER_CONTENT = b"a header built for another CPU " * 2048
+
+
+@pytest.fixture(autouse=True)
+def _restore_cache_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # restore() points TORCHINDUCTOR_CACHE_DIR at the cache dir; monkeypatch puts the old value back.
+    monkeypatch.setenv(CACHE_ENV, "/nonexistent/before-restore")
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    root = tmp_path / "source-cache"
+    for rel, data in CACHE_FILES.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return root
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+class RecordingStore(MemoryStore):
+    """The memory store, also recording which keys were fetched and written."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.gets: list[str] = []
+        self.puts: list[str] = []
+
+    def get(self, key: str, dest: Path) -> bool:
+        self.gets.append(key)
+        return super().get(key, dest)
+
+    def put(self, key: str, src: Path) -> None:
+        self.puts.append(key)
+        super().put(key, src)
+
+
+def _header(directory: Path, name: str = NAME, content: bytes = CONTENT) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / name).write_bytes(content)
+    return directory / name
+
+
+def _save(store: Any, source: Path, suffix: str, header_dir: Path, **kwargs: Any) -> sync.SaveResult:
+    arguments: dict[str, Any] = {
+        "prefix": PREFIX,
+        "fingerprint": H100,
+        "suffix": suffix,
+        "cache_dir": str(source),
+        "blobs": BLOBS,
+        "files": list(CACHE_FILES),
+        "stats": {"hits": 3},
+        "header_since": headers.session_start(),
+        "header_dir": header_dir,
+    }
+    arguments.update(kwargs)
+    return sync.save(store, **arguments)
+
+
+def _restore(store: Any, cache: Path, header_dir: Path, **kwargs: Any) -> sync.RestoreResult:
+    kwargs.setdefault("load", FakeLoader())
+    kwargs.setdefault("fingerprint", H100)
+    return sync.restore(store, prefix=PREFIX, cache_dir=str(cache), header_dir=header_dir, **kwargs)
+
+
+def _artifact_key(content: bytes = CONTENT) -> str:
+    import hashlib
+
+    return headers.object_key(PREFIX, hashlib.sha256(content).hexdigest())
+
+
+def _manifest(store: MemoryStore, key: str, tmp_path: Path) -> Any:
+    path = tmp_path / "check.bundle"
+    path.write_bytes(store.objects[key][0])
+    with bundle.verify(path) as verified:
+        return verified.manifest
+
+
+# ------------------------------------------------------------------------------------------------------ save
+
+
+def test_a_save_uploads_a_used_header_once_and_the_manifest_names_it(tmp_path: Path, source: Path) -> None:
+    store = RecordingStore()
+    hdrs = tmp_path / "headers"
+    _header(hdrs)
+    first = _save(store, source, "run-1", hdrs)
+    assert first.outcome == "saved", first.message
+    assert (first.headers.named, first.headers.transferred, first.headers.size) == ((NAME,), (NAME,), len(CONTENT))
+    assert first.headers.warnings == ()
+    key = _artifact_key()
+    assert store.puts.count(key) == 1
+    # The object is the zstd of the raw header, and the signed manifest names it by name, sha256 and size.
+    assert zstandard.ZstdDecompressor().decompressobj().decompress(store.objects[key][0]) == CONTENT
+    (artifact,) = _manifest(store, first.key or "", tmp_path).artifacts
+    assert (artifact.kind, artifact.name, artifact.size) == (headers.KIND, NAME, len(CONTENT))
+    assert key.endswith(artifact.sha256)
+
+    second = _save(store, source, "run-2", hdrs)
+    assert second.outcome == "saved"
+    assert (second.headers.named, second.headers.transferred) == ((NAME,), ())
+    assert store.puts.count(key) == 1, "a header the store has is not uploaded again"
+    assert [a.name for a in _manifest(store, second.key or "", tmp_path).artifacts] == [NAME]
+    assert second.to_json()["headers"] == {
+        "named": 1,
+        "transferred": 0,
+        "size": 0,
+        "seconds": pytest.approx(second.headers.seconds, abs=0.001),
+        "warnings": [],
+    }
+
+
+def test_a_save_without_header_since_carries_no_header(tmp_path: Path, source: Path) -> None:
+    store = RecordingStore()
+    hdrs = tmp_path / "headers"
+    _header(hdrs)
+    result = _save(store, source, "run-1", hdrs, header_since=None)
+    assert result.outcome == "saved"
+    assert result.headers == sync.HeaderReport()
+    assert not [key for key in store.objects if is_artifact_key(key)]
+    assert _manifest(store, result.key or "", tmp_path).artifacts == ()
+
+
+def test_a_header_used_before_the_session_is_not_carried(tmp_path: Path, source: Path) -> None:
+    store = RecordingStore()
+    hdrs = tmp_path / "headers"
+    old = _header(hdrs)
+    os.utime(old, (1_000_000, 1_000_000))  # built and last read long before this session
+    result = _save(store, source, "run-1", hdrs)
+    assert result.headers.named == ()
+    # ...unless this session's restore installed it (torch then found it and never rebuilt it).
+    again = _save(store, source, "run-2", hdrs, header_installed=[NAME])
+    assert again.headers.named == (NAME,)
+
+
+def test_a_header_upload_that_fails_is_one_warning_and_the_bundle_is_saved(tmp_path: Path, source: Path) -> None:
+    class NoArtifacts(RecordingStore):
+        def put(self, key: str, src: Path) -> None:
+            if is_artifact_key(key):
+                from pytest_compilecache import StoreError
+
+                raise StoreError("cannot put: quota exceeded\nsecond line")
+            super().put(key, src)
+
+    store = NoArtifacts()
+    hdrs = tmp_path / "headers"
+    _header(hdrs)
+    result = _save(store, source, "run-1", hdrs)
+    assert result.outcome == "saved"
+    assert result.headers.named == ()
+    (line,) = result.headers.warnings
+    assert NAME in line and "quota exceeded" in line and "\n" not in line
+    assert _manifest(store, result.key or "", tmp_path).artifacts == ()  # names only what the store holds
+
+
+# --------------------------------------------------------------------------------------------------- restore
+
+
+def test_a_restore_installs_the_named_header_into_torchs_dir(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = RecordingStore()
+    _header(tmp_path / "machine-a")
+    saved = _save(store, source, "run-1", tmp_path / "machine-a")
+    fresh = tmp_path / "machine-b" / "torchinductor_me" / "precompiled_headers"
+    fresh.parent.parent.mkdir()  # the runner's TMPDIR exists; torch's dirs under it do not yet
+    result = _restore(store, cache_dir, fresh)
+    assert result.outcome == "partial", result.message
+    assert (fresh / NAME).read_bytes() == CONTENT
+    assert (result.headers.named, result.headers.transferred, result.headers.size) == ((NAME,), (NAME,), len(CONTENT))
+    assert result.headers.warnings == () and result.warning is None
+    data = result.to_json()["headers"]
+    assert (data["named"], data["transferred"], data["size"]) == (1, 1, len(CONTENT))
+    assert saved.key == result.key
+    # Nothing but the header (and torch's lock dir) lands there, and no scratch file is left anywhere.
+    assert sorted(p.name for p in fresh.iterdir()) == [NAME, "locks"]
+
+    # A second restore finds it present: nothing is downloaded, it is still named (for the next save).
+    store.gets.clear()
+    again = _restore(store, cache_dir, fresh)
+    assert (again.headers.named, again.headers.transferred) == ((NAME,), ())
+    assert _artifact_key() not in store.gets
+
+
+def test_restore_with_headers_off_installs_none(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = RecordingStore()
+    _header(tmp_path / "a")
+    _save(store, source, "run-1", tmp_path / "a")
+    fresh = tmp_path / "b"
+    result = _restore(store, cache_dir, fresh, headers=False)
+    assert result.outcome == "partial"
+    assert not fresh.exists()
+    assert _artifact_key() not in store.gets
+
+
+def test_a_tampered_header_is_refused_with_one_warning_and_the_restore_succeeds(
+    tmp_path: Path, source: Path, cache_dir: Path
+) -> None:
+    store = RecordingStore()
+    _header(tmp_path / "a")
+    _save(store, source, "run-1", tmp_path / "a")
+    key = _artifact_key()
+    evil = zstandard.ZstdCompressor().compress(b"X" + CONTENT[1:])  # same size, other bytes
+    store.objects[key] = (evil, store.objects[key][1])
+    fresh = tmp_path / "b"
+    loader = FakeLoader()
+    result = _restore(store, cache_dir, fresh, load=loader)
+    assert result.outcome == "partial" and result.ok
+    assert loader.blobs == list(BLOBS.values())  # the bundle itself was installed and loaded
+    assert {rel: data for rel, data in _tree(cache_dir).items() if rel in CACHE_FILES} == CACHE_FILES
+    assert not (fresh / NAME).exists()
+    assert [p.name for p in fresh.iterdir()] == ["locks"]  # no temp file, no partial header
+    (line,) = result.headers.warnings
+    assert NAME in line and "sha256" in line
+    assert result.headers.transferred == ()
+
+
+def test_a_header_missing_from_the_store_is_one_warning(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = RecordingStore()
+    _header(tmp_path / "a")
+    _save(store, source, "run-1", tmp_path / "a")
+    del store.objects[_artifact_key()]
+    result = _restore(store, cache_dir, tmp_path / "b")
+    assert result.outcome == "partial"
+    (line,) = result.headers.warnings
+    assert "not in the store" in line
+
+
+def test_a_header_built_for_another_fingerprint_is_never_fetched(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = RecordingStore()
+    _header(tmp_path / "a100-machine", OTHER, OTHER_CONTENT)
+    _header(tmp_path / "h100-machine", NAME, CONTENT)
+    assert _save(store, source, "run-a", tmp_path / "a100-machine", fingerprint=A100).outcome == "saved"
+    assert _save(store, source, "run-h", tmp_path / "h100-machine").outcome == "saved"
+    assert {_artifact_key(CONTENT), _artifact_key(OTHER_CONTENT)} <= set(store.objects)
+    fresh = tmp_path / "fresh"
+    result = _restore(store, cache_dir, fresh)
+    assert result.key == make_key(PREFIX, H100.digest(), "run-h")
+    assert sorted(p.name for p in fresh.iterdir() if p.name != "locks") == [NAME]
+    assert _artifact_key(OTHER_CONTENT) not in store.gets
+    assert [key for key in store.gets if is_artifact_key(key)] == [_artifact_key(CONTENT)]
+
+
+# ------------------------------------------------------------------------------------- prune and listing
+
+
+def test_pruning_keeps_artifacts_and_does_not_count_them(tmp_path: Path, source: Path) -> None:
+    store = RecordingStore()
+    _header(tmp_path / "a")
+    for run in range(1, 5):
+        assert _save(store, source, f"run-{run}", tmp_path / "a", keep=2).outcome == "saved"
+    lineage = restore_prefix(PREFIX, H100.digest())
+    assert [e.key for e in store.list(lineage)] == [make_key(PREFIX, H100.digest(), f"run-{n}") for n in (4, 3)]
+    assert _artifact_key() in store.objects  # named by both kept bundles
+    # The CLI's prune over the bare prefix: the artifact is neither deleted nor one of the kept entries.
+    deleted = prune(store, PREFIX, 1)
+    assert deleted == [make_key(PREFIX, H100.digest(), "run-3")]
+    assert _artifact_key() in store.objects
+    assert prune(store, PREFIX, 0) == [make_key(PREFIX, H100.digest(), "run-4")]
+    assert builtins.list(store.objects) == [_artifact_key()]  # kept: see prune's docstring
+
+
+def test_listing_never_takes_an_artifact_for_a_bundle(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = RecordingStore()
+    _header(tmp_path / "a")
+    saved = _save(store, source, "run-1", tmp_path / "a", fingerprint=A100)
+    # An artifact written after the newest bundle (a save whose bundle put failed afterwards, say).
+    other = tmp_path / "later.zst"
+    other.write_bytes(zstandard.ZstdCompressor().compress(OTHER_CONTENT))
+    store.put(_artifact_key(OTHER_CONTENT), other)
+    assert store.list(PREFIX + "-")[0].key == _artifact_key(OTHER_CONTENT)
+    assert find_latest(store, PREFIX) == saved.key
+    miss = _restore(store, cache_dir, tmp_path / "b")  # H100 has no bundle: the miss explains A100's
+    assert miss.outcome == "miss"
+    assert saved.key and saved.key in miss.message and "artifact" not in miss.message
+    assert not [key for key in store.gets if is_artifact_key(key)]
+
+
+def test_artifact_keys_are_told_from_bundle_keys() -> None:
+    sha = "0" * 64
+    assert is_artifact_key(headers.object_key(PREFIX, sha))
+    assert not is_artifact_key(make_key(PREFIX, "ab" * 8, "20260101T000000-42"))
+    assert not is_artifact_key(f"{PREFIX}-artifact-{sha[:-1]}")
+
+
+# ------------------------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_save_and_restore_carry_headers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("PYTEST_COMPILECACHE_SIGNING_KEY", "GITHUB_OUTPUT", "GITHUB_ACTIONS", "TRITON_CACHE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "unused"))
+    cache = tmp_path / "cache"
+    (cache / "ab").mkdir(parents=True)
+    (cache / "ab" / "cabc.main.so").write_bytes(b"kernel")
+    store = tmp_path / "store"
+    machine_a, machine_b = tmp_path / "tmp-a", tmp_path / "tmp-b"
+    machine_a.mkdir()
+    machine_b.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(machine_a))
+    old = _header(headers.header_dir(), OTHER, OTHER_CONTENT)
+    os.utime(old, (900_000, 900_000))
+    _header(headers.header_dir())
+
+    save = ["save", "--store", str(store), "--cache-dir", str(cache)]
+    assert cli.main([*save, "--suffix", "1", "--headers-since", "1000001"]) == 0
+    assert "names 1 precompiled header(s), uploaded 1" in capsys.readouterr().out
+    assert cli.main([*save, "--suffix", "2", "--all-headers"]) == 0
+    assert "names 2 precompiled header(s), uploaded 1" in capsys.readouterr().out
+    assert cli.main([*save, "--suffix", "3"]) == 0
+    assert "precompiled" not in capsys.readouterr().out  # opt-in: a dev machine's dir holds anything
+    local = LocalStore(store)
+    assert sum(is_artifact_key(e.key) for e in local.list(DEFAULT_PREFIX)) == 2
+
+    monkeypatch.setattr(tempfile, "tempdir", str(machine_b))
+    key2 = [e.key for e in local.list() if e.key.endswith("-2")][0]
+    assert cli.main(["restore", "--store", str(store), "--cache-dir", str(tmp_path / "c2"), "--key", key2]) == 0
+    assert "installed 2 precompiled header(s)" in capsys.readouterr().err
+    assert sorted(p.name for p in headers.header_dir().iterdir() if p.name != "locks") == sorted([NAME, OTHER])
+    assert (headers.header_dir() / NAME).read_bytes() == CONTENT
+
+
+@pytest.mark.parametrize("value", ["soon", "nan", "-5", "inf"])
+def test_cli_headers_since_must_be_a_time(tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["save", "--store", str(tmp_path / "s"), "--cache-dir", str(tmp_path), "--headers-since", value])
+    assert exc.value.code == 2
+    assert "--headers-since" in capsys.readouterr().err
