@@ -1,0 +1,130 @@
+"""session: the controller carries precompiled headers only where torch keeps them (no torch, no compile)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from pytest_compilecache import headers
+from pytest_compilecache import sync
+from pytest_compilecache.problems import Problems
+from pytest_compilecache.session import Recorder
+from pytest_compilecache.session import Setup
+from pytest_compilecache.session import Worker
+from pytest_compilecache.stores import LocalStore
+from pytest_compilecache.stores.base import is_artifact_key
+from tests.unit.test_session import _controller
+from tests.unit.test_session import _no_torch  # noqa: F401 - the autouse fake probe, applied here too
+from tests.unit.test_session import _record
+
+NAME = "c" + "a2b3c4d5e6f7" * 4 + "abc" + ".h.gch"
+
+
+@pytest.fixture(autouse=True)
+def _own_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's TMPDIR, so torch's header dir (headers.header_dir()) is private to it."""
+    runner = tmp_path / "runner-tmp"
+    runner.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(runner))
+    return runner
+
+
+def _header_built_now() -> Path:
+    directory = headers.header_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / NAME).write_bytes(b"pch" * 1000)
+    return directory / NAME
+
+
+def _saved_artifacts(store: Path) -> list[str]:
+    return [entry.key for entry in LocalStore(store).list() if is_artifact_key(entry.key)]
+
+
+def test_a_saving_session_carries_the_header_it_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    controller = _controller(tmp_path, store=str(tmp_path / "store"))
+    controller.session_start()
+    assert controller.header_since is not None
+    _header_built_now()
+    monkeypatch.setattr("pytest_compilecache.probe.precompiled_header_dir", lambda: str(headers.header_dir()))
+    controller.stats.add_record(_record("t::a", miss=1))
+    controller.files.add("x")  # something compiled
+    (Path(controller.setup.dir.path or "") / "x").write_bytes(b"kernel")
+    controller._save()
+    assert controller.saved is not None and controller.saved.outcome == "saved", controller.saved
+    assert controller.saved.headers.named == (NAME,)
+    assert len(_saved_artifacts(tmp_path / "store")) == 1
+    assert controller.to_json()["save"]["headers"]["named"] == 1
+
+
+def test_a_worker_reports_torchs_header_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    controller = _controller(tmp_path)
+    worker = Worker(
+        Setup(controller.setup.settings, controller.setup.dir, controller.setup.lease, Problems()), Recorder("gw0")
+    )
+    monkeypatch.setattr("pytest_compilecache.probe.precompiled_header_dir", lambda: "/somewhere/else")
+    output = worker.output()
+    assert output["header_dir"] == "/somewhere/else"
+    controller.add_worker("gw0", output)
+    controller.add_worker("gw1", {**output, "header_dir": None})  # a worker that compiled no C++
+    assert controller.header_dirs == {"/somewhere/else"}
+
+
+def test_a_worker_whose_torch_keeps_headers_elsewhere_means_no_headers_and_a_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    controller = _controller(tmp_path, store=str(tmp_path / "store"))
+    controller.session_start()
+    _header_built_now()
+    controller.add_worker("gw0", {"tests": 1, "files": ["x"], "header_dir": str(tmp_path / "moved")})
+    controller.add_worker("gw1", {"tests": 1, "header_dir": str(headers.header_dir())})
+    (Path(controller.setup.dir.path or "") / "x").write_bytes(b"kernel")
+    controller.stats.add_record(_record("t::a", miss=1))
+    controller._save()
+    assert controller.saved is not None and controller.saved.outcome == "saved"
+    assert controller.saved.headers == sync.HeaderReport()
+    assert _saved_artifacts(tmp_path / "store") == []
+    (note,) = [n for n in controller.problems.notes if "precompiled headers" in n]
+    assert str(tmp_path / "moved") in note
+    assert controller.problems.warnings == []
+
+
+def test_a_read_only_session_does_not_track_headers(tmp_path: Path) -> None:
+    controller = _controller(tmp_path, store=str(tmp_path / "store"), readonly=True)
+    controller.session_start()
+    assert controller.header_since is None
+
+
+def test_all_hits_still_save_when_the_session_used_a_header_the_bundle_does_not_name(tmp_path: Path) -> None:
+    controller = _controller(tmp_path, store=str(tmp_path / "store"))
+    controller.session_start()
+    controller.restored = sync.RestoreResult("partial", key="k")  # a bundle that names no header
+    controller.stats.add_record(_record("t::a", hit=3))
+    (Path(controller.setup.dir.path or "") / "x").write_bytes(b"kernel")
+    controller.files.add("x")
+    controller._save()
+    assert controller.saved is not None and controller.saved.outcome == "skipped"  # no header used: skipped
+
+    _header_built_now()  # torch built the header this session: the next fresh runner should not have to
+    controller._save()
+    assert controller.saved is not None and controller.saved.outcome == "saved"
+    assert controller.saved.headers.named == (NAME,)
+
+    named = sync.HeaderReport(named=(NAME,))
+    controller.restored = sync.RestoreResult("partial", key="k", headers=named)  # already named: skip again
+    controller._save()
+    assert controller.saved is not None and controller.saved.outcome == "skipped"
+
+
+def test_restore_warns_once_per_header_that_did_not_come(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    controller = _controller(tmp_path, store=str(tmp_path / "store"))
+    lines = ("precompiled header 'a' not restored: x", "precompiled header 'b' not restored: y")
+
+    def fake_restore(*args: object, **kwargs: object) -> sync.RestoreResult:
+        return sync.RestoreResult("partial", key="k", headers=sync.HeaderReport(warnings=lines))
+
+    monkeypatch.setattr(sync, "restore", fake_restore)
+    controller.session_start()
+    assert controller.problems.warnings == list(lines)
+    assert controller.restored is not None and controller.restored.outcome == "partial"
