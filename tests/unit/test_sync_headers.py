@@ -369,3 +369,33 @@ def test_cli_headers_since_must_be_a_time(tmp_path: Path, capsys: pytest.Capture
         cli.main(["save", "--store", str(tmp_path / "s"), "--cache-dir", str(tmp_path), "--headers-since", value])
     assert exc.value.code == 2
     assert "--headers-since" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- the Action's store: github
+
+
+def test_with_the_actions_staging_dir_the_header_rides_inside_the_runs_entry(
+    tmp_path: Path, source: Path, cache_dir: Path
+) -> None:
+    """store: github, simulated without actions/cache: the plugin saves into the staging dir (a directory
+    store), actions/cache would save ``staging/*.bundle`` as the run's entry and restore it next run, the
+    Action moves it to its inbox and restores from there. The header object matches ``*.bundle``, so it
+    travels inside every entry (not once per repository) and comes back verified."""
+    import glob
+
+    from action.main import stage_bundles
+
+    staging = tmp_path / ".compilecache-staging"
+    _header(tmp_path / "runner-1")
+    saved = _save(LocalStore(staging), source, "run-1", tmp_path / "runner-1", keep=1)
+    assert saved.headers.transferred == (NAME,)
+    entry = sorted(Path(p).name for p in glob.glob(str(staging / "*.bundle")))  # actions/cache's `path:`
+    assert entry == sorted([f"{saved.key}.bundle", f"{_artifact_key()}.bundle"])
+
+    inbox = tmp_path / "inbox"
+    stage_bundles(staging, inbox)
+    fresh = tmp_path / "runner-2"
+    result = _restore(LocalStore(inbox), cache_dir, fresh)
+    assert result.key == saved.key
+    assert result.headers.transferred == (NAME,) and result.headers.warnings == ()
+    assert (fresh / NAME).read_bytes() == CONTENT
