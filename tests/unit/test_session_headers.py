@@ -10,6 +10,7 @@ import pytest
 from pytest_compilecache import headers
 from pytest_compilecache import sync
 from pytest_compilecache.problems import Problems
+from pytest_compilecache.session import Controller
 from pytest_compilecache.session import Recorder
 from pytest_compilecache.session import Setup
 from pytest_compilecache.session import Worker
@@ -96,6 +97,10 @@ def test_a_read_only_session_does_not_track_headers(tmp_path: Path) -> None:
     assert controller.header_since is None
 
 
+def _outcome(controller: Controller) -> str | None:
+    return controller.saved.outcome if controller.saved is not None else None
+
+
 def test_all_hits_still_save_when_the_session_used_a_header_the_bundle_does_not_name(tmp_path: Path) -> None:
     controller = _controller(tmp_path, store=str(tmp_path / "store"))
     controller.session_start()
@@ -104,17 +109,17 @@ def test_all_hits_still_save_when_the_session_used_a_header_the_bundle_does_not_
     (Path(controller.setup.dir.path or "") / "x").write_bytes(b"kernel")
     controller.files.add("x")
     controller._save()
-    assert controller.saved is not None and controller.saved.outcome == "skipped"  # no header used: skipped
+    assert _outcome(controller) == "skipped"  # no header used: skipped
 
     _header_built_now()  # torch built the header this session: the next fresh runner should not have to
     controller._save()
-    assert controller.saved is not None and controller.saved.outcome == "saved"
-    assert controller.saved.headers.named == (NAME,)
+    assert _outcome(controller) == "saved"
+    assert controller.saved is not None and controller.saved.headers.named == (NAME,)
 
     named = sync.HeaderReport(named=(NAME,))
     controller.restored = sync.RestoreResult("partial", key="k", headers=named)  # already named: skip again
     controller._save()
-    assert controller.saved is not None and controller.saved.outcome == "skipped"
+    assert _outcome(controller) == "skipped"
 
 
 def test_restore_warns_once_per_header_that_did_not_come(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
