@@ -284,7 +284,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise TypeError("restore and save must be objects")
         text = report.markdown(stats, where=f"{data.get('mode')}:{data.get('cache_dir')}", restore=restore, save=save)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ConfigError(f"{args.json_report} is not a --compile-cache-json report ({type(exc).__name__}: {exc})") from None
+        why = f"{type(exc).__name__}: {exc}"
+        raise ConfigError(f"{args.json_report} is not a --compile-cache-json report ({why})") from None
     target = os.environ.get("GITHUB_STEP_SUMMARY") if args.summary else None
     if target:
         ghrunner.append_summary(target, text)
