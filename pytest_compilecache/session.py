@@ -544,4 +544,12 @@ def action_restore_result(value: str | None) -> RestoreResult | None:
         return None
     message = str(data.get("message", "")) if isinstance(data, dict) else ""
     key = data.get("key") if isinstance(data, dict) and isinstance(data.get("key"), str) else None
-    return sync.RestoreResult(outcome, key=key, message=message)
+    # "headers": the precompiled-header names the Action's restore installed or found (optional), so this
+    # session's save names them again even where the file system records no reads (noatime).
+    names = data.get("headers") if isinstance(data, dict) else None
+    named: tuple[str, ...] = ()
+    if isinstance(names, list) and all(isinstance(name, str) for name in names):
+        from .headers import is_header_name
+
+        named = tuple(name for name in names if is_header_name(name))
+    return sync.RestoreResult(outcome, key=key, message=message, headers=sync.HeaderReport(named=named))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -133,3 +134,16 @@ def test_restore_warns_once_per_header_that_did_not_come(tmp_path: Path, monkeyp
     controller.session_start()
     assert controller.problems.warnings == list(lines)
     assert controller.restored is not None and controller.restored.outcome == "partial"
+
+
+def test_the_actions_restore_report_may_name_the_headers_it_installed() -> None:
+    from pytest_compilecache.session import action_restore_result
+
+    value = json.dumps({"outcome": "partial", "key": "k", "headers": [NAME, "../evil", 3]})
+    assert action_restore_result(value) is not None
+    result = action_restore_result(json.dumps({"outcome": "partial", "key": "k", "headers": [NAME, "../evil"]}))
+    assert result is not None and result.headers.named == (NAME,)
+    old = action_restore_result(json.dumps({"outcome": "exact", "key": "k"}))  # an Action that does not say
+    assert old is not None and old.headers.named == ()
+    odd = action_restore_result(value)  # not all strings: ignored as a whole
+    assert odd is not None and odd.headers.named == ()
