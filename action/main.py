@@ -521,7 +521,12 @@ def restored_env(plan: Plan, result: RestoreResult) -> dict[str, str]:
     outcome = result.outcome
     env = {
         RESTORED_ENV: json.dumps(
-            {"outcome": outcome, "key": result.key, "message": result.warning or result.message or None},
+            {
+                "outcome": outcome,
+                "key": result.key,
+                "message": result.warning or result.message or None,
+                "headers": list(result.headers.named),
+            },
             separators=(",", ":"),
         )
     }
@@ -669,6 +674,8 @@ def cmd_restore(environ: Mapping[str, str]) -> int:
         _command("warning", f"{result.warning}; the tests compile cold" if not result.ok else result.warning)
     if result.outcome == "miss":
         print(f"miss: {ghrunner.one_line(result.message)}")
+    for line in result.headers.warnings:
+        _command("warning", line)
     write_vars(environ.get("GITHUB_OUTPUT"), outputs)
     write_vars(environ.get("GITHUB_ENV"), restored_env(plan, result))
     if result.outcome == "error" and plan.min_hit_rate:

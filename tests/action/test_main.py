@@ -537,6 +537,7 @@ def test_restore_tells_the_plugin_and_lifts_min_hit_rate_after_trouble(
         "outcome": "error",
         "key": None,
         "message": "the actions/cache step failed (see its log)",
+        "headers": [],
     }
     assert env["PYTEST_COMPILECACHE_MIN_HIT_RATE"] == ""  # the later line wins in GITHUB_ENV
     assert resolve({}, lambda name: None, env).min_hit_rate is None
