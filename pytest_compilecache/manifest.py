@@ -85,7 +85,7 @@ class Member:
 class Artifact:
     """A content-addressed file stored once per store, outside the bundle (e.g. torch's precompiled header).
 
-    Reserved in format 2 so that later versions need no new format; no artifact is written yet.
+    Written by saves that carry torch's precompiled headers (:mod:`.headers`), signed with the manifest.
     """
 
     kind: str
