@@ -73,6 +73,9 @@ class RestoreResult:
     files: int = 0
     artifacts: Mapping[str, int] = field(default_factory=dict)
     skipped: tuple[tuple[str, str], ...] = ()
+    # The restored bundle's ``graphs`` record (issue 12), read from its manifest after verification:
+    # untrusted JSON to parse with ``explain.GraphsRecord.from_json``; None when the bundle has none.
+    graphs: Mapping[str, Any] | None = field(default=None, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -228,6 +231,7 @@ def restore(
                         skipped.append((key, one_line(str(exc), 500)))
                         continue
                     artifacts = _load_blobs(verified, cache_dir, load)
+                    graphs = verified.manifest.graphs or None
                 return result(
                     outcome,
                     key=key,
@@ -235,6 +239,7 @@ def restore(
                     files=len(installed.files),
                     artifacts=artifacts,
                     skipped=tuple(skipped),
+                    graphs=graphs,
                 )
     except (StoreError, BundleError, OSError) as exc:
         return result("error", f"restore failed: {exc}", skipped=tuple(skipped))

@@ -1,11 +1,11 @@
-"""_explain_render_proposal.py: terminal lines, bounded Markdown and JSON of miss explanations."""
+"""report.py's miss-explanation renderers: terminal lines, bounded Markdown and JSON."""
 
 from __future__ import annotations
 
-from pytest_compilecache._explain_render_proposal import never_hit_text
-from pytest_compilecache._explain_render_proposal import why_json
-from pytest_compilecache._explain_render_proposal import why_lines
-from pytest_compilecache._explain_render_proposal import why_markdown
+from pytest_compilecache.report import never_hit_text
+from pytest_compilecache.report import why_json
+from pytest_compilecache.report import why_lines
+from pytest_compilecache.report import why_markdown
 from pytest_compilecache.explain import MissExplanation
 from pytest_compilecache.explain import SessionExplanation
 
