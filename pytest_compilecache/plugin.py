@@ -29,9 +29,9 @@ from .settings import resolve
 
 if TYPE_CHECKING:
     from .session import Controller
-    from .session import Recorder
+    from .session import Recorder  # noqa: F401  (named in the StashKey strings below)
     from .session import Setup
-    from .session import Start
+    from .session import Start  # noqa: F401
     from .session import Worker
     from .stats import CompileCacheStats
 

@@ -385,11 +385,9 @@ class Controller:
         from .explain import load_record
 
         graphs = self.restored.graphs if self.restored is not None else None
+        record: GraphsRecord | None
         try:
-            if graphs:
-                record = install_restored(Path(path), graphs)
-            else:
-                record = load_record(Path(path))
+            record = install_restored(Path(path), graphs) if graphs else load_record(Path(path))
         except (OSError, ValueError) as exc:
             where = "of the restored bundle" if graphs else "in the cache dir"
             self.problems.warn(one_line(f"no miss explanations: the graph record {where} is unreadable: {exc}", 500))

@@ -40,11 +40,10 @@ from .bundle import DEFAULT_MAX_BYTES
 from .bundle import CacheDirError
 from .cachedir import lock
 from .fingerprint import Fingerprint
-from .ghrunner import one_line
 from .fingerprint import explain
 from .fingerprint import make_key
 from .fingerprint import restore_prefix
-from .manifest import printable
+from .ghrunner import one_line
 from .probe import CACHE_ENV
 from .stores.base import Store
 from .stores.base import prune

@@ -62,7 +62,12 @@ def test_second_session_says_why_each_test_missed(
     inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, dist: tuple[str, ...]
 ) -> None:
     inner.makepyfile(test_suite=SUITE)
-    args = ("--compile-cache=shared", f"--compile-cache-dir={inner.path / 'cache'}", "--compile-cache-report=full", *dist)
+    args = (
+        "--compile-cache=shared",
+        f"--compile-cache-dir={inner.path / 'cache'}",
+        "--compile-cache-report=full",
+        *dist,
+    )
 
     monkeypatch.setenv("INNER_ROWS", "8")
     first = run_inner(inner, *args, json_name="first.json")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from pytest_compilecache.explain import MissExplanation
+from pytest_compilecache.explain import SessionExplanation
 from pytest_compilecache.report import never_hit_text
 from pytest_compilecache.report import why_json
 from pytest_compilecache.report import why_lines
 from pytest_compilecache.report import why_markdown
-from pytest_compilecache.explain import MissExplanation
-from pytest_compilecache.explain import SessionExplanation
 
 
 def _why(count: int = 2) -> SessionExplanation:

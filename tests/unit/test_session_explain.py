@@ -151,7 +151,9 @@ def test_a_restored_bundles_record_is_the_baseline_for_every_process(tmp_path: P
     on_disk = explain.load_record(tmp_path / "cache")
     assert on_disk is not None and on_disk.tests["t.py::test_a"][0].key == "k1"  # replaced the local record
     # A worker reads the same record, lazily, for the live fixture.
-    worker = Worker(Setup(controller.settings, controller.setup.dir, controller.setup.lease, Problems()), Recorder("gw0"))
+    worker = Worker(
+        Setup(controller.settings, controller.setup.dir, controller.setup.lease, Problems()), Recorder("gw0")
+    )
     worker.session_start()
     start = worker.recorder.start()
     fake.lookups.append(lookup("k2").to_json())
@@ -208,7 +210,9 @@ def test_worker_graphs_survive_the_merge_and_are_explained(tmp_path: Path, fake:
     _session(tmp_path, fake, ("t.py::test_a", [lookup("k1", code="c1")]))
     controller = _controller(tmp_path)
     controller.session_start()
-    worker = Worker(Setup(controller.settings, controller.setup.dir, controller.setup.lease, Problems()), Recorder("gw1"))
+    worker = Worker(
+        Setup(controller.settings, controller.setup.dir, controller.setup.lease, Problems()), Recorder("gw1")
+    )
     fake.run(worker.recorder, "t.py::test_a", lookup("k3", code="c2"))
     controller.add_worker("gw1", json.loads(json.dumps(worker.output())))
     controller.finish()

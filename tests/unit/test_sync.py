@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import builtins
 import json
 import os
 from pathlib import Path
@@ -11,7 +10,6 @@ from typing import Mapping
 
 import pytest
 
-from pytest_compilecache import StoreError
 from pytest_compilecache import bundle
 from pytest_compilecache import sync
 from pytest_compilecache.fingerprint import Fingerprint
