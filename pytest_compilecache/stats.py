@@ -77,8 +77,10 @@ class ItemRecord:
         for reason in delta.get("bypass_reasons", ()):
             if reason not in self.bypass_reasons:
                 self.bypass_reasons.append(reason)
-        if delta.get("graphs") or delta.get("why"):
-            self._add_graphs(delta.get("graphs") or (), delta.get("why") or ())
+        graphs, why = delta.get("graphs"), delta.get("why")
+        if graphs or why:
+            # The JSON report has a count in "graphs" (its reader, ``cli report``, comes through here): no lookups.
+            self._add_graphs(graphs if isinstance(graphs, list) else (), why if isinstance(why, list) else ())
 
     def _add_graphs(self, graphs: Any, why: Any) -> None:
         from .explain import GraphLookup
