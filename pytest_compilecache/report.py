@@ -89,7 +89,7 @@ def table_lines(stats: SessionStats, limit: int | None = TABLE_ROWS) -> list[str
     for r in rows:
         fx = f"{r.fxgraph['hit']}/{r.fxgraph['miss']}/{r.fxgraph['bypass']}"
         aot = f"{r.aotautograd['hit']}/{r.aotautograd['miss']}"
-        name = r.nodeid if len(r.nodeid) <= width else "..." + r.nodeid[-(width - 3):]
+        name = r.nodeid if len(r.nodeid) <= width else "..." + r.nodeid[-(width - 3) :]
         recompiles = f" ({_plural(r.recompiles, 'recompile')})" if r.recompiles else ""
         lines.append(f"{r.compile_seconds:8.2f}  {fx:>15}  {aot:>12}  {r.frames:>6}  {name}{recompiles}")
     hidden = len(stats.compiled) - len(rows)
@@ -187,8 +187,11 @@ def markdown(
     why_section = why_markdown(why, min(WHY_MARKDOWN_BYTES, budget // 3)) if why is not None else ""
     budget -= _size(why_section)
     sections = [
-        ("Slowest compiling tests",
-         "| seconds | fx hits | fx misses | frames | test |\n|---:|---:|---:|---:|---|", slowest),
+        (
+            "Slowest compiling tests",
+            "| seconds | fx hits | fx misses | frames | test |\n|---:|---:|---:|---:|---|",
+            slowest,
+        ),
         ("Tests that missed", "| fx misses | aot misses | test | bypass reasons |\n|---:|---:|---|---|", missed),
     ]
     for title, header, rows in sections:
@@ -216,7 +219,6 @@ def _truncate(text: str, limit: int) -> str:
     if len(data) <= limit:
         return text
     return data[:limit].decode("utf-8", errors="ignore")
-
 
 
 # ---- miss explanations (issue 12)

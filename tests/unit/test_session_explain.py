@@ -219,3 +219,16 @@ def test_worker_graphs_survive_the_merge_and_are_explained(tmp_path: Path, fake:
     record = controller.stats.records["t.py::test_a"]
     assert record.worker == "gw1" and [g.key for g in record.graphs] == ["k3"]
     assert [w.reasons for w in record.why] == [["graph code changed"]]
+
+
+def test_the_record_is_ours_in_an_untagged_torch_dir(tmp_path: Path, fake: FakeProbe) -> None:
+    """A --compile-cache-dir that torch made (no CACHEDIR.TAG) stays usable once the record is kept there."""
+    from pytest_compilecache import cachedir
+
+    assert cachedir.GRAPHS_RECORD == explain.RECORD_NAME
+    (tmp_path / "cache" / "fxgraph").mkdir(parents=True)
+    _session(tmp_path, fake, ("t.py::test_a", [lookup("k1")]))
+    assert (tmp_path / "cache" / explain.RECORD_NAME).is_file()
+    assert cachedir.ownership(tmp_path / "cache").kind in ("ours", "torch")
+    second = _session(tmp_path, fake, ("t.py::test_a", [lookup("k2", shape="[2, 16]")]))  # not refused
+    assert second.why is not None and second.why.misses
