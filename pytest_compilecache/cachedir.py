@@ -240,7 +240,10 @@ TORCH_DIRS = frozenset(
     }
 )  # fmt: skip
 TORCH_FILES = frozenset({"memoizer_cache.json", "memoizer_cache.lock"})
-_OUR_NAMES = frozenset({"CACHEDIR.TAG", ".gitignore", LOCK_NAME, SESSIONS_DIR})
+# GRAPHS_RECORD: explain.RECORD_NAME, the graphs the next session explains its misses against (issue 12);
+# ours in any dir (so an untagged torch dir that holds it is not "foreign" next time), never trimmed.
+GRAPHS_RECORD = ".compilecache-graphs.json"
+_OUR_NAMES = frozenset({"CACHEDIR.TAG", ".gitignore", LOCK_NAME, SESSIONS_DIR, GRAPHS_RECORD})
 # codecache.get_path: ``<key[1:3]>/<key>.<ext>``; keys are lowercase base32 (or hex) hashes.
 _KERNEL_DIR = re.compile(r"[a-z0-9]{2}")
 _KERNEL_NAME = re.compile(r"[a-z0-9_]{20,}(\.[A-Za-z0-9_]+)*")

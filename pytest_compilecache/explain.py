@@ -655,3 +655,13 @@ def save_record(cache_dir: Path, record: GraphsRecord) -> Path:
     with atomic_file(path, fsync=False) as fh:
         fh.write(data)
     return path
+
+
+def install_restored(cache_dir: Path, graphs: Mapping[str, Any]) -> GraphsRecord:
+    """Make a restored bundle's verified ``graphs`` the record of ``cache_dir``, for every process to read.
+
+    Raises ValueError (malformed record: the bundle may be hostile) or OSError; the dir is then as it was.
+    """
+    record = GraphsRecord.from_json(graphs)
+    save_record(cache_dir, record)
+    return record

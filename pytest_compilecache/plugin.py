@@ -29,8 +29,9 @@ from .settings import resolve
 
 if TYPE_CHECKING:
     from .session import Controller
-    from .session import Recorder
+    from .session import Recorder  # noqa: F401  (named in the StashKey strings below)
     from .session import Setup
+    from .session import Start  # noqa: F401
     from .session import Worker
     from .stats import CompileCacheStats
 
@@ -40,7 +41,7 @@ _CONTROLLER = pytest.StashKey["Controller"]()
 _WORKER = pytest.StashKey["Worker"]()
 _RECORDER = pytest.StashKey["Recorder"]()
 _MARKED = pytest.StashKey["dict[str, str]"]()
-_MARK = pytest.StashKey["probe.Mark"]()
+_MARK = pytest.StashKey["Start"]()
 
 MARKER = "compile_cache"
 
@@ -153,6 +154,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "torch's compile caches off for it. Everything is put back afterwards.",
     )
     setup = _setup(config)
+    probe.watch_graph_lookups()  # every process: the FX-graph lookups that explain a miss (never imports torch)
     if _is_worker(config):
         recorder = config.stash[_RECORDER] = Recorder(os.environ.get("PYTEST_XDIST_WORKER", "worker"))
         config.stash[_WORKER] = Worker(setup, recorder)
@@ -204,7 +206,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     finally:
         if isolation is not None:
             isolation.__exit__(None, None, None)
-        recorder.finish(item.nodeid, start)
+        recorder.finish(item.nodeid, start, intended=mode is not None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -253,9 +255,14 @@ def _closest_marker(node: Any, memo: dict[int, Any]) -> Any:
 
 @pytest.fixture
 def compile_cache_stats(request: pytest.FixtureRequest) -> CompileCacheStats:
-    """The current test's compile record, live: ``compile_cache_stats.fxgraph["miss"] == 0``."""
+    """The current test's compile record, live: ``compile_cache_stats.fxgraph["miss"] == 0``.
+
+    ``.graphs`` lists its FX-graph lookups and ``.why`` why each miss so far missed (against the restored
+    bundle's or the previous session's record): ``assert compile_cache_stats.misses == 0, compile_cache_stats.why``.
+    """
     item = request.node
-    return request.config.stash[_RECORDER].live(item.nodeid, item.stash.get(_MARK, None))
+    intended = item.nodeid in request.config.stash.get(_MARKED, {})
+    return request.config.stash[_RECORDER].live(item.nodeid, item.stash.get(_MARK, None), intended)
 
 
 # ---- xdist (optional)

@@ -7,17 +7,26 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 from typing import Any
 from typing import Mapping
 
 from .ghrunner import md_code
 from .ghrunner import md_text
+from .ghrunner import one_line
+from .stats import ItemRecord
 from .stats import SessionStats
 from .stats import hit_rate
+
+if TYPE_CHECKING:
+    from .explain import SessionExplanation
 
 JSON_VERSION = 1
 MARKDOWN_LIMIT = 1024 * 1024 - 4096  # GitHub rejects a step summary over 1 MiB; leave headroom
 TABLE_ROWS = 30
+WHY_ROWS = 20  # terminal lines of miss explanations; the JSON report has them all
+WHY_MARKDOWN_BYTES = 64 * 1024  # the step summary's "why these tests missed" section at most
+NEVER_HIT_HINT = "seed random values, pass them as inputs, or keep timestamps and paths out of the graph"
 
 
 def percent(rate: float | None) -> str:
@@ -80,7 +89,7 @@ def table_lines(stats: SessionStats, limit: int | None = TABLE_ROWS) -> list[str
     for r in rows:
         fx = f"{r.fxgraph['hit']}/{r.fxgraph['miss']}/{r.fxgraph['bypass']}"
         aot = f"{r.aotautograd['hit']}/{r.aotautograd['miss']}"
-        name = r.nodeid if len(r.nodeid) <= width else "..." + r.nodeid[-(width - 3):]
+        name = r.nodeid if len(r.nodeid) <= width else "..." + r.nodeid[-(width - 3) :]
         recompiles = f" ({_plural(r.recompiles, 'recompile')})" if r.recompiles else ""
         lines.append(f"{r.compile_seconds:8.2f}  {fx:>15}  {aot:>12}  {r.frames:>6}  {name}{recompiles}")
     hidden = len(stats.compiled) - len(rows)
@@ -100,8 +109,14 @@ def to_json(
     restore: Mapping[str, Any] | None = None,
     save: Mapping[str, Any] | None = None,
     notes: list[str] | None = None,
+    why: SessionExplanation | None = None,
 ) -> dict[str, Any]:
-    """The documented, stable JSON report (``version`` 1; fields are only ever added)."""
+    """The documented, stable JSON report (``version`` 1; fields are only ever added).
+
+    Per test, ``graphs`` is the number of FX-graph lookups recorded and ``why`` the explained misses
+    (``[{"key", "reasons": [str]}]``); the top-level ``why`` is :func:`why_json` (None when nothing was
+    compared). The lookups' components stay out of the report: they are for the next run, not for people.
+    """
     return {
         "version": JSON_VERSION,
         "mode": mode,
@@ -111,8 +126,13 @@ def to_json(
         "save": dict(save) if save else None,
         "silent_workers": list(stats.silent_workers),
         "notes": list(notes or []),
-        "tests": [r.to_json() for r in sorted(stats.records.values(), key=lambda r: r.nodeid) if r.compiled],
+        "tests": [_test_json(r) for r in sorted(stats.records.values(), key=lambda r: r.nodeid) if r.compiled],
+        "why": why_json(why) if why is not None else None,
     }
+
+
+def _test_json(record: ItemRecord) -> dict[str, Any]:
+    return {**record.to_json(), "graphs": len(record.graphs)}
 
 
 def markdown(
@@ -122,6 +142,7 @@ def markdown(
     restore: Mapping[str, Any] | None = None,
     save: Mapping[str, Any] | None = None,
     limit: int = MARKDOWN_LIMIT,
+    why: SessionExplanation | None = None,
 ) -> str:
     """Markdown for ``$GITHUB_STEP_SUMMARY``: headline, a table per layer, slowest tests and misses.
 
@@ -163,9 +184,14 @@ def markdown(
     ]
     text = "\n".join(head)
     budget = limit - _size(text) - 600
+    why_section = why_markdown(why, min(WHY_MARKDOWN_BYTES, budget // 3)) if why is not None else ""
+    budget -= _size(why_section)
     sections = [
-        ("Slowest compiling tests",
-         "| seconds | fx hits | fx misses | frames | test |\n|---:|---:|---:|---:|---|", slowest),
+        (
+            "Slowest compiling tests",
+            "| seconds | fx hits | fx misses | frames | test |\n|---:|---:|---:|---:|---|",
+            slowest,
+        ),
         ("Tests that missed", "| fx misses | aot misses | test | bypass reasons |\n|---:|---:|---|---|", missed),
     ]
     for title, header, rows in sections:
@@ -181,7 +207,7 @@ def markdown(
             used += _size(row) + 1
         text += f"\n<details><summary>{title} ({len(rows)})</summary>\n\n{header}\n"
         text += "\n".join(body) + "\n\n</details>\n"
-    return _truncate(text, limit)
+    return _truncate(text + why_section, limit)
 
 
 def _size(text: str) -> int:
@@ -194,3 +220,74 @@ def _truncate(text: str, limit: int) -> str:
         return text
     return data[:limit].decode("utf-8", errors="ignore")
 
+
+# ---- miss explanations (issue 12)
+
+
+def never_hit_text(what: str, runs: int) -> str:
+    """Two runs cannot tell an edit from a value that changes by itself: say which case we are sure of."""
+    if runs >= 3:
+        return f"{what} changed in each of the last {runs} runs: this test can never hit ({NEVER_HIT_HINT})"
+    return f"only {what} changed since the last run: if nothing was edited, this test can never hit ({NEVER_HIT_HINT})"
+
+
+def _why_rows(why: SessionExplanation) -> list[tuple[str, bool, str]]:
+    """(nodeid, never hits, text) per row: never-hit tests first, then each explained miss."""
+    rows = [(nodeid, True, never_hit_text(*flag)) for nodeid, flag in sorted(why.never_hit.items())]
+    for nodeid in sorted(why.misses):
+        if nodeid not in why.never_hit:
+            rows.extend((nodeid, False, "; ".join(miss.reasons)) for miss in why.misses[nodeid])
+    return rows
+
+
+def why_lines(why: SessionExplanation, limit: int = WHY_ROWS) -> list[str]:
+    """Terminal lines for ``--compile-cache-report=full`` (or ``-v``): one per explained miss.
+
+    ``why t.py::test_x: input 0 shape [8, 16] -> [8, 32]``; nothing when nothing was compared. A reason may
+    hold text from a restored bundle: control characters are shown escaped, never sent to the terminal.
+    """
+    lines = [
+        one_line(f"{'never hits' if never else 'why'} {nodeid}: {text}", 1000) for nodeid, never, text in _why_rows(why)
+    ]
+    if not lines:
+        return []
+    head = f"why tests missed (compared with the {why.compared_with}):" if why.compared_with else "why tests missed:"
+    shown = lines[:limit]
+    if len(lines) > limit:
+        shown.append(f"... and {len(lines) - limit} more (see --compile-cache-json)")
+    return [head, *shown]
+
+
+def why_markdown(why: SessionExplanation, budget: int) -> str:
+    """A collapsed "Why these tests missed" section of at most ``budget`` UTF-8 bytes ("" when empty).
+
+    Test ids and reasons are untrusted (a bundle's record, a test's name): escaped by ``md_code``/``md_text``.
+    """
+    rows = [
+        f"| {md_code(nodeid)} | {'**never hits**: ' if never else ''}{md_text(text)} |"
+        for nodeid, never, text in _why_rows(why)
+    ]
+    if not rows or budget <= 0:
+        return ""
+    where = f" (compared with the {md_text(why.compared_with)})" if why.compared_with else ""
+    head = f"\n<details><summary>Why these tests missed{where} ({len(rows)})</summary>\n\n| test | why |\n|---|---|\n"
+    tail = "\n\n</details>\n"
+    body: list[str] = []
+    used = _size(head) + _size(tail) + 60
+    for row in rows:
+        if used + _size(row) + 1 > budget:
+            body.append(f"\n_{len(rows) - len(body)} more not shown (see the JSON report)._")
+            break
+        body.append(row)
+        used += _size(row) + 1
+    text = head + "\n".join(body) + tail
+    return text if _size(text) <= budget else ""
+
+
+def why_json(why: SessionExplanation) -> dict[str, Any]:
+    """The JSON report's top-level ``why`` (schema version 1, additive).
+
+    ``{"compared_with": "bundle"|"previous session"|null, "misses": {nodeid: [{"key", "reasons": [str]}]},
+    "never_hit": {nodeid: {"what": the component that changed, "runs": runs in a row it changed}}}``.
+    """
+    return why.to_json()

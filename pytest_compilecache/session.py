@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import Mapping
+from typing import NamedTuple
 
 from . import ConfigError
 from . import cachedir
@@ -35,6 +36,7 @@ from ._fs import atomic_file
 from .cachedir import SESSION_ENV
 from .cachedir import SessionDir
 from .ghrunner import append_summary
+from .ghrunner import one_line
 from .problems import Problems
 from .settings import Settings
 from .stats import CompileCacheStats
@@ -42,11 +44,16 @@ from .stats import ItemRecord
 from .stats import SessionStats
 
 if TYPE_CHECKING:
+    from .explain import GraphsRecord
+    from .explain import MissExplanation
+    from .explain import SessionExplanation
     from .fingerprint import Fingerprint
     from .stores import Store
     from .sync import RestoreResult
     from .sync import SaveResult
 
+# Modes whose cache dir keeps FX graphs, so that a miss can be compared with an earlier run's lookups.
+EXPLAINED_MODES = ("shared", "isolated")
 # Every variable the plugin may set for torch; the lease puts them all back at the end.
 TOUCHED_ENV = (
     "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_FORCE_DISABLE_CACHES", SESSION_ENV,
@@ -183,17 +190,44 @@ class Setup:
         self.lease.restore()
 
 
+class Start(NamedTuple):
+    """Where a test started: torch's counters and the position in this process's FX-graph lookups."""
+
+    mark: probe.Mark
+    graphs: int
+
+
 class Recorder:
-    """Per-test statistics of one process: the hot path is :meth:`start` / :meth:`finish` per test."""
+    """Per-test statistics of one process: the hot path is :meth:`start` / :meth:`finish` per test.
+
+    While torch is not imported both are a few attribute reads (no explain import, no parsing). The
+    ``baseline`` is the earlier run's graph record the live ``compile_cache_stats.why`` compares with:
+    set by the controller after its restore, read lazily from ``baseline_dir`` by a worker.
+    """
 
     def __init__(self, worker: str) -> None:
         self.worker = worker
         self.stats = SessionStats()
+        self.baseline_dir: str | None = None
+        self._baseline: GraphsRecord | None = None
+        self._baseline_read = False
 
-    start = staticmethod(probe.mark)
+    @staticmethod
+    def start() -> Start:
+        return Start(probe.mark(), probe.graph_mark())
 
-    def finish(self, nodeid: str, mark: probe.Mark) -> None:
-        self.record(nodeid, probe.delta(mark))
+    def finish(self, nodeid: str, start: Start, intended: bool = False) -> None:
+        """Record the test that began at ``start``; ``intended``: marked isolated/disabled, so its misses are
+        by design and its graphs are neither kept nor explained."""
+        self.record(nodeid, self._delta(start, intended))
+
+    @staticmethod
+    def _delta(start: Start, intended: bool) -> dict[str, Any]:
+        delta = probe.delta(start.mark)
+        graphs = probe.graph_delta(start.graphs)
+        if graphs and not intended:
+            delta["graphs"] = graphs
+        return delta
 
     def record(self, nodeid: str, delta: Mapping[str, Any]) -> None:
         """Count one finished test and keep its record when it compiled."""
@@ -204,10 +238,38 @@ class Recorder:
             if record.compiled:
                 self.stats.add_record(record)
 
-    @staticmethod
-    def live(nodeid: str, mark: probe.Mark | None) -> CompileCacheStats:
-        """The ``compile_cache_stats`` fixture's object for a test that started at ``mark``."""
-        return CompileCacheStats(nodeid, lambda: probe.delta(mark) if mark is not None else {})
+    def live(self, nodeid: str, start: Start | None, intended: bool = False) -> CompileCacheStats:
+        """The ``compile_cache_stats`` fixture's object for a test that started at ``start``.
+
+        Its ``why`` compares the test's misses so far with the same test's graphs in the baseline.
+        """
+        if start is None:
+            return CompileCacheStats(nodeid, dict)
+        return CompileCacheStats(nodeid, lambda: self._delta(start, intended), None if intended else self._why)
+
+    def _why(self, record: ItemRecord) -> list[MissExplanation]:
+        baseline = self.baseline()
+        if baseline is None:
+            return []
+        from .explain import explain_test
+
+        return explain_test(record.graphs, baseline.tests.get(record.nodeid))
+
+    def baseline(self) -> GraphsRecord | None:
+        """The earlier run's graph record; None when there is none or it is unreadable (the controller warns)."""
+        if not self._baseline_read:
+            self._baseline_read = True
+            if self.baseline_dir:
+                from .explain import load_record
+
+                try:
+                    self._baseline = load_record(Path(self.baseline_dir))
+                except (OSError, ValueError):
+                    self._baseline = None
+        return self._baseline
+
+    def set_baseline(self, record: GraphsRecord | None) -> None:
+        self._baseline, self._baseline_read = record, True
 
     @staticmethod
     def artifacts(setup: Setup) -> tuple[bytes | None, list[str]]:
@@ -231,6 +293,8 @@ class Worker:
 
     def session_start(self) -> None:
         self.setup.ensure_dir()
+        if self.setup.dir.mode in EXPLAINED_MODES:
+            self.recorder.baseline_dir = self.setup.dir.path  # the controller has installed its baseline there
 
     def output(self) -> dict[str, Any]:
         """The payload for the controller (plain JSON-able values, sent through ``workeroutput``)."""
@@ -261,6 +325,11 @@ class Controller:
         self.workers: list[str] = []
         self.header_since: float | None = None  # the session start, for finding the headers it used
         self.header_dirs: set[str] = set()  # torch's header dirs reported by the processes that compiled
+        # Miss explanations (issue 12): the earlier run's graphs, what they are, this run's verdict and record.
+        self.baseline: GraphsRecord | None = None
+        self.compared_with = ""
+        self.why: SessionExplanation | None = None
+        self.graphs: GraphsRecord | None = None
 
     @property
     def settings(self) -> Settings:
@@ -273,11 +342,16 @@ class Controller:
     # ---- start
 
     def session_start(self) -> None:
-        """Before the first compile and before xdist starts workers: restore the newest matching bundle.
+        """Before the first compile and before xdist starts workers: restore the newest matching bundle, then
+        read the graph record this session's misses will be explained against (:meth:`_read_baseline`).
 
         Also sweeps what killed sessions left behind (our temp files and staging dirs whose owner is gone)
         from the cache dir and the temp dir.
         """
+        self._restore()
+        self._read_baseline()
+
+    def _restore(self) -> None:
         self.setup.ensure_dir()
         self._sweep()
         if self.setup.saving:
@@ -306,6 +380,34 @@ class Controller:
             self.problems.warn(self.restored.warning)
         for line in self.restored.headers.warnings:
             self.problems.warn(line)
+
+    def _read_baseline(self) -> None:
+        """The earlier run's graphs, kept as ``<cache dir>/.compilecache-graphs.json`` for every process.
+
+        A restored bundle's record (verified with the bundle) replaces the dir's; without one, a shared dir's
+        record is the previous local session's. A fresh isolated dir has none unless a bundle brought it, so a
+        cold isolated session explains nothing: every miss there is intended. An unreadable record is one
+        warning and no explanations (the session's own record replaces it at the end).
+        """
+        path = self.setup.dir.path
+        if not path or self.setup.dir.mode not in EXPLAINED_MODES:
+            return
+        from .explain import install_restored
+        from .explain import load_record
+
+        graphs = self.restored.graphs if self.restored is not None else None
+        record: GraphsRecord | None
+        try:
+            record = install_restored(Path(path), graphs) if graphs else load_record(Path(path))
+        except (OSError, ValueError) as exc:
+            where = "of the restored bundle" if graphs else "in the cache dir"
+            self.problems.warn(one_line(f"no miss explanations: the graph record {where} is unreadable: {exc}", 500))
+            record = None
+        # The Action restores before pytest (--compile-cache-restore=skip) and leaves the bundle's record here.
+        by_action = self.settings.restore == "skip" and self.restored is not None and self.restored.ok
+        from_bundle = bool(graphs) or (by_action and self.restored is not None and self.restored.outcome != "miss")
+        self.baseline, self.compared_with = record, ("bundle" if from_bundle else "previous session")
+        self.recorder.set_baseline(record)
 
     def _sweep(self) -> None:
         """Remove the bundle temps (staging dirs, save/restore dirs) whose owner is gone: in the cache dir,
@@ -357,6 +459,7 @@ class Controller:
             cachedir.touch(self.setup.dir.path, sorted(self.files))
         for note in probe.capability_notes(remote=bool(self.settings.redis)):
             self.problems.note(note)
+        self._explain()
         if self.setup.saving:
             self._save()
         self._evict()
@@ -367,6 +470,40 @@ class Controller:
             cachedir.remove(self.setup.dir)
         self._check_hit_rate()
         return bool(self.problems.errors)
+
+    def _explain(self) -> None:
+        """Say why each miss missed (against :attr:`baseline`) and build the record the next run compares with.
+
+        Only for a cache dir of ours that caches (``shared``, ``isolated``): with caches ``disabled`` every
+        lookup misses by design, and without a dir there is nowhere to keep a record. Tests marked
+        isolated/disabled kept no graphs (:meth:`Recorder.finish`). The record is written back to a shared dir
+        (the next local session's baseline) and goes into the saved bundle (:meth:`_save`).
+        """
+        path = self.setup.dir.path
+        if not path or self.setup.dir.mode not in EXPLAINED_MODES:
+            return
+        if probe.dynamo_loaded():
+            note = probe.graph_capture_installed()
+            if note:
+                self.problems.note(note)
+        current = {nodeid: r.graphs for nodeid, r in self.stats.records.items() if r.graphs}
+        if not current:
+            return  # nothing was looked up: keep the baseline as it is for the next run
+        from .explain import carry_forward
+        from .explain import explain_session
+        from .explain import save_record
+
+        why, record = explain_session(current, self.baseline, self.compared_with)
+        if self.baseline is not None:  # None: a first run, nothing compared (the report says null, not "{}")
+            self.why = why
+        for nodeid, misses in why.misses.items():
+            self.stats.records[nodeid].why = misses
+        self.graphs = carry_forward(record, self.baseline)
+        if self.setup.dir.mode == "shared":
+            try:
+                save_record(Path(path), self.graphs)
+            except OSError as exc:
+                self.problems.warn(f"could not keep the graph record for the next session: {exc}")
 
     def _check_hit_rate(self) -> None:
         rate, floor = self.stats.hit_rate, self.settings.min_hit_rate
@@ -403,7 +540,7 @@ class Controller:
             suffix=self.settings.run_suffix or default_suffix(), cache_dir=self.setup.dir.path or "",
             blobs=self.blobs, files=sorted(self.files), stats=self.stats.totals_json(),
             signing_key=self.settings.signing_key, keep=self.settings.keep_bundles,
-            max_bytes=self.settings.max_bundle_size,
+            max_bytes=self.settings.max_bundle_size, graphs=self.graphs.to_json() if self.graphs else None,
             header_since=self._header_since(), header_installed=self._restored_headers(),
         )
         if self.saved.warning:
@@ -465,7 +602,7 @@ class Controller:
         data = report.to_json(
             self.stats, mode=self.setup.dir.mode, cache_dir=self.setup.dir.path,
             restore=self.restored.to_json() if self.restored else None,
-            save=self.saved.to_json() if self.saved else None, notes=self.problems.notes,
+            save=self.saved.to_json() if self.saved else None, notes=self.problems.notes, why=self.why,
         )
         data["warnings"] = list(self.problems.warnings)
         return data
@@ -488,7 +625,7 @@ class Controller:
         text = report.markdown(
             self.stats, where=self.setup.dir.describe(),
             restore=self.restored.to_json() if self.restored else None,
-            save=self.saved.to_json() if self.saved else None,
+            save=self.saved.to_json() if self.saved else None, why=self.why,
         )
         try:
             append_summary(target, text)
@@ -516,6 +653,8 @@ class Controller:
                 lines.append((f"workers that sent no statistics: {silent}", {"yellow": True}))
             if verbose or settings.report == "full":
                 lines.extend((line, {}) for line in report.table_lines(self.stats))
+                if self.why is not None:
+                    lines.extend((line, {}) for line in report.why_lines(self.why))
             lines.extend((f"note: {note}", {}) for note in problems.notes)
         lines.extend((f"CompileCacheWarning: {message}", {"yellow": True}) for message in problems.warnings)
         lines.extend((f"compile cache FAILED: {message}", {"red": True, "bold": True}) for message in problems.errors)

@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from dataclasses import field
+from typing import TYPE_CHECKING
 from typing import Any
 from typing import Callable
 from typing import Mapping
 
-from .explain import GraphLookup
-from .explain import MissExplanation
+if TYPE_CHECKING:  # imported where a record has graphs: a session that never compiles never imports explain
+    from .explain import GraphLookup
+    from .explain import MissExplanation
 
 FX_FIELDS = ("hit", "miss", "bypass")
 AOT_FIELDS = ("hit", "miss", "bypass", "guard_miss")
@@ -75,11 +77,20 @@ class ItemRecord:
         for reason in delta.get("bypass_reasons", ()):
             if reason not in self.bypass_reasons:
                 self.bypass_reasons.append(reason)
-        for graph in delta.get("graphs", ()):
+        graphs, why = delta.get("graphs"), delta.get("why")
+        if graphs or why:
+            # The JSON report has a count in "graphs" (its reader, ``cli report``, comes through here): no lookups.
+            self._add_graphs(graphs if isinstance(graphs, list) else (), why if isinstance(why, list) else ())
+
+    def _add_graphs(self, graphs: Any, why: Any) -> None:
+        from .explain import GraphLookup
+        from .explain import MissExplanation
+
+        for graph in graphs:
             if len(self.graphs) < MAX_GRAPHS:
                 with contextlib.suppress(ValueError):  # a malformed lookup from a worker is dropped, not fatal
                     self.graphs.append(graph if isinstance(graph, GraphLookup) else GraphLookup.from_json(graph))
-        for item in delta.get("why", ()):
+        for item in why:
             if isinstance(item, Mapping) and isinstance(item.get("key"), str):
                 self.why.append(MissExplanation(item["key"], [str(r) for r in item.get("reasons", ())]))
 

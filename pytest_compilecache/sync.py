@@ -123,6 +123,9 @@ class RestoreResult:
     artifacts: Mapping[str, int] = field(default_factory=dict)
     skipped: tuple[tuple[str, str], ...] = ()
     headers: HeaderReport = field(default_factory=HeaderReport)
+    # The restored bundle's ``graphs`` record (issue 12), read from its manifest after verification:
+    # untrusted JSON to parse with ``explain.GraphsRecord.from_json``; None when the bundle has none.
+    graphs: Mapping[str, Any] | None = field(default=None, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -293,6 +296,7 @@ def restore(
                         continue
                     artifacts = _load_blobs(verified, cache_dir, load)
                     named = verified.manifest.artifacts
+                    graphs = verified.manifest.graphs or None
                 carried = _restore_headers(store, prefix, named, Path(tmp), header_dir) if headers else HeaderReport()
                 return result(
                     outcome,
@@ -302,6 +306,7 @@ def restore(
                     artifacts=artifacts,
                     skipped=tuple(skipped),
                     headers=carried,
+                    graphs=graphs,
                 )
     except (StoreError, BundleError, OSError) as exc:
         return result("error", f"restore failed: {exc}", skipped=tuple(skipped))

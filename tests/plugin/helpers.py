@@ -176,6 +176,7 @@ _TOP = {
     "notes": list,
     "warnings": list,
     "tests": list,
+    "why": (dict, type(None)),
 }
 _TOTALS = {
     "tests": int,
@@ -200,6 +201,8 @@ _TEST = {
     "recompiles": int,
     "compile_seconds": _NUMBER,
     "bypass_reasons": list,
+    "graphs": int,
+    "why": list,
 }
 
 

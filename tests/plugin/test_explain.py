@@ -1,54 +1,18 @@
-"""Miss explanations across two real sessions run by the real plugin in a shared cache dir.
+"""Miss explanations across two real sessions run by the real plugin in a shared cache dir (± xdist).
 
-Until the integrator wires issue 12 into plugin.py/session.py, the inner project's conftest does that
-wiring with the public functions the plugin will call (``probe.watch_graph_lookups``, ``graph_mark``,
-``graph_delta``, ``explain.load_record``/``explain_session``/``save_record``, the proposed renderers), so
-this proves the capture and the record across processes. When the plugin does it itself, drop the
-conftest and keep the assertions.
+The second session changes one input shape, adds a test and re-rolls a random constant baked into a graph;
+the terminal table (``--compile-cache-report=full``) and the JSON report must both say so.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from tests.plugin.helpers import XDIST
+from tests.plugin.helpers import check_report
 from tests.plugin.helpers import run_inner
 
 pytestmark = pytest.mark.slow
-
-WIRING_CONFTEST = """
-import os
-from pathlib import Path
-
-import pytest
-
-from pytest_compilecache import explain
-from pytest_compilecache import probe
-from pytest_compilecache._explain_render_proposal import why_lines
-
-_graphs = {}
-
-
-def pytest_configure(config):
-    probe.watch_graph_lookups()
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    start = probe.graph_mark()
-    try:
-        return (yield)
-    finally:
-        _graphs[item.nodeid] = [explain.GraphLookup.from_json(g) for g in probe.graph_delta(start)]
-
-
-def pytest_terminal_summary(terminalreporter, config):
-    cache_dir = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])  # the plugin exported its session dir
-    previous = explain.load_record(cache_dir)
-    why, record = explain.explain_session(_graphs, previous, "previous session")
-    explain.save_record(cache_dir, explain.carry_forward(record, previous))
-    for line in why_lines(why):
-        terminalreporter.write_line(line)
-"""
 
 SUITE = """
 import os
@@ -93,15 +57,24 @@ def test_new():
 """
 
 
-def test_second_session_says_why_each_test_missed(inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    inner.makeconftest(WIRING_CONFTEST)
+@XDIST
+def test_second_session_says_why_each_test_missed(
+    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, dist: tuple[str, ...]
+) -> None:
     inner.makepyfile(test_suite=SUITE)
-    args = ("--compile-cache=shared", f"--compile-cache-dir={inner.path / 'cache'}")
+    args = (
+        "--compile-cache=shared",
+        f"--compile-cache-dir={inner.path / 'cache'}",
+        "--compile-cache-report=full",
+        *dist,
+    )
 
     monkeypatch.setenv("INNER_ROWS", "8")
     first = run_inner(inner, *args, json_name="first.json")
     first.result.assert_outcomes(passed=3)
     assert "why tests missed" not in first.output  # nothing to compare with yet
+    assert first.report is not None and first.report["why"] is None
+    assert first.record("test_project")["graphs"] >= 1 and first.record("test_project")["why"] == []
     assert (inner.path / "cache" / ".compilecache-graphs.json").is_file()
 
     monkeypatch.setenv("INNER_ROWS", "16")
@@ -118,3 +91,13 @@ def test_second_session_says_why_each_test_missed(inner: pytest.Pytester, monkey
         ]
     )
     assert "test_same" not in second.output.split("why tests missed")[1]  # it hit: nothing to explain
+    report = second.report
+    assert report is not None
+    check_report(report)
+    assert report["why"]["compared_with"] == "previous session"
+    project = second.record("test_project")
+    assert project["why"] and any("input 0 shape [8, 4] -> [16, 4]" in r for w in project["why"] for r in w["reasons"])
+    assert report["why"]["misses"]["test_new.py::test_new"][0]["reasons"] == ["new test"]
+    assert report["why"]["never_hit"]["test_suite.py::test_random"]["runs"] == 2
+    assert second.record("test_same")["fxgraph"]["miss"] == 0 and second.record("test_same")["why"] == []
+    assert "test_suite.py::test_same" not in report["why"]["misses"]

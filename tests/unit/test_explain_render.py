@@ -1,13 +1,17 @@
-"""_explain_render_proposal.py: terminal lines, bounded Markdown and JSON of miss explanations."""
+"""report.py's miss-explanation renderers: terminal lines, bounded Markdown and JSON."""
 
 from __future__ import annotations
 
-from pytest_compilecache._explain_render_proposal import never_hit_text
-from pytest_compilecache._explain_render_proposal import why_json
-from pytest_compilecache._explain_render_proposal import why_lines
-from pytest_compilecache._explain_render_proposal import why_markdown
 from pytest_compilecache.explain import MissExplanation
 from pytest_compilecache.explain import SessionExplanation
+from pytest_compilecache.report import MARKDOWN_LIMIT
+from pytest_compilecache.report import markdown
+from pytest_compilecache.report import never_hit_text
+from pytest_compilecache.report import why_json
+from pytest_compilecache.report import why_lines
+from pytest_compilecache.report import why_markdown
+from pytest_compilecache.stats import ItemRecord
+from pytest_compilecache.stats import SessionStats
 
 
 def _why(count: int = 2) -> SessionExplanation:
@@ -49,3 +53,33 @@ def test_why_json_is_plain_data() -> None:
 def test_never_hit_text_is_sure_only_after_three_runs() -> None:
     assert never_hit_text("a constant", 3).startswith("a constant changed in each of the last 3 runs: this test can")
     assert never_hit_text("a constant", 2).startswith("only a constant changed since the last run: if nothing")
+
+
+def test_why_text_from_a_hostile_bundle_is_inert() -> None:
+    hostile = "shape [1] -> [2]\n::error::x </details><script>alert(1)</script> [a](http://x) `code` |cell"
+    why = SessionExplanation({"t.py::test_`x`|y": [MissExplanation("k", [hostile])]}, {}, "bundle")
+    text = why_markdown(why, budget=10_000)
+    assert "<script>" not in text and "</details><script>" not in text and "](http" not in text.replace("\\]", "")
+    assert "``t.py::test_`x`\\|y``" in text  # md_code: a fence longer than any backtick run inside
+    assert text.count("\n") == why_markdown(SessionExplanation({"t::a": [MissExplanation("k", ["r"])]}), 10_000).count(
+        "\n"
+    )  # the reason's newline stays inside its row
+    [_, line] = why_lines(why)
+    assert "\n" not in line and line.startswith("why t.py::test_`x`|y: shape [1] -> [2]\\n::error::x")
+
+
+def test_the_whole_step_summary_stays_under_the_limit_with_explanations() -> None:
+    stats = SessionStats()
+    for i in range(3000):
+        record = ItemRecord(nodeid=f"tests/test_{i}.py::test_{'x' * 80}")
+        record.add({"fxgraph": {"miss": 1}, "frames": 1, "compile_seconds": 0.5})
+        stats.add_record(record)
+    stats.tests = 3000
+    why = _why(3000)
+    text = markdown(stats, where="shared:/c", why=why)
+    assert len(text.encode()) <= MARKDOWN_LIMIT
+    assert "Why these tests missed (compared with the previous session) (3001)" in text
+    assert text.rstrip().endswith("</details>") and "more not shown (see the JSON report)" in text
+    small = markdown(stats, where="shared:/c", why=why, limit=50_000)
+    assert len(small.encode()) <= 50_000 and "Why these tests missed" in small
+    assert "Why these tests missed" not in markdown(stats, where="shared:/c")

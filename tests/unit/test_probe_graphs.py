@@ -108,6 +108,8 @@ def test_watch_installs_the_capture_when_the_codecache_is_imported(
     monkeypatch.setattr(probe, "_CODECACHE", "fake_inductor_pkg.codecache")
     monkeypatch.setattr(probe, "graph_capture_installed", lambda: installed.append(True))
     installed: list[bool] = []
+    # The plugin running this very session watches for torch's real codecache: leave its finder out.
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, probe._InstallOnImport)])
     before = list(sys.meta_path)
     probe.watch_graph_lookups()
     probe.watch_graph_lookups()  # twice: one finder only

@@ -145,7 +145,9 @@ def test_json_report() -> None:
         "silent_workers",
         "notes",
         "tests",
+        "why",
     ]
+    assert data["why"] is None  # nothing compared
     assert data["version"] == report.JSON_VERSION == 1
     assert (data["mode"], data["cache_dir"]) == ("shared", "/c")
     assert data["totals"] == stats.totals_json()

@@ -219,3 +219,10 @@ def test_live_stats_expose_graphs_and_why() -> None:
     assert CompileCacheStats("t.py::test", lambda: delta).why == []  # nothing to compare with
     record = ItemRecord.from_json(json.loads(json.dumps(live.snapshot().to_json())))
     assert (record.graphs, record.why) == ([lookup], [MissExplanation("fk", ["new test"])])
+
+
+def test_a_report_record_with_a_graph_count_reads_back() -> None:
+    """The JSON report has ``"graphs": <count>``; ``cli report`` reads it back through ``from_json``."""
+    data = {"nodeid": "t::a", "fxgraph": {"miss": 1}, "frames": 1, "graphs": 2, "why": [{"key": "k", "reasons": ["r"]}]}
+    record = ItemRecord.from_json(data)
+    assert record.graphs == [] and [(w.key, w.reasons) for w in record.why] == [("k", ["r"])]

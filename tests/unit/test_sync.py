@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import builtins
 import json
 import os
 from pathlib import Path
@@ -11,7 +10,6 @@ from typing import Mapping
 
 import pytest
 
-from pytest_compilecache import StoreError
 from pytest_compilecache import bundle
 from pytest_compilecache import sync
 from pytest_compilecache.fingerprint import Fingerprint
@@ -305,6 +303,23 @@ def test_save_then_restore_round_trip(tmp_path: Path, source: Path) -> None:
     assert restored.outcome == "exact"
     assert {rel: data for rel, data in _tree(fresh).items() if rel in CACHE_FILES} == CACHE_FILES
     assert loader.blobs == [BLOBS["controller"], BLOBS["gw0"]]
+
+
+def test_restore_returns_the_bundles_graph_record_only_after_verification(tmp_path: Path, source: Path) -> None:
+    store = MemoryStore()
+    graphs = {"format": 1, "tests": {"t.py::test_a": [{"k": "fkey", "o": "miss", "c": {"gm": "abc"}}]}}
+    _save(store, source, "run-1", graphs=graphs)
+    restored = _restore(store, tmp_path / "fresh", load=FakeLoader())
+    assert restored.outcome == "partial" and restored.graphs == graphs
+    assert "graphs" not in restored.to_json()  # the report says what was restored, not the record
+    _save(store, source, "run-2")  # newer, without a record
+    assert _restore(store, tmp_path / "again", load=FakeLoader()).graphs is None
+    key = make_key(PREFIX, H100.digest(), "run-3")
+    _save(store, source, "run-3", graphs=graphs)
+    data, when = store.objects[key]
+    store.objects[key] = (data[:-1] + bytes([data[-1] ^ 0xFF]), when)  # tampered: refused with its record
+    refused = _restore(store, tmp_path / "third", load=FakeLoader())
+    assert refused.skipped[0][0] == key and refused.graphs is None  # run-2 restored, which has none
 
 
 def test_save_prunes_to_keep_for_this_fingerprint_only(tmp_path: Path, source: Path) -> None:
