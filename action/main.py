@@ -676,6 +676,15 @@ def cmd_restore(environ: Mapping[str, str]) -> int:
         print(f"miss: {ghrunner.one_line(result.message)}")
     for line in result.headers.warnings:
         _command("warning", line)
+    if result.graphs:
+        # The bundle's per-graph record (verified with it): the plugin, which runs with RESTORE=skip, reads
+        # it from the cache dir to explain each miss against the bundle.
+        from pytest_compilecache import explain
+
+        try:
+            explain.install_restored(Path(plan.cache_dir), result.graphs)
+        except (OSError, ValueError) as exc:
+            _command("warning", f"could not keep the bundle's graph record (misses stay unexplained): {exc}")
     write_vars(environ.get("GITHUB_OUTPUT"), outputs)
     write_vars(environ.get("GITHUB_ENV"), restored_env(plan, result))
     if result.outcome == "error" and plan.min_hit_rate:

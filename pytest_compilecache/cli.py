@@ -157,8 +157,13 @@ def cmd_restore(args: argparse.Namespace) -> int:
     point_cache_dir(cache_dir)  # before torch is imported by the fingerprint
     done = _progress(f"restoring from {store.location}")
     result = sync.restore(
-        store, prefix=args.prefix, fingerprint=_fingerprint(args), cache_dir=cache_dir,
-        signing_key=_signing_key(), exact_key=args.key, max_bytes=args.max_bundle_size,
+        store,
+        prefix=args.prefix,
+        fingerprint=_fingerprint(args),
+        cache_dir=cache_dir,
+        signing_key=_signing_key(),
+        exact_key=args.key,
+        max_bytes=args.max_bundle_size,
         headers=not args.no_headers,
     )
     done(result.size)
@@ -195,15 +200,28 @@ def cmd_save(args: argparse.Namespace) -> int:
     _check_names(args)
     cache_dir = Path(args.cache_dir).absolute()
     files = sorted(
-        {str(p.relative_to(cache_dir)).replace(os.sep, "/") for pattern in _DIR_PATTERNS
-         for p in cache_dir.glob(pattern) if p.is_file() and not p.is_symlink()}
+        {
+            str(p.relative_to(cache_dir)).replace(os.sep, "/")
+            for pattern in _DIR_PATTERNS
+            for p in cache_dir.glob(pattern)
+            if p.is_file() and not p.is_symlink()
+        }
     )
     store = _open(args)
     done = _progress(f"saving to {store.location}")
     result = sync.save(
-        store, prefix=args.prefix, fingerprint=_fingerprint(args), suffix=args.suffix or default_suffix(),
-        cache_dir=str(cache_dir), blobs={}, files=files, stats={}, signing_key=_signing_key(), keep=args.keep,
-        max_bytes=args.max_bundle_size, header_since=0.0 if args.all_headers else args.headers_since,
+        store,
+        prefix=args.prefix,
+        fingerprint=_fingerprint(args),
+        suffix=args.suffix or default_suffix(),
+        cache_dir=str(cache_dir),
+        blobs={},
+        files=files,
+        stats={},
+        signing_key=_signing_key(),
+        keep=args.keep,
+        max_bytes=args.max_bundle_size,
+        header_since=0.0 if args.all_headers else args.headers_since,
     )
     done(result.size)
     print(f"save: {result.outcome} {result.key or ''} {ghrunner.one_line(result.message)}".rstrip())
@@ -340,10 +358,17 @@ def build_parser() -> argparse.ArgumentParser:
         if prefix:
             p.add_argument("--prefix", default=os.environ.get("PYTEST_COMPILECACHE_KEY_PREFIX", DEFAULT_PREFIX))
         p.add_argument("--strict", action="store_true", help="exit 1 on store or bundle trouble")
-        p.add_argument("--s3-endpoint", default=os.environ.get("PYTEST_COMPILECACHE_S3_ENDPOINT") or None,
-                       help="S3-compatible endpoint URL")
-        p.add_argument("--max-bundle-size", type=_size, default=_size(os.environ.get(
-            "PYTEST_COMPILECACHE_MAX_BUNDLE_SIZE") or "2G"), help="refuse bundles larger than this (default 2G)")
+        p.add_argument(
+            "--s3-endpoint",
+            default=os.environ.get("PYTEST_COMPILECACHE_S3_ENDPOINT") or None,
+            help="S3-compatible endpoint URL",
+        )
+        p.add_argument(
+            "--max-bundle-size",
+            type=_size,
+            default=_size(os.environ.get("PYTEST_COMPILECACHE_MAX_BUNDLE_SIZE") or "2G"),
+            help="refuse bundles larger than this (default 2G)",
+        )
 
     p = sub.add_parser("fingerprint", help="print the facts that decide reuse, and their digest")
     fp_args(p)
@@ -365,9 +390,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the outcome as JSON here")
     p.add_argument("--fail-on-miss", action="store_true", help="exit 3 when nothing matched")
     p.add_argument("--github-output", action="store_true")
-    p.add_argument("--no-headers", action="store_true",
-                   help="do not install the precompiled headers the bundle names (by default they go to torch's "
-                   "header dir under this process's TMPDIR: run restore with the TMPDIR the tests use)")
+    p.add_argument(
+        "--no-headers",
+        action="store_true",
+        help="do not install the precompiled headers the bundle names (by default they go to torch's "
+        "header dir under this process's TMPDIR: run restore with the TMPDIR the tests use)",
+    )
     p.set_defaults(func=cmd_restore)
 
     p = sub.add_parser("save", help="bundle a cache dir's reusable entries and save them")
@@ -377,11 +405,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--suffix")
     p.add_argument("--keep", type=_positive, default=3)
     headers = p.add_mutually_exclusive_group()
-    headers.add_argument("--headers-since", type=_epoch, metavar="EPOCH",
-                         help="also carry torch's precompiled headers built or read since this Unix time (take it "
-                         "with `date +%%s` before the tests; same TMPDIR as the tests)")
-    headers.add_argument("--all-headers", action="store_true",
-                         help="also carry every precompiled header in torch's header dir (a fresh CI runner's)")
+    headers.add_argument(
+        "--headers-since",
+        type=_epoch,
+        metavar="EPOCH",
+        help="also carry torch's precompiled headers built or read since this Unix time (take it "
+        "with `date +%%s` before the tests; same TMPDIR as the tests)",
+    )
+    headers.add_argument(
+        "--all-headers",
+        action="store_true",
+        help="also carry every precompiled header in torch's header dir (a fresh CI runner's)",
+    )
     p.set_defaults(func=cmd_save)
 
     p = sub.add_parser("inspect", help="show a bundle's manifest (does not verify the payload)")

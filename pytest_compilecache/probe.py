@@ -660,6 +660,7 @@ def uninstall_graph_capture() -> None:
             codecache.FxGraphCache.load_with_key = staticmethod(wrapped)
     _graph_capture = None
 
+
 # --------------------------------------------------------------------------- precompiled headers
 
 

@@ -56,9 +56,15 @@ if TYPE_CHECKING:
 EXPLAINED_MODES = ("shared", "isolated")
 # Every variable the plugin may set for torch; the lease puts them all back at the end.
 TOUCHED_ENV = (
-    "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_FORCE_DISABLE_CACHES", SESSION_ENV,
-    "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE", "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE",
-    "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE", "TORCHINDUCTOR_REDIS_URL", "TORCHINDUCTOR_REDIS_HOST",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "TRITON_CACHE_DIR",
+    "TORCHINDUCTOR_FORCE_DISABLE_CACHES",
+    SESSION_ENV,
+    "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE",
+    "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE",
+    "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE",
+    "TORCHINDUCTOR_REDIS_URL",
+    "TORCHINDUCTOR_REDIS_HOST",
     "TORCHINDUCTOR_REDIS_PORT",
 )
 # The Action restores before pytest runs (``--compile-cache-restore=skip``) and tells the plugin how
@@ -372,8 +378,11 @@ class Controller:
             self.restored = sync.RestoreResult("error", message=f"restore skipped: {type(exc).__name__}: {exc}")
         else:
             self.restored = sync.restore(
-                store, prefix=self.settings.key_prefix, fingerprint=fingerprint,
-                cache_dir=self.setup.dir.path, signing_key=self.settings.signing_key,
+                store,
+                prefix=self.settings.key_prefix,
+                fingerprint=fingerprint,
+                cache_dir=self.setup.dir.path,
+                signing_key=self.settings.signing_key,
                 max_bytes=self.settings.max_bundle_size,
             )
         if self.restored.warning:
@@ -536,12 +545,20 @@ class Controller:
             self.problems.warn(f"save skipped: {type(exc).__name__}: {exc}")
             return
         self.saved = sync.save(
-            store, prefix=self.settings.key_prefix, fingerprint=fingerprint,
-            suffix=self.settings.run_suffix or default_suffix(), cache_dir=self.setup.dir.path or "",
-            blobs=self.blobs, files=sorted(self.files), stats=self.stats.totals_json(),
-            signing_key=self.settings.signing_key, keep=self.settings.keep_bundles,
-            max_bytes=self.settings.max_bundle_size, graphs=self.graphs.to_json() if self.graphs else None,
-            header_since=self._header_since(), header_installed=self._restored_headers(),
+            store,
+            prefix=self.settings.key_prefix,
+            fingerprint=fingerprint,
+            suffix=self.settings.run_suffix or default_suffix(),
+            cache_dir=self.setup.dir.path or "",
+            blobs=self.blobs,
+            files=sorted(self.files),
+            stats=self.stats.totals_json(),
+            signing_key=self.settings.signing_key,
+            keep=self.settings.keep_bundles,
+            max_bytes=self.settings.max_bundle_size,
+            graphs=self.graphs.to_json() if self.graphs else None,
+            header_since=self._header_since(),
+            header_installed=self._restored_headers(),
         )
         if self.saved.warning:
             self.problems.warn(self.saved.warning)
@@ -579,9 +596,7 @@ class Controller:
         expected = str(header_dir())
         others = sorted(d for d in self.header_dirs if d != expected)
         if others:
-            self.problems.note(
-                f"precompiled headers not carried: torch keeps them in {others[0]}, not {expected}"
-            )
+            self.problems.note(f"precompiled headers not carried: torch keeps them in {others[0]}, not {expected}")
             return None
         return self.header_since
 
@@ -600,9 +615,13 @@ class Controller:
 
     def to_json(self) -> dict[str, Any]:
         data = report.to_json(
-            self.stats, mode=self.setup.dir.mode, cache_dir=self.setup.dir.path,
+            self.stats,
+            mode=self.setup.dir.mode,
+            cache_dir=self.setup.dir.path,
             restore=self.restored.to_json() if self.restored else None,
-            save=self.saved.to_json() if self.saved else None, notes=self.problems.notes, why=self.why,
+            save=self.saved.to_json() if self.saved else None,
+            notes=self.problems.notes,
+            why=self.why,
         )
         data["warnings"] = list(self.problems.warnings)
         return data
@@ -623,9 +642,11 @@ class Controller:
         if self.settings.summary == "off" or not target or not self._worth_reporting():
             return
         text = report.markdown(
-            self.stats, where=self.setup.dir.describe(),
+            self.stats,
+            where=self.setup.dir.describe(),
             restore=self.restored.to_json() if self.restored else None,
-            save=self.saved.to_json() if self.saved else None, why=self.why,
+            save=self.saved.to_json() if self.saved else None,
+            why=self.why,
         )
         try:
             append_summary(target, text)

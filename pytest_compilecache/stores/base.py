@@ -76,8 +76,7 @@ def validate_key(key: str) -> str:
     """
     if not isinstance(key, str) or not _KEY.fullmatch(key):
         raise ConfigError(
-            f"invalid cache key {key!r}: use 1-{MAX_KEY_LENGTH} characters from [A-Za-z0-9._-], "
-            "not starting with '.'"
+            f"invalid cache key {key!r}: use 1-{MAX_KEY_LENGTH} characters from [A-Za-z0-9._-], not starting with '.'"
         )
     return key
 

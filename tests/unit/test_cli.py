@@ -18,8 +18,14 @@ H100 = {"cuda": "12.8", "hip": "", "triton": "3.4.0", "gpus": [{"name": "NVIDIA 
 @pytest.fixture(autouse=True)
 def _env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # restore points torch at the cache dir through the environment; keep that inside the test.
-    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "GITHUB_OUTPUT", "GITHUB_STEP_SUMMARY",
-                 "PYTEST_COMPILECACHE_SIGNING_KEY", "GITHUB_ACTIONS"):
+    for name in (
+        "TORCHINDUCTOR_CACHE_DIR",
+        "TRITON_CACHE_DIR",
+        "GITHUB_OUTPUT",
+        "GITHUB_STEP_SUMMARY",
+        "PYTEST_COMPILECACHE_SIGNING_KEY",
+        "GITHUB_ACTIONS",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "unused"))
 
@@ -52,27 +58,44 @@ def test_fingerprint_json_uses_recorded_device_facts(capsys: pytest.CaptureFixtu
 def test_key_writes_github_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device_file: Path) -> None:
     out = tmp_path / "github_output"
     monkeypatch.setenv("GITHUB_OUTPUT", str(out))
-    assert cli.main(["key", "--prefix", "p1", "--suffix", "42-1", "--github-output",
-                     "--device-facts", str(device_file)]) == 0
+    assert (
+        cli.main(["key", "--prefix", "p1", "--suffix", "42-1", "--github-output", "--device-facts", str(device_file)])
+        == 0
+    )
     values = dict(line.split("=", 1) for line in out.read_text().splitlines())
     assert values["key"] == f"p1-{values['digest']}-42-1"
     assert values["restore-prefix"] == f"p1-{values['digest']}-"
 
 
-def test_save_restore_inspect_verify_prune(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_save_restore_inspect_verify_prune(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     store, cache = tmp_path / "store", _cache_dir(tmp_path)
     for suffix in ("1", "2", "3"):
-        assert cli.main(["save", "--store", str(store), "--cache-dir", str(cache), "--suffix", suffix,
-                         "--keep", "5"]) == 0
+        assert (
+            cli.main(["save", "--store", str(store), "--cache-dir", str(cache), "--suffix", suffix, "--keep", "5"]) == 0
+        )
     keys = [e.key for e in LocalStore(store).list()]
     assert len(keys) == 3
 
     target = tmp_path / "restored"
     out = tmp_path / "github_output"
     monkeypatch.setenv("GITHUB_OUTPUT", str(out))
-    assert cli.main(["restore", "--store", str(store), "--cache-dir", str(target), "--github-output",
-                     "--json", str(tmp_path / "r.json")]) == 0
+    assert (
+        cli.main(
+            [
+                "restore",
+                "--store",
+                str(store),
+                "--cache-dir",
+                str(target),
+                "--github-output",
+                "--json",
+                str(tmp_path / "r.json"),
+            ]
+        )
+        == 0
+    )
     values = dict(line.split("=", 1) for line in out.read_text().splitlines())
     assert values["restore-outcome"] == "partial" and values["cache-hit"] == "false"
     assert values["matched-key"] == keys[0]  # newest first
@@ -120,20 +143,34 @@ def test_miss_and_usage_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture
     empty = tmp_path / "empty-store"
     assert cli.main(["restore", "--store", str(empty), "--cache-dir", str(tmp_path / "c")]) == 0
     assert "no bundle under" in capsys.readouterr().err
-    assert cli.main(["restore", "--store", str(empty), "--cache-dir", str(tmp_path / "c"),
-                     "--fail-on-miss"]) == cli.EXIT_MISS
+    assert (
+        cli.main(["restore", "--store", str(empty), "--cache-dir", str(tmp_path / "c"), "--fail-on-miss"])
+        == cli.EXIT_MISS
+    )
     assert cli.main(["restore", "--store", "ftp://nowhere", "--cache-dir", str(tmp_path / "c")]) == cli.EXIT_USAGE
     assert "--compile-cache-store" in capsys.readouterr().err
 
 
 def test_report_renders_markdown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     report = tmp_path / "r.json"
-    report.write_text(json.dumps({
-        "version": 1, "mode": "shared", "cache_dir": "/c",
-        "totals": {"tests": 2},
-        "tests": [{"nodeid": "t.py::a", "fxgraph": {"hit": 3, "miss": 1, "bypass": 0}, "frames": 2,
-                   "compile_seconds": 1.5}],
-    }))
+    report.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "mode": "shared",
+                "cache_dir": "/c",
+                "totals": {"tests": 2},
+                "tests": [
+                    {
+                        "nodeid": "t.py::a",
+                        "fxgraph": {"hit": 3, "miss": 1, "bypass": 0},
+                        "frames": 2,
+                        "compile_seconds": 1.5,
+                    }
+                ],
+            }
+        )
+    )
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     assert cli.main(["report", str(report), "--summary"]) == 0
@@ -207,6 +244,8 @@ def test_documented_exit_codes_and_one_error_line(
 
 def test_restore_json_dir_is_made(tmp_path: Path) -> None:
     target = tmp_path / "new" / "dir" / "restore.json"
-    assert cli.main(["restore", "--store", str(tmp_path / "s"), "--cache-dir", str(tmp_path / "c"),
-                     "--json", str(target)]) == 0
+    assert (
+        cli.main(["restore", "--store", str(tmp_path / "s"), "--cache-dir", str(tmp_path / "c"), "--json", str(target)])
+        == 0
+    )
     assert json.loads(target.read_text())["outcome"] == "miss"

@@ -105,7 +105,12 @@ def test_describe_hashes_the_raw_file(tmp_path: Path) -> None:
     content = os.urandom(3 << 20)
     artifact = headers.describe(make_header(tmp_path, content=content))
     assert artifact == HeaderArtifact(name=NAME, sha256=hashlib.sha256(content).hexdigest(), size=len(content))
-    assert artifact.to_json() == {"kind": "precompiled_header", "name": NAME, "sha256": artifact.sha256, "size": len(content)}
+    assert artifact.to_json() == {
+        "kind": "precompiled_header",
+        "name": NAME,
+        "sha256": artifact.sha256,
+        "size": len(content),
+    }
     assert HeaderArtifact.from_json(artifact.to_json()) == artifact
 
 

@@ -191,7 +191,9 @@ def test_step_summary_goes_through_the_escaping_renderer(tmp_path: Path, monkeyp
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     controller = _controller(tmp_path)
-    controller.restored = sync.RestoreResult("miss", message="newest differs in: x\n</details><script>alert(1)</script>|")
+    controller.restored = sync.RestoreResult(
+        "miss", message="newest differs in: x\n</details><script>alert(1)</script>|"
+    )
     controller.stats.add_record(_record("t::a|b", miss=1))
     controller._write_step_summary()
     text = summary.read_text()
