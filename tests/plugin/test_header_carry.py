@@ -23,8 +23,12 @@ from pytest_compilecache.stores.base import is_artifact_key
 from tests.plugin.helpers import TRAINING_SUITE
 from tests.plugin.test_headers import SHIM
 from tests.plugin.test_headers import header_builds
+from tests.plugin.test_headers import torch_builds_precompiled_headers
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch_builds_precompiled_headers(), reason="this torch builds no precompiled header"),
+]
 
 # Runs first without xdist (-p no:randomly, file order): what the header dir holds before any compile.
 PROBE = """
