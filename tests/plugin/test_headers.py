@@ -26,7 +26,6 @@ from pytest_compilecache import headers
 from tests.plugin.helpers import TRAINING_SUITE
 
 
-
 def torch_builds_precompiled_headers() -> bool:
     """torch 2.8+ builds a precompiled C++ header per TMPDIR; torch 2.7 has none (nothing to carry there:
     the plugin finds no header and carries none, see tests/unit/test_headers.py)."""
