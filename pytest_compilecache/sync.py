@@ -69,6 +69,21 @@ SaveOutcome = Literal["saved", "skipped", "error"]
 Loader = Callable[[bytes], Mapping[str, int]]
 
 
+def _transfer_json(result: RestoreResult | SaveResult) -> dict[str, Any]:
+    """The fields a restore and a save report alike (the JSON report's ``restore`` and ``save`` objects)."""
+    return {
+        "outcome": result.outcome,
+        "key": result.key,
+        "size": result.size,
+        "seconds": round(result.seconds, 3),
+        "message": result.message,
+        "files": result.files,
+        "artifacts": dict(result.artifacts),
+        "skipped": _skipped_json(result.skipped),
+        "headers": result.headers.to_json(),
+    }
+
+
 def _skipped_json(skipped: tuple[tuple[str, str], ...]) -> list[dict[str, str]]:
     return [{"key": key, "reason": reason} for key, reason in skipped]
 
@@ -147,17 +162,7 @@ class RestoreResult:
     def to_json(self) -> dict[str, Any]:
         """The report's ``restore`` object: the fields of format 1 plus ``skipped`` (a list of {key, reason})
         and ``headers`` (:meth:`HeaderReport.to_json`: counts, installed bytes, seconds, warnings)."""
-        return {
-            "outcome": self.outcome,
-            "key": self.key,
-            "size": self.size,
-            "seconds": round(self.seconds, 3),
-            "message": self.message,
-            "files": self.files,
-            "artifacts": dict(self.artifacts),
-            "skipped": _skipped_json(self.skipped),
-            "headers": self.headers.to_json(),
-        }
+        return _transfer_json(self)
 
 
 @dataclass(frozen=True)
@@ -188,17 +193,7 @@ class SaveResult:
     def to_json(self) -> dict[str, Any]:
         """The report's ``save`` object: the fields of format 1 plus ``skipped`` (a list of {key, reason})
         and ``headers`` (:meth:`HeaderReport.to_json`: named, uploaded, uploaded bytes, seconds, warnings)."""
-        return {
-            "outcome": self.outcome,
-            "key": self.key,
-            "size": self.size,
-            "seconds": round(self.seconds, 3),
-            "message": self.message,
-            "files": self.files,
-            "artifacts": dict(self.artifacts),
-            "skipped": _skipped_json(self.skipped),
-            "headers": self.headers.to_json(),
-        }
+        return _transfer_json(self)
 
 
 def restore_outputs(result: RestoreResult) -> dict[str, str]:
