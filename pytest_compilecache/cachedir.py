@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import itertools
 import json
@@ -53,7 +54,6 @@ from typing import Iterator
 from typing import Literal
 
 from . import ConfigError
-from .report import human_size
 
 SESSION_ENV = "PYTEST_COMPILECACHE_SESSION"
 LOCK_NAME = ".compilecache.lock"
@@ -319,7 +319,9 @@ def _kernel_dir_contents_ok(folder: Path) -> bool:
 
 
 def _is_temp_name(name: str) -> bool:
-    from ._fs import parse_temp_name  # bundle staging dirs and save/restore temps (swept by _fs.sweep_stale)
+    # cost: _fs loads only when a cache dir of ours is inspected. Bundle staging dirs and save/restore temps
+    # (swept by _fs.sweep_stale) are ours too.
+    from ._fs import parse_temp_name
 
     return bool(
         parse_temp_name(name) is not None
@@ -443,6 +445,7 @@ def _private_temp_root() -> Path:
 # --------------------------------------------------------------------------------------- registration
 
 
+@functools.cache  # computed when first needed: a session without a shared dir never needs it
 def _host_id() -> str:
     """The host and pid namespace (containers on one host share a hostname but not pids), hashed."""
     pid_ns = ""
@@ -451,7 +454,6 @@ def _host_id() -> str:
     return hashlib.sha256(f"{socket.gethostname()}/{pid_ns}".encode("utf-8", "surrogateescape")).hexdigest()[:8]
 
 
-_HOST = _host_id()
 _MARKER = re.compile(r"(\d+)-([0-9a-f]{8})-(\d+)-(\d+)")  # <pid>-<host>-<start, ns>-<n>
 _SERIAL = itertools.count()
 _OWN: dict[str, Registration] = {}  # this process's live registrations, by marker path
@@ -459,7 +461,7 @@ _OWN: dict[str, Registration] = {}  # this process's live registrations, by mark
 
 def owner_tag() -> str:
     """``<pid>-<host hash>``: what our temp names carry so :func:`sweep_stale` can tell a dead owner."""
-    return f"{os.getpid()}-{_HOST}"
+    return f"{os.getpid()}-{_host_id()}"
 
 
 def temp_name(label: str = "") -> str:
@@ -536,7 +538,7 @@ def _create_marker(path: str, begun: float) -> tuple[str, int]:
 
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "start": begun}).encode())
-        marker = os.path.join(folder, f"{os.getpid()}-{_HOST}-{int(begun * 1e9)}-{next(_SERIAL)}")
+        marker = os.path.join(folder, f"{os.getpid()}-{_host_id()}-{int(begun * 1e9)}-{next(_SERIAL)}")
         os.replace(tmp, marker)
     except BaseException:
         os.close(fd)
@@ -565,7 +567,7 @@ def live_sessions(path: str, *, include_own: bool = False) -> list[LiveSession]:
                 live.append(LiveSession(int(match[1]), int(match[3]) / 1e9, True))
             continue
         if _held(marker, remove_if_dead=True):
-            live.append(LiveSession(int(match[1]), int(match[3]) / 1e9, match[2] == _HOST))
+            live.append(LiveSession(int(match[1]), int(match[3]) / 1e9, match[2] == _host_id()))
     return live
 
 
@@ -609,6 +611,8 @@ class Trim:
 
     def describe(self) -> str | None:
         """One line for the session report, or None when there is nothing to say."""
+        from .report import human_size  # cost: the renderers load at session end, not with the first hooks
+
         from_size = human_size(self.remaining + self.freed)
         if self.kind in ("empty", "missing"):
             return None
@@ -757,7 +761,7 @@ def _stale(name: str, st: os.stat_result, clock: float) -> bool:
     match = _OUR_TEMP.fullmatch(name) or _ATOMIC_TEMP.fullmatch(name)
     if match:
         pid, host = int(match[1]), match[2]
-        if host == _HOST and pid != os.getpid():
+        if host == _host_id() and pid != os.getpid():
             return not _pid_alive(pid)
         return age > STALE_AFTER
     match = _TORCH_TEMP.fullmatch(name)

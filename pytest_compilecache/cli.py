@@ -29,9 +29,25 @@ from . import BundleError
 from . import ConfigError
 from . import StoreError
 from . import __version__
+from . import bundle
 from . import ghrunner
+from . import report
+from . import sync
+from ._fs import atomic_file
+from .fingerprint import collect
+from .fingerprint import default_suffix
+from .fingerprint import make_key
+from .fingerprint import restore_prefix
+from .probe import point_cache_dir
 from .settings import DEFAULT_PREFIX
 from .settings import SIGNING_KEY_ENV
+from .settings import parse_size
+from .stats import ItemRecord
+from .stats import SessionStats
+from .stores import open_store
+from .stores.base import prune
+from .stores.base import validate_key
+from .stores.base import validate_prefix
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MISS = 0, 1, 2, 3
 
@@ -43,9 +59,6 @@ _DIR_PATTERNS = ("fxgraph/**/*", "aotautograd/**/*", "*/*.so", "*.best_config", 
 
 def _check_names(args: argparse.Namespace) -> None:
     """Validate keys, prefixes and suffixes before any work (exit 2 on a bad one)."""
-    from .stores.base import validate_key
-    from .stores.base import validate_prefix
-
     if getattr(args, "prefix", None) is not None:
         validate_prefix(args.prefix)
     if getattr(args, "key", None):
@@ -69,8 +82,6 @@ def _json_target(path: str | None) -> Path | None:
 
 
 def _open(args: argparse.Namespace, readonly: bool = False) -> Any:
-    from .stores import open_store
-
     options = {"endpoint_url": args.s3_endpoint} if args.s3_endpoint else {}
     return open_store(args.store, readonly=readonly, **options)
 
@@ -97,8 +108,6 @@ def _progress(label: str) -> Any:
 
 
 def _fingerprint(args: argparse.Namespace) -> Any:
-    from .fingerprint import collect
-
     device = None
     if getattr(args, "device_facts", None):
         try:
@@ -124,10 +133,6 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
 
 
 def cmd_key(args: argparse.Namespace) -> int:
-    from .fingerprint import default_suffix
-    from .fingerprint import make_key
-    from .fingerprint import restore_prefix
-
     _check_names(args)
     fp = _fingerprint(args)
     values = {
@@ -147,9 +152,6 @@ def _emit(values: dict[str, str], github_output: bool) -> None:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from . import sync
-    from .probe import point_cache_dir
-
     _check_names(args)
     json_target = _json_target(args.json)
     cache_dir = str(Path(args.cache_dir).absolute())
@@ -177,8 +179,6 @@ def cmd_restore(args: argparse.Namespace) -> int:
     for line in result.headers.warnings:
         _warn(line)
     if json_target is not None:
-        from ._fs import atomic_file
-
         with atomic_file(json_target, fsync=False) as fh:
             fh.write((json.dumps(result.to_json(), indent=2) + "\n").encode())
     if result.warning:
@@ -194,9 +194,6 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_save(args: argparse.Namespace) -> int:
-    from . import sync
-    from .fingerprint import default_suffix
-
     _check_names(args)
     cache_dir = Path(args.cache_dir).absolute()
     files = sorted(
@@ -237,8 +234,6 @@ def cmd_save(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from . import bundle
-
     manifest = bundle.read_manifest(Path(args.bundle))  # the header only: unverified, and said so below
     data = json.loads(manifest.to_json_bytes())
     data["signed"] = bundle.is_signed(Path(args.bundle))
@@ -257,8 +252,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from . import bundle
-
     fingerprint = _fingerprint(args).to_json() if args.fingerprint else None
     try:
         with bundle.verify(Path(args.bundle), signing_key=_signing_key(), fingerprint=fingerprint) as verified:
@@ -271,8 +264,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from .stores.base import prune
-
     _check_names(args)
     deleted = prune(_open(args), args.prefix, args.keep)
     for key in deleted:
@@ -283,10 +274,6 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Render a ``--compile-cache-json`` file as Markdown (appended to $GITHUB_STEP_SUMMARY with --summary)."""
-    from . import report
-    from .stats import ItemRecord
-    from .stats import SessionStats
-
     try:
         data = json.loads(Path(args.json_report).read_text())
     except OSError as exc:
@@ -319,8 +306,6 @@ def _warn(message: str) -> None:
 
 
 def _size(value: str) -> int:
-    from .settings import parse_size
-
     try:
         return parse_size("--max-bundle-size", value)
     except ConfigError as exc:

@@ -16,9 +16,13 @@ import json
 import os
 import platform
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 from typing import Mapping
+
+from . import ConfigError
+from . import probe
 
 DIGEST_LENGTH = 16
 
@@ -44,8 +48,6 @@ class Fingerprint:
 
 def collect(salt: str = "", device: Mapping[str, Any] | None = None) -> Fingerprint:
     """Collect every fact. Imports torch (through :mod:`probe`); ``device`` replaces the real GPU query."""
-    from . import probe
-
     facts = platform_facts()
     facts.update(probe.torch_facts())
     facts.update(device_facts(device if device is not None else probe.device_facts()))
@@ -59,8 +61,6 @@ def device_facts(device: Mapping[str, Any]) -> dict[str, str]:
 
     Raises :class:`ConfigError` when recorded facts have another shape (they come from a user's file).
     """
-    from . import ConfigError
-
     gpus = device.get("gpus") if isinstance(device, Mapping) else None
     if (
         not isinstance(device, Mapping)
@@ -141,6 +141,4 @@ def restore_prefix(prefix: str, digest: str) -> str:
 
 def default_suffix() -> str:
     """Sortable and unique enough per machine: UTC time plus the process id."""
-    import time
-
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}"

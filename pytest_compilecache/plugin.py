@@ -23,25 +23,27 @@ from . import ConfigError
 from . import probe
 from .cachedir import SESSION_ENV
 from .cachedir import SessionDir
+from .ghrunner import in_github_actions
+from .ghrunner import write_command
+from .problems import Problems
+from .problems import filter_classifier
+from .session import Controller
+from .session import Recorder
+from .session import Setup
+from .session import Worker
 from .settings import OPTIONS
 from .settings import Settings
 from .settings import resolve
 
 if TYPE_CHECKING:
-    from .session import Controller
-    from .session import Recorder  # noqa: F401  (named in the StashKey strings below)
-    from .session import Setup
-    from .session import Start  # noqa: F401
-    from .session import Worker
+    from .session import Start
     from .stats import CompileCacheStats
 
 _SETUP = pytest.StashKey["Setup"]()
 # The role chosen in pytest_configure: exactly one of these two is set in a process.
 _CONTROLLER = pytest.StashKey["Controller"]()
 _WORKER = pytest.StashKey["Worker"]()
-_RECORDER = pytest.StashKey["Recorder"]()
-_MARKED = pytest.StashKey["dict[str, str]"]()
-_MARK = pytest.StashKey["Start"]()
+_TESTS = pytest.StashKey["_Tests"]()
 
 MARKER = "compile_cache"
 
@@ -80,9 +82,6 @@ def _setup(config: pytest.Config) -> Setup:
     """Decide the cache dir and export it, once per process, before anything imports torch."""
     if _SETUP in config.stash:
         return config.stash[_SETUP]
-    from .problems import Problems
-    from .problems import filter_classifier
-    from .session import Setup
 
     settings = _settings(config)
     problems = Problems(strict=settings.strict, classify=filter_classifier(*_warning_filters(config)))
@@ -140,10 +139,6 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    from .session import Controller
-    from .session import Recorder
-    from .session import Worker
-
     if _inherited() is not None:
         # The controller already honoured --cache-clear; a worker clearing .pytest_cache/d again would
         # delete the restored shared dir, possibly while another worker compiles into it.
@@ -156,12 +151,13 @@ def pytest_configure(config: pytest.Config) -> None:
     setup = _setup(config)
     probe.watch_graph_lookups()  # every process: the FX-graph lookups that explain a miss (never imports torch)
     if _is_worker(config):
-        recorder = config.stash[_RECORDER] = Recorder(os.environ.get("PYTEST_XDIST_WORKER", "worker"))
+        recorder = Recorder(os.environ.get("PYTEST_XDIST_WORKER", "worker"))
         config.stash[_WORKER] = Worker(setup, recorder)
     else:
-        recorder = config.stash[_RECORDER] = Recorder("controller")
+        recorder = Recorder("controller")
         config.stash[_CONTROLLER] = Controller(setup, recorder)
-    config.stash[_MARKED] = {}
+    tests = config.stash[_TESTS] = _Tests(recorder)
+    config.pluginmanager.register(tests, "compilecache-tests")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -187,26 +183,35 @@ def _role(config: pytest.Config) -> Controller | Worker:
 
 
 # ---- per-test capture
-# One wrapper around the whole protocol (setup, call, teardown) keeps the per-test cost to a few
-# microseconds while torch is not loaded; records travel to the controller at session end.
+# One wrapper around the whole protocol (setup, call, teardown), on a small object registered per process
+# so that the path every test takes reads attributes, not stashes. While torch is not imported that path
+# is a few attribute reads and one counter (Recorder.start / finish_cold); records travel to the
+# controller at session end.
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
-    config = item.config
-    recorder = config.stash[_RECORDER]
-    marked = config.stash[_MARKED]
-    mode = marked.get(item.nodeid) if marked else None
-    isolation = probe.isolated_compile(disable=mode == "disabled") if mode else None
-    start = item.stash[_MARK] = recorder.start()
-    try:
-        if isolation is not None:
-            isolation.__enter__()
-        return (yield)
-    finally:
-        if isolation is not None:
-            isolation.__exit__(None, None, None)
-        recorder.finish(item.nodeid, start, intended=mode is not None)
+class _Tests:
+    """This process's per-test hook: the recorder, the marked tests and the running test's start."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.marked: dict[str, str] = {}  # node id -> "isolated" / "disabled" (pytest_collection_modifyitems)
+        self.current: Start | None = None  # the running test's start, for the compile_cache_stats fixture
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
+        recorder = self.recorder
+        mode = self.marked.get(item.nodeid) if self.marked else None
+        isolation = probe.isolated_compile(disable=mode == "disabled") if mode else None
+        start = self.current = recorder.start()
+        try:
+            if isolation is not None:
+                isolation.__enter__()
+            return (yield)
+        finally:
+            if isolation is not None:
+                isolation.__exit__(None, None, None)
+            if mode is not None or not recorder.finish_cold(start):
+                recorder.finish(item.nodeid, start, intended=mode is not None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -226,7 +231,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             marked[item.nodeid] = mode
         elif _BAD_MARKER not in getattr(item, "fixturenames", [_BAD_MARKER]):
             item.fixturenames.insert(0, _BAD_MARKER)  # type: ignore[attr-defined]
-    config.stash[_MARKED] = marked
+    config.stash[_TESTS].marked = marked
 
 
 _BAD_MARKER = "_compile_cache_bad_marker"
@@ -260,9 +265,8 @@ def compile_cache_stats(request: pytest.FixtureRequest) -> CompileCacheStats:
     ``.graphs`` lists its FX-graph lookups and ``.why`` why each miss so far missed (against the restored
     bundle's or the previous session's record): ``assert compile_cache_stats.misses == 0, compile_cache_stats.why``.
     """
-    item = request.node
-    intended = item.nodeid in request.config.stash.get(_MARKED, {})
-    return request.config.stash[_RECORDER].live(item.nodeid, item.stash.get(_MARK, None), intended)
+    item, tests = request.node, request.config.stash[_TESTS]
+    return tests.recorder.live(item.nodeid, tests.current, item.nodeid in tests.marked)
 
 
 # ---- xdist (optional)
@@ -302,9 +306,6 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
 def _github_commands(role: Controller) -> None:
     """Inside a GitHub Actions job, each warning and error also becomes an annotation (escaped)."""
-    from .ghrunner import in_github_actions
-    from .ghrunner import write_command
-
     if not in_github_actions():
         return
     for message in role.problems.warnings:

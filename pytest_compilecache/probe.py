@@ -553,6 +553,7 @@ def graph_capture_installed() -> str | None:
 
 
 def _record_lookup(key: Any, debug_lines: Any, result: Any) -> None:
+    # cost: explain loads with the first FX-graph lookup, not with the plugin
     from .explain import lookup_from_torch
 
     info = result[1] if isinstance(result, tuple) and len(result) == 2 else {}

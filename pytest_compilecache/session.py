@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import tempfile
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
@@ -30,14 +31,15 @@ from typing import NamedTuple
 from . import ConfigError
 from . import cachedir
 from . import probe
+from . import remote
 from . import report
 from ._env import EnvLease
-from ._fs import atomic_file
 from .cachedir import SESSION_ENV
 from .cachedir import SessionDir
 from .ghrunner import append_summary
 from .ghrunner import one_line
 from .problems import Problems
+from .remote import redacted
 from .settings import Settings
 from .stats import CompileCacheStats
 from .stats import ItemRecord
@@ -142,8 +144,6 @@ class Setup:
 
     def _enable_redis(self, url: str) -> None:
         """Turn on torch's remote caches (read at import and per compile), after checking Redis answers."""
-        from . import remote
-
         problem = remote.check_redis(url)
         if problem:
             self.problems.warn(f"redis at {remote.redacted(url)} unreachable ({problem}); remote caches stay off")
@@ -170,7 +170,6 @@ class Setup:
     def header(self) -> str | None:
         if self.dir.mode is None and not self.settings.redis:
             return None
-        from .remote import redacted
 
         extra = f", redis {redacted(self.settings.redis)}" if self.settings.redis else ""
         if self.settings.redis and not self.redis_on:
@@ -185,6 +184,7 @@ class Setup:
 
     def fingerprint(self) -> Fingerprint:
         if self._fingerprint is None:
+            # cost: only a session with a store fingerprints
             from .fingerprint import collect
 
             self._fingerprint = collect(salt=self.settings.key_salt)
@@ -201,6 +201,10 @@ class Start(NamedTuple):
 
     mark: probe.Mark
     graphs: int
+
+
+# The start of every test that begins before torch is imported: no counters yet, no FX-graph lookups.
+COLD = Start(probe.Mark({}, 0, 0), 0)
 
 
 class Recorder:
@@ -220,7 +224,21 @@ class Recorder:
 
     @staticmethod
     def start() -> Start:
+        """Where a test starts; :data:`COLD` (no probe call) while torch is not imported."""
+        if not probe.torch_loaded():
+            return COLD
         return Start(probe.mark(), probe.graph_mark())
+
+    def finish_cold(self, start: Start) -> bool:
+        """Count a test that cannot have compiled: it began :data:`COLD` and torch is still not imported.
+
+        The per-test path of a session that never imports torch (no node id, no probe call). False: the
+        test may have compiled, call :meth:`finish`.
+        """
+        if start is not COLD or probe.torch_loaded():
+            return False
+        self.stats.tests += 1
+        return True
 
     def finish(self, nodeid: str, start: Start, intended: bool = False) -> None:
         """Record the test that began at ``start``; ``intended``: marked isolated/disabled, so its misses are
@@ -257,6 +275,7 @@ class Recorder:
         baseline = self.baseline()
         if baseline is None:
             return []
+        # cost: explain loads only when there is something to explain
         from .explain import explain_test
 
         return explain_test(record.graphs, baseline.tests.get(record.nodeid))
@@ -266,6 +285,7 @@ class Recorder:
         if not self._baseline_read:
             self._baseline_read = True
             if self.baseline_dir:
+                # cost: as above
                 from .explain import load_record
 
                 try:
@@ -361,6 +381,7 @@ class Controller:
         self.setup.ensure_dir()
         self._sweep()
         if self.setup.saving:
+            # cost: headers, sync and stores load only in a session with a store
             from .headers import session_start
 
             self.header_since = session_start()
@@ -369,6 +390,7 @@ class Controller:
             return
         if not self.settings.store or not self.setup.dir.path:
             return
+        # cost: as above
         from . import sync
 
         try:
@@ -401,13 +423,18 @@ class Controller:
         path = self.setup.dir.path
         if not path or self.setup.dir.mode not in EXPLAINED_MODES:
             return
-        from .explain import install_restored
-        from .explain import load_record
-
         graphs = self.restored.graphs if self.restored is not None else None
-        record: GraphsRecord | None
+        record: GraphsRecord | None = None
         try:
-            record = install_restored(Path(path), graphs) if graphs else load_record(Path(path))
+            if graphs:
+                # cost: explain loads only when there is a record to read
+                from .explain import install_restored
+
+                record = install_restored(Path(path), graphs)
+            elif os.path.isfile(os.path.join(path, cachedir.GRAPHS_RECORD)):
+                from .explain import load_record  # cost: as above
+
+                record = load_record(Path(path))
         except (OSError, ValueError) as exc:
             where = "of the restored bundle" if graphs else "in the cache dir"
             self.problems.warn(one_line(f"no miss explanations: the graph record {where} is unreadable: {exc}", 500))
@@ -422,8 +449,7 @@ class Controller:
         """Remove the bundle temps (staging dirs, save/restore dirs) whose owner is gone: in the cache dir,
         and in the temp dir when this session moves bundles. torch's own temp files in the cache dir are
         swept by :func:`cachedir.sweep_stale` when the session registers."""
-        import tempfile
-
+        # cost: a session without a cache dir of ours never loads _fs
         from ._fs import sweep_stale
 
         places = [self.setup.dir.path, tempfile.gettempdir() if self.settings.store else None]
@@ -498,6 +524,7 @@ class Controller:
         current = {nodeid: r.graphs for nodeid, r in self.stats.records.items() if r.graphs}
         if not current:
             return  # nothing was looked up: keep the baseline as it is for the next run
+        # cost: explain loads only when a test looked up a graph
         from .explain import carry_forward
         from .explain import explain_session
         from .explain import save_record
@@ -527,6 +554,7 @@ class Controller:
             self.problems.error(message)
 
     def _save(self) -> None:
+        # cost: only a saving session loads sync
         from . import sync
         from .fingerprint import default_suffix
 
@@ -573,6 +601,7 @@ class Controller:
         hit. Only after our own restore: after the Action's, what it installed is not known here."""
         if self.header_since is None or self.restored is None or self.settings.restore == "skip":
             return False
+        # cost: headers load only in a saving session
         from .headers import find_used
         from .headers import header_dir
 
@@ -591,6 +620,7 @@ class Controller:
         """
         if self.header_since is None:
             return None
+        # cost: as above
         from .headers import header_dir
 
         expected = str(header_dir())
@@ -630,6 +660,8 @@ class Controller:
         if not self.settings.json:
             return
         path = Path(self.settings.json)
+        from ._fs import atomic_file  # cost: a session that writes no JSON report never loads _fs
+
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with atomic_file(path, fsync=False) as fh:
@@ -684,6 +716,7 @@ class Controller:
 
 def open_configured_store(settings: Settings) -> Store:
     """The store named by ``--compile-cache-store``; raises ConfigError for a malformed URL (no I/O)."""
+    # cost: stores load only in a session with a store
     from .stores import open_store
 
     return open_store(settings)
@@ -691,6 +724,7 @@ def open_configured_store(settings: Settings) -> Store:
 
 def action_restore_result(value: str | None) -> RestoreResult | None:
     """What the Action's restore step reported (JSON in :data:`ACTION_RESTORE_ENV`); None when unknown."""
+    # cost: as above
     from . import sync
 
     if not value:
@@ -709,6 +743,7 @@ def action_restore_result(value: str | None) -> RestoreResult | None:
     names = data.get("headers") if isinstance(data, dict) else None
     named: tuple[str, ...] = ()
     if isinstance(names, list) and all(isinstance(name, str) for name in names):
+        # cost: as above
         from .headers import is_header_name
 
         named = tuple(name for name in names if is_header_name(name))

@@ -15,6 +15,7 @@ from typing import Callable
 from typing import Mapping
 
 from . import ConfigError
+from .remote import redacted
 
 MODES = ("shared", "isolated", "disabled")
 REPORTS = ("short", "full", "none")
@@ -112,8 +113,6 @@ def _http_url(option: str, value: str) -> str:
 def _redis_url(option: str, value: str) -> str:
     """``redis://[user:password@]host[:port][/db]`` (``rediss://`` for TLS); IPv6 hosts in brackets."""
     from urllib.parse import urlsplit
-
-    from .remote import redacted
 
     value = value.strip()
     try:

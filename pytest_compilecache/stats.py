@@ -83,6 +83,7 @@ class ItemRecord:
             self._add_graphs(graphs if isinstance(graphs, list) else (), why if isinstance(why, list) else ())
 
     def _add_graphs(self, graphs: Any, why: Any) -> None:
+        # cost: explain loads only for records that carry graphs
         from .explain import GraphLookup
         from .explain import MissExplanation
 

@@ -43,6 +43,8 @@ from typing import Mapping
 from . import BundleError
 from . import StoreError
 from . import bundle
+from . import headers
+from . import probe
 from ._fs import temporary_dir
 from .bundle import DEFAULT_MAX_BYTES
 from .bundle import CacheDirError
@@ -209,8 +211,6 @@ def restore_outputs(result: RestoreResult) -> dict[str, str]:
 
 
 def _load_with_torch(blob: bytes) -> Mapping[str, int]:
-    from . import probe  # probe imports nothing heavy at module level, but torch is loaded by this call
-
     return probe.load_artifacts(blob)
 
 
@@ -321,8 +321,6 @@ def _restore_headers(
         return HeaderReport()  # most bundles (GPU-only suites, torch 2.7): no import, no work
     started = time.perf_counter()
     try:
-        from . import headers
-
         entries = [{"kind": a.kind, "name": a.name, "sha256": a.sha256, "size": a.size} for a in named]
         transfer = headers.restore_headers(store, prefix, entries, scratch, directory)
     except Exception as exc:  # e.g. zstandard missing: the bundle is installed, torch builds the headers
@@ -486,8 +484,6 @@ def _save_headers(
     """Upload the session's headers the store lacks; return the report and the manifest entries."""
     started = time.perf_counter()
     try:
-        from . import headers
-
         transfer = headers.save_headers(store, prefix, since, installed, scratch, directory)
     except Exception as exc:  # the bundle is worth saving without its headers
         return HeaderReport(warnings=(one_line(f"precompiled headers not saved: {type(exc).__name__}: {exc}"),)), []

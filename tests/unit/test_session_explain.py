@@ -46,6 +46,7 @@ class FakeProbe:
         self.lookups: list[dict[str, Any]] = []
         monkeypatch.setattr("pytest_compilecache.probe.graph_mark", lambda: len(self.lookups))
         monkeypatch.setattr("pytest_compilecache.probe.graph_delta", lambda start: list(self.lookups[start:]))
+        monkeypatch.setattr("pytest_compilecache.probe.torch_loaded", lambda: True)  # else Recorder.start is COLD
         monkeypatch.setattr("pytest_compilecache.probe.mark", lambda: len(self.lookups))
         monkeypatch.setattr("pytest_compilecache.probe.delta", self._delta)
 
