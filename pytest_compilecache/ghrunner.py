@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 from typing import Mapping
 from typing import TextIO
 
@@ -94,6 +93,8 @@ def append_vars(path: str | os.PathLike[str] | None, values: Mapping[str, str]) 
             raise ValueError(f"invalid GITHUB_OUTPUT/GITHUB_ENV name {name!r}")
     if not path:
         return
+    import secrets  # cost: loads hmac's tables; the plugin's first hooks import this module, few sessions write here
+
     lines: list[str] = []
     for name, value in values.items():
         value = str(value)

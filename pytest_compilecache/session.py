@@ -32,7 +32,6 @@ from . import ConfigError
 from . import cachedir
 from . import probe
 from . import remote
-from . import report
 from ._env import EnvLease
 from .cachedir import SESSION_ENV
 from .cachedir import SessionDir
@@ -545,6 +544,8 @@ class Controller:
         rate, floor = self.stats.hit_rate, self.settings.min_hit_rate
         if floor is None or rate is None or rate >= floor:
             return
+        from . import report  # cost: the renderers load only when there is something to render
+
         message = f"hit rate {report.percent(rate)} is below --compile-cache-min-hit-rate={floor:g}"
         cold_by_trouble = self.restored is not None and (not self.restored.ok or bool(self.restored.skipped))
         if cold_by_trouble and not self.settings.strict:
@@ -644,6 +645,8 @@ class Controller:
             self.problems.note(line)
 
     def to_json(self) -> dict[str, Any]:
+        from . import report  # cost: as above
+
         data = report.to_json(
             self.stats,
             mode=self.setup.dir.mode,
@@ -673,6 +676,8 @@ class Controller:
         target = os.environ.get("GITHUB_STEP_SUMMARY")
         if self.settings.summary == "off" or not target or not self._worth_reporting():
             return
+        from . import report  # cost: as above
+
         text = report.markdown(
             self.stats,
             where=self.setup.dir.describe(),
@@ -697,6 +702,8 @@ class Controller:
         if settings.report == "none" and not (problems.warnings or problems.errors):
             return lines
         if settings.report != "none" and self._worth_reporting():
+            from . import report  # cost: as above
+
             lines.append((report.summary_line(self.stats, self.setup.dir.describe()), {}))
             for kind, info in (("restore", self.restored), ("save", self.saved)):
                 if info:
