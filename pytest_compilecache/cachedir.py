@@ -245,15 +245,17 @@ TORCH_FILES = frozenset({"memoizer_cache.json", "memoizer_cache.lock"})
 GRAPHS_RECORD = ".compilecache-graphs.json"
 _OUR_NAMES = frozenset({"CACHEDIR.TAG", ".gitignore", LOCK_NAME, SESSIONS_DIR, GRAPHS_RECORD})
 # codecache.get_path: ``<key[1:3]>/<key>.<ext>``; keys are lowercase base32 (or hex) hashes.
-_KERNEL_DIR = re.compile(r"[a-z0-9]{2}")
-_KERNEL_NAME = re.compile(r"[a-z0-9_]{20,}(\.[A-Za-z0-9_]+)*")
-_TORCH_TEMP = re.compile(r"\.(\d+)\.\d+\.tmp")  # codecache.write_atomic
-_TORCH_TOP_FILE = re.compile(r"tmp[a-z0-9_]{8}\.py|configs_[A-Za-z0-9_]+\.json")  # wrapper.py, cutlass
+# Patterns are kept as strings: ``re`` compiles each on first use and caches it. Compiled at import they
+# would cost every session, and most never look at them (bench/overhead.py --instructions).
+_KERNEL_DIR = r"[a-z0-9]{2}"
+_KERNEL_NAME = r"[a-z0-9_]{20,}(\.[A-Za-z0-9_]+)*"
+_TORCH_TEMP = r"\.(\d+)\.\d+\.tmp"  # codecache.write_atomic
+_TORCH_TOP_FILE = r"tmp[a-z0-9_]{8}\.py|configs_[A-Za-z0-9_]+\.json"  # wrapper.py, cutlass
 # Ours: TEMP_PREFIX + owner_tag() + anything; _fs.atomic_file's ``.<name>.<owner_tag>.<random>.tmp``;
 # the same without owner (older versions: stale only by age).
-_OUR_TEMP = re.compile(re.escape(TEMP_PREFIX) + r"(\d+)-([0-9a-f]{8})-.*")
-_ATOMIC_TEMP = re.compile(r"\..+\.(\d+)-([0-9a-f]{8})\.[a-z0-9_]{8}\.tmp")
-_ATOMIC_TEMP_OLD = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+_OUR_TEMP = re.escape(TEMP_PREFIX) + r"(\d+)-([0-9a-f]{8})-.*"
+_ATOMIC_TEMP = r"\..+\.(\d+)-([0-9a-f]{8})\.[a-z0-9_]{8}\.tmp"
+_ATOMIC_TEMP_OLD = r"\..+\.[a-z0-9_]{8}\.tmp"
 
 
 @dataclass(frozen=True)
@@ -306,8 +308,8 @@ def _torch_top_entry(root: Path, name: str) -> bool:
     if stat.S_ISDIR(st.st_mode):
         if name in TORCH_DIRS or name == SESSIONS_DIR:
             return True
-        return bool(_KERNEL_DIR.fullmatch(name)) and _kernel_dir_contents_ok(root / name)
-    return name in _OUR_NAMES or name in TORCH_FILES or bool(_TORCH_TOP_FILE.fullmatch(name)) or _is_temp_name(name)
+        return bool(re.fullmatch(_KERNEL_DIR, name)) and _kernel_dir_contents_ok(root / name)
+    return name in _OUR_NAMES or name in TORCH_FILES or bool(re.fullmatch(_TORCH_TOP_FILE, name)) or _is_temp_name(name)
 
 
 def _kernel_dir_contents_ok(folder: Path) -> bool:
@@ -315,7 +317,7 @@ def _kernel_dir_contents_ok(folder: Path) -> bool:
         entries = list(os.scandir(folder))
     except OSError:
         return False
-    return all(_KERNEL_NAME.fullmatch(e.name) or _is_temp_name(e.name) for e in entries if not e.is_symlink())
+    return all(re.fullmatch(_KERNEL_NAME, e.name) or _is_temp_name(e.name) for e in entries if not e.is_symlink())
 
 
 def _is_temp_name(name: str) -> bool:
@@ -325,10 +327,10 @@ def _is_temp_name(name: str) -> bool:
 
     return bool(
         parse_temp_name(name) is not None
-        or _TORCH_TEMP.fullmatch(name)
-        or _OUR_TEMP.fullmatch(name)
-        or _ATOMIC_TEMP.fullmatch(name)
-        or _ATOMIC_TEMP_OLD.fullmatch(name)
+        or re.fullmatch(_TORCH_TEMP, name)
+        or re.fullmatch(_OUR_TEMP, name)
+        or re.fullmatch(_ATOMIC_TEMP, name)
+        or re.fullmatch(_ATOMIC_TEMP_OLD, name)
         or name.startswith(".write-test-")  # make_dir's probe before 0.2
     )
 
@@ -370,13 +372,13 @@ def _managed_files(root: str, kind: Kind) -> Iterator[tuple[str, os.stat_result]
                     yield entry.path, entry.stat(follow_symlinks=False)
             continue
         if entry.is_dir(follow_symlinks=False):
-            kernel = bool(_KERNEL_DIR.fullmatch(name))
+            kernel = bool(re.fullmatch(_KERNEL_DIR, name))
             if kind == "torch" and name not in TORCH_DIRS and not kernel:
                 continue
             for dirpath, dirnames, filenames in os.walk(entry.path):
                 if kind == "torch" and kernel and dirpath == entry.path:
-                    filenames = [n for n in filenames if _KERNEL_NAME.fullmatch(n)]
-                    dirnames[:] = [n for n in dirnames if _KERNEL_NAME.fullmatch(n)]
+                    filenames = [n for n in filenames if re.fullmatch(_KERNEL_NAME, n)]
+                    dirnames[:] = [n for n in dirnames if re.fullmatch(_KERNEL_NAME, n)]
                 dirnames[:] = [n for n in dirnames if not _is_temp_name(n)]
                 for filename in filenames:
                     if filename.endswith(".lock") or _is_temp_name(filename):
@@ -454,7 +456,7 @@ def _host_id() -> str:
     return hashlib.sha256(f"{socket.gethostname()}/{pid_ns}".encode("utf-8", "surrogateescape")).hexdigest()[:8]
 
 
-_MARKER = re.compile(r"(\d+)-([0-9a-f]{8})-(\d+)-(\d+)")  # <pid>-<host>-<start, ns>-<n>
+_MARKER = r"(\d+)-([0-9a-f]{8})-(\d+)-(\d+)"  # <pid>-<host>-<start, ns>-<n>
 _SERIAL = itertools.count()
 _OWN: dict[str, Registration] = {}  # this process's live registrations, by marker path
 
@@ -558,7 +560,7 @@ def live_sessions(path: str, *, include_own: bool = False) -> list[LiveSession]:
         return []
     live = []
     for name in names:
-        match = _MARKER.fullmatch(name)
+        match = re.fullmatch(_MARKER, name)
         marker = os.path.join(folder, name)
         if not match:
             continue
@@ -694,7 +696,7 @@ def _drop_empty_dirs(path: str, kind: Kind, began: float, emptied: set[str]) -> 
         top = rel.split(os.sep, 1)[0]
         if root == path or top in _OUR_NAMES or top == "locks" or any(map(_is_temp_name, rel.split(os.sep))):
             continue
-        if kind == "torch" and top not in TORCH_DIRS and not _KERNEL_DIR.fullmatch(top):
+        if kind == "torch" and top not in TORCH_DIRS and not re.fullmatch(_KERNEL_DIR, top):
             continue
         with contextlib.suppress(OSError):
             st = os.lstat(root)
@@ -758,16 +760,16 @@ def sweep_stale(path: str, *, now: float | None = None) -> int:
 
 def _stale(name: str, st: os.stat_result, clock: float) -> bool:
     age = clock - max(st.st_mtime, st.st_ctime)
-    match = _OUR_TEMP.fullmatch(name) or _ATOMIC_TEMP.fullmatch(name)
+    match = re.fullmatch(_OUR_TEMP, name) or re.fullmatch(_ATOMIC_TEMP, name)
     if match:
         pid, host = int(match[1]), match[2]
         if host == _host_id() and pid != os.getpid():
             return not _pid_alive(pid)
         return age > STALE_AFTER
-    match = _TORCH_TEMP.fullmatch(name)
+    match = re.fullmatch(_TORCH_TEMP, name)
     if match:
         return (age > TORCH_TEMP_GRACE and not _pid_alive(int(match[1]))) or age > STALE_AFTER
-    if _ATOMIC_TEMP_OLD.fullmatch(name) or name.startswith(".write-test-"):
+    if re.fullmatch(_ATOMIC_TEMP_OLD, name) or name.startswith(".write-test-"):
         return age > STALE_AFTER
     return False
 

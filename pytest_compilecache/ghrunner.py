@@ -36,7 +36,9 @@ __all__ = [
     "one_line",
 ]
 
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+# Patterns are kept as strings: ``re`` compiles each on first use and caches it. Compiled at import they
+# would cost every session, and most never look at them (bench/overhead.py --instructions).
+_NAME = r"^[A-Za-z_][A-Za-z0-9_-]*$"
 
 
 def in_github_actions(environ: Mapping[str, str] = os.environ) -> bool:
@@ -60,7 +62,7 @@ def command(name: str, message: str = "", **properties: str) -> str:
     ``name`` and property names are ours (checked, never escaped); the message and property values are
     escaped, so the result is exactly one line whatever they contain.
     """
-    if not _NAME.fullmatch(name) or not all(_NAME.fullmatch(key) for key in properties):
+    if not re.fullmatch(_NAME, name) or not all(re.fullmatch(_NAME, key) for key in properties):
         raise ValueError(f"invalid workflow command {name!r} or property name")
     props = ",".join(f"{key}={escape_property(value)}" for key, value in properties.items())
     return f"::{name}{' ' + props if props else ''}::{escape_data(message)}"
@@ -89,7 +91,7 @@ def append_vars(path: str | os.PathLike[str] | None, values: Mapping[str, str]) 
     ``ValueError`` otherwise, before anything is written.
     """
     for name in values:
-        if not _NAME.fullmatch(name):
+        if not re.fullmatch(_NAME, name):
             raise ValueError(f"invalid GITHUB_OUTPUT/GITHUB_ENV name {name!r}")
     if not path:
         return
@@ -117,12 +119,12 @@ def append_summary(path: str | os.PathLike[str] | None, markdown: str) -> None:
         fh.write(markdown if markdown.endswith("\n") else markdown + "\n")
 
 
-_MD_SPECIAL = re.compile(r"([\\`*\[\]<>|~])")
+_MD_SPECIAL = r"([\\`*\[\]<>|~])"
 
 
 def md_text(text: str, limit: int = 500) -> str:
     """Untrusted text as inert Markdown on one line: no HTML, links, emphasis or table breaks."""
-    return _MD_SPECIAL.sub(r"\\\1", one_line(text, limit)).replace("&", "&amp;")
+    return re.sub(_MD_SPECIAL, r"\\\1", one_line(text, limit)).replace("&", "&amp;")
 
 
 def md_code(text: str, limit: int = 500) -> str:

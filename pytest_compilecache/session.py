@@ -31,14 +31,12 @@ from typing import NamedTuple
 from . import ConfigError
 from . import cachedir
 from . import probe
-from . import remote
 from ._env import EnvLease
 from .cachedir import SESSION_ENV
 from .cachedir import SessionDir
 from .ghrunner import append_summary
 from .ghrunner import one_line
 from .problems import Problems
-from .remote import redacted
 from .settings import Settings
 from .stats import CompileCacheStats
 from .stats import ItemRecord
@@ -143,6 +141,8 @@ class Setup:
 
     def _enable_redis(self, url: str) -> None:
         """Turn on torch's remote caches (read at import and per compile), after checking Redis answers."""
+        from . import remote  # cost: a session without Redis never loads remote
+
         problem = remote.check_redis(url)
         if problem:
             self.problems.warn(f"redis at {remote.redacted(url)} unreachable ({problem}); remote caches stay off")
@@ -169,6 +169,7 @@ class Setup:
     def header(self) -> str | None:
         if self.dir.mode is None and not self.settings.redis:
             return None
+        from .remote import redacted  # cost: as above
 
         extra = f", redis {redacted(self.settings.redis)}" if self.settings.redis else ""
         if self.settings.redis and not self.redis_on:

@@ -15,7 +15,6 @@ from typing import Callable
 from typing import Mapping
 
 from . import ConfigError
-from .remote import redacted
 
 MODES = ("shared", "isolated", "disabled")
 REPORTS = ("short", "full", "none")
@@ -113,6 +112,8 @@ def _http_url(option: str, value: str) -> str:
 def _redis_url(option: str, value: str) -> str:
     """``redis://[user:password@]host[:port][/db]`` (``rediss://`` for TLS); IPv6 hosts in brackets."""
     from urllib.parse import urlsplit
+
+    from .remote import redacted  # cost: a session without Redis never loads remote
 
     value = value.strip()
     try:
