@@ -1,15 +1,19 @@
 """Test doubles other tests share. Each passes the same contract as the real thing (tests/unit/test_fakes.py).
 
 * :class:`MemoryStore` - a :class:`~pytest_compilecache.stores.Store` in memory, with failure injection.
+* :class:`FakeLoader` - torch's mega-cache loader (``probe.load_artifacts``): records what it was given.
 """
 
 from __future__ import annotations
 
 import builtins
+import os
 import threading
 from pathlib import Path
+from typing import Mapping
 
 from pytest_compilecache import StoreError
+from pytest_compilecache.probe import CACHE_ENV
 from pytest_compilecache.stores import StoreEntry
 from pytest_compilecache.stores import newest_first
 from pytest_compilecache.stores import validate_key
@@ -82,3 +86,19 @@ class MemoryStore:
         with self.backend.lock:
             data, _ = self.objects[key]
             self.objects[key] = (data, when)
+
+
+class FakeLoader:
+    """Stands in for torch's mega-cache loader: records what it got and where the cache dir pointed."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+        self.blobs: list[bytes] = []
+        self.cache_dirs: list[str | None] = []
+
+    def __call__(self, blob: bytes) -> Mapping[str, int]:
+        self.blobs.append(blob)
+        self.cache_dirs.append(os.environ.get(CACHE_ENV))
+        if self.error is not None:
+            raise self.error
+        return {"fx_graph": 2, "triton": 1}
