@@ -1,5 +1,6 @@
-"""What the sync tests share (tests/unit/test_sync.py, test_sync_headers.py): recorded fingerprints, a
-source cache dir, and the cache environment that ``sync.restore`` points at the cache dir."""
+"""What unit tests share: the fake probe (torch stands-in for the session roles) and, for the sync tests
+(test_sync.py, test_sync_headers.py), recorded fingerprints, a source cache dir and the cache environment
+that ``sync.restore`` points at the cache dir."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from pytest_compilecache.fingerprint import Fingerprint
 from pytest_compilecache.fingerprint import device_facts
 from pytest_compilecache.probe import CACHE_ENV
+from tests.fakes import FakeProbe
 
 PREFIX = "compilecache-v1"
 BASE = {"torch": "2.13.0", "python": "cpython 3.11.7", "arch": "x86_64"}
@@ -43,3 +45,9 @@ def source(tmp_path: Path) -> Path:
 def tree(root: Path) -> dict[str, bytes]:
     """Every file under ``root`` by relative path, with its bytes."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def fake_probe(monkeypatch: pytest.MonkeyPatch) -> FakeProbe:
+    """:class:`tests.fakes.FakeProbe` installed over ``pytest_compilecache.probe`` for this test."""
+    return FakeProbe(monkeypatch)

@@ -23,6 +23,7 @@ from pytest_compilecache.session import Recorder
 from pytest_compilecache.session import Setup
 from pytest_compilecache.session import Worker
 from pytest_compilecache.settings import Settings
+from tests.fakes import FakeProbe
 from tests.unit.test_session import FP
 
 
@@ -39,29 +40,6 @@ def lookup(key: str, shape: str = "[8, 16]", outcome: str = "miss", code: str = 
     )
 
 
-class FakeProbe:
-    """This process's lookups, as ``probe.graph_mark``/``graph_delta`` and the counters as ``probe.delta``."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.lookups: list[dict[str, Any]] = []
-        monkeypatch.setattr("pytest_compilecache.probe.graph_mark", lambda: len(self.lookups))
-        monkeypatch.setattr("pytest_compilecache.probe.graph_delta", lambda start: list(self.lookups[start:]))
-        monkeypatch.setattr("pytest_compilecache.probe.mark", lambda: len(self.lookups))
-        monkeypatch.setattr("pytest_compilecache.probe.delta", self._delta)
-
-    def _delta(self, start: Any) -> dict[str, Any]:
-        new = self.lookups[start:]
-        if not new:
-            return {}
-        misses = sum(1 for g in new if g["o"] != "hit")
-        return {"fxgraph": {"hit": len(new) - misses, "miss": misses}, "frames": 1}
-
-    def run(self, recorder: Recorder, nodeid: str, *graphs: GraphLookup, intended: bool = False) -> None:
-        start = recorder.start()
-        self.lookups += [g.to_json() for g in graphs]
-        recorder.finish(nodeid, start, intended=intended)
-
-
 @pytest.fixture(autouse=True)
 def _environment() -> Iterator[None]:
     """Setup.start exports the session's environment: put it back after each test."""
@@ -69,11 +47,6 @@ def _environment() -> Iterator[None]:
     yield
     os.environ.clear()
     os.environ.update(before)
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeProbe:
-    return FakeProbe(monkeypatch)
 
 
 def _controller(tmp_path: Path, **options: Any) -> Controller:
@@ -86,35 +59,37 @@ def _controller(tmp_path: Path, **options: Any) -> Controller:
     return Controller(setup, Recorder("controller"))
 
 
-def _session(tmp_path: Path, fake: FakeProbe, *tests: tuple[str, list[GraphLookup]], **options: Any) -> Controller:
+def _session(
+    tmp_path: Path, fake_probe: FakeProbe, *tests: tuple[str, list[GraphLookup]], **options: Any
+) -> Controller:
     controller = _controller(tmp_path, **options)
     controller.session_start()
     for nodeid, graphs in tests:
-        fake.run(controller.recorder, nodeid, *graphs)
+        fake_probe.run(controller.recorder, nodeid, *graphs)
     controller.finish()
     return controller
 
 
-def test_recorder_keeps_lookups_except_for_marked_tests(fake: FakeProbe) -> None:
+def test_recorder_keeps_lookups_except_for_marked_tests(fake_probe: FakeProbe) -> None:
     recorder = Recorder("controller")
-    fake.run(recorder, "t.py::test_a", lookup("k1"))
-    fake.run(recorder, "t.py::test_iso", lookup("k2"), intended=True)
-    fake.run(recorder, "t.py::test_none")
+    fake_probe.run(recorder, "t.py::test_a", lookup("k1"))
+    fake_probe.run(recorder, "t.py::test_iso", lookup("k2"), intended=True)
+    fake_probe.run(recorder, "t.py::test_none")
     records = recorder.stats.records
     assert [g.key for g in records["t.py::test_a"].graphs] == ["k1"]
     assert records["t.py::test_iso"].graphs == [] and records["t.py::test_iso"].misses == 1  # counted, not kept
     assert "t.py::test_none" not in records and recorder.stats.tests == 3
 
 
-def test_second_shared_session_says_why_and_keeps_the_record(tmp_path: Path, fake: FakeProbe) -> None:
-    first = _session(tmp_path, fake, ("t.py::test_a", [lookup("k1")]), ("t.py::test_b", [lookup("kb")]))
+def test_second_shared_session_says_why_and_keeps_the_record(tmp_path: Path, fake_probe: FakeProbe) -> None:
+    first = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]), ("t.py::test_b", [lookup("kb")]))
     assert first.why is None and first.to_json()["why"] is None  # nothing to compare with yet
     assert not any("why" in line for line, _ in first.terminal_lines())
     record = explain.load_record(tmp_path / "cache")
     assert record is not None and sorted(record.tests) == ["t.py::test_a", "t.py::test_b"]
 
     second = _session(
-        tmp_path, fake, ("t.py::test_a", [lookup("k2", shape="[8, 32]")]), ("t.py::test_new", [lookup("kn")])
+        tmp_path, fake_probe, ("t.py::test_a", [lookup("k2", shape="[8, 32]")]), ("t.py::test_new", [lookup("kn")])
     )
     assert second.compared_with == "previous session"
     reasons = [w.reasons for w in second.stats.records["t.py::test_a"].why]
@@ -132,15 +107,15 @@ def test_second_shared_session_says_why_and_keeps_the_record(tmp_path: Path, fak
     assert kept is not None and sorted(kept.tests) == ["t.py::test_a", "t.py::test_b", "t.py::test_new"]
 
 
-def test_summary_report_hides_the_explanations(tmp_path: Path, fake: FakeProbe) -> None:
-    _session(tmp_path, fake, ("t.py::test_a", [lookup("k1")]))
-    second = _session(tmp_path, fake, ("t.py::test_a", [lookup("k2", shape="[4, 16]")]), report="short")
+def test_summary_report_hides_the_explanations(tmp_path: Path, fake_probe: FakeProbe) -> None:
+    _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]))
+    second = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k2", shape="[4, 16]")]), report="short")
     assert second.why is not None and second.why.misses
     assert not any(line.startswith("why") for line, _ in second.terminal_lines())
     assert any(line.startswith("why") for line, _ in second.terminal_lines(verbose=True))
 
 
-def test_a_restored_bundles_record_is_the_baseline_for_every_process(tmp_path: Path, fake: FakeProbe) -> None:
+def test_a_restored_bundles_record_is_the_baseline_for_every_process(tmp_path: Path, fake_probe: FakeProbe) -> None:
     bundle_record = explain.GraphsRecord(tests={"t.py::test_a": [lookup("k1", code="old")]})
     controller = _controller(tmp_path)
     (tmp_path / "cache").mkdir(exist_ok=True)
@@ -156,17 +131,17 @@ def test_a_restored_bundles_record_is_the_baseline_for_every_process(tmp_path: P
     )
     worker.session_start()
     start = worker.recorder.start()
-    fake.lookups.append(lookup("k2").to_json())
+    fake_probe.lookups.append(lookup("k2").to_json())
     live = worker.recorder.live("t.py::test_a", start)
     assert [w.reasons for w in live.why] == [["graph code changed"]]
     assert [g.key for g in live.graphs] == ["k2"]
     assert worker.recorder.live("t.py::test_a", start, intended=True).why == []
 
 
-def test_an_unreadable_record_is_one_warning_and_no_explanations(tmp_path: Path, fake: FakeProbe) -> None:
+def test_an_unreadable_record_is_one_warning_and_no_explanations(tmp_path: Path, fake_probe: FakeProbe) -> None:
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / explain.RECORD_NAME).write_text("{not json")
-    controller = _session(tmp_path, fake, ("t.py::test_a", [lookup("k1")]))
+    controller = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]))
     assert len(controller.problems.warnings) == 1 and "graph record in the cache dir" in controller.problems.warnings[0]
     assert controller.why is None and controller.to_json()["why"] is None
     assert explain.load_record(tmp_path / "cache") is not None  # this session's record replaced it
@@ -184,7 +159,7 @@ def test_a_hostile_bundle_record_is_one_warning(tmp_path: Path) -> None:
 
 
 def test_isolated_without_a_bundle_explains_nothing_but_saves_the_record(
-    tmp_path: Path, fake: FakeProbe, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fake_probe: FakeProbe, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     saved: dict[str, Any] = {}
 
@@ -194,26 +169,26 @@ def test_isolated_without_a_bundle_explains_nothing_but_saves_the_record(
 
     monkeypatch.setattr(sync, "save", save)
     controller = _session(
-        tmp_path, fake, ("t.py::test_a", [lookup("k1")]), mode="isolated", store=f"file://{tmp_path / 'store'}"
+        tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]), mode="isolated", store=f"file://{tmp_path / 'store'}"
     )
     assert controller.why is None
     assert list(saved["graphs"]["tests"]) == ["t.py::test_a"]  # the next run restoring the bundle compares
     assert explain.GraphsRecord.from_json(saved["graphs"]).tests["t.py::test_a"][0].key == "k1"
 
 
-def test_disabled_mode_explains_nothing(tmp_path: Path, fake: FakeProbe) -> None:
-    controller = _session(tmp_path, fake, ("t.py::test_a", [lookup("k1")]), mode="disabled")
+def test_disabled_mode_explains_nothing(tmp_path: Path, fake_probe: FakeProbe) -> None:
+    controller = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]), mode="disabled")
     assert controller.why is None and controller.graphs is None
 
 
-def test_worker_graphs_survive_the_merge_and_are_explained(tmp_path: Path, fake: FakeProbe) -> None:
-    _session(tmp_path, fake, ("t.py::test_a", [lookup("k1", code="c1")]))
+def test_worker_graphs_survive_the_merge_and_are_explained(tmp_path: Path, fake_probe: FakeProbe) -> None:
+    _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1", code="c1")]))
     controller = _controller(tmp_path)
     controller.session_start()
     worker = Worker(
         Setup(controller.settings, controller.setup.dir, controller.setup.lease, Problems()), Recorder("gw1")
     )
-    fake.run(worker.recorder, "t.py::test_a", lookup("k3", code="c2"))
+    fake_probe.run(worker.recorder, "t.py::test_a", lookup("k3", code="c2"))
     controller.add_worker("gw1", json.loads(json.dumps(worker.output())))
     controller.finish()
     record = controller.stats.records["t.py::test_a"]
@@ -221,14 +196,14 @@ def test_worker_graphs_survive_the_merge_and_are_explained(tmp_path: Path, fake:
     assert [w.reasons for w in record.why] == [["graph code changed"]]
 
 
-def test_the_record_is_ours_in_an_untagged_torch_dir(tmp_path: Path, fake: FakeProbe) -> None:
+def test_the_record_is_ours_in_an_untagged_torch_dir(tmp_path: Path, fake_probe: FakeProbe) -> None:
     """A --compile-cache-dir that torch made (no CACHEDIR.TAG) stays usable once the record is kept there."""
     from pytest_compilecache import cachedir
 
     assert cachedir.GRAPHS_RECORD == explain.RECORD_NAME
     (tmp_path / "cache" / "fxgraph").mkdir(parents=True)
-    _session(tmp_path, fake, ("t.py::test_a", [lookup("k1")]))
+    _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]))
     assert (tmp_path / "cache" / explain.RECORD_NAME).is_file()
     assert cachedir.ownership(tmp_path / "cache").kind in ("ours", "torch")
-    second = _session(tmp_path, fake, ("t.py::test_a", [lookup("k2", shape="[2, 16]")]))  # not refused
+    second = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k2", shape="[2, 16]")]))  # not refused
     assert second.why is not None and second.why.misses

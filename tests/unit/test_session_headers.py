@@ -17,9 +17,10 @@ from pytest_compilecache.session import Setup
 from pytest_compilecache.session import Worker
 from pytest_compilecache.stores import LocalStore
 from pytest_compilecache.stores.base import is_artifact_key
+from tests.fakes import FakeProbe
 from tests.unit.test_session import _controller
-from tests.unit.test_session import _no_torch  # noqa: F401 - the autouse fake probe, applied here too
 from tests.unit.test_session import _record
+from tests.unit.test_session import _session_sandbox  # noqa: F401 - test_session's autouse sandbox, here too
 
 NAME = "c" + "a2b3c4d5e6f7" * 4 + "abc" + ".h.gch"
 
@@ -44,12 +45,12 @@ def _saved_artifacts(store: Path) -> list[str]:
     return [entry.key for entry in LocalStore(store).list() if is_artifact_key(entry.key)]
 
 
-def test_a_saving_session_carries_the_header_it_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_saving_session_carries_the_header_it_built(tmp_path: Path, fake_probe: FakeProbe) -> None:
     controller = _controller(tmp_path, store=str(tmp_path / "store"))
     controller.session_start()
     assert controller.header_since is not None
     _header_built_now()
-    monkeypatch.setattr("pytest_compilecache.probe.precompiled_header_dir", lambda: str(headers.header_dir()))
+    fake_probe.header_dir = str(headers.header_dir())
     controller.stats.add_record(_record("t::a", miss=1))
     controller.files.add("x")  # something compiled
     (Path(controller.setup.dir.path or "") / "x").write_bytes(b"kernel")
@@ -60,12 +61,12 @@ def test_a_saving_session_carries_the_header_it_built(tmp_path: Path, monkeypatc
     assert controller.to_json()["save"]["headers"]["named"] == 1
 
 
-def test_a_worker_reports_torchs_header_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_reports_torchs_header_dir(tmp_path: Path, fake_probe: FakeProbe) -> None:
     controller = _controller(tmp_path)
     worker = Worker(
         Setup(controller.setup.settings, controller.setup.dir, controller.setup.lease, Problems()), Recorder("gw0")
     )
-    monkeypatch.setattr("pytest_compilecache.probe.precompiled_header_dir", lambda: "/somewhere/else")
+    fake_probe.header_dir = "/somewhere/else"
     output = worker.output()
     assert output["header_dir"] == "/somewhere/else"
     controller.add_worker("gw0", output)
