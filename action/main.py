@@ -843,7 +843,7 @@ def cmd_restore(environ: Mapping[str, str]) -> int:
     entry = header_entry(plan, result)
     if entry is not None:
         # For the header entry's actions/cache step and for ``headers``, which completes what the plugin is told.
-        state = {"key": entry[0], "artifact": entry[1].to_json(), "env": env}
+        state = {"key": entry[0], "artifact": entry[1].to_json(), "restored": env.get(RESTORED_ENV)}
         (Path(_required(environ, "RUNNER_TEMP")) / HEADER_STATE).write_text(json.dumps(state) + "\n")
         print(f"precompiled header {entry[1].name}: actions/cache entry {entry[0]}")
     write_vars(environ.get("GITHUB_OUTPUT"), {**outputs, "header-key": entry[0] if entry else ""})
@@ -861,15 +861,22 @@ def cmd_restore(environ: Mapping[str, str]) -> int:
 def cmd_headers(environ: Mapping[str, str]) -> int:
     """After the header entry's actions/cache step: install the header (:func:`carry_header`) and tell the
     plugin which header the header entry carries (``header_key`` in ``PYTEST_COMPILECACHE_RESTORED``)."""
-    from pytest_compilecache.headers import HeaderArtifact
-    from pytest_compilecache.report import human_size
-
     plan = Plan.from_json(json.loads(Path(_required(environ, "COMPILECACHE_PLAN")).read_text()))
     path = Path(_required(environ, "RUNNER_TEMP")) / HEADER_STATE
     if not path.is_file():
         print("no precompiled header to restore")
         return 0
-    state = json.loads(path.read_text())
+    try:
+        _headers(plan, json.loads(path.read_text()), environ)
+    except Exception as exc:  # cache trouble never fails the job: torch builds the header
+        _command("warning", f"precompiled header not restored: {type(exc).__name__}: {exc}; torch builds it")
+    return 0
+
+
+def _headers(plan: Plan, state: Mapping[str, Any], environ: Mapping[str, str]) -> None:
+    from pytest_compilecache.headers import HeaderArtifact
+    from pytest_compilecache.report import human_size
+
     key, artifact = str(state["key"]), HeaderArtifact.from_json(state["artifact"])
     hit = environ.get("COMPILECACHE_HEADER_HIT", "").strip() == "true"
     carry = carry_header(plan, key, artifact, hit)
@@ -882,18 +889,19 @@ def cmd_headers(environ: Mapping[str, str]) -> int:
         line = f"precompiled header {artifact.name} ({human_size(artifact.size)}): {how}, from {where}{saving}"
         print(f"{line} in {carry.seconds:.1f} s")
         if plan.summary:
-            ghrunner.append_summary(environ.get("GITHUB_STEP_SUMMARY"), ghrunner.md_text(line) + "\n\n")
-    env = {name: str(value) for name, value in state.get("env", {}).items()}
-    if RESTORED_ENV in env:
-        restored = json.loads(env[RESTORED_ENV])
-        if carry.present:
-            restored["headers"] = [*restored.get("headers", []), artifact.name]
-        if carry.carried:
-            restored["header_key"] = key
-        env[RESTORED_ENV] = json.dumps(restored, separators=(",", ":"))
-        write_vars(environ.get("GITHUB_ENV"), {RESTORED_ENV: env[RESTORED_ENV]})
+            try:
+                ghrunner.append_summary(environ.get("GITHUB_STEP_SUMMARY"), ghrunner.md_text(line) + "\n\n")
+            except OSError as exc:
+                _command("warning", f"could not write the step summary: {exc}")
+    # What the restore step told the plugin, completed: the header is in torch's dir (so the plugin's save
+    # names it), and the header entry carries it (so the plugin writes no copy into its bundle).
+    restored = json.loads(str(state["restored"]))
+    if carry.present:
+        restored["headers"] = [*restored.get("headers", []), artifact.name]
+    if carry.carried:
+        restored["header_key"] = key
+    write_vars(environ.get("GITHUB_ENV"), {RESTORED_ENV: json.dumps(restored, separators=(",", ":"))})
     write_vars(environ.get("GITHUB_OUTPUT"), {"header-source": carry.source})
-    return 0
 
 
 COMMANDS: dict[str, Callable[[Mapping[str, str]], int]] = {

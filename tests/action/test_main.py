@@ -939,3 +939,22 @@ def test_an_evicted_header_entry_makes_the_headers_command_warn_not_fail(
     assert out.count("::warning") == 1 and "torch builds it" in out
     result = action_restore_result(parse_vars(Path(environ["GITHUB_ENV"]).read_text())["PYTEST_COMPILECACHE_RESTORED"])
     assert result is not None and (result.headers.named, result.headers.carried) == ((), ())
+
+
+def test_headers_command_trouble_is_a_warning_not_a_failed_job(
+    action: ModuleType,
+    environ: dict[str, str],
+    fingerprint: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import pytest_compilecache.fingerprint
+
+    monkeypatch.setattr(pytest_compilecache.fingerprint, "collect", lambda salt="": fingerprint)
+    assert action.main(["plan"], environ) == 0
+    environ["COMPILECACHE_PLAN"] = parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["plan"]
+    (Path(environ["RUNNER_TEMP"]) / action.HEADER_STATE).write_text('{"key": "k", "artifact": {"kind": "x"}}')
+    capsys.readouterr()
+    assert action.main(["headers"], environ) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("::warning") and "precompiled header not restored: HeaderError" in out
