@@ -1,4 +1,4 @@
-"""The pytest-compilecache Action's Python side: ``python action/main.py install|plan|restore``.
+"""The pytest-compilecache Action's Python side: ``python action/main.py install|plan|restore|headers``.
 
 ``action.yml`` keeps each ``run:`` to one call of this file; everything those steps decide lives here.
 Inputs arrive as ``INPUT_<NAME>`` variables (``key-prefix`` -> ``INPUT_KEY_PREFIX``): a composite action
@@ -17,7 +17,11 @@ does not set them itself, so action.yml maps every input a step needs with ``env
   that it holds only the plugin's new bundle when ``actions/cache``'s post step saves it; tell a miss from
   trouble by what the ``actions/cache`` steps reported (:class:`CacheSteps`); outputs, the restore section
   of the step summary, and the outcome for the plugin (``PYTEST_COMPILECACHE_RESTORED``, see
-  :func:`restored_env`).
+  :func:`restored_env`). With ``store: github``, also the key of the header entry (``header-key``, see
+  :func:`header_entry`) for the precompiled header the restored bundle names.
+* ``headers``: after that entry's ``actions/cache`` step, verify and install the header from it, or from the
+  bundle entry's copy, staged then for ``actions/cache`` to save under the exact key (:func:`carry_header`);
+  tell the plugin that the header entry carries it (``header_key`` in ``PYTEST_COMPILECACHE_RESTORED``).
 
 Why the bundle cannot be packed here: torch's mega-cache artifacts exist only inside the pytest
 processes, so the plugin writes the new bundle at the end of the pytest step; see action/README.md.
@@ -885,7 +889,8 @@ def _headers(plan: Plan, state: Mapping[str, Any], environ: Mapping[str, str]) -
     if carry.present:
         how = "installed" if carry.installed else "already in torch's dir, checked"
         where = f"its actions/cache entry {key}" if carry.source == "entry" else "the bundle entry"
-        saving = "" if carry.source == "entry" or not plan.save else f"; saved as {key} at job end"
+        staged = carry.source == "bundle" and carry.carried and plan.save  # the header entry missed
+        saving = f"; saved as {key} at job end" if staged else ""
         line = f"precompiled header {artifact.name} ({human_size(artifact.size)}): {how}, from {where}{saving}"
         print(f"{line} in {carry.seconds:.1f} s")
         if plan.summary:
