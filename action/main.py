@@ -554,10 +554,11 @@ def carry_header(
     ``hit``: actions/cache restored the header entry (its exact key) into ``plan.header_staging``. Every
     byte is checked against the verified manifest's sha256 (:func:`pytest_compilecache.headers.install`, or
     :func:`~pytest_compilecache.headers.verify` where the header is already in torch's dir). The entry's copy
-    comes first; when it is missing (evicted, never saved) or bad, the bundle entry's copy: that one is moved
-    into the staging dir, so that actions/cache's post step saves it under the exact key (a saving run whose
-    header entry missed). Neither: one warning; torch builds the header, and this run's plugin writes it into
-    its bundle (not ``carried``), from which the next saving run saves the header entry. Never raises.
+    comes first; when it is missing (evicted, never saved) or bad, the bundle entry's copy: on a saving run
+    whose header entry missed, that one is moved into the staging dir, so that actions/cache's post step
+    saves it under the exact key; otherwise (nothing will save it) the used object is removed. Neither: one
+    warning; torch builds the header, and this run's plugin writes it into its bundle (not ``carried``), from
+    which the next saving run saves the header entry. Never raises.
     """
     import time
 
@@ -577,9 +578,14 @@ def carry_header(
                 if not installed:  # already in torch's dir (or torch is building it): check the bytes anyway
                     fh.seek(0)
                     headers.verify(artifact, fh)
-            if source == "bundle":
-                staged.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(spare, staged)
+            if plan.save and not hit:  # actions/cache's post step saves the staged object under the exact key
+                if source == "bundle":
+                    staged.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(spare, staged)
+            else:  # nothing will save it: do not leave ~21 MiB in the workspace
+                for leftover in (staged, spare):
+                    with contextlib.suppress(OSError):
+                        leftover.unlink()
         except (OSError, headers.HeaderError) as exc:
             where = f"actions/cache entry {key}" if source == "entry" else "the bundle entry's copy"
             warnings.append(f"precompiled header {artifact.name}: {where} not used: {exc}")
@@ -590,7 +596,7 @@ def carry_header(
         return HeaderCarry(
             source,
             present=True,
-            carried=source == "entry" or not hit,
+            carried=source == "entry" or (plan.save and not hit),
             installed=installed,
             seconds=time.perf_counter() - started,
             warnings=tuple(warnings),

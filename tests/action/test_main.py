@@ -761,6 +761,23 @@ def test_header_entry_hit_installs_and_is_carried(action: ModuleType, header_cas
         (),
     )
     assert (headers.header_dir() / HEADER).read_bytes() == source.read_bytes()
+    assert _staged_objects(plan.header_staging) == []  # a hit is never saved again: no 21 MiB left behind
+
+
+def test_a_read_only_run_installs_the_bundle_entrys_copy_and_keeps_nothing(
+    action: ModuleType, environ: dict[str, str], header_case: Any
+) -> None:
+    from dataclasses import replace
+
+    from pytest_compilecache import headers
+
+    plan, source, artifact, key = header_case
+    plan = replace(plan, save=False)
+    _stage(plan, plan.header_spare, key, source)
+    carry = action.carry_header(plan, key, artifact, hit=False)
+    assert (carry.source, carry.present, carry.carried, carry.warnings) == ("bundle", True, False, ())
+    assert (headers.header_dir() / HEADER).read_bytes() == source.read_bytes()
+    assert _staged_objects(plan.header_staging) == [] and _staged_objects(plan.header_spare) == []
 
 
 def test_header_entry_miss_installs_the_bundle_entrys_copy_and_stages_it_for_saving(
