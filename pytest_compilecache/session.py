@@ -559,6 +559,7 @@ class Controller:
             graphs=self.graphs.to_json() if self.graphs else None,
             header_since=self._header_since(),
             header_installed=self._restored_headers(),
+            header_carried=self.restored.headers.carried if self.restored is not None else (),
         )
         if self.saved.warning:
             self.problems.warn(self.saved.warning)
@@ -570,8 +571,9 @@ class Controller:
     def _new_headers(self) -> bool:
         """True when this session used a precompiled header its restored bundle does not name (a bundle saved
         on a machine that already had the header names none): then a save is worth it even when every graph
-        hit. Only after our own restore: after the Action's, what it installed is not known here."""
-        if self.header_since is None or self.restored is None or self.settings.restore == "skip":
+        hit. After the Action's restore, its report names what it installed or found: a header it could not
+        restore (its entry evicted) and torch built again is new, so this save carries it (issue 10)."""
+        if self.header_since is None or self.restored is None:
             return False
         from .headers import find_used
         from .headers import header_dir
@@ -712,4 +714,9 @@ def action_restore_result(value: str | None) -> RestoreResult | None:
         from .headers import is_header_name
 
         named = tuple(name for name in names if is_header_name(name))
-    return sync.RestoreResult(outcome, key=key, message=message, headers=sync.HeaderReport(named=named))
+    # "header_key": the object key of the header that the Action's own actions/cache entry carries (verified
+    # there, saved under that exact key): this session's save names that header but does not upload it.
+    carried = data.get("header_key") if isinstance(data, dict) else None
+    keys = (carried,) if isinstance(carried, str) and carried else ()
+    headers = sync.HeaderReport(named=named, carried=keys)
+    return sync.RestoreResult(outcome, key=key, message=message, headers=headers)

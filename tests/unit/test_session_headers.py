@@ -148,3 +148,48 @@ def test_the_actions_restore_report_may_name_the_headers_it_installed() -> None:
     assert old is not None and old.headers.named == ()
     odd = action_restore_result(value)  # not all strings: ignored as a whole
     assert odd is not None and odd.headers.named == ()
+
+
+def test_after_the_actions_restore_a_header_it_could_not_install_is_new(tmp_path: Path) -> None:
+    """restore=skip (the Action restored): its report names what it installed; a header it could not (its
+    entry evicted) that torch built again makes the session save, so the next run carries it (issue 10)."""
+    controller = _controller(tmp_path, store=str(tmp_path / "store"), restore="skip")
+    controller.session_start()
+    controller.restored = sync.RestoreResult("partial", key="k")  # the Action installed no header
+    controller.stats.add_record(_record("t::a", hit=3))
+    (Path(controller.setup.dir.path or "") / "x").write_bytes(b"kernel")
+    controller.files.add("x")
+    _header_built_now()
+    controller._save()
+    assert _outcome(controller) == "saved"
+    controller.restored = sync.RestoreResult("partial", key="k", headers=sync.HeaderReport(named=(NAME,)))
+    controller._save()
+    assert _outcome(controller) == "skipped"  # the Action installed it: nothing new
+
+
+def test_a_header_the_actions_header_entry_carries_is_named_not_uploaded(tmp_path: Path) -> None:
+    from pytest_compilecache.session import action_restore_result
+
+    path = _header_built_now()
+    key = headers.object_key("compilecache-v1", headers.describe(path).sha256)
+    value = json.dumps({"outcome": "partial", "key": "k", "headers": [], "header_key": key})
+    restored = action_restore_result(value)
+    assert restored is not None and restored.headers.carried == (key,)
+    controller = _controller(tmp_path, store=str(tmp_path / "store"), restore="skip", key_prefix="compilecache-v1")
+    controller.session_start()
+    controller.restored = restored
+    controller.stats.add_record(_record("t::a", miss=1))
+    (Path(controller.setup.dir.path or "") / "x").write_bytes(b"kernel")
+    controller.files.add("x")
+    _header_built_now()  # built again this session: used
+    controller._save()
+    assert controller.saved is not None and controller.saved.outcome == "saved", controller.saved
+    assert controller.saved.headers.named == (NAME,) and controller.saved.headers.transferred == ()
+    assert _saved_artifacts(tmp_path / "store") == []  # the bundle names it; the header entry has it
+
+    elsewhere = headers.object_key("compilecache-v1", "0" * 64)
+    other = action_restore_result(json.dumps({"outcome": "partial", "key": "k", "header_key": elsewhere}))
+    assert other is not None
+    controller.restored = other  # another header's entry: this one goes into the store as before
+    controller._save()
+    assert _saved_artifacts(tmp_path / "store") == [key]
