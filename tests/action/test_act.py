@@ -62,6 +62,22 @@ def test_matmul_sigmoid():
     torch.testing.assert_close(torch.compile(fn)(x, w), fn(x, w))
 """
 
+# Two matmuls alone: TorchInductor calls extern kernels, so the FX graphs are cached and restored with no C++
+# build and no precompiled header. For the scenarios about the Action's flow rather than what it carries.
+MATMUL_SUITE = """\
+import torch
+
+
+def test_project():
+    x, w = torch.randn(8, 4), torch.randn(4, 2)
+    torch.testing.assert_close(torch.compile(lambda a, b: a @ b)(x, w), x @ w)
+
+
+def test_gram():
+    x = torch.randn(8, 4)
+    torch.testing.assert_close(torch.compile(lambda a: a.t() @ a)(x), x.t() @ x)
+"""
+
 FAILING_TEST = """\
 
 def test_fails():
@@ -257,6 +273,7 @@ def test_a_job_whose_tests_fail(act: Act, server: CacheServer) -> None:
     Action's (the restore, the plugin's report, a failure that is the tests' own) and pins act's
     behaviour, so that a change in act shows up here rather than in a misleading pass.
     """
+    act.write("test_models.py", MATMUL_SUITE)
     act.write("test_failing.py", FAILING_TEST)
     run = act.run(workflow(), "push")
     assert run.returncode != 0
@@ -269,6 +286,7 @@ def test_a_job_whose_tests_fail(act: Act, server: CacheServer) -> None:
 
 
 def test_inside_a_users_composite_action(act: Act, server: CacheServer) -> None:
+    act.write("test_models.py", MATMUL_SUITE)
     act.write(
         ".github/actions/tests/action.yml",
         f"""\
