@@ -9,13 +9,14 @@ capture adds to every FX-graph lookup (parse, compact, to JSON), against the tim
 ``suite`` runs a suite dir (default ``examples/``) under the real plugin on one warm shared cache dir,
 ``--compile-cache-explain=on`` against ``--compile-cache-explain=off``, interleaved round by round in
 alternating order after one warm-up run of each. It reports the median CPU time (user + system of the
-whole pytest process tree, less sensitive to other load than wall time), the median wall time, and both
-as a ratio on/off. Each run must pass and say what it did: the JSON report of an ``on`` run lists graphs,
-an ``off`` run's none. In the ``on`` runs a timer (this file, loaded with ``-p explain_overhead`` in both
-variants; it only wraps, the plugin does the work) also measures in place the seconds spent in the
-per-lookup capture (``probe._record_lookup``) and in the session-end explanation
-(``session.Controller._explain``), as a share of the run's CPU time: the number that noise on a shared
-machine does not blur. Target: within 2%.
+whole pytest process tree, less sensitive to other load than wall time; also the pytest process's own),
+the median wall time, both as a ratio of medians on/off and as the median of each round's on/off ratio
+(the two runs of a round share the machine's load). Each run must pass and say what it did: the JSON
+report of an ``on`` run lists graphs, an ``off`` run's none. A timer (this file, loaded with
+``-p explain_overhead`` in both variants; it only wraps, the plugin does the work) also measures in place
+the seconds an ``on`` run spends in the per-lookup capture (``probe._record_lookup``), reading the earlier
+record (``session.Controller._read_baseline``) and explaining at the end (``session.Controller._explain``),
+as a share of the run's CPU time: the number that noise on a shared machine does not blur. Target: within 2%.
 """
 
 from __future__ import annotations
@@ -124,17 +125,23 @@ def suite(rounds: int, path: Path) -> dict[str, Any]:
         out[variant] = {
             "wall_median_s": round(statistics.median(r["wall"] for r in values), 3),
             "cpu_median_s": round(statistics.median(r["cpu"] for r in values), 3),
+            "pytest_process_cpu_median_s": round(statistics.median(r["process_cpu"] for r in values), 3),
             "fx_hits_misses": sorted({(r["hits"], r["misses"]) for r in values}),
             "samples_wall_cpu": [[round(r["wall"], 3), round(r["cpu"], 3)] for r in values],
         }
     out["cpu_ratio"] = round(out["on"]["cpu_median_s"] / out["off"]["cpu_median_s"], 4)
     out["wall_ratio"] = round(out["on"]["wall_median_s"] / out["off"]["wall_median_s"], 4)
+    # The two runs of a round ran back to back, under much the same load: the median of their ratios.
+    pairs = list(zip(runs["on"], runs["off"]))
+    out["paired_cpu_ratio_median"] = round(statistics.median(on["cpu"] / off["cpu"] for on, off in pairs), 4)
+    out["paired_wall_ratio_median"] = round(statistics.median(on["wall"] / off["wall"] for on, off in pairs), 4)
     on = runs["on"]
     out["in_place"] = {
         "capture_s_median": round(statistics.median(r["capture"] for r in on), 4),
         "explain_s_median": round(statistics.median(r["explain"] for r in on), 4),
+        "baseline_s_median": round(statistics.median(r["baseline"] for r in on), 4),
         "percent_of_run_cpu_median": round(
-            statistics.median(100 * (r["capture"] + r["explain"]) / r["cpu"] for r in on), 3
+            statistics.median(100 * (r["capture"] + r["explain"] + r["baseline"]) / r["cpu"] for r in on), 3
         ),
     }
     out["load_average"] = {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]}
@@ -144,7 +151,7 @@ def suite(rounds: int, path: Path) -> dict[str, Any]:
 # ---- the in-place timer: a pytest plugin module (``-p explain_overhead``), loaded in both variants
 
 
-_spent: dict[str, float] = {"capture": 0.0, "explain": 0.0, "lookups": 0}
+_spent: dict[str, float] = {"capture": 0.0, "explain": 0.0, "baseline": 0.0, "lookups": 0}
 
 
 def _timed(name: str, func: Any) -> Any:
@@ -170,12 +177,13 @@ def pytest_configure(config: Any) -> None:
     probe._record_lookup = _timed("capture", probe._record_lookup)  # the capture calls it through the module
     controller: Any = session.Controller
     controller._explain = _timed("explain", controller._explain)
+    controller._read_baseline = _timed("baseline", controller._read_baseline)
 
 
 def pytest_unconfigure(config: Any) -> None:
     target = os.environ.get(TIMINGS_ENV)
     if target:
-        Path(target).write_text(json.dumps(_spent))
+        Path(target).write_text(json.dumps({**_spent, "process_cpu": time.process_time()}))
 
 
 def main() -> int:
