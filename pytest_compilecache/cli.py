@@ -284,6 +284,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     """Render a ``--compile-cache-json`` file as Markdown (appended to $GITHUB_STEP_SUMMARY with --summary)."""
     from . import report
+    from .explain import SessionExplanation
     from .stats import ItemRecord
     from .stats import SessionStats
 
@@ -300,7 +301,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         restore, save = data.get("restore"), data.get("save")
         if not all(part is None or isinstance(part, dict) for part in (restore, save)):
             raise TypeError("restore and save must be objects")
-        text = report.markdown(stats, where=f"{data.get('mode')}:{data.get('cache_dir')}", restore=restore, save=save)
+        # The session's explanations (issue 12): the same "Why these tests missed" section as the step summary.
+        explained = SessionExplanation.from_json(data["why"]) if data.get("why") is not None else None
+        where = f"{data.get('mode')}:{data.get('cache_dir')}"
+        text = report.markdown(stats, where=where, restore=restore, save=save, why=explained)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         why = f"{type(exc).__name__}: {exc}"
         raise ConfigError(f"{args.json_report} is not a --compile-cache-json report ({why})") from None

@@ -154,12 +154,14 @@ def pytest_configure(config: pytest.Config) -> None:
         "torch's compile caches off for it. Everything is put back afterwards.",
     )
     setup = _setup(config)
-    probe.watch_graph_lookups()  # every process: the FX-graph lookups that explain a miss (never imports torch)
+    explain = setup.settings.explain  # a worker resolves the same options: its controller's argv and environment
+    if explain:
+        probe.watch_graph_lookups()  # every process: the FX-graph lookups that explain a miss (never imports torch)
     if _is_worker(config):
-        recorder = config.stash[_RECORDER] = Recorder(os.environ.get("PYTEST_XDIST_WORKER", "worker"))
+        recorder = config.stash[_RECORDER] = Recorder(os.environ.get("PYTEST_XDIST_WORKER", "worker"), explain)
         config.stash[_WORKER] = Worker(setup, recorder)
     else:
-        recorder = config.stash[_RECORDER] = Recorder("controller")
+        recorder = config.stash[_RECORDER] = Recorder("controller", explain)
         config.stash[_CONTROLLER] = Controller(setup, recorder)
     config.stash[_MARKED] = {}
 

@@ -197,10 +197,11 @@ class Setup:
 
 
 class Start(NamedTuple):
-    """Where a test started: torch's counters and the position in this process's FX-graph lookups."""
+    """Where a test started: torch's counters and the position in this process's FX-graph lookups (None:
+    explaining is off)."""
 
     mark: probe.Mark
-    graphs: int
+    graphs: int | None
 
 
 class Recorder:
@@ -208,19 +209,22 @@ class Recorder:
 
     While torch is not imported both are a few attribute reads (no explain import, no parsing). The
     ``baseline`` is the earlier run's graph record the live ``compile_cache_stats.why`` compares with:
-    set by the controller after its restore, read lazily from ``baseline_dir`` by a worker.
+    set by the controller after its restore, read lazily from ``baseline_dir`` by a worker. With
+    ``explain=False`` (``--compile-cache-explain=off``) it never touches the graph capture: no lookups are
+    taken, none recorded, nothing explained.
     """
 
-    def __init__(self, worker: str) -> None:
+    def __init__(self, worker: str, explain: bool = True) -> None:
         self.worker = worker
+        self.explain = explain
         self.stats = SessionStats()
         self.baseline_dir: str | None = None
         self._baseline: GraphsRecord | None = None
         self._baseline_read = False
 
-    @staticmethod
-    def start() -> Start:
-        return Start(probe.mark(), probe.graph_mark())
+    def start(self) -> Start:
+        # graph_mark() would install the capture once torch's codecache is loaded: not when explaining is off.
+        return Start(probe.mark(), probe.graph_mark() if self.explain else None)
 
     def finish(self, nodeid: str, start: Start, intended: bool = False) -> None:
         """Record the test that began at ``start``; ``intended``: marked isolated/disabled, so its misses are
@@ -230,6 +234,8 @@ class Recorder:
     @staticmethod
     def _delta(start: Start, intended: bool) -> dict[str, Any]:
         delta = probe.delta(start.mark)
+        if start.graphs is None:  # explaining is off
+            return delta
         graphs = probe.graph_delta(start.graphs)
         if graphs and not intended:
             delta["graphs"] = graphs
@@ -251,7 +257,8 @@ class Recorder:
         """
         if start is None:
             return CompileCacheStats(nodeid, dict)
-        return CompileCacheStats(nodeid, lambda: self._delta(start, intended), None if intended else self._why)
+        explain = self._why if self.explain and not intended else None
+        return CompileCacheStats(nodeid, lambda: self._delta(start, intended), explain)
 
     def _why(self, record: ItemRecord) -> list[MissExplanation]:
         baseline = self.baseline()
@@ -299,7 +306,7 @@ class Worker:
 
     def session_start(self) -> None:
         self.setup.ensure_dir()
-        if self.setup.dir.mode in EXPLAINED_MODES:
+        if self.setup.settings.explain and self.setup.dir.mode in EXPLAINED_MODES:
             self.recorder.baseline_dir = self.setup.dir.path  # the controller has installed its baseline there
 
     def output(self) -> dict[str, Any]:
@@ -399,8 +406,8 @@ class Controller:
         warning and no explanations (the session's own record replaces it at the end).
         """
         path = self.setup.dir.path
-        if not path or self.setup.dir.mode not in EXPLAINED_MODES:
-            return
+        if not self.settings.explain or not path or self.setup.dir.mode not in EXPLAINED_MODES:
+            return  # off: a restored bundle's record is not installed, nothing is compared
         from .explain import install_restored
         from .explain import load_record
 
@@ -486,10 +493,12 @@ class Controller:
         Only for a cache dir of ours that caches (``shared``, ``isolated``): with caches ``disabled`` every
         lookup misses by design, and without a dir there is nowhere to keep a record. Tests marked
         isolated/disabled kept no graphs (:meth:`Recorder.finish`). The record is written back to a shared dir
-        (the next local session's baseline) and goes into the saved bundle (:meth:`_save`).
+        (the next local session's baseline) and goes into the saved bundle (:meth:`_save`). With
+        ``--compile-cache-explain=off`` nothing happens: the dir's record stays as it was and the saved bundle
+        carries none.
         """
         path = self.setup.dir.path
-        if not path or self.setup.dir.mode not in EXPLAINED_MODES:
+        if not self.settings.explain or not path or self.setup.dir.mode not in EXPLAINED_MODES:
             return
         if probe.dynamo_loaded():
             note = probe.graph_capture_installed()

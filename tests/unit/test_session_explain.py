@@ -23,6 +23,7 @@ from pytest_compilecache.session import Recorder
 from pytest_compilecache.session import Setup
 from pytest_compilecache.session import Worker
 from pytest_compilecache.settings import Settings
+from pytest_compilecache.stats import ItemRecord
 from tests.fakes import FakeProbe
 from tests.unit.test_session import FP
 
@@ -56,16 +57,21 @@ def _controller(tmp_path: Path, **options: Any) -> Controller:
     settings = Settings(**options)
     setup = Setup.start(settings, tmp_path / "default", inherited=None, problems=Problems(strict=settings.strict))
     setup._fingerprint = FP
-    return Controller(setup, Recorder("controller"))
+    return Controller(setup, Recorder("controller", settings.explain))
 
 
 def _session(
-    tmp_path: Path, fake_probe: FakeProbe, *tests: tuple[str, list[GraphLookup]], **options: Any
+    tmp_path: Path, fake: FakeProbe, *tests: tuple[str, list[GraphLookup]], compiled: bool = False, **options: Any
 ) -> Controller:
+    """One session of ``tests``; ``compiled``: as if they left a kernel in the cache dir (so a save has work)."""
     controller = _controller(tmp_path, **options)
     controller.session_start()
     for nodeid, graphs in tests:
-        fake_probe.run(controller.recorder, nodeid, *graphs)
+        fake.run(controller.recorder, nodeid, *graphs)
+    if compiled:
+        kernel = Path(controller.setup.dir.path or "") / "kernel.so"
+        kernel.write_bytes(nodeid.encode())
+        controller.files.add(kernel.name)
     controller.finish()
     return controller
 
@@ -207,3 +213,77 @@ def test_the_record_is_ours_in_an_untagged_torch_dir(tmp_path: Path, fake_probe:
     assert cachedir.ownership(tmp_path / "cache").kind in ("ours", "torch")
     second = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k2", shape="[2, 16]")]))  # not refused
     assert second.why is not None and second.why.misses
+
+
+def _no_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With explaining off nothing may reach for the capture: graph_mark would install it once torch is loaded."""
+
+    def forbidden(*args: Any) -> Any:
+        raise AssertionError("the graph capture was used with --compile-cache-explain=off")
+
+    for name in ("graph_mark", "graph_delta", "graph_capture_installed", "watch_graph_lookups"):
+        monkeypatch.setattr(f"pytest_compilecache.probe.{name}", forbidden)
+
+
+def test_explain_off_captures_records_and_explains_nothing(
+    tmp_path: Path, fake_probe: FakeProbe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]))
+    kept = (tmp_path / "cache" / explain.RECORD_NAME).read_bytes()
+    _no_capture(monkeypatch)
+
+    off = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k2", shape="[8, 32]")]), explain=False)
+    record = off.stats.records["t.py::test_a"]
+    assert record.misses == 1 and record.graphs == [] and record.why == []  # counted, not captured
+    assert off.baseline is None and off.why is None and off.graphs is None
+    assert off.to_json()["why"] is None and off.to_json()["tests"][0]["graphs"] == 0
+    assert not any("why" in line for line, _ in off.terminal_lines(verbose=True))
+    assert (tmp_path / "cache" / explain.RECORD_NAME).read_bytes() == kept  # neither read into nor rewritten
+
+    worker = Worker(Setup(off.settings, off.setup.dir, off.setup.lease, Problems()), Recorder("gw0", explain=False))
+    worker.session_start()
+    assert worker.recorder.baseline_dir is None
+    start = worker.recorder.start()
+    fake_probe.lookups.append(lookup("k3").to_json())
+    live = worker.recorder.live("t.py::test_a", start)
+    assert live.misses == 1 and live.graphs == [] and live.why == []
+    worker.recorder.finish("t.py::test_a", start)
+    [sent] = worker.output()["records"]
+    assert ItemRecord.from_json(sent).misses == 1 and not ItemRecord.from_json(sent).graphs
+
+
+def test_explain_off_restores_a_bundle_with_a_record_and_saves_one_without(
+    tmp_path: Path, fake_probe: FakeProbe
+) -> None:
+    store = f"file://{tmp_path / 'store'}"
+    first = _session(
+        tmp_path,
+        fake_probe,
+        ("t.py::test_a", [lookup("k1")]),
+        compiled=True,
+        store=store,
+        run_suffix="1",
+        dir=str(tmp_path / "a"),
+    )
+    assert first.saved is not None and first.saved.outcome == "saved", first.saved
+
+    off = _session(
+        tmp_path,
+        fake_probe,
+        ("t.py::test_a", [lookup("k2", shape="[8, 32]")]),
+        compiled=True,
+        store=store,
+        run_suffix="2",
+        dir=str(tmp_path / "b"),
+        explain=False,
+    )
+    assert off.restored is not None and off.restored.outcome == "partial", off.restored  # an earlier run's key
+    assert off.restored.graphs is not None  # the bundle had a record; the restore used the rest of it
+    assert (tmp_path / "b" / "kernel.so").is_file() and off.problems.warnings == []
+    assert not (tmp_path / "b" / explain.RECORD_NAME).exists() and off.why is None
+    assert off.saved is not None and off.saved.outcome == "saved", off.saved
+
+    after = _controller(tmp_path, store=store, dir=str(tmp_path / "c"))
+    after.session_start()
+    assert after.restored is not None and after.restored.key == off.saved.key
+    assert after.restored.graphs is None and after.baseline is None  # off saved no record
