@@ -1,4 +1,4 @@
-"""The pytest-compilecache Action's Python side: ``python action/main.py install|plan|restore``.
+"""The pytest-compilecache Action's Python side: ``python action/main.py install|plan|restore|headers``.
 
 ``action.yml`` keeps each ``run:`` to one call of this file; everything those steps decide lives here.
 Inputs arrive as ``INPUT_<NAME>`` variables (``key-prefix`` -> ``INPUT_KEY_PREFIX``): a composite action
@@ -17,7 +17,11 @@ does not set them itself, so action.yml maps every input a step needs with ``env
   that it holds only the plugin's new bundle when ``actions/cache``'s post step saves it; tell a miss from
   trouble by what the ``actions/cache`` steps reported (:class:`CacheSteps`); outputs, the restore section
   of the step summary, and the outcome for the plugin (``PYTEST_COMPILECACHE_RESTORED``, see
-  :func:`restored_env`).
+  :func:`restored_env`). With ``store: github``, also the key of the header entry (``header-key``, see
+  :func:`header_entry`) for the precompiled header the restored bundle names.
+* ``headers``: after that entry's ``actions/cache`` step, verify and install the header from it, or from the
+  bundle entry's copy, staged then for ``actions/cache`` to save under the exact key (:func:`carry_header`);
+  tell the plugin that the header entry carries it (``header_key`` in ``PYTEST_COMPILECACHE_RESTORED``).
 
 Why the bundle cannot be packed here: torch's mega-cache artifacts exist only inside the pytest
 processes, so the plugin writes the new bundle at the end of the pytest step; see action/README.md.
@@ -32,6 +36,7 @@ output does. ``action`` is a typed package: tests import ``action.main`` like an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -49,6 +54,7 @@ from typing import Mapping
 from typing import Sequence
 
 if TYPE_CHECKING:
+    from pytest_compilecache.headers import HeaderArtifact
     from pytest_compilecache.sync import RestoreResult
 
 
@@ -100,6 +106,15 @@ INBOX, CACHE_DIR, REPORT, PLAN = (
 # this Action is wrapped in another composite action (actions/runner#2009, #2030).
 STAGING = ".compilecache-staging"
 SAVE_PATH = STAGING + "/*.bundle"
+# The header entry (store: github): each precompiled header travels as its own actions/cache entry keyed
+# by its content, ``<lineage>-artifact-<sha256>`` (:func:`pytest_compilecache.headers.object_key`), saved
+# once, restored by the runs whose bundle names it. Its staging dir is literal for the same reasons as
+# STAGING's and holds at most that one object, ``<key>.bundle`` (a directory store's file name, so that the
+# header code reads it as a store). HEADER_SPARE (under RUNNER_TEMP) keeps the bundle entry's own copy of the
+# object, where an older run or a changed header put one: the fallback when the header entry is missing.
+HEADER_STAGING = ".compilecache-headers"
+HEADER_PATH = HEADER_STAGING + "/*.bundle"
+HEADER_SPARE, HEADER_STATE = "compilecache-header-spare", "compilecache-header.json"
 
 
 class InputError(ValueError):
@@ -207,6 +222,8 @@ class Plan:
     min_hit_rate: str
     event: str = ""
     fingerprint: dict[str, str] = field(default_factory=dict)
+    header_staging: str = ""  # the header entry's staging dir (workspace/HEADER_STAGING)
+    header_spare: str = ""  # the bundle entry's copy of the header object (RUNNER_TEMP/HEADER_SPARE)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -285,6 +302,8 @@ def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
         min_hit_rate=min_hit_rate,
         fingerprint=fingerprint.to_json(),
         event=environ.get("GITHUB_EVENT_NAME", ""),
+        header_staging=str(workspace / HEADER_STAGING),
+        header_spare=str(temp / HEADER_SPARE),
     )
 
 
@@ -434,18 +453,162 @@ def restore(plan: Plan, environ: Mapping[str, str]) -> RestoreResult:
             options = {"endpoint_url": endpoint} if endpoint and plan.store.startswith("s3://") else {}
             store = open_store(plan.store, readonly=True, **options)
         signing_key = environ.get(SIGNING_KEY_ENV, "")
-        return sync.restore(
+        result = sync.restore(
             store,
             prefix=plan.prefix,
             fingerprint=Fingerprint.from_json(plan.fingerprint),
             cache_dir=plan.cache_dir,
             signing_key=signing_key.encode() if signing_key else None,
             exact_key=plan.key,
+            # store: github: the header entry brings the chosen header after this step (see header_entry)
+            headers=plan.transfer != "github",
         )
+        return split_headers(plan, store, result) if plan.transfer == "github" else result
     except Exception as exc:  # cache trouble never fails the job: anything here becomes one warning
         return sync.RestoreResult("error", message=f"restore failed: {type(exc).__name__}: {exc}")
     finally:
         shutil.rmtree(plan.inbox, ignore_errors=True)
+
+
+def header_entry(plan: Plan, result: RestoreResult) -> tuple[str, HeaderArtifact] | None:
+    """The header that travels as its own ``actions/cache`` entry, and that entry's key; None when none does.
+
+    ``store: github`` only, after a restore: the first (by name, then sha256) of the precompiled headers the
+    verified manifest names; a CPU suite names one. Any others ride in the bundle entry, as before issue 10.
+    The key is exact and content-addressed (``<lineage>-artifact-<sha256>``): actions/cache saves it once
+    and skips the upload when it exists.
+    """
+    from pytest_compilecache import headers
+
+    if plan.transfer != "github" or result.outcome not in ("exact", "partial"):
+        return None
+    valid = []
+    for artifact in result.named_artifacts:
+        if artifact.kind == headers.KIND:
+            try:
+                valid.append(headers.HeaderArtifact.from_json(_artifact_json(artifact)))
+            except headers.HeaderError:
+                continue  # restore_headers reports it
+    if not valid:
+        return None
+    chosen = min(valid, key=lambda artifact: (artifact.name, artifact.sha256))
+    return headers.object_key(plan.prefix, chosen.sha256), chosen
+
+
+def _artifact_json(artifact: Any) -> dict[str, Any]:
+    return {"kind": artifact.kind, "name": artifact.name, "sha256": artifact.sha256, "size": artifact.size}
+
+
+def split_headers(plan: Plan, store: Any, result: RestoreResult) -> RestoreResult:
+    """``store: github``, after the bundle restored with ``headers=False``: install from the bundle entry
+    (``store``, the inbox) every header it names except :func:`header_entry`'s, and keep the bundle entry's
+    copy of that one, if it carries one, in ``plan.header_spare`` for ``headers`` (:func:`carry_header`)."""
+    import time
+    from dataclasses import replace
+
+    from pytest_compilecache import headers
+    from pytest_compilecache.sync import HeaderReport
+
+    entry = header_entry(plan, result)
+    named = [_artifact_json(artifact) for artifact in result.named_artifacts]
+    if not named:
+        return result
+    started = time.perf_counter()
+    scratch = Path(plan.inbox) / ".headers"
+    scratch.mkdir(parents=True, exist_ok=True)
+    others = [item for item in named if entry is None or item.get("sha256") != entry[1].sha256]
+    try:
+        transfer = headers.restore_headers(store, plan.prefix, others, scratch)
+        if entry is not None:
+            spare = Path(plan.header_spare)
+            spare.mkdir(parents=True, exist_ok=True)
+            store.get(entry[0], spare / f"{entry[0]}.bundle")  # False: this bundle entry carries none
+    except Exception as exc:  # the bundle is installed; torch builds what is not carried
+        transfer = headers.HeaderTransfer(errors=[f"precompiled headers not restored: {type(exc).__name__}: {exc}"])
+    return replace(result, headers=HeaderReport.of(transfer, time.perf_counter() - started))
+
+
+@dataclass(frozen=True)
+class HeaderCarry:
+    """What ``headers`` did with the header entry (see :func:`carry_header`).
+
+    ``source``: ``entry`` (the header entry held it), ``bundle`` (the bundle entry's copy, now staged to be
+    saved under the key) or ``none`` (neither: torch builds it). ``present``: the header is in torch's dir
+    now (installed, or already there); ``carried``: the header entry holds it, or will once actions/cache
+    saves it at job end, so the plugin need not write it into its bundle.
+    """
+
+    source: str
+    present: bool
+    carried: bool
+    installed: bool = False
+    seconds: float = 0.0
+    warnings: tuple[str, ...] = ()
+
+
+def carry_header(
+    plan: Plan, key: str, artifact: HeaderArtifact, hit: bool, directory: Path | None = None
+) -> HeaderCarry:
+    """Verify and install the header the bundle's manifest names, from its own entry or the bundle's copy.
+
+    ``hit``: actions/cache restored the header entry (its exact key) into ``plan.header_staging``. Every
+    byte is checked against the verified manifest's sha256 (:func:`pytest_compilecache.headers.install`, or
+    :func:`~pytest_compilecache.headers.verify` where the header is already in torch's dir). The entry's copy
+    comes first; when it is missing (evicted, never saved) or bad, the bundle entry's copy: on a saving run
+    whose header entry missed, that one is moved into the staging dir, so that actions/cache's post step
+    saves it under the exact key; otherwise (nothing will save it) the used object is removed. Neither: one
+    warning; torch builds the header, and this run's plugin writes it into its bundle (not ``carried``), from
+    which the next saving run saves the header entry. Never raises.
+    """
+    import time
+
+    from pytest_compilecache import headers
+
+    started = time.perf_counter()
+    staged = Path(plan.header_staging) / f"{key}.bundle"
+    spare = Path(plan.header_spare) / f"{key}.bundle"
+    target = directory or headers.header_dir()
+    warnings: list[str] = []
+    for source, path in (("entry", staged), ("bundle", spare)):
+        if not path.is_file():
+            continue
+        try:
+            with open(path, "rb") as fh:
+                installed = headers.install(artifact, fh, target)
+                if not installed:  # already in torch's dir (or torch is building it): check the bytes anyway
+                    fh.seek(0)
+                    headers.verify(artifact, fh)
+            if plan.save and not hit:  # actions/cache's post step saves the staged object under the exact key
+                if source == "bundle":
+                    staged.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(spare, staged)
+            else:  # nothing will save it: do not leave ~21 MiB in the workspace
+                for leftover in (staged, spare):
+                    with contextlib.suppress(OSError):
+                        leftover.unlink()
+        except (OSError, headers.HeaderError) as exc:
+            where = f"actions/cache entry {key}" if source == "entry" else "the bundle entry's copy"
+            warnings.append(f"precompiled header {artifact.name}: {where} not used: {exc}")
+            if source == "entry" and not hit:
+                with contextlib.suppress(OSError):
+                    staged.unlink()  # never let actions/cache save bytes that are not the key's
+            continue
+        return HeaderCarry(
+            source,
+            present=True,
+            carried=source == "entry" or (plan.save and not hit),
+            installed=installed,
+            seconds=time.perf_counter() - started,
+            warnings=tuple(warnings),
+        )
+    if not warnings:
+        warnings.append(
+            f"precompiled header {artifact.name}: no actions/cache entry {key} (evicted, or never saved) and the "
+            "bundle entry does not carry it; torch builds it, and this run's bundle carries it to the next"
+        )
+    return HeaderCarry(
+        "none", present=False, carried=False, seconds=time.perf_counter() - started, warnings=tuple(warnings)
+    )
 
 
 def restore_outputs(result: RestoreResult) -> dict[str, str]:
@@ -649,6 +812,7 @@ def cmd_plan(environ: Mapping[str, str]) -> int:
     ghrunner.write_command(sys.stdout, "endgroup")
     print(f"key {plan.key}; restore prefix {plan.restore_prefix}; saving: {str(plan.save).lower()} ({plan.why})")
     shutil.rmtree(plan.staging, ignore_errors=True)  # only what actions/cache restores may be there
+    shutil.rmtree(plan.header_staging, ignore_errors=True)
     if plan.transfer != "none":
         Path(plan.cache_dir).mkdir(parents=True, exist_ok=True)
     (temp / PLAN).write_text(json.dumps(plan.to_json(), indent=2) + "\n")
@@ -685,8 +849,15 @@ def cmd_restore(environ: Mapping[str, str]) -> int:
             explain.install_restored(Path(plan.cache_dir), result.graphs)
         except (OSError, ValueError) as exc:
             _command("warning", f"could not keep the bundle's graph record (misses stay unexplained): {exc}")
-    write_vars(environ.get("GITHUB_OUTPUT"), outputs)
-    write_vars(environ.get("GITHUB_ENV"), restored_env(plan, result))
+    env = restored_env(plan, result)
+    entry = header_entry(plan, result)
+    if entry is not None:
+        # For the header entry's actions/cache step and for ``headers``, which completes what the plugin is told.
+        state = {"key": entry[0], "artifact": entry[1].to_json(), "restored": env.get(RESTORED_ENV)}
+        (Path(_required(environ, "RUNNER_TEMP")) / HEADER_STATE).write_text(json.dumps(state) + "\n")
+        print(f"precompiled header {entry[1].name}: actions/cache entry {entry[0]}")
+    write_vars(environ.get("GITHUB_OUTPUT"), {**outputs, "header-key": entry[0] if entry else ""})
+    write_vars(environ.get("GITHUB_ENV"), env)
     if result.outcome == "error" and plan.min_hit_rate:
         print(f"min-hit-rate {plan.min_hit_rate} is not enforced in this job: the restore failed")
     if plan.summary:
@@ -697,10 +868,58 @@ def cmd_restore(environ: Mapping[str, str]) -> int:
     return 0
 
 
+def cmd_headers(environ: Mapping[str, str]) -> int:
+    """After the header entry's actions/cache step: install the header (:func:`carry_header`) and tell the
+    plugin which header the header entry carries (``header_key`` in ``PYTEST_COMPILECACHE_RESTORED``)."""
+    plan = Plan.from_json(json.loads(Path(_required(environ, "COMPILECACHE_PLAN")).read_text()))
+    path = Path(_required(environ, "RUNNER_TEMP")) / HEADER_STATE
+    if not path.is_file():
+        print("no precompiled header to restore")
+        return 0
+    try:
+        _headers(plan, json.loads(path.read_text()), environ)
+    except Exception as exc:  # cache trouble never fails the job: torch builds the header
+        _command("warning", f"precompiled header not restored: {type(exc).__name__}: {exc}; torch builds it")
+    return 0
+
+
+def _headers(plan: Plan, state: Mapping[str, Any], environ: Mapping[str, str]) -> None:
+    from pytest_compilecache.headers import HeaderArtifact
+    from pytest_compilecache.report import human_size
+
+    key, artifact = str(state["key"]), HeaderArtifact.from_json(state["artifact"])
+    hit = environ.get("COMPILECACHE_HEADER_HIT", "").strip() == "true"
+    carry = carry_header(plan, key, artifact, hit)
+    for line in carry.warnings:
+        _command("warning", line)
+    if carry.present:
+        how = "installed" if carry.installed else "already in torch's dir, checked"
+        where = f"its actions/cache entry {key}" if carry.source == "entry" else "the bundle entry"
+        staged = carry.source == "bundle" and carry.carried and plan.save  # the header entry missed
+        saving = f"; saved as {key} at job end" if staged else ""
+        line = f"precompiled header {artifact.name} ({human_size(artifact.size)}): {how}, from {where}{saving}"
+        print(f"{line} in {carry.seconds:.1f} s")
+        if plan.summary:
+            try:
+                ghrunner.append_summary(environ.get("GITHUB_STEP_SUMMARY"), ghrunner.md_text(line) + "\n\n")
+            except OSError as exc:
+                _command("warning", f"could not write the step summary: {exc}")
+    # What the restore step told the plugin, completed: the header is in torch's dir (so the plugin's save
+    # names it), and the header entry carries it (so the plugin writes no copy into its bundle).
+    restored = json.loads(str(state["restored"]))
+    if carry.present:
+        restored["headers"] = [*restored.get("headers", []), artifact.name]
+    if carry.carried:
+        restored["header_key"] = key
+    write_vars(environ.get("GITHUB_ENV"), {RESTORED_ENV: json.dumps(restored, separators=(",", ":"))})
+    write_vars(environ.get("GITHUB_OUTPUT"), {"header-source": carry.source})
+
+
 COMMANDS: dict[str, Callable[[Mapping[str, str]], int]] = {
     "install": cmd_install,
     "plan": cmd_plan,
     "restore": cmd_restore,
+    "headers": cmd_headers,
 }
 
 

@@ -2,18 +2,22 @@
 
 Scenarios, each a fresh pytest process. "Same machine" runs share one TMPDIR with the cold run (torch
 keeps its precompiled C++ header there, outside the cache dir); "fresh machine" runs get a new TMPDIR,
-as a new CI runner does, and so rebuild that header (seconds of g++, whatever the cache holds):
+as a new CI runner does, where torch finds no header: it builds one (seconds of g++, whatever the cache
+holds) unless something put it there first, as the plugin's restore does with the headers a bundle names:
 
 * eager     - TORCH_COMPILE_DISABLE=1: the floor, no compile at all
 * cold      - an empty cache dir (saves a bundle to a local store at the end)
 * warm      - the same cache dir again, same machine: the best a cache can do
 * restored  - an empty isolated dir restored from the cold run's bundle, same machine
-* restored-fresh - the same on a fresh machine (the CI case)
+* restored-fresh - the same on a fresh machine (the CI case): the plugin restores the bundle and the
+  precompiled headers it names (the cold run's save put them in the store)
 * megacache - fresh machine, an empty dir into which only torch's mega-cache blobs are loaded (no kernels)
-* wholedir  - fresh machine, the cold run's whole cache dir archived (tar + zstd) and unpacked
+* wholedir  - fresh machine, the cold run's whole cache dir archived (tar + zstd) and unpacked: no header,
+  so torch builds it (what a fresh runner paid before headers were carried)
 * restored-fresh+headers - restored-fresh, after the precompiled headers the cold run used were carried to
-  the fresh machine the way the product does (``pytest_compilecache.headers``: find_used, describe, compress
-  to a content-addressed object in the store, download, install into torch's header dir under the new TMPDIR)
+  the fresh machine by hand, step by step (``pytest_compilecache.headers``: find_used, describe, compress to
+  a content-addressed object, download, install into torch's header dir under the new TMPDIR): a
+  cross-check of the product's path, with the time of each step
 
 ``--rounds N`` repeats warm, restored, restored-fresh, restored-fresh+headers and wholedir N times in a
 rotating order (load drifting on a shared machine then touches all of them alike) and reports the median.

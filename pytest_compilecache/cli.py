@@ -34,6 +34,7 @@ from . import ghrunner
 from . import report
 from . import sync
 from ._fs import atomic_file
+from .explain import SessionExplanation
 from .fingerprint import collect
 from .fingerprint import default_suffix
 from .fingerprint import make_key
@@ -287,7 +288,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         restore, save = data.get("restore"), data.get("save")
         if not all(part is None or isinstance(part, dict) for part in (restore, save)):
             raise TypeError("restore and save must be objects")
-        text = report.markdown(stats, where=f"{data.get('mode')}:{data.get('cache_dir')}", restore=restore, save=save)
+        # The session's explanations (issue 12): the same "Why these tests missed" section as the step summary.
+        explained = SessionExplanation.from_json(data["why"]) if data.get("why") is not None else None
+        where = f"{data.get('mode')}:{data.get('cache_dir')}"
+        text = report.markdown(stats, where=where, restore=restore, save=save, why=explained)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         why = f"{type(exc).__name__}: {exc}"
         raise ConfigError(f"{args.json_report} is not a --compile-cache-json report ({why})") from None

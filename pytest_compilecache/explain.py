@@ -441,6 +441,16 @@ class MissExplanation:
     def to_json(self) -> dict[str, Any]:
         return {"key": self.key, "reasons": list(self.reasons)}
 
+    @classmethod
+    def from_json(cls, data: Any) -> MissExplanation:
+        """Parse :meth:`to_json` output (e.g. from a JSON report); ValueError for any other shape."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("key"), str):
+            raise ValueError(f"not a miss explanation: {data!r:.80}")
+        reasons = data.get("reasons", [])
+        if not isinstance(reasons, list):
+            raise ValueError(f"reasons must be a list: {reasons!r:.80}")
+        return cls(data["key"], [str(reason) for reason in reasons])
+
 
 def explain_test(current: Sequence[GraphLookup], previous: Sequence[GraphLookup] | None) -> list[MissExplanation]:
     """Explain every miss among ``current`` against the same test's ``previous`` lookups.
@@ -596,6 +606,28 @@ class SessionExplanation:
             "misses": {k: [m.to_json() for m in v] for k, v in self.misses.items()},
             "never_hit": {k: {"what": what, "runs": runs} for k, (what, runs) in self.never_hit.items()},
         }
+
+    @classmethod
+    def from_json(cls, data: Any) -> SessionExplanation:
+        """Parse :meth:`to_json` output (the JSON report's top-level ``why``); ValueError for any other shape."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"why must be an object: {data!r:.80}")
+        compared_with, misses, never_hit = data.get("compared_with"), data.get("misses", {}), data.get("never_hit", {})
+        if not isinstance(compared_with, (str, type(None))) or not isinstance(misses, Mapping):
+            raise ValueError("why: compared_with must be a string and misses an object")
+        if not isinstance(never_hit, Mapping):
+            raise ValueError("why: never_hit must be an object")
+        out = cls(compared_with=compared_with or "")
+        for nodeid, items in misses.items():
+            if not isinstance(items, list):
+                raise ValueError(f"why: the misses of {nodeid!r:.80} must be a list")
+            out.misses[str(nodeid)] = [MissExplanation.from_json(item) for item in items]
+        for nodeid, flag in never_hit.items():
+            what, runs = (flag.get("what"), flag.get("runs")) if isinstance(flag, Mapping) else (None, None)
+            if not isinstance(what, str) or type(runs) is not int:
+                raise ValueError(f"why: never_hit of {nodeid!r:.80} must be {{what: str, runs: int}}")
+            out.never_hit[str(nodeid)] = (what, runs)
+        return out
 
 
 def explain_session(

@@ -78,6 +78,7 @@ __all__ = [
     "restore_headers",
     "save_headers",
     "session_start",
+    "verify",
 ]
 
 KIND = "precompiled_header"
@@ -263,6 +264,17 @@ def install(artifact: HeaderArtifact, compressed: BinaryIO, directory: Path) -> 
     return True
 
 
+def verify(artifact: HeaderArtifact, compressed: BinaryIO) -> None:
+    """Check that a zstd stream holds exactly ``artifact`` (size and sha256) without writing it anywhere.
+
+    For a header object that is about to be stored again under its content key (the Action's header entry,
+    saved by ``actions/cache`` from a file this run did not install from); :func:`install` verifies on its
+    own. Raises HeaderError (one line) when the stream is not zstd or its content is not the artifact's.
+    """
+    with open(os.devnull, "wb") as sink:
+        _copy_verified(artifact, compressed, sink)
+
+
 def object_key(prefix: str, sha256: str) -> str:
     """The store key of an artifact's content: ``<prefix>-artifact-<sha256>``, one object per content.
 
@@ -290,21 +302,30 @@ class HeaderTransfer:
 
 
 def save_headers(
-    store: Store, prefix: str, since: float, installed: Iterable[str], scratch: Path, directory: Path | None = None
+    store: Store,
+    prefix: str,
+    since: float,
+    installed: Iterable[str],
+    scratch: Path,
+    directory: Path | None = None,
+    carried: Iterable[str] = (),
 ) -> HeaderTransfer:
     """Controller, at session end: describe the headers the session used and upload those the store lacks.
 
     ``artifacts`` are what the bundle manifest must name (``[a.to_json() for a in artifacts]``); a header that
     could not be read or uploaded is left out of it with one line in ``errors``, never failing the save.
     Each upload is one zstd object under :func:`object_key`, skipped when the store already has that key
-    (content-addressed: once per store). ``scratch`` is a private temp dir of the caller's.
+    (content-addressed: once per store) or when the key is in ``carried``: objects that travel outside this
+    store (the Action's own ``actions/cache`` entry for the header, keyed by that object key), which the
+    manifest still names. ``scratch`` is a private temp dir of the caller's.
     """
     result = HeaderTransfer()
+    elsewhere = set(carried)
     for path in find_used(directory or header_dir(), since, installed):
         try:
             artifact = describe(path)
             key = object_key(prefix, artifact.sha256)
-            if not any(entry.key == key for entry in store.list(key)):
+            if key not in elsewhere and not any(entry.key == key for entry in store.list(key)):
                 packed = scratch / key
                 try:
                     with open(packed, "wb") as out:

@@ -149,12 +149,14 @@ def pytest_configure(config: pytest.Config) -> None:
         "torch's compile caches off for it. Everything is put back afterwards.",
     )
     setup = _setup(config)
-    probe.watch_graph_lookups()  # every process: the FX-graph lookups that explain a miss (never imports torch)
+    explain = setup.settings.explain  # a worker resolves the same options: its controller's argv and environment
+    if explain:
+        probe.watch_graph_lookups()  # every process: the FX-graph lookups that explain a miss (never imports torch)
     if _is_worker(config):
-        recorder = Recorder(os.environ.get("PYTEST_XDIST_WORKER", "worker"))
+        recorder = Recorder(os.environ.get("PYTEST_XDIST_WORKER", "worker"), explain)
         config.stash[_WORKER] = Worker(setup, recorder)
     else:
-        recorder = Recorder("controller")
+        recorder = Recorder("controller", explain)
         config.stash[_CONTROLLER] = Controller(setup, recorder)
     tests = config.stash[_TESTS] = _Tests(recorder)
     config.pluginmanager.register(tests, "compilecache-tests")

@@ -197,14 +197,17 @@ class Setup:
 
 
 class Start(NamedTuple):
-    """Where a test started: torch's counters and the position in this process's FX-graph lookups."""
+    """Where a test started: torch's counters and the position in this process's FX-graph lookups (None:
+    explaining is off)."""
 
     mark: probe.Mark
-    graphs: int
+    graphs: int | None
 
 
 # The start of every test that begins before torch is imported: no counters yet, no FX-graph lookups.
-COLD = Start(probe.Mark({}, 0, 0), 0)
+COLD_MARK = probe.Mark({}, 0, 0)
+COLD = Start(COLD_MARK, 0)
+COLD_UNEXPLAINED = Start(COLD_MARK, None)  # the same with explaining off
 
 
 class Recorder:
@@ -212,22 +215,25 @@ class Recorder:
 
     While torch is not imported both are a few attribute reads (no explain import, no parsing). The
     ``baseline`` is the earlier run's graph record the live ``compile_cache_stats.why`` compares with:
-    set by the controller after its restore, read lazily from ``baseline_dir`` by a worker.
+    set by the controller after its restore, read lazily from ``baseline_dir`` by a worker. With
+    ``explain=False`` (``--compile-cache-explain=off``) it never touches the graph capture: no lookups are
+    taken, none recorded, nothing explained.
     """
 
-    def __init__(self, worker: str) -> None:
+    def __init__(self, worker: str, explain: bool = True) -> None:
         self.worker = worker
+        self.explain = explain
         self.stats = SessionStats()
         self.baseline_dir: str | None = None
         self._baseline: GraphsRecord | None = None
         self._baseline_read = False
 
-    @staticmethod
-    def start() -> Start:
+    def start(self) -> Start:
         """Where a test starts; :data:`COLD` (no probe call) while torch is not imported."""
         if not probe.torch_loaded():
-            return COLD
-        return Start(probe.mark(), probe.graph_mark())
+            return COLD if self.explain else COLD_UNEXPLAINED
+        # graph_mark() would install the capture once torch's codecache is loaded: not when explaining is off.
+        return Start(probe.mark(), probe.graph_mark() if self.explain else None)
 
     def finish_cold(self, start: Start) -> bool:
         """Count a test that cannot have compiled: it began :data:`COLD` and torch is still not imported.
@@ -235,7 +241,7 @@ class Recorder:
         The per-test path of a session that never imports torch (no node id, no probe call). False: the
         test may have compiled, call :meth:`finish`.
         """
-        if start is not COLD or probe.torch_loaded():
+        if start.mark is not COLD_MARK or probe.torch_loaded():
             return False
         self.stats.tests += 1
         return True
@@ -248,6 +254,8 @@ class Recorder:
     @staticmethod
     def _delta(start: Start, intended: bool) -> dict[str, Any]:
         delta = probe.delta(start.mark)
+        if start.graphs is None:  # explaining is off
+            return delta
         graphs = probe.graph_delta(start.graphs)
         if graphs and not intended:
             delta["graphs"] = graphs
@@ -269,7 +277,8 @@ class Recorder:
         """
         if start is None:
             return CompileCacheStats(nodeid, dict)
-        return CompileCacheStats(nodeid, lambda: self._delta(start, intended), None if intended else self._why)
+        explain = self._why if self.explain and not intended else None
+        return CompileCacheStats(nodeid, lambda: self._delta(start, intended), explain)
 
     def _why(self, record: ItemRecord) -> list[MissExplanation]:
         baseline = self.baseline()
@@ -319,7 +328,7 @@ class Worker:
 
     def session_start(self) -> None:
         self.setup.ensure_dir()
-        if self.setup.dir.mode in EXPLAINED_MODES:
+        if self.setup.settings.explain and self.setup.dir.mode in EXPLAINED_MODES:
             self.recorder.baseline_dir = self.setup.dir.path  # the controller has installed its baseline there
 
     def output(self) -> dict[str, Any]:
@@ -421,8 +430,8 @@ class Controller:
         warning and no explanations (the session's own record replaces it at the end).
         """
         path = self.setup.dir.path
-        if not path or self.setup.dir.mode not in EXPLAINED_MODES:
-            return
+        if not self.settings.explain or not path or self.setup.dir.mode not in EXPLAINED_MODES:
+            return  # off: a restored bundle's record is not installed, nothing is compared
         graphs = self.restored.graphs if self.restored is not None else None
         record: GraphsRecord | None = None
         try:
@@ -512,10 +521,12 @@ class Controller:
         Only for a cache dir of ours that caches (``shared``, ``isolated``): with caches ``disabled`` every
         lookup misses by design, and without a dir there is nowhere to keep a record. Tests marked
         isolated/disabled kept no graphs (:meth:`Recorder.finish`). The record is written back to a shared dir
-        (the next local session's baseline) and goes into the saved bundle (:meth:`_save`).
+        (the next local session's baseline) and goes into the saved bundle (:meth:`_save`). With
+        ``--compile-cache-explain=off`` nothing happens: the dir's record stays as it was and the saved bundle
+        carries none.
         """
         path = self.setup.dir.path
-        if not path or self.setup.dir.mode not in EXPLAINED_MODES:
+        if not self.settings.explain or not path or self.setup.dir.mode not in EXPLAINED_MODES:
             return
         if probe.dynamo_loaded():
             note = probe.graph_capture_installed()
@@ -589,6 +600,7 @@ class Controller:
             graphs=self.graphs.to_json() if self.graphs else None,
             header_since=self._header_since(),
             header_installed=self._restored_headers(),
+            header_carried=self.restored.headers.carried if self.restored is not None else (),
         )
         if self.saved.warning:
             self.problems.warn(self.saved.warning)
@@ -600,8 +612,9 @@ class Controller:
     def _new_headers(self) -> bool:
         """True when this session used a precompiled header its restored bundle does not name (a bundle saved
         on a machine that already had the header names none): then a save is worth it even when every graph
-        hit. Only after our own restore: after the Action's, what it installed is not known here."""
-        if self.header_since is None or self.restored is None or self.settings.restore == "skip":
+        hit. After the Action's restore, its report names what it installed or found: a header it could not
+        restore (its entry evicted) and torch built again is new, so this save carries it (issue 10)."""
+        if self.header_since is None or self.restored is None:
             return False
         # cost: headers load only in a saving session
         from .headers import find_used
@@ -755,4 +768,9 @@ def action_restore_result(value: str | None) -> RestoreResult | None:
         from .headers import is_header_name
 
         named = tuple(name for name in names if is_header_name(name))
-    return sync.RestoreResult(outcome, key=key, message=message, headers=sync.HeaderReport(named=named))
+    # "header_key": the object key of the header that the Action's own actions/cache entry carries (verified
+    # there, saved under that exact key): this session's save names that header but does not upload it.
+    carried = data.get("header_key") if isinstance(data, dict) else None
+    keys = (carried,) if isinstance(carried, str) and carried else ()
+    headers = sync.HeaderReport(named=named, carried=keys)
+    return sync.RestoreResult(outcome, key=key, message=message, headers=headers)

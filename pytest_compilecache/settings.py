@@ -20,6 +20,7 @@ MODES = ("shared", "isolated", "disabled")
 REPORTS = ("short", "full", "none")
 SUMMARY = ("auto", "off")
 RESTORE = ("auto", "skip")
+SWITCH = ("on", "off")
 DEFAULT_PREFIX = "compilecache-v1"
 SIGNING_KEY_ENV = "PYTEST_COMPILECACHE_SIGNING_KEY"
 
@@ -32,6 +33,11 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str, str], str]:
         return value
 
     return parse
+
+
+def _switch(option: str, value: str) -> bool:
+    """``on`` / ``off`` only: a switch whose default is on reads better spelled out than as a flag."""
+    return _choice(SWITCH)(option, value) == "on"
 
 
 def _text(option: str, value: str) -> str:
@@ -186,6 +192,13 @@ OPTIONS: tuple[Option, ...] = (
         "auto: append Markdown to $GITHUB_STEP_SUMMARY when it is set; off: never.",
     ),
     Option(
+        "explain",
+        "--compile-cache-explain",
+        _switch,
+        True,
+        "on: record each FX-graph lookup's key components and say why each miss missed; off: capture nothing.",
+    ),
+    Option(
         "min_hit_rate",
         "--compile-cache-min-hit-rate",
         _rate,
@@ -284,6 +297,7 @@ class Settings:
     report: str = "short"
     json: str | None = None
     summary: str = "auto"
+    explain: bool = True
     min_hit_rate: float | None = None
     store: str | None = None
     readonly: bool = False

@@ -97,7 +97,9 @@ class HeaderReport:
     ``named``: the headers the bundle's manifest names (restore: every valid entry, installed or already
     present; pass them to the save as ``installed``); ``transferred``: those installed (restore) or uploaded
     (save, only those the store lacked); ``size``: raw bytes of ``transferred``; ``warnings``: one line per
-    header that could not be carried.
+    header that could not be carried; ``carried``: object keys (``<prefix>-artifact-<sha256>``) that travel
+    outside the bundle's store (the Action's own ``actions/cache`` entry per header): a save names those
+    headers in its manifest but does not upload them (restore, from the Action's report only).
     """
 
     named: tuple[str, ...] = ()
@@ -105,6 +107,7 @@ class HeaderReport:
     size: int = 0
     seconds: float = 0.0
     warnings: tuple[str, ...] = ()
+    carried: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, transfer: HeaderTransfer, seconds: float) -> HeaderReport:
@@ -143,6 +146,9 @@ class RestoreResult:
     # The restored bundle's ``graphs`` record (issue 12), read from its manifest after verification:
     # untrusted JSON to parse with ``explain.GraphsRecord.from_json``; None when the bundle has none.
     graphs: Mapping[str, Any] | None = field(default=None, repr=False)
+    # The verified manifest's artifact entries (precompiled headers), for a caller that restored with
+    # ``headers=False`` to fetch them by other means (the Action's header entry, see action/main.py).
+    named_artifacts: tuple[Artifact, ...] = field(default=(), repr=False)
 
     @property
     def ok(self) -> bool:
@@ -302,6 +308,7 @@ def restore(
                     skipped=tuple(skipped),
                     headers=carried,
                     graphs=graphs,
+                    named_artifacts=tuple(named),
                 )
     except (StoreError, BundleError, OSError) as exc:
         return result("error", f"restore failed: {exc}", skipped=tuple(skipped))
@@ -407,6 +414,7 @@ def save(
     header_since: float | None = None,
     header_installed: Iterable[str] = (),
     header_dir: Path | None = None,
+    header_carried: Iterable[str] = (),
 ) -> SaveResult:
     """Pack this session's artifacts into one bundle bound to its key and lineage, put it, prune old ones.
 
@@ -415,7 +423,8 @@ def save(
     start, :func:`.headers.session_start`), the precompiled headers in ``header_dir`` (default torch's) built
     or read since then, or named in ``header_installed`` (what the restore installed or found), are uploaded
     once per store and named in the manifest; one that cannot be is a line in ``headers.warnings`` and left
-    out. Pruning keeps every artifact (:func:`.stores.base.prune`). Never raises.
+    out. Headers whose object key is in ``header_carried`` travel by other means (the Action's header entry):
+    named, not uploaded. Pruning keeps every artifact (:func:`.stores.base.prune`). Never raises.
     """
     started = time.perf_counter()
     digest = fingerprint.digest()
@@ -434,7 +443,9 @@ def save(
         with temporary_dir("save") as tmp:
             named: list[Artifact] = []
             if header_since is not None:
-                carried, named = _save_headers(store, prefix, header_since, header_installed, Path(tmp), header_dir)
+                carried, named = _save_headers(
+                    store, prefix, header_since, header_installed, Path(tmp), header_dir, header_carried
+                )
             path = Path(tmp) / "bundle"
             manifest = bundle.pack(
                 path,
@@ -479,12 +490,18 @@ def save(
 
 
 def _save_headers(
-    store: Store, prefix: str, since: float, installed: Iterable[str], scratch: Path, directory: Path | None
+    store: Store,
+    prefix: str,
+    since: float,
+    installed: Iterable[str],
+    scratch: Path,
+    directory: Path | None,
+    carried: Iterable[str] = (),
 ) -> tuple[HeaderReport, list[Artifact]]:
     """Upload the session's headers the store lacks; return the report and the manifest entries."""
     started = time.perf_counter()
     try:
-        transfer = headers.save_headers(store, prefix, since, installed, scratch, directory)
+        transfer = headers.save_headers(store, prefix, since, installed, scratch, directory, carried)
     except Exception as exc:  # the bundle is worth saving without its headers
         return HeaderReport(warnings=(one_line(f"precompiled headers not saved: {type(exc).__name__}: {exc}"),)), []
     named = [Artifact(a.kind, a.name, a.sha256, a.size) for a in transfer.artifacts]

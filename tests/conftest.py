@@ -7,6 +7,7 @@ Select it with ``-m compat``; ``bash scripts/test.sh --torch 2.15.0 -m compat`` 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,12 @@ COMPAT_PATHS = (
     _TESTS / "integration" / "test_plugin_remote.py",
     _TESTS / "unit" / "test_probe.py",
 )
+
+
+# Every compile the suite starts, here or in an inner session it runs, uses one compile thread. With more,
+# each process that compiles starts a pool of compile workers that import torch again: seconds of CPU per
+# inner session on two cores, and nothing the tests check depends on it.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

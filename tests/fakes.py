@@ -1,15 +1,21 @@
 """Test doubles other tests share. Each passes the same contract as the real thing (tests/unit/test_fakes.py).
 
 * :class:`MemoryStore` - a :class:`~pytest_compilecache.stores.Store` in memory, with failure injection.
+* :class:`FakeLoader` - torch's mega-cache loader (``probe.load_artifacts``): records what it was given.
+* :class:`FakeProbe` - the torch-facing probe functions the session roles call (no torch, no compile).
 """
 
 from __future__ import annotations
 
 import builtins
+import os
 import threading
 from pathlib import Path
+from typing import Any
+from typing import Mapping
 
 from pytest_compilecache import StoreError
+from pytest_compilecache.probe import CACHE_ENV
 from pytest_compilecache.stores import StoreEntry
 from pytest_compilecache.stores import newest_first
 from pytest_compilecache.stores import validate_key
@@ -82,3 +88,70 @@ class MemoryStore:
         with self.backend.lock:
             data, _ = self.objects[key]
             self.objects[key] = (data, when)
+
+
+class FakeLoader:
+    """Stands in for torch's mega-cache loader: records what it got and where the cache dir pointed."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+        self.blobs: list[bytes] = []
+        self.cache_dirs: list[str | None] = []
+
+    def __call__(self, blob: bytes) -> Mapping[str, int]:
+        self.blobs.append(blob)
+        self.cache_dirs.append(os.environ.get(CACHE_ENV))
+        if self.error is not None:
+            raise self.error
+        return {"fx_graph": 2, "triton": 1}
+
+
+class FakeProbe:
+    """Stands in for :mod:`pytest_compilecache.probe` (torch) in the session's unit tests.
+
+    Installed with ``monkeypatch`` over the functions the roles call. By default this process has not loaded
+    Dynamo and has compiled nothing; ``run`` plays one test whose FX-graph lookups (``GraphLookup.to_json()``
+    dicts) appear in ``graph_delta`` and are counted in ``delta`` as torch's counters would.
+    ``header_dir`` is what ``precompiled_header_dir`` answers. Each replaced function keeps the real one's
+    signature (tests/unit/test_fakes.py checks), so a change in probe's API shows up here first.
+    """
+
+    REPLACES = ("torch_loaded", "dynamo_loaded", "mark", "delta", "graph_mark", "graph_delta", "precompiled_header_dir")
+
+    def __init__(self, monkeypatch: Any) -> None:
+        self.loaded = False
+        self.lookups: list[dict[str, Any]] = []
+        self.header_dir: str | None = None
+        for name in self.REPLACES:
+            monkeypatch.setattr(f"pytest_compilecache.probe.{name}", getattr(self, name))
+
+    def torch_loaded(self) -> bool:
+        return True  # the roles take the measured path (the cold path has its own tests in test_session.py)
+
+    def dynamo_loaded(self) -> bool:
+        return self.loaded
+
+    def mark(self) -> Any:
+        return len(self.lookups)
+
+    def delta(self, start: Any) -> dict[str, Any]:
+        new = self.lookups[start:]
+        if not new:
+            return {}
+        misses = sum(1 for g in new if g["o"] != "hit")
+        return {"fxgraph": {"hit": len(new) - misses, "miss": misses}, "frames": 1}
+
+    def graph_mark(self) -> int:
+        return len(self.lookups)
+
+    def graph_delta(self, start: int) -> list[dict[str, Any]]:
+        return list(self.lookups[start:])
+
+    def precompiled_header_dir(self) -> str | None:
+        return self.header_dir
+
+    def run(self, recorder: Any, nodeid: str, *graphs: Any, intended: bool = False) -> None:
+        """One test through ``recorder`` (a ``session.Recorder``) that looked up ``graphs``."""
+        start = recorder.start()
+        self.lookups += [g.to_json() for g in graphs]
+        recorder.finish(nodeid, start, intended=intended)

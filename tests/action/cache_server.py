@@ -235,6 +235,23 @@ class CacheServer:
     def entry(self, key: str) -> CacheEntry:
         return next(e for e in self.entries if e.key == key and e.finalized)
 
+    def members(self, key: str) -> list[str]:
+        """The file names (last path component) inside the finalized entry ``key``: the client uploads a
+        tar archive, zstd-compressed (``--long=30``) where the runner has zstd, else gzip."""
+        import gzip
+        import io
+        import tarfile
+
+        data = self.entry(key).data or b""
+        if data[:4] == b"\x28\xb5\x2f\xfd":  # zstd magic
+            import zstandard
+
+            raw = zstandard.ZstdDecompressor(max_window_size=1 << 31).stream_reader(io.BytesIO(data)).read()
+        else:
+            raw = gzip.decompress(data)
+        with tarfile.open(fileobj=io.BytesIO(raw)) as archive:
+            return sorted(member.name.rsplit("/", 1)[-1] for member in archive.getmembers() if member.isfile())
+
     # ---- blobs
 
     def put_blob(self, entry_id: int, query: dict[str, str], headers: Any, body: bytes) -> int:

@@ -49,6 +49,35 @@ def test_matmul_tanh():
     torch.testing.assert_close(torch.compile(fn)(x, w), fn(x, w))
 """
 
+# One more compiled graph, for a run that restores and still saves a new bundle.
+ANOTHER_GRAPH = """\
+import torch
+
+
+def test_matmul_sigmoid():
+    def fn(x, w):
+        return torch.sigmoid(x @ w) * 2
+
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    torch.testing.assert_close(torch.compile(fn)(x, w), fn(x, w))
+"""
+
+# Two matmuls alone: TorchInductor calls extern kernels, so the FX graphs are cached and restored with no C++
+# build and no precompiled header. For the scenarios about the Action's flow rather than what it carries.
+MATMUL_SUITE = """\
+import torch
+
+
+def test_project():
+    x, w = torch.randn(8, 4), torch.randn(4, 2)
+    torch.testing.assert_close(torch.compile(lambda a, b: a @ b)(x, w), x @ w)
+
+
+def test_gram():
+    x = torch.randn(8, 4)
+    torch.testing.assert_close(torch.compile(lambda a: a.t() @ a)(x), x.t() @ x)
+"""
+
 FAILING_TEST = """\
 
 def test_fails():
@@ -116,13 +145,27 @@ def totals(run: Any, job: str = "test") -> dict[str, Any]:
     return dict(run.report(job)["totals"])
 
 
+def fresh_runner(act: Act) -> dict[str, str]:
+    """A new TMPDIR for one act run: torch keeps its precompiled header there, and a GitHub runner starts
+    without one (act in host mode otherwise shares this machine's, which other runs filled)."""
+    path = act.root / f"tmp-{act.runs + 1}"  # the next run's number
+    path.mkdir()
+    return {"TMPDIR": str(path)}
+
+
+def header_objects(server: CacheServer, key: str) -> list[str]:
+    """The precompiled-header objects (``<prefix>-artifact-<sha256>.bundle``) inside the entry ``key``."""
+    return [name for name in server.members(key) if "-artifact-" in name]
+
+
 # ---- store: github
 
 
 def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, server: CacheServer) -> None:
     """One lineage through the events that matter (one test: every job costs a torch import and act)."""
     # push to the default branch: a miss, compile, the plugin writes a bundle, actions/cache's post step saves it.
-    first = act.run(workflow(), "push")
+    # Every run is a fresh runner (its own TMPDIR): torch's precompiled header is not there to start with.
+    first = act.run(workflow(), "push", env=fresh_runner(act))
     assert_succeeded(first)
     out = first.outputs()
     assert out["restore-outcome"] == "miss"
@@ -132,25 +175,42 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
     assert out["key"].startswith("compilecache-v1-test-")
     assert server.keys("refs/heads/main") == [out["key"]]
     assert "Cache saved with key" in first.log
+    # The first run of a fingerprint: no header entry yet, so the header object rides in the bundle entry.
+    assert first.report()["save"]["headers"]["named"] == 1
+    (header,) = header_objects(server, out["key"])
+    header_key = header[: -len(".bundle")]
+    assert header_key.startswith("compilecache-v1-test-artifact-")
 
-    # push again: the newest entry of the lineage (partial: another run's key), every graph hits, nothing new.
-    second = act.run(workflow(), "push")
+    # push again, one new test: the newest entry of the lineage (partial: another run's key). Issue 10: the
+    # restore names the header entry's key; it misses, so the header comes from the bundle entry's copy and
+    # actions/cache saves it under that exact key; the new bundle names the header but does not carry it.
+    act.write("test_more.py", ANOTHER_GRAPH)
+    second = act.run(workflow(), "push", env=fresh_runner(act))
     assert_succeeded(second)
     out2 = second.outputs()
     assert (out2["restore-outcome"], out2["matched-key"], out2["cache-hit"]) == ("partial", out["key"], "false")
-    assert totals(second)["misses"] == 0 and totals(second)["hits"] >= 2
-    assert second.report()["save"]["outcome"] == "skipped"
-    assert "Path Validation Error" in second.log  # no bundle written: the post step saves no empty entry
-    assert f"partial: `{out['key']}`" in second.summary() and "100% hit rate" in second.summary()
-    assert server.keys() == [out["key"]]
+    assert totals(second)["misses"] >= 1 and totals(second)["hits"] >= 2
+    assert f"from the bundle entry; saved as {header_key} at job end" in second.log
+    assert second.report()["save"]["outcome"] == "saved"
+    assert second.report()["save"]["headers"] == {**second.report()["save"]["headers"], "named": 1, "transferred": 0}
+    assert sorted(server.keys()) == sorted([out["key"], header_key, out2["key"]])
+    assert header_objects(server, out2["key"]) == []  # ~21 MiB less in every later bundle entry
+    assert server.members(header_key) == [header]
 
-    # pull_request: reads its base branch's entries, saves nothing (restore-only action, no post step).
-    pull = act.run(workflow(), "pull_request", payload={"number": 7, "pull_request": {"base": {"ref": "main"}}})
+    # pull_request: reads its base branch's entries, saves nothing (restore-only action, no post step); the
+    # header comes from its own entry (actions/cache/restore, exact key).
+    pull = act.run(
+        workflow(),
+        "pull_request",
+        payload={"number": 7, "pull_request": {"base": {"ref": "main"}}},
+        env=fresh_runner(act),
+    )
     assert_succeeded(pull)
-    assert (pull.outputs()["restore-outcome"], pull.outputs()["matched-key"]) == ("partial", out["key"])
+    assert (pull.outputs()["restore-outcome"], pull.outputs()["matched-key"]) == ("partial", out2["key"])
     assert totals(pull)["misses"] == 0
+    assert f"installed, from its actions/cache entry {header_key}" in pull.log
     assert "nothing: save: auto restores only on pull_request" in pull.summary()
-    assert server.keys() == [out["key"]]
+    assert sorted(server.keys()) == sorted([out["key"], header_key, out2["key"]])
 
     # merge_group (fix 3): restore only, though its token could write its temporary queue branch.
     queue = "refs/heads/gh-readonly-queue/main/pr-7-0123456789abcdef"
@@ -159,6 +219,7 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
         "merge_group",
         scopes=scopes_for("merge_group", queue),
         payload={"merge_group": {"head_ref": queue, "base_ref": "refs/heads/main"}},
+        env=fresh_runner(act),
     )
     assert_succeeded(merge)
     assert merge.outputs()["restore-outcome"] == "partial"
@@ -180,17 +241,27 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
 
 
 def test_two_jobs_with_one_fingerprint_keep_their_own_lineage(act: Act, server: CacheServer) -> None:
-    first = act.run(workflow(jobs=("unit", "models")), "push")
+    first = act.run(workflow(jobs=("unit", "models")), "push", env=fresh_runner(act))
     assert first.returncode == 0, first.log[-6000:]
     unit, models = first.outputs("unit"), first.outputs("models")
     assert unit["key"].startswith("compilecache-v1-unit-") and models["key"].startswith("compilecache-v1-models-")
     assert sorted(server.keys()) == sorted([unit["key"], models["key"]])
     assert "Unable to reserve cache" not in first.log
 
-    second = act.run(workflow(jobs=("unit", "models")), "push")
+    # Every graph hits and the header came with the bundle entry: nothing new, so no bundle is written and
+    # the post step saves no empty entry; each lineage saves its own header entry.
+    second = act.run(workflow(jobs=("unit", "models")), "push", env=fresh_runner(act))
     assert second.returncode == 0, second.log[-6000:]
     assert second.outputs("unit")["matched-key"] == unit["key"]
     assert second.outputs("models")["matched-key"] == models["key"]
+    for job in ("unit", "models"):
+        assert totals(second, job)["misses"] == 0 and totals(second, job)["hits"] >= 2
+        assert second.report(job)["save"]["outcome"] == "skipped"
+    assert "Path Validation Error" in second.log  # no bundle written: the post step saves no empty entry
+    assert "100% hit rate" in second.summary()
+    saved = server.keys()
+    headers = sorted(key for key in saved if "-artifact-" in key)
+    assert [key.split("-artifact-")[0] for key in headers] == ["compilecache-v1-models", "compilecache-v1-unit"]
 
 
 def test_a_job_whose_tests_fail(act: Act, server: CacheServer) -> None:
@@ -202,6 +273,7 @@ def test_a_job_whose_tests_fail(act: Act, server: CacheServer) -> None:
     Action's (the restore, the plugin's report, a failure that is the tests' own) and pins act's
     behaviour, so that a change in act shows up here rather than in a misleading pass.
     """
+    act.write("test_models.py", MATMUL_SUITE)
     act.write("test_failing.py", FAILING_TEST)
     run = act.run(workflow(), "push")
     assert run.returncode != 0
@@ -214,6 +286,7 @@ def test_a_job_whose_tests_fail(act: Act, server: CacheServer) -> None:
 
 
 def test_inside_a_users_composite_action(act: Act, server: CacheServer) -> None:
+    act.write("test_models.py", MATMUL_SUITE)
     act.write(
         ".github/actions/tests/action.yml",
         f"""\

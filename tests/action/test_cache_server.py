@@ -107,3 +107,28 @@ def test_tokens_are_checked_and_failed_downloads_can_be_injected(server: CacheSe
     server.fail_downloads = True
     with pytest.raises(urllib.error.HTTPError):
         lookup(server, MAIN, "k-1", [])
+
+
+@pytest.mark.parametrize("compression", ["zstd", "gzip"])
+def test_members_lists_the_files_an_entry_holds(server: CacheServer, compression: str) -> None:
+    import gzip
+    import io
+    import tarfile
+
+    import zstandard
+
+    from tests.action.cache_server import CacheEntry
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as archive:
+        for name in ("../work/.compilecache-staging/b.bundle", "../work/.compilecache-staging/a-artifact-0.bundle"):
+            info = tarfile.TarInfo(name)
+            info.size = 3
+            archive.addfile(info, io.BytesIO(b"abc"))
+        folder = tarfile.TarInfo("../work/.compilecache-staging")
+        folder.type = tarfile.DIRTYPE
+        archive.addfile(folder)  # a dir entry is no file
+    raw = buf.getvalue()
+    data = zstandard.ZstdCompressor().compress(raw) if compression == "zstd" else gzip.compress(raw)
+    server.entries.append(CacheEntry(1, "refs/heads/main", "k", "v", 0.0, data=data, finalized=True))
+    assert server.members("k") == ["a-artifact-0.bundle", "b.bundle"]

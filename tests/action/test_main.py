@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -590,12 +591,26 @@ def test_action_yml_names_one_literal_workspace_relative_path_on_actions_cache_v
         "actions/cache/restore@v5",
         "actions/cache@v5",
         "actions/cache/restore@v5",
+        "actions/cache@v5",  # the header entry (issue 10): saving runs
+        "actions/cache/restore@v5",  # and read-only runs
     ]
-    for step in cache_steps:
+    for step in cache_steps[:3]:
         # Literal (fix 1: the post step re-evaluates it, a wrapping composite loses `steps`) and relative to
         # the workspace (fix 2: it is hashed into the entry version, which must match on every runner).
         assert step["with"]["path"] == action.SAVE_PATH == ".compilecache-staging/*.bundle"
         assert step.get("id") and step.get("continue-on-error") is True
+    for step in cache_steps[3:]:
+        # The same rules for the header entry, under its exact content key: no restore-keys, ever.
+        assert step["with"]["path"] == action.HEADER_PATH == ".compilecache-headers/*.bundle"
+        assert step["with"]["key"] == "${{ steps.restore.outputs.header-key }}"
+        assert "restore-keys" not in step["with"]
+        assert step.get("id") and step.get("continue-on-error") is True
+        assert "steps.restore.outputs.header-key != ''" in step["if"]
+    ids = [step.get("id") for step in steps]
+    assert ids.index("restore") < ids.index("header-cache") < ids.index("headers")
+    header_step = steps[ids.index("headers")]
+    assert header_step["run"].endswith('action/main.py" headers')
+    assert {"COMPILECACHE_PLAN", "COMPILECACHE_HEADER_HIT"} <= set(header_step["env"])
     restore = next(step for step in steps if step.get("id") == "restore")
     assert {
         "COMPILECACHE_CACHE_OUTCOME",
@@ -603,3 +618,360 @@ def test_action_yml_names_one_literal_workspace_relative_path_on_actions_cache_v
         "COMPILECACHE_LOOKUP_OUTCOME",
         "COMPILECACHE_LOOKUP_KEY",
     } <= set(restore["env"])
+
+
+# ---- the header entry (issue 10): store: github carries each precompiled header as its own entry
+
+HEADER = "c" + "a2b3c4d5e6f7" * 4 + "abc" + ".h.gch"  # torch's name shape: c + 51 base32 chars
+SECOND = "c" + "z" * 51 + ".h.gch"
+
+
+@pytest.fixture
+def runner_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's TMPDIR, so that torch's header dir (headers.header_dir()) is private to it."""
+    import tempfile
+
+    path = tmp_path / "runner-tmp"
+    path.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(path))
+    return path
+
+
+def _header_bundle(
+    fingerprint: Any, plan: Any, machine: Path, suffix: str, carried: tuple[str, ...] = (), names: tuple[str, ...] = ()
+) -> tuple[str, dict[str, Any]]:
+    """What the plugin of an earlier run wrote into the staging dir: a bundle naming the headers in ``machine``
+    (one, or ``names``), with their objects beside it unless ``carried``. Returns the key and headers' sha256."""
+    from pytest_compilecache import headers
+    from pytest_compilecache import sync
+    from pytest_compilecache.stores import open_store
+
+    machine.mkdir(parents=True, exist_ok=True)
+    for name in names or (HEADER,):
+        (machine / name).write_bytes(name.encode() * 4000)
+    source = Path(plan.staging).parent / f"source-{suffix}"
+    (source / "fxgraph" / "ab").mkdir(parents=True)
+    (source / "fxgraph" / "ab" / "entry").write_bytes(b"graph")
+    result = sync.save(
+        open_store(plan.staging),
+        prefix=plan.prefix,
+        fingerprint=fingerprint,
+        suffix=suffix,
+        cache_dir=str(source),
+        blobs={},
+        files=["fxgraph/ab/entry"],
+        stats={},
+        header_since=0.0,
+        header_dir=machine,
+        header_carried=carried,
+    )
+    assert result.outcome == "saved", result.message
+    shas = {name: headers.describe(machine / name) for name in names or (HEADER,)}
+    return str(result.key), shas
+
+
+def _object_key(plan: Any, artifact: Any) -> str:
+    from pytest_compilecache import headers
+
+    return headers.object_key(plan.prefix, artifact.sha256)
+
+
+def _staged_objects(directory: str) -> list[str]:
+    return sorted(path.name for path in Path(directory).glob("*.bundle")) if Path(directory).is_dir() else []
+
+
+def test_restore_names_the_header_entry_and_keeps_the_bundle_entrys_copy(
+    action: ModuleType, environ: dict[str, str], fingerprint: Any, tmp_path: Path, runner_tmp: Path
+) -> None:
+    from pytest_compilecache import headers
+
+    plan = action.make_plan(environ, fingerprint)
+    _, shas = _header_bundle(fingerprint, plan, tmp_path / "machine", "10-1")  # an entry saved before issue 10
+    result = action.restore(plan, environ)
+    assert result.outcome == "partial"
+    key = _object_key(plan, shas[HEADER])
+    assert action.header_entry(plan, result) == (key, shas[HEADER])
+    assert not (headers.header_dir() / HEADER).exists()  # the header step installs it, after its entry's step
+    assert _staged_objects(plan.header_spare) == [f"{key}.bundle"]  # the bundle entry's copy, kept for it
+    assert result.headers.named == () and result.headers.warnings == ()
+
+
+def test_several_headers_one_entry_the_others_ride_in_the_bundle_entry(
+    action: ModuleType, environ: dict[str, str], fingerprint: Any, tmp_path: Path, runner_tmp: Path
+) -> None:
+    from pytest_compilecache import headers
+
+    plan = action.make_plan(environ, fingerprint)
+    _, shas = _header_bundle(fingerprint, plan, tmp_path / "machine", "10-1", names=(SECOND, HEADER))
+    result = action.restore(plan, environ)
+    entry = action.header_entry(plan, result)
+    assert entry == (_object_key(plan, shas[HEADER]), shas[HEADER])  # the first by name, whatever the order
+    assert (headers.header_dir() / SECOND).read_bytes() == SECOND.encode() * 4000  # from the bundle entry
+    assert not (headers.header_dir() / HEADER).exists()
+    assert result.headers.named == (SECOND,) and result.headers.transferred == (SECOND,)
+
+
+def test_no_header_entry_for_other_stores_or_without_a_restored_header(
+    action: ModuleType, environ: dict[str, str], fingerprint: Any, tmp_path: Path, runner_tmp: Path
+) -> None:
+    plan = action.make_plan(environ, fingerprint)
+    assert action.header_entry(plan, action.restore(plan, environ)) is None  # a miss
+    _bundle(fingerprint, Path(plan.staging), "3-1")  # a bundle that names no header (a GPU suite)
+    assert action.header_entry(plan, action.restore(plan, environ)) is None
+    environ["INPUT_STORE"] = str(tmp_path / "store")
+    direct = action.make_plan(environ, fingerprint)
+    _header_bundle(fingerprint, direct, tmp_path / "machine", "4-1")
+    assert action.header_entry(direct, RestoreResult("partial", key="k")) is None
+
+
+def _stage(plan: Any, directory: str, key: str, path: Path, content: bytes | None = None) -> Path:
+    """A header object as actions/cache (or the bundle entry) leaves it: ``<dir>/<key>.bundle``, zstd."""
+    import zstandard
+
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    target = Path(directory) / f"{key}.bundle"
+    target.write_bytes(zstandard.ZstdCompressor().compress(path.read_bytes() if content is None else content))
+    return target
+
+
+@pytest.fixture
+def header_case(action: ModuleType, environ: dict[str, str], fingerprint: Any, tmp_path: Path, runner_tmp: Path) -> Any:
+    """A plan, the header torch built on an earlier machine, its manifest entry and entry key."""
+    from pytest_compilecache import headers
+
+    plan = action.make_plan(environ, fingerprint)
+    machine = tmp_path / "machine"
+    machine.mkdir()
+    (machine / HEADER).write_bytes(b"pch" * 5000)
+    artifact = headers.describe(machine / HEADER)
+    return plan, machine / HEADER, artifact, _object_key(plan, artifact)
+
+
+def test_header_entry_hit_installs_and_is_carried(action: ModuleType, header_case: Any) -> None:
+    from pytest_compilecache import headers
+
+    plan, source, artifact, key = header_case
+    _stage(plan, plan.header_staging, key, source)
+    carry = action.carry_header(plan, key, artifact, hit=True)
+    assert (carry.source, carry.present, carry.carried, carry.installed, carry.warnings) == (
+        "entry",
+        True,
+        True,
+        True,
+        (),
+    )
+    assert (headers.header_dir() / HEADER).read_bytes() == source.read_bytes()
+    assert _staged_objects(plan.header_staging) == []  # a hit is never saved again: no 21 MiB left behind
+
+
+def test_a_read_only_run_installs_the_bundle_entrys_copy_and_keeps_nothing(
+    action: ModuleType, environ: dict[str, str], header_case: Any
+) -> None:
+    from dataclasses import replace
+
+    from pytest_compilecache import headers
+
+    plan, source, artifact, key = header_case
+    plan = replace(plan, save=False)
+    _stage(plan, plan.header_spare, key, source)
+    carry = action.carry_header(plan, key, artifact, hit=False)
+    assert (carry.source, carry.present, carry.carried, carry.warnings) == ("bundle", True, False, ())
+    assert (headers.header_dir() / HEADER).read_bytes() == source.read_bytes()
+    assert _staged_objects(plan.header_staging) == [] and _staged_objects(plan.header_spare) == []
+
+
+def test_header_entry_miss_installs_the_bundle_entrys_copy_and_stages_it_for_saving(
+    action: ModuleType, header_case: Any
+) -> None:
+    from pytest_compilecache import headers
+
+    plan, source, artifact, key = header_case
+    _stage(plan, plan.header_spare, key, source)
+    carry = action.carry_header(plan, key, artifact, hit=False)
+    assert (carry.source, carry.present, carry.carried, carry.warnings) == ("bundle", True, True, ())
+    assert (headers.header_dir() / HEADER).read_bytes() == source.read_bytes()
+    # actions/cache's post step saves exactly this object under its exact key; the spare is gone.
+    assert _staged_objects(plan.header_staging) == [f"{key}.bundle"] and _staged_objects(plan.header_spare) == []
+
+
+def test_a_bad_header_entry_falls_back_to_the_bundle_entrys_copy(action: ModuleType, header_case: Any) -> None:
+    from pytest_compilecache import headers
+
+    plan, source, artifact, key = header_case
+    _stage(plan, plan.header_staging, key, source, content=b"not the header")
+    _stage(plan, plan.header_spare, key, source)
+    carry = action.carry_header(plan, key, artifact, hit=True)
+    assert (carry.source, carry.present) == ("bundle", True)
+    # The exact key exists (with bad bytes) and is never saved again: the plugin keeps carrying the header.
+    assert carry.carried is False
+    assert len(carry.warnings) == 1 and f"actions/cache entry {key} not used" in carry.warnings[0]
+    assert "does not match" in carry.warnings[0]
+    assert (headers.header_dir() / HEADER).read_bytes() == source.read_bytes()
+
+
+def test_an_evicted_header_entry_is_one_warning_and_torch_builds_it(action: ModuleType, header_case: Any) -> None:
+    from pytest_compilecache import headers
+
+    plan, _, artifact, key = header_case
+    carry = action.carry_header(plan, key, artifact, hit=False)
+    assert (carry.source, carry.present, carry.carried) == ("none", False, False)
+    assert len(carry.warnings) == 1 and key in carry.warnings[0] and "torch builds it" in carry.warnings[0]
+    assert not (headers.header_dir() / HEADER).exists() and _staged_objects(plan.header_staging) == []
+
+
+def test_a_bad_bundle_entry_copy_is_never_staged_for_saving(action: ModuleType, header_case: Any) -> None:
+    from pytest_compilecache import headers
+
+    plan, source, artifact, key = header_case
+    _stage(plan, plan.header_spare, key, source, content=b"pch" * 4999 + b"pcX")
+    carry = action.carry_header(plan, key, artifact, hit=False)
+    assert (carry.source, carry.present, carry.carried) == ("none", False, False)
+    assert len(carry.warnings) == 1 and "does not match" in carry.warnings[0]
+    assert _staged_objects(plan.header_staging) == [] and not (headers.header_dir() / HEADER).exists()
+
+
+def test_a_header_already_in_torchs_dir_is_still_checked_before_it_is_saved(
+    action: ModuleType, header_case: Any
+) -> None:
+    from pytest_compilecache import headers
+
+    plan, source, artifact, key = header_case
+    headers.header_dir().mkdir(parents=True)
+    (headers.header_dir() / HEADER).write_bytes(b"torch's own")  # never overwritten
+    _stage(plan, plan.header_spare, key, source, content=b"forged")
+    carry = action.carry_header(plan, key, artifact, hit=False)
+    assert (carry.source, carry.carried) == ("none", False) and _staged_objects(plan.header_staging) == []
+    _stage(plan, plan.header_spare, key, source)
+    carry = action.carry_header(plan, key, artifact, hit=False)
+    assert (carry.source, carry.present, carry.installed, carry.carried) == ("bundle", True, False, True)
+    assert (headers.header_dir() / HEADER).read_bytes() == b"torch's own"
+
+
+def test_restore_and_headers_commands_tell_the_plugin_which_header_the_entry_carries(
+    action: ModuleType,
+    environ: dict[str, str],
+    fingerprint: Any,
+    tmp_path: Path,
+    runner_tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Two runs, as action.yml runs them: the first restores an entry that still carries the header object
+    (and saves it as the header entry); the plugin's next bundle names it without carrying it; the second run
+    gets it from the header entry."""
+    import pytest_compilecache.fingerprint
+    from pytest_compilecache import headers
+    from pytest_compilecache.session import action_restore_result
+
+    monkeypatch.setattr(pytest_compilecache.fingerprint, "collect", lambda salt="": fingerprint)
+    assert action.main(["plan"], environ) == 0
+    plan_file = parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["plan"]
+    plan = action.Plan.from_json(json.loads(Path(plan_file).read_text()))
+    _, shas = _header_bundle(fingerprint, plan, tmp_path / "machine", "1-1")
+    key = _object_key(plan, shas[HEADER])
+    environ["COMPILECACHE_PLAN"] = plan_file
+    assert action.main(["restore"], environ) == 0
+    assert parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["header-key"] == key
+    restored = json.loads(parse_vars(Path(environ["GITHUB_ENV"]).read_text())["PYTEST_COMPILECACHE_RESTORED"])
+    assert restored["headers"] == [] and "header_key" not in restored
+
+    # The header entry's actions/cache step missed (cache-hit empty): the bundle entry's copy is used.
+    assert action.main(["headers"], environ) == 0
+    out = capsys.readouterr().out
+    assert "::warning" not in out and f"from the bundle entry; saved as {key} at job end" in out
+    assert (headers.header_dir() / HEADER).exists()
+    assert _staged_objects(plan.header_staging) == [f"{key}.bundle"]
+    env = parse_vars(Path(environ["GITHUB_ENV"]).read_text())  # the later line wins
+    assert parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["header-source"] == "bundle"
+    result = action_restore_result(env["PYTEST_COMPILECACHE_RESTORED"])
+    assert result is not None and result.outcome == "partial"
+    assert (result.headers.named, result.headers.carried) == ((HEADER,), (key,))
+
+    # The plugin's save in the pytest step: names the header, writes only the bundle into the staging dir.
+    new_key, _ = _header_bundle(fingerprint, plan, tmp_path / "machine", "2-1", carried=result.headers.carried)
+    assert _staged_objects(plan.staging) == [f"{new_key}.bundle"]
+
+    # The next run, on a fresh runner: the header entry (saved at job end) hits.
+    saved_entry = (Path(plan.header_staging) / f"{key}.bundle").read_bytes()
+    for path in (Path(environ["RUNNER_TEMP"]), Path(plan.header_staging), runner_tmp):
+        shutil.rmtree(path)
+        path.mkdir()
+    for name in ("GITHUB_ENV", "GITHUB_OUTPUT"):
+        Path(environ[name]).write_text("")
+    staged_bundle = (Path(plan.staging) / f"{new_key}.bundle").read_bytes()
+    assert action.main(["plan"], environ) == 0
+    (Path(plan.staging)).mkdir(parents=True)
+    (Path(plan.staging) / f"{new_key}.bundle").write_bytes(staged_bundle)  # actions/cache restored it
+    assert action.main(["restore"], environ) == 0
+    assert parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["header-key"] == key
+    assert _staged_objects(plan.header_spare) == []  # the new bundle entry carries no copy
+    assert not Path(plan.header_staging).exists()  # plan leaves only what actions/cache restores there
+    Path(plan.header_staging).mkdir()
+    (Path(plan.header_staging) / f"{key}.bundle").write_bytes(saved_entry)  # actions/cache restored it
+    assert action.main(["headers"], {**environ, "COMPILECACHE_HEADER_HIT": "true"}) == 0
+    assert f"installed, from its actions/cache entry {key}" in capsys.readouterr().out
+    assert (headers.header_dir() / HEADER).read_bytes() == HEADER.encode() * 4000
+    result = action_restore_result(parse_vars(Path(environ["GITHUB_ENV"]).read_text())["PYTEST_COMPILECACHE_RESTORED"])
+    assert result is not None and result.headers.carried == (key,)
+
+
+def test_headers_command_without_a_header_does_nothing(
+    action: ModuleType, environ: dict[str, str], fingerprint: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pytest_compilecache.fingerprint
+
+    monkeypatch.setattr(pytest_compilecache.fingerprint, "collect", lambda salt="": fingerprint)
+    assert action.main(["plan"], environ) == 0
+    environ["COMPILECACHE_PLAN"] = parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["plan"]
+    Path(environ["GITHUB_ENV"]).write_text("")
+    assert action.main(["headers"], environ) == 0
+    assert Path(environ["GITHUB_ENV"]).read_text() == ""
+
+
+def test_an_evicted_header_entry_makes_the_headers_command_warn_not_fail(
+    action: ModuleType,
+    environ: dict[str, str],
+    fingerprint: Any,
+    tmp_path: Path,
+    runner_tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import pytest_compilecache.fingerprint
+    from pytest_compilecache.session import action_restore_result
+
+    monkeypatch.setattr(pytest_compilecache.fingerprint, "collect", lambda salt="": fingerprint)
+    assert action.main(["plan"], environ) == 0
+    plan_file = parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["plan"]
+    plan = action.Plan.from_json(json.loads(Path(plan_file).read_text()))
+    _header_bundle(fingerprint, plan, tmp_path / "machine", "1-1", carried=("x",))
+    (Path(plan.staging) / "x").write_text("")  # not a bundle name: ignored
+    for path in Path(plan.staging).glob("*-artifact-*.bundle"):
+        path.unlink()  # a bundle entry saved after issue 10: no copy of the header
+    environ["COMPILECACHE_PLAN"] = plan_file
+    assert action.main(["restore"], environ) == 0
+    capsys.readouterr()
+    assert action.main(["headers"], environ) == 0
+    out = capsys.readouterr().out
+    assert out.count("::warning") == 1 and "torch builds it" in out
+    result = action_restore_result(parse_vars(Path(environ["GITHUB_ENV"]).read_text())["PYTEST_COMPILECACHE_RESTORED"])
+    assert result is not None and (result.headers.named, result.headers.carried) == ((), ())
+
+
+def test_headers_command_trouble_is_a_warning_not_a_failed_job(
+    action: ModuleType,
+    environ: dict[str, str],
+    fingerprint: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import pytest_compilecache.fingerprint
+
+    monkeypatch.setattr(pytest_compilecache.fingerprint, "collect", lambda salt="": fingerprint)
+    assert action.main(["plan"], environ) == 0
+    environ["COMPILECACHE_PLAN"] = parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["plan"]
+    (Path(environ["RUNNER_TEMP"]) / action.HEADER_STATE).write_text('{"key": "k", "artifact": {"kind": "x"}}')
+    capsys.readouterr()
+    assert action.main(["headers"], environ) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("::warning") and "precompiled header not restored: HeaderError" in out

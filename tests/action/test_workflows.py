@@ -72,12 +72,14 @@ def actionlint(directory: Path) -> subprocess.CompletedProcess[str]:
     return result
 
 
+@pytest.mark.slow  # actionlint runs shellcheck on every script: seconds
 def test_workflows_pass_actionlint() -> None:
     assert {path.name for path in WORKFLOWS} >= {"ci.yml", *EXAMPLES}
     result = actionlint(REPO / ".github" / "workflows")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow  # actionlint runs shellcheck on every script: seconds
 def test_actionlint_rejects_a_broken_workflow(tmp_path: Path) -> None:
     (tmp_path / "broken.yml").write_text(BROKEN_WORKFLOW)
     result = actionlint(tmp_path)

@@ -1,6 +1,6 @@
 """The plugin against real servers: S3 bundles (moto server) and torch's Redis remote cache (redis-server).
 
-Each session runs in a subprocess through pytester, compiling a tiny function for real on the CPU.
+Each session runs in a subprocess through pytester, compiling a tiny function (a matmul) for real on the CPU.
 """
 
 from __future__ import annotations
@@ -15,13 +15,15 @@ from tests.servers import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
+# A matmul: TorchInductor calls an extern kernel, so the FX graph is cached (locally and in Redis) without a
+# C++ build; the remote and store paths are what these tests are about.
 SUITE = """
 import torch
 
 def test_compiled():
-    fn = torch.compile(lambda x: torch.sin(x) * 3 + x.relu())
-    x = torch.randn(32)
-    torch.testing.assert_close(fn(x), torch.sin(x) * 3 + x.relu())
+    fn = torch.compile(lambda x, w: x @ w)
+    x, w = torch.randn(8, 4), torch.randn(4, 2)
+    torch.testing.assert_close(fn(x, w), x @ w)
 """
 
 

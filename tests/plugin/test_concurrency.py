@@ -83,7 +83,8 @@ def test_ramp():
     torch.testing.assert_close(torch.compile(ramp)(x), ramp(x))
 """
 
-ROUNDS = 3
+# Round 0 already failed on the code before the fix (issue 9); a second round shows the dir trimmed cold.
+ROUNDS = 2
 
 
 def _trimmer(root: Path, cache: Path, report: Path) -> tuple[subprocess.CompletedProcess[str], list[str]]:

@@ -6,6 +6,8 @@ the terminal table (``--compile-cache-report=full``) and the JSON report must bo
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.plugin.helpers import XDIST
@@ -101,3 +103,86 @@ def test_second_session_says_why_each_test_missed(
     assert report["why"]["never_hit"]["test_suite.py::test_random"]["runs"] == 2
     assert second.record("test_same")["fxgraph"]["miss"] == 0 and second.record("test_same")["why"] == []
     assert "test_suite.py::test_same" not in report["why"]["misses"]
+
+
+ONE_TEST = """
+import os
+
+import torch
+
+ROWS = int(os.environ["INNER_ROWS"])
+
+
+def project(x, w):
+    return x @ w
+
+
+def test_project():
+    x, w = torch.randn(ROWS, 4), torch.randn(4, 2)
+    torch.testing.assert_close(torch.compile(project)(x, w), project(x, w))
+"""
+
+# Each process writes, at its session end, whether the capture was wrapped around torch's lookup or waiting for
+# torch's codecache to be imported: "off" must leave torch untouched in every process, xdist workers included.
+CAPTURE_CONFTEST = """
+import json
+import os
+import sys
+
+
+def pytest_sessionfinish(session):
+    codecache = sys.modules.get("torch._inductor.codecache")
+    wrapped = codecache is not None and hasattr(codecache.FxGraphCache.load_with_key, "__wrapped__")
+    watching = any(type(f).__name__ == "_InstallOnImport" for f in sys.meta_path)
+    name = os.environ.get("PYTEST_XDIST_WORKER", "controller")
+    state = {"codecache": codecache is not None, "wrapped": wrapped, "watching": watching}
+    (session.config.rootpath / f"capture-{name}.json").write_text(json.dumps(state))
+"""
+
+
+def _capture_states(root: pytest.Pytester) -> list[dict[str, bool]]:
+    paths = sorted(root.path.glob("capture-*.json"))
+    states = [json.loads(path.read_text()) for path in paths]
+    for path in paths:
+        path.unlink()
+    return states
+
+
+@XDIST
+def test_explain_off_captures_nothing_and_on_says_why(
+    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, dist: tuple[str, ...]
+) -> None:
+    inner.makepyfile(test_suite=ONE_TEST)
+    inner.makeconftest(CAPTURE_CONFTEST)
+    record = inner.path / "cache" / ".compilecache-graphs.json"
+    args = (
+        "--compile-cache=shared",
+        f"--compile-cache-dir={inner.path / 'cache'}",
+        "--compile-cache-report=full",
+        *dist,
+    )
+
+    monkeypatch.setenv("INNER_ROWS", "8")
+    first = run_inner(inner, *args, json_name="first.json")  # on by default: the baseline record
+    first.result.assert_outcomes(passed=1)
+    assert first.record("test_project")["graphs"] >= 1 and record.is_file()
+    assert any(state["wrapped"] for state in _capture_states(inner))
+    kept = record.read_bytes()
+
+    monkeypatch.setenv("INNER_ROWS", "16")
+    off = run_inner(inner, *args, "--compile-cache-explain=off", json_name="off.json")
+    off.result.assert_outcomes(passed=1)
+    assert off.totals["fxgraph"]["miss"] >= 1  # it missed, and says nothing about why
+    assert "why tests missed" not in off.output and "why test_suite.py" not in off.output
+    assert off.data["why"] is None
+    assert off.record("test_project")["graphs"] == 0 and off.record("test_project")["why"] == []
+    assert record.read_bytes() == kept  # not rewritten: the next "on" session compares with the first
+    states = _capture_states(inner)
+    assert len(states) == (3 if dist else 1) and any(state["codecache"] for state in states)
+    assert not any(state["wrapped"] or state["watching"] for state in states), states
+
+    monkeypatch.setenv("INNER_ROWS", "32")
+    on = run_inner(inner, *args, "--compile-cache-explain=on", json_name="on.json")
+    on.result.assert_outcomes(passed=1)
+    on.result.stdout.fnmatch_lines(["why test_suite.py::test_project: input 0 shape [[]8, 4] -> [[]32, 4]"])
+    assert on.data["why"]["misses"]["test_suite.py::test_project"]

@@ -178,6 +178,37 @@ def test_report_renders_markdown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert "75% hit rate" in text and "`t.py::a`" in text
 
 
+def test_report_renders_why_these_tests_missed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The JSON report's top-level ``why`` comes out as the step summary's section, through report.py."""
+    from pytest_compilecache import report as report_mod
+    from pytest_compilecache.explain import MissExplanation
+    from pytest_compilecache.explain import SessionExplanation
+
+    why = SessionExplanation(
+        misses={"t.py::a": [MissExplanation("k2", ["input 0 shape [8, 16] -> [8, 32]"])]},
+        never_hit={"t.py::r": ("a constant in graph statement 3", 2)},
+        compared_with="bundle",
+    )
+    record = {"nodeid": "t.py::a", "fxgraph": {"hit": 0, "miss": 1, "bypass": 0}, "frames": 1}
+    data = {"version": 1, "mode": "shared", "cache_dir": "/c", "totals": {"tests": 2}, "tests": [record]}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({**data, "why": report_mod.why_json(why)}))
+    assert cli.main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "Why these tests missed (compared with the bundle) (2)" in out
+    assert "| `t.py::a` | input 0 shape \\[8, 16\\] -\\> \\[8, 32\\] |" in out  # escaped Markdown
+    assert "| `t.py::r` | **never hits**: only a constant in graph statement 3 changed" in out
+    assert out.strip().endswith(report_mod.why_markdown(why, report_mod.WHY_MARKDOWN_BYTES).strip())
+
+    path.write_text(json.dumps({**data, "why": None}))  # a first run: nothing compared
+    assert cli.main(["report", str(path)]) == 0
+    assert "Why these tests missed" not in capsys.readouterr().out
+
+    path.write_text(json.dumps({**data, "why": {"misses": {"t.py::a": [{"reasons": []}]}}}))
+    assert cli.main(["report", str(path)]) == cli.EXIT_USAGE
+    assert "is not a --compile-cache-json report" in capsys.readouterr().err
+
+
 def test_module_entry_point_runs() -> None:
     proc = subprocess.run([sys.executable, "-m", "pytest_compilecache", "--version"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip()

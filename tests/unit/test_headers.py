@@ -283,3 +283,26 @@ def test_restore_problems_are_warning_lines_and_change_nothing(tmp_path: Path) -
     bad = headers.restore_headers(store, "pfx", [{**artifact.to_json(), "name": "../x.h.gch"}], tmp_path, fresh)
     assert "not a precompiled-header name" in bad.errors[0]
     assert not (fresh / NAME).exists()
+
+
+def test_verify_checks_a_stream_without_writing_it(tmp_path: Path) -> None:
+    artifact, buf = packed(make_header(tmp_path / "a"))
+    headers.verify(artifact, buf)  # the header's own bytes: no error
+    other, other_buf = packed(make_header(tmp_path / "b", content=b"other" * 100))
+    with pytest.raises(HeaderError, match="does not match"):
+        headers.verify(artifact, other_buf)
+    with pytest.raises(HeaderError, match="not a zstd stream"):
+        headers.verify(artifact, io.BytesIO(b"plain bytes"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+def test_save_headers_leaves_carried_keys_to_their_own_transport(tmp_path: Path) -> None:
+    from pytest_compilecache.stores.local import LocalStore
+
+    store = LocalStore(tmp_path / "store")
+    machine = headers.header_dir(tmp_path / "a")
+    key = headers.object_key("pfx", headers.describe(make_header(machine)).sha256)
+    (tmp_path / "scratch").mkdir()
+    saved = headers.save_headers(store, "pfx", time.time() - 60, [], tmp_path / "scratch", machine, carried=[key])
+    assert ([a.name for a in saved.artifacts], saved.transferred, saved.errors) == ([NAME], [], [])
+    assert store.list("pfx") == []

@@ -230,6 +230,7 @@ def huge() -> SessionStats:
     return _many(100_000)
 
 
+@pytest.mark.slow  # 100k records: seconds of CPU
 def test_markdown_of_100k_long_records_fits_the_default_limit(huge: SessionStats) -> None:
     text = report.markdown(huge, where="shared:/c")
     assert report.MARKDOWN_LIMIT < 1024 * 1024
@@ -241,6 +242,7 @@ def test_markdown_of_100k_long_records_fits_the_default_limit(huge: SessionStats
     assert "`tests/" + "x" * 300 + "/test_99999.py::test[99999]`" in text
 
 
+@pytest.mark.slow  # 100k records: seconds of CPU
 def test_markdown_of_100k_long_records_respects_a_small_limit(huge: SessionStats) -> None:
     text = report.markdown(huge, where="shared:/c", limit=4_000)
     assert len(text) <= 4_000

@@ -26,6 +26,7 @@ from pytest_compilecache.session import Worker
 from pytest_compilecache.session import action_restore_result
 from pytest_compilecache.settings import Settings
 from pytest_compilecache.stats import ItemRecord
+from tests.fakes import FakeProbe
 
 FP = Fingerprint({"torch": "2.13.0", "python": "cpython 3.11"})
 
@@ -34,10 +35,9 @@ _OPEN: list[Setup] = []
 
 
 @pytest.fixture(autouse=True)
-def _no_torch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A fake probe: this process has compiled nothing (whatever other unit tests imported). Every set-up
-    made here is closed afterwards, so no exported variable leaks into later tests."""
-    monkeypatch.setattr("pytest_compilecache.probe.dynamo_loaded", lambda: False)
+def _session_sandbox(fake_probe: FakeProbe, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The fake probe (this process has compiled nothing, whatever other unit tests imported), no runner
+    variables; every set-up made here is closed afterwards, so no exported variable leaks into later tests."""
     monkeypatch.delenv(session_mod.ACTION_RESTORE_ENV, raising=False)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     yield

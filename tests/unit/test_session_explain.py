@@ -23,6 +23,8 @@ from pytest_compilecache.session import Recorder
 from pytest_compilecache.session import Setup
 from pytest_compilecache.session import Worker
 from pytest_compilecache.settings import Settings
+from pytest_compilecache.stats import ItemRecord
+from tests.fakes import FakeProbe
 from tests.unit.test_session import FP
 
 
@@ -39,30 +41,6 @@ def lookup(key: str, shape: str = "[8, 16]", outcome: str = "miss", code: str = 
     )
 
 
-class FakeProbe:
-    """This process's lookups, as ``probe.graph_mark``/``graph_delta`` and the counters as ``probe.delta``."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.lookups: list[dict[str, Any]] = []
-        monkeypatch.setattr("pytest_compilecache.probe.graph_mark", lambda: len(self.lookups))
-        monkeypatch.setattr("pytest_compilecache.probe.graph_delta", lambda start: list(self.lookups[start:]))
-        monkeypatch.setattr("pytest_compilecache.probe.torch_loaded", lambda: True)  # else Recorder.start is COLD
-        monkeypatch.setattr("pytest_compilecache.probe.mark", lambda: len(self.lookups))
-        monkeypatch.setattr("pytest_compilecache.probe.delta", self._delta)
-
-    def _delta(self, start: Any) -> dict[str, Any]:
-        new = self.lookups[start:]
-        if not new:
-            return {}
-        misses = sum(1 for g in new if g["o"] != "hit")
-        return {"fxgraph": {"hit": len(new) - misses, "miss": misses}, "frames": 1}
-
-    def run(self, recorder: Recorder, nodeid: str, *graphs: GraphLookup, intended: bool = False) -> None:
-        start = recorder.start()
-        self.lookups += [g.to_json() for g in graphs]
-        recorder.finish(nodeid, start, intended=intended)
-
-
 @pytest.fixture(autouse=True)
 def _environment() -> Iterator[None]:
     """Setup.start exports the session's environment: put it back after each test."""
@@ -72,11 +50,6 @@ def _environment() -> Iterator[None]:
     os.environ.update(before)
 
 
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeProbe:
-    return FakeProbe(monkeypatch)
-
-
 def _controller(tmp_path: Path, **options: Any) -> Controller:
     options.setdefault("mode", "shared")
     options.setdefault("dir", str(tmp_path / "cache"))
@@ -84,38 +57,45 @@ def _controller(tmp_path: Path, **options: Any) -> Controller:
     settings = Settings(**options)
     setup = Setup.start(settings, tmp_path / "default", inherited=None, problems=Problems(strict=settings.strict))
     setup._fingerprint = FP
-    return Controller(setup, Recorder("controller"))
+    return Controller(setup, Recorder("controller", settings.explain))
 
 
-def _session(tmp_path: Path, fake: FakeProbe, *tests: tuple[str, list[GraphLookup]], **options: Any) -> Controller:
+def _session(
+    tmp_path: Path, fake: FakeProbe, *tests: tuple[str, list[GraphLookup]], compiled: bool = False, **options: Any
+) -> Controller:
+    """One session of ``tests``; ``compiled``: as if they left a kernel in the cache dir (so a save has work)."""
     controller = _controller(tmp_path, **options)
     controller.session_start()
     for nodeid, graphs in tests:
         fake.run(controller.recorder, nodeid, *graphs)
+    if compiled:
+        kernel = Path(controller.setup.dir.path or "") / "kernel.so"
+        kernel.write_bytes(nodeid.encode())
+        controller.files.add(kernel.name)
     controller.finish()
     return controller
 
 
-def test_recorder_keeps_lookups_except_for_marked_tests(fake: FakeProbe) -> None:
+def test_recorder_keeps_lookups_except_for_marked_tests(fake_probe: FakeProbe) -> None:
     recorder = Recorder("controller")
-    fake.run(recorder, "t.py::test_a", lookup("k1"))
-    fake.run(recorder, "t.py::test_iso", lookup("k2"), intended=True)
-    fake.run(recorder, "t.py::test_none")
+    fake_probe.run(recorder, "t.py::test_a", lookup("k1"))
+    fake_probe.run(recorder, "t.py::test_iso", lookup("k2"), intended=True)
+    fake_probe.run(recorder, "t.py::test_none")
     records = recorder.stats.records
     assert [g.key for g in records["t.py::test_a"].graphs] == ["k1"]
     assert records["t.py::test_iso"].graphs == [] and records["t.py::test_iso"].misses == 1  # counted, not kept
     assert "t.py::test_none" not in records and recorder.stats.tests == 3
 
 
-def test_second_shared_session_says_why_and_keeps_the_record(tmp_path: Path, fake: FakeProbe) -> None:
-    first = _session(tmp_path, fake, ("t.py::test_a", [lookup("k1")]), ("t.py::test_b", [lookup("kb")]))
+def test_second_shared_session_says_why_and_keeps_the_record(tmp_path: Path, fake_probe: FakeProbe) -> None:
+    first = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]), ("t.py::test_b", [lookup("kb")]))
     assert first.why is None and first.to_json()["why"] is None  # nothing to compare with yet
     assert not any("why" in line for line, _ in first.terminal_lines())
     record = explain.load_record(tmp_path / "cache")
     assert record is not None and sorted(record.tests) == ["t.py::test_a", "t.py::test_b"]
 
     second = _session(
-        tmp_path, fake, ("t.py::test_a", [lookup("k2", shape="[8, 32]")]), ("t.py::test_new", [lookup("kn")])
+        tmp_path, fake_probe, ("t.py::test_a", [lookup("k2", shape="[8, 32]")]), ("t.py::test_new", [lookup("kn")])
     )
     assert second.compared_with == "previous session"
     reasons = [w.reasons for w in second.stats.records["t.py::test_a"].why]
@@ -133,15 +113,15 @@ def test_second_shared_session_says_why_and_keeps_the_record(tmp_path: Path, fak
     assert kept is not None and sorted(kept.tests) == ["t.py::test_a", "t.py::test_b", "t.py::test_new"]
 
 
-def test_summary_report_hides_the_explanations(tmp_path: Path, fake: FakeProbe) -> None:
-    _session(tmp_path, fake, ("t.py::test_a", [lookup("k1")]))
-    second = _session(tmp_path, fake, ("t.py::test_a", [lookup("k2", shape="[4, 16]")]), report="short")
+def test_summary_report_hides_the_explanations(tmp_path: Path, fake_probe: FakeProbe) -> None:
+    _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]))
+    second = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k2", shape="[4, 16]")]), report="short")
     assert second.why is not None and second.why.misses
     assert not any(line.startswith("why") for line, _ in second.terminal_lines())
     assert any(line.startswith("why") for line, _ in second.terminal_lines(verbose=True))
 
 
-def test_a_restored_bundles_record_is_the_baseline_for_every_process(tmp_path: Path, fake: FakeProbe) -> None:
+def test_a_restored_bundles_record_is_the_baseline_for_every_process(tmp_path: Path, fake_probe: FakeProbe) -> None:
     bundle_record = explain.GraphsRecord(tests={"t.py::test_a": [lookup("k1", code="old")]})
     controller = _controller(tmp_path)
     (tmp_path / "cache").mkdir(exist_ok=True)
@@ -157,17 +137,17 @@ def test_a_restored_bundles_record_is_the_baseline_for_every_process(tmp_path: P
     )
     worker.session_start()
     start = worker.recorder.start()
-    fake.lookups.append(lookup("k2").to_json())
+    fake_probe.lookups.append(lookup("k2").to_json())
     live = worker.recorder.live("t.py::test_a", start)
     assert [w.reasons for w in live.why] == [["graph code changed"]]
     assert [g.key for g in live.graphs] == ["k2"]
     assert worker.recorder.live("t.py::test_a", start, intended=True).why == []
 
 
-def test_an_unreadable_record_is_one_warning_and_no_explanations(tmp_path: Path, fake: FakeProbe) -> None:
+def test_an_unreadable_record_is_one_warning_and_no_explanations(tmp_path: Path, fake_probe: FakeProbe) -> None:
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / explain.RECORD_NAME).write_text("{not json")
-    controller = _session(tmp_path, fake, ("t.py::test_a", [lookup("k1")]))
+    controller = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]))
     assert len(controller.problems.warnings) == 1 and "graph record in the cache dir" in controller.problems.warnings[0]
     assert controller.why is None and controller.to_json()["why"] is None
     assert explain.load_record(tmp_path / "cache") is not None  # this session's record replaced it
@@ -185,7 +165,7 @@ def test_a_hostile_bundle_record_is_one_warning(tmp_path: Path) -> None:
 
 
 def test_isolated_without_a_bundle_explains_nothing_but_saves_the_record(
-    tmp_path: Path, fake: FakeProbe, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fake_probe: FakeProbe, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     saved: dict[str, Any] = {}
 
@@ -195,26 +175,26 @@ def test_isolated_without_a_bundle_explains_nothing_but_saves_the_record(
 
     monkeypatch.setattr(sync, "save", save)
     controller = _session(
-        tmp_path, fake, ("t.py::test_a", [lookup("k1")]), mode="isolated", store=f"file://{tmp_path / 'store'}"
+        tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]), mode="isolated", store=f"file://{tmp_path / 'store'}"
     )
     assert controller.why is None
     assert list(saved["graphs"]["tests"]) == ["t.py::test_a"]  # the next run restoring the bundle compares
     assert explain.GraphsRecord.from_json(saved["graphs"]).tests["t.py::test_a"][0].key == "k1"
 
 
-def test_disabled_mode_explains_nothing(tmp_path: Path, fake: FakeProbe) -> None:
-    controller = _session(tmp_path, fake, ("t.py::test_a", [lookup("k1")]), mode="disabled")
+def test_disabled_mode_explains_nothing(tmp_path: Path, fake_probe: FakeProbe) -> None:
+    controller = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]), mode="disabled")
     assert controller.why is None and controller.graphs is None
 
 
-def test_worker_graphs_survive_the_merge_and_are_explained(tmp_path: Path, fake: FakeProbe) -> None:
-    _session(tmp_path, fake, ("t.py::test_a", [lookup("k1", code="c1")]))
+def test_worker_graphs_survive_the_merge_and_are_explained(tmp_path: Path, fake_probe: FakeProbe) -> None:
+    _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1", code="c1")]))
     controller = _controller(tmp_path)
     controller.session_start()
     worker = Worker(
         Setup(controller.settings, controller.setup.dir, controller.setup.lease, Problems()), Recorder("gw1")
     )
-    fake.run(worker.recorder, "t.py::test_a", lookup("k3", code="c2"))
+    fake_probe.run(worker.recorder, "t.py::test_a", lookup("k3", code="c2"))
     controller.add_worker("gw1", json.loads(json.dumps(worker.output())))
     controller.finish()
     record = controller.stats.records["t.py::test_a"]
@@ -222,14 +202,88 @@ def test_worker_graphs_survive_the_merge_and_are_explained(tmp_path: Path, fake:
     assert [w.reasons for w in record.why] == [["graph code changed"]]
 
 
-def test_the_record_is_ours_in_an_untagged_torch_dir(tmp_path: Path, fake: FakeProbe) -> None:
+def test_the_record_is_ours_in_an_untagged_torch_dir(tmp_path: Path, fake_probe: FakeProbe) -> None:
     """A --compile-cache-dir that torch made (no CACHEDIR.TAG) stays usable once the record is kept there."""
     from pytest_compilecache import cachedir
 
     assert cachedir.GRAPHS_RECORD == explain.RECORD_NAME
     (tmp_path / "cache" / "fxgraph").mkdir(parents=True)
-    _session(tmp_path, fake, ("t.py::test_a", [lookup("k1")]))
+    _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]))
     assert (tmp_path / "cache" / explain.RECORD_NAME).is_file()
     assert cachedir.ownership(tmp_path / "cache").kind in ("ours", "torch")
-    second = _session(tmp_path, fake, ("t.py::test_a", [lookup("k2", shape="[2, 16]")]))  # not refused
+    second = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k2", shape="[2, 16]")]))  # not refused
     assert second.why is not None and second.why.misses
+
+
+def _no_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With explaining off nothing may reach for the capture: graph_mark would install it once torch is loaded."""
+
+    def forbidden(*args: Any) -> Any:
+        raise AssertionError("the graph capture was used with --compile-cache-explain=off")
+
+    for name in ("graph_mark", "graph_delta", "graph_capture_installed", "watch_graph_lookups"):
+        monkeypatch.setattr(f"pytest_compilecache.probe.{name}", forbidden)
+
+
+def test_explain_off_captures_records_and_explains_nothing(
+    tmp_path: Path, fake_probe: FakeProbe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]))
+    kept = (tmp_path / "cache" / explain.RECORD_NAME).read_bytes()
+    _no_capture(monkeypatch)
+
+    off = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k2", shape="[8, 32]")]), explain=False)
+    record = off.stats.records["t.py::test_a"]
+    assert record.misses == 1 and record.graphs == [] and record.why == []  # counted, not captured
+    assert off.baseline is None and off.why is None and off.graphs is None
+    assert off.to_json()["why"] is None and off.to_json()["tests"][0]["graphs"] == 0
+    assert not any("why" in line for line, _ in off.terminal_lines(verbose=True))
+    assert (tmp_path / "cache" / explain.RECORD_NAME).read_bytes() == kept  # neither read into nor rewritten
+
+    worker = Worker(Setup(off.settings, off.setup.dir, off.setup.lease, Problems()), Recorder("gw0", explain=False))
+    worker.session_start()
+    assert worker.recorder.baseline_dir is None
+    start = worker.recorder.start()
+    fake_probe.lookups.append(lookup("k3").to_json())
+    live = worker.recorder.live("t.py::test_a", start)
+    assert live.misses == 1 and live.graphs == [] and live.why == []
+    worker.recorder.finish("t.py::test_a", start)
+    [sent] = worker.output()["records"]
+    assert ItemRecord.from_json(sent).misses == 1 and not ItemRecord.from_json(sent).graphs
+
+
+def test_explain_off_restores_a_bundle_with_a_record_and_saves_one_without(
+    tmp_path: Path, fake_probe: FakeProbe
+) -> None:
+    store = f"file://{tmp_path / 'store'}"
+    first = _session(
+        tmp_path,
+        fake_probe,
+        ("t.py::test_a", [lookup("k1")]),
+        compiled=True,
+        store=store,
+        run_suffix="1",
+        dir=str(tmp_path / "a"),
+    )
+    assert first.saved is not None and first.saved.outcome == "saved", first.saved
+
+    off = _session(
+        tmp_path,
+        fake_probe,
+        ("t.py::test_a", [lookup("k2", shape="[8, 32]")]),
+        compiled=True,
+        store=store,
+        run_suffix="2",
+        dir=str(tmp_path / "b"),
+        explain=False,
+    )
+    assert off.restored is not None and off.restored.outcome == "partial", off.restored  # an earlier run's key
+    assert off.restored.graphs is not None  # the bundle had a record; the restore used the rest of it
+    assert (tmp_path / "b" / "kernel.so").is_file() and off.problems.warnings == []
+    assert not (tmp_path / "b" / explain.RECORD_NAME).exists() and off.why is None
+    assert off.saved is not None and off.saved.outcome == "saved", off.saved
+
+    after = _controller(tmp_path, store=store, dir=str(tmp_path / "c"))
+    after.session_start()
+    assert after.restored is not None and after.restored.key == off.saved.key
+    assert after.restored.graphs is None and after.baseline is None  # off saved no record

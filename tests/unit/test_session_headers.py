@@ -17,9 +17,10 @@ from pytest_compilecache.session import Setup
 from pytest_compilecache.session import Worker
 from pytest_compilecache.stores import LocalStore
 from pytest_compilecache.stores.base import is_artifact_key
+from tests.fakes import FakeProbe
 from tests.unit.test_session import _controller
-from tests.unit.test_session import _no_torch  # noqa: F401 - the autouse fake probe, applied here too
 from tests.unit.test_session import _record
+from tests.unit.test_session import _session_sandbox  # noqa: F401 - test_session's autouse sandbox, here too
 
 NAME = "c" + "a2b3c4d5e6f7" * 4 + "abc" + ".h.gch"
 
@@ -44,12 +45,12 @@ def _saved_artifacts(store: Path) -> list[str]:
     return [entry.key for entry in LocalStore(store).list() if is_artifact_key(entry.key)]
 
 
-def test_a_saving_session_carries_the_header_it_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_saving_session_carries_the_header_it_built(tmp_path: Path, fake_probe: FakeProbe) -> None:
     controller = _controller(tmp_path, store=str(tmp_path / "store"))
     controller.session_start()
     assert controller.header_since is not None
     _header_built_now()
-    monkeypatch.setattr("pytest_compilecache.probe.precompiled_header_dir", lambda: str(headers.header_dir()))
+    fake_probe.header_dir = str(headers.header_dir())
     controller.stats.add_record(_record("t::a", miss=1))
     controller.files.add("x")  # something compiled
     (Path(controller.setup.dir.path or "") / "x").write_bytes(b"kernel")
@@ -60,12 +61,12 @@ def test_a_saving_session_carries_the_header_it_built(tmp_path: Path, monkeypatc
     assert controller.to_json()["save"]["headers"]["named"] == 1
 
 
-def test_a_worker_reports_torchs_header_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_reports_torchs_header_dir(tmp_path: Path, fake_probe: FakeProbe) -> None:
     controller = _controller(tmp_path)
     worker = Worker(
         Setup(controller.setup.settings, controller.setup.dir, controller.setup.lease, Problems()), Recorder("gw0")
     )
-    monkeypatch.setattr("pytest_compilecache.probe.precompiled_header_dir", lambda: "/somewhere/else")
+    fake_probe.header_dir = "/somewhere/else"
     output = worker.output()
     assert output["header_dir"] == "/somewhere/else"
     controller.add_worker("gw0", output)
@@ -147,3 +148,48 @@ def test_the_actions_restore_report_may_name_the_headers_it_installed() -> None:
     assert old is not None and old.headers.named == ()
     odd = action_restore_result(value)  # not all strings: ignored as a whole
     assert odd is not None and odd.headers.named == ()
+
+
+def test_after_the_actions_restore_a_header_it_could_not_install_is_new(tmp_path: Path) -> None:
+    """restore=skip (the Action restored): its report names what it installed; a header it could not (its
+    entry evicted) that torch built again makes the session save, so the next run carries it (issue 10)."""
+    controller = _controller(tmp_path, store=str(tmp_path / "store"), restore="skip")
+    controller.session_start()
+    controller.restored = sync.RestoreResult("partial", key="k")  # the Action installed no header
+    controller.stats.add_record(_record("t::a", hit=3))
+    (Path(controller.setup.dir.path or "") / "x").write_bytes(b"kernel")
+    controller.files.add("x")
+    _header_built_now()
+    controller._save()
+    assert _outcome(controller) == "saved"
+    controller.restored = sync.RestoreResult("partial", key="k", headers=sync.HeaderReport(named=(NAME,)))
+    controller._save()
+    assert _outcome(controller) == "skipped"  # the Action installed it: nothing new
+
+
+def test_a_header_the_actions_header_entry_carries_is_named_not_uploaded(tmp_path: Path) -> None:
+    from pytest_compilecache.session import action_restore_result
+
+    path = _header_built_now()
+    key = headers.object_key("compilecache-v1", headers.describe(path).sha256)
+    value = json.dumps({"outcome": "partial", "key": "k", "headers": [], "header_key": key})
+    restored = action_restore_result(value)
+    assert restored is not None and restored.headers.carried == (key,)
+    controller = _controller(tmp_path, store=str(tmp_path / "store"), restore="skip", key_prefix="compilecache-v1")
+    controller.session_start()
+    controller.restored = restored
+    controller.stats.add_record(_record("t::a", miss=1))
+    (Path(controller.setup.dir.path or "") / "x").write_bytes(b"kernel")
+    controller.files.add("x")
+    _header_built_now()  # built again this session: used
+    controller._save()
+    assert controller.saved is not None and controller.saved.outcome == "saved", controller.saved
+    assert controller.saved.headers.named == (NAME,) and controller.saved.headers.transferred == ()
+    assert _saved_artifacts(tmp_path / "store") == []  # the bundle names it; the header entry has it
+
+    elsewhere = headers.object_key("compilecache-v1", "0" * 64)
+    other = action_restore_result(json.dumps({"outcome": "partial", "key": "k", "header_key": elsewhere}))
+    assert other is not None
+    controller.restored = other  # another header's entry: this one goes into the store as before
+    controller._save()
+    assert _saved_artifacts(tmp_path / "store") == [key]

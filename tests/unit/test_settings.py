@@ -135,6 +135,8 @@ def test_a_bad_lower_priority_value_is_not_validated_when_overridden() -> None:
         ("report", "verbose", "choose from short, full, none"),
         ("summary", "on", "choose from auto, off"),
         ("restore", "never", "choose from auto, skip"),
+        ("explain", "yes", "choose from on, off"),
+        ("explain", "1", "choose from on, off"),
     ],
 )
 def test_validation_errors(name: str, raw: str, needle: str) -> None:
@@ -143,6 +145,14 @@ def test_validation_errors(name: str, raw: str, needle: str) -> None:
     assert needle in message
     cli_message = _error(cli={name: raw})
     assert cli_message.startswith(BY_NAME[name].cli + ": ")
+
+
+def test_explain_is_on_unless_switched_off_cli_over_ini_over_env() -> None:
+    assert _resolve().explain is True
+    assert _resolve(env={"explain": "off"}).explain is False
+    assert _resolve(ini={"explain": "on"}, env={"explain": "off"}).explain is True
+    assert _resolve(cli={"explain": " OFF "}, ini={"explain": "on"}).explain is False
+    assert _resolve(cli={"explain": "on"}, env={"explain": "off"}).explain is True
 
 
 def test_valid_values_are_parsed() -> None:

@@ -6,61 +6,23 @@ import json
 import os
 from pathlib import Path
 from typing import Any
-from typing import Mapping
 
 import pytest
 
 from pytest_compilecache import bundle
 from pytest_compilecache import sync
 from pytest_compilecache.fingerprint import Fingerprint
-from pytest_compilecache.fingerprint import device_facts
 from pytest_compilecache.fingerprint import make_key
 from pytest_compilecache.fingerprint import restore_prefix
-from pytest_compilecache.probe import CACHE_ENV
 from pytest_compilecache.stores import ReadOnlyStore
+from tests.fakes import FakeLoader
 from tests.fakes import MemoryStore
-
-PREFIX = "compilecache-v1"
-BASE = {"torch": "2.13.0", "python": "cpython 3.11.7", "arch": "x86_64"}
-H100 = Fingerprint(
-    {**BASE, **device_facts({"cuda": "12.8", "gpus": [{"name": "NVIDIA H100 80GB HBM3", "capability": "9.0"}]})}
-)
-A100 = Fingerprint(
-    {**BASE, **device_facts({"cuda": "12.8", "gpus": [{"name": "NVIDIA A100-SXM4-80GB", "capability": "8.0"}]})}
-)
-CACHE_FILES = {"ab/cabc.main.so": b"\x7fELF kernel", "fxgraph/xy/fxyz": b"pickled graph"}
-BLOBS = {"controller": b"controller mega-cache", "gw0": b"gw0 mega-cache"}
-
-
-class FakeLoader:
-    """Stands in for torch's mega-cache loader: records what it got and where the cache dir pointed."""
-
-    def __init__(self, error: Exception | None = None) -> None:
-        self.error = error
-        self.blobs: list[bytes] = []
-        self.cache_dirs: list[str | None] = []
-
-    def __call__(self, blob: bytes) -> Mapping[str, int]:
-        self.blobs.append(blob)
-        self.cache_dirs.append(os.environ.get(CACHE_ENV))
-        if self.error is not None:
-            raise self.error
-        return {"fx_graph": 2, "triton": 1}
-
-
-@pytest.fixture(autouse=True)
-def _restore_cache_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    # restore() points TORCHINDUCTOR_CACHE_DIR at the cache dir; monkeypatch puts the old value back.
-    monkeypatch.setenv(CACHE_ENV, "/nonexistent/before-restore")
-
-
-@pytest.fixture
-def source(tmp_path: Path) -> Path:
-    root = tmp_path / "source-cache"
-    for rel, data in CACHE_FILES.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(data)
-    return root
+from tests.unit.conftest import A100
+from tests.unit.conftest import BLOBS
+from tests.unit.conftest import CACHE_FILES
+from tests.unit.conftest import H100
+from tests.unit.conftest import PREFIX
+from tests.unit.conftest import tree
 
 
 @pytest.fixture
@@ -71,8 +33,7 @@ def cache_dir(tmp_path: Path) -> Path:
     return root
 
 
-def _tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+pytestmark = pytest.mark.usefixtures("cache_env")
 
 
 def _put_bundle(
@@ -120,9 +81,9 @@ def test_exact_restore(tmp_path: Path, source: Path, cache_dir: Path) -> None:
     assert transfer.artifacts == {"fx_graph": 4, "triton": 2}  # summed over both blobs
     assert loader.blobs == [BLOBS["controller"], BLOBS["gw0"]]  # sorted by name
     assert loader.cache_dirs == [str(cache_dir), str(cache_dir)]
-    tree = _tree(cache_dir)
-    assert {rel: tree[rel] for rel in CACHE_FILES} == CACHE_FILES
-    assert tree["already-here"] == b"from an earlier session"
+    files = tree(cache_dir)
+    assert {rel: files[rel] for rel in CACHE_FILES} == CACHE_FILES
+    assert files["already-here"] == b"from an earlier session"
 
 
 def test_partial_restore_takes_the_newest_for_this_fingerprint(tmp_path: Path, source: Path, cache_dir: Path) -> None:
@@ -132,7 +93,7 @@ def test_partial_restore_takes_the_newest_for_this_fingerprint(tmp_path: Path, s
     _put_bundle(store, tmp_path, source, A100, "run-3")  # newer still, but another fingerprint
     transfer = _restore(store, cache_dir, exact_key=make_key(PREFIX, H100.digest(), "run-9"))
     assert (transfer.outcome, transfer.key) == ("partial", newest)
-    assert set(CACHE_FILES) <= set(_tree(cache_dir))
+    assert set(CACHE_FILES) <= set(tree(cache_dir))
 
 
 def test_restore_without_exact_key_is_partial(tmp_path: Path, source: Path, cache_dir: Path) -> None:
@@ -151,7 +112,7 @@ def test_second_restore_of_identical_files_writes_nothing_new(tmp_path: Path, so
 
 
 def test_miss_in_an_empty_store(cache_dir: Path) -> None:
-    before = _tree(cache_dir)
+    before = tree(cache_dir)
     loader = FakeLoader()
     transfer = _restore(MemoryStore(), cache_dir, load=loader)
     assert transfer.outcome == "miss"
@@ -159,21 +120,21 @@ def test_miss_in_an_empty_store(cache_dir: Path) -> None:
     assert transfer.key is None
     assert transfer.message == f"no bundle under {PREFIX}- in memory://test"
     assert loader.blobs == []
-    assert _tree(cache_dir) == before
+    assert tree(cache_dir) == before
 
 
 def test_miss_explains_how_the_newest_bundle_differs(tmp_path: Path, source: Path, cache_dir: Path) -> None:
     store = MemoryStore()
     _put_bundle(store, tmp_path, source, Fingerprint({**A100.facts, "torch": "2.12.0"}), "run-1")
     newest = _put_bundle(store, tmp_path, source, A100, "run-2")
-    before = _tree(cache_dir)
+    before = tree(cache_dir)
     transfer = _restore(store, cache_dir)
     assert transfer.outcome == "miss"
     assert transfer.message == (
         f"no bundle for fingerprint {H100.digest()}; newest is {newest}, which differs in: "
         "gpus: NVIDIA A100-SXM4-80GB (8.0) -> NVIDIA H100 80GB HBM3 (9.0)"
     )
-    assert _tree(cache_dir) == before
+    assert tree(cache_dir) == before
 
 
 def test_miss_with_an_unreadable_newest_bundle(cache_dir: Path) -> None:
@@ -193,7 +154,7 @@ def test_store_error_is_one_line_and_writes_nothing(
     store = MemoryStore()
     key = _put_bundle(store, tmp_path, source, H100, "run-1")
     store.fail.add(operation)
-    before = _tree(cache_dir)
+    before = tree(cache_dir)
     loader = FakeLoader()
     transfer = _restore(store, cache_dir, exact_key=key if use_exact_key else None, load=loader)
     assert operation in store.calls
@@ -201,7 +162,7 @@ def test_store_error_is_one_line_and_writes_nothing(
     assert not transfer.ok
     assert transfer.message == f"restore failed: cannot {operation} at memory://test: connection reset"
     assert "\n" not in transfer.message
-    assert _tree(cache_dir) == before
+    assert tree(cache_dir) == before
     assert sorted(p.name for p in cache_dir.iterdir()) == ["already-here"]
     assert loader.blobs == []
 
@@ -233,7 +194,7 @@ def test_signature_is_checked_on_restore(tmp_path: Path, source: Path, cache_dir
     assert "signature mismatch" in transfer.skipped[0][1]
     assert "signature mismatch" in transfer.message
     assert loader.blobs == []
-    assert not any(rel in _tree(cache_dir) for rel in CACHE_FILES)  # verified before anything is written
+    assert not any(rel in tree(cache_dir) for rel in CACHE_FILES)  # verified before anything is written
     good = _restore(store, cache_dir, exact_key=key, signing_key=b"the right key")
     assert good.outcome == "exact"
 
@@ -243,12 +204,12 @@ def test_tampered_bundle_is_an_error_and_writes_no_cache_files(tmp_path: Path, s
     key = _put_bundle(store, tmp_path, source, H100, "run-1")
     data, when = store.objects[key]
     store.objects[key] = (data[:-1] + bytes([data[-1] ^ 0xFF]), when)
-    before = _tree(cache_dir)
+    before = tree(cache_dir)
     transfer = _restore(store, cache_dir, exact_key=key)
     assert transfer.outcome == "miss"
     assert "checksum mismatch" in transfer.message
     assert transfer.skipped == ((key, "bundle payload checksum mismatch"),)
-    assert _tree(cache_dir) == before
+    assert tree(cache_dir) == before
     assert sorted(p.name for p in cache_dir.iterdir()) == ["already-here"]  # no staging dir left
 
 
@@ -301,7 +262,7 @@ def test_save_then_restore_round_trip(tmp_path: Path, source: Path) -> None:
     loader = FakeLoader()
     restored = _restore(store, fresh, exact_key=key, load=loader)
     assert restored.outcome == "exact"
-    assert {rel: data for rel, data in _tree(fresh).items() if rel in CACHE_FILES} == CACHE_FILES
+    assert {rel: data for rel, data in tree(fresh).items() if rel in CACHE_FILES} == CACHE_FILES
     assert loader.blobs == [BLOBS["controller"], BLOBS["gw0"]]
 
 
@@ -386,7 +347,7 @@ def test_a_bundle_signed_for_one_shard_is_refused_under_another_shards_key(
     shard0 = _put_bundle(store, tmp_path, source, H100, "run-1", signing_key=b"key")
     shard1_key = make_key(PREFIX + "-shard1", H100.digest(), "run-1")
     store.objects[shard1_key] = store.objects.pop(shard0)  # copied by someone who can write the store
-    before = _tree(cache_dir)
+    before = tree(cache_dir)
     transfer = sync.restore(
         store,
         prefix=PREFIX + "-shard1",
@@ -399,7 +360,7 @@ def test_a_bundle_signed_for_one_shard_is_refused_under_another_shards_key(
     assert transfer.skipped == (
         (shard1_key, f"bundle was saved as {shard0!r}, not as {shard1_key!r} (copied under another key?)"),
     )
-    assert _tree(cache_dir) == before
+    assert tree(cache_dir) == before
 
 
 def test_restore_falls_back_past_bad_newer_bundles(tmp_path: Path, source: Path, cache_dir: Path) -> None:
@@ -416,7 +377,7 @@ def test_restore_falls_back_past_bad_newer_bundles(tmp_path: Path, source: Path,
     assert transfer.to_json()["skipped"] == [{"key": k, "reason": r} for k, r in transfer.skipped]
     assert transfer.warning is not None and transfer.warning.startswith("restore skipped 2 bundle(s) that failed ")
     assert loader.blobs == [BLOBS["controller"], BLOBS["gw0"]]
-    assert {rel: _tree(cache_dir)[rel] for rel in CACHE_FILES} == CACHE_FILES
+    assert {rel: tree(cache_dir)[rel] for rel in CACHE_FILES} == CACHE_FILES
 
 
 def test_exact_key_that_fails_falls_back_to_partial(tmp_path: Path, source: Path, cache_dir: Path) -> None:

@@ -21,40 +21,26 @@ from pytest_compilecache import headers
 from pytest_compilecache import sync
 from pytest_compilecache.fingerprint import make_key
 from pytest_compilecache.fingerprint import restore_prefix
-from pytest_compilecache.probe import CACHE_ENV
 from pytest_compilecache.settings import DEFAULT_PREFIX
 from pytest_compilecache.stores import LocalStore
 from pytest_compilecache.stores.base import find_latest
 from pytest_compilecache.stores.base import is_artifact_key
 from pytest_compilecache.stores.base import prune
+from tests.fakes import FakeLoader
 from tests.fakes import MemoryStore
-from tests.unit.test_sync import A100
-from tests.unit.test_sync import BLOBS
-from tests.unit.test_sync import CACHE_FILES
-from tests.unit.test_sync import H100
-from tests.unit.test_sync import PREFIX
-from tests.unit.test_sync import FakeLoader
-from tests.unit.test_sync import _tree
+from tests.unit.conftest import A100
+from tests.unit.conftest import BLOBS
+from tests.unit.conftest import CACHE_FILES
+from tests.unit.conftest import H100
+from tests.unit.conftest import PREFIX
+from tests.unit.conftest import tree
 
 NAME = "c" + "a2b3c4d5e6f7" * 4 + "abc" + ".h.gch"
 OTHER = "c" + "z" * 51 + ".h.gch"
 CONTENT = b"precompiled header " * 4096
 OTHER_CONTENT = b"a header built for another CPU " * 2048
 
-
-@pytest.fixture(autouse=True)
-def _restore_cache_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    # restore() points TORCHINDUCTOR_CACHE_DIR at the cache dir; monkeypatch puts the old value back.
-    monkeypatch.setenv(CACHE_ENV, "/nonexistent/before-restore")
-
-
-@pytest.fixture
-def source(tmp_path: Path) -> Path:
-    root = tmp_path / "source-cache"
-    for rel, data in CACHE_FILES.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(data)
-    return root
+pytestmark = pytest.mark.usefixtures("cache_env")
 
 
 @pytest.fixture
@@ -248,7 +234,7 @@ def test_a_tampered_header_is_refused_with_one_warning_and_the_restore_succeeds(
     result = _restore(store, cache_dir, fresh, load=loader)
     assert result.outcome == "partial" and result.ok
     assert loader.blobs == list(BLOBS.values())  # the bundle itself was installed and loaded
-    assert {rel: data for rel, data in _tree(cache_dir).items() if rel in CACHE_FILES} == CACHE_FILES
+    assert {rel: data for rel, data in tree(cache_dir).items() if rel in CACHE_FILES} == CACHE_FILES
     assert not (fresh / NAME).exists()
     assert [p.name for p in fresh.iterdir()] == ["locks"]  # no temp file, no partial header
     (line,) = result.headers.warnings
