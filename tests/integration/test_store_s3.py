@@ -369,3 +369,48 @@ def test_a_missing_server_binary_fails_in_ci_and_skips_locally(
 
 def test_moto_server_fixture_is_loopback(moto_server: MotoServer) -> None:
     assert moto_server.endpoint_url == f"http://127.0.0.1:{moto_server.port}"
+
+
+def test_precompiled_headers_travel_once_per_bucket(s3_bucket: S3Bucket, tmp_path: Path) -> None:
+    """Issue 10 on S3: a save puts each header as one object per content hash under the prefix, a second
+    save does not upload it again, and a fresh machine's restore installs it verified into torch's dir."""
+    import hashlib
+
+    from pytest_compilecache import headers
+    from pytest_compilecache import sync
+    from pytest_compilecache.fingerprint import Fingerprint
+    from tests.fakes import FakeLoader
+
+    name = "c" + "a2b3c4d5e6f7" * 4 + "abc" + ".h.gch"
+    content = b"precompiled header " * 4096
+    store = _store(s3_bucket)
+    fp = Fingerprint({"torch": "2.13.0", "python": "cpython 3.11.7", "arch": "x86_64"})
+    source = tmp_path / "cache-a"
+    (source / "ab").mkdir(parents=True)
+    (source / "ab" / "kernel.so").write_bytes(b"\x7fELF kernel")
+    machine_a = tmp_path / "headers-a"
+    machine_a.mkdir()
+
+    def save(suffix: str) -> sync.SaveResult:
+        since = headers.session_start()
+        (machine_a / name).write_bytes(content)  # built (or read) during this session
+        return sync.save(
+            store, prefix="cc", fingerprint=fp, suffix=suffix, cache_dir=str(source), blobs={"controller": b"blob"},
+            files=["ab/kernel.so"], stats={}, header_since=since, header_dir=machine_a,
+        )  # fmt: skip
+
+    first, second = save("run-1"), save("run-2")
+    assert (first.outcome, second.outcome) == ("saved", "saved"), (first.message, second.message)
+    assert (first.headers.transferred, second.headers.transferred) == ((name,), ())
+    key = headers.object_key("cc", hashlib.sha256(content).hexdigest())
+    listing = s3_bucket.client.list_objects_v2(Bucket=s3_bucket.name, Prefix="ci/cache/")
+    objects = sorted(item["Key"] for item in listing["Contents"])
+    assert objects.count(f"ci/cache/{key}.bundle") == 1 and len(objects) == 3  # two bundles, one header
+
+    fresh = tmp_path / "headers-fresh"
+    restored = sync.restore(
+        store, prefix="cc", cache_dir=str(tmp_path / "cache-b"), header_dir=fresh, load=FakeLoader(), fingerprint=fp
+    )
+    assert restored.outcome == "partial", restored.message
+    assert restored.headers.transferred == (name,) and restored.headers.warnings == ()
+    assert (fresh / name).read_bytes() == content
