@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the test suite on a fresh machine: installs the venv (torch, test extras), the tools the tests drive
 # (redis-server, shellcheck, actionlint), then runs pytest. Extra arguments go to pytest
-# (e.g. `bash scripts/test.sh -m "not slow"` for the fast subset).
+# (e.g. `bash scripts/test.sh -m "not slow and not integration" -n 2` for the fast subset).
 #
 #   bash scripts/test.sh [pytest args]                   torch 2.13.0 (CPU wheel) in .venv; lint first
 #   bash scripts/test.sh --torch 2.15.0 [pytest args]    torch 2.15.0 from PyPI (CUDA build) in .venv-torch-2.15.0
