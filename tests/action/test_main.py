@@ -637,6 +637,13 @@ def runner_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
+def _planned(action: ModuleType, environ: dict[str, str]) -> tuple[str, Any]:
+    """Run the Action's ``plan`` command; return the plan file it wrote (its ``plan`` output) and the Plan."""
+    assert action.main(["plan"], environ) == 0
+    plan_file = parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["plan"]
+    return plan_file, action.Plan.from_json(json.loads(Path(plan_file).read_text()))
+
+
 def _header_bundle(
     fingerprint: Any, plan: Any, machine: Path, suffix: str, carried: tuple[str, ...] = (), names: tuple[str, ...] = ()
 ) -> tuple[str, dict[str, Any]]:
@@ -864,9 +871,7 @@ def test_restore_and_headers_commands_tell_the_plugin_which_header_the_entry_car
     from pytest_compilecache.session import action_restore_result
 
     monkeypatch.setattr(pytest_compilecache.fingerprint, "collect", lambda salt="": fingerprint)
-    assert action.main(["plan"], environ) == 0
-    plan_file = parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["plan"]
-    plan = action.Plan.from_json(json.loads(Path(plan_file).read_text()))
+    plan_file, plan = _planned(action, environ)
     _, shas = _header_bundle(fingerprint, plan, tmp_path / "machine", "1-1")
     key = _object_key(plan, shas[HEADER])
     environ["COMPILECACHE_PLAN"] = plan_file
@@ -921,8 +926,7 @@ def test_headers_command_without_a_header_does_nothing(
     import pytest_compilecache.fingerprint
 
     monkeypatch.setattr(pytest_compilecache.fingerprint, "collect", lambda salt="": fingerprint)
-    assert action.main(["plan"], environ) == 0
-    environ["COMPILECACHE_PLAN"] = parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["plan"]
+    environ["COMPILECACHE_PLAN"] = _planned(action, environ)[0]
     Path(environ["GITHUB_ENV"]).write_text("")
     assert action.main(["headers"], environ) == 0
     assert Path(environ["GITHUB_ENV"]).read_text() == ""
@@ -941,9 +945,7 @@ def test_an_evicted_header_entry_makes_the_headers_command_warn_not_fail(
     from pytest_compilecache.session import action_restore_result
 
     monkeypatch.setattr(pytest_compilecache.fingerprint, "collect", lambda salt="": fingerprint)
-    assert action.main(["plan"], environ) == 0
-    plan_file = parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["plan"]
-    plan = action.Plan.from_json(json.loads(Path(plan_file).read_text()))
+    plan_file, plan = _planned(action, environ)
     _header_bundle(fingerprint, plan, tmp_path / "machine", "1-1", carried=("x",))
     (Path(plan.staging) / "x").write_text("")  # not a bundle name: ignored
     for path in Path(plan.staging).glob("*-artifact-*.bundle"):
@@ -968,8 +970,7 @@ def test_headers_command_trouble_is_a_warning_not_a_failed_job(
     import pytest_compilecache.fingerprint
 
     monkeypatch.setattr(pytest_compilecache.fingerprint, "collect", lambda salt="": fingerprint)
-    assert action.main(["plan"], environ) == 0
-    environ["COMPILECACHE_PLAN"] = parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["plan"]
+    environ["COMPILECACHE_PLAN"] = _planned(action, environ)[0]
     (Path(environ["RUNNER_TEMP"]) / action.HEADER_STATE).write_text('{"key": "k", "artifact": {"kind": "x"}}')
     capsys.readouterr()
     assert action.main(["headers"], environ) == 0

@@ -5,6 +5,7 @@ that ``sync.restore`` points at the cache dir."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping
 
 import pytest
 
@@ -35,8 +36,12 @@ def cache_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def source(tmp_path: Path) -> Path:
     """A cache dir with CACHE_FILES: what a session compiled."""
-    root = tmp_path / "source-cache"
-    for rel, data in CACHE_FILES.items():
+    return write_tree(tmp_path / "source-cache", CACHE_FILES)
+
+
+def write_tree(root: Path, files: Mapping[str, bytes]) -> Path:
+    """Write ``files`` (relative path -> bytes) under ``root``; return ``root``."""
+    for rel, data in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(data)
     return root

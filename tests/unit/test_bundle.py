@@ -28,6 +28,7 @@ from pytest_compilecache.bundle import MAGIC
 from pytest_compilecache.bundle import Manifest
 from pytest_compilecache.bundle import Member
 from pytest_compilecache.bundle import Unpacked
+from tests.unit.conftest import write_tree
 
 FINGERPRINT = {"torch": "2.13.0", "python": "3.11.9", "cpu": "x86_64-avx2"}
 KEY = b"a signing key for tests"
@@ -42,11 +43,7 @@ CACHE_FILES = {
 
 @pytest.fixture
 def cache_dir(tmp_path: Path) -> Path:
-    root = tmp_path / "cache"
-    for rel, data in CACHE_FILES.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(data)
-    return root
+    return write_tree(tmp_path / "cache", CACHE_FILES)
 
 
 def _pack(dest: Path, cache_dir: Path, **overrides: Any) -> Manifest:
