@@ -3,6 +3,9 @@
 One subprocess (``explain_scenarios.py``) imports torch once and runs every scenario: a fresh cache dir,
 a first session, ``torch._dynamo.reset()`` + ``clear_caches()``, a second session in which one thing
 differs. The capture is ``probe``'s wrapper of ``FxGraphCache.load_with_key``; the words are explain.py's.
+
+The checks run as subtests of one test: under xdist one worker runs them all, so the scenarios' compiles run
+once (a module fixture shared by separate tests would run once in every worker that gets one of them).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from typing import Callable
 
 import pytest
 
@@ -26,7 +30,7 @@ SCRIPT = Path(__file__).with_name("explain_scenarios.py")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def scenarios() -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_", "PYTEST_"))}
     env["PYTHONPATH"] = str(ROOT)
@@ -55,7 +59,7 @@ def _reasons(scenarios: dict[str, Any], name: str) -> list[list[str]]:
     return [m.reasons for m in explain.explain_test(second, first)]
 
 
-def test_nothing_changed_every_graph_hits_and_nothing_is_explained(scenarios: dict[str, Any]) -> None:
+def _nothing_changed_every_graph_hits_and_nothing_is_explained(scenarios: dict[str, Any], tmp_path: Path) -> None:
     first, second = _sessions(scenarios, "same")
     assert [g.outcome for g in second] == ["hit"] * len(first)
     assert [g.key for g in second] == [g.key for g in first]
@@ -63,38 +67,38 @@ def test_nothing_changed_every_graph_hits_and_nothing_is_explained(scenarios: di
     assert explain.never_hits([first, second]) is None
 
 
-def test_an_input_shape_change_is_named(scenarios: dict[str, Any]) -> None:
+def _an_input_shape_change_is_named(scenarios: dict[str, Any], tmp_path: Path) -> None:
     assert _reasons(scenarios, "shape") == [["input 0 shape [8, 16] -> [8, 32]"]]
 
 
-def test_a_dtype_change_is_named(scenarios: dict[str, Any]) -> None:
+def _a_dtype_change_is_named(scenarios: dict[str, Any], tmp_path: Path) -> None:
     assert _reasons(scenarios, "dtype") == [["input 0 dtype float32 -> bfloat16"]]
 
 
-def test_a_requires_grad_change_is_named(scenarios: dict[str, Any]) -> None:
+def _a_requires_grad_change_is_named(scenarios: dict[str, Any], tmp_path: Path) -> None:
     # The forward graph of a training graph takes detached inputs: torch's key says "training", not which input.
     assert _reasons(scenarios, "requires_grad") == [
         ["requires_grad False -> True (an input or parameter now requires grad: a training graph)"]
     ]
 
 
-def test_a_constant_in_the_model_is_a_graph_code_change(scenarios: dict[str, Any]) -> None:
+def _a_constant_in_the_model_is_a_graph_code_change(scenarios: dict[str, Any], tmp_path: Path) -> None:
     ((reason,),) = _reasons(scenarios, "constant")
     assert reason.startswith("graph code changed: a constant in graph statement ")
 
 
-def test_an_inductor_option_is_named(scenarios: dict[str, Any]) -> None:
+def _an_inductor_option_is_named(scenarios: dict[str, Any], tmp_path: Path) -> None:
     assert _reasons(scenarios, "option") == [["inductor config changed: epilogue_fusion"]]
 
 
-def test_a_random_constant_makes_a_test_that_can_never_hit(scenarios: dict[str, Any]) -> None:
+def _a_random_constant_makes_a_test_that_can_never_hit(scenarios: dict[str, Any], tmp_path: Path) -> None:
     first, second = _sessions(scenarios, "random")
     changed = explain.never_hits([first, second])
     assert changed is not None and changed.startswith("a constant in graph statement ")
     assert explain.never_hits(list(_sessions(scenarios, "shape"))) is None  # a real change is not flagged
 
 
-def test_a_new_test_and_the_record_round_trip(scenarios: dict[str, Any], tmp_path: Path) -> None:
+def _a_new_test_and_the_record_round_trip(scenarios: dict[str, Any], tmp_path: Path) -> None:
     first, second = _sessions(scenarios, "random")
     _, record = explain.explain_session({"t.py::test_old": first}, None)
     explain.save_record(tmp_path, record)
@@ -108,3 +112,23 @@ def test_a_new_test_and_the_record_round_trip(scenarios: dict[str, Any], tmp_pat
     # Compact: a real lookup costs well under a few KB in the record.
     size = len(json.dumps(GraphsRecord(tests={"t": first}).to_json()))
     assert size < 4000 * len(first)
+
+
+CHECKS: dict[str, Callable[[dict[str, Any], Path], None]] = {
+    "nothing changed": _nothing_changed_every_graph_hits_and_nothing_is_explained,
+    "shape": _an_input_shape_change_is_named,
+    "dtype": _a_dtype_change_is_named,
+    "requires_grad": _a_requires_grad_change_is_named,
+    "constant": _a_constant_in_the_model_is_a_graph_code_change,
+    "option": _an_inductor_option_is_named,
+    "never hits": _a_random_constant_makes_a_test_that_can_never_hit,
+    "new test, record round trip": _a_new_test_and_the_record_round_trip,
+}
+
+
+def test_each_change_is_named_on_real_compiles(
+    scenarios: dict[str, Any], subtests: pytest.Subtests, tmp_path: Path
+) -> None:
+    for name, check in CHECKS.items():
+        with subtests.test(check=name):
+            check(scenarios, tmp_path)

@@ -3,7 +3,7 @@
 Inner suites are their own projects, run in a subprocess (``runpytest_subprocess``) so torch and the
 plugin start fresh, exactly as a user's session does. Compiled functions are tiny and mostly matmuls,
 which TorchInductor lowers to extern kernels without a C++ build; only ``TRAINING_SUITE`` pays for real
-C++ kernels.
+C++ kernels (the precompiled-header tests need them).
 """
 
 from __future__ import annotations
@@ -76,6 +76,32 @@ def test_activation():
 def test_training_step():
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 4), torch.randn(8, 2)
+    loss = torch.nn.functional.mse_loss(torch.compile(model)(x), y)
+    loss.backward()
+    opt.step()
+    assert torch.isfinite(loss)
+"""
+
+# TRAINING_SUITE's shape (an inference graph; a training step, forward and backward) in matmuls only: extern
+# kernels, no C++ build, for the tests about the cache's flow rather than what g++ produced.
+TRAINING_MATMUL_SUITE = """
+import torch
+
+
+def activation(x, w):
+    return x @ w
+
+
+def test_activation():
+    x, w = torch.randn(8, 4), torch.randn(4, 2)
+    torch.testing.assert_close(torch.compile(activation)(x, w), activation(x, w))
+
+
+def test_training_step():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2, bias=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = torch.randn(8, 4), torch.randn(8, 2)
     loss = torch.nn.functional.mse_loss(torch.compile(model)(x), y)

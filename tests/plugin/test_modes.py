@@ -12,7 +12,7 @@ import pytest
 
 from tests.plugin.helpers import ENV_CONFTEST
 from tests.plugin.helpers import MATMUL_SUITE
-from tests.plugin.helpers import TRAINING_SUITE
+from tests.plugin.helpers import TRAINING_MATMUL_SUITE
 from tests.plugin.helpers import XDIST
 from tests.plugin.helpers import check_report
 from tests.plugin.helpers import read_envlog
@@ -29,7 +29,7 @@ def _workers(dist: tuple[str, ...]) -> set[str]:
 
 
 def test_shared_cold_then_warm(inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, dist: tuple[str, ...]) -> None:
-    inner.makepyfile(test_suite=TRAINING_SUITE)
+    inner.makepyfile(test_suite=TRAINING_MATMUL_SUITE)
     cache = inner.path / "cache"
     summary = inner.path / "step-summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))

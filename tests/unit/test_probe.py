@@ -121,7 +121,7 @@ MEGA_CACHE_ROUND_TRIP = textwrap.dedent(
     from pytest_compilecache import probe
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = sys.argv[1]
-    torch.compile(lambda x: torch.sin(x) + x)(torch.randn(8))
+    torch.compile(lambda x: x @ x.t())(torch.randn(4, 4))  # a matmul: an FX entry, no C++ build
     blob = probe.save_artifacts()
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = sys.argv[2]
     print(json.dumps({"blob": blob is not None, "counts": probe.load_artifacts(blob) if blob else {}}))

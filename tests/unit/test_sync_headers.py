@@ -1,7 +1,7 @@
 """sync + headers: precompiled headers travel beside bundles (once per store) and come back verified.
 
 No torch and no gcc: a "header" is bytes under one of torch's header names; the store is the shared
-in-memory fake. The plugin-level proof with a real compile is tests/plugin/test_header_carry.py.
+in-memory fake. The plugin-level proof with a real compile is tests/plugin/test_headers.py.
 """
 
 from __future__ import annotations
