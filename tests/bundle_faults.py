@@ -1,6 +1,6 @@
 """Bad bundles for the fault tests: crafted with the real packer for a given fingerprint, then damaged.
 
-Shared by the unit-level fault tests (tests/unit/test_session_faults.py: every fault, through the controller's
+Shared by the unit-level fault tests (tests/unit/test_session.py: every fault, through the controller's
 restore, in milliseconds) and the plugin-level ones (tests/integration/test_plugin_faults.py: two of them
 through a real pytest session). ``FAULTS`` maps a fault's name to the function that writes it at a bundle's
 path in a directory store, and to the environment the session runs with (a signing key where it matters).

@@ -3,7 +3,7 @@
 Bundles are crafted with the real packer and the real fingerprint of this machine, then damaged; the
 plugin restores them at the start of a real pytest session (a subprocess). Every fault of
 :data:`tests.bundle_faults.FAULTS` goes through the controller's restore at unit level
-(tests/unit/test_session_faults.py); here two of them, a hostile bundle and a broken store, go through the
+(tests/unit/test_session.py); here two of them, a hostile bundle and a broken store, go through the
 whole plugin: the terminal's one warning line, the JSON report, ``--compile-cache-strict``'s exit status.
 """
 

@@ -18,14 +18,18 @@ import pytest
 from pytest_compilecache import session as session_mod
 from pytest_compilecache import sync
 from pytest_compilecache.fingerprint import Fingerprint
+from pytest_compilecache.fingerprint import make_key
 from pytest_compilecache.problems import Problems
 from pytest_compilecache.session import Controller
 from pytest_compilecache.session import Recorder
 from pytest_compilecache.session import Setup
 from pytest_compilecache.session import Worker
 from pytest_compilecache.session import action_restore_result
+from pytest_compilecache.settings import DEFAULT_PREFIX
 from pytest_compilecache.settings import Settings
 from pytest_compilecache.stats import ItemRecord
+from tests.bundle_faults import FAULTS
+from tests.bundle_faults import SIGNING_KEY
 from tests.fakes import FakeProbe
 
 FP = Fingerprint({"torch": "2.13.0", "python": "cpython 3.11"})
@@ -235,3 +239,63 @@ def test_recorder_records_a_test_that_imports_torch_and_compiles(monkeypatch: py
     assert seen == [session_mod.COLD.mark]
     assert recorder.stats.tests == 1
     assert recorder.stats.records["test_x.py::test_compiles"].fxgraph["miss"] == 1
+
+
+# ---- a store that hands back a bad bundle: every fault of tests.bundle_faults.FAULTS through the restore
+# (tests/integration/test_plugin_faults.py takes two of them through a real pytest session)
+
+FAULT_KEY = make_key(DEFAULT_PREFIX, FP.digest(), "run1")
+# What the one warning line says, by fault.
+REASONS = {
+    "truncated": "bundle is truncated",
+    "flipped-byte": "payload checksum mismatch",
+    "wrong-signature": "signature mismatch",
+    "missing-signature": "signature missing",
+    "other-fingerprint": "fingerprint differs (bundle != current): torch: 2.99.0 != 2.13.0",
+    "escaping-member": "unsafe member path 'files/../../escaped.so'",
+    "store-not-a-directory": "restore failed: cannot list",
+}
+
+
+def _restored_from_a_bad_bundle(tmp_path: Path, fault: str, strict: bool) -> Controller:
+    """An isolated, read-only session restoring from a directory store that holds the damaged bundle."""
+    damage, env = FAULTS[fault]
+    store = tmp_path / "store"
+    store.mkdir()
+    damage(store / f"{FAULT_KEY}.bundle", FP)
+    signing_key = SIGNING_KEY.encode() if env else None
+    controller = _controller(
+        tmp_path, mode="isolated", store=str(store), readonly=True, strict=strict, signing_key=signing_key
+    )
+    controller.session_start()
+    return controller
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_bad_bundle_is_one_warning_and_a_cold_start(fault: str, tmp_path: Path) -> None:
+    assert set(REASONS) == set(FAULTS)
+    controller = _restored_from_a_bad_bundle(tmp_path, fault, strict=False)
+
+    result = controller.restored
+    assert result is not None
+    (warning,) = controller.problems.warnings
+    assert REASONS[fault] in warning, warning
+    assert controller.problems.errors == []
+    if fault == "store-not-a-directory":  # the store itself is broken: infrastructure trouble
+        assert result.outcome == "error"
+    else:  # a bad bundle in a working store is refused and listed; nothing usable: a miss, cold compile
+        assert result.outcome == "miss"
+        assert [key for key, _ in result.skipped] == [FAULT_KEY]
+    cache = controller.setup.dir.path
+    assert cache is not None and Path(cache).is_dir()
+    assert [p.name for p in Path(cache).rglob("*") if p.name.startswith("kernel")] == []
+    assert not list(tmp_path.rglob("escaped.so")) and not (tmp_path.parent / "escaped.so").exists()
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_under_strict_a_bad_bundle_fails_the_session(fault: str, tmp_path: Path) -> None:
+    controller = _restored_from_a_bad_bundle(tmp_path, fault, strict=True)
+
+    assert controller.problems.errors == controller.problems.warnings, controller.problems.errors
+    (error,) = controller.problems.errors
+    assert error.startswith("restore") and REASONS[fault] in error, error
