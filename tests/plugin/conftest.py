@@ -8,7 +8,7 @@ from tests.plugin.helpers import INNER_INI
 
 # Variables of the outer environment that would change what an inner session does (a CI step summary, a
 # cache dir, an outer xdist worker's identity).
-OUTER_ENV_PREFIXES = ("PYTEST_COMPILECACHE_", "TORCHINDUCTOR_", "TRITON_", "PYTEST_XDIST_", "GITHUB_")
+_OUTER_ENV_PREFIXES = ("PYTEST_COMPILECACHE_", "TORCHINDUCTOR_", "TRITON_", "PYTEST_XDIST_", "GITHUB_")
 
 
 @pytest.fixture
@@ -16,7 +16,7 @@ def inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.
     """A pytester project with its own pytest.ini and an environment free of the outer session's settings."""
     pytester.makeini(INNER_INI)
     for name in list(os.environ):
-        if name.startswith(OUTER_ENV_PREFIXES):
+        if name.startswith(_OUTER_ENV_PREFIXES):
             monkeypatch.delenv(name)
     # One compile thread: no pool of compile subprocesses (each would import torch on our two cores).
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")

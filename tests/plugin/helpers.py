@@ -59,6 +59,21 @@ def pytest_runtest_protocol(item, nextitem):
     return result
 """
 
+# A Linear training step, forward and backward through the compiled module; ``{bias}`` is empty or
+# ", bias=False" (without a bias every kernel is a matmul: no C++ reduction for the bias's gradient).
+_TRAINING_STEP = """
+
+def test_training_step():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2{bias})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 4), torch.randn(8, 2)
+    loss = torch.nn.functional.mse_loss(torch.compile(model)(x), y)
+    loss.backward()
+    opt.step()
+    assert torch.isfinite(loss)
+"""
+
 # Two tests with real C++ kernels (a pointwise op; a Linear training step, forward and backward).
 TRAINING_SUITE = """
 import torch
@@ -71,18 +86,7 @@ def activation(x):
 def test_activation():
     x = torch.randn(8)
     torch.testing.assert_close(torch.compile(activation)(x), activation(x))
-
-
-def test_training_step():
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = torch.randn(8, 4), torch.randn(8, 2)
-    loss = torch.nn.functional.mse_loss(torch.compile(model)(x), y)
-    loss.backward()
-    opt.step()
-    assert torch.isfinite(loss)
-"""
+""" + _TRAINING_STEP.format(bias="")
 
 # TRAINING_SUITE's shape (an inference graph; a training step, forward and backward) in matmuls only: extern
 # kernels, no C++ build, for the tests about the cache's flow rather than what g++ produced.
@@ -97,18 +101,7 @@ def activation(x, w):
 def test_activation():
     x, w = torch.randn(8, 4), torch.randn(4, 2)
     torch.testing.assert_close(torch.compile(activation)(x, w), activation(x, w))
-
-
-def test_training_step():
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 2, bias=False)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = torch.randn(8, 4), torch.randn(8, 2)
-    loss = torch.nn.functional.mse_loss(torch.compile(model)(x), y)
-    loss.backward()
-    opt.step()
-    assert torch.isfinite(loss)
-"""
+""" + _TRAINING_STEP.format(bias=", bias=False")
 
 # Two tests, two different graphs (so two xdist workers never race on one cache entry): one FX lookup each.
 MATMUL_SUITE = """

@@ -1,9 +1,9 @@
 """torch's precompiled header, end to end with torch and gcc: carried through a store, used when valid,
 harmless when not.
 
-One first machine (its own TMPDIR, fixture ``machine_a``, run once for both halves of the test) compiles a small suite
-from an empty cache dir, so builds torch's precompiled header, and saves a bundle to a directory store: the
-header goes in as its own content-addressed object. Fresh machines (a new TMPDIR each, an empty cache dir):
+One first machine (its own TMPDIR, run once for both halves of the test) compiles a small suite from an
+empty cache dir, so builds torch's precompiled header, and saves a bundle to a directory store: the header
+goes in as its own content-addressed object. Fresh machines (a new TMPDIR each, an empty cache dir):
 
 * restore from that store (``_fresh_runners_restore_it``): the header is in their
   header dir before the first test runs, the JSON report counts it, and gcc never builds it (torch still
@@ -27,18 +27,16 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from typing import Callable
 
 import pytest
 
 from pytest_compilecache import headers
 from pytest_compilecache.stores import LocalStore
 from pytest_compilecache.stores.base import is_artifact_key
-from tests.plugin.conftest import OUTER_ENV_PREFIXES
-from tests.plugin.helpers import INNER_INI
 from tests.plugin.helpers import TRAINING_SUITE
 
 
@@ -117,69 +115,43 @@ def _machine_env(root: Path, shims: Path, label: str) -> dict[str, str]:
 
 
 @dataclass
-class FirstMachine:
-    """Machine ``a`` after its session: its dir (``tmp/`` its TMPDIR), the store it saved to, when its session
-    began (for ``headers.find_used``), its g++ log, its JSON report, the header names before its first test."""
+class Machine:
+    """One machine's session: its dir (``tmp/`` is its TMPDIR), its g++ log, its JSON report, and the header
+    names its header dir held before the first test (the probe's)."""
 
     root: Path
-    store: Path
-    since: float
     log: str
     report: dict[str, Any]
     before: list[str]
 
 
 @pytest.fixture
-def machine_a(tmp_path_factory: pytest.TempPathFactory) -> FirstMachine:
-    """The first machine (its cold compile and header build are the costly part; both halves of the test only
-    read what it left): the probe and the training suite, ``shared`` mode, a directory store."""
-    base = tmp_path_factory.mktemp("first-machine")
-    project = base / "project"
-    project.mkdir()
-    (project / "pytest.ini").write_text(INNER_INI)
-    (project / "test_0_probe.py").write_text(PROBE)
-    (project / "test_training.py").write_text(TRAINING_SUITE)
-    root, store = base / "a", base / "store"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(OUTER_ENV_PREFIXES)}
-    env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
-    env.update(_machine_env(root, _shims(base), "a"))
-    since = headers.session_start()
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider", "--compile-cache=shared",
-         f"--compile-cache-dir={root / 'cache'}", f"--compile-cache-store={store}",
-         f"--compile-cache-json={root / 'report.json'}"],
-        cwd=project, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0 and " 3 passed" in done.stdout, done.stdout + done.stderr
-    log = root / "g++.log"
-    return FirstMachine(
-        root=root,
-        store=store,
-        since=since,
-        log=log.read_text() if log.exists() else "",
-        report=json.loads((root / "report.json").read_text()),
-        before=json.loads((project / "probe-a.json").read_text()),
-    )
-
-
-@pytest.fixture
 def machine(inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
-    """Run the inner suite as one machine: its own TMPDIR, an empty cache dir, the g++ shim; return its log."""
+    """``machine(name, *args, before=None)``: run the probe and the training suite as machine ``name`` (its own
+    TMPDIR, an empty cache dir, the g++ shim) with ``args``; ``before(tmpdir)`` runs first; every test passes."""
     shims = _shims(tmp_path)
     inner.makepyfile(test_0_probe=PROBE, test_training=TRAINING_SUITE)
 
-    def run(name: str, before: object = None) -> tuple[pytest.RunResult, str]:
-        tmp = tmp_path / name
-        env = _machine_env(tmp, shims, name)
-        if callable(before):
-            before(tmp / "tmp")
+    def run(name: str, *args: str, before: Callable[[Path], None] | None = None) -> Machine:
+        root = tmp_path / name
+        env = _machine_env(root, shims, name)
+        if before is not None:
+            before(root / "tmp")
         for key, value in env.items():
             monkeypatch.setenv(key, value)
-        log = tmp / "g++.log"
+        report = root / "report.json"
         result = inner.runpytest_subprocess(
-            "-p", "no:randomly", "--compile-cache=shared", f"--compile-cache-dir={tmp / 'cache'}"
+            "-p", "no:randomly", f"--compile-cache-dir={root / 'cache'}", f"--compile-cache-json={report}", *args,
+            timeout=600,
+        )  # fmt: skip
+        result.assert_outcomes(passed=3)  # TRAINING_SUITE checks its results against eager
+        log, probe = root / "g++.log", inner.path / f"probe-{name}.json"
+        return Machine(
+            root=root,
+            log=log.read_text() if log.exists() else "",
+            report=json.loads(report.read_text()),
+            before=json.loads(probe.read_text()) if probe.exists() else [],
         )
-        return result, log.read_text() if log.exists() else ""
 
     return run
 
@@ -196,11 +168,10 @@ def pch_warnings(log: str) -> list[str]:
     return [line for line in log.splitlines() if line.startswith("STDERR ") and "Winvalid-pch" in line]
 
 
-def carried_headers(first: FirstMachine) -> list[tuple[headers.HeaderArtifact, bytes]]:
-    """Machine ``a``'s headers, described and packed (what a save uploads)."""
-    assert header_builds(first.log), first.log
+def carried_headers(first: Machine, since: float) -> list[tuple[headers.HeaderArtifact, bytes]]:
+    """The headers machine ``first`` used since ``since``, described and packed (what a save uploads)."""
     source = headers.header_dir(first.root / "tmp")
-    used = headers.find_used(source, first.since)
+    used = headers.find_used(source, since)
     assert used, sorted(p.name for p in source.iterdir())
     artifacts = []
     for path in used:
@@ -229,17 +200,15 @@ def damaged(artifact: headers.HeaderArtifact, how: str, work: Path) -> tuple[hea
     return described, packed
 
 
-def _carried_by_hand(machine, machine_a: FirstMachine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def _carried_by_hand(machine, first: Machine, since: float, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A valid header is used; a header gcc will not use costs only a slower compile."""
-    # One first machine for every fresh one: each run compiles for real, and CI has two cores.
-    carried = carried_headers(machine_a)
+    carried = carried_headers(first, since)
 
     def carry(tmp: Path) -> None:
         for artifact, packed in carried:
             assert headers.install(artifact, io.BytesIO(packed), headers.header_dir(tmp))
 
-    result, log = machine("fresh", before=carry)
-    result.assert_outcomes(passed=3)
+    log = machine("fresh", "--compile-cache=shared", before=carry).log
     assert kernel_builds_with_header(log), "the empty cache dir must make gcc compile kernels: " + log
     assert header_builds(log) == [], "torch rebuilt a carried header"
     assert pch_warnings(log) == [], "gcc rejected the carried header"
@@ -256,8 +225,7 @@ def _carried_by_hand(machine, machine_a: FirstMachine, tmp_path: Path) -> None: 
                 bad, packed = damaged(artifact, how, work)
                 assert headers.install(bad, packed, headers.header_dir(tmp))
 
-        result, log = machine("fresh-" + how, before=carry_damaged)
-        result.assert_outcomes(passed=3)  # TRAINING_SUITE checks its results against eager
+        log = machine("fresh-" + how, "--compile-cache=shared", before=carry_damaged).log
         assert kernel_builds_with_header(log), log
         warnings = pch_warnings(log)
         assert warnings, f"gcc was expected to reject the {how} header under -Winvalid-pch: " + log
@@ -265,39 +233,17 @@ def _carried_by_hand(machine, machine_a: FirstMachine, tmp_path: Path) -> None: 
         assert header_builds(log) == [], "torch never rebuilds a header whose file exists: gcc falls back alone"
 
 
-def _fresh_runners_restore_it(
-    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, machine_a: FirstMachine
-) -> None:
+def _fresh_runners_restore_it(machine, first: Machine, store: Path) -> None:  # type: ignore[no-untyped-def]
     """Fresh machines restore the header from the store before their first test and never build it."""
-    shims = _shims(tmp_path / "restoring")
-    store = machine_a.store
-
-    def machine(name: str, *args: str) -> tuple[dict[str, Any], str, list[str]]:
-        root = tmp_path / name
-        for key, value in _machine_env(root, shims, name).items():
-            monkeypatch.setenv(key, value)
-        log, report = root / "g++.log", root / "report.json"
-        result = inner.runpytest_subprocess(
-            "-p", "no:randomly", f"--compile-cache-dir={root / 'cache'}", f"--compile-cache-store={store}",
-            f"--compile-cache-json={report}", *args, timeout=600,
-        )  # fmt: skip
-        result.assert_outcomes(passed=3)
-        probe = inner.path / f"probe-{name}.json"
-        before = json.loads(probe.read_text()) if probe.exists() else []
-        return json.loads(report.read_text()), log.read_text() if log.exists() else "", before
-
-    assert machine_a.before == []
-    assert header_builds(machine_a.log), "machine a must build the header for this test to mean anything"
-    saved = machine_a.report["save"]
+    saved = first.report["save"]
     assert saved["outcome"] == "saved", saved
     assert saved["headers"]["named"] >= 1 and saved["headers"]["transferred"] == saved["headers"]["named"]
-    built = sorted(
-        p.name for p in headers.header_dir(machine_a.root / "tmp").iterdir() if headers.is_header_name(p.name)
-    )
+    built = sorted(p.name for p in headers.header_dir(first.root / "tmp").iterdir() if headers.is_header_name(p.name))
     artifacts = [e.key for e in LocalStore(store).list() if is_artifact_key(e.key)]
     assert len(artifacts) == saved["headers"]["named"]
 
-    report, log, before = machine("b", "--compile-cache=shared")
+    b = machine("b", "--compile-cache=shared", f"--compile-cache-store={store}")
+    report, log, before = b.report, b.log, b.before
     restored = report["restore"]
     assert restored["outcome"] in ("exact", "partial"), restored
     assert restored["headers"]["transferred"] == saved["headers"]["named"], restored
@@ -306,21 +252,26 @@ def _fresh_runners_restore_it(
     assert header_builds(log) == [], "torch rebuilt a header the restore installed: " + log
     assert " -E " in log, "torch looked the header up (it preprocesses it first) and found it"
 
-    report, log, _ = machine("c", "--compile-cache=isolated", "-n", "2")
+    c = machine("c", "--compile-cache=isolated", f"--compile-cache-store={store}", "-n", "2")
+    report, log = c.report, c.log
     restored = report["restore"]
     assert restored["outcome"] in ("exact", "partial"), restored
     assert restored["headers"]["transferred"] == saved["headers"]["named"], restored
     assert header_builds(log) == [], "an xdist worker rebuilt a header the controller installed: " + log
-    installed = headers.header_dir(tmp_path / "c" / "tmp")
+    installed = headers.header_dir(c.root / "tmp")
     assert {p.name for p in installed.iterdir() if headers.is_header_name(p.name)} == set(before)
 
 
 def test_a_header_travels_and_a_bad_one_costs_only_a_slower_compile(  # type: ignore[no-untyped-def]
-    machine, machine_a: FirstMachine, inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-    subtests: pytest.Subtests,
-) -> None:  # fmt: skip
-    # One test, so that one process runs the first machine (a cold compile and a header build) for both.
+    machine, tmp_path: Path, subtests: pytest.Subtests
+) -> None:
+    # One test, so that one process runs the first machine (a cold compile and a header build) for both halves.
+    store = tmp_path / "store"
+    since = headers.session_start()
+    first = machine("a", "--compile-cache=shared", f"--compile-cache-store={store}")
+    assert first.before == []
+    assert header_builds(first.log), "machine a must build the header for this test to mean anything: " + first.log
     with subtests.test("fresh runners restore it from the store"):
-        _fresh_runners_restore_it(inner, monkeypatch, tmp_path, machine_a)
+        _fresh_runners_restore_it(machine, first, store)
     with subtests.test("carried by hand: used when valid, a slower compile when not"):
-        _carried_by_hand(machine, machine_a, tmp_path)
+        _carried_by_hand(machine, first, since, tmp_path)
