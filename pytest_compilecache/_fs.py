@@ -15,6 +15,7 @@ Nothing without such a name is ever touched: we never delete what we cannot prov
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -30,7 +31,7 @@ from typing import BinaryIO
 from typing import Iterator
 from typing import Literal
 
-__all__ = ["TempName", "atomic_file", "parse_temp_name", "sweep_stale", "temp_dir", "temp_name"]
+__all__ = ["TempName", "atomic_file", "parse_temp_name", "sweep_stale", "temp_dir", "temp_name", "try_flock"]
 
 TempKind = Literal["staging", "save", "restore", "tmp"]
 DEFAULT_MAX_AGE = 3600.0
@@ -186,3 +187,17 @@ def atomic_file(dest: Path, *, fsync: bool = True, mode: int = 0o644) -> Iterato
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def try_flock(fd: int, *, shared: bool = False) -> bool:
+    """Take an ``flock`` on ``fd`` without waiting: True when taken, False when another process holds a
+    conflicting one; any other failure raises OSError. POSIX only, like torch's own locks."""
+    import fcntl  # imported here so the module loads anywhere
+
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True

@@ -36,7 +36,6 @@ What this module may delete, and when (the contract every caller relies on):
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import hashlib
 import itertools
@@ -580,14 +579,10 @@ def _held(marker: str, *, remove_if_dead: bool) -> bool:
     except OSError:
         return False  # gone: its owner closed it
     try:
-        import fcntl
+        from ._fs import try_flock  # cost: loaded only when a peer's registration is probed
 
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return True
-            raise
+        if not try_flock(fd):
+            return True
         if remove_if_dead:
             with contextlib.suppress(OSError):
                 os.unlink(marker)

@@ -41,7 +41,6 @@ This module never imports torch: everything here is files and hashes. Transport 
 from __future__ import annotations
 
 import contextlib
-import errno
 import getpass
 import hashlib
 import os
@@ -59,6 +58,7 @@ from typing import Iterable
 from typing import Mapping
 
 from ._fs import atomic_file
+from ._fs import try_flock
 
 if TYPE_CHECKING:
     from .stores.base import Store
@@ -436,12 +436,12 @@ def _build_lock(directory: Path, name: str):  # type: ignore[no-untyped-def]
         raise HeaderError(f"cannot lock {name}: {exc.strerror or exc}") from None
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            taken = try_flock(fd)
         except OSError as exc:
-            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                yield False
-                return
             raise HeaderError(f"cannot lock {name}: {exc.strerror or exc}") from None
+        if not taken:
+            yield False
+            return
         try:
             yield True
         finally:
@@ -452,19 +452,16 @@ def _build_lock(directory: Path, name: str):  # type: ignore[no-untyped-def]
 
 def _being_built(directory: Path, name: str) -> bool:
     """True when torch's build lock for this header exists and another process holds it (never creates it)."""
-    import fcntl  # POSIX only, like torch's precompiled headers
-
     try:
         fd = os.open(directory / "locks" / _lock_name(name), os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return False  # no lock file: torch never started building this header here
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return not try_flock(fd, shared=True)
     except OSError:
-        return True
+        return True  # a lock we cannot even probe: treat it as held, never install under it
     finally:
         os.close(fd)  # closing drops the probe's own lock, if it got one
-    return False
 
 
 def _lock_name(name: str) -> str:

@@ -605,3 +605,27 @@ def test_fresh_dir_defaults_to_a_temp_dir_torch_can_build_in(tmp_path: Path, mon
     parent, note = cachedir.safe_temp_dir()
     assert fresh.parent == parent and note is not None and str(spaced) in note
     assert cachedir.remove_dir(fresh)
+
+
+def test_try_flock_tells_a_held_lock_from_a_free_one(tmp_path: Path) -> None:
+    """The one non-blocking flock probe (registrations here, torch's header build locks in headers.py)."""
+    from pytest_compilecache._fs import try_flock
+
+    path = tmp_path / "lock"
+    path.touch()
+    first, second = os.open(path, os.O_RDWR), os.open(path, os.O_RDWR)
+    try:
+        assert try_flock(first)  # free: taken
+        assert not try_flock(second)  # another open file holds it: neither kind is granted
+        assert not try_flock(second, shared=True)
+        os.close(first)
+        first = -1
+        assert try_flock(second, shared=True)  # released with its file
+    finally:
+        for fd in (first, second):
+            if fd >= 0:
+                os.close(fd)
+    closed = os.open(path, os.O_RDONLY)
+    os.close(closed)
+    with pytest.raises(OSError):
+        try_flock(closed)  # a bad descriptor is an error, not "held"
