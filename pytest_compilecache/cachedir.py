@@ -250,8 +250,9 @@ _KERNEL_DIR = r"[a-z0-9]{2}"
 _KERNEL_NAME = r"[a-z0-9_]{20,}(\.[A-Za-z0-9_]+)*"
 _TORCH_TEMP = r"\.(\d+)\.\d+\.tmp"  # codecache.write_atomic
 _TORCH_TOP_FILE = r"tmp[a-z0-9_]{8}\.py|configs_[A-Za-z0-9_]+\.json"  # wrapper.py, cutlass
-# Ours: TEMP_PREFIX + owner_tag() + anything; _fs.atomic_file's ``.<name>.<owner_tag>.<random>.tmp``;
-# the same without owner (older versions: stale only by age).
+# Ours besides _fs.temp_name's (checked first, see _stale): TEMP_PREFIX + owner_tag() + anything (this
+# module's temp_name); what _fs.atomic_file wrote before it used _fs.temp_name, ``.<name>.<owner_tag>.<random>
+# .tmp``, and the same without owner (older versions: stale only by age).
 _OUR_TEMP = re.escape(TEMP_PREFIX) + r"(\d+)-([0-9a-f]{8})-.*"
 _ATOMIC_TEMP = r"\..+\.(\d+)-([0-9a-f]{8})\.[a-z0-9_]{8}\.tmp"
 _ATOMIC_TEMP_OLD = r"\..+\.[a-z0-9_]{8}\.tmp"
@@ -717,8 +718,10 @@ def touch(path: str, relpaths: list[str]) -> None:
 def sweep_stale(path: str, *, now: float | None = None) -> int:
     """Remove what killed sessions left in cache dir ``path``; return how many entries went.
 
-    Only in our or torch's dir (:func:`ownership`), only these names: dead registrations; our temp files
-    and dirs (``.compilecache-tmp-<pid>-<host>-...``, ``.<name>.<pid>-<host>.<random>.tmp``) whose owner
+    Only in our or torch's dir (:func:`ownership`), at any depth, only these names: dead registrations;
+    temp files and dirs named by :func:`_fs.temp_name` (a bundle's staging dir, an ``atomic_file`` temp in a
+    kernel dir) whose owner :func:`_fs.is_stale` finds gone (``max_age`` :data:`STALE_AFTER`); our older
+    names (``.compilecache-tmp-<pid>-<host>-...``, ``.<name>.<pid>-<host>.<random>.tmp``) whose owner
     on this host is dead, or older than :data:`STALE_AFTER` when it lives elsewhere or is unnamed;
     torch's ``.<pid>.<thread>.tmp`` when that pid is dead and the file untouched for
     :data:`TORCH_TEMP_GRACE`, or older than :data:`STALE_AFTER`.
@@ -754,6 +757,13 @@ def sweep_stale(path: str, *, now: float | None = None) -> int:
 
 
 def _stale(name: str, st: os.stat_result, clock: float) -> bool:
+    if "compilecache-" in name:  # cost: _fs loads only when a name of its shape is met
+        from ._fs import is_stale
+        from ._fs import parse_temp_name
+
+        owner = parse_temp_name(name)  # _fs.temp_name: install's staging dirs, atomic_file's temp files
+        if owner is not None:
+            return is_stale(owner, now=clock, max_age=STALE_AFTER)
     age = clock - max(st.st_mtime, st.st_ctime)
     match = re.fullmatch(_OUR_TEMP, name) or re.fullmatch(_ATOMIC_TEMP, name)
     if match:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pytest_compilecache import ConfigError
+from pytest_compilecache import _fs
 from pytest_compilecache import cachedir
 from pytest_compilecache.cachedir import LOCK_NAME
 from pytest_compilecache.cachedir import SessionDir
@@ -449,22 +450,36 @@ def _dead_pid() -> int:
     return process.pid
 
 
+def _fs_name(dead: int, kind: str, lead: str) -> str:
+    """What ``_fs.temp_name(kind, lead)`` returned in process ``dead`` on this host."""
+    name = _fs.temp_name(kind, lead=lead)  # type: ignore[arg-type]
+    owner = _fs.parse_temp_name(name)
+    assert owner is not None and owner.pid == os.getpid()
+    return name.replace(f"-{owner.host}-{owner.pid}-", f"-{owner.host}-{dead}-")
+
+
 def test_sweep_removes_dead_owners_temp_files_only(cache: Path) -> None:
     dead, host = _dead_pid(), cachedir.owner_tag().split("-")[1]
+    fs_atomic = "ab/" + _fs_name(dead, "tmp", ".k.so.")  # _fs.atomic_file of a killed unpack, in a kernel dir
+    fs_staging = _fs_name(dead, "staging", ".")  # install's staging dir of a killed restore
     ours_dead = {
-        f"ab/.k.so.{dead}-{host}.abcd_123.tmp",  # _fs.atomic_file of a killed unpack
-        f"{cachedir.TEMP_PREFIX}{dead}-{host}-123-staging/files/x",  # a staging dir of ours
+        fs_atomic,
+        fs_staging + "/files/x",
+        f"ab/.k.so.{dead}-{host}.abcd_123.tmp",  # atomic_file's name before _fs.temp_name (older versions)
+        f"{cachedir.TEMP_PREFIX}{dead}-{host}-123-staging/files/x",  # a staging dir of an older version
     }
     torch_dead = f"ab/.{dead}.140234.tmp"  # torch's write_atomic in a killed process
     old_style = "ab/.k.so.abcdefgh.tmp"  # an older version's temp name: no owner
     alive = {f"ab/.k.so.{os.getpid()}-{host}.abcd_123.tmp", f"ab/.{os.getpid()}.140234.tmp"}
+    fs_alive = "ab/" + _fs.temp_name("tmp", lead=".k2.so.")  # this live process's own write in progress
     never = {f"ab/.{dead}.1.tmp.fresh", "ab/user.tmp", f"fxgraph/aa/.{dead}-{host}.abcdefgh.tmp.x"}
-    for rel in ours_dead | alive | never | {torch_dead, old_style}:
+    for rel in ours_dead | alive | never | {torch_dead, old_style, fs_alive}:
         _file(cache, rel, 1, T0)
     now = time.time()
     # What a killed owner on this host left goes at once (it cannot come back)...
-    assert cachedir.sweep_stale(str(cache), now=now) == 2
+    assert cachedir.sweep_stale(str(cache), now=now) == 4
     assert not _files(cache) & ours_dead and not (cache / f"{cachedir.TEMP_PREFIX}{dead}-{host}-123-staging").exists()
+    assert not (cache / fs_staging).exists()
     # ...torch's names carry no host: the dead-looking pid may live elsewhere, so the file must also have
     # stopped changing (ctime cannot be set back: the sweep's clock moves forward instead)...
     assert cachedir.sweep_stale(str(cache), now=now + cachedir.TORCH_TEMP_GRACE + 1) == 1
@@ -472,6 +487,9 @@ def test_sweep_removes_dead_owners_temp_files_only(cache: Path) -> None:
     # ...and a name without an owner, or an owner alive for an hour without writing, only by age.
     assert old_style in _files(cache)
     assert cachedir.sweep_stale(str(cache), now=now + cachedir.STALE_AFTER + 1) == 3
+    # A name of _fs.temp_name whose owner lives is kept for a day (then its pid may have been reused).
+    assert fs_alive in _files(cache)
+    assert cachedir.sweep_stale(str(cache), now=now + _fs.MAX_AGE_ALIVE + 1) == 1
     assert _files(cache) - {"CACHEDIR.TAG", ".gitignore", cachedir.LOCK_NAME} == never
 
 
