@@ -31,7 +31,18 @@ from typing import BinaryIO
 from typing import Iterator
 from typing import Literal
 
-__all__ = ["TempName", "atomic_file", "parse_temp_name", "sweep_stale", "temp_dir", "temp_name", "try_flock"]
+__all__ = [
+    "TempName",
+    "atomic_file",
+    "host_tag",
+    "is_stale",
+    "parse_temp_name",
+    "pid_alive",
+    "sweep_stale",
+    "temp_dir",
+    "temp_name",
+    "try_flock",
+]
 
 TempKind = Literal["staging", "save", "restore", "tmp"]
 DEFAULT_MAX_AGE = 3600.0
@@ -43,7 +54,7 @@ _TEMP = re.compile(
 )
 
 
-def _host_tag() -> str:
+def host_tag() -> str:
     """Hash of the host name and the pid namespace: equal tags mean our pids name the same processes."""
     namespace = ""
     with contextlib.suppress(OSError):
@@ -55,7 +66,7 @@ def temp_name(kind: TempKind, lead: str = "") -> str:
     """A fresh, unique name for a temp entry of ``kind``, owned by this process (see the module docstring)."""
     suffix = ".tmp" if kind == "tmp" else ""
     rand = "".join(secrets.choice("0123456789abcdefghijklmnopqrstuvwxyz") for _ in range(8))
-    return f"{lead}compilecache-{kind}-{_host_tag()}-{os.getpid()}-{int(time.time())}-{rand}{suffix}"
+    return f"{lead}compilecache-{kind}-{host_tag()}-{os.getpid()}-{int(time.time())}-{rand}{suffix}"
 
 
 @dataclass(frozen=True)
@@ -76,7 +87,8 @@ def parse_temp_name(name: str) -> TempName | None:
     return TempName(match["kind"], match["host"], int(match["pid"]), float(match["time"]))
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Does process ``pid`` exist on this host (in this pid namespace)? This process counts as alive."""
     if pid <= 0:
         return False
     if pid == os.getpid():
@@ -98,8 +110,8 @@ def is_stale(owner: TempName, *, now: float | None = None, max_age: float = DEFA
     never stale before a day, so a slow download or a long restore is never swept from under its owner.
     """
     age = (time.time() if now is None else now) - owner.created
-    if owner.host == _host_tag():
-        return age > MAX_AGE_ALIVE or not _pid_alive(owner.pid)
+    if owner.host == host_tag():
+        return age > MAX_AGE_ALIVE or not pid_alive(owner.pid)
     return age > max_age
 
 

@@ -36,7 +36,6 @@ What this module may delete, and when (the contract every caller relies on):
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import itertools
 import json
@@ -57,7 +56,7 @@ from . import ConfigError
 SESSION_ENV = "PYTEST_COMPILECACHE_SESSION"
 LOCK_NAME = ".compilecache.lock"
 SESSIONS_DIR = ".compilecache-sessions"
-TEMP_PREFIX = ".compilecache-tmp-"
+TEMP_PREFIX = ".compilecache-tmp-"  # what older versions' temp names start with (see _OUR_TEMP)
 _TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# Created by pytest-compilecache.\n"
 _GITIGNORE = "# Created by pytest-compilecache.\n*\n"
 
@@ -182,8 +181,10 @@ def make_dir(path: Path) -> Path:
                 shutil.rmtree(tmp, ignore_errors=True)
         elif not any(path.iterdir()):
             _tag(path)
-        fd, probe = tempfile.mkstemp(dir=path, prefix=TEMP_PREFIX + owner_tag() + "-")
-        os.close(fd)
+        from ._fs import temp_name  # cost: loaded by every session with a dir anyway (its sweep)
+
+        probe = path / temp_name("tmp", lead=".")
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
         os.unlink(probe)
     except OSError as exc:
         raise ConfigError(f"--compile-cache-dir: {path} is not a writable directory ({exc.strerror})") from None
@@ -250,9 +251,9 @@ _KERNEL_DIR = r"[a-z0-9]{2}"
 _KERNEL_NAME = r"[a-z0-9_]{20,}(\.[A-Za-z0-9_]+)*"
 _TORCH_TEMP = r"\.(\d+)\.\d+\.tmp"  # codecache.write_atomic
 _TORCH_TOP_FILE = r"tmp[a-z0-9_]{8}\.py|configs_[A-Za-z0-9_]+\.json"  # wrapper.py, cutlass
-# Ours besides _fs.temp_name's (checked first, see _stale): TEMP_PREFIX + owner_tag() + anything (this
-# module's temp_name); what _fs.atomic_file wrote before it used _fs.temp_name, ``.<name>.<owner_tag>.<random>
-# .tmp``, and the same without owner (older versions: stale only by age).
+# Our temp names are _fs.temp_name's. Older versions of the plugin named them TEMP_PREFIX + <pid>-<host> +
+# anything, ``.<name>.<pid>-<host>.<random>.tmp`` (atomic_file) or ``.<name>.<random>.tmp``: still ours,
+# swept by age alone.
 _OUR_TEMP = re.escape(TEMP_PREFIX) + r"(\d+)-([0-9a-f]{8})-.*"
 _ATOMIC_TEMP = r"\..+\.(\d+)-([0-9a-f]{8})\.[a-z0-9_]{8}\.tmp"
 _ATOMIC_TEMP_OLD = r"\..+\.[a-z0-9_]{8}\.tmp"
@@ -325,10 +326,12 @@ def _is_temp_name(name: str) -> bool:
     # (swept by _fs.sweep_stale) are ours too.
     from ._fs import parse_temp_name
 
+    return bool(parse_temp_name(name) is not None or re.fullmatch(_TORCH_TEMP, name) or _is_legacy_temp_name(name))
+
+
+def _is_legacy_temp_name(name: str) -> bool:
     return bool(
-        parse_temp_name(name) is not None
-        or re.fullmatch(_TORCH_TEMP, name)
-        or re.fullmatch(_OUR_TEMP, name)
+        re.fullmatch(_OUR_TEMP, name)
         or re.fullmatch(_ATOMIC_TEMP, name)
         or re.fullmatch(_ATOMIC_TEMP_OLD, name)
         or name.startswith(".write-test-")  # make_dir's probe before 0.2
@@ -447,29 +450,9 @@ def _private_temp_root() -> Path:
 # --------------------------------------------------------------------------------------- registration
 
 
-@functools.cache  # computed when first needed: a session without a shared dir never needs it
-def _host_id() -> str:
-    """The host and pid namespace (containers on one host share a hostname but not pids), hashed."""
-    pid_ns = ""
-    with contextlib.suppress(OSError):
-        pid_ns = str(os.stat("/proc/self/ns/pid").st_ino)
-    return hashlib.sha256(f"{socket.gethostname()}/{pid_ns}".encode("utf-8", "surrogateescape")).hexdigest()[:8]
-
-
 _MARKER = r"(\d+)-([0-9a-f]{8})-(\d+)-(\d+)"  # <pid>-<host>-<start, ns>-<n>
 _SERIAL = itertools.count()
 _OWN: dict[str, Registration] = {}  # this process's live registrations, by marker path
-
-
-def owner_tag() -> str:
-    """``<pid>-<host hash>``: what our temp names carry so :func:`sweep_stale` can tell a dead owner."""
-    return f"{os.getpid()}-{_host_id()}"
-
-
-def temp_name(label: str = "") -> str:
-    """A name for a temp file or dir of ours inside a cache dir, sweepable once its owner is dead."""
-    suffix = f"-{label}" if label else ""
-    return f"{TEMP_PREFIX}{owner_tag()}-{time.time_ns()}{suffix}"
 
 
 @dataclass
@@ -531,16 +514,19 @@ def register_session(path: str, *, start: float | None = None) -> Registration:
 
 
 def _create_marker(path: str, begun: float) -> tuple[str, int]:
+    from ._fs import host_tag
+    from ._fs import temp_name
+
     folder = os.path.join(path, SESSIONS_DIR)
     os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, temp_name("new"))
+    tmp = os.path.join(folder, temp_name("tmp", lead="."))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
         import fcntl  # POSIX only, like torch's C++ cache; imported here so the module loads anywhere
 
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "start": begun}).encode())
-        marker = os.path.join(folder, f"{os.getpid()}-{_host_id()}-{int(begun * 1e9)}-{next(_SERIAL)}")
+        marker = os.path.join(folder, f"{os.getpid()}-{host_tag()}-{int(begun * 1e9)}-{next(_SERIAL)}")
         os.replace(tmp, marker)
     except BaseException:
         os.close(fd)
@@ -558,6 +544,8 @@ def live_sessions(path: str, *, include_own: bool = False) -> list[LiveSession]:
         names = os.listdir(folder)
     except OSError:
         return []
+    from ._fs import host_tag  # cost: only a shared dir with registrations gets here
+
     live = []
     for name in names:
         match = re.fullmatch(_MARKER, name)
@@ -569,7 +557,7 @@ def live_sessions(path: str, *, include_own: bool = False) -> list[LiveSession]:
                 live.append(LiveSession(int(match[1]), int(match[3]) / 1e9, True))
             continue
         if _held(marker, remove_if_dead=True):
-            live.append(LiveSession(int(match[1]), int(match[3]) / 1e9, match[2] == _host_id()))
+            live.append(LiveSession(int(match[1]), int(match[3]) / 1e9, match[2] == host_tag()))
     return live
 
 
@@ -720,9 +708,8 @@ def sweep_stale(path: str, *, now: float | None = None) -> int:
 
     Only in our or torch's dir (:func:`ownership`), at any depth, only these names: dead registrations;
     temp files and dirs named by :func:`_fs.temp_name` (a bundle's staging dir, an ``atomic_file`` temp in a
-    kernel dir) whose owner :func:`_fs.is_stale` finds gone (``max_age`` :data:`STALE_AFTER`); our older
-    names (``.compilecache-tmp-<pid>-<host>-...``, ``.<name>.<pid>-<host>.<random>.tmp``) whose owner
-    on this host is dead, or older than :data:`STALE_AFTER` when it lives elsewhere or is unnamed;
+    kernel dir, a registration being made) whose owner :func:`_fs.is_stale` finds gone (``max_age``
+    :data:`STALE_AFTER`); the temp names of older versions when older than :data:`STALE_AFTER`;
     torch's ``.<pid>.<thread>.tmp`` when that pid is dead and the file untouched for
     :data:`TORCH_TEMP_GRACE`, or older than :data:`STALE_AFTER`.
     """
@@ -757,33 +744,17 @@ def sweep_stale(path: str, *, now: float | None = None) -> int:
 
 
 def _stale(name: str, st: os.stat_result, clock: float) -> bool:
-    if "compilecache-" in name:  # cost: _fs loads only when a name of its shape is met
-        from ._fs import is_stale
-        from ._fs import parse_temp_name
+    # cost: _fs is loaded by every session with a dir of ours anyway (Controller._sweep)
+    from ._fs import is_stale
+    from ._fs import parse_temp_name
+    from ._fs import pid_alive
 
-        owner = parse_temp_name(name)  # _fs.temp_name: install's staging dirs, atomic_file's temp files
-        if owner is not None:
-            return is_stale(owner, now=clock, max_age=STALE_AFTER)
+    owner = parse_temp_name(name)  # ours: install's staging dirs, atomic_file's temp files, registrations
+    if owner is not None:
+        return is_stale(owner, now=clock, max_age=STALE_AFTER)
     age = clock - max(st.st_mtime, st.st_ctime)
-    match = re.fullmatch(_OUR_TEMP, name) or re.fullmatch(_ATOMIC_TEMP, name)
-    if match:
-        pid, host = int(match[1]), match[2]
-        if host == _host_id() and pid != os.getpid():
-            return not _pid_alive(pid)
-        return age > STALE_AFTER
     match = re.fullmatch(_TORCH_TEMP, name)
     if match:
-        return (age > TORCH_TEMP_GRACE and not _pid_alive(int(match[1]))) or age > STALE_AFTER
-    if re.fullmatch(_ATOMIC_TEMP_OLD, name) or name.startswith(".write-test-"):
-        return age > STALE_AFTER
-    return False
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's live process
-    return True
+        return (age > TORCH_TEMP_GRACE and not pid_alive(int(match[1]))) or age > STALE_AFTER
+    # What older versions named (their owners' host ids are not ours to compare): by age alone.
+    return bool(age > STALE_AFTER and _is_legacy_temp_name(name))

@@ -121,14 +121,14 @@ def test_an_explicit_dir_torch_cannot_build_in_is_refused(inner: pytest.Pytester
 
 KILLED = """
 import os, sys, time
-from pytest_compilecache import cachedir
+from pytest_compilecache import _fs, cachedir
 
 path = sys.argv[1]
 cachedir.register_session(path)
 os.makedirs(os.path.join(path, "ab"), exist_ok=True)
 # What a session killed mid-restore leaves: an unpack's temp file, a staging dir, torch's own temp file.
-open(os.path.join(path, "ab", f".k.so.{cachedir.owner_tag()}.abcd1234.tmp"), "wb").write(b"x" * 1000)
-os.makedirs(os.path.join(path, cachedir.temp_name("staging"), "files"))
+open(os.path.join(path, "ab", _fs.temp_name("tmp", lead=".k.so.")), "wb").write(b"x" * 1000)
+os.makedirs(os.path.join(path, _fs.temp_name("staging", lead="."), "files"))
 open(os.path.join(path, "ab", f".{os.getpid()}.140000000000.tmp"), "wb").write(b"y")
 print("ready", flush=True)
 time.sleep(600)
@@ -146,7 +146,7 @@ def test_the_next_session_sweeps_what_a_killed_one_left(inner: pytest.Pytester) 
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=60)
     assert len(os.listdir(cache / ".compilecache-sessions")) == 1  # the dead session's registration
-    assert len([p for p in cache.rglob(".*.tmp")] + list(cache.glob(".compilecache-tmp-*"))) == 3
+    assert len([p for p in cache.rglob(".*.tmp")] + list(cache.glob(".compilecache-staging-*"))) == 3
     report = inner.path / "report.json"
 
     result = inner.runpytest_subprocess(*shared, f"--compile-cache-json={report}", timeout=120)

@@ -459,34 +459,35 @@ def _fs_name(dead: int, kind: str, lead: str) -> str:
 
 
 def test_sweep_removes_dead_owners_temp_files_only(cache: Path) -> None:
-    dead, host = _dead_pid(), cachedir.owner_tag().split("-")[1]
-    fs_atomic = "ab/" + _fs_name(dead, "tmp", ".k.so.")  # _fs.atomic_file of a killed unpack, in a kernel dir
-    fs_staging = _fs_name(dead, "staging", ".")  # install's staging dir of a killed restore
+    dead, host = _dead_pid(), "0123abcd"  # older versions' names carried a host id of their own
     ours_dead = {
-        fs_atomic,
-        fs_staging + "/files/x",
-        f"ab/.k.so.{dead}-{host}.abcd_123.tmp",  # atomic_file's name before _fs.temp_name (older versions)
-        f"{cachedir.TEMP_PREFIX}{dead}-{host}-123-staging/files/x",  # a staging dir of an older version
+        "ab/" + _fs_name(dead, "tmp", ".k.so."),  # _fs.atomic_file of a killed unpack, in a kernel dir
+        _fs_name(dead, "staging", ".") + "/files/x",  # install's staging dir of a killed restore
+        f"{cachedir.SESSIONS_DIR}/" + _fs_name(dead, "tmp", "."),  # a registration killed while being made
+    }
+    legacy = {
+        f"ab/.k.so.{dead}-{host}.abcd_123.tmp",  # atomic_file's name in older versions
+        f"{cachedir.TEMP_PREFIX}{dead}-{host}-123-staging/files/x",  # an older version's staging dir
+        f"ab/.k.so.{os.getpid()}-{host}.abcd_123.tmp",
+        "ab/.k.so.abcdefgh.tmp",  # older still: no owner at all
     }
     torch_dead = f"ab/.{dead}.140234.tmp"  # torch's write_atomic in a killed process
-    old_style = "ab/.k.so.abcdefgh.tmp"  # an older version's temp name: no owner
-    alive = {f"ab/.k.so.{os.getpid()}-{host}.abcd_123.tmp", f"ab/.{os.getpid()}.140234.tmp"}
+    torch_alive = f"ab/.{os.getpid()}.140234.tmp"
     fs_alive = "ab/" + _fs.temp_name("tmp", lead=".k2.so.")  # this live process's own write in progress
     never = {f"ab/.{dead}.1.tmp.fresh", "ab/user.tmp", f"fxgraph/aa/.{dead}-{host}.abcdefgh.tmp.x"}
-    for rel in ours_dead | alive | never | {torch_dead, old_style, fs_alive}:
+    for rel in ours_dead | legacy | never | {torch_dead, torch_alive, fs_alive}:
         _file(cache, rel, 1, T0)
     now = time.time()
     # What a killed owner on this host left goes at once (it cannot come back)...
-    assert cachedir.sweep_stale(str(cache), now=now) == 4
-    assert not _files(cache) & ours_dead and not (cache / f"{cachedir.TEMP_PREFIX}{dead}-{host}-123-staging").exists()
-    assert not (cache / fs_staging).exists()
+    assert cachedir.sweep_stale(str(cache), now=now) == 3
+    assert not _files(cache) & ours_dead and not [p for p in cache.iterdir() if "compilecache-staging" in p.name]
     # ...torch's names carry no host: the dead-looking pid may live elsewhere, so the file must also have
     # stopped changing (ctime cannot be set back: the sweep's clock moves forward instead)...
     assert cachedir.sweep_stale(str(cache), now=now + cachedir.TORCH_TEMP_GRACE + 1) == 1
     assert torch_dead not in _files(cache)
-    # ...and a name without an owner, or an owner alive for an hour without writing, only by age.
-    assert old_style in _files(cache)
-    assert cachedir.sweep_stale(str(cache), now=now + cachedir.STALE_AFTER + 1) == 3
+    # ...older versions' names, and torch's of a live pid untouched for an hour, only by age.
+    assert legacy <= _files(cache)
+    assert cachedir.sweep_stale(str(cache), now=now + cachedir.STALE_AFTER + 1) == len(legacy) + 1
     # A name of _fs.temp_name whose owner lives is kept for a day (then its pid may have been reused).
     assert fs_alive in _files(cache)
     assert cachedir.sweep_stale(str(cache), now=now + _fs.MAX_AGE_ALIVE + 1) == 1
@@ -497,7 +498,8 @@ def test_sweep_never_enters_a_foreign_dir(tmp_path: Path) -> None:
     dead = _dead_pid()
     _user_files(tmp_path)
     _file(tmp_path, f"src/.{dead}.1.tmp", 1, T0)
-    _file(tmp_path, f".k.so.{cachedir.owner_tag()}.abcdefgh.tmp", 1, T0)
+    _file(tmp_path, f".k.so.{os.getpid()}-0123abcd.abcdefgh.tmp", 1, T0)
+    _file(tmp_path, _fs_name(dead, "tmp", ".k.so."), 1, T0)
     assert cachedir.sweep_stale(str(tmp_path), now=time.time() + 10 * cachedir.STALE_AFTER) == 0
     assert (tmp_path / f"src/.{dead}.1.tmp").exists()
 
@@ -510,9 +512,13 @@ def test_sweep_clears_a_killed_sessions_registration(cache: Path) -> None:
     assert os.listdir(cache / cachedir.SESSIONS_DIR) == []
 
 
-def test_temp_names_carry_their_owner() -> None:
-    name = cachedir.temp_name("staging")
-    assert name.startswith(f"{cachedir.TEMP_PREFIX}{os.getpid()}-") and name.endswith("-staging")
+def test_registering_and_probing_leave_only_the_marker(tmp_path: Path) -> None:
+    """make_dir's write probe and a registration's temp name are _fs names, gone once they are done."""
+    root = cachedir.make_dir(tmp_path / "cc")
+    with cachedir.register_session(str(root)):
+        assert [name for name in os.listdir(root) if "compilecache-tmp" in name] == []
+        (marker,) = os.listdir(root / cachedir.SESSIONS_DIR)
+        assert _fs.parse_temp_name(marker) is None and marker.startswith(f"{os.getpid()}-{_fs.host_tag()}-")
 
 
 # ------------------------------------------------------------------------------- paths torch can build in
@@ -596,7 +602,7 @@ def test_a_registration_renews_itself_after_its_dir_was_cleared(tmp_path: Path) 
 
 def test_trim_leaves_temp_files_to_the_sweep(cache: Path) -> None:
     """A temp file is being written by someone (or waits for sweep_stale): trimming never takes it."""
-    temps = {"ab/.k.so.abcdefgh.tmp", f"ab/.{os.getpid()}.1.tmp", f"{cachedir.temp_name('staging')}/files/x"}
+    temps = {"ab/.k.so.abcdefgh.tmp", f"ab/.{os.getpid()}.1.tmp", _fs.temp_name("staging", lead=".") + "/files/x"}
     for rel in temps:
         _file(cache, rel, 100, T0)
     _file(cache, "ab/entry", 100, T0)
