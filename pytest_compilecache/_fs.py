@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import os
 import re
@@ -54,6 +55,7 @@ _TEMP = re.compile(
 )
 
 
+@functools.cache  # once per process: every temp name (a bundle install writes one per file) carries it
 def host_tag() -> str:
     """Hash of the host name and the pid namespace: equal tags mean our pids name the same processes."""
     namespace = ""
