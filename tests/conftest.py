@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import torchenv
+
 _TESTS = Path(__file__).parent
 COMPAT_PATHS = (
     _TESTS / "plugin",
@@ -21,10 +23,9 @@ COMPAT_PATHS = (
 )
 
 
-# Every compile the suite starts, here or in an inner session it runs, uses one compile thread. With more,
-# each process that compiles starts a pool of compile workers that import torch again: seconds of CPU per
-# inner session on two cores, and nothing the tests check depends on it.
-os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+# Every compile the suite starts, here or in a process it starts, uses the suite's torch settings (one
+# compile thread, no ISA dry-compiles: see tests/torchenv.py).
+torchenv.apply(os.environ)
 
 
 def pytest_configure(config: pytest.Config) -> None:

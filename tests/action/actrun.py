@@ -31,6 +31,7 @@ from typing import Mapping
 
 import pytest
 
+from tests import torchenv
 from tests.action.cache_server import CacheServer
 from tests.servers import require_binary_or_fail
 
@@ -163,6 +164,7 @@ class Act:
             ACTIONS_CACHE_SERVICE_V2="true",
             ACTIONS_RESULTS_URL=self.server.url,
             ACTIONS_RUNTIME_TOKEN=token,
+            **torchenv.TORCH_SETTINGS,  # the suite's torch settings (tests/torchenv.py)
             **(env or {}),
         )
         argv = [

@@ -19,8 +19,9 @@ from typing import Any
 from typing import Callable
 
 from pytest_compilecache import probe
+from tests import torchenv
 
-os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+torchenv.apply(os.environ)  # the suite's torch settings (tests/torchenv.py)
 probe.watch_graph_lookups()  # before torch: the capture must install itself when torch loads its codecache
 
 import torch  # noqa: E402

@@ -11,7 +11,6 @@ once (a module fixture shared by separate tests would run once in every worker t
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 from pytest_compilecache import explain
 from pytest_compilecache.explain import GraphLookup
 from pytest_compilecache.explain import GraphsRecord
+from tests import torchenv
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def scenarios() -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_", "PYTEST_"))}
+    env = torchenv.inner_env(prefixes=("TORCHINDUCTOR_", "TRITON_", "PYTEST_"))
     env["PYTHONPATH"] = str(ROOT)
     proc = subprocess.run(
         [sys.executable, str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200

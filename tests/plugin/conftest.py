@@ -4,11 +4,8 @@ import os
 
 import pytest
 
+from tests import torchenv
 from tests.plugin.helpers import INNER_INI
-
-# Variables of the outer environment that would change what an inner session does (a CI step summary, a
-# cache dir, an outer xdist worker's identity).
-_OUTER_ENV_PREFIXES = ("PYTEST_COMPILECACHE_", "TORCHINDUCTOR_", "TRITON_", "PYTEST_XDIST_", "GITHUB_")
 
 
 @pytest.fixture
@@ -16,8 +13,8 @@ def inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.
     """A pytester project with its own pytest.ini and an environment free of the outer session's settings."""
     pytester.makeini(INNER_INI)
     for name in list(os.environ):
-        if name.startswith(_OUTER_ENV_PREFIXES):
+        if name.startswith(torchenv.OUTER_PREFIXES):
             monkeypatch.delenv(name)
-    # One compile thread: no pool of compile subprocesses (each would import torch on our two cores).
-    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    for name, value in torchenv.TORCH_SETTINGS.items():
+        monkeypatch.setenv(name, value)
     return pytester

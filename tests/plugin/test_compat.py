@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests import torchenv
 from tests.servers import require_binary_or_fail
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,10 +28,9 @@ _OUTER_ENV_PREFIXES = ("PYTEST_COMPILECACHE_", "TORCHINDUCTOR_", "TRITON_", "PYT
 
 def _clean_env(tmp: Path) -> dict[str, str]:
     """The outer session's environment without its cache settings, with a new TMPDIR (a fresh runner)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_OUTER_ENV_PREFIXES)}
+    env = torchenv.inner_env(prefixes=_OUTER_ENV_PREFIXES)
     tmp.mkdir(parents=True, exist_ok=True)
     env["TMPDIR"] = str(tmp)
-    env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     return env
 
 

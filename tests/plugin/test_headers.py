@@ -7,8 +7,9 @@ goes in as its own content-addressed object. Fresh machines (a new TMPDIR each, 
 
 * restore from that store (``_fresh_runners_restore_it``): the header is in their
   header dir before the first test runs, the JSON report counts it, and gcc never builds it (torch still
-  preprocesses it in every process: that is how it looks the file up); one runs plainly in ``shared`` mode,
-  one with ``-n 2`` in ``isolated`` mode;
+  preprocesses it in every process: that is how it looks the file up), nor torch's vector-ISA probes (the
+  bundle carries them; these machines dry-compile them as a user's would, see tests/torchenv.py); one runs
+  plainly in ``shared`` mode, one with ``-n 2`` in ``isolated`` mode;
 * get the header carried by hand, the way the product carries it (``headers.find_used``, ``describe``,
   ``compress``, ``install``), with no store, so every kernel is a miss that gcc compiles with
   ``-include <header>`` (``_carried_by_hand``): a
@@ -37,6 +38,7 @@ import pytest
 from pytest_compilecache import headers
 from pytest_compilecache.stores import LocalStore
 from pytest_compilecache.stores.base import is_artifact_key
+from tests import torchenv
 from tests.plugin.helpers import TRAINING_SUITE
 
 
@@ -127,20 +129,31 @@ class Machine:
 
 @pytest.fixture
 def machine(inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
-    """``machine(name, *args, before=None, kernels="all")``: run the probe and the training suite as machine
-    ``name`` (its own TMPDIR, an empty cache dir, the g++ shim) with ``args``; ``before(tmpdir)`` runs first;
-    every test passes. ``kernels="one"`` runs only ``test_activation`` (one C++ kernel), for the machines
-    that only need gcc to meet a header once."""
+    """``machine(name, *args, before=None, kernels="all", isa_probes=True)``: run the probe and the training
+    suite as machine ``name`` (its own TMPDIR, an empty cache dir, the g++ shim) with ``args``;
+    ``before(tmpdir)`` runs first; every test passes. ``kernels="one"`` runs only ``test_activation`` (one
+    C++ kernel), for the machines that only need gcc to meet a header once; ``isa_probes=False`` keeps the
+    suite's setting that skips torch's ISA dry-compiles (tests/torchenv.py), for the same machines."""
     shims = _shims(tmp_path)
     inner.makepyfile(test_0_probe=PROBE, test_training=TRAINING_SUITE)
 
-    def run(name: str, *args: str, before: Callable[[Path], None] | None = None, kernels: str = "all") -> Machine:
+    def run(
+        name: str,
+        *args: str,
+        before: Callable[[Path], None] | None = None,
+        kernels: str = "all",
+        isa_probes: bool = True,
+    ) -> Machine:
         root = tmp_path / name
         env = _machine_env(root, shims, name)
         if before is not None:
             before(root / "tmp")
         for key, value in env.items():
             monkeypatch.setenv(key, value)
+        if isa_probes:  # as on a user's machine: torch dry-compiles a probe per vector ISA in an empty cache dir
+            monkeypatch.delenv("TORCHINDUCTOR_VEC_ISA_OK", raising=False)
+        else:
+            monkeypatch.setenv("TORCHINDUCTOR_VEC_ISA_OK", torchenv.TORCH_SETTINGS["TORCHINDUCTOR_VEC_ISA_OK"])
         report = root / "report.json"
         select = () if kernels == "all" else ("-k", "probe or activation")
         result = inner.runpytest_subprocess(
@@ -166,6 +179,16 @@ def header_builds(log: str) -> list[str]:
 
 def kernel_builds_with_header(log: str) -> list[str]:
     return [line for line in log.splitlines() if line.startswith("CALL ") and " -include " in line]
+
+
+def isa_probe_builds(log: str) -> list[str]:
+    """torch's dry-compiles of its vector-ISA probes (a source defining ``__avx_chk_kernel``)."""
+    found = []
+    for line in log.splitlines():
+        sources = [Path(arg) for arg in line.split() if arg.endswith(".cpp")] if line.startswith("CALL ") else []
+        if any(source.is_file() and b"_chk_kernel" in source.read_bytes() for source in sources):
+            found.append(line)
+    return found
 
 
 def pch_warnings(log: str) -> list[str]:
@@ -213,7 +236,7 @@ def _carried_by_hand(machine, first: Machine, since: float, tmp_path: Path) -> N
             assert headers.install(artifact, io.BytesIO(packed), headers.header_dir(tmp))
 
     # One kernel is enough to see gcc take (or refuse) the header: each machine below compiles one.
-    log = machine("fresh", "--compile-cache=shared", before=carry, kernels="one").log
+    log = machine("fresh", "--compile-cache=shared", before=carry, kernels="one", isa_probes=False).log
     assert kernel_builds_with_header(log), "the empty cache dir must make gcc compile kernels: " + log
     assert header_builds(log) == [], "torch rebuilt a carried header"
     assert pch_warnings(log) == [], "gcc rejected the carried header"
@@ -230,7 +253,9 @@ def _carried_by_hand(machine, first: Machine, since: float, tmp_path: Path) -> N
                 bad, packed = damaged(artifact, how, work)
                 assert headers.install(bad, packed, headers.header_dir(tmp))
 
-        log = machine("fresh-" + how, "--compile-cache=shared", before=carry_damaged, kernels="one").log
+        log = machine(
+            "fresh-" + how, "--compile-cache=shared", before=carry_damaged, kernels="one", isa_probes=False
+        ).log
         assert kernel_builds_with_header(log), log
         warnings = pch_warnings(log)
         assert warnings, f"gcc was expected to reject the {how} header under -Winvalid-pch: " + log
@@ -256,6 +281,8 @@ def _fresh_runners_restore_it(machine, first: Machine, store: Path) -> None:  # 
     assert before and set(before) <= set(built), (before, built)  # installed before the first test ran
     assert header_builds(log) == [], "torch rebuilt a header the restore installed: " + log
     assert " -E " in log, "torch looked the header up (it preprocesses it first) and found it"
+    # torch's ISA probe libraries came with the bundle (probe.used_files): no dry-compile on this machine.
+    assert isa_probe_builds(log) == [], "the bundle did not carry torch's ISA probes: " + log
 
     c = machine("c", "--compile-cache=isolated", f"--compile-cache-store={store}", "-n", "2")
     report, log = c.report, c.log
@@ -263,6 +290,7 @@ def _fresh_runners_restore_it(machine, first: Machine, store: Path) -> None:  # 
     assert restored["outcome"] in ("exact", "partial"), restored
     assert restored["headers"]["transferred"] == saved["headers"]["named"], restored
     assert header_builds(log) == [], "an xdist worker rebuilt a header the controller installed: " + log
+    assert isa_probe_builds(log) == [], log
     installed = headers.header_dir(c.root / "tmp")
     assert {p.name for p in installed.iterdir() if headers.is_header_name(p.name)} == set(before)
 
@@ -276,6 +304,7 @@ def test_a_header_travels_and_a_bad_one_costs_only_a_slower_compile(  # type: ig
     first = machine("a", "--compile-cache=shared", f"--compile-cache-store={store}")
     assert first.before == []
     assert header_builds(first.log), "machine a must build the header for this test to mean anything: " + first.log
+    assert isa_probe_builds(first.log), "machine a must dry-compile torch's ISA probes: " + first.log
     with subtests.test("fresh runners restore it from the store"):
         _fresh_runners_restore_it(machine, first, store)
     with subtests.test("carried by hand: used when valid, a slower compile when not"):

@@ -20,6 +20,7 @@ import torch._dynamo.utils
 import torch._inductor.utils
 
 from pytest_compilecache import probe
+from tests import torchenv
 
 
 @dataclasses.dataclass
@@ -132,8 +133,7 @@ MEGA_CACHE_ROUND_TRIP = textwrap.dedent(
 @pytest.mark.slow
 def test_mega_cache_round_trip_counts_artifacts_on_this_torch(tmp_path: Path) -> None:
     """The real save/load API of this torch, in a fresh process (save is once per process)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_", "PYTEST_"))}
-    env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+    env = torchenv.inner_env(prefixes=("TORCHINDUCTOR_", "TRITON_", "PYTEST_"))
     out = subprocess.run(
         [sys.executable, "-c", MEGA_CACHE_ROUND_TRIP, str(tmp_path / "a"), str(tmp_path / "b")],
         capture_output=True,

@@ -1,0 +1,43 @@
+"""The torch settings of every process the suite starts, and the environment an inner process starts from.
+
+Every compile the suite starts, in the test process or in an inner session, a subprocess or an act job, uses
+these settings; nothing a test checks depends on them, and each saves seconds of CPU on two cores:
+
+* ``TORCHINDUCTOR_COMPILE_THREADS=1``: no pool of compile workers (each would import torch again).
+* ``TORCHINDUCTOR_VEC_ISA_OK=1``: torch trusts the CPU's flags for its vector ISAs instead of dry-compiling
+  one probe per ISA (about 2 s of g++ each, three here) in every empty cache dir. A compiler that cannot
+  build for a flag the CPU reports then fails the kernel build, loudly. The probes are torch's, not ours;
+  the test that checks a bundle carries them (tests/plugin/test_headers.py) turns them back on.
+
+The knobs go into inductor's config, so they are part of every FX-graph key: sessions of one test always
+share them (the inner environment gets them from here), so hits and misses are what they would be without.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from collections.abc import MutableMapping
+
+TORCH_SETTINGS: Mapping[str, str] = {
+    "TORCHINDUCTOR_COMPILE_THREADS": "1",
+    "TORCHINDUCTOR_VEC_ISA_OK": "1",
+}
+
+# Variables that would change what a process started by a test does: the outer session's cache settings,
+# a CI step summary, an outer xdist worker's identity.
+OUTER_PREFIXES = ("PYTEST_COMPILECACHE_", "TORCHINDUCTOR_", "TRITON_", "PYTEST_XDIST_", "GITHUB_")
+
+
+def inner_env(base: Mapping[str, str] | None = None, prefixes: tuple[str, ...] = OUTER_PREFIXES) -> dict[str, str]:
+    """``base`` (default: this process's environment) without variables starting with ``prefixes``, plus
+    :data:`TORCH_SETTINGS`."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith(prefixes)}
+    env.update(TORCH_SETTINGS)
+    return env
+
+
+def apply(env: MutableMapping[str, str]) -> None:
+    """Set :data:`TORCH_SETTINGS` in ``env`` where it does not set them already."""
+    for name, value in TORCH_SETTINGS.items():
+        env.setdefault(name, value)
