@@ -11,6 +11,10 @@ Prints the median wall time of each variant, the ratios to the baseline (target:
 torch got imported in any run (it must not be). ``--json PATH`` writes everything, samples included.
 
     python bench/overhead.py [--tests 2000] [--rounds 5] [--json results.json] [--fail-above 2.0]
+    python bench/overhead.py --instructions [--tests 2000] [--sizes 3]
+
+``--instructions`` counts instructions under valgrind instead (one run per variant and suite size, sizes
+``--tests``, +50, +100...; the median over the sizes is the figure to compare, see render_instructions).
 """
 
 from __future__ import annotations
@@ -221,6 +225,22 @@ def count_instructions(python: str, tests: int) -> dict[str, int]:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def render_instructions(runs: dict[int, dict[str, int]]) -> str:
+    """Per variant: the median overhead over the suite sizes counted, and each size's.
+
+    One count is exact for its code and size, but where Python's cyclic garbage collector runs depends on
+    every allocation, so a change anywhere moves a full collection (tens of millions of instructions) in or
+    out of one run; a few sizes apart see it at different phases, and their median is what to compare.
+    """
+    sizes = ", ".join(map(str, runs))
+    lines = [f"plugin overhead: instructions executed (valgrind callgrind), suites of {sizes} tests"]
+    for variant in VARIANTS:
+        percents = [(counts[variant] / counts["baseline"] - 1) * 100 for counts in runs.values()]
+        each = ", ".join(f"{p:+.2f}%" for p in percents)
+        lines.append(f"{variant:<10} median {statistics.median(percents):+.2f}%  ({each})")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tests", type=int, default=2000, help="number of generated tests (default 2000)")
@@ -240,15 +260,23 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="count instructions under valgrind callgrind instead of timing (repeatable)",
     )
+    parser.add_argument(
+        "--sizes",
+        type=int,
+        default=3,
+        metavar="K",
+        help="with --instructions: count K suites of --tests, +50, +100... tests and report the median (default 3)",
+    )
     args = parser.parse_args(argv)
     if args.instructions:
-        counts = count_instructions(args.python, args.tests)
-        base = counts["baseline"]
-        print(f"plugin overhead: {args.tests} trivial tests, instructions executed (valgrind callgrind)")
-        for variant, count in counts.items():
-            print(f"{variant:<10} {count:>15,}  {(count / base - 1) * 100:+.2f}%")
+        if args.sizes < 1:
+            parser.error("--sizes must be at least 1")
+        sizes = [args.tests + 50 * index for index in range(args.sizes)]
+        runs = {size: count_instructions(args.python, size) for size in sizes}
+        print(render_instructions(runs))
         if args.json:
-            Path(args.json).write_text(json.dumps({"instructions": counts}, indent=2) + "\n")
+            data = {"instructions": {str(size): counts for size, counts in runs.items()}}
+            Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
         return 0
     if args.tests < 1 or args.rounds < 1 or args.warmup < 0:
         parser.error("--tests and --rounds must be at least 1, --warmup at least 0")

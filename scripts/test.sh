@@ -22,4 +22,7 @@ venv=$(bash scripts/setup.sh --print-venv)
 if [ "$venv" = .venv ] && [ -f scripts/lint.sh ]; then
   bash scripts/lint.sh
 fi
+# Bytecode for our own code, once: with PYTHONDONTWRITEBYTECODE set (as in many CI images) every process the
+# suite starts (about 150 inner sessions, workers and Action steps) would otherwise compile it from source.
+"$venv/bin/python" -m compileall -q pytest_compilecache action tests bench > /dev/null
 exec "$venv/bin/python" -m pytest "$@"
