@@ -20,6 +20,7 @@ import functools
 import hashlib
 import os
 import re
+import secrets
 import shutil
 import socket
 import stat
@@ -48,12 +49,10 @@ TempKind = Literal["staging", "save", "restore", "tmp"]
 DEFAULT_MAX_AGE = 3600.0
 MAX_AGE_ALIVE = 24 * 3600.0
 
-# Compiled (and cached by ``re``) on first use, not at import: a session start pays for what it uses.
-_TEMP = (
+_TEMP = re.compile(
     r"^(?P<lead>.*?)compilecache-(?P<kind>staging|save|restore|tmp)-(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]{1,10})"
     r"-(?P<time>[0-9]{1,12})-(?P<rand>[0-9a-z]{8})(?:\.tmp)?$"
 )
-_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 
 
 @functools.cache  # once per process: every temp name (a bundle install writes one per file) carries it
@@ -68,8 +67,7 @@ def host_tag() -> str:
 def temp_name(kind: TempKind, lead: str = "") -> str:
     """A fresh, unique name for a temp entry of ``kind``, owned by this process (see the module docstring)."""
     suffix = ".tmp" if kind == "tmp" else ""
-    # os.urandom, not secrets: a unique name needs no uniform choice, and secrets would load hmac at start-up.
-    rand = "".join(_ALPHABET[byte % len(_ALPHABET)] for byte in os.urandom(8))
+    rand = "".join(secrets.choice("0123456789abcdefghijklmnopqrstuvwxyz") for _ in range(8))
     return f"{lead}compilecache-{kind}-{host_tag()}-{os.getpid()}-{int(time.time())}-{rand}{suffix}"
 
 
@@ -85,7 +83,7 @@ class TempName:
 
 def parse_temp_name(name: str) -> TempName | None:
     """The owner encoded in ``name``, or None when it is not a name :func:`temp_name` made."""
-    match = re.fullmatch(_TEMP, name)
+    match = _TEMP.fullmatch(name)
     if match is None:
         return None
     return TempName(match["kind"], match["host"], int(match["pid"]), float(match["time"]))

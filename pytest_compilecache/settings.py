@@ -80,14 +80,12 @@ def _count(option: str, value: str) -> int:
     return count
 
 
-# Patterns stay strings, compiled (and cached by ``re``) on first use: most sessions never parse these, and
-# compiling at import would cost every session (bench/overhead.py --instructions).
-_SIZE = r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])i?)?b?\s*$"
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])i?)?b?\s*$", re.IGNORECASE)
 
 
 def parse_size(option: str, value: str) -> int:
     """Parse ``500M``, ``2G``, ``1.5GiB`` or a plain byte count."""
-    match = re.match(_SIZE, value, re.IGNORECASE)
+    match = _SIZE.match(value)
     if not match:
         raise ConfigError(f"{option}: expected a size like 500M or 2G, got {value!r}")
     number, unit = match.groups()
@@ -97,12 +95,12 @@ def parse_size(option: str, value: str) -> int:
     return size
 
 
-_KEY_PART = r"^[A-Za-z0-9._-]{1,200}$"
+_KEY_PART = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 
 
 def _key_part(option: str, value: str) -> str:
     value = value.strip()
-    if not re.match(_KEY_PART, value):
+    if not _KEY_PART.match(value):
         raise ConfigError(f"{option}: use 1-200 characters from A-Z a-z 0-9 . _ -, got {value!r}")
     return value
 
