@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 OTHER_PYTHON_ENV = "COMPILECACHE_OTHER_PYTHON"
 
-_OUTER_ENV_PREFIXES = ("PYTEST_COMPILECACHE_", "TORCHINDUCTOR_", "TRITON_", "PYTEST_XDIST_", "GITHUB_", "PYTEST_")
+_OUTER_ENV_PREFIXES = (*torchenv.OUTER_PREFIXES, "PYTEST_")  # and any other pytest setting of the outer session
 
 
 def _clean_env(tmp: Path) -> dict[str, str]:
