@@ -36,9 +36,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import Callable
+from typing import Generic
 from typing import Iterable
 from typing import Literal
 from typing import Mapping
+from typing import TypeVar
 
 from . import BundleError
 from . import StoreError
@@ -68,26 +70,8 @@ __all__ = ["MAX_CANDIDATES", "HeaderReport", "RestoreResult", "SaveResult", "res
 MAX_CANDIDATES = 3
 RestoreOutcome = Literal["exact", "partial", "miss", "error"]
 SaveOutcome = Literal["saved", "skipped", "error"]
+Outcome = TypeVar("Outcome", RestoreOutcome, SaveOutcome)
 Loader = Callable[[bytes], Mapping[str, int]]
-
-
-def _transfer_json(result: RestoreResult | SaveResult) -> dict[str, Any]:
-    """The fields a restore and a save report alike (the JSON report's ``restore`` and ``save`` objects)."""
-    return {
-        "outcome": result.outcome,
-        "key": result.key,
-        "size": result.size,
-        "seconds": round(result.seconds, 3),
-        "message": result.message,
-        "files": result.files,
-        "artifacts": dict(result.artifacts),
-        "skipped": _skipped_json(result.skipped),
-        "headers": result.headers.to_json(),
-    }
-
-
-def _skipped_json(skipped: tuple[tuple[str, str], ...]) -> list[dict[str, str]]:
-    return [{"key": key, "reason": reason} for key, reason in skipped]
 
 
 @dataclass(frozen=True)
@@ -131,10 +115,11 @@ class HeaderReport:
 
 
 @dataclass(frozen=True)
-class RestoreResult:
-    """What a restore did (see the module docstring for the outcomes). ``skipped``: ``(key, reason)`` pairs."""
+class _Transfer(Generic[Outcome]):
+    """What a restore and a save report alike. ``skipped``: ``(key, reason)`` pairs (restore: bundles that
+    failed verification; save: cache files left out of the bundle, names no bundle can carry)."""
 
-    outcome: RestoreOutcome
+    outcome: Outcome
     key: str | None = None
     size: int | None = None
     seconds: float = 0.0
@@ -143,16 +128,39 @@ class RestoreResult:
     artifacts: Mapping[str, int] = field(default_factory=dict)
     skipped: tuple[tuple[str, str], ...] = ()
     headers: HeaderReport = field(default_factory=HeaderReport)
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome != "error"
+
+    def to_json(self) -> dict[str, Any]:
+        """The report's ``restore`` or ``save`` object: the fields of format 1 plus ``skipped`` (a list of
+        {key, reason}) and ``headers`` (:meth:`HeaderReport.to_json`: named, installed or uploaded, their
+        bytes, seconds, warnings)."""
+        return {
+            "outcome": self.outcome,
+            "key": self.key,
+            "size": self.size,
+            "seconds": round(self.seconds, 3),
+            "message": self.message,
+            "files": self.files,
+            "artifacts": dict(self.artifacts),
+            "skipped": [{"key": key, "reason": reason} for key, reason in self.skipped],
+            "headers": self.headers.to_json(),
+        }
+
+
+@dataclass(frozen=True)
+class RestoreResult(_Transfer[RestoreOutcome]):
+    """What a restore did (see the module docstring for the outcomes). ``skipped``: bundles that failed
+    verification, as ``(key, reason)``."""
+
     # The restored bundle's ``graphs`` record (issue 12), read from its manifest after verification:
     # untrusted JSON to parse with ``explain.GraphsRecord.from_json``; None when the bundle has none.
     graphs: Mapping[str, Any] | None = field(default=None, repr=False)
     # The verified manifest's artifact entries (precompiled headers), for a caller that restored with
     # ``headers=False`` to fetch them by other means (the Action's header entry, see action/main.py).
     named_artifacts: tuple[Artifact, ...] = field(default=(), repr=False)
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome != "error"
 
     @property
     def warning(self) -> str | None:
@@ -167,41 +175,17 @@ class RestoreResult:
             return one_line(f"restore skipped {len(self.skipped)} bundle(s) that failed verification: {reasons}")
         return None
 
-    def to_json(self) -> dict[str, Any]:
-        """The report's ``restore`` object: the fields of format 1 plus ``skipped`` (a list of {key, reason})
-        and ``headers`` (:meth:`HeaderReport.to_json`: counts, installed bytes, seconds, warnings)."""
-        return _transfer_json(self)
-
 
 @dataclass(frozen=True)
-class SaveResult:
+class SaveResult(_Transfer[SaveOutcome]):
     """What a save did: ``saved``, ``skipped`` (nothing to save) or ``error``. ``skipped``: cache files left
     out of the bundle as ``(name, reason)`` (names no bundle can carry)."""
-
-    outcome: SaveOutcome
-    key: str | None = None
-    size: int | None = None
-    seconds: float = 0.0
-    message: str = ""
-    files: int = 0
-    artifacts: Mapping[str, int] = field(default_factory=dict)
-    skipped: tuple[tuple[str, str], ...] = ()
-    headers: HeaderReport = field(default_factory=HeaderReport)
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome != "error"
 
     @property
     def warning(self) -> str | None:
         """The one line to warn with (an error), or None; files left out are a note, in ``message``; headers
         that could not be saved are each a line in ``headers.warnings``."""
         return self.message if self.outcome == "error" else None
-
-    def to_json(self) -> dict[str, Any]:
-        """The report's ``save`` object: the fields of format 1 plus ``skipped`` (a list of {key, reason})
-        and ``headers`` (:meth:`HeaderReport.to_json`: named, uploaded, uploaded bytes, seconds, warnings)."""
-        return _transfer_json(self)
 
 
 def restore_outputs(result: RestoreResult) -> dict[str, str]:
