@@ -17,8 +17,11 @@ does not set them itself, so action.yml maps every input a step needs with ``env
   that it holds only the plugin's new bundle when ``actions/cache``'s post step saves it; tell a miss from
   trouble by what the ``actions/cache`` steps reported (:class:`CacheSteps`); outputs, the restore section
   of the step summary, and the outcome for the plugin (``PYTEST_COMPILECACHE_RESTORED``, see
-  :func:`restored_env`). With ``store: github``, also the key of the header entry (``header-key``, see
-  :func:`header_entry`) for the precompiled header the restored bundle names.
+  :func:`restored_env`). It imports no torch: the bundle's mega-cache blobs are installed into the cache
+  dir's pending dir, verified with the rest, and the plugin loads them into torch in the pytest process
+  (which imports torch anyway), so a job pays for one torch import, not two. With ``store: github``, also
+  the key of the header entry (``header-key``, see :func:`header_entry`) for the precompiled header the
+  restored bundle names.
 * ``headers``: after that entry's ``actions/cache`` step, verify and install the header from it, or from the
   bundle entry's copy, staged then for ``actions/cache`` to save under the exact key (:func:`carry_header`);
   tell the plugin that the header entry carries it (``header_key`` in ``PYTEST_COMPILECACHE_RESTORED``).
@@ -462,6 +465,9 @@ def restore(plan: Plan, environ: Mapping[str, str]) -> RestoreResult:
             exact_key=plan.key,
             # store: github: the header entry brings the chosen header after this step (see header_entry)
             headers=plan.transfer != "github",
+            # torch's artifacts wait in the cache dir for the pytest process to load (sync.load_staged):
+            # this step imports no torch, the job pays for one torch import instead of two
+            stage_blobs=True,
         )
         return split_headers(plan, store, result) if plan.transfer == "github" else result
     except Exception as exc:  # cache trouble never fails the job: anything here becomes one warning
@@ -674,25 +680,25 @@ def restored_env(plan: Plan, result: RestoreResult) -> dict[str, str]:
     """What the restore tells the plugin in the job's later steps (it runs with ``RESTORE=skip``).
 
     ``PYTEST_COMPILECACHE_RESTORED``: compact JSON ``{"outcome": "exact"|"partial"|"miss"|"error", "key":
-    <restored key or null>, "message": <why, or null>}``, the plugin's contract for knowing how the
-    Action's restore went (its hit-rate guard must not fail a session after a failed restore). After a
+    <restored key or null>, "message": <why, or null>, "headers": [<header names>], "staged": [[<blob name>,
+    <size>, <sha256>], ...]}``, the plugin's contract for knowing how the Action's restore went (its hit-rate
+    guard must not fail a session after a failed restore) and which verified mega-cache blobs wait in the
+    cache dir for it to load (``sync.load_staged``). After a
     failed restore the Action also clears ``PYTEST_COMPILECACHE_MIN_HIT_RATE`` (an empty value is unset for
     the plugin), so input ``min-hit-rate`` cannot fail the job whatever the plugin's version.
     """
     if plan.transfer == "none":
         return {}
     outcome = result.outcome
-    env = {
-        RESTORED_ENV: json.dumps(
-            {
-                "outcome": outcome,
-                "key": result.key,
-                "message": result.warning or result.message or None,
-                "headers": list(result.headers.named),
-            },
-            separators=(",", ":"),
-        )
+    told: dict[str, Any] = {
+        "outcome": outcome,
+        "key": result.key,
+        "message": result.warning or result.message or None,
+        "headers": list(result.headers.named),
     }
+    if result.staged:
+        told["staged"] = [list(blob) for blob in result.staged]
+    env = {RESTORED_ENV: json.dumps(told, separators=(",", ":"))}
     if outcome == "error" and plan.min_hit_rate:
         env[ENV_PREFIX + "MIN_HIT_RATE"] = ""
     return env

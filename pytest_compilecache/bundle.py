@@ -45,6 +45,8 @@ from . import BundleError
 from . import __version__
 from ._fs import atomic_file
 from ._fs import temp_name
+from .cachedir import OUR_NAMES
+from .cachedir import PENDING_DIR
 from .container import CHUNK
 from .container import MAGIC
 from .container import SIGNING_KEY_ENV
@@ -73,6 +75,7 @@ from .manifest import Member
 from .manifest import check_member_path
 from .manifest import fingerprint_differences
 from .manifest import json_object
+from .manifest import printable
 from .manifest import unsafe_reason
 
 __all__ = [
@@ -91,6 +94,7 @@ __all__ = [
     "is_signed",
     "member_sha256",
     "pack",
+    "pending_path",
     "read_manifest",
     "sign",
     "unpack",
@@ -306,22 +310,40 @@ def _stream_members(reader: PayloadReader, manifest: Manifest, verified: Verifie
         raise BundleError(f"bundle is missing member {missing[0]}")
 
 
-def install(verified: Verified) -> Installed:
+def install(verified: Verified, *, stage_blobs: bool = False) -> Installed:
     """Move a verified bundle's files from its staging dir into the cache dir, all or nothing (BundleError).
 
     Identical existing files are left alone; a replaced file or symlink is swapped by a rename, never
-    written through. The blobs stay readable through :meth:`Verified.blob` until the bundle is closed.
+    written through. The blobs stay readable through :meth:`Verified.blob` until the bundle is closed;
+    with ``stage_blobs`` they are installed too, as ``<PENDING_DIR>/<sha256>.bin`` (:func:`pending_path`:
+    named by content, so two restores into one dir never take each other's), for a later process to load
+    (``sync.load_staged``), and :meth:`Verified.blob` no longer reads them.
+    A bundle file among the plugin's own names (``CACHEDIR.TAG``, the lock, the registrations, the graph
+    record, the pending dir: :data:`.cachedir.OUR_NAMES`) is refused: no save ever packs one.
     """
     staging = verified.staging
     if staging is None:
         raise ValueError("install() needs a bundle verified with a cache_dir")
     manifest = verified.manifest
-    staging.check_installable(manifest.file_paths)
+    for rel in manifest.file_paths:
+        if rel.split("/", 1)[0] in OUR_NAMES:
+            raise BundleError(f"refusing to unpack {printable(rel)}: the plugin's own name, not a cache file")
     by_path = {m.path: m for m in manifest.members}
-    return staging.install(
+    files = [
         (rel, verified.slots[FILES_DIR + rel], by_path[FILES_DIR + rel].size, by_path[FILES_DIR + rel].sha256)
         for rel in manifest.file_paths
-    )
+    ]
+    if stage_blobs:
+        for name in manifest.blob_names:
+            member = by_path[f"{BLOBS_DIR}{name}.bin"]
+            files.append((pending_path(member.sha256), verified.slots[member.path], member.size, member.sha256))
+    staging.check_installable(rel for rel, _, _, _ in files)
+    return staging.install(files)
+
+
+def pending_path(sha256: str) -> str:
+    """Where :func:`install` with ``stage_blobs`` puts the mega-cache blob of that SHA-256 (relative)."""
+    return f"{PENDING_DIR}/{sha256}.bin"
 
 
 def unpack(

@@ -243,7 +243,10 @@ TORCH_FILES = frozenset({"memoizer_cache.json", "memoizer_cache.lock"})
 # GRAPHS_RECORD: explain.RECORD_NAME, the graphs the next session explains its misses against (issue 12);
 # ours in any dir (so an untagged torch dir that holds it is not "foreign" next time), never trimmed.
 GRAPHS_RECORD = ".compilecache-graphs.json"
-_OUR_NAMES = frozenset({"CACHEDIR.TAG", ".gitignore", LOCK_NAME, SESSIONS_DIR, GRAPHS_RECORD})
+# PENDING_DIR: a restored bundle's mega-cache blobs, installed there by a restore in another process (the
+# Action's restore step) for the next pytest session to load into torch and remove (sync.load_staged).
+PENDING_DIR = ".compilecache-pending"
+OUR_NAMES = frozenset({"CACHEDIR.TAG", ".gitignore", LOCK_NAME, SESSIONS_DIR, GRAPHS_RECORD, PENDING_DIR})
 # codecache.get_path: ``<key[1:3]>/<key>.<ext>``; keys are lowercase base32 (or hex) hashes.
 # Patterns are kept as strings: ``re`` compiles each on first use and caches it. Compiled at import they
 # would cost every session, and most never look at them (bench/overhead.py --instructions).
@@ -307,10 +310,10 @@ def _torch_top_entry(root: Path, name: str) -> bool:
     if stat.S_ISLNK(st.st_mode):
         return False
     if stat.S_ISDIR(st.st_mode):
-        if name in TORCH_DIRS or name == SESSIONS_DIR:
+        if name in TORCH_DIRS or name in (SESSIONS_DIR, PENDING_DIR):
             return True
         return bool(re.fullmatch(_KERNEL_DIR, name)) and _kernel_dir_contents_ok(root / name)
-    return name in _OUR_NAMES or name in TORCH_FILES or bool(re.fullmatch(_TORCH_TOP_FILE, name)) or _is_temp_name(name)
+    return name in OUR_NAMES or name in TORCH_FILES or bool(re.fullmatch(_TORCH_TOP_FILE, name)) or _is_temp_name(name)
 
 
 def _kernel_dir_contents_ok(folder: Path) -> bool:
@@ -367,7 +370,7 @@ def _managed_files(root: str, kind: Kind) -> Iterator[tuple[str, os.stat_result]
         return
     for entry in top:
         name = entry.name
-        if name in _OUR_NAMES or name == "locks" or name.endswith(".lock") or _is_temp_name(name):
+        if name in OUR_NAMES or name == "locks" or name.endswith(".lock") or _is_temp_name(name):
             continue
         if entry.is_symlink():
             if kind == "ours":
@@ -678,7 +681,7 @@ def _drop_empty_dirs(path: str, kind: Kind, began: float, emptied: set[str]) -> 
     for root, _dirs, _files in os.walk(path, topdown=False):
         rel = os.path.relpath(root, path)
         top = rel.split(os.sep, 1)[0]
-        if root == path or top in _OUR_NAMES or top == "locks" or any(map(_is_temp_name, rel.split(os.sep))):
+        if root == path or top in OUR_NAMES or top == "locks" or any(map(_is_temp_name, rel.split(os.sep))):
             continue
         if kind == "torch" and top not in TORCH_DIRS and not re.fullmatch(_KERNEL_DIR, top):
             continue

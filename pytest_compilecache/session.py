@@ -396,6 +396,8 @@ class Controller:
             self.header_since = session_start()
         if self.settings.restore == "skip":
             self.restored = action_restore_result(os.environ.get(ACTION_RESTORE_ENV))
+            if self.restored is not None and self.restored.staged and self.setup.dir.path:
+                self._load_staged(self.restored)
             return
         if not self.settings.store or not self.setup.dir.path:
             return
@@ -420,6 +422,19 @@ class Controller:
             self.problems.warn(self.restored.warning)
         for line in self.restored.headers.warnings:
             self.problems.warn(line)
+
+    def _load_staged(self, restored: RestoreResult) -> None:
+        """Load the mega-cache blobs the Action's restore step installed but left for this process (that step
+        imports no torch; this one will): a blob that changed or that torch rejects is one warning, and the
+        session counts as one after a failed restore (cold compile, the hit-rate floor not enforced)."""
+        # cost: as above
+        from . import sync
+
+        self.restored = sync.load_staged(restored, self.setup.dir.path or "")
+        if self.restored.outcome == "error":
+            self.problems.warn(f"{self.restored.message}; the tests compile cold")
+        elif self.restored.message != restored.message:
+            self.problems.note(self.restored.message)
 
     def _read_baseline(self) -> None:
         """The earlier run's graphs, kept as ``<cache dir>/.compilecache-graphs.json`` for every process.
@@ -773,4 +788,29 @@ def action_restore_result(value: str | None) -> RestoreResult | None:
     carried = data.get("header_key") if isinstance(data, dict) else None
     keys = (carried,) if isinstance(carried, str) and carried else ()
     headers = sync.HeaderReport(named=named, carried=keys)
-    return sync.RestoreResult(outcome, key=key, message=message, headers=headers)
+    # "staged": [[name, size, sha256], ...], the mega-cache blobs the Action installed for this process to load
+    # (its restore imports no torch); only after a restore, and only entries of that exact shape.
+    staged: tuple[sync.StagedBlob, ...] = ()
+    entries = data.get("staged") if isinstance(data, dict) and outcome in ("exact", "partial") else None
+    if isinstance(entries, list) and all(_staged_entry(entry) for entry in entries):
+        staged = tuple(sync.StagedBlob(*entry) for entry in entries)
+    return sync.RestoreResult(outcome, key=key, message=message, headers=headers, staged=staged)
+
+
+def _staged_entry(entry: object) -> bool:
+    """``[name, size, sha256]`` with a blob name a bundle may carry, a size and a hex SHA-256."""
+    from .manifest import BLOB_NAME  # cost: as above
+
+    if not (isinstance(entry, list) and len(entry) == 3):
+        return False
+    name, size, sha256 = entry
+    return (
+        isinstance(name, str)
+        and BLOB_NAME.fullmatch(name) is not None
+        and isinstance(size, int)
+        and not isinstance(size, bool)
+        and size >= 0
+        and isinstance(sha256, str)
+        and len(sha256) == 64
+        and all(c in "0123456789abcdef" for c in sha256)
+    )

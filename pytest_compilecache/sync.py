@@ -28,10 +28,16 @@ builds it, as it would without us.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import re
+import stat
 import time
 from dataclasses import dataclass
 from dataclasses import field
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -40,6 +46,7 @@ from typing import Generic
 from typing import Iterable
 from typing import Literal
 from typing import Mapping
+from typing import NamedTuple
 from typing import TypeVar
 
 from . import BundleError
@@ -50,13 +57,18 @@ from . import probe
 from ._fs import temporary_dir
 from .bundle import DEFAULT_MAX_BYTES
 from .bundle import CacheDirError
+from .cachedir import PENDING_DIR
 from .cachedir import lock
 from .fingerprint import Fingerprint
 from .fingerprint import explain
 from .fingerprint import make_key
 from .fingerprint import restore_prefix
 from .ghrunner import one_line
+from .install import cache_root
+from .install import open_cache_file
+from .manifest import BLOBS_DIR
 from .manifest import Artifact
+from .manifest import Manifest
 from .probe import CACHE_ENV
 from .stores.base import Store
 from .stores.base import bundles
@@ -65,13 +77,32 @@ from .stores.base import prune
 if TYPE_CHECKING:
     from .headers import HeaderTransfer
 
-__all__ = ["MAX_CANDIDATES", "HeaderReport", "RestoreResult", "SaveResult", "restore", "restore_outputs", "save"]
+__all__ = [
+    "MAX_CANDIDATES",
+    "HeaderReport",
+    "RestoreResult",
+    "SaveResult",
+    "StagedBlob",
+    "load_staged",
+    "restore",
+    "restore_outputs",
+    "save",
+]
 
 MAX_CANDIDATES = 3
 RestoreOutcome = Literal["exact", "partial", "miss", "error"]
 SaveOutcome = Literal["saved", "skipped", "error"]
 Outcome = TypeVar("Outcome", RestoreOutcome, SaveOutcome)
 Loader = Callable[[bytes], Mapping[str, int]]
+
+
+class StagedBlob(NamedTuple):
+    """A mega-cache blob a restore installed for a later process to load (``restore(stage_blobs=True)``):
+    its name (``controller``, ``gw0``...), size and SHA-256, from the verified manifest."""
+
+    name: str
+    size: int
+    sha256: str
 
 
 @dataclass(frozen=True)
@@ -161,6 +192,8 @@ class RestoreResult(_Transfer[RestoreOutcome]):
     # The verified manifest's artifact entries (precompiled headers), for a caller that restored with
     # ``headers=False`` to fetch them by other means (the Action's header entry, see action/main.py).
     named_artifacts: tuple[Artifact, ...] = field(default=(), repr=False)
+    # The mega-cache blobs installed for a later process to load (``stage_blobs``): see :func:`load_staged`.
+    staged: tuple[StagedBlob, ...] = ()
 
     @property
     def warning(self) -> str | None:
@@ -220,6 +253,7 @@ def restore(
     max_candidates: int = MAX_CANDIDATES,
     headers: bool = True,
     header_dir: Path | None = None,
+    stage_blobs: bool = False,
 ) -> RestoreResult:
     """Restore the best bundle into ``cache_dir``: ``exact_key`` if present, else the newest of this lineage.
 
@@ -231,6 +265,12 @@ def restore(
     (``<prefix>-artifact-<sha256>``), checked against its sha256 and installed into ``header_dir`` (default:
     torch's, :func:`.headers.header_dir`, which follows this process's ``TMPDIR``: restore in the environment
     the tests run with). Never raises.
+
+    With ``stage_blobs`` nothing here imports torch: the blobs are installed with the files, all or nothing,
+    into ``<cache_dir>/.compilecache-pending/`` (``result.staged`` names them, ``result.artifacts`` is empty)
+    for the process that runs the tests to load with :func:`load_staged` (the Action's restore step, which
+    would otherwise pay a torch import of its own). Staged blobs older than :data:`STAGED_MAX_AGE` (left by
+    a job whose tests never ran) are removed first.
     """
     started = time.perf_counter()
     lineage = restore_prefix(prefix, fingerprint.digest())
@@ -273,22 +313,29 @@ def restore(
                     path.unlink()  # the bytes are staged; do not hold two copies on disk
                     try:
                         with lock(cache_dir):
-                            installed = bundle.install(verified)
+                            if stage_blobs:
+                                _remove_staged(cache_dir, older_than=STAGED_MAX_AGE)
+                            installed = bundle.install(verified, stage_blobs=stage_blobs)
                     except CacheDirError:
                         raise
                     except BundleError as exc:  # e.g. a dir where a file goes: the cache dir is as it was
                         skipped.append((key, one_line(str(exc), 500)))
                         continue
-                    artifacts = _load_blobs(verified, cache_dir, load)
+                    if stage_blobs:
+                        artifacts, staged = {}, _staged_blobs(verified.manifest)
+                    else:
+                        artifacts, staged = _load_blobs(verified, cache_dir, load), ()
                     named = verified.manifest.artifacts
                     graphs = verified.manifest.graphs or None
+                    files = [rel for rel in installed.files if not rel.startswith(PENDING_DIR + "/")]
                 carried = _restore_headers(store, prefix, named, Path(tmp), header_dir) if headers else HeaderReport()
                 return result(
                     outcome,
                     key=key,
                     size=size,
-                    files=len(installed.files),
+                    files=len(files),
                     artifacts=artifacts,
+                    staged=staged,
                     skipped=tuple(skipped),
                     headers=carried,
                     graphs=graphs,
@@ -329,12 +376,18 @@ def _candidates(store: Store, lineage: str, exact_key: str | None) -> list[tuple
 
 
 def _load_blobs(verified: bundle.Verified, cache_dir: str, load: Loader) -> dict[str, int]:
+    return _load_each(((name, partial(verified.blob, name)) for name in verified.manifest.blob_names), cache_dir, load)
+
+
+def _load_each(blobs: Iterable[tuple[str, Callable[[], bytes]]], cache_dir: str, load: Loader) -> dict[str, int]:
+    """Load ``(name, read)`` blobs one at a time with ``TORCHINDUCTOR_CACHE_DIR`` at ``cache_dir``; sum the
+    counts. BundleError when torch rejects one."""
     previous = os.environ.get(CACHE_ENV)
     os.environ[CACHE_ENV] = cache_dir
     totals: dict[str, int] = {}
     try:
-        for name in verified.manifest.blob_names:
-            blob = verified.blob(name)  # one blob in memory at a time
+        for name, read in blobs:
+            blob = read()  # one blob in memory at a time
             try:
                 counts = load(blob)
             except Exception as exc:  # torch may raise anything on content it cannot use (pickle errors...)
@@ -348,6 +401,125 @@ def _load_blobs(verified: bundle.Verified, cache_dir: str, load: Loader) -> dict
         else:
             os.environ[CACHE_ENV] = previous
     return totals
+
+
+# --- staged blobs: restored in one process, loaded in another ---------------------------------------------
+
+_STAGED_NAME = re.compile(r"[0-9a-f]{64}\.bin")
+
+
+def _staged_blobs(manifest: Manifest) -> tuple[StagedBlob, ...]:
+    members = {m.path: m for m in manifest.members}
+    return tuple(
+        StagedBlob(name, members[f"{BLOBS_DIR}{name}.bin"].size, members[f"{BLOBS_DIR}{name}.bin"].sha256)
+        for name in manifest.blob_names
+    )
+
+
+def load_staged(result: RestoreResult, cache_dir: str, load: Loader = _load_with_torch) -> RestoreResult:
+    """Load the blobs a restore in another process staged (``result.staged``) into torch, then remove them.
+
+    For the process that runs the tests, after the Action's restore step (``restore(stage_blobs=True)``).
+    Each blob is read from ``<cache_dir>/.compilecache-pending/<sha256>.bin`` without following links and
+    checked against the size and SHA-256 the verified manifest gave (``result.staged``, passed between the
+    processes in the environment) before torch sees a byte. Returns ``result`` with the artifact counts
+    added; a blob that changed, or that torch rejects, makes the outcome ``error`` (the tests compile cold:
+    the FX-graph entries are missing; the installed kernel files are harmless). Blobs not found (an earlier
+    session loaded them, or this session uses another cache dir than the restore did) are no error:
+    ``message`` says so and nothing is loaded. The blobs named are removed afterwards, loaded or not: a
+    staged blob is used once. Never raises.
+    """
+    if not result.staged:
+        return result
+    started = time.perf_counter()
+    root = Path(cache_dir)
+
+    def failed(why: str) -> RestoreResult:
+        message = one_line(f"restored bundle not loaded: {why}")
+        return replace(result, outcome="error", message=message, seconds=result.seconds + time.perf_counter() - started)
+
+    try:
+        with lock(cache_dir):
+            try:
+                present = [blob for blob in result.staged if _staged_size(root, blob) is not None]
+                if not present:
+                    message = (
+                        f"the restore's {len(result.staged)} mega-cache blob(s) are not in {cache_dir} "
+                        "(loaded by an earlier session, or the restore used another cache dir): nothing to load"
+                    )
+                    return replace(result, message=message)
+                reads = ((blob.name, partial(_read_staged, root, blob)) for blob in present)
+                artifacts = _load_each(reads, cache_dir, load)
+            finally:
+                _remove_staged(cache_dir, names={f"{blob.sha256}.bin" for blob in result.staged})
+    except (BundleError, OSError) as exc:
+        return failed(str(exc))
+    except Exception as exc:  # torch or the file system surprising us must not crash a test session either
+        return failed(f"{type(exc).__name__}: {exc}")
+    return replace(result, artifacts=artifacts, seconds=result.seconds + time.perf_counter() - started)
+
+
+# A staged blob waits for the pytest step of the same job: one older than this was left by a job whose tests
+# never ran (cancelled, a failed step before them) and is removed by the next restore.
+STAGED_MAX_AGE = 24 * 3600.0
+
+
+def _staged_size(root: Path, blob: StagedBlob) -> int | None:
+    """Size of the staged file of ``blob`` (a regular file, reached without links), or None when absent."""
+    with cache_root(root) as root_fd:
+        fd = open_cache_file(root_fd, bundle.pending_path(blob.sha256))
+        if fd is None:
+            return None
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+
+
+def _read_staged(root: Path, blob: StagedBlob) -> bytes:
+    with cache_root(root) as root_fd:
+        fd = open_cache_file(root_fd, bundle.pending_path(blob.sha256))
+        if fd is None:
+            raise BundleError(f"staged blob {blob.name} vanished before it was loaded")
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(blob.size + 1)
+    if len(data) != blob.size or hashlib.sha256(data).hexdigest() != blob.sha256:
+        raise BundleError(f"staged blob {blob.name} changed since the restore verified it")
+    return data
+
+
+def _remove_staged(cache_dir: str, *, names: set[str] | None = None, older_than: float | None = None) -> None:
+    """Remove staged blob files of the pending dir: those in ``names``, or those older than ``older_than``
+    seconds; then the dir when empty. Only regular files named ``<sha256>.bin`` inside the pending dir are
+    touched, and no link is followed (the dir is opened relative to the cache dir with ``O_NOFOLLOW``)."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+    try:
+        root_fd = os.open(cache_dir, flags)
+    except OSError:
+        return
+    try:
+        try:
+            dir_fd = os.open(PENDING_DIR, flags | os.O_NOFOLLOW, dir_fd=root_fd)
+        except OSError:
+            return  # none, or a link: leave it alone
+        now = time.time()
+        try:
+            for name in os.listdir(dir_fd):
+                if not _STAGED_NAME.fullmatch(name) or (names is not None and name not in names):
+                    continue
+                with contextlib.suppress(OSError):
+                    info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                    if not stat.S_ISREG(info.st_mode):
+                        continue
+                    if older_than is not None and now - info.st_mtime < older_than:
+                        continue
+                    os.unlink(name, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
+        with contextlib.suppress(OSError):
+            os.rmdir(PENDING_DIR, dir_fd=root_fd)
+    finally:
+        os.close(root_fd)
 
 
 def _why_miss(store: Store, prefix: str, fingerprint: Fingerprint, signing_key: bytes | None, max_bytes: int) -> str:

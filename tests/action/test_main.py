@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -542,6 +546,62 @@ def test_restore_tells_the_plugin_and_lifts_min_hit_rate_after_trouble(
     }
     assert env["PYTEST_COMPILECACHE_MIN_HIT_RATE"] == ""  # the later line wins in GITHUB_ENV
     assert resolve({}, lambda name: None, env).min_hit_rate is None
+
+
+def test_restore_command_stages_torchs_artifacts_and_imports_no_torch(
+    action: ModuleType, environ: dict[str, str], fingerprint: Any, tmp_path: Path
+) -> None:
+    """The restore step installs the bundle and leaves its mega-cache blobs for the pytest process, which
+    imports torch anyway (sync.load_staged): the step itself, a process of its own, never imports torch."""
+    from pytest_compilecache import bundle
+    from pytest_compilecache import sync
+    from pytest_compilecache.stores import open_store
+    from tests.fakes import FakeLoader
+
+    plan = action.make_plan(environ, fingerprint)
+    source = tmp_path / "source"
+    (source / "fxgraph" / "ab").mkdir(parents=True)
+    (source / "fxgraph" / "ab" / "entry").write_bytes(b"graph")
+    blobs = {"controller": b"controller artifacts", "gw0": b"gw0 artifacts"}
+    saved = sync.save(
+        open_store(Path(plan.staging)), prefix=plan.prefix, fingerprint=fingerprint, suffix="99-1",
+        cache_dir=str(source), blobs=blobs, files=["fxgraph/ab/entry"], stats={},
+    )  # fmt: skip
+    assert saved.outcome == "saved", saved.message
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(plan.to_json()))
+    script = Path(str(action.__file__))
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = [{str(script)!r}, 'restore']\n"
+        "try:\n"
+        f"    runpy.run_path({str(script)!r}, run_name='__main__')\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code\n"
+        "print('torch imported:', 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, **environ, "COMPILECACHE_PLAN": str(plan_file)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "torch imported: False" in done.stdout, done.stdout
+    outputs = parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())
+    assert (outputs["restore-outcome"], outputs["matched-key"]) == ("partial", saved.key)
+    told = json.loads(parse_vars(Path(environ["GITHUB_ENV"]).read_text())["PYTEST_COMPILECACHE_RESTORED"])
+    digests = {name: hashlib.sha256(data).hexdigest() for name, data in blobs.items()}
+    assert told["staged"] == [[name, len(blobs[name]), digests[name]] for name in sorted(blobs)]
+    for name in blobs:
+        assert (Path(plan.cache_dir) / bundle.pending_path(digests[name])).read_bytes() == blobs[name]
+
+    # What the plugin does with it in the pytest step (tests/unit/test_session.py drives the session).
+    from pytest_compilecache.session import action_restore_result
+
+    result = action_restore_result(json.dumps(told))
+    assert result is not None
+    loader = FakeLoader()
+    loaded = sync.load_staged(result, plan.cache_dir, load=loader)
+    assert loader.blobs == [blobs["controller"], blobs["gw0"]] and loaded.artifacts == {"fx_graph": 4, "triton": 2}
 
 
 def test_a_miss_keeps_min_hit_rate(action: ModuleType, environ: dict[str, str], fingerprint: Any) -> None:

@@ -251,6 +251,9 @@ def test_ownership_kinds(tmp_path: Path) -> None:
     assert cachedir.ownership(cachedir.make_dir(tmp_path / "ours")).kind == "ours"
     _torch_layout(tmp_path / "torch")
     assert cachedir.ownership(tmp_path / "torch").kind == "torch"
+    # A dir the Action's restore step filled: torch's layout and the blobs it staged for the pytest step.
+    _file(tmp_path / "torch", ".compilecache-pending/" + "a" * 64 + ".bin", 10, T0)
+    assert cachedir.ownership(tmp_path / "torch").kind == "torch"
     project = tmp_path / "project"
     _torch_layout(project)
     (project / "NOTES.md").write_text("notes")

@@ -15,10 +15,13 @@ from typing import Iterator
 
 import pytest
 
+from pytest_compilecache import bundle
+from pytest_compilecache import cachedir
 from pytest_compilecache import session as session_mod
 from pytest_compilecache import sync
 from pytest_compilecache.fingerprint import Fingerprint
 from pytest_compilecache.fingerprint import make_key
+from pytest_compilecache.fingerprint import restore_prefix
 from pytest_compilecache.problems import Problems
 from pytest_compilecache.session import Controller
 from pytest_compilecache.session import Recorder
@@ -30,7 +33,12 @@ from pytest_compilecache.settings import Settings
 from pytest_compilecache.stats import ItemRecord
 from tests.bundle_faults import FAULTS
 from tests.bundle_faults import SIGNING_KEY
+from tests.fakes import FakeLoader
 from tests.fakes import FakeProbe
+from tests.fakes import MemoryStore
+from tests.unit.conftest import BLOBS
+from tests.unit.conftest import CACHE_FILES
+from tests.unit.conftest import PREFIX
 
 FP = Fingerprint({"torch": "2.13.0", "python": "cpython 3.11"})
 
@@ -119,6 +127,88 @@ def test_the_actions_failed_restore_reaches_the_guard(tmp_path: Path, monkeypatc
 def test_action_restore_result(value: str | None, outcome: str | None) -> None:
     result = action_restore_result(value)
     assert (result.outcome if result else None) == outcome
+
+
+def _staged_by_the_action(tmp_path: Path, source: Path, cache: Path) -> sync.RestoreResult:
+    """What the Action's restore step does: a staging restore into ``cache`` (no torch), told to the plugin."""
+    cachedir.make_dir(cache)  # ours: the fake cache files are not named as torch names them
+    store = MemoryStore()
+    key = make_key(PREFIX, FP.digest(), "run-1")
+    path = tmp_path / "b.bundle"
+    bundle.pack(
+        path, key=key, lineage=restore_prefix(PREFIX, FP.digest()), fingerprint=FP.to_json(), digest=FP.digest(),
+        torch_version="2.13.0", blobs=BLOBS, cache_dir=source, files=list(CACHE_FILES), stats={},
+    )  # fmt: skip
+    store.put(key, path)
+    loader = FakeLoader()
+    result = sync.restore(store, prefix=PREFIX, fingerprint=FP, cache_dir=str(cache), stage_blobs=True, load=loader)
+    assert result.outcome == "partial" and len(result.staged) == 2 and loader.blobs == []
+    return result
+
+
+@pytest.mark.parametrize("rejected", [False, True])
+def test_the_actions_staged_blobs_are_loaded_by_the_session(
+    tmp_path: Path, source: Path, monkeypatch: pytest.MonkeyPatch, rejected: bool
+) -> None:
+    cache = tmp_path / "cache"
+    staged = _staged_by_the_action(tmp_path, source, cache)
+    told = {"outcome": "partial", "key": staged.key, "staged": [list(blob) for blob in staged.staged]}
+    monkeypatch.setenv(session_mod.ACTION_RESTORE_ENV, json.dumps(told))
+    loader = FakeLoader(error=ValueError("bad pickle") if rejected else None)
+    monkeypatch.setattr("pytest_compilecache.probe.load_artifacts", loader)
+    controller = _controller(tmp_path, min_hit_rate=0.9, restore="skip")
+
+    controller.session_start()
+
+    assert controller.restored is not None
+    assert loader.blobs == [BLOBS["controller"]] if rejected else [BLOBS["controller"], BLOBS["gw0"]]
+    assert loader.cache_dirs[0] == str(cache)
+    assert not (cache / ".compilecache-pending").exists()  # used once
+    controller.stats.add_record(_record("t::a", miss=1))
+    controller._check_hit_rate()
+    if rejected:
+        assert controller.restored.outcome == "error"
+        assert controller.problems.warnings == [
+            "restored bundle not loaded: torch rejected the cache artifacts of controller: ValueError: bad pickle; "
+            "the tests compile cold"
+        ]
+        assert controller.problems.errors == []  # a failed restore never fails the guard
+    else:
+        assert (controller.restored.outcome, controller.restored.key) == ("partial", staged.key)
+        assert controller.restored.artifacts == {"fx_graph": 4, "triton": 2}
+        assert controller.problems.warnings == []
+        assert controller.problems.errors == ["hit rate 0% is below --compile-cache-min-hit-rate=0.9"]
+
+
+def test_staged_blobs_already_loaded_are_a_note(tmp_path: Path, source: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "cache"
+    staged = _staged_by_the_action(tmp_path, source, cache)
+    assert sync.load_staged(staged, str(cache), load=FakeLoader()).artifacts  # an earlier session of the job
+    told = {"outcome": "partial", "key": staged.key, "staged": [list(blob) for blob in staged.staged]}
+    monkeypatch.setenv(session_mod.ACTION_RESTORE_ENV, json.dumps(told))
+    loader = FakeLoader()
+    monkeypatch.setattr("pytest_compilecache.probe.load_artifacts", loader)
+    controller = _controller(tmp_path, restore="skip")
+    controller.session_start()
+    assert loader.blobs == [] and controller.problems.warnings == []
+    assert controller.restored is not None and controller.restored.outcome == "partial"
+    assert any("nothing to load" in note for note in controller.problems.notes)
+
+
+@pytest.mark.parametrize(
+    "staged",
+    [
+        [["controller", 3, "0" * 63]],  # short digest
+        [["../x", 3, "0" * 64]],  # not a blob name
+        [["controller", -1, "0" * 64]],
+        [["controller", True, "0" * 64]],
+        [["controller", 3]],
+        "controller",
+    ],
+)
+def test_malformed_staged_entries_are_ignored(staged: object) -> None:
+    result = action_restore_result(json.dumps({"outcome": "exact", "key": "k", "staged": staged}))
+    assert result is not None and result.outcome == "exact" and result.staged == ()
 
 
 def test_restore_setup_trouble_is_one_warning(tmp_path: Path) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +213,126 @@ def test_tampered_bundle_is_an_error_and_writes_no_cache_files(tmp_path: Path, s
     assert transfer.skipped == ((key, "bundle payload checksum mismatch"),)
     assert tree(cache_dir) == before
     assert sorted(p.name for p in cache_dir.iterdir()) == ["already-here"]  # no staging dir left
+
+
+# ------------------------------------------------------------------ staged blobs (the Action's restore step)
+
+
+def _staged(cache_dir: Path) -> dict[str, bytes]:
+    return {rel: data for rel, data in tree(cache_dir).items() if rel.startswith(".compilecache-pending/")}
+
+
+def test_staging_restore_installs_the_blobs_for_a_later_process_and_loads_nothing(
+    tmp_path: Path, source: Path, cache_dir: Path
+) -> None:
+    store = MemoryStore()
+    key = _put_bundle(store, tmp_path, source, H100, "run-1")
+    loader = FakeLoader()
+    transfer = _restore(store, cache_dir, exact_key=key, load=loader, stage_blobs=True)
+    assert (transfer.outcome, transfer.files, transfer.artifacts) == ("exact", len(CACHE_FILES), {})
+    assert loader.blobs == []  # no torch in this process
+    digests = {name: hashlib.sha256(data).hexdigest() for name, data in BLOBS.items()}
+    assert transfer.staged == tuple(sync.StagedBlob(name, len(BLOBS[name]), digests[name]) for name in sorted(BLOBS))
+    assert _staged(cache_dir) == {bundle.pending_path(digests[name]): data for name, data in BLOBS.items()}
+    files = tree(cache_dir)
+    assert {rel: files[rel] for rel in CACHE_FILES} == CACHE_FILES
+
+    # The process that runs the tests loads them, with the cache dir pointed at, and removes them.
+    later = FakeLoader()
+    loaded = sync.load_staged(transfer, str(cache_dir), load=later)
+    assert (loaded.outcome, loaded.artifacts, loaded.key) == ("exact", {"fx_graph": 4, "triton": 2}, key)
+    assert later.blobs == [BLOBS["controller"], BLOBS["gw0"]]
+    assert later.cache_dirs == [str(cache_dir), str(cache_dir)]
+    assert _staged(cache_dir) == {} and not (cache_dir / ".compilecache-pending").exists()
+
+    # A second session of the same job finds nothing left to load: a note, not an error.
+    again = sync.load_staged(transfer, str(cache_dir), load=FakeLoader())
+    assert again.outcome == "exact" and again.artifacts == {}
+    assert "not in" in again.message and again.warning is None
+
+
+def test_staged_blob_that_changed_is_never_loaded(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    transfer = _restore(store_with(store, tmp_path, source), cache_dir, stage_blobs=True)
+    victim = transfer.staged[0]
+    (cache_dir / bundle.pending_path(victim.sha256)).write_bytes(b"x" * victim.size)  # same size, other bytes
+    loader = FakeLoader()
+    loaded = sync.load_staged(transfer, str(cache_dir), load=loader)
+    assert loaded.outcome == "error" and not loaded.ok
+    assert (
+        loaded.warning == f"restored bundle not loaded: staged blob {victim.name} changed since the restore verified it"
+    )
+    assert loader.blobs == []  # checked before torch saw a byte
+    assert _staged(cache_dir) == {}  # used once, loaded or not
+
+
+def test_staged_blob_behind_a_symlink_is_refused(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    transfer = _restore(store_with(MemoryStore(), tmp_path, source), cache_dir, stage_blobs=True)
+    victim = transfer.staged[0]
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(BLOBS[victim.name])  # even the right bytes: a link is never followed
+    staged = cache_dir / bundle.pending_path(victim.sha256)
+    staged.unlink()
+    staged.symlink_to(outside)
+    loader = FakeLoader()
+    loaded = sync.load_staged(transfer, str(cache_dir), load=loader)
+    assert loaded.outcome == "error" and "symlink" in loaded.message
+    assert loader.blobs == []
+    assert outside.read_bytes() == BLOBS[victim.name]
+    assert staged.is_symlink()  # not ours to remove: only regular files a restore staged are
+
+
+def test_torch_rejecting_staged_blobs_is_an_error_outcome(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    transfer = _restore(store_with(MemoryStore(), tmp_path, source), cache_dir, stage_blobs=True)
+    loaded = sync.load_staged(transfer, str(cache_dir), load=FakeLoader(error=ValueError("bad pickle")))
+    assert loaded.outcome == "error"
+    assert (
+        loaded.message
+        == "restored bundle not loaded: torch rejected the cache artifacts of controller: ValueError: bad pickle"
+    )
+    assert _staged(cache_dir) == {}
+
+
+def test_staging_restore_removes_only_old_staged_blobs(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    pending = cache_dir / ".compilecache-pending"
+    pending.mkdir()
+    old, recent, foreign = pending / ("a" * 64 + ".bin"), pending / ("b" * 64 + ".bin"), pending / "notes.txt"
+    for path in (old, recent, foreign):
+        path.write_bytes(b"left behind")
+    stale = time.time() - sync.STAGED_MAX_AGE - 60
+    os.utime(old, (stale, stale))
+    os.utime(foreign, (stale, stale))
+    transfer = _restore(store_with(MemoryStore(), tmp_path, source), cache_dir, stage_blobs=True)
+    assert transfer.outcome == "partial"
+    assert not old.exists()  # a job whose tests never ran left it
+    assert recent.exists() and foreign.exists()  # another job's, and not a name a restore stages
+
+
+def test_bundle_files_under_the_plugins_own_names_are_refused(tmp_path: Path, cache_dir: Path) -> None:
+    source = tmp_path / "hostile-source"
+    (source / ".compilecache-pending").mkdir(parents=True)
+    planted = ".compilecache-pending/" + "c" * 64 + ".bin"
+    (source / planted).write_bytes(b"planted")
+    (source / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
+    store = MemoryStore()
+    for rel in (planted, "CACHEDIR.TAG"):
+        key = make_key(PREFIX, H100.digest(), f"run-{len(rel)}")
+        path = tmp_path / f"{len(rel)}.bundle"
+        bundle.pack(
+            path, key=key, lineage=restore_prefix(PREFIX, H100.digest()), fingerprint=H100.to_json(),
+            digest=H100.digest(), torch_version="2.13.0", blobs=BLOBS, cache_dir=source, files=[rel], stats={},
+        )  # fmt: skip
+        store.put(key, path)
+    before = tree(cache_dir)
+    transfer = _restore(store, cache_dir, stage_blobs=True)
+    assert transfer.outcome == "miss" and len(transfer.skipped) == 2, transfer
+    assert all("the plugin's own name" in why for _, why in transfer.skipped)
+    assert {rel: data for rel, data in tree(cache_dir).items() if rel != ".compilecache.lock"} == before
+
+
+def store_with(store: MemoryStore, tmp_path: Path, source: Path) -> MemoryStore:
+    _put_bundle(store, tmp_path, source, H100, "run-1")
+    return store
 
 
 def test_transfer_json() -> None:
