@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import struct
 import tarfile
 from dataclasses import dataclass
@@ -58,7 +59,8 @@ __all__ = [
 MAGIC = b"PTCCBNDL"
 SIGNING_KEY_ENV = "PYTEST_COMPILECACHE_SIGNING_KEY"
 CHUNK = 1024 * 1024
-MAX_MANIFEST = 64 * 1024 * 1024
+MAX_MANIFEST = 16 * 1024 * 1024  # a member entry is ~200 bytes, 'graphs' at most 4 MiB: 16 MiB is ample
+_PAX_SIZE = re.compile(r"[0-9]{1,19}")
 MAX_PAX = 64 * 1024  # one pax extended header: a path (<= 4000 bytes) and a few numbers fit many times
 ZSTD_LEVEL = 10
 # A frame may ask the decoder for a window of up to 2 GiB; we write 8 MiB windows and accept at most 16 MiB.
@@ -366,7 +368,7 @@ def iter_tar(payload: PayloadReader, limit: int) -> Iterator[TarEntry]:
         if "path" in pax:
             text = pax["path"]
         if "size" in pax:
-            if not pax["size"].isdigit():
+            if not _PAX_SIZE.fullmatch(pax["size"]):  # ASCII digits only: str.isdigit() takes "²" (int() does not)
                 raise _invalid("bad pax size")
             size = int(pax["size"])
         pax = {}

@@ -207,6 +207,12 @@ def describe(path: Path) -> HeaderArtifact:
     return HeaderArtifact(name=path.name, sha256=digest.hexdigest(), size=size)
 
 
+def packed_bound(size: int) -> int:
+    """The most bytes a ``size``-byte header can take as :func:`compress` writes it (zstd's worst case, for
+    data that does not compress, is a little over ``size``)."""
+    return size + size // 64 + (1 << 16)
+
+
 def compress(path: Path, dest: BinaryIO, expected: HeaderArtifact | None = None) -> int:
     """Stream ``path`` as one zstd frame (level 3) into ``dest``; return the compressed byte count.
 
@@ -367,6 +373,13 @@ def restore_headers(
             key = object_key(prefix, artifact.sha256)
             packed = scratch / key
             try:
+                # Sized before it is fetched: a store object is anyone's who can write the store, and only
+                # the manifest's size (verified with the bundle) bounds what a header can take packed.
+                listed = [found.size for found in store.list(key) if found.key == key]
+                if not listed:
+                    raise HeaderError(f"{key} is not in the store")
+                if listed[0] > packed_bound(artifact.size):
+                    raise HeaderError(f"{key} is {listed[0]} bytes: more than a {artifact.size}-byte header packs to")
                 if not store.get(key, packed):
                     raise HeaderError(f"{key} is not in the store")
                 with open(packed, "rb") as fh:

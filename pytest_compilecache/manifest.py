@@ -142,7 +142,8 @@ class Manifest:
     def from_json_bytes(cls, data: bytes) -> Manifest:
         """Parse and validate a manifest; raise :class:`BundleError` (and nothing else) on anything malformed."""
         try:
-            document = json.loads(data.decode("utf-8"))
+            # NaN, Infinity and 1e999 parse as floats that no canonical JSON can write back: refused here.
+            document = json.loads(data.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite_float)
             # Lone surrogates ("\\ud800") parse but cannot be encoded, printed or used as file names.
             json.dumps(document, ensure_ascii=False).encode("utf-8")
         except RecursionError:
@@ -319,17 +320,29 @@ def _object(value: Any, field: str) -> dict[str, Any]:
     return value
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"number out of range: {text[:40]}")
+    return value
+
+
 def _check_depth(value: Any, what: str) -> None:
-    # Iterative: a recursive walk is exactly what a deep document would crash.
+    # Iterative: a recursive walk is exactly what a deep document would crash. Only containers are pushed, so
+    # a long flat list costs one pass over it, not a stack entry per element.
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
         if depth > MAX_DEPTH:
             raise BundleError(f"bundle {what} is nested deeper than {MAX_DEPTH} levels")
-        if isinstance(item, dict):
-            stack.extend((child, depth + 1) for child in item.values())
-        elif isinstance(item, list):
-            stack.extend((child, depth + 1) for child in item)
+        if not isinstance(item, (dict, list)):
+            continue
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
 
 
 def _parse_members(raw: Any) -> tuple[Member, ...]:

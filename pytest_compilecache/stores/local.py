@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import builtins
+import errno
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import BinaryIO
 from typing import Callable
@@ -58,8 +60,10 @@ class LocalStore:
         src = self._path(key)
         dest = Path(dest)
         try:
-            # Open first: once open, a concurrent put replacing the file does not affect what we read.
-            with open(src, "rb") as reader:
+            # Open first: once open, a concurrent put replacing the file does not affect what we read. A link,
+            # a FIFO or a device in the store is refused: only regular files are objects (a FIFO would block
+            # forever, a link to /dev/zero never end).
+            with _open_object(src) as reader:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 with atomic_file(dest) as writer:
                     self._copy(reader, writer)
@@ -124,3 +128,22 @@ def _entry(item: os.DirEntry[str], prefix: str) -> StoreEntry | None:
     except ValueError:
         return None  # not one of ours (ConfigError is a ValueError)
     return StoreEntry(key=key, size=info.st_size, modified=info.st_mtime)
+
+
+def _open_object(path: Path) -> BinaryIO:
+    """Open a stored object for reading: a regular file reached without following a link at its name."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise OSError(exc.errno, "a symlink, not a stored object") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise

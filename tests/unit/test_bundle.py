@@ -270,6 +270,16 @@ def test_malformed_manifests_are_refused(packed: Path, mutate: Callable[[dict[st
         Manifest.from_json_bytes(json.dumps(document).encode())
 
 
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_numbers_no_json_can_write_back_are_refused(packed: Path, number: str) -> None:
+    # json.loads takes them; canonical JSON (allow_nan=False) cannot write them: a BundleError, nothing else.
+    document = _manifest_document(packed)
+    document["graphs"] = {"g": 1.5}
+    raw = json.dumps(document).encode().replace(b"1.5", number.encode())
+    with pytest.raises(BundleError, match="not valid JSON"):
+        Manifest.from_json_bytes(raw)
+
+
 @pytest.mark.parametrize("raw", [b"", b"not json", b"[1, 2]", b"\xff\xfe", b'"text"'])
 def test_manifest_that_is_not_an_object(raw: bytes) -> None:
     with pytest.raises(BundleError, match="bundle manifest"):

@@ -259,6 +259,37 @@ def test_bad_pax_sparse_header_is_a_bundle_error(tmp_path: Path) -> None:
         bundle.verify(packed)
 
 
+@pytest.mark.parametrize("size", ["\u00b2", "\u0664", "9" * 5000, "-1", " 4"])
+def test_pax_size_that_is_not_plain_ascii_digits_is_a_bundle_error(tmp_path: Path, size: str) -> None:
+    # str.isdigit() takes "²" and Arabic-Indic digits, which int() refuses or reads; 5000 digits pass
+    # isdigit() but exceed int()'s limit: each is a BundleError, never a ValueError that ends the restore.
+    info = tarfile.TarInfo("files/x.so")
+    info.size = 4
+    info.pax_headers = {"size": size}
+    payload = container.compressor().compress(_raw_tar([(info, b"data")]))
+    members = [Member("files/x.so", 4, hashlib.sha256(b"data").hexdigest())]
+    packed = _write(tmp_path / "b.bundle", _manifest(members, payload).to_json_bytes(), payload)
+    with pytest.raises(BundleError, match="bad pax size"):
+        bundle.verify(packed)
+
+
+def test_a_long_flat_manifest_list_is_checked_in_bounded_memory() -> None:
+    # The depth check pushes containers only: a million scalars cost one pass, not a stack entry each.
+    import tracemalloc
+
+    payload = container.compressor().compress(_raw_tar([]))
+    document = json.loads(_manifest([], payload).to_json_bytes())
+    document["stats"] = {"values": [0] * 1_000_000}
+    raw = json.dumps(document).encode()
+    tracemalloc.start()
+    try:
+        assert Manifest.from_json_bytes(raw).stats["values"][-1] == 0
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 40 * 1024 * 1024, peak  # a stack entry per scalar took ~70 MiB here
+
+
 def test_symlink_loop_in_the_cache_dir_is_a_bundle_error_on_pack(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir()

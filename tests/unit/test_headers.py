@@ -285,6 +285,31 @@ def test_restore_problems_are_warning_lines_and_change_nothing(tmp_path: Path) -
     assert not (fresh / NAME).exists()
 
 
+def test_a_header_object_larger_than_its_header_can_pack_is_never_downloaded(tmp_path: Path) -> None:
+    from pytest_compilecache.stores.local import LocalStore
+
+    store = LocalStore(tmp_path / "store")
+    (tmp_path / "scratch").mkdir()
+    artifact, _ = packed(make_header(tmp_path / "a"))
+    huge = tmp_path / "huge"
+    huge.write_bytes(b"\0" * (headers.packed_bound(artifact.size) + 1))
+    store.put(headers.object_key("pfx", artifact.sha256), huge)
+    fetched: list[str] = []
+    real_get = store.get
+
+    def get(key: str, dest: Path) -> bool:
+        fetched.append(key)
+        return real_get(key, dest)
+
+    store.get = get  # type: ignore[method-assign]
+    (tmp_path / "b").mkdir()
+    fresh = headers.header_dir(tmp_path / "b")
+    result = headers.restore_headers(store, "pfx", [artifact.to_json()], tmp_path / "scratch", fresh)
+    assert result.transferred == [] and "more than a" in result.errors[0], result.errors
+    assert fetched == []  # refused from its listed size, before a byte moved
+    assert list((tmp_path / "scratch").iterdir()) == []
+
+
 def test_verify_checks_a_stream_without_writing_it(tmp_path: Path) -> None:
     artifact, buf = packed(make_header(tmp_path / "a"))
     headers.verify(artifact, buf)  # the header's own bytes: no error

@@ -170,6 +170,23 @@ def test_full_disk_on_get_leaves_no_dest_and_no_temp_file(tmp_path: Path) -> Non
     assert list(out.iterdir()) == []
 
 
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_get_refuses_an_object_that_is_not_a_regular_file(tmp_path: Path, kind: str) -> None:
+    # A link (to /dev/zero, a secret) would be copied without end or leak; a FIFO would block forever.
+    store = LocalStore(tmp_path / "store")
+    (tmp_path / "store").mkdir()
+    path = tmp_path / "store" / "k-1.bundle"
+    if kind == "symlink":
+        outside = tmp_path / "outside"
+        outside.write_bytes(b"secret")
+        path.symlink_to(outside)
+    else:
+        os.mkfifo(path)
+    with pytest.raises(StoreError, match="symlink|not a regular file"):
+        store.get("k-1", tmp_path / "dest")
+    assert not (tmp_path / "dest").exists()
+
+
 def test_temp_and_foreign_files_are_ignored(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "store")
     _put(store, tmp_path, "real", b"x")
