@@ -126,7 +126,17 @@ class InputError(ValueError):
 
 def _input(environ: Mapping[str, str], name: str, default: str = "") -> str:
     value = environ.get("INPUT_" + name.upper().replace("-", "_"))
-    return default if value is None else value.strip()
+    return default if value is None else _utf8(f"input {name}", value.strip())
+
+
+def _utf8(what: str, value: str) -> str:
+    """``value``, or InputError when it holds bytes that are not UTF-8 (Python keeps them as lone surrogates:
+    they could be neither printed nor written to GITHUB_ENV)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(f"{what}: not valid UTF-8") from None
+    return value
 
 
 def _flag(environ: Mapping[str, str], name: str, default: str) -> bool:
@@ -312,7 +322,10 @@ def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
 
 def key_salt(environ: Mapping[str, str]) -> str:
     """Input ``key-salt``, else the job's ``PYTEST_COMPILECACHE_KEY_SALT``: the plugin must see the same."""
-    return _input(environ, "key-salt") or environ.get(ENV_PREFIX + "KEY_SALT", "")
+    # Stripped as the plugin's settings strip it: " v2" and "v2" must give one fingerprint, or the Action's keys
+    # never meet the bundles the plugin saves.
+    salt = _input(environ, "key-salt") or environ.get(ENV_PREFIX + "KEY_SALT", "").strip()
+    return _utf8("key-salt (or PYTEST_COMPILECACHE_KEY_SALT)", salt)
 
 
 def _required(environ: Mapping[str, str], name: str) -> str:
@@ -656,7 +669,7 @@ def restore_markdown(plan: Plan, result: RestoreResult) -> str:
         )
         if plan.why == "save: true" and plan.event not in SAVING_EVENTS:
             # GitHub gives untrusted triggers (pull requests from forks...) a read-only cache token.
-            saving += f"; {plan.event} runs may get a read-only cache token, and then nothing is saved"
+            saving += f"; {md_text(plan.event)} runs may get a read-only cache token, and then nothing is saved"
     elif plan.save:
         saving = f"{md_code(plan.key)} if the tests compile something new, written by the tests into the store"
     else:
@@ -816,7 +829,9 @@ def cmd_plan(environ: Mapping[str, str]) -> int:
         print(f"{ghrunner.one_line(name):<{width}}  {ghrunner.one_line(value)}")
     print(f"{'digest':<{width}}  {plan.digest}")
     ghrunner.write_command(sys.stdout, "endgroup")
-    print(f"key {plan.key}; restore prefix {plan.restore_prefix}; saving: {str(plan.save).lower()} ({plan.why})")
+    # plan.why quotes GITHUB_REF and the event payload's default branch: one inert line
+    why = ghrunner.one_line(plan.why)
+    print(f"key {plan.key}; restore prefix {plan.restore_prefix}; saving: {str(plan.save).lower()} ({why})")
     shutil.rmtree(plan.staging, ignore_errors=True)  # only what actions/cache restores may be there
     shutil.rmtree(plan.header_staging, ignore_errors=True)
     if plan.transfer != "none":
@@ -904,7 +919,7 @@ def _headers(plan: Plan, state: Mapping[str, Any], environ: Mapping[str, str]) -
         staged = carry.source == "bundle" and carry.carried and plan.save  # the header entry missed
         saving = f"; saved as {key} at job end" if staged else ""
         line = f"precompiled header {artifact.name} ({human_size(artifact.size)}): {how}, from {where}{saving}"
-        print(f"{line} in {carry.seconds:.1f} s")
+        print(f"{ghrunner.one_line(line)} in {carry.seconds:.1f} s")
         if plan.summary:
             try:
                 ghrunner.append_summary(environ.get("GITHUB_STEP_SUMMARY"), ghrunner.md_text(line) + "\n\n")

@@ -127,8 +127,8 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
         print(json.dumps({"digest": fp.digest(), "facts": fp.to_json()}, indent=2))
     else:
         width = max(len(k) for k in fp.facts)
-        for name, value in fp.to_json().items():
-            print(f"{name:<{width}}  {value}")
+        for name, value in fp.to_json().items():  # a salt or recorded GPU names may hold anything
+            print(f"{ghrunner.one_line(name, 200):<{width}}  {ghrunner.one_line(value, 500)}")
         print(f"{'digest':<{width}}  {fp.digest()}")
     return EXIT_OK
 
@@ -189,7 +189,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     if not result.ok:
         return EXIT_MISS if args.fail_on_miss else EXIT_OK  # nothing usable was restored
     if result.outcome == "miss":
-        print(f"miss: {result.message}", file=sys.stderr)
+        print(f"miss: {ghrunner.one_line(result.message)}", file=sys.stderr)
         return EXIT_MISS if args.fail_on_miss else EXIT_OK
     return EXIT_OK
 
@@ -241,14 +241,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
         return EXIT_OK
-    print(f"key          {manifest.key}")
-    print(f"created      {manifest.created}")
-    print(f"plugin/torch {manifest.plugin_version} / {manifest.torch_version}")
-    print(f"digest       {manifest.digest}")
+    line = ghrunner.one_line  # an unverified bundle's text: never a runner command, never two lines
+    print(f"key          {line(manifest.key, 300)}")
+    print(f"created      {line(manifest.created, 100)}")
+    print(f"plugin/torch {line(manifest.plugin_version, 100)} / {line(manifest.torch_version, 100)}")
+    print(f"digest       {line(manifest.digest, 100)}")
     print(f"signed       {'yes' if data['signed'] else 'no'}")
     print(f"members      {len(manifest.members)} ({manifest.total_size} bytes, payload {manifest.payload_size})")
     for member in manifest.members:
-        print(f"  {member.size:>10}  {member.path}")
+        print(f"  {member.size:>10}  {line(member.path, 500)}")
     return EXIT_OK
 
 
@@ -258,9 +259,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         with bundle.verify(Path(args.bundle), signing_key=_signing_key(), fingerprint=fingerprint) as verified:
             manifest = verified.manifest
     except BundleError as exc:
-        print(f"invalid: {exc}")
+        print(f"invalid: {ghrunner.one_line(str(exc))}")
         return EXIT_FAILED
-    print(f"ok: {manifest.key} ({len(manifest.members)} members)")
+    print(f"ok: {ghrunner.one_line(manifest.key, 300)} ({len(manifest.members)} members)")
     return EXIT_OK
 
 
@@ -339,7 +340,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def fp_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--salt", default=os.environ.get("PYTEST_COMPILECACHE_KEY_SALT", ""), help="key salt")
+        p.add_argument(
+            "--salt",
+            type=str.strip,  # as the plugin's settings read it: one salt, one fingerprint
+            default=os.environ.get("PYTEST_COMPILECACHE_KEY_SALT", "").strip(),
+            help="key salt",
+        )
         p.add_argument("--device-facts", help="JSON file of recorded device facts (instead of asking the GPUs)")
 
     def store_args(p: argparse.ArgumentParser, prefix: bool = True) -> None:

@@ -3,11 +3,12 @@
 GitHub's runner reads four channels, and each one can be hijacked by text we did not write (a bundle's
 fingerprint facts, a store's error message, a test id):
 
-* workflow commands on stdout (``::warning title=...::message``): the runner acts on any stdout line that
-  starts with ``::``, so a message with a newline could start a second command (``::error``,
-  ``::add-mask``, ``::stop-commands``). :func:`command` escapes ``%``, CR and LF in the message and also
-  ``:`` and ``,`` in properties, as the runner's own toolkit does (``@actions/core`` ``escapeData`` /
-  ``escapeProperty``);
+* workflow commands (``::warning title=...::message``): the runner acts on any line of stdout or stderr
+  that starts with ``::`` after its indentation, and on the older ``##[name]`` anywhere in a line, so a
+  message with a newline could start a second command (``::error``, ``::add-mask``, ``::stop-commands``).
+  Plain log lines with text from elsewhere go through :func:`one_line`, which breaks both forms.
+  :func:`command` escapes ``%``, CR and LF in the message and also ``:`` and ``,`` in properties, as the
+  runner's own toolkit does (``@actions/core`` ``escapeData`` / ``escapeProperty``);
 * ``GITHUB_OUTPUT`` and ``GITHUB_ENV`` files (``name=value`` lines): a value with a newline could set a
   second variable. :func:`append_vars` writes multi-line values in the heredoc form with a random
   delimiter that does not occur in the value, and refuses names that are not plain identifiers;
@@ -75,10 +76,20 @@ def write_command(stream: TextIO, name: str, message: str = "", **properties: st
 
 
 def one_line(text: str, limit: int = 2000) -> str:
-    """``text`` on one line: control characters shown escaped (``\\n``), cut at ``limit`` characters."""
+    """``text`` as one inert log line: control characters shown escaped (``\\n``), cut at ``limit`` characters.
+
+    The runner parses every line of a step's stdout and stderr for commands: ``::name::`` at the start of a
+    line (after any indentation) and the older ``##[name]`` anywhere in it. Both are broken here (``::`` at
+    the start becomes ``:\\:``, every ``##[`` becomes ``##\\[``), so text from a bundle, a store or the
+    environment printed through this function is never a command, wherever it lands on the line.
+    """
     text = str(text)
     if not text.isprintable():
         text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    if "##[" in text:
+        text = text.replace("##[", "##\\[")
+    if text.lstrip().startswith("::"):
+        text = text.replace("::", ":\\:", 1)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

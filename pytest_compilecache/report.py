@@ -71,11 +71,11 @@ def transfer_line(kind: str, info: Mapping[str, Any]) -> str:
     outcome = info.get("outcome", "?")
     bits = [f"{kind}: {outcome}"]
     if info.get("key"):
-        bits.append(str(info["key"]))
+        bits.append(one_line(str(info["key"]), 300))
     if info.get("size") is not None:
         bits.append(f"({human_size(info.get('size'))}, {float(info.get('seconds') or 0):.2f} s)")
     if info.get("message"):
-        bits.append("- " + str(info["message"]))
+        bits.append("- " + one_line(str(info["message"])))  # may come from the environment (the Action's restore)
     return " ".join(bits)
 
 
@@ -89,7 +89,7 @@ def table_lines(stats: SessionStats, limit: int | None = TABLE_ROWS) -> list[str
     for r in rows:
         fx = f"{r.fxgraph['hit']}/{r.fxgraph['miss']}/{r.fxgraph['bypass']}"
         aot = f"{r.aotautograd['hit']}/{r.aotautograd['miss']}"
-        name = r.nodeid if len(r.nodeid) <= width else "..." + r.nodeid[-(width - 3) :]
+        name = one_line(r.nodeid if len(r.nodeid) <= width else "..." + r.nodeid[-(width - 3) :])
         recompiles = f" ({_plural(r.recompiles, 'recompile')})" if r.recompiles else ""
         lines.append(f"{r.compile_seconds:8.2f}  {fx:>15}  {aot:>12}  {r.frames:>6}  {name}{recompiles}")
     hidden = len(stats.compiled) - len(rows)
@@ -97,7 +97,7 @@ def table_lines(stats: SessionStats, limit: int | None = TABLE_ROWS) -> list[str
         lines.append(f"... and {hidden} more (see --compile-cache-json)")
     reasons = sorted({reason for r in stats.compiled for reason in r.bypass_reasons})
     for reason in reasons[:5]:
-        lines.append(f"bypass: {reason}")
+        lines.append(f"bypass: {one_line(reason, 300)}")
     return lines
 
 

@@ -772,8 +772,9 @@ def action_restore_result(value: str | None) -> RestoreResult | None:
         outcome, data = value.strip(), {}
     if outcome not in ("exact", "partial", "miss", "error"):
         return None
-    message = str(data.get("message", "")) if isinstance(data, dict) else ""
-    key = data.get("key") if isinstance(data, dict) and isinstance(data.get("key"), str) else None
+    # Text from the environment: one line each, so no newline in it can start a runner command when printed.
+    message = one_line(str(data.get("message") or "")) if isinstance(data, dict) else ""
+    key = one_line(data["key"], 300) if isinstance(data, dict) and isinstance(data.get("key"), str) else None
     # "headers": the precompiled-header names the Action's restore installed or found (optional), so this
     # session's save names them again even where the file system records no reads (noatime).
     names = data.get("headers") if isinstance(data, dict) else None

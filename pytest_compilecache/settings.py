@@ -83,16 +83,19 @@ def _count(option: str, value: str) -> int:
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])i?)?b?\s*$", re.IGNORECASE)
 
 
+MAX_SIZE = 1024**5  # 1 PiB: larger is a typo, not a cache
+
+
 def parse_size(option: str, value: str) -> int:
     """Parse ``500M``, ``2G``, ``1.5GiB`` or a plain byte count."""
     match = _SIZE.match(value)
     if not match:
         raise ConfigError(f"{option}: expected a size like 500M or 2G, got {value!r}")
     number, unit = match.groups()
-    size = int(float(number) * 1024 ** "_kmgt".index((unit or "_").lower()))
-    if size <= 0:
-        raise ConfigError(f"{option}: must be positive, got {value!r}")
-    return size
+    scaled = float(number) * 1024 ** "_kmgt".index((unit or "_").lower())
+    if not 1 <= scaled <= MAX_SIZE:  # float() of 400 digits is inf: int(inf) would raise OverflowError
+        raise ConfigError(f"{option}: must be positive and at most 1024T, got {value[:40]!r}")
+    return int(scaled)
 
 
 _KEY_PART = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
@@ -109,9 +112,18 @@ def _http_url(option: str, value: str) -> str:
     from urllib.parse import urlsplit
 
     value = value.strip()
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigError(f"{option}: expected an http(s):// URL, got {value!r}")
+    try:
+        parts = urlsplit(value)
+        port = parts.port  # ValueError for a port out of range or not a number
+    except ValueError as exc:
+        raise ConfigError(f"{option}: expected an http(s):// URL, got {value[:200]!r} ({exc})") from None
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or any(c.isspace() for c in value)
+        or (port is not None and port == 0)
+    ):
+        raise ConfigError(f"{option}: expected an http(s)://host[:port] URL, got {value[:200]!r}")
     return value
 
 

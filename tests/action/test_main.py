@@ -365,6 +365,18 @@ def test_restore_markdown(action: ModuleType, environ: dict[str, str], fingerpri
     text = action.restore_markdown(action.make_plan(environ, fingerprint), RestoreResult("miss", message="a|b"))
     assert "| restored | miss: a\\|b |" in text
     assert "nothing: save: auto restores only on pull_request" in text
+    environ.update(GITHUB_EVENT_NAME="x</details><img src=x>", INPUT_SAVE="true")  # runner text, still escaped
+    text = action.restore_markdown(action.make_plan(environ, fingerprint), RestoreResult("miss"))
+    assert "x\\</details\\>\\<img src=x\\> runs may get a read-only cache token" in text  # inert: no tag
+
+
+def test_salt_is_stripped_and_must_be_utf8(action: ModuleType, environ: dict[str, str]) -> None:
+    # The plugin strips the salt it reads: the Action must too, or its keys never meet the plugin's bundles.
+    environ["PYTEST_COMPILECACHE_KEY_SALT"] = " model-v2 "
+    assert action.key_salt(environ) == "model-v2"
+    environ["INPUT_KEY_SALT"] = "v2\udcff"  # a byte that is not UTF-8, as Python keeps it in os.environ
+    with pytest.raises(action.InputError, match="^input key-salt: not valid UTF-8"):
+        action.key_salt(environ)
 
 
 # ---- commands

@@ -55,6 +55,27 @@ def test_fingerprint_json_uses_recorded_device_facts(capsys: pytest.CaptureFixtu
     assert len(data["digest"]) == 16
 
 
+def test_fingerprint_prints_hostile_facts_on_one_inert_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GPU names from a recorded facts file and the salt are anyone's text: never a runner command.
+    device = tmp_path / "device.json"
+    device.write_text(json.dumps({**H100, "gpus": [{"name": "H100\n::error::from device facts", "capability": "9.0"}]}))
+    monkeypatch.setenv("PYTEST_COMPILECACHE_KEY_SALT", " v2\n::add-mask::e ")
+    assert cli.main(["fingerprint", "--device-facts", str(device)]) == 0
+    out = capsys.readouterr().out
+    assert not any(line.lstrip().startswith("::") for line in out.splitlines()), out
+    assert "H100\\n::error::from device facts (9.0)" in out
+
+
+def test_salt_is_stripped_as_the_plugin_strips_it(capsys: pytest.CaptureFixture[str], device_file: Path) -> None:
+    digests = []
+    for salt in ("model-v2", " model-v2 "):
+        assert cli.main(["fingerprint", "--json", "--salt", salt, "--device-facts", str(device_file)]) == 0
+        digests.append(json.loads(capsys.readouterr().out)["digest"])
+    assert digests[0] == digests[1]
+
+
 def test_key_writes_github_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device_file: Path) -> None:
     out = tmp_path / "github_output"
     monkeypatch.setenv("GITHUB_OUTPUT", str(out))

@@ -120,6 +120,21 @@ def test_markdown_code_cannot_be_closed_early(text: str) -> None:
     assert "|" not in inner.replace("\\|", "")
 
 
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("x ##[stop-commands]tok", "x ##\\[stop-commands]tok"),  # the runner's older syntax, anywhere in a line
+        ("::error::pwned", ":\\:error::pwned"),
+        ("  ::add-mask::e", "  :\\:add-mask::e"),  # the runner strips indentation before parsing
+        ("a::b ::c", "a::b ::c"),  # not at the start: no command
+        ("line\n::error::x", "line\\n::error::x"),  # one line: the second line never starts
+    ],
+)
+def test_one_line_is_never_a_runner_command(text: str, shown: str) -> None:
+    assert ghrunner.one_line(text) == shown
+    assert "##[" not in shown.replace("##\\[", "") and not shown.lstrip().startswith("::")
+
+
 def test_one_line_bounds_length() -> None:
     assert ghrunner.one_line("a\nb\tc") == "a\\nb\\tc"
     assert len(ghrunner.one_line("x" * 5000, limit=100)) == 100

@@ -195,6 +195,18 @@ def test_staged_blobs_already_loaded_are_a_note(tmp_path: Path, source: Path, mo
     assert any("nothing to load" in note for note in controller.problems.notes)
 
 
+def test_the_actions_restore_text_is_printed_as_one_inert_line() -> None:
+    # The message and key come from the environment (the Action writes them; a matched key is actions/cache's).
+    from pytest_compilecache.report import transfer_line
+
+    told = {"outcome": "error", "key": "k\n::add-mask::e", "message": "restore failed: x\n::error title=I::pwned"}
+    result = action_restore_result(json.dumps(told))
+    assert result is not None and "\n" not in result.message and result.key is not None and "\n" not in result.key
+    line = transfer_line("restore", result.to_json())
+    assert line.splitlines() == [line] and line.startswith("restore: error ")
+    assert "x\\n::error title=I::pwned" in line
+
+
 @pytest.mark.parametrize(
     "staged",
     [

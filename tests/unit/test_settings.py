@@ -186,10 +186,24 @@ def test_parse_size(raw: str, expected: int) -> None:
     assert parse_size("--compile-cache-max-size", raw) == expected
 
 
-@pytest.mark.parametrize("raw", ["", "M", "-1", "1e3", "2 gigs", "5X", "0.0001K"])
+@pytest.mark.parametrize("raw", ["", "M", "-1", "1e3", "2 gigs", "5X", "0.0001K", "9" * 400, "2000T"])
 def test_parse_size_rejects(raw: str) -> None:
     with pytest.raises(ConfigError, match=r"^compile_cache_max_size: "):
         parse_size("compile_cache_max_size", raw)
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9000", "https://s3.example.com", "http://[::1]:9000/"])
+def test_s3_endpoints_accepted(url: str) -> None:
+    assert _resolve(cli={"s3_endpoint": url}).s3_endpoint == url
+
+
+@pytest.mark.parametrize(
+    "url", ["http://[::1", "http://a b:9000", "http://:80", "https://x:abc", "http://h:99999", "ftp://h", "h:9000"]
+)
+def test_bad_s3_endpoints_fail_naming_the_option(url: str) -> None:
+    # Each would otherwise be a traceback at start-up, or a warning in every session that never restores.
+    with pytest.raises(ConfigError, match=r"^--compile-cache-s3-endpoint: expected an http\(s\)://"):
+        _resolve(cli={"s3_endpoint": url})
 
 
 @pytest.mark.parametrize(
