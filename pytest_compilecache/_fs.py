@@ -57,11 +57,21 @@ _TEMP = re.compile(
 
 @functools.cache  # once per process: every temp name (a bundle install writes one per file) carries it
 def host_tag() -> str:
-    """Hash of the host name and the pid namespace: equal tags mean our pids name the same processes."""
-    namespace = ""
+    """Hash of the host name, the boot and the pid namespace: equal tags mean our pids name the same processes.
+
+    The pid namespace alone is not enough: every Linux machine's initial one reads ``pid:[4026531836]``, so
+    two machines of one host name sharing a network dir would take each other's pids for their own (and
+    sweep a live peer's temp files). The boot id tells machines (and reboots) apart; containers of one
+    machine share it and differ in their namespace, unless they share the pid space too (``--pid=host``),
+    when they do see each other's processes.
+    """
+    namespace = boot = ""
     with contextlib.suppress(OSError):
         namespace = os.readlink("/proc/self/ns/pid")  # containers sharing a host name and a volume differ here
-    return hashlib.sha256(f"{socket.gethostname()}\0{namespace}".encode("utf-8", "replace")).hexdigest()[:8]
+    with contextlib.suppress(OSError), open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+        boot = fh.read().strip()
+    text = f"{socket.gethostname()}\0{namespace}\0{boot}"
+    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:8]
 
 
 def temp_name(kind: TempKind, lead: str = "") -> str:
@@ -117,11 +127,33 @@ def is_stale(owner: TempName, *, now: float | None = None, max_age: float = DEFA
     return age > max_age
 
 
+def rmtree_at(dir_fd: int, name: str) -> None:
+    """Remove dir ``name`` of the dir open as ``dir_fd`` and all below it, following no link (a link is
+    unlinked, never entered); OSError when ``name`` itself cannot be removed.
+
+    ``shutil.rmtree(name, dir_fd=...)`` does the same from Python 3.11 on; this works on every version we
+    support.
+    """
+    for _top, dirs, files, fd in os.fwalk(name, topdown=False, dir_fd=dir_fd):
+        for entry in files:
+            with contextlib.suppress(OSError):
+                os.unlink(entry, dir_fd=fd)
+        for entry in dirs:
+            try:
+                os.rmdir(entry, dir_fd=fd)
+            except NotADirectoryError:  # a link to a dir: fwalk lists it with the dirs and never enters it
+                with contextlib.suppress(OSError):
+                    os.unlink(entry, dir_fd=fd)
+            except OSError:
+                pass
+    os.rmdir(name, dir_fd=dir_fd)
+
+
 def sweep_stale(directory: str | os.PathLike[str], *, max_age: float = DEFAULT_MAX_AGE) -> list[str]:
     """Remove the stale temp entries directly inside ``directory``; return the names removed.
 
     Only names made by :func:`temp_name` are considered (see :func:`is_stale`); a symlink is unlinked, never
-    followed, and dirs are removed with ``shutil.rmtree`` relative to a dir fd (which does not follow links).
+    followed, and dirs are removed with :func:`rmtree_at` relative to a dir fd (which does not follow links).
     Best effort: a missing dir or an entry that cannot be removed is skipped silently.
     """
     removed: list[str] = []
@@ -137,7 +169,7 @@ def sweep_stale(directory: str | os.PathLike[str], *, max_age: float = DEFAULT_M
             try:
                 info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                 if stat.S_ISDIR(info.st_mode):
-                    shutil.rmtree(name, dir_fd=dir_fd)
+                    rmtree_at(dir_fd, name)
                 else:
                     os.unlink(name, dir_fd=dir_fd)
             except OSError:

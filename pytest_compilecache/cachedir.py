@@ -355,8 +355,10 @@ def _refuse_foreign(path: Path) -> None:
 
 
 def _managed_files(root: str, kind: Kind) -> Iterator[tuple[str, os.stat_result]]:
-    """Every regular file (and link) under ``root`` that belongs to the cache: all of an ``ours`` dir but
-    our markers, registrations and ``locks/``; only torch's layout in a ``torch`` dir; nothing otherwise.
+    """Every file under ``root`` that belongs to the cache: what lies in torch's layout (its top-level dirs,
+    the two-character kernel dirs holding hash-named files, its top-level files), in an ``ours`` dir as in a
+    ``torch`` one; nothing in any other dir. Our tag proves whose dir it is, not whose each file is: a file
+    someone else put in our dir (``--compile-cache-dir=/tmp`` in a fresh container) is never trimmed.
 
     ``locks/`` and ``*.lock`` are never yielded: removing a lock file another process holds splits the
     lock in two (a second process creates a new file and "holds" it too). Nor are temp files and dirs
@@ -373,16 +375,13 @@ def _managed_files(root: str, kind: Kind) -> Iterator[tuple[str, os.stat_result]
         if name in OUR_NAMES or name == "locks" or name.endswith(".lock") or _is_temp_name(name):
             continue
         if entry.is_symlink():
-            if kind == "ours":
-                with contextlib.suppress(OSError):
-                    yield entry.path, entry.stat(follow_symlinks=False)
             continue
         if entry.is_dir(follow_symlinks=False):
             kernel = bool(re.fullmatch(_KERNEL_DIR, name))
-            if kind == "torch" and name not in TORCH_DIRS and not kernel:
+            if name not in TORCH_DIRS and not kernel:
                 continue
             for dirpath, dirnames, filenames in os.walk(entry.path):
-                if kind == "torch" and kernel and dirpath == entry.path:
+                if kernel and dirpath == entry.path:
                     filenames = [n for n in filenames if re.fullmatch(_KERNEL_NAME, n)]
                     dirnames[:] = [n for n in dirnames if re.fullmatch(_KERNEL_NAME, n)]
                 dirnames[:] = [n for n in dirnames if not _is_temp_name(n)]
@@ -393,7 +392,7 @@ def _managed_files(root: str, kind: Kind) -> Iterator[tuple[str, os.stat_result]
                     with contextlib.suppress(OSError):
                         yield full, os.lstat(full)
             continue
-        if kind == "torch" and not _torch_top_entry(Path(root), name):
+        if not _torch_top_entry(Path(root), name):
             continue
         with contextlib.suppress(OSError):
             yield entry.path, entry.stat(follow_symlinks=False)
@@ -472,8 +471,9 @@ class Registration:
         if self.fd is None:
             return
         _OWN.pop(self.marker, None)
-        with contextlib.suppress(OSError):
-            os.unlink(self.marker)
+        with contextlib.suppress(OSError), _sessions_dir(self.path, create=False) as folder:
+            if folder is not None:
+                os.unlink(os.path.basename(self.marker), dir_fd=folder)
         os.close(self.fd)
         self.fd = None
 
@@ -516,68 +516,103 @@ def register_session(path: str, *, start: float | None = None) -> Registration:
     return registration
 
 
+@contextlib.contextmanager
+def _sessions_dir(path: str, *, create: bool) -> Iterator[int | None]:
+    """An fd of ``path``'s registrations dir, opened without following a link; None when there is none.
+
+    OSError when it is a link or not a dir (planted: registrations are never read or written through it).
+    """
+    root = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+    try:
+        if create:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(SESSIONS_DIR, 0o755, dir_fd=root)
+        try:
+            folder = os.open(SESSIONS_DIR, _DIR_NOFOLLOW, dir_fd=root)
+        except FileNotFoundError:
+            folder = None
+        try:
+            yield folder
+        finally:
+            if folder is not None:
+                os.close(folder)
+    finally:
+        os.close(root)
+
+
 def _create_marker(path: str, begun: float) -> tuple[str, int]:
     from ._fs import host_tag
     from ._fs import temp_name
 
-    folder = os.path.join(path, SESSIONS_DIR)
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, temp_name("tmp", lead="."))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    with _sessions_dir(path, create=True) as folder:
+        if folder is None:  # pragma: no cover - just made
+            raise FileNotFoundError(os.path.join(path, SESSIONS_DIR))
+        tmp = temp_name("tmp", lead=".")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o644, dir_fd=folder)
+        try:
+            import fcntl  # POSIX only, like torch's C++ cache; imported here so the module loads anywhere
+
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "start": begun}).encode())
+            name = f"{os.getpid()}-{host_tag()}-{int(begun * 1e9)}-{next(_SERIAL)}"
+            os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=folder)
+            raise
+    return os.path.join(path, SESSIONS_DIR, name), fd
+
+
+# What live_sessions reports when the registrations cannot be read (a link or a file planted in their place):
+# someone may be live, so nothing is trimmed; the session that meets it cannot register either.
+UNKNOWN_SESSION = LiveSession(pid=0, start=0.0, here=False)
+
+
+def live_sessions(path: str, *, excluding: str | None = None) -> list[LiveSession]:
+    """The sessions registered in ``path`` whose registration is still held (alive); dead ones are removed on
+    the way. This process's own registrations count too (a session run in-process inside another is
+    another session), except the marker ``excluding`` (the caller's own). Registrations are read and
+    removed through the dir's fd, never through a link: a registrations dir that is a link or not a dir
+    reports :data:`UNKNOWN_SESSION`."""
     try:
-        import fcntl  # POSIX only, like torch's C++ cache; imported here so the module loads anywhere
+        with _sessions_dir(path, create=False) as folder:
+            if folder is None:
+                return []
+            names = os.listdir(folder)
+            from ._fs import host_tag  # cost: only a shared dir with registrations gets here
 
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "start": begun}).encode())
-        marker = os.path.join(folder, f"{os.getpid()}-{host_tag()}-{int(begun * 1e9)}-{next(_SERIAL)}")
-        os.replace(tmp, marker)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return marker, fd
-
-
-def live_sessions(path: str, *, include_own: bool = False) -> list[LiveSession]:
-    """The sessions registered in ``path`` whose registration is still held (alive). Dead ones are
-    removed on the way. This process's own registrations count only with ``include_own``."""
-    folder = os.path.join(path, SESSIONS_DIR)
-    try:
-        names = os.listdir(folder)
+            live = []
+            for name in names:
+                match = re.fullmatch(_MARKER, name)
+                marker = os.path.join(path, SESSIONS_DIR, name)
+                if not match or marker == excluding:
+                    continue
+                if marker in _OWN or _held(folder, name, remove_if_dead=True):
+                    live.append(LiveSession(int(match[1]), int(match[3]) / 1e9, match[2] == host_tag()))
+            return live
+    except FileNotFoundError:
+        return []  # no cache dir (yet)
     except OSError:
-        return []
-    from ._fs import host_tag  # cost: only a shared dir with registrations gets here
-
-    live = []
-    for name in names:
-        match = re.fullmatch(_MARKER, name)
-        marker = os.path.join(folder, name)
-        if not match:
-            continue
-        if marker in _OWN:
-            if include_own:
-                live.append(LiveSession(int(match[1]), int(match[3]) / 1e9, True))
-            continue
-        if _held(marker, remove_if_dead=True):
-            live.append(LiveSession(int(match[1]), int(match[3]) / 1e9, match[2] == host_tag()))
-    return live
+        return [UNKNOWN_SESSION]
 
 
-def _held(marker: str, *, remove_if_dead: bool) -> bool:
-    """Is ``marker`` locked by a live process? A dead one's is removed (while we hold its lock)."""
+def _held(folder: int, name: str, *, remove_if_dead: bool) -> bool:
+    """Is marker ``name`` locked by a live process? A dead one's is removed (while we hold its lock)."""
     try:
-        fd = os.open(marker, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
     except OSError:
         return False  # gone: its owner closed it
     try:
         from ._fs import try_flock  # cost: loaded only when a peer's registration is probed
 
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False  # not a marker we write: neither a session nor ours to remove
         if not try_flock(fd):
             return True
         if remove_if_dead:
             with contextlib.suppress(OSError):
-                os.unlink(marker)
+                os.unlink(name, dir_fd=folder)
         return False
     finally:
         os.close(fd)
@@ -619,51 +654,114 @@ class Trim:
         return None
 
 
-def trim(path: str, max_bytes: int, *, now: float | None = None, lock_timeout: float = 60.0) -> Trim:
+def trim(
+    path: str,
+    max_bytes: int,
+    *,
+    now: float | None = None,
+    lock_timeout: float = 60.0,
+    registration: Registration | None = None,
+) -> Trim:
     """Remove least recently used cache files until ``path`` holds at most ``max_bytes`` of them.
 
-    Takes :func:`lock` itself. Removes only what :func:`ownership` proves belongs to the cache, nothing
-    while another registered session is live (:attr:`Trim.deferred`), and nothing changed at or after
-    ``now`` (default: when it starts). "Used" is the later of access and modification time.
+    Takes :func:`lock` itself. Removes only cache files in torch's layout in a dir :func:`ownership` calls
+    ours or torch's, nothing while another registered session is live (:attr:`Trim.deferred`; the
+    caller's own ``registration`` is the only one that does not count, so a session run in-process inside
+    another, ``pytest.main``, never trims under its host), and nothing changed at or after ``now``
+    (default: when it starts). Each file is removed through dir fds opened without following links, and
+    only if it is still the file scanned (same inode, modification and change time): a file rewritten,
+    replaced or touched meanwhile is in use and stays. "Used" is the later of access and modification time.
     """
     with lock(path, timeout=lock_timeout):
-        return _trim(path, max_bytes, now=now)
+        return _trim(path, max_bytes, now=now, registration=registration)
 
 
-def evict(path: str, max_bytes: int) -> tuple[int, int]:
+def evict(path: str, max_bytes: int, *, registration: Registration | None = None) -> tuple[int, int]:
     """:func:`trim` for a caller that already holds :func:`lock`: returns (files removed, bytes freed)."""
-    result = _trim(path, max_bytes, now=None)
+    result = _trim(path, max_bytes, now=None, registration=registration)
     return result.removed, result.freed
 
 
-def _trim(path: str, max_bytes: int, *, now: float | None) -> Trim:
+def _trim(path: str, max_bytes: int, *, now: float | None, registration: Registration | None) -> Trim:
     began = time.time() if now is None else now
     kind = ownership(path).kind
+    own = registration.marker if registration is not None else None
     # The cap is on everything in the dir (markers and registrations too); only cache files go.
     total = _dir_bytes(path)
     entries = [(max(st.st_atime, st.st_mtime), st.st_size, full, st) for full, st in _managed_files(path, kind)]
-    others = len(live_sessions(path))
+    others = len(live_sessions(path, excluding=own))
     if kind not in ("ours", "torch") or others:
         return Trim(kind=kind, remaining=total, deferred=others)
     removed = freed = 0
     stopped = False
     emptied: set[str] = set()
-    for _used, size, full, st in sorted(entries):
-        if total - freed <= max_bytes:
-            break
-        if max(st.st_mtime, st.st_ctime) >= began:
-            continue  # written (or renamed in) since trimming began: someone is using it
-        if live_sessions(path):
-            stopped = True
-            break
-        with contextlib.suppress(OSError):
-            os.unlink(full)
-            removed += 1
-            freed += size
-            emptied.add(os.path.dirname(full))
-    if not stopped:
-        _drop_empty_dirs(path, kind, began, emptied)
+    try:
+        root_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)  # the dir itself may be a link's target
+    except OSError:
+        return Trim(kind=kind, remaining=total)
+    try:
+        for _used, size, full, st in sorted(entries):
+            if total - freed <= max_bytes:
+                break
+            if max(st.st_mtime, st.st_ctime) >= began:
+                continue  # written (or renamed in) since trimming began: someone is using it
+            if live_sessions(path, excluding=own):
+                stopped = True
+                break
+            if _unlink_unchanged(root_fd, os.path.relpath(full, path), st):
+                removed += 1
+                freed += size
+                emptied.add(os.path.dirname(full))
+        if not stopped:
+            _drop_empty_dirs(path, root_fd, began, emptied, own)
+    finally:
+        os.close(root_fd)
     return Trim(kind=kind, removed=removed, freed=freed, remaining=total - freed, stopped=stopped)
+
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
+
+
+def _parent_fd(root_fd: int, rel: str) -> tuple[int, str] | None:
+    """An fd of ``rel``'s parent dir, reached from ``root_fd`` one component at a time without following a
+    link, and ``rel``'s last name; None when a component vanished, is a link or is not a dir. Whatever is
+    swapped in on the way afterwards, what is removed through that fd is inside the cache dir."""
+    parts = rel.split(os.sep)
+    fd = os.dup(root_fd)
+    for part in parts[:-1]:
+        try:
+            child = os.open(part, _DIR_NOFOLLOW, dir_fd=fd)
+        except OSError:
+            os.close(fd)
+            return None
+        os.close(fd)
+        fd = child
+    return fd, parts[-1]
+
+
+def _unlink_unchanged(root_fd: int, rel: str, scanned: os.stat_result) -> bool:
+    """Unlink ``rel`` if it is still exactly what was scanned (same inode, mtime and ctime); True if removed."""
+    opened = _parent_fd(root_fd, rel)
+    if opened is None:
+        return False
+    parent, name = opened
+    try:
+        found = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        same = (found.st_dev, found.st_ino, found.st_mtime_ns, found.st_ctime_ns) == (
+            scanned.st_dev,
+            scanned.st_ino,
+            scanned.st_mtime_ns,
+            scanned.st_ctime_ns,
+        )
+        if not same or stat.S_ISDIR(found.st_mode):
+            return False  # rewritten, replaced or touched since the scan: in use
+        os.unlink(name, dir_fd=parent)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(parent)
 
 
 def _dir_bytes(path: str) -> int:
@@ -675,24 +773,33 @@ def _dir_bytes(path: str) -> int:
     return total
 
 
-def _drop_empty_dirs(path: str, kind: Kind, began: float, emptied: set[str]) -> None:
-    """rmdir empty cache dirs: ones untouched since ``began`` or emptied by this trim; never with a live
-    session registered (torch ``mkdir(exist_ok=True)``s a dir and then writes into it)."""
+def _drop_empty_dirs(path: str, root_fd: int, began: float, emptied: set[str], own: str | None) -> None:
+    """rmdir empty dirs of torch's layout: ones untouched since ``began`` or emptied by this trim; never with a
+    live session registered (torch ``mkdir(exist_ok=True)``s a dir and then writes into it). Through dir
+    fds opened without following links, as :func:`_unlink_unchanged`."""
     for root, _dirs, _files in os.walk(path, topdown=False):
         rel = os.path.relpath(root, path)
         top = rel.split(os.sep, 1)[0]
         if root == path or top in OUR_NAMES or top == "locks" or any(map(_is_temp_name, rel.split(os.sep))):
             continue
-        if kind == "torch" and top not in TORCH_DIRS and not re.fullmatch(_KERNEL_DIR, top):
+        if top not in TORCH_DIRS and not re.fullmatch(_KERNEL_DIR, top):
             continue
-        with contextlib.suppress(OSError):
-            st = os.lstat(root)
-            if root not in emptied and max(st.st_mtime, st.st_ctime) >= began:
+        opened = _parent_fd(root_fd, rel)
+        if opened is None:
+            continue
+        parent, name = opened
+        try:
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode) or (root not in emptied and max(st.st_mtime, st.st_ctime) >= began):
                 continue
-            if live_sessions(path):
+            if live_sessions(path, excluding=own):
                 return
-            os.rmdir(root)  # fails, as wanted, unless empty
+            os.rmdir(name, dir_fd=parent)  # fails, as wanted, unless empty
             emptied.add(os.path.dirname(root))
+        except OSError:
+            pass
+        finally:
+            os.close(parent)
 
 
 def touch(path: str, relpaths: list[str]) -> None:
@@ -720,29 +827,46 @@ def sweep_stale(path: str, *, now: float | None = None) -> int:
     kind = ownership(path).kind
     if kind not in ("ours", "torch"):
         return 0
+    from ._fs import rmtree_at  # cost: as _stale's
+
     live_sessions(path)  # removes dead registrations
     count = 0
-    for dirpath, dirnames, filenames in os.walk(path):
-        rel = os.path.relpath(dirpath, path)
-        top = rel.split(os.sep, 1)[0]
-        if kind == "torch" and rel != "." and not _torch_top_entry(Path(path), top):
-            dirnames[:] = []
-            continue
-        for name in list(dirnames) + filenames:
-            full = os.path.join(dirpath, name)
-            try:
-                st = os.lstat(full)
-            except OSError:
+    try:
+        root_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        for dirpath, dirnames, filenames in os.walk(path):
+            rel = os.path.relpath(dirpath, path)
+            top = rel.split(os.sep, 1)[0]
+            if kind == "torch" and rel != "." and not _torch_top_entry(Path(path), top):
+                dirnames[:] = []
                 continue
-            if not _stale(name, st, clock):
-                continue
-            if stat.S_ISDIR(st.st_mode):
-                dirnames.remove(name)
-                shutil.rmtree(full, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(full)
-            count += 1
+            for name in list(dirnames) + filenames:
+                if not _is_temp_name(name):
+                    continue  # cheap first: only temp names are ever swept
+                # Through dir fds opened without following links: a dir swapped for a link meanwhile is skipped.
+                opened = _parent_fd(root_fd, os.path.normpath(os.path.join(rel, name)))
+                if opened is None:
+                    continue
+                parent, leaf = opened
+                try:
+                    st = os.stat(leaf, dir_fd=parent, follow_symlinks=False)
+                    if not _stale(leaf, st, clock):
+                        continue
+                    if stat.S_ISDIR(st.st_mode):
+                        if name in dirnames:
+                            dirnames.remove(name)
+                        rmtree_at(parent, leaf)
+                    else:
+                        os.unlink(leaf, dir_fd=parent)
+                    count += 1
+                except OSError:
+                    pass
+                finally:
+                    os.close(parent)
+    finally:
+        os.close(root_fd)
     return count
 
 

@@ -18,7 +18,6 @@ import contextlib
 import errno
 import hashlib
 import os
-import shutil
 import stat
 from dataclasses import dataclass
 from dataclasses import field
@@ -28,6 +27,7 @@ from typing import Iterable
 from typing import Iterator
 
 from . import BundleError
+from ._fs import rmtree_at
 from ._fs import temp_name
 
 __all__ = ["CacheDirError", "Installed", "Staging", "open_cache_file", "open_root"]
@@ -326,7 +326,7 @@ class Staging:
             os.close(self.fd)
         self.fd = -1
         with contextlib.suppress(OSError):
-            shutil.rmtree(self.name, dir_fd=self.root_fd)
+            rmtree_at(self.root_fd, self.name)
         with contextlib.suppress(OSError):
             os.close(self.root_fd)
         if not self.installed:

@@ -665,7 +665,7 @@ class Controller:
         if self.setup.dir.mode != "shared" or not path or not self.settings.max_size:
             return
         try:
-            trimmed = cachedir.trim(path, self.settings.max_size)
+            trimmed = cachedir.trim(path, self.settings.max_size, registration=self.setup.registration)
         except Exception as exc:
             self.problems.warn(f"could not trim the cache dir: {exc}")
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 import stat
@@ -11,6 +12,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+from typing import Callable
 
 import pytest
 
@@ -170,55 +173,72 @@ def _files(root: Path) -> set[str]:
 def test_evict_removes_least_recently_used_first(cache: Path) -> None:
     _file(cache, "fxgraph/aa/old", 100, T0)
     _file(cache, "fxgraph/bb/mid", 100, T0 + 10)
-    _file(cache, "new", 100, T0 + 20)
+    _file(cache, "fxgraph/cc/new", 100, T0 + 20)
     markers = sum(os.path.getsize(cache / m) for m in ("CACHEDIR.TAG", ".gitignore", LOCK_NAME))
     removed, freed = cachedir.evict(str(cache), markers + 150)
     assert (removed, freed) == (2, 200)
-    assert _files(cache) == {"CACHEDIR.TAG", ".gitignore", LOCK_NAME, "new"}
+    assert _files(cache) == {"CACHEDIR.TAG", ".gitignore", LOCK_NAME, "fxgraph/cc/new"}
     # emptied subdirectories are gone as well
-    assert not (cache / "fxgraph").exists()
+    assert not (cache / "fxgraph" / "aa").exists() and not (cache / "fxgraph" / "bb").exists()
     assert _dir_size(str(cache)) == markers + 100
 
 
 def test_evict_uses_the_later_of_access_and_modification(cache: Path) -> None:
-    _file(cache, "read_recently", 100, atime=T0 + 100, mtime=T0)
-    _file(cache, "written_recently", 100, atime=T0, mtime=T0 + 50)
-    _file(cache, "untouched", 100, atime=T0 + 10, mtime=T0 + 10)
+    _file(cache, "fxgraph/x/read_recently", 100, atime=T0 + 100, mtime=T0)
+    _file(cache, "fxgraph/x/written_recently", 100, atime=T0, mtime=T0 + 50)
+    _file(cache, "fxgraph/x/untouched", 100, atime=T0 + 10, mtime=T0 + 10)
     cachedir.evict(str(cache), _dir_size(str(cache)) - 1)
-    assert "untouched" not in _files(cache)
-    assert {"read_recently", "written_recently"} <= _files(cache)
+    assert "fxgraph/x/untouched" not in _files(cache)
+    assert {"fxgraph/x/read_recently", "fxgraph/x/written_recently"} <= _files(cache)
 
 
 def test_evict_under_the_cap_does_nothing(cache: Path) -> None:
-    _file(cache, "sub/a", 10, T0)
-    (cache / "empty_but_ours").mkdir()
+    _file(cache, "fxgraph/sub/a", 10, T0)
+    (cache / "aotautograd" / "empty").mkdir(parents=True)
     before = _files(cache)
     assert cachedir.evict(str(cache), 10**9) == (0, 0)
     assert _files(cache) == before
-    assert not (cache / "empty_but_ours").exists()  # empty dirs are always tidied
+    assert not (cache / "aotautograd").exists()  # empty dirs of torch's layout are always tidied
     assert cache.is_dir()
 
 
 def test_evict_keeps_markers_even_at_zero(cache: Path) -> None:
-    _file(cache, "a", 10, T0)
-    _file(cache, "deep/er/b", 10, T0)
-    _file(cache, "deep/CACHEDIR.TAG", 10, T0)  # only the top-level markers are ours
+    _file(cache, "fxgraph/a", 10, T0)
+    _file(cache, "fxgraph/deep/er/b", 10, T0)
+    _file(cache, "fxgraph/deep/CACHEDIR.TAG", 10, T0)  # only the top-level markers are ours
     removed, freed = cachedir.evict(str(cache), 0)
     assert (removed, freed) == (3, 30)
     assert _files(cache) == {"CACHEDIR.TAG", ".gitignore", LOCK_NAME}
     assert [p.name for p in cache.iterdir() if p.is_dir()] == []
 
 
+def test_our_tag_does_not_make_every_file_in_the_dir_ours(tmp_path: Path) -> None:
+    # An empty dir given as the cache dir gets our tag (--compile-cache-dir=/tmp in a fresh container);
+    # what others put there later is not the cache's and is never trimmed, nor are dirs outside torch's layout.
+    root = cachedir.make_dir(tmp_path / "tmp")
+    layout = _torch_layout(root)
+    others = {"NOTES.md": b"notes", "other-app/data.db": b"db", "pytest-of-me/pytest-7/result.txt": b"r"}
+    for rel, data in others.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    (root / "other-app" / "empty").mkdir()
+    result = cachedir.trim(str(root), 0)
+    assert (result.kind, result.removed) == ("ours", len(layout) - 1)  # all of torch's but its lock file
+    for rel, data in others.items():
+        assert (root / rel).read_bytes() == data
+    assert (root / "other-app" / "empty").is_dir()
+
+
 def test_touch_protects_files_from_eviction(cache: Path) -> None:
-    _file(cache, "used/by_last_session", 100, T0)
-    _file(cache, "unused", 100, T0 + 10)
-    cachedir.touch(str(cache), ["used/by_last_session", "vanished/meanwhile"])
-    stat = os.stat(cache / "used/by_last_session")
+    _file(cache, "fxgraph/used/by_last_session", 100, T0)
+    _file(cache, "fxgraph/unused", 100, T0 + 10)
+    cachedir.touch(str(cache), ["fxgraph/used/by_last_session", "vanished/meanwhile"])
+    stat = os.stat(cache / "fxgraph/used/by_last_session")
     assert stat.st_atime > T0 + 10
     assert stat.st_mtime == T0  # content age is kept
     cachedir.evict(str(cache), _dir_size(str(cache)) - 1)
-    assert "used/by_last_session" in _files(cache)
-    assert "unused" not in _files(cache)
+    assert "fxgraph/used/by_last_session" in _files(cache)
+    assert "fxgraph/unused" not in _files(cache)
 
 
 def test_lock_is_a_file_lock_inside_the_dir(tmp_path: Path) -> None:
@@ -425,23 +445,97 @@ def test_a_killed_sessions_registration_does_not_block_trimming(cache: Path) -> 
 def test_own_registration_does_not_defer_own_trim(cache: Path) -> None:
     _file(cache, "fxgraph/aa/entry", 100, T0)
     with cachedir.register_session(str(cache)) as registration:
-        assert [s.pid for s in cachedir.live_sessions(str(cache), include_own=True)] == [os.getpid()]
-        assert cachedir.live_sessions(str(cache)) == []
-        assert cachedir.trim(str(cache), 0).removed == 1
+        assert [s.pid for s in cachedir.live_sessions(str(cache))] == [os.getpid()]
+        assert cachedir.live_sessions(str(cache), excluding=registration.marker) == []
+        assert cachedir.trim(str(cache), 0, registration=registration).removed == 1
         assert os.path.exists(registration.marker)
     assert not os.path.exists(registration.marker)
     assert cachedir.trim(str(cache), 0).removed == 0  # registrations are never trimmed, nor counted as cache
+
+
+def test_a_session_run_in_process_never_trims_under_its_host(cache: Path) -> None:
+    # pytest.main() inside a test: two sessions of one process share the dir; each one's own registration
+    # is the only one its trim may ignore (every registration of the process was ignored before).
+    _file(cache, "fxgraph/aa/entry", 100, T0)
+    with cachedir.register_session(str(cache)), cachedir.register_session(str(cache)) as inner:
+        result = cachedir.trim(str(cache), 0, registration=inner)
+        assert (result.removed, result.deferred) == (0, 1)
+    assert (cache / "fxgraph/aa/entry").exists()
+
+
+def test_a_planted_link_for_the_registrations_is_never_followed(tmp_path: Path) -> None:
+    cache = cachedir.make_dir(tmp_path / "cc")
+    _file(cache, "fxgraph/aa/entry", 100, T0)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    victim = elsewhere / "1-0000abcd-1-0"  # a marker's name, unlocked: it would be swept as a dead session's
+    victim.write_text("not ours")
+    (cache / cachedir.SESSIONS_DIR).symlink_to(elsewhere)
+    assert cachedir.live_sessions(str(cache)) == [cachedir.UNKNOWN_SESSION]  # who knows: nothing is trimmed
+    assert cachedir.trim(str(cache), 0).removed == 0
+    assert cachedir.sweep_stale(str(cache), now=T0 + 10 * cachedir.STALE_AFTER) == 0
+    with pytest.raises(OSError):
+        cachedir.register_session(str(cache))  # no marker written through the link
+    assert os.listdir(elsewhere) == [victim.name] and victim.read_text() == "not ours"
 
 
 def test_trim_stops_when_a_session_registers_meanwhile(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for index in range(5):
         _file(cache, f"fxgraph/aa/e{index}", 10, T0 + index)
     checks = iter([[], [], [], [cachedir.LiveSession(1, T0, True)]])  # before: the count; then per removal
-    monkeypatch.setattr(cachedir, "live_sessions", lambda path: next(checks))
+    monkeypatch.setattr(cachedir, "live_sessions", lambda path, excluding=None: next(checks))
     result = cachedir.trim(str(cache), 0)
     assert (result.removed, result.freed, result.stopped) == (2, 20, True)
     assert {f"fxgraph/aa/e{i}" for i in (2, 3, 4)} <= _files(cache)
     assert result.describe() is not None and "stopped early" in result.describe()  # type: ignore[operator]
+
+
+def _during_trim(monkeypatch: pytest.MonkeyPatch, act: Callable[[], None]) -> None:
+    """Run ``act`` inside trim, after its scan and right before its first removal (where a peer could act)."""
+    calls = {"n": 0}
+
+    def live_sessions(path: str, excluding: str | None = None) -> list[cachedir.LiveSession]:
+        calls["n"] += 1
+        if calls["n"] == 2:  # 1: the count before trimming; 2: the check before the first removal
+            act()
+        return []
+
+    monkeypatch.setattr(cachedir, "live_sessions", live_sessions)
+
+
+def test_trim_keeps_a_file_replaced_after_its_scan(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch's write_atomic renames a new file over the old one: the name is the same, the file is not.
+    target = _file(cache, "fxgraph/aa/entry", 100, T0)
+
+    def rewrite() -> None:
+        fresh = target.with_name(".entry.tmp")
+        fresh.write_bytes(b"y" * 100)
+        os.utime(fresh, (T0, T0))  # even with an old time: another inode, so not the file scanned
+        os.replace(fresh, target)
+
+    _during_trim(monkeypatch, rewrite)
+    result = cachedir.trim(str(cache), 0)
+    assert result.removed == 0
+    assert target.read_bytes() == b"y" * 100
+
+
+def test_trim_never_follows_a_dir_swapped_for_a_link(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = "id_ed25519_" + "a" * 20
+    _file(cache, f"fxgraph/zz/{name}", 100, T0)
+    outside = tmp_path / "home" / ".ssh"
+    outside.mkdir(parents=True)
+    (outside / name).write_text("secret")
+
+    def swap() -> None:
+        os.rename(cache / "fxgraph" / "zz", cache / "fxgraph" / "aside")
+        (cache / "fxgraph" / "zz").symlink_to(outside)
+
+    _during_trim(monkeypatch, swap)
+    cachedir.trim(str(cache), 0)
+    assert (outside / name).read_text() == "secret"
+    assert outside.is_dir()
 
 
 # ---------------------------------------------------------------------------------------- sweep_stale()
@@ -597,7 +691,7 @@ def test_a_registration_renews_itself_after_its_dir_was_cleared(tmp_path: Path) 
     cachedir.make_dir(root)
     registration.renew()
     assert registration.marker != first and os.path.exists(registration.marker)
-    assert len(cachedir.live_sessions(str(root), include_own=True)) == 1
+    assert len(cachedir.live_sessions(str(root))) == 1
     registration.close()
     registration.renew()  # closed: stays closed
     assert os.listdir(root / cachedir.SESSIONS_DIR) == []
@@ -608,7 +702,7 @@ def test_trim_leaves_temp_files_to_the_sweep(cache: Path) -> None:
     temps = {"ab/.k.so.abcdefgh.tmp", f"ab/.{os.getpid()}.1.tmp", _fs.temp_name("staging", lead=".") + "/files/x"}
     for rel in temps:
         _file(cache, rel, 100, T0)
-    _file(cache, "ab/entry", 100, T0)
+    _file(cache, f"ab/{KEY}.so", 100, T0)  # a kernel: torch's layout
     result = cachedir.trim(str(cache), 0)
     assert (result.removed, result.freed) == (1, 100)
     assert temps <= _files(cache)
@@ -656,3 +750,25 @@ def test_try_flock_tells_a_held_lock_from_a_free_one(tmp_path: Path) -> None:
     os.close(closed)
     with pytest.raises(OSError):
         try_flock(closed)  # a bad descriptor is an error, not "held"
+
+
+def test_host_tags_tell_machines_apart_even_in_their_initial_pid_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every machine's initial pid namespace reads the same; with one host name, two machines sharing a
+    # network dir had one tag, so each took the other's live temp files for a dead local process's.
+    import builtins
+    import socket
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "runner")
+    monkeypatch.setattr(os, "readlink", lambda path: "pid:[4026531836]")
+    real_open = builtins.open
+    tags = []
+    for boot in ("11111111-aaaa", "22222222-bbbb"):
+
+        def fake_open(path: Any, *args: Any, boot: str = boot, **kwargs: Any) -> Any:
+            if str(path) == "/proc/sys/kernel/random/boot_id":
+                return io.StringIO(boot + "\n")
+            return real_open(path, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, "open", fake_open)
+        tags.append(_fs.host_tag.__wrapped__())
+    assert tags[0] != tags[1]
