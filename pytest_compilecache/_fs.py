@@ -227,7 +227,7 @@ def atomic_file(dest: Path, *, fsync: bool = True, mode: int = 0o644) -> Iterato
             writer.flush()
             if fsync:
                 os.fsync(writer.fileno())
-        os.chmod(tmp, mode)
+            os.fchmod(writer.fileno(), mode)  # the file we made, not whatever its name points at by now
         os.replace(tmp, dest)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -194,8 +194,17 @@ def make_dir(path: Path) -> Path:
 
 
 def _tag(path: Path) -> None:
-    (path / "CACHEDIR.TAG").write_text(_TAG)
-    (path / ".gitignore").write_text(_GITIGNORE)
+    """Write our markers as new files, never through an existing name (a link planted since the dir was found
+    empty); a regular file already there (a session racing us to tag the same empty dir) is left as it is."""
+    for name, text in (("CACHEDIR.TAG", _TAG), (".gitignore", _GITIGNORE)):
+        try:
+            fd = os.open(path / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o644)
+        except FileExistsError:
+            if stat.S_ISREG(os.lstat(path / name).st_mode):
+                continue
+            raise
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
 
 
 def remove(session: SessionDir) -> None:
@@ -806,8 +815,9 @@ def touch(path: str, relpaths: list[str]) -> None:
     """Mark files as used now, so that size-capped eviction keeps what the last session needed."""
     now = time.time()
     for rel in relpaths:
-        with contextlib.suppress(OSError):
-            os.utime(os.path.join(path, rel), (now, os.stat(os.path.join(path, rel)).st_mtime))
+        with contextlib.suppress(OSError, NotImplementedError):
+            full = os.path.join(path, rel)  # a link is marked itself, never what it points at
+            os.utime(full, (now, os.stat(full, follow_symlinks=False).st_mtime), follow_symlinks=False)
 
 
 # ---------------------------------------------------------------------------------------------- sweep

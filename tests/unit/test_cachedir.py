@@ -772,3 +772,28 @@ def test_host_tags_tell_machines_apart_even_in_their_initial_pid_namespace(monke
         monkeypatch.setattr(builtins, "open", fake_open)
         tags.append(_fs.host_tag.__wrapped__())
     assert tags[0] != tags[1]
+
+
+def test_tagging_never_writes_through_a_planted_link(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    target = tmp_path / "dir"
+    target.mkdir()
+    (target / "CACHEDIR.TAG").symlink_to(victim)  # planted after the dir was found empty
+    with pytest.raises(OSError):
+        cachedir._tag(target)
+    assert victim.read_text() == "precious"
+    (target / "CACHEDIR.TAG").unlink()
+    (target / "CACHEDIR.TAG").write_text("a session racing us tagged it first")
+    cachedir._tag(target)  # no error: left as it is
+    assert (target / ".gitignore").is_file()
+
+
+def test_touch_marks_a_link_never_its_target(cache: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.write_text("x")
+    os.utime(outside, (T0, T0))
+    (cache / "fxgraph").mkdir()
+    (cache / "fxgraph" / "link").symlink_to(outside)
+    cachedir.touch(str(cache), ["fxgraph/link"])
+    assert os.stat(outside).st_atime == T0
