@@ -20,6 +20,7 @@ from typing import Generator
 import pytest
 
 from . import ConfigError
+from . import cachedir
 from . import probe
 from .cachedir import SESSION_ENV
 from .cachedir import SessionDir
@@ -128,6 +129,36 @@ def _default_shared(config: pytest.Config) -> Path:
     return base / "d" / "compilecache"
 
 
+def _keep_a_shared_dir_in_use(config: pytest.Config, setup: Setup) -> None:
+    """``--cache-clear`` removes pytest's cache dir, and the default shared dir inside it. While another
+    session uses that dir, keep it: clear the rest of pytest's cache here (its ``v/`` and ``d/`` entries,
+    what ``Cache.clear_cache`` removes), tell pytest not to, and say so. Runs before pytest's cache
+    provider reads the option (both hooks are ``tryfirst``; plugins registered later run first)."""
+    path = setup.dir.path
+    if setup.dir.mode != "shared" or not path or Path(path) != _default_shared(config):
+        return
+    own = setup.registration.marker if setup.registration is not None else None
+    others = len(cachedir.live_sessions(path, excluding=own))
+    if not others:
+        return
+    import shutil
+
+    base = Path(path).parent.parent  # <cache_dir>/d/compilecache
+    shutil.rmtree(base / "v", ignore_errors=True)
+    for entry in (base / "d").iterdir():
+        if entry.name != Path(path).name:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+    config.option.cacheclear = False
+    who = "session is" if others == 1 else "sessions are"
+    setup.problems.warn(
+        f"--cache-clear kept the compile cache {path}: {others} other pytest {who} using it "
+        "(the rest of pytest's cache was cleared)"
+    )
+
+
 def _is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
@@ -149,6 +180,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "torch's compile caches off for it. Everything is put back afterwards.",
     )
     setup = _setup(config)
+    if not _is_worker(config) and getattr(config.option, "cacheclear", False):
+        _keep_a_shared_dir_in_use(config, setup)
     explain = setup.settings.explain  # a worker resolves the same options: its controller's argv and environment
     if explain:
         probe.watch_graph_lookups()  # every process: the FX-graph lookups that explain a miss (never imports torch)

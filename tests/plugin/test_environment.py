@@ -168,3 +168,61 @@ def test_workers_do_not_clear_the_restored_dir_again(
     )
     result = pytester.runpytest_subprocess("--compile-cache=shared", "--cache-clear", "-n", "2")
     assert result.ret == 0, result.stdout.str()
+
+
+LONG_RUNNING = """
+import os
+import pathlib
+import time
+
+
+def test_long_running():
+    cache = pathlib.Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    kernel = cache / "fxgraph" / "ab" / ("k" * 40)  # stands for a graph this session wrote and reads again
+    kernel.parent.mkdir(parents=True, exist_ok=True)
+    kernel.write_text("graph")
+    pathlib.Path("ready").write_text(str(cache))
+    deadline = time.time() + 120
+    while not os.path.exists("go") and time.time() < deadline:
+        time.sleep(0.05)
+    assert kernel.exists(), "the cache file vanished while this session ran"
+    assert os.listdir(cache / ".compilecache-sessions"), "the registration vanished while this session ran"
+"""
+
+
+def test_cache_clear_keeps_a_shared_dir_another_session_uses(inner: pytest.Pytester) -> None:
+    """--cache-clear in one session never deletes the default shared dir while another session uses it."""
+    import subprocess
+    import sys
+    import time
+
+    inner.makepyfile(test_a=LONG_RUNNING, test_b="def test_b():\n    pass\n")
+    first = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "--compile-cache=shared", "test_a.py"],
+        cwd=inner.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 60
+        while not (inner.path / "ready").exists() and first.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert (inner.path / "ready").exists(), first.stdout.read() if first.stdout else ""
+        shared = inner.path / (inner.path / "ready").read_text().split(str(inner.path) + os.sep, 1)[1]
+        stale = inner.path / ".pytest_cache" / "v" / "cache" / "lastfailed"
+        stale.parent.mkdir(parents=True, exist_ok=True)
+        stale.write_text("{}")
+
+        second = inner.runpytest_subprocess("-q", "--compile-cache=shared", "--cache-clear", "test_b.py")
+
+        assert second.ret == 0, second.stdout.str()
+        second.stdout.fnmatch_lines(["*--cache-clear kept the compile cache *: 1 other pytest session is using it*"])
+        assert not stale.exists()  # the rest of pytest's cache was cleared
+        assert (shared / "fxgraph" / "ab" / ("k" * 40)).exists()
+    finally:
+        (inner.path / "go").write_text("")
+        out, _ = first.communicate(timeout=120)
+    assert first.returncode == 0, out
+
+    # With nobody else using it, --cache-clear clears it as pytest always did.
+    again = inner.runpytest_subprocess("-q", "--compile-cache=shared", "--cache-clear", "test_b.py")
+    assert again.ret == 0 and "kept the compile cache" not in again.stdout.str()
+    assert not (shared / "fxgraph").exists()
