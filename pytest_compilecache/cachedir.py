@@ -92,13 +92,19 @@ class SessionDir:
     def parent_pid(value: str) -> int | None:
         try:
             return int(json.loads(value).get("pid"))
-        except (ValueError, TypeError, AttributeError):
+        except (ValueError, TypeError, AttributeError, RecursionError):
             return None
 
     @classmethod
     def from_env(cls, value: str) -> SessionDir:
-        data = json.loads(value)
-        return cls(mode=data["mode"], path=data["path"], owned=False)
+        try:
+            data = json.loads(value)
+            mode, path = data["mode"], data["path"]
+        except (ValueError, KeyError, TypeError, RecursionError):
+            raise ConfigError(f"{SESSION_ENV}: not the controller's decision: {value[:200]!r}") from None
+        if mode not in (None, "shared", "isolated", "disabled") or not isinstance(path, (str, type(None))):
+            raise ConfigError(f"{SESSION_ENV}: not the controller's decision: {value[:200]!r}")
+        return cls(mode=mode, path=path, owned=False)
 
     def describe(self) -> str:
         if self.mode is None:
@@ -387,7 +393,9 @@ def _managed_files(root: str, kind: Kind) -> Iterator[tuple[str, os.stat_result]
             continue
         if entry.is_dir(follow_symlinks=False):
             kernel = bool(re.fullmatch(_KERNEL_DIR, name))
-            if name not in TORCH_DIRS and not kernel:
+            # A two-character dir is torch's only when it holds nothing but hash-named entries (what
+            # ownership() asks of a torch dir, asked here of every dir: ``db/`` with a backup in it is not).
+            if name in (SESSIONS_DIR, PENDING_DIR) or not _torch_top_entry(Path(root), name):
                 continue
             for dirpath, dirnames, filenames in os.walk(entry.path):
                 if kernel and dirpath == entry.path:
@@ -793,6 +801,10 @@ def _drop_empty_dirs(path: str, root_fd: int, began: float, emptied: set[str], o
             continue
         if top not in TORCH_DIRS and not re.fullmatch(_KERNEL_DIR, top):
             continue
+        if top not in TORCH_DIRS and (rel == top and not _torch_top_entry(Path(path), top)):
+            continue  # a two-character dir that is not a kernel dir: not torch's, not ours to remove
+        if top not in TORCH_DIRS and rel != top and not re.fullmatch(_KERNEL_NAME, os.path.basename(root)):
+            continue  # below a kernel dir torch makes only hash-named dirs
         opened = _parent_fd(root_fd, rel)
         if opened is None:
             continue
@@ -849,7 +861,9 @@ def sweep_stale(path: str, *, now: float | None = None) -> int:
         for dirpath, dirnames, filenames in os.walk(path):
             rel = os.path.relpath(dirpath, path)
             top = rel.split(os.sep, 1)[0]
-            if kind == "torch" and rel != "." and not _torch_top_entry(Path(path), top):
+            # Below the top, only torch's layout (and our registrations and staged blobs) is ever searched, in
+            # our dirs as in torch's: a build tool's ``.x.01234567.tmp`` elsewhere has a temp-like name too.
+            if rel != "." and not _torch_top_entry(Path(path), top):
                 dirnames[:] = []
                 continue
             for name in list(dirnames) + filenames:

@@ -768,7 +768,7 @@ def action_restore_result(value: str | None) -> RestoreResult | None:
     try:
         data = json.loads(value)
         outcome = data["outcome"] if isinstance(data, dict) else data
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # anyone's text: never a crash
         outcome, data = value.strip(), {}
     if outcome not in ("exact", "partial", "miss", "error"):
         return None
@@ -793,8 +793,8 @@ def action_restore_result(value: str | None) -> RestoreResult | None:
     # (its restore imports no torch); only after a restore, and only entries of that exact shape.
     staged: tuple[sync.StagedBlob, ...] = ()
     entries = data.get("staged") if isinstance(data, dict) and outcome in ("exact", "partial") else None
-    if isinstance(entries, list) and all(_staged_entry(entry) for entry in entries):
-        staged = tuple(sync.StagedBlob(*entry) for entry in entries)
+    if isinstance(entries, list):  # a malformed entry is dropped; load_staged reports blobs it cannot find
+        staged = tuple(sync.StagedBlob(*entry) for entry in entries if _staged_entry(entry))
     return sync.RestoreResult(outcome, key=key, message=message, headers=headers, staged=staged)
 
 

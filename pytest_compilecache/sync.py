@@ -443,13 +443,22 @@ def load_staged(result: RestoreResult, cache_dir: str, load: Loader = _load_with
             try:
                 present = [blob for blob in result.staged if _staged_size(root, blob) is not None]
                 if not present:
-                    message = (
+                    message = one_line(
                         f"the restore's {len(result.staged)} mega-cache blob(s) are not in {cache_dir} "
                         "(loaded by an earlier session, or the restore used another cache dir): nothing to load"
                     )
                     return replace(result, message=message)
                 reads = ((blob.name, partial(_read_staged, root, blob)) for blob in present)
                 artifacts = _load_each(reads, cache_dir, load)
+                missing = [blob.name for blob in result.staged if blob not in present]
+                if missing:
+                    note = f"staged blob(s) {', '.join(missing)} not found in {cache_dir}: their graphs compile cold"
+                    return replace(
+                        result,
+                        artifacts=artifacts,
+                        message=one_line(note),
+                        seconds=result.seconds + time.perf_counter() - started,
+                    )
             finally:
                 _remove_staged(cache_dir, names={f"{blob.sha256}.bin" for blob in result.staged})
     except (BundleError, OSError) as exc:

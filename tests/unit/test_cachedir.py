@@ -571,7 +571,8 @@ def test_sweep_removes_dead_owners_temp_files_only(cache: Path) -> None:
     torch_dead = f"ab/.{dead}.140234.tmp"  # torch's write_atomic in a killed process
     torch_alive = f"ab/.{os.getpid()}.140234.tmp"
     fs_alive = "ab/" + _fs.temp_name("tmp", lead=".k2.so.")  # this live process's own write in progress
-    never = {f"ab/.{dead}.1.tmp.fresh", "ab/user.tmp", f"fxgraph/aa/.{dead}-{host}.abcdefgh.tmp.x"}
+    # Look-alikes: never swept (in torch's fxgraph/: a kernel dir holding them would not be torch's at all).
+    never = {f"fxgraph/aa/.{dead}.1.tmp.fresh", "fxgraph/aa/user.tmp", f"fxgraph/aa/.{dead}-{host}.abcdefgh.tmp.x"}
     for rel in ours_dead | legacy | never | {torch_dead, torch_alive, fs_alive}:
         _file(cache, rel, 1, T0)
     now = time.time()
@@ -797,3 +798,21 @@ def test_touch_marks_a_link_never_its_target(cache: Path, tmp_path: Path) -> Non
     (cache / "fxgraph" / "link").symlink_to(outside)
     cachedir.touch(str(cache), ["fxgraph/link"])
     assert os.stat(outside).st_atime == T0
+
+
+def test_a_two_character_dir_that_is_not_a_kernel_dir_is_neither_trimmed_nor_swept(tmp_path: Path) -> None:
+    # In a dir we tagged (an empty /tmp handed to us), ``db/`` with a hash-like backup name and a build
+    # tool's temp-like names elsewhere are not torch's: no trim and no sweep takes them.
+    root = cachedir.make_dir(tmp_path / "tmp")
+    kept = {
+        "db/postgres_data_backup_2024.sql": T0,
+        "db/README": T0,
+        "myproject/.report.abcd1234.tmp": T0,
+        "myproject/build/.4242.1.tmp": T0,
+    }
+    for rel, when in kept.items():
+        _file(root, rel, 10, when)
+    (root / "db" / "empty").mkdir()
+    assert cachedir.trim(str(root), 0).removed == 0
+    assert cachedir.sweep_stale(str(root), now=T0 + 10 * cachedir.STALE_AFTER + time.time()) == 0
+    assert set(kept) <= _files(root) and (root / "db" / "empty").is_dir()

@@ -195,6 +195,14 @@ def test_staged_blobs_already_loaded_are_a_note(tmp_path: Path, source: Path, mo
     assert any("nothing to load" in note for note in controller.problems.notes)
 
 
+def test_a_hostile_restore_report_is_never_a_crash() -> None:
+    deep = '{"outcome": "exact", "key": "k", "staged": ' + "[" * 5000 + "]" * 5000 + "}"
+    assert action_restore_result(deep) is None  # RecursionError while decoding: unknown, as any bad value
+    mixed = {"outcome": "exact", "key": "k", "staged": [["gw0", 3, "a" * 64], ["../x", 3, "b" * 64]]}
+    result = action_restore_result(json.dumps(mixed))
+    assert result is not None and [blob.name for blob in result.staged] == ["gw0"]  # the bad entry is dropped
+
+
 def test_the_actions_restore_text_is_printed_as_one_inert_line() -> None:
     # The message and key come from the environment (the Action writes them; a matched key is actions/cache's).
     from pytest_compilecache.report import transfer_line

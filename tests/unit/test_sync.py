@@ -251,6 +251,28 @@ def test_staging_restore_installs_the_blobs_for_a_later_process_and_loads_nothin
     assert "not in" in again.message and again.warning is None
 
 
+def test_staged_blobs_partly_missing_are_loaded_and_the_rest_named(
+    tmp_path: Path, source: Path, cache_dir: Path
+) -> None:
+    transfer = _restore(store_with(MemoryStore(), tmp_path, source), cache_dir, stage_blobs=True)
+    gone = transfer.staged[1]
+    (cache_dir / bundle.pending_path(gone.sha256)).unlink()
+    loader = FakeLoader()
+    loaded = sync.load_staged(transfer, str(cache_dir), load=loader)
+    assert loaded.outcome == "partial" and loader.blobs == [BLOBS[transfer.staged[0].name]]
+    assert loaded.message == f"staged blob(s) {gone.name} not found in {cache_dir}: their graphs compile cold"
+
+
+def test_a_note_about_the_cache_dir_is_one_inert_line(tmp_path: Path, source: Path) -> None:
+    odd = tmp_path / "##[error]cache"
+    transfer = _restore(store_with(MemoryStore(), tmp_path, source), odd, stage_blobs=True)
+    elsewhere = tmp_path / "other\n::error::x"
+    elsewhere.mkdir()
+    loaded = sync.load_staged(transfer, str(elsewhere), load=FakeLoader())
+    assert "\n" not in loaded.message and "##[" not in loaded.message.replace("##\\[", "")
+    assert "nothing to load" in loaded.message
+
+
 def test_staged_blob_that_changed_is_never_loaded(tmp_path: Path, source: Path, cache_dir: Path) -> None:
     store = MemoryStore()
     transfer = _restore(store_with(store, tmp_path, source), cache_dir, stage_blobs=True)
