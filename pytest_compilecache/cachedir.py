@@ -799,12 +799,11 @@ def _drop_empty_dirs(path: str, root_fd: int, began: float, emptied: set[str], o
         top = rel.split(os.sep, 1)[0]
         if root == path or top in OUR_NAMES or top == "locks" or any(map(_is_temp_name, rel.split(os.sep))):
             continue
-        if top not in TORCH_DIRS and not re.fullmatch(_KERNEL_DIR, top):
-            continue
-        if top not in TORCH_DIRS and (rel == top and not _torch_top_entry(Path(path), top)):
-            continue  # a two-character dir that is not a kernel dir: not torch's, not ours to remove
-        if top not in TORCH_DIRS and rel != top and not re.fullmatch(_KERNEL_NAME, os.path.basename(root)):
-            continue  # below a kernel dir torch makes only hash-named dirs
+        if top not in TORCH_DIRS:
+            if not re.fullmatch(_KERNEL_DIR, top) or root not in emptied:
+                continue  # a two-character dir (or one below it) goes only when this trim emptied it
+            if rel != top and not re.fullmatch(_KERNEL_NAME, os.path.basename(root)):
+                continue  # below a kernel dir torch makes only hash-named dirs
         opened = _parent_fd(root_fd, rel)
         if opened is None:
             continue

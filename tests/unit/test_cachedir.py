@@ -813,6 +813,8 @@ def test_a_two_character_dir_that_is_not_a_kernel_dir_is_neither_trimmed_nor_swe
     for rel, when in kept.items():
         _file(root, rel, 10, when)
     (root / "db" / "empty").mkdir()
+    (root / "zz").mkdir()  # empty, kernel-dir-like: someone's; a trim removes only dirs it emptied itself
     assert cachedir.trim(str(root), 0).removed == 0
+    assert (root / "zz").is_dir()
     assert cachedir.sweep_stale(str(root), now=T0 + 10 * cachedir.STALE_AFTER + time.time()) == 0
     assert set(kept) <= _files(root) and (root / "db" / "empty").is_dir()
