@@ -26,11 +26,11 @@ import socket
 import stat
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 from typing import Iterator
 from typing import Literal
+from typing import NamedTuple
 
 __all__ = [
     "TempName",
@@ -81,8 +81,7 @@ def temp_name(kind: TempKind, lead: str = "") -> str:
     return f"{lead}compilecache-{kind}-{host_tag()}-{os.getpid()}-{int(time.time())}-{rand}{suffix}"
 
 
-@dataclass(frozen=True)
-class TempName:
+class TempName(NamedTuple):
     """What a temp entry's name says about its owner."""
 
     kind: str

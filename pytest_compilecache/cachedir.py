@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 from typing import Literal
+from typing import NamedTuple
 
 from . import ConfigError
 
@@ -71,8 +72,7 @@ TORCH_TEMP_GRACE = 60.0
 # ---------------------------------------------------------------------------------------- the decision
 
 
-@dataclass(frozen=True)
-class SessionDir:
+class SessionDir(NamedTuple):
     """The session's decision. ``path`` is None in ``disabled`` mode and when the plugin is passive.
 
     ``note`` is set when the dir is not where the user would look for it (a default location torch
@@ -277,8 +277,7 @@ _ATOMIC_TEMP = r"\..+\.(\d+)-([0-9a-f]{8})\.[a-z0-9_]{8}\.tmp"
 _ATOMIC_TEMP_OLD = r"\..+\.[a-z0-9_]{8}\.tmp"
 
 
-@dataclass(frozen=True)
-class Ownership:
+class Ownership(NamedTuple):
     """Whose dir this is. ``foreign`` lists (up to three of) the entries that are nobody's cache."""
 
     kind: Kind
@@ -512,8 +511,7 @@ class Registration:
         self.close()
 
 
-@dataclass(frozen=True)
-class LiveSession:
+class LiveSession(NamedTuple):
     pid: int
     start: float
     here: bool  # on this host
@@ -638,8 +636,7 @@ def _held(folder: int, name: str, *, remove_if_dead: bool) -> bool:
 # -------------------------------------------------------------------------------------------- trimming
 
 
-@dataclass(frozen=True)
-class Trim:
+class Trim(NamedTuple):
     """What :func:`trim` did. ``deferred`` counts other live sessions when it did nothing because of
     them; ``stopped`` is True when a session registered meanwhile and trimming stopped early."""
 

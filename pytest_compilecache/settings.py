@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from typing import Any
 from typing import Callable
 from typing import Mapping
+from typing import NamedTuple
 
 from . import ConfigError
 
@@ -151,8 +151,7 @@ def _redis_url(option: str, value: str) -> str:
     return value
 
 
-@dataclass(frozen=True)
-class Option:
+class Option(NamedTuple):
     """One option in its three spellings."""
 
     name: str  # the attribute on Settings
@@ -299,8 +298,7 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Settings:
+class Settings(NamedTuple):
     """The plugin's whole configuration. ``mode=None`` means: only record statistics."""
 
     mode: str | None = None
