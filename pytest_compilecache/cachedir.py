@@ -797,8 +797,10 @@ def _drop_empty_dirs(path: str, root_fd: int, began: float, emptied: set[str], o
         if root == path or top in OUR_NAMES or top == "locks" or any(map(_is_temp_name, rel.split(os.sep))):
             continue
         if top not in TORCH_DIRS:
-            if not re.fullmatch(_KERNEL_DIR, top) or root not in emptied:
-                continue  # a two-character dir (or one below it) goes only when this trim emptied it
+            if not re.fullmatch(_KERNEL_DIR, top) or not _torch_top_entry(Path(path), top):
+                continue  # a two-character dir holding anything but hash-named entries is not torch's
+            if rel == top and root not in emptied:
+                continue  # the kernel dir itself goes only when this trim emptied it (an empty "zz/" may be anyone's)
             if rel != top and not re.fullmatch(_KERNEL_NAME, os.path.basename(root)):
                 continue  # below a kernel dir torch makes only hash-named dirs
         opened = _parent_fd(root_fd, rel)

@@ -11,6 +11,7 @@ option parsing and a few dict operations per test.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -141,19 +142,28 @@ def _keep_a_shared_dir_in_use(config: pytest.Config, setup: Setup) -> None:
     others = len(cachedir.live_sessions(path, excluding=own))
     if not others:
         return
-    import contextlib
-    import shutil
+    from ._fs import rmtree_at
 
     base = Path(path).parent.parent  # <cache_dir>/d/compilecache
-    shutil.rmtree(base / "v", ignore_errors=True)
-    with contextlib.suppress(OSError):  # best effort, as pytest's own clearing (another process may clear too)
-        for entry in (base / "d").iterdir():
-            if entry.name == Path(path).name:
-                continue
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    for prefix in ("v", "d"):  # what pytest's Cache.clear_cache removes; a link is left alone, as pytest does
+        try:
+            fd = os.open(base / prefix, flags)
+        except OSError:
+            continue
+        try:
+            for name in os.listdir(fd):
+                if prefix == "d" and name == Path(path).name:
+                    continue
+                try:  # best effort, as pytest's own clearing: another process may be clearing too
+                    if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                        rmtree_at(fd, name)
+                    else:
+                        os.unlink(name, dir_fd=fd)
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
     config.option.cacheclear = False
     who = "session is" if others == 1 else "sessions are"
     setup.problems.warn(

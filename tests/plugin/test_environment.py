@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ import torch._dynamo  # noqa: F401
 
 COMPILED = """
 import os
+from pathlib import Path
 import torch
 
 def test_compiles_into_the_chosen_dir():
@@ -143,6 +145,7 @@ def test_bypasses_are_counted_with_torchs_reason(pytester: pytest.Pytester) -> N
 
 WORKER_SEES_RESTORED = """
 import os
+from pathlib import Path
 import pytest
 
 
@@ -172,6 +175,7 @@ def test_workers_do_not_clear_the_restored_dir_again(
 
 LONG_RUNNING = """
 import os
+from pathlib import Path
 import pathlib
 import time
 
@@ -226,3 +230,34 @@ def test_cache_clear_keeps_a_shared_dir_another_session_uses(inner: pytest.Pytes
     again = inner.runpytest_subprocess("-q", "--compile-cache=shared", "--cache-clear", "test_b.py")
     assert again.ret == 0 and "kept the compile cache" not in again.stdout.str()
     assert not (shared / "fxgraph").exists()
+
+
+def test_cache_clear_never_clears_through_a_linked_pytest_cache_dir(inner: pytest.Pytester, tmp_path: Path) -> None:
+    """With another session live, the plugin clears pytest's cache itself: never through a link (as pytest)."""
+    import subprocess
+    import sys
+    import time
+
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "precious").mkdir(parents=True)
+    (elsewhere / "precious" / "data").write_text("keep me")
+    (inner.path / ".pytest_cache").mkdir()
+    (inner.path / ".pytest_cache" / "d").symlink_to(elsewhere)
+    inner.makepyfile(test_a=LONG_RUNNING, test_b="def test_b():\n    pass\n")
+    first = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--compile-cache=shared", "test_a.py"],
+        cwd=inner.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 60
+        while not (inner.path / "ready").exists() and first.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert (inner.path / "ready").exists(), first.stdout.read() if first.stdout else ""
+        second = inner.runpytest_subprocess("-q", "--compile-cache=shared", "--cache-clear", "test_b.py")
+        assert second.ret == 0, second.stdout.str()
+        second.stdout.fnmatch_lines(["*--cache-clear kept the compile cache*"])
+        assert (elsewhere / "precious" / "data").read_text() == "keep me"
+    finally:
+        (inner.path / "go").write_text("")
+        out, _ = first.communicate(timeout=120)
+    assert first.returncode == 0, out

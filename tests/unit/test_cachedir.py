@@ -818,3 +818,14 @@ def test_a_two_character_dir_that_is_not_a_kernel_dir_is_neither_trimmed_nor_swe
     assert (root / "zz").is_dir()
     assert cachedir.sweep_stale(str(root), now=T0 + 10 * cachedir.STALE_AFTER + time.time()) == 0
     assert set(kept) <= _files(root) and (root / "db" / "empty").is_dir()
+
+
+def test_empty_hash_dirs_left_by_an_interrupted_trim_go_next_time(cache: Path) -> None:
+    # A trim stopped between emptying ab/<hash>/ and removing it leaves it empty; the next trim removes it
+    # (inside a dir that holds only hash-named entries), while an empty two-character dir it did not empty stays.
+    leftover = cache / "ab" / ("c" + "h" * 30)
+    leftover.mkdir(parents=True)
+    (cache / "zz").mkdir()
+    cachedir.trim(str(cache), 0)
+    assert not leftover.exists() and not (cache / "ab").exists()  # ab/ emptied by removing its last dir
+    assert (cache / "zz").is_dir()
