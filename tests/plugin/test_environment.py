@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -194,15 +199,11 @@ def test_long_running():
 """
 
 
-def test_cache_clear_keeps_a_shared_dir_another_session_uses(inner: pytest.Pytester) -> None:
-    """--cache-clear in one session never deletes the default shared dir while another session uses it."""
-    import subprocess
-    import sys
-    import time
-
-    inner.makepyfile(test_a=LONG_RUNNING, test_b="def test_b():\n    pass\n")
+@contextlib.contextmanager
+def _live_session(inner: pytest.Pytester, *args: str) -> Iterator[Path]:
+    """Run LONG_RUNNING's session in the background until the block ends; yield its cache dir."""
     first = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "--compile-cache=shared", "test_a.py"],
+        [sys.executable, "-m", "pytest", "-q", *args, "--compile-cache=shared", "test_a.py"],
         cwd=inner.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -210,7 +211,17 @@ def test_cache_clear_keeps_a_shared_dir_another_session_uses(inner: pytest.Pytes
         while not (inner.path / "ready").exists() and first.poll() is None and time.time() < deadline:
             time.sleep(0.05)
         assert (inner.path / "ready").exists(), first.stdout.read() if first.stdout else ""
-        shared = inner.path / (inner.path / "ready").read_text().split(str(inner.path) + os.sep, 1)[1]
+        yield Path((inner.path / "ready").read_text())
+    finally:
+        (inner.path / "go").write_text("")
+        out, _ = first.communicate(timeout=120)
+    assert first.returncode == 0, out
+
+
+def test_cache_clear_keeps_a_shared_dir_another_session_uses(inner: pytest.Pytester) -> None:
+    """--cache-clear in one session never deletes the default shared dir while another session uses it."""
+    inner.makepyfile(test_a=LONG_RUNNING, test_b="def test_b():\n    pass\n")
+    with _live_session(inner) as shared:
         stale = inner.path / ".pytest_cache" / "v" / "cache" / "lastfailed"
         stale.parent.mkdir(parents=True, exist_ok=True)
         stale.write_text("{}")
@@ -221,10 +232,6 @@ def test_cache_clear_keeps_a_shared_dir_another_session_uses(inner: pytest.Pytes
         second.stdout.fnmatch_lines(["*--cache-clear kept the compile cache *: 1 other pytest session is using it*"])
         assert not stale.exists()  # the rest of pytest's cache was cleared
         assert (shared / "fxgraph" / "ab" / ("k" * 40)).exists()
-    finally:
-        (inner.path / "go").write_text("")
-        out, _ = first.communicate(timeout=120)
-    assert first.returncode == 0, out
 
     # With nobody else using it, --cache-clear clears it as pytest always did.
     again = inner.runpytest_subprocess("-q", "--compile-cache=shared", "--cache-clear", "test_b.py")
@@ -234,30 +241,14 @@ def test_cache_clear_keeps_a_shared_dir_another_session_uses(inner: pytest.Pytes
 
 def test_cache_clear_never_clears_through_a_linked_pytest_cache_dir(inner: pytest.Pytester, tmp_path: Path) -> None:
     """With another session live, the plugin clears pytest's cache itself: never through a link (as pytest)."""
-    import subprocess
-    import sys
-    import time
-
     elsewhere = tmp_path / "elsewhere"
     (elsewhere / "precious").mkdir(parents=True)
     (elsewhere / "precious" / "data").write_text("keep me")
     (inner.path / ".pytest_cache").mkdir()
     (inner.path / ".pytest_cache" / "d").symlink_to(elsewhere)
     inner.makepyfile(test_a=LONG_RUNNING, test_b="def test_b():\n    pass\n")
-    first = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--compile-cache=shared", "test_a.py"],
-        cwd=inner.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        deadline = time.time() + 60
-        while not (inner.path / "ready").exists() and first.poll() is None and time.time() < deadline:
-            time.sleep(0.05)
-        assert (inner.path / "ready").exists(), first.stdout.read() if first.stdout else ""
+    with _live_session(inner, "-p", "no:cacheprovider"):
         second = inner.runpytest_subprocess("-q", "--compile-cache=shared", "--cache-clear", "test_b.py")
         assert second.ret == 0, second.stdout.str()
         second.stdout.fnmatch_lines(["*--cache-clear kept the compile cache*"])
         assert (elsewhere / "precious" / "data").read_text() == "keep me"
-    finally:
-        (inner.path / "go").write_text("")
-        out, _ = first.communicate(timeout=120)
-    assert first.returncode == 0, out
