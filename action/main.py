@@ -465,9 +465,13 @@ def restore(plan: Plan, environ: Mapping[str, str]) -> RestoreResult:
                 return sync.RestoreResult("miss", message=message)
             store = open_store(plan.inbox, readonly=True)
         else:
+            from pytest_compilecache.settings import from_environment
+            from pytest_compilecache.stores.timed import TimedStore
+
             endpoint = environ.get(ENV_PREFIX + "S3_ENDPOINT")
             options = {"endpoint_url": endpoint} if endpoint and plan.store.startswith("s3://") else {}
-            store = open_store(plan.store, readonly=True, **options)
+            seconds = from_environment("store_timeout", None, "", environ)  # the plugin's budget, as it reads it
+            store = TimedStore(open_store(plan.store, readonly=True, **options), seconds)
         signing_key = environ.get(SIGNING_KEY_ENV, "")
         result = sync.restore(
             store,
@@ -541,7 +545,8 @@ def split_headers(plan: Plan, store: Any, result: RestoreResult) -> RestoreResul
         if entry is not None:
             spare = Path(plan.header_spare)
             spare.mkdir(parents=True, exist_ok=True)
-            store.get(entry[0], spare / f"{entry[0]}.bundle")  # False: this bundle entry carries none
+            # False: this bundle entry carries none. Bounded by what the verified manifest says it packs to.
+            store.get(entry[0], spare / f"{entry[0]}.bundle", limit=headers.packed_bound(entry[1].size))
     except Exception as exc:  # the bundle is installed; torch builds what is not carried
         transfer = headers.HeaderTransfer(errors=[f"precompiled headers not restored: {type(exc).__name__}: {exc}"])
     return replace(result, headers=HeaderReport.of(transfer, time.perf_counter() - started))

@@ -201,6 +201,24 @@ def temporary_dir(kind: TempKind, parent: str | os.PathLike[str] | None = None) 
         shutil.rmtree(path, ignore_errors=True)
 
 
+def report_target(path: str, option: str) -> Path:
+    """``path`` for a report written later (the plugin's JSON at session end, the CLI's ``--json``): its
+    directory is made now and a path that cannot be written is a ConfigError naming ``option`` now, before
+    any work, not a warning after it."""
+    from . import ConfigError
+
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{option}: cannot create the directory of {path}: {exc.strerror or exc}") from None
+    if target.is_dir():
+        raise ConfigError(f"{option}: {path} is a directory")
+    if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ConfigError(f"{option}: {path} is not writable")
+    return target
+
+
 @contextlib.contextmanager
 def atomic_file(dest: Path, *, fsync: bool = True, mode: int = 0o644) -> Iterator[BinaryIO]:
     """Yield a writer on a temp sibling of ``dest``; on success publish it with ``os.replace``.

@@ -34,6 +34,7 @@ from . import ghrunner
 from . import report
 from . import sync
 from ._fs import atomic_file
+from ._fs import report_target
 from .explain import SessionExplanation
 from .fingerprint import collect
 from .fingerprint import default_suffix
@@ -42,13 +43,14 @@ from .fingerprint import restore_prefix
 from .probe import point_cache_dir
 from .settings import DEFAULT_PREFIX
 from .settings import SIGNING_KEY_ENV
-from .settings import parse_size
+from .settings import from_environment
 from .stats import ItemRecord
 from .stats import SessionStats
 from .stores import open_store
 from .stores.base import prune
 from .stores.base import validate_key
 from .stores.base import validate_prefix
+from .stores.timed import TimedStore
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MISS = 0, 1, 2, 3
 
@@ -70,21 +72,29 @@ def _check_names(args: argparse.Namespace) -> None:
 
 def _json_target(path: str | None) -> Path | None:
     """The ``--json`` file: its dir is made now, so a bad path is a usage error before any work."""
-    if not path:
-        return None
-    target = Path(path)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--json: cannot create the directory of {path}: {exc.strerror or exc}") from None
-    if target.is_dir():
-        raise ConfigError(f"--json: {path} is a directory")
-    return target
+    return report_target(path, "--json") if path else None
 
 
 def _open(args: argparse.Namespace, readonly: bool = False) -> Any:
+    """The store of ``--store``, its calls bounded in all by ``--store-timeout`` from now (as the plugin's)."""
     options = {"endpoint_url": args.s3_endpoint} if args.s3_endpoint else {}
-    return open_store(args.store, readonly=readonly, **options)
+    return TimedStore(open_store(args.store, readonly=readonly, **options), args.store_timeout)
+
+
+# The store commands' flags that default to the plugin's variables (settings.OPTIONS names and parses them).
+_STORE_FLAGS = {
+    "s3_endpoint": "--s3-endpoint",
+    "max_bundle_size": "--max-bundle-size",
+    "store_timeout": "--store-timeout",
+}
+
+
+def _resolve_store_defaults(args: argparse.Namespace) -> None:
+    """Each of :data:`_STORE_FLAGS` from its flag, else the plugin's variable, else the plugin's default,
+    checked before the command does anything: a bad value is a ConfigError naming what was given (exit 2)."""
+    for name, flag in _STORE_FLAGS.items():
+        if hasattr(args, name):
+            setattr(args, name, from_environment(name, getattr(args, name), flag))
 
 
 def _signing_key() -> bytes | None:
@@ -310,13 +320,6 @@ def _warn(message: str) -> None:
         ghrunner.write_command(sys.stdout, "warning", message, title="compile cache")
 
 
-def _size(value: str) -> int:
-    try:
-        return parse_size("--max-bundle-size", value)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _epoch(value: str) -> float:
     try:
         number = float(value)
@@ -353,16 +356,15 @@ def build_parser() -> argparse.ArgumentParser:
         if prefix:
             p.add_argument("--prefix", default=os.environ.get("PYTEST_COMPILECACHE_KEY_PREFIX", DEFAULT_PREFIX))
         p.add_argument("--strict", action="store_true", help="exit 1 on store or bundle trouble")
-        p.add_argument(
-            "--s3-endpoint",
-            default=os.environ.get("PYTEST_COMPILECACHE_S3_ENDPOINT") or None,
-            help="S3-compatible endpoint URL",
-        )
+        p.add_argument("--s3-endpoint", help="S3-compatible endpoint URL (default: $PYTEST_COMPILECACHE_S3_ENDPOINT)")
         p.add_argument(
             "--max-bundle-size",
-            type=_size,
-            default=_size(os.environ.get("PYTEST_COMPILECACHE_MAX_BUNDLE_SIZE") or "2G"),
-            help="refuse bundles larger than this (default 2G)",
+            help="refuse bundles larger than this (default: $PYTEST_COMPILECACHE_MAX_BUNDLE_SIZE, else 2G)",
+        )
+        p.add_argument(
+            "--store-timeout",
+            help="seconds the command may wait for the store in all "
+            "(default: $PYTEST_COMPILECACHE_STORE_TIMEOUT, else 300)",
         )
 
     p = sub.add_parser("fingerprint", help="print the facts that decide reuse, and their digest")
@@ -441,6 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _resolve_store_defaults(args)
         return int(args.func(args))
     except ConfigError as exc:
         print(f"error: {ghrunner.one_line(str(exc))}", file=sys.stderr)

@@ -380,7 +380,7 @@ def restore_headers(
                     raise HeaderError(f"{key} is not in the store")
                 if listed[0] > packed_bound(artifact.size):
                     raise HeaderError(f"{key} is {listed[0]} bytes: more than a {artifact.size}-byte header packs to")
-                if not store.get(key, packed):
+                if not store.get(key, packed, limit=packed_bound(artifact.size)):
                     raise HeaderError(f"{key} is not in the store")
                 with open(packed, "rb") as fh:
                     if install(artifact, fh, target):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from dataclasses import dataclass
 from dataclasses import field
 from datetime import datetime
@@ -349,30 +350,46 @@ def _parse_members(raw: Any) -> tuple[Member, ...]:
     if not isinstance(raw, list):
         raise BundleError("bundle manifest field 'members' must be a list")
     members: list[Member] = []
-    seen: set[str] = set()
+    seen: dict[str, str] = {}
     for item in raw:
         if not isinstance(item, dict):
             raise BundleError("bundle manifest member is not an object")
         _check_keys(item, _MEMBER_KEYS, "bundle manifest member")
         path = check_member_path(_str(item["path"], "members.path"))
-        if path in seen:
-            raise BundleError(f"bundle manifest lists {path} twice")
-        seen.add(path)
+        folded = fold_path(path)
+        if folded in seen:
+            if seen[folded] == path:
+                raise BundleError(f"bundle manifest lists {printable(path)} twice")
+            raise BundleError(
+                f"bundle members {printable(seen[folded])} and {printable(path)} name one file where names ignore "
+                "case or Unicode normalisation (macOS, Windows)"
+            )
+        seen[folded] = path
         size = _int(item["size"], "members.size")
         members.append(Member(path=path, size=size, sha256=_sha(item["sha256"], "members.sha256")))
     _check_no_file_is_a_parent(m.path for m in members)
     return tuple(members)
 
 
+def fold_path(path: str) -> str:
+    """``path`` as a file system that ignores case and Unicode normalisation (macOS, Windows) compares it:
+    two member paths with one folded form would install as one file, the second over the first."""
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFD", path).casefold())
+
+
 def _check_no_file_is_a_parent(paths: Iterable[str]) -> None:
-    """Refuse ``files/a`` next to ``files/a/b``: they cannot both be installed (found before any write)."""
-    paths = set(paths)
-    for path in paths:
-        parts = path.split("/")
+    """Refuse ``files/a`` next to ``files/a/b`` (or ``files/A/b``): they cannot both be installed (found
+    before any write)."""
+    folded = {fold_path(path): path for path in paths}
+    for key, path in folded.items():
+        parts = key.split("/")
         for end in range(1, len(parts)):
             parent = "/".join(parts[:end])
-            if parent in paths:
-                raise BundleError(f"bundle members {parent} and {path} cannot both be installed (file and dir)")
+            if parent in folded:
+                raise BundleError(
+                    f"bundle members {printable(folded[parent])} and {printable(path)} cannot both be installed "
+                    "(file and dir)"
+                )
 
 
 def _parse_artifacts(raw: Any) -> tuple[Artifact, ...]:

@@ -178,7 +178,10 @@ def _is_worker(config: pytest.Config) -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
-    _setup(early_config)
+    setup = _setup(early_config)
+    # pytest_unconfigure never runs when pytest stops before configure (an unknown option, a broken
+    # conftest, -VV); its cleanup stack always does: the environment and the registration go back then too.
+    early_config.add_cleanup(setup.close)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -198,6 +201,8 @@ def pytest_configure(config: pytest.Config) -> None:
     explain = setup.settings.explain  # a worker resolves the same options: its controller's argv and environment
     if explain:
         probe.watch_graph_lookups()  # every process: the FX-graph lookups that explain a miss (never imports torch)
+    if setup.redis_on:
+        probe.guard_remote_cache()  # every process: a Redis error is a warning, not a failed compile
     if _is_worker(config):
         recorder = Recorder(os.environ.get("PYTEST_XDIST_WORKER", "worker"), explain)
         config.stash[_WORKER] = Worker(setup, recorder)

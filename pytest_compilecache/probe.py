@@ -283,6 +283,8 @@ def point_cache_dir(cache_dir: str | None, *, disable: bool = False) -> str | No
     if disable:
         os.environ[DISABLE_ENV] = "1"
     if "torch._inductor" not in sys.modules:
+        if disable:  # torch will read the variable at import, and keep what it read for the process
+            _config_before.setdefault(_READ_AT_IMPORT, True)
         return None
     note = "torch was imported before pytest-compilecache configured the session"
     with contextlib.suppress(Exception):
@@ -291,9 +293,52 @@ def point_cache_dir(cache_dir: str | None, *, disable: bool = False) -> str | No
         if not _clear_inductor_caches():
             return note + "; could not clear its in-memory kernels (no clear_caches), compiles may use the old dir"
         if disable:
+            _config_before.setdefault("force_disable_caches", inductor_config.force_disable_caches)
             inductor_config.force_disable_caches = True
         return note + "; switched its cache dir in-process (Dynamo's precompile cache stays where it was)"
     return note + "; could not switch its cache dir in-process, compiles may use the old dir"
+
+
+# What point_cache_dir changed in torch's config, for put_back_config: inductor config values as they were
+# before (torch already imported), or _READ_AT_IMPORT (torch not imported yet, but told by the variable).
+_config_before: dict[str, Any] = {}
+_READ_AT_IMPORT = "(force_disable_caches read from the environment at import)"
+_FORCE_DISABLE_ENVS = (DISABLE_ENV, "TORCH_COMPILE_FORCE_DISABLE_CACHES")  # torch 2.8+ reads either
+
+
+def put_back_config() -> None:
+    """Undo what :func:`point_cache_dir` changed in torch's config, after the lease put the environment back:
+    after a ``disabled`` session run in-process (pytester, an IDE), later sessions cache again.
+
+    torch reads ``TORCHINDUCTOR_FORCE_DISABLE_CACHES`` once, at import, and keeps it: 2.8+ as a forced
+    value of its config entry (``torch.compiler.config``, which a plain assignment does not override), 2.7
+    as a module attribute. When torch was imported while the session's variable was set, the value is read
+    again from the environment as it is now.
+    """
+    changed = dict(_config_before)
+    _config_before.clear()
+    config = sys.modules.get("torch._inductor.config")
+    if not changed or config is None:
+        return
+    with contextlib.suppress(Exception):
+        for name, value in changed.items():
+            if name != _READ_AT_IMPORT:
+                setattr(config, name, value)
+        if _READ_AT_IMPORT in changed:
+            _reread_force_disable_caches(config)
+
+
+def _reread_force_disable_caches(config: Any) -> None:
+    compiler_config = sys.modules.get("torch.compiler.config")
+    entry = getattr(compiler_config, "_config", {}).get("force_disable_caches")
+    if entry is not None and hasattr(entry, "env_value_force"):  # torch 2.8+
+        from torch.utils import _config_module
+
+        unset = _config_module._UNSET_SENTINEL
+        values = (_config_module._read_env_variable(name) for name in _FORCE_DISABLE_ENVS)
+        entry.env_value_force = next((value for value in values if value is not None), unset)
+    else:  # torch 2.7: a module attribute computed at import
+        config.force_disable_caches = os.environ.get(DISABLE_ENV) == "1"
 
 
 @contextlib.contextmanager
@@ -592,15 +637,20 @@ _CODECACHE = "torch._inductor.codecache"
 
 
 class _InstallOnImport:
-    """A ``sys.meta_path`` entry that installs the capture right after torch imports its codecache.
+    """A ``sys.meta_path`` entry that calls ``install`` right after torch imports module ``module``.
 
-    torch imports ``torch._inductor.codecache`` lazily, at the first compile, inside a test; without
-    this the first test's lookups would pass before we could wrap anything. It answers only for that
-    one module name (one string comparison per import otherwise) and removes itself once used.
+    torch imports ``torch._inductor.codecache`` (and ``remote_cache``) lazily, at the first compile,
+    inside a test; without this the first test's lookups would pass before we could wrap anything. It
+    answers only for that one module name (one string comparison per import otherwise) and removes itself
+    once used.
     """
 
+    def __init__(self, module: str, install: Any) -> None:
+        self.module = module
+        self.install = install
+
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != _CODECACHE:
+        if name != self.module:
             return None
         with contextlib.suppress(ValueError):
             sys.meta_path.remove(self)
@@ -612,10 +662,12 @@ class _InstallOnImport:
         if spec is None or exec_module is None:
             return spec
 
+        install = self.install
+
         def exec_and_install(module: Any) -> None:
             exec_module(module)
             with contextlib.suppress(Exception):
-                graph_capture_installed()
+                install()
 
         loader.exec_module = exec_and_install  # type: ignore[union-attr]
         return spec
@@ -627,10 +679,14 @@ def watch_graph_lookups() -> None:
     Call once per process (the plugin's configure step, in every xdist worker). Installs now when
     torch's codecache is already imported, else as soon as it is.
     """
-    if _CODECACHE in sys.modules:
-        graph_capture_installed()
-    elif _graph_capture is None and not any(isinstance(f, _InstallOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _InstallOnImport())
+    _install_now_or_on_import(_CODECACHE, graph_capture_installed, pending=_graph_capture is None)
+
+
+def _install_now_or_on_import(module: str, install: Any, *, pending: bool) -> None:
+    if module in sys.modules:
+        install()
+    elif pending and not any(isinstance(f, _InstallOnImport) and f.module == module for f in sys.meta_path):
+        sys.meta_path.insert(0, _InstallOnImport(module, install))
 
 
 def graph_capture_active() -> bool:
@@ -660,6 +716,84 @@ def uninstall_graph_capture() -> None:
         if wrapped is not None:
             codecache.FxGraphCache.load_with_key = staticmethod(wrapped)
     _graph_capture = None
+
+
+# --------------------------------------------------------------------------- Redis remote cache guard
+
+_REMOTE_CACHE = "torch._inductor.remote_cache"
+_remote_guard: str | None = None  # None: not tried yet; "" installed; otherwise why not
+_remote_errors: list[str] = []
+
+
+def guard_remote_cache() -> None:
+    """From now on, a Redis error in torch's remote caches switches them off for this process and is recorded
+    (:func:`remote_cache_errors`) instead of failing the compile; never imports torch.
+
+    torch's ``RedisRemoteCacheBackend`` (2.7-2.15) turns itself off on ``ConnectionError`` alone: a timeout,
+    a full Redis (``OOM``), a read-only replica or a paused primary raise out of ``torch.compile`` and fail
+    the test (``AOTAutogradCache.save`` calls ``put`` without a ``try``). The wrapper catches every
+    ``redis.exceptions.RedisError`` the way torch catches ``ConnectionError`` (the backend's client is
+    dropped, later calls are misses), and also records the lost connections torch swallows silently. Call
+    once per process where the session turned Redis on (the controller and every xdist worker).
+    """
+    _install_now_or_on_import(_REMOTE_CACHE, _install_remote_guard, pending=_remote_guard is None)
+
+
+def remote_cache_errors() -> list[str]:
+    """Take the Redis errors recorded since the last call (one line each; empty when none, or no guard)."""
+    taken = list(_remote_errors)
+    del _remote_errors[: len(taken)]
+    return taken
+
+
+def _install_remote_guard() -> None:
+    global _remote_guard
+    if _remote_guard is not None:
+        return
+    try:
+        import redis
+        from torch._inductor.remote_cache import RedisRemoteCacheBackend
+
+        originals = {name: RedisRemoteCacheBackend.__dict__[name] for name in ("_get", "_put")}
+        failure: type[BaseException] = redis.exceptions.RedisError
+    except Exception as exc:  # no redis client (then torch has no Redis cache either) or another torch layout
+        _remote_guard = f"Redis errors are not guarded on this torch ({type(exc).__name__})"
+        return
+
+    def guarded(name: str, original: Any) -> Any:
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(self, "_redis", None) is None:
+                return original(self, *args, **kwargs)  # off already: torch's own early return
+            try:
+                result = original(self, *args, **kwargs)
+            except failure as exc:
+                self._redis = None  # what torch does on ConnectionError: no more calls from this backend
+                _remote_errors.append(f"{name.strip('_')}: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}")
+                return None
+            if getattr(self, "_redis", None) is None:  # torch caught a ConnectionError and switched off
+                _remote_errors.append(f"{name.strip('_')}: the connection was lost")
+            return result
+
+        call.__wrapped__ = original  # type: ignore[attr-defined]
+        return call
+
+    backend: Any = RedisRemoteCacheBackend
+    for name, original in originals.items():
+        setattr(backend, name, guarded(name, original))
+    _remote_guard = ""
+
+
+def uninstall_remote_guard() -> None:
+    """Put torch's own ``_get``/``_put`` back (tests; a session never needs to)."""
+    global _remote_guard
+    module = sys.modules.get(_REMOTE_CACHE)
+    backend = getattr(module, "RedisRemoteCacheBackend", None)
+    for name in ("_get", "_put"):
+        original = getattr(getattr(backend, name, None), "__wrapped__", None)
+        if original is not None:
+            setattr(backend, name, original)
+    _remote_guard = None
+    _remote_errors.clear()
 
 
 # --------------------------------------------------------------------------- precompiled headers

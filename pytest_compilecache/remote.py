@@ -2,24 +2,36 @@
 
 from __future__ import annotations
 
+from urllib.parse import parse_qsl
+from urllib.parse import urlencode
 from urllib.parse import urlsplit
 from urllib.parse import urlunsplit
 
-REDIS_TIMEOUT_S = 2.0
+REDIS_TIMEOUT_S = 2.0  # the start-up PING
+# Each of torch's Redis calls (redis-py's defaults: no timeout before 6.x); a URL that sets its own wins.
+REDIS_OP_TIMEOUT_S = 5.0
 
 
 def redis_env(url: str) -> dict[str, str]:
     """Environment for torch's remote FX-graph, AOTAutograd and autotune caches at ``url``.
 
     ``TORCHINDUCTOR_REDIS_URL`` is read by torch 2.7+; host and port are also set for older releases
-    (which cannot select a database or a password).
+    (which cannot select a database or a password). The URL torch gets carries ``socket_timeout`` and
+    ``socket_connect_timeout`` (:data:`REDIS_OP_TIMEOUT_S`) unless ``url`` sets them: torch builds its own
+    client from it, and a Redis that accepts connections but stops answering would otherwise hold a
+    compile forever with redis-py before 6.
     """
     parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    given = {name for name, _ in query}
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        if name not in given:
+            query.append((name, str(REDIS_OP_TIMEOUT_S)))
     return {
         "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "1",
         "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE": "1",
         "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE": "1",
-        "TORCHINDUCTOR_REDIS_URL": url,
+        "TORCHINDUCTOR_REDIS_URL": urlunsplit(parts._replace(query=urlencode(query))),
         "TORCHINDUCTOR_REDIS_HOST": parts.hostname or "localhost",
         "TORCHINDUCTOR_REDIS_PORT": str(parts.port or 6379),
     }
@@ -41,13 +53,14 @@ def check_redis(url: str) -> str | None:
 
 
 def redacted(url: str) -> str:
-    """The URL without a password, for messages."""
-    parts = urlsplit(url)
+    """The URL without a password, for messages (never raises: it reports on URLs that failed to parse)."""
     try:
+        parts = urlsplit(url)
         if not parts.password:
             return url
         host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
         netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    except ValueError:  # an unparsable port: say nothing more precise than the scheme
-        return f"{parts.scheme}://***"
+    except ValueError:  # an unparsable host or port: say nothing more precise than the scheme
+        scheme = url.partition("://")[0] if "://" in url else ""
+        return f"{scheme}://***" if scheme.isalnum() else "***"
     return urlunsplit(parts._replace(netloc=netloc))

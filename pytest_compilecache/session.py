@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from .explain import SessionExplanation
     from .fingerprint import Fingerprint
     from .stores import Store
+    from .stores.timed import TimedStore
     from .sync import RestoreResult
     from .sync import SaveResult
 
@@ -87,15 +88,26 @@ class Setup:
     def start(cls, settings: Settings, default_shared: Path, *, inherited: str | None, problems: Problems) -> Setup:
         """Decide and export the session cache dir (an xdist worker follows its controller's ``inherited``).
 
-        Raises :class:`ConfigError` for an unusable dir or store URL (no I/O happens for the store).
+        Raises :class:`ConfigError` for an unusable dir, store URL or JSON report path (no I/O happens for
+        the store), naming the option as the user gave it.
         """
         lease = EnvLease(TOUCHED_ENV)
-        if settings.store:
-            open_configured_store(settings)  # a malformed store URL fails at start-up
+        try:
+            if settings.store:
+                open_configured_store(settings)  # a malformed store URL fails at start-up
+        except ConfigError as exc:
+            raise settings.respell(exc, "store") from None
+        if settings.json and not inherited:
+            from ._fs import report_target  # cost: only a session that writes a JSON report loads _fs
+
+            report_target(settings.json, settings.spelling("json"))
         if inherited:
             session_dir = SessionDir.from_env(inherited)
         else:
-            session_dir = cachedir.decide(settings.effective_mode, settings.dir, default_shared)
+            try:
+                session_dir = cachedir.decide(settings.effective_mode, settings.dir, default_shared)
+            except ConfigError as exc:
+                raise settings.respell(exc, "dir") from None
         setup = cls(settings, session_dir, lease, problems, follows_controller=bool(inherited))
         if session_dir.owned and not settings.keep:
             # Also when pytest stops before the session ends (--help, a usage error, a broken conftest).
@@ -153,6 +165,20 @@ class Setup:
     def redis_on(self) -> bool:
         return bool(self.settings.redis) and bool(os.environ.get("TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE"))
 
+    def take_remote_errors(self) -> None:
+        """One warning when torch's Redis remote caches failed in this process (:func:`probe.guard_remote_cache`
+        switched them off and kept the errors): the compiles went on with the local caches."""
+        errors = probe.remote_cache_errors()
+        if errors:
+            more = f"; {len(errors)} errors in all" if len(errors) > 1 else ""
+            self.problems.warn(
+                one_line(
+                    f"redis remote cache failed mid-session ({errors[0]}{more}); torch's remote caches are off "
+                    "for the rest of that process, its compiles use the local cache dir",
+                    500,
+                )
+            )
+
     def ensure_dir(self) -> None:
         """Re-make a shared dir that ``--cache-clear`` removed since start-up (racing workers are fine)."""
         if self.dir.mode == "shared" and self.dir.path and not os.path.isdir(self.dir.path):
@@ -191,9 +217,12 @@ class Setup:
         return self._fingerprint
 
     def close(self) -> None:
-        """Put the environment back as it was (matters when pytest runs in-process, e.g. pytester)."""
+        """Put the environment and torch's config back as they were, withdraw the registration (idempotent;
+        matters when pytest runs in-process, e.g. pytester, an IDE). Called at unconfigure, and through
+        pytest's cleanup stack when the session stops before configure (a usage error, a broken conftest)."""
         self.release()
         self.lease.restore()
+        probe.put_back_config()
 
 
 class Start(NamedTuple):
@@ -331,6 +360,10 @@ class Worker:
         if self.setup.settings.explain and self.setup.dir.mode in EXPLAINED_MODES:
             self.recorder.baseline_dir = self.setup.dir.path  # the controller has installed its baseline there
 
+    def _problems(self) -> dict[str, Any]:
+        self.setup.take_remote_errors()
+        return self.setup.problems.to_json()
+
     def output(self) -> dict[str, Any]:
         """The payload for the controller (plain JSON-able values, sent through ``workeroutput``)."""
         blob, files = Recorder.artifacts(self.setup)
@@ -339,7 +372,7 @@ class Worker:
             "records": [r.to_json() for r in self.recorder.stats.records.values()],
             "blob": blob,
             "files": files,
-            "problems": self.setup.problems.to_json(),
+            "problems": self._problems(),
             # Where torch in this process keeps precompiled headers (None: torch did not compile C++ here);
             # the controller carries headers only when every process agrees with its own computed dir.
             "header_dir": probe.precompiled_header_dir(),
@@ -365,6 +398,7 @@ class Controller:
         self.compared_with = ""
         self.why: SessionExplanation | None = None
         self.graphs: GraphsRecord | None = None
+        self.store_trouble: str | None = None  # the store failed or stalled at the restore (then no save)
 
     @property
     def settings(self) -> Settings:
@@ -405,8 +439,8 @@ class Controller:
         from . import sync
 
         try:
-            store = open_configured_store(self.settings)
             fingerprint = self.setup.fingerprint()
+            store = self._timed_store()
         except Exception as exc:  # a store or fingerprint that cannot even be set up: infrastructure trouble
             self.restored = sync.RestoreResult("error", message=f"restore skipped: {type(exc).__name__}: {exc}")
         else:
@@ -418,6 +452,7 @@ class Controller:
                 signing_key=self.settings.signing_key,
                 max_bytes=self.settings.max_bundle_size,
             )
+            self.store_trouble = store.trouble
         if self.restored.warning:
             self.problems.warn(self.restored.warning)
         for line in self.restored.headers.warnings:
@@ -518,6 +553,7 @@ class Controller:
             cachedir.touch(self.setup.dir.path, sorted(self.files))
         for note in probe.capability_notes(remote=bool(self.settings.redis)):
             self.problems.note(note)
+        self.setup.take_remote_errors()
         self._explain()
         if self.setup.saving:
             self._save()
@@ -594,9 +630,13 @@ class Controller:
             # Every graph came from the restored cache: a new bundle would only repeat the old one.
             self.saved = sync.SaveResult("skipped", message="every graph hit the restored cache; nothing new to save")
             return
+        if self.store_trouble is not None:
+            # The store failed or stalled at the restore: one warning said so; a save would wait again.
+            self.saved = sync.SaveResult("skipped", message="the store failed at the restore; nothing saved")
+            return
         try:
-            store = open_configured_store(self.settings)
-            fingerprint = self.setup.fingerprint()
+            fingerprint = self.setup.fingerprint()  # before the store's clock starts: it may import torch
+            store = self._timed_store()
         except Exception as exc:
             self.problems.warn(f"save skipped: {type(exc).__name__}: {exc}")
             return
@@ -623,6 +663,13 @@ class Controller:
             self.problems.note(f"save: {self.saved.message}")
         for line in self.saved.headers.warnings:
             self.problems.warn(line)
+
+    def _timed_store(self) -> TimedStore:
+        """The configured store, its calls bounded in all by ``--compile-cache-store-timeout`` from now."""
+        # cost: as above
+        from .stores.timed import TimedStore
+
+        return TimedStore(open_configured_store(self.settings), self.settings.store_timeout)
 
     def _new_headers(self) -> bool:
         """True when this session used a precompiled header its restored bundle does not name (a bundle saved

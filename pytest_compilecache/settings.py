@@ -70,6 +70,21 @@ def _rate(option: str, value: str) -> float:
     return rate
 
 
+DEFAULT_STORE_TIMEOUT = 300.0
+MAX_SECONDS = 86400.0  # a day: longer is a typo, not a budget
+
+
+def parse_seconds(option: str, value: str) -> float:
+    """A positive number of seconds (fractions allowed), at most a day."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ConfigError(f"{option}: expected a number of seconds, got {value!r}") from None
+    if not 0.0 < seconds <= MAX_SECONDS:  # also refuses nan and inf
+        raise ConfigError(f"{option}: must be more than 0 and at most {MAX_SECONDS:g} seconds, got {value!r}")
+    return seconds
+
+
 def _count(option: str, value: str) -> int:
     try:
         count = int(value)
@@ -108,7 +123,16 @@ def _key_part(option: str, value: str) -> str:
     return value
 
 
-def _http_url(option: str, value: str) -> str:
+def _key_prefix(option: str, value: str) -> str:
+    """A key part that starts the key: like the store's keys (stores.base.validate_key), not with a dot."""
+    value = _key_part(option, value)
+    if value.startswith("."):
+        raise ConfigError(f"{option}: must not start with '.' (keys name files and objects), got {value!r}")
+    return value
+
+
+def http_url(option: str, value: str) -> str:
+    """``value`` if it is an ``http(s)://host[:port]`` URL, else ConfigError naming ``option``."""
     from urllib.parse import urlsplit
 
     value = value.strip()
@@ -234,7 +258,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "key_prefix",
         "--compile-cache-key-prefix",
-        _key_part,
+        _key_prefix,
         DEFAULT_PREFIX,
         "first part of every bundle key; change it to start afresh.",
     ),
@@ -291,9 +315,16 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "s3_endpoint",
         "--compile-cache-s3-endpoint",
-        _http_url,
+        http_url,
         None,
         "S3-compatible endpoint URL (default: AWS_ENDPOINT_URL or AWS).",
+    ),
+    Option(
+        "store_timeout",
+        "--compile-cache-store-timeout",
+        parse_seconds,
+        DEFAULT_STORE_TIMEOUT,
+        "seconds a restore, and a save, may wait for the store in all; then one warning (default 300).",
     ),
 )
 
@@ -321,7 +352,24 @@ class Settings(NamedTuple):
     max_bundle_size: int = 2 * 1024**3
     redis: str | None = None
     s3_endpoint: str | None = None
+    store_timeout: float = DEFAULT_STORE_TIMEOUT
     signing_key: bytes | None = None
+    # (name, spelling) of each option given in the ini file or the environment rather than on the command line
+    spelled: tuple[tuple[str, str], ...] = ()
+
+    def spelling(self, name: str) -> str:
+        """Option ``name`` as the user gave it (``--compile-cache-dir``, ``compile_cache_dir`` or
+        ``PYTEST_COMPILECACHE_DIR``): the command-line flag unless the ini file or the environment set it."""
+        return dict(self.spelled).get(name) or option(name).cli
+
+    def respell(self, exc: ConfigError, name: str) -> ConfigError:
+        """``exc`` (from code that names option ``name`` by its flag, e.g. cachedir, stores) naming it as the
+        user gave it instead."""
+        flag, spelled = option(name).cli, self.spelling(name)
+        text = str(exc)
+        if spelled == flag or not text.startswith(flag + ":"):
+            return exc
+        return ConfigError(spelled + text[len(flag) :])
 
     @property
     def effective_mode(self) -> str | None:
@@ -349,14 +397,36 @@ def resolve(
         )
     signing_key = environ.get(SIGNING_KEY_ENV, "")
     values["signing_key"] = signing_key.encode() if signing_key else None
+    values["spelled"] = tuple((name, spelled) for name, spelled in spellings.items() if not spelled.startswith("--"))
     settings = Settings(**values)
     if settings.mode == "disabled" and settings.store:
         raise ConfigError(f"{spellings['store']}: cannot be used with {spellings['mode']}=disabled")
     return settings
 
 
+def option(name: str) -> Option:
+    """The option behind ``Settings.<name>``."""
+    return next(candidate for candidate in OPTIONS if candidate.name == name)
+
+
+def from_environment(name: str, value: str | None, flag: str, environ: Mapping[str, str] = os.environ) -> Any:
+    """Option ``name`` for a tool without an ini file (the CLI, the Action): ``value`` given as ``flag``,
+    else the plugin's variable, else the default; parsed, a bad value a ConfigError naming where it came from."""
+    spec = option(name)
+    if value is not None:
+        return spec.parse(flag, value)
+    from_env = environ.get(spec.env, "")
+    return spec.parse(spec.env, from_env) if from_env.strip() else spec.default
+
+
 def _pick(option: Option, cli: Any, ini: Any, env: str | None) -> tuple[Any, str]:
-    """The first value given, parsed, and the spelling it was given in (for error messages)."""
+    """The first value given, parsed, and the spelling it was given in (for error messages).
+
+    An empty value on the command line (``--compile-cache-store=``) unsets the option: the ini file and
+    the environment are not consulted (an empty ini value or variable is the same as none).
+    """
+    if cli == "":
+        return option.default, option.cli
     for value, spelling in ((cli, option.cli), (ini, option.ini), (env, option.env)):
         if value is None or value == "" or (option.flag and value is False):
             continue

@@ -70,6 +70,7 @@ from .manifest import BLOBS_DIR
 from .manifest import Artifact
 from .manifest import Manifest
 from .probe import CACHE_ENV
+from .stores.base import ObjectTooLarge
 from .stores.base import Store
 from .stores.base import bundles
 from .stores.base import prune
@@ -289,8 +290,12 @@ def restore(
                     skipped.append((key, f"bundle is {size} bytes, more than the limit of {max_bytes} bytes"))
                     continue
                 path = Path(tmp) / f"bundle{index}"
-                if not store.get(key, path):
-                    skipped.append((key, "bundle vanished"))
+                try:
+                    if not store.get(key, path, limit=max_bytes):
+                        skipped.append((key, "bundle vanished"))
+                        continue
+                except ObjectTooLarge:  # replaced by a bigger object since it was listed
+                    skipped.append((key, f"bundle is more than the limit of {max_bytes} bytes"))
                     continue
                 size = path.stat().st_size
                 try:
@@ -546,7 +551,7 @@ def _why_miss(store: Store, prefix: str, fingerprint: Fingerprint, signing_key: 
             return f"no bundle for fingerprint {fingerprint.digest()}; newest {latest.key} is too large to explain"
         with temporary_dir("restore") as tmp:
             path = Path(tmp) / "bundle"
-            if not store.get(latest.key, path):
+            if not store.get(latest.key, path, limit=max_bytes):
                 return f"no bundle for fingerprint {fingerprint.digest()}"
             manifest = bundle.read_manifest(path, signing_key=signing_key, key=latest.key)
     except BundleError as exc:

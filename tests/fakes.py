@@ -16,6 +16,7 @@ from typing import Mapping
 
 from pytest_compilecache import StoreError
 from pytest_compilecache.probe import CACHE_ENV
+from pytest_compilecache.stores import ObjectTooLarge
 from pytest_compilecache.stores import StoreEntry
 from pytest_compilecache.stores import newest_first
 from pytest_compilecache.stores import validate_key
@@ -49,13 +50,15 @@ class MemoryStore:
         if operation in self.fail:
             raise StoreError(f"cannot {operation} at {self.location}: connection reset")
 
-    def get(self, key: str, dest: Path) -> bool:
+    def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
         validate_key(key)
         self._maybe_fail("get")
         with self.backend.lock:
             found = self.objects.get(key)
         if found is None:
             return False
+        if limit is not None and len(found[0]) > limit:
+            raise ObjectTooLarge(f"{key} in {self.location} is {len(found[0])} bytes, more than {limit}")
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.tmp")

@@ -23,6 +23,7 @@ from urllib.parse import unquote
 from urllib.parse import urlsplit
 
 from .. import ConfigError
+from .base import ObjectTooLarge
 from .base import Store
 from .base import StoreEntry
 from .base import find_latest
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LocalStore",
+    "ObjectTooLarge",
     "ReadOnlyStore",
     "Store",
     "StoreEntry",

@@ -15,8 +15,10 @@ from typing import Protocol
 from typing import runtime_checkable
 
 from .. import ConfigError
+from .. import StoreError
 
 __all__ = [
+    "ObjectTooLarge",
     "Store",
     "StoreEntry",
     "bundles",
@@ -36,6 +38,14 @@ _PREFIX = re.compile(rf"^[A-Za-z0-9._-]{{0,{MAX_KEY_LENGTH}}}$")
 _ARTIFACT_KEY = re.compile(r".*-artifact-[0-9a-f]{64}")
 
 
+class ObjectTooLarge(StoreError):
+    """:meth:`Store.get` met an object larger than the caller's ``limit``: nothing is left at ``dest``.
+
+    A listing's size bounds nothing by itself: the object may be replaced between the listing and the
+    download by anyone who can write the store.
+    """
+
+
 @dataclass(frozen=True)
 class StoreEntry:
     """One stored object: its key, size in bytes and modification time (epoch seconds)."""
@@ -52,8 +62,12 @@ class Store(Protocol):
     location: str
     """Human-readable location, e.g. ``file:///path`` or ``s3://bucket/prefix``."""
 
-    def get(self, key: str, dest: Path) -> bool:
-        """Download ``key`` to ``dest`` atomically (temp sibling + replace, parent dirs created); False on a miss."""
+    def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
+        """Download ``key`` to ``dest`` atomically (temp sibling + replace, parent dirs created); False on a miss.
+
+        With ``limit``, an object of more than ``limit`` bytes raises :class:`ObjectTooLarge` and leaves
+        nothing at ``dest``, after transferring at most about ``limit`` bytes of it.
+        """
         ...
 
     def put(self, key: str, src: Path) -> None:

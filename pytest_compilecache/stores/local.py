@@ -8,11 +8,13 @@ import os
 import shutil
 import stat
 from pathlib import Path
+from typing import Any
 from typing import BinaryIO
 from typing import Callable
 
 from .. import StoreError
 from .._fs import atomic_file
+from .base import ObjectTooLarge
 from .base import StoreEntry
 from .base import newest_first
 from .base import validate_key
@@ -25,8 +27,22 @@ SUFFIX = ".bundle"
 _TEMP_PREFIX = "."
 
 
-def _copy_stream(src: BinaryIO, dst: BinaryIO) -> None:
+def _copy_stream(src: Any, dst: BinaryIO) -> None:
     shutil.copyfileobj(src, dst, 1024 * 1024)
+
+
+class _Bounded:
+    """A reader that raises :class:`ObjectTooLarge` once more than ``limit`` bytes came through it."""
+
+    def __init__(self, inner: BinaryIO, limit: int, key: str) -> None:
+        self.inner, self.left, self.limit, self.key = inner, limit, limit, key
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.inner.read(self.left + 1 if size < 0 or size > self.left + 1 else size)
+        self.left -= len(data)
+        if self.left < 0:
+            raise ObjectTooLarge(f"{self.key} grew past {self.limit} bytes while it was read")
+        return data
 
 
 def _why(exc: OSError) -> str:
@@ -44,7 +60,7 @@ class LocalStore:
         self.root = Path(os.path.abspath(root))
         self.location = self.root.as_uri()
         # Seam for tests (e.g. a writer that fails with ENOSPC); a plain attribute, no mocking needed.
-        self._copy: Callable[[BinaryIO, BinaryIO], None] = _copy_stream
+        self._copy: Callable[[Any, BinaryIO], None] = _copy_stream
 
     def __repr__(self) -> str:
         return f"LocalStore({self.location!r})"
@@ -52,10 +68,11 @@ class LocalStore:
     def _path(self, key: str) -> Path:
         return self.root / f"{validate_key(key)}{SUFFIX}"
 
-    def get(self, key: str, dest: Path) -> bool:
+    def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
         """Copy ``key`` to ``dest`` through a temp sibling (creating ``dest``'s parent); False on a miss.
 
-        A missing key or a missing root is a miss; any other OSError is a StoreError.
+        A missing key or a missing root is a miss; any other OSError is a StoreError. With ``limit``, a file
+        of more than ``limit`` bytes (at open, or grown while copied) is :class:`ObjectTooLarge`, nothing kept.
         """
         src = self._path(key)
         dest = Path(dest)
@@ -64,9 +81,12 @@ class LocalStore:
             # a FIFO or a device in the store is refused: only regular files are objects (a FIFO would block
             # forever, a link to /dev/zero never end).
             with _open_object(src) as reader:
+                size = os.fstat(reader.fileno()).st_size
+                if limit is not None and size > limit:
+                    raise ObjectTooLarge(f"{key} in {self.location} is {size} bytes, more than {limit}")
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 with atomic_file(dest) as writer:
-                    self._copy(reader, writer)
+                    self._copy(reader if limit is None else _Bounded(reader, limit, key), writer)
         except FileNotFoundError as exc:
             if exc.filename is not None and Path(exc.filename) == src:
                 return False

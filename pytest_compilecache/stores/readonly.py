@@ -28,9 +28,9 @@ class ReadOnlyStore:
     def __repr__(self) -> str:
         return f"ReadOnlyStore({self.inner!r})"
 
-    def get(self, key: str, dest: Path) -> bool:
+    def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
         """Delegate to the wrapped store."""
-        return self.inner.get(key, dest)
+        return self.inner.get(key, dest, limit=limit)
 
     def list(self, prefix: str = "") -> builtins.list[StoreEntry]:
         """Delegate to the wrapped store."""

@@ -13,6 +13,7 @@ line starting with :attr:`S3Store.location`. The original boto exception is chai
 from __future__ import annotations
 
 import builtins
+import contextlib
 import os
 import re
 import tempfile
@@ -20,11 +21,13 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import BinaryIO
 from urllib.parse import urlsplit
 
 from .. import ConfigError
 from .. import StoreError
 from .. import __version__
+from .base import ObjectTooLarge
 from .base import StoreEntry
 from .base import newest_first
 from .base import validate_key
@@ -142,7 +145,7 @@ class S3Store:
 
     # -- Store protocol ---------------------------------------------------------------------------------
 
-    def get(self, key: str, dest: Path) -> bool:
+    def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
         """Download bundle ``key`` to ``dest``; ``False`` if there is no such object.
 
         ``dest`` appears complete or not at all: the download goes to a temporary sibling that is
@@ -151,6 +154,12 @@ class S3Store:
         answers a bare 404 for a missing bucket and a missing object alike, so a miss is confirmed with one
         LIST, whose error carries a code. An object replaced during a ranged download is a StoreError too
         (s3transfer pins the ranges to the first ETag), never a file mixing two versions.
+
+        With ``limit``, the object is sized by a HEAD first (over ``limit``: :class:`ObjectTooLarge`, no
+        body requested) and every GET is pinned to that HEAD's ETag (``If-Match``), so an object replaced
+        after it was listed or sized fails with 412 instead of streaming in: one GET of at most
+        ``limit + 1`` bytes below ``multipart_threshold``, s3transfer's ranged GETs above it (given the size
+        and ETag), into a file that refuses any byte past ``limit`` all the same.
         """
         name = self._object_name(key)
         dest = Path(dest)
@@ -159,8 +168,11 @@ class S3Store:
         os.close(fd)
         tmp = Path(tmp_name)
         try:
-            with self._transfer_manager() as manager:
-                manager.download(self.bucket, name, str(tmp)).result()
+            if limit is None:
+                with self._transfer_manager() as manager:
+                    manager.download(self.bucket, name, str(tmp)).result()
+            else:
+                self._get_bounded(name, tmp, limit, f"{key} in {self.location}")
             os.replace(tmp, dest)
         except _boto_errors() as exc:
             if _is_missing_object(exc):
@@ -170,6 +182,37 @@ class S3Store:
         finally:
             tmp.unlink(missing_ok=True)  # a no-op after os.replace
         return True
+
+    def _get_bounded(self, name: str, tmp: Path, limit: int, what: str) -> None:
+        """:meth:`get` with a ``limit``: see there. boto errors propagate to it."""
+        head = self._s3().head_object(Bucket=self.bucket, Key=name)
+        size, etag = int(head["ContentLength"]), head.get("ETag")
+        if size > limit:
+            raise ObjectTooLarge(f"{what} is {size} bytes, more than {limit}")
+        pinned = {"IfMatch": etag} if etag else {}
+        with open(tmp, "r+b") as fh:
+            bounded = _BoundedFile(fh, limit, what)
+            if size == 0:
+                return  # a Range on an empty object is 416; nothing to fetch
+            if size < self.multipart_threshold or not etag:
+                # Our own GET: s3transfer's single GET is not pinned to an ETag. Range asks for one byte
+                # past the limit, and the body is read to its end, so its connection goes back to the pool.
+                body = self._s3().get_object(Bucket=self.bucket, Key=name, Range=f"bytes=0-{limit}", **pinned)["Body"]
+                with contextlib.closing(body):
+                    for chunk in iter(lambda: body.read(1024 * 1024), b""):
+                        bounded.write(chunk)
+                return
+            from s3transfer.subscribers import BaseSubscriber
+
+            class Known(BaseSubscriber):  # type: ignore[misc]  # s3transfer ships no type hints
+                def on_queued(self, future: Any, **kwargs: Any) -> None:
+                    future.meta.provide_transfer_size(size)
+                    pin = getattr(future.meta, "provide_object_etag", None)  # s3transfer 0.11+
+                    if pin is not None:
+                        pin(etag)  # s3transfer then adds If-Match to each ranged GET
+
+            with self._transfer_manager() as manager:
+                manager.download(self.bucket, name, bounded, subscribers=[Known()]).result()
 
     def put(self, key: str, src: Path) -> None:
         """Upload ``src`` as bundle ``key``, replacing any previous one.
@@ -316,6 +359,28 @@ class S3Store:
             return "access denied" if code == "AccessDenied" else "access denied or credentials rejected (HTTP 403)"
         message = _first_line(error.get("Message") or exc)
         return f"{code or 'error'} (HTTP {status}): {message}"
+
+
+class _BoundedFile:
+    """A seekable file for s3transfer's writes (ranged parts land at their offsets) that refuses any byte
+    past ``limit``: :class:`ObjectTooLarge`, which fails the transfer."""
+
+    def __init__(self, fh: BinaryIO, limit: int, what: str) -> None:
+        self.fh, self.limit, self.what = fh, limit, what
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self.fh.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.fh.tell()
+
+    def write(self, data: bytes) -> int:
+        if self.fh.tell() + len(data) > self.limit:
+            raise ObjectTooLarge(f"{self.what} is more than {self.limit} bytes")
+        return self.fh.write(data)
 
 
 def _boto_errors() -> tuple[type[BaseException], ...]:

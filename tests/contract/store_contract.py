@@ -36,6 +36,7 @@ from pytest_compilecache.stores import Store
 from pytest_compilecache.stores import StoreEntry
 from pytest_compilecache.stores import find_latest
 from pytest_compilecache.stores import prune
+from pytest_compilecache.stores.base import ObjectTooLarge
 
 MakeStore = Callable[[], Store]
 SetModified = Callable[[Store, str, float], None]
@@ -151,6 +152,20 @@ class StoreContract:
         assert store.get("k", dest) is True
         assert dest.read_bytes() == b"new"
         assert sorted(p.name for p in dest.parent.iterdir()) == ["x.bundle"]
+
+    def test_get_with_a_limit_refuses_a_bigger_object(self, store: Store, put_bytes: PutBytes, tmp_path: Path) -> None:
+        big = _payload("big", 3 * 1024 * 1024 + 7)  # several copy chunks
+        put_bytes(store, "k-big", big)
+        put_bytes(store, "k-small", b"12345")
+        dest = tmp_path / "out" / "x.bundle"
+        assert store.get("k-big", dest, limit=len(big)) is True  # exactly the limit is fine
+        assert dest.read_bytes() == big
+        dest.unlink()
+        for key, limit in [("k-big", len(big) - 1), ("k-small", 4), ("k-small", 0)]:
+            with pytest.raises(ObjectTooLarge):
+                store.get(key, dest, limit=limit)
+            assert list(dest.parent.iterdir()) == []  # neither the object nor a temp file is left
+        assert store.get("nothing-here", dest, limit=1) is False
 
     def test_put_overwrites_a_key(self, store: Store, put_bytes: PutBytes, get_bytes: GetBytes) -> None:
         put_bytes(store, "k", b"first version, long")

@@ -23,6 +23,7 @@ from pytest_compilecache import ConfigError
 from pytest_compilecache import StoreError
 from pytest_compilecache.stores import Store
 from pytest_compilecache.stores import find_latest
+from pytest_compilecache.stores.base import ObjectTooLarge
 from pytest_compilecache.stores.s3 import S3Store
 from tests.contract.store_contract import StoreContract
 from tests.integration.conftest import TEST_REGION
@@ -193,6 +194,25 @@ def test_multipart_above_threshold_round_trips(s3_bucket: S3Bucket, tmp_path: Pa
     assert head["ChecksumSHA256"]  # composite for multipart, so only its presence is checked
     assert store.get("big", tmp_path / "dest.bundle") is True  # > threshold: ranged GETs in parallel
     assert hashlib.sha256((tmp_path / "dest.bundle").read_bytes()).digest() == hashlib.sha256(data).digest()
+    # With a limit the ranged parts land in a file that refuses to grow past it: the second part fails it.
+    (tmp_path / "dest.bundle").unlink()
+    with pytest.raises(ObjectTooLarge):
+        store.get("big", tmp_path / "dest.bundle", limit=5 * MiB + 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # nothing kept, no temp file
+    assert store.get("big", tmp_path / "dest.bundle", limit=6 * MiB) is True
+    assert hashlib.sha256((tmp_path / "dest.bundle").read_bytes()).digest() == hashlib.sha256(data).digest()
+
+
+def test_an_object_replaced_after_it_was_listed_is_bounded_by_the_limit(s3_bucket: S3Bucket, tmp_path: Path) -> None:
+    # The listing said 10 bytes; by the time of the download the object is 1 MiB. The caller's limit (what
+    # the listing allowed) holds: s3transfer's single GET is not pinned to an ETag, the bounded file is.
+    store = _store(s3_bucket)
+    store.put("k", _write(tmp_path / "src", b"0123456789"))
+    (listed,) = store.list()
+    store.put("k", _write(tmp_path / "src", os.urandom(MiB)))
+    with pytest.raises(ObjectTooLarge):
+        store.get("k", tmp_path / "dest.bundle", limit=listed.size)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 
 def test_list_ignores_foreign_objects_and_other_prefixes(s3_bucket: S3Bucket, tmp_path: Path) -> None:

@@ -252,3 +252,21 @@ def test_cache_clear_never_clears_through_a_linked_pytest_cache_dir(inner: pytes
         assert second.ret == 0, second.stdout.str()
         second.stdout.fnmatch_lines(["*--cache-clear kept the compile cache*"])
         assert (elsewhere / "precious" / "data").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("stop", ["--no-such-option", "broken-conftest"])
+def test_a_session_stopped_before_configure_in_process_leaves_nothing_behind(inner: pytest.Pytester, stop: str) -> None:
+    # In-process (pytester, an IDE) pytest calls no pytest_unconfigure when it stops before configure: the
+    # plugin had already exported the cache dir and registered in it. The next session then met a phantom
+    # "other session" (a --cache-clear refused, a trim deferred) and ran with the old variables.
+    inner.makepyfile(test_suite="def test_ok():\n    pass\n")
+    if stop == "broken-conftest":
+        inner.makeconftest("raise RuntimeError('a broken conftest')\n")
+    cache = inner.path / "cache"
+    ours = ("PYTEST_COMPILECACHE_", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+    before = {k: v for k, v in os.environ.items() if k.startswith(ours)}
+    args = ["--compile-cache=shared", f"--compile-cache-dir={cache}"]
+    result = inner.runpytest_inprocess(*args, *([stop] if stop.startswith("--") else []))
+    assert result.ret in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERRUPTED)
+    assert {k: v for k, v in os.environ.items() if k.startswith(ours)} == before
+    assert list((cache / ".compilecache-sessions").glob("*")) == []  # the registration was withdrawn

@@ -69,6 +69,34 @@ def test_runs():
             "--compile-cache-store: cannot be used with --compile-cache=disabled",
             id="store-when-disabled",
         ),
+        pytest.param(
+            ["--compile-cache-json={file}/report.json"],
+            "",
+            {},
+            "--compile-cache-json: cannot create the directory of */a-file/report.json*",
+            id="json-under-a-file",
+        ),
+        pytest.param(
+            [],
+            "",
+            {"PYTEST_COMPILECACHE_DIR": "{file}/sub", "PYTEST_COMPILECACHE_MODE": "shared"},
+            "PYTEST_COMPILECACHE_DIR: */a-file/sub is not a writable directory*",
+            id="dir-from-env",
+        ),
+        pytest.param(
+            [],
+            "compile_cache_store = ftp://x/y",
+            {},
+            "compile_cache_store: unsupported store: 'ftp://x/y'*",
+            id="store-from-ini",
+        ),
+        pytest.param(
+            ["--compile-cache-redis=redis://u:pw@[zz]/0"],
+            "",
+            {},
+            "--compile-cache-redis: expected redis://host:port/db, got 'redis://***'",
+            id="redis-unparsable",
+        ),
         pytest.param([], "compile_cache = bogus", {}, "compile_cache: invalid value 'bogus'*", id="ini"),
         pytest.param(
             [],
@@ -90,10 +118,10 @@ def test_bad_configuration_fails_at_start_naming_the_option(
 ) -> None:
     inner.makepyfile(test_suite=TRIVIAL_SUITE)
     inner.makeini(INNER_INI + ini)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
     a_file = inner.path / "a-file"
     a_file.write_text("a regular file, not a directory\n")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value.format(file=a_file))
 
     result = inner.runpytest_subprocess(*(a.format(file=a_file) for a in args), *dist, timeout=120)
 

@@ -549,6 +549,29 @@ def test_malicious_members_are_refused(tmp_path: Path, entry: tuple[tarfile.TarI
     assert not target.exists()  # not even the cache dir is created before verification passes
 
 
+@pytest.mark.parametrize(
+    ("names", "match"),
+    [
+        (["files/ab/kernel.so", "files/ab/KERNEL.so"], "name one file"),
+        (["files/caf\u00e9.so", "files/cafe\u0301.so"], "name one file"),  # NFC and NFD spellings
+        (["files/ab", "files/AB/kernel.so"], "file and dir"),
+    ],
+    ids=["case", "normalisation", "file-and-dir"],
+)
+def test_members_one_file_apart_only_on_linux_are_refused(tmp_path: Path, names: list[str], match: str) -> None:
+    # On a file system that ignores case or normalisation (macOS, Windows) the second would overwrite the
+    # first after both were verified: a verified file would then hold another member's bytes. Signed, so only
+    # the names can object.
+    entries = [_tar_entry(name, name.encode()) for name in names]
+    dest = _craft(tmp_path / "collide.bundle", entries, signing_key=KEY)
+    target = tmp_path / "cache"
+    with pytest.raises(BundleError, match=match):
+        bundle.verify(dest, signing_key=KEY)
+    with pytest.raises(BundleError, match=match):
+        bundle.unpack(dest, target, signing_key=KEY)
+    assert not target.exists()
+
+
 def test_unsafe_tar_name_behind_a_safe_manifest(tmp_path: Path) -> None:
     # The manifest looks harmless; the archive's own name must still be checked.
     info, data = _tar_entry("files/../../evil.so", b"x")

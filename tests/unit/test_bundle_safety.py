@@ -522,7 +522,7 @@ class Store:
     readonly = False
     def list(self, prefix=""):
         return [StoreEntry(k, p.stat().st_size, 1.0) for k, p in sorted(objects.items()) if k.startswith(prefix)]
-    def get(self, key, dest):
+    def get(self, key, dest, *, limit=None):
         Path(dest).write_bytes(objects[key].read_bytes())
         return True
     def put(self, key, src):
@@ -569,7 +569,7 @@ def test_killed_save_and_restore_leave_nothing_after_the_next_sweep(tmp_path: Pa
         def put(self, key: str, src: Path) -> None:
             self.stored[key] = Path(src).read_bytes()
 
-        def get(self, key: str, dest: Path) -> bool:
+        def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
             return False
 
         def find_latest(self, prefix: str) -> str | None:

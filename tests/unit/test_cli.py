@@ -301,3 +301,27 @@ def test_restore_json_dir_is_made(tmp_path: Path) -> None:
         == 0
     )
     assert json.loads(target.read_text())["outcome"] == "miss"
+
+
+def test_bad_plugin_variables_are_usage_errors_naming_the_variable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The CLI's --max-bundle-size and --s3-endpoint default to the plugin's variables: a bad one was a
+    # traceback while the parser was built (even for --help), or a warning at the first S3 call.
+    restore = ["restore", "--store", str(tmp_path / "store"), "--cache-dir", str(tmp_path / "c")]
+    monkeypatch.setenv("PYTEST_COMPILECACHE_MAX_BUNDLE_SIZE", "abc")
+    assert cli.main(restore) == cli.EXIT_USAGE
+    assert capsys.readouterr().err == (
+        "error: PYTEST_COMPILECACHE_MAX_BUNDLE_SIZE: expected a size like 500M or 2G, got 'abc'\n"
+    )
+    assert cli.main([*restore, "--max-bundle-size", "1G"]) == 0  # the flag wins; the variable is not read
+    monkeypatch.delenv("PYTEST_COMPILECACHE_MAX_BUNDLE_SIZE")
+    monkeypatch.setenv("PYTEST_COMPILECACHE_S3_ENDPOINT", "ftp://bad")
+    assert cli.main(["prune", "--store", "s3://bucket/x", "--prefix", "p", "--keep", "2"]) == cli.EXIT_USAGE
+    assert "error: PYTEST_COMPILECACHE_S3_ENDPOINT: expected an http(s)://host[:port] URL" in capsys.readouterr().err
+    assert cli.main([*restore, "--s3-endpoint", "ftp://bad"]) == cli.EXIT_USAGE
+    assert "error: --s3-endpoint: expected an http(s)://host[:port] URL" in capsys.readouterr().err
+    monkeypatch.delenv("PYTEST_COMPILECACHE_S3_ENDPOINT")
+    monkeypatch.setenv("PYTEST_COMPILECACHE_STORE_TIMEOUT", "0")
+    assert cli.main(["prune", "--store", str(tmp_path / "store"), "--prefix", "p", "--keep", "2"]) == cli.EXIT_USAGE
+    assert "error: PYTEST_COMPILECACHE_STORE_TIMEOUT: must be more than 0" in capsys.readouterr().err

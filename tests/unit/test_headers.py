@@ -297,9 +297,9 @@ def test_a_header_object_larger_than_its_header_can_pack_is_never_downloaded(tmp
     fetched: list[str] = []
     real_get = store.get
 
-    def get(key: str, dest: Path) -> bool:
+    def get(key: str, dest: Path, *, limit: int | None = None) -> bool:
         fetched.append(key)
-        return real_get(key, dest)
+        return real_get(key, dest, limit=limit)
 
     store.get = get  # type: ignore[method-assign]
     (tmp_path / "b").mkdir()

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -145,3 +146,86 @@ def test_mega_cache_round_trip_counts_artifacts_on_this_torch(tmp_path: Path) ->
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["blob"] is True
     assert result["counts"].get("inductor", 0) >= 1, result
+
+
+class _Client:
+    """Stands in for the redis client torch's backend holds: raises ``error`` from get and set."""
+
+    def __init__(self, error: BaseException | None) -> None:
+        self.error = error
+
+    def get(self, key: str) -> bytes | None:
+        if self.error is not None:
+            raise self.error
+        return b"value"
+
+    def set(self, key: str, data: bytes) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+def test_the_remote_cache_guard_turns_any_redis_error_into_a_recorded_miss() -> None:
+    # This torch's real RedisRemoteCacheBackend, its client replaced: torch catches ConnectionError only.
+    import redis
+    from torch._inductor.remote_cache import RedisRemoteCacheBackend
+
+    def backend(error: BaseException | None) -> Any:
+        made: Any = RedisRemoteCacheBackend.__new__(RedisRemoteCacheBackend)
+        made._redis = _Client(error)
+        return made
+
+    full = backend(redis.exceptions.ResponseError("OOM command not allowed when used memory > 'maxmemory'."))
+    with pytest.raises(redis.exceptions.ResponseError):
+        full._put("k", b"v")  # what a compile met before the guard
+    probe.guard_remote_cache()
+    try:
+        assert full._put("k", b"v") is None and full._redis is None  # switched off, as torch does on ConnectionError
+        assert full._get("k") is None  # later calls: torch's own early return, nothing recorded
+        slow = backend(redis.exceptions.TimeoutError("Timeout reading from socket"))
+        assert slow._get("k") is None and slow._redis is None
+        lost = backend(redis.exceptions.ConnectionError("Connection reset by peer"))
+        assert lost._get("k") is None  # torch catches this one itself; the guard only notices
+        assert backend(None)._get("k") == b"value"
+        assert probe.remote_cache_errors() == [
+            "put: ResponseError: OOM command not allowed when used memory > 'maxmemory'.",
+            "get: TimeoutError: Timeout reading from socket",
+            "get: the connection was lost",
+        ]
+        assert probe.remote_cache_errors() == []  # taken once
+        probe.guard_remote_cache()  # idempotent: not wrapped twice
+        assert (
+            getattr(RedisRemoteCacheBackend._get, "__wrapped__", None)
+            is RedisRemoteCacheBackend.__dict__["_get"].__wrapped__
+        )
+        assert not hasattr(RedisRemoteCacheBackend._get.__wrapped__, "__wrapped__")
+    finally:
+        probe.uninstall_remote_guard()
+    assert not hasattr(RedisRemoteCacheBackend._get, "__wrapped__")
+
+
+def test_a_disabled_session_leaves_torch_caching_as_it_found_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # In-process (pytester, an IDE): torch reads TORCHINDUCTOR_FORCE_DISABLE_CACHES once, at import, and
+    # keeps it (2.8+: a forced config value no assignment overrides). After a `disabled` session during
+    # which torch was imported, later sessions in the process compiled with every cache off.
+    from torch._inductor import config
+
+    monkeypatch.delenv(probe.DISABLE_ENV, raising=False)
+    monkeypatch.delenv("TORCH_COMPILE_FORCE_DISABLE_CACHES", raising=False)
+    compiler_config = sys.modules.get("torch.compiler.config")
+    entry = getattr(compiler_config, "_config", {}).get("force_disable_caches")
+    if entry is not None and hasattr(entry, "env_value_force"):  # torch 2.8+
+        monkeypatch.setattr(entry, "env_value_force", True)  # as torch read it at import, variable set
+    else:  # torch 2.7: the module attribute it computed at import
+        monkeypatch.setattr(config, "force_disable_caches", True)
+    assert config.force_disable_caches is True
+    monkeypatch.setitem(probe._config_before, probe._READ_AT_IMPORT, True)  # what point_cache_dir records
+    probe.put_back_config()  # after the lease removed the variable
+    assert config.force_disable_caches is False
+    assert probe._config_before == {}
+
+    # Torch imported before the session: point_cache_dir assigned the value; it is assigned back.
+    note = probe.point_cache_dir(None, disable=True)
+    assert note is not None and config.force_disable_caches is True
+    os.environ.pop(probe.DISABLE_ENV)  # what the lease does first
+    probe.put_back_config()
+    assert config.force_disable_caches is False

@@ -21,7 +21,7 @@ def test_redis_env_turns_on_every_remote_cache() -> None:
     env = remote.redis_env("redis://cache.internal:6380/2")
     assert env == {
         **dict.fromkeys(SWITCHES, "1"),
-        "TORCHINDUCTOR_REDIS_URL": "redis://cache.internal:6380/2",
+        "TORCHINDUCTOR_REDIS_URL": "redis://cache.internal:6380/2?socket_timeout=5.0&socket_connect_timeout=5.0",
         "TORCHINDUCTOR_REDIS_HOST": "cache.internal",
         "TORCHINDUCTOR_REDIS_PORT": "6380",
     }
@@ -35,14 +35,30 @@ def test_redis_env_defaults_the_port() -> None:
 
 def test_redis_env_keeps_the_password_for_torch_only_in_the_url() -> None:
     env = remote.redis_env("redis://user:s3cret@cache:6379/0")
-    assert env["TORCHINDUCTOR_REDIS_URL"] == "redis://user:s3cret@cache:6379/0"
+    assert env["TORCHINDUCTOR_REDIS_URL"].startswith("redis://user:s3cret@cache:6379/0?")
     assert env["TORCHINDUCTOR_REDIS_HOST"] == "cache"
     assert not any("s3cret" in value for name, value in env.items() if name != "TORCHINDUCTOR_REDIS_URL")
+
+
+def test_torch_gets_timeouts_unless_the_url_sets_them() -> None:
+    # torch builds its own client from TORCHINDUCTOR_REDIS_URL: without a socket timeout (redis-py before 6)
+    # a Redis that stops answering holds a compile forever.
+    import redis
+
+    url = remote.redis_env("redis://:pw@cache:6379/2?socket_timeout=1&health_check_interval=3")[
+        "TORCHINDUCTOR_REDIS_URL"
+    ]
+    kwargs = redis.Redis.from_url(url).connection_pool.connection_kwargs
+    assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (1.0, remote.REDIS_OP_TIMEOUT_S)
+    assert (kwargs["password"], kwargs["db"], kwargs["health_check_interval"]) == ("pw", 2, 3)
 
 
 @pytest.mark.parametrize(
     ("url", "shown"),
     [
+        ("redis://[::1", "redis://***"),  # urlsplit raises on these: the message about them must not
+        ("redis://u:s3cret@[zz]/0", "redis://***"),
+        ("redis://u:s3cret@cache:99x/0", "redis://***"),
         ("redis://user:s3cret@cache:6379/0", "redis://user:***@cache:6379/0"),
         ("redis://:s3cret@cache/1", "redis://:***@cache/1"),
         ("rediss://cache:6380/0", "rediss://cache:6380/0"),

@@ -15,8 +15,10 @@ from typing import Iterator
 
 import pytest
 
+from pytest_compilecache import ConfigError
 from pytest_compilecache import bundle
 from pytest_compilecache import cachedir
+from pytest_compilecache import probe
 from pytest_compilecache import session as session_mod
 from pytest_compilecache import sync
 from pytest_compilecache.fingerprint import Fingerprint
@@ -276,6 +278,24 @@ def test_workers_output_is_merged_and_a_silent_worker_listed(tmp_path: Path) -> 
     assert controller.problems.warnings == ["gw0 could not re-make the dir"]
 
 
+def test_redis_errors_of_a_worker_and_of_the_controller_are_one_warning_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # probe.guard_remote_cache recorded them in the process that compiled; each role hands them on once.
+    errors = {"gw0": ["put: OutOfMemoryError: OOM", "get: the connection was lost"], "controller": []}
+    process = ["gw0"]
+    monkeypatch.setattr(probe, "remote_cache_errors", lambda: errors[process[0]])
+    controller = _controller(tmp_path)
+    worker_setup = Setup(controller.setup.settings, controller.setup.dir, controller.setup.lease, Problems())
+    controller.add_worker("gw0", json.loads(json.dumps(Worker(worker_setup, Recorder("gw0")).output())))
+    process[0] = "controller"
+    controller.finish()
+    assert controller.problems.warnings == [
+        "redis remote cache failed mid-session (put: OutOfMemoryError: OOM; 2 errors in all); torch's remote "
+        "caches are off for the rest of that process, its compiles use the local cache dir"
+    ]
+
+
 def test_terminal_lines(tmp_path: Path) -> None:
     controller = _controller(tmp_path, report="none")
     assert controller.terminal_lines() == []
@@ -409,3 +429,19 @@ def test_under_strict_a_bad_bundle_fails_the_session(fault: str, tmp_path: Path)
     assert controller.problems.errors == controller.problems.warnings, controller.problems.errors
     (error,) = controller.problems.errors
     assert error.startswith("restore") and REASONS[fault] in error, error
+
+
+def test_a_json_report_path_that_cannot_be_written_is_a_start_up_error(tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for path, needle in [
+        (tmp_path, "is a directory"),
+        (a_file / "report.json", "cannot create the directory of"),
+    ]:
+        with pytest.raises(ConfigError, match=f"^--compile-cache-json: .*{needle}"):
+            _controller(tmp_path, json=str(path))
+    spelled = (("json", "PYTEST_COMPILECACHE_JSON"),)
+    with pytest.raises(ConfigError, match="^PYTEST_COMPILECACHE_JSON: .* is a directory"):
+        _controller(tmp_path, json=str(tmp_path), spelled=spelled)
+    _controller(tmp_path, json=str(tmp_path / "new" / "report.json"))  # a dir that can be made is made now
+    assert (tmp_path / "new").is_dir()

@@ -64,10 +64,10 @@ def test_every_option_has_three_distinct_spellings() -> None:
         (None, "disabled", "shared", "disabled"),
         (None, None, "shared", "shared"),
         (None, "", "isolated", "isolated"),  # an empty ini value counts as unset
-        ("", None, "isolated", "isolated"),
+        ("", None, "isolated", None),  # an empty command-line value unsets it: ini and env are not read
     ],
 )
-def test_cli_beats_ini_beats_env(cli: str | None, ini: str | None, env: str, expected: str) -> None:
+def test_cli_beats_ini_beats_env(cli: str | None, ini: str | None, env: str, expected: str | None) -> None:
     settings = _resolve(cli={"mode": cli}, ini={"mode": ini}, env={"mode": env})
     assert settings.mode == expected
 
@@ -129,9 +129,15 @@ def test_a_bad_lower_priority_value_is_not_validated_when_overridden() -> None:
         ("max_size", "0", "must be positive"),
         ("key_prefix", "has/slash", "use 1-200 characters"),
         ("key_prefix", "x" * 201, "use 1-200 characters"),
+        ("key_prefix", ".hidden", "must not start with '.'"),
+        ("store_timeout", "0", "must be more than 0 and at most 86400 seconds"),
+        ("store_timeout", "nan", "must be more than 0"),
+        ("store_timeout", "soon", "expected a number of seconds"),
         ("run_suffix", "a b", "use 1-200 characters"),
         ("redis", "http://localhost:6379", "expected redis://host:port/db"),
         ("redis", "redis://", "expected redis://host:port/db"),
+        ("redis", "redis://[::1", "expected redis://host:port/db"),  # urlsplit raises on these
+        ("redis", "redis://u:pw@[zz]/0", "expected redis://host:port/db"),
         ("report", "verbose", "choose from short, full, none"),
         ("summary", "on", "choose from auto, off"),
         ("restore", "never", "choose from auto, skip"),
@@ -234,3 +240,27 @@ def test_settings_are_frozen() -> None:
     settings = _resolve()
     with pytest.raises(AttributeError):
         settings.mode = "shared"  # type: ignore[misc]
+
+
+def test_an_empty_command_line_value_unsets_the_option() -> None:
+    # --compile-cache-store= overrides a store the environment or the ini file sets (it used to fall through).
+    settings = _resolve(cli={"store": "", "json": ""}, ini={"json": "from-ini.json"}, env={"store": "/srv/store"})
+    assert (settings.store, settings.json) == (None, None)
+    assert _resolve(cli={"mode": ""}, env={"mode": "shared"}).mode is None
+
+
+def test_errors_raised_elsewhere_are_respelled_as_the_user_gave_the_option() -> None:
+    # cachedir and stores name an option by its flag; the plugin names it as the user wrote it.
+    settings = _resolve(ini={"store": "/srv/store"}, env={"dir": "/srv/cache"}, cli={"json": "r.json"})
+    assert [settings.spelling(name) for name in ("store", "dir", "json", "mode")] == [
+        "compile_cache_store",
+        "PYTEST_COMPILECACHE_DIR",
+        "--compile-cache-json",
+        "--compile-cache",
+    ]
+    respelled = settings.respell(ConfigError("--compile-cache-dir: /srv/cache is not a directory"), "dir")
+    assert str(respelled) == "PYTEST_COMPILECACHE_DIR: /srv/cache is not a directory"
+    untouched = ConfigError("--compile-cache-json: r.json is a directory")
+    assert settings.respell(untouched, "json") is untouched
+    other = ConfigError("something else: --compile-cache-dir")
+    assert settings.respell(other, "dir") is other

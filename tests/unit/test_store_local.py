@@ -26,6 +26,7 @@ from pytest_compilecache.stores import find_latest
 from pytest_compilecache.stores import open_store
 from pytest_compilecache.stores import validate_key
 from pytest_compilecache.stores import validate_prefix
+from pytest_compilecache.stores.base import ObjectTooLarge
 from tests.contract.store_contract import MakeStore
 from tests.contract.store_contract import SetModified
 from tests.contract.store_contract import StoreContract
@@ -168,6 +169,28 @@ def test_full_disk_on_get_leaves_no_dest_and_no_temp_file(tmp_path: Path) -> Non
     with pytest.raises(StoreError, match="No space left"):
         store.get("k", out / "k.bundle")
     assert list(out.iterdir()) == []
+
+
+def test_an_object_growing_while_it_is_read_stops_at_the_limit(tmp_path: Path) -> None:
+    # Sized at open (5 bytes, under the limit), then appended to by someone who can write the store: the
+    # copy reads at most one byte past the limit, and nothing is kept.
+    store = LocalStore(tmp_path / "store")
+    _put(store, tmp_path, "k", b"small")
+    copied: list[int] = []
+
+    def growing_copy(reader: Any, writer: Any) -> None:
+        with open(store.root / "k.bundle", "ab") as grow:
+            grow.write(b"x" * (8 << 20))
+        while chunk := reader.read(64 * 1024):
+            copied.append(len(chunk))
+            writer.write(chunk)
+
+    store._copy = growing_copy
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ObjectTooLarge, match="grew past 1000 bytes"):
+        store.get("k", out / "k.bundle", limit=1000)
+    assert sum(copied) <= 1000 and list(out.iterdir()) == []
 
 
 @pytest.mark.parametrize("kind", ["symlink", "fifo"])

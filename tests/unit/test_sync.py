@@ -17,6 +17,7 @@ from pytest_compilecache.fingerprint import Fingerprint
 from pytest_compilecache.fingerprint import make_key
 from pytest_compilecache.fingerprint import restore_prefix
 from pytest_compilecache.stores import ReadOnlyStore
+from pytest_compilecache.stores import StoreEntry
 from tests.fakes import FakeLoader
 from tests.fakes import MemoryStore
 from tests.unit.conftest import A100
@@ -566,6 +567,29 @@ def test_bundles_over_max_bytes_are_skipped_without_download(tmp_path: Path, sou
         (key, f"bundle is {len(store.objects[key][0])} bytes, more than the limit of 100 bytes"),
     )
     assert "get" not in store.calls
+
+
+def test_a_bundle_that_grew_after_it_was_listed_is_skipped_and_an_older_one_restored(
+    tmp_path: Path, source: Path, cache_dir: Path
+) -> None:
+    class Racing(MemoryStore):
+        """Lists the newest bundle as it was; by the time it is fetched, someone replaced it with 1 MiB."""
+
+        def list(self, prefix: str = "") -> list[StoreEntry]:
+            entries = super().list(prefix)
+            self.objects[newer] = (b"\0" * (1 << 20), self.objects[newer][1])
+            return entries
+
+    store = Racing()
+    older = _put_bundle(store, tmp_path, source, H100, "run-1")
+    newer = _put_bundle(store, tmp_path, source, H100, "run-2")
+    limit = 64 * 1024  # over both bundles as listed, under what the newer one became
+    assert all(entry.size < limit for entry in MemoryStore.list(store))
+    loader = FakeLoader()
+    transfer = _restore(store, cache_dir, max_bytes=limit, load=loader)
+    assert (transfer.outcome, transfer.key) == ("partial", older)
+    assert transfer.skipped == ((newer, f"bundle is more than the limit of {limit} bytes"),)
+    assert loader.blobs  # the older bundle's artifacts went to torch
 
 
 def test_an_old_format_bundle_is_a_cold_start(tmp_path: Path, cache_dir: Path) -> None:

@@ -56,9 +56,9 @@ class RecordingStore(MemoryStore):
         self.gets: list[str] = []
         self.puts: list[str] = []
 
-    def get(self, key: str, dest: Path) -> bool:
+    def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
         self.gets.append(key)
-        return super().get(key, dest)
+        return super().get(key, dest, limit=limit)
 
     def put(self, key: str, src: Path) -> None:
         self.puts.append(key)

@@ -1,0 +1,99 @@
+"""A wall-clock budget around a store: a slow store costs at most the budget, then a :class:`StoreError`.
+
+Timeouts in a backend bound each socket read (S3's ``read_timeout``), not a request: an endpoint that
+trickles a byte every few seconds, or reads an upload at a crawl, holds a call for hours. :class:`TimedStore`
+runs each call in a daemon thread and stops waiting when the budget its calls share is spent. A call given
+up on keeps running in the background until it ends or the process exits; whatever it still writes goes
+to a temp name next to its ``dest`` (every backend's ``get`` and ``put`` publish atomically), so the
+caller never sees it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from typing import Callable
+from typing import TypeVar
+
+from .. import StoreError
+from .base import ObjectTooLarge
+from .base import Store
+from .base import StoreEntry
+
+_T = TypeVar("_T")
+
+
+class TimedOut(StoreError):
+    """The budget of a :class:`TimedStore` was spent before a call returned."""
+
+
+class TimedStore:
+    """``inner`` whose calls together take at most ``seconds`` of wall time (from construction).
+
+    ``trouble`` is the first infrastructure failure met (a :class:`StoreError` other than
+    :class:`ObjectTooLarge`, a timeout included), or None: a caller that saw the store fail or stall once
+    can skip the next operation instead of paying the same wait again.
+    """
+
+    def __init__(self, inner: Store, seconds: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.inner = inner
+        self.location = inner.location
+        self.seconds = seconds
+        self.trouble: str | None = None
+        self._clock = clock
+        self._ends = clock() + seconds
+
+    def __repr__(self) -> str:
+        return f"TimedStore({self.inner!r}, {self.seconds:g} s)"
+
+    def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
+        """The inner ``get`` within what is left of the budget."""
+        return self._call(f"get {key}", lambda: self.inner.get(key, dest, limit=limit))
+
+    def put(self, key: str, src: Path) -> None:
+        """The inner ``put`` within what is left of the budget."""
+        self._call(f"put {key}", lambda: self.inner.put(key, src))
+
+    def list(self, prefix: str = "") -> builtins.list[StoreEntry]:
+        """The inner ``list`` within what is left of the budget."""
+        return self._call("list", lambda: self.inner.list(prefix))
+
+    def delete(self, key: str) -> None:
+        """The inner ``delete`` within what is left of the budget."""
+        self._call(f"delete {key}", lambda: self.inner.delete(key))
+
+    def _call(self, what: str, call: Callable[[], _T]) -> _T:
+        left = self._ends - self._clock()
+        if left <= 0:
+            raise self._timed_out(what)
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["value"] = call()
+            except BaseException as exc:  # handed to the caller, or dropped with a call given up on
+                box["error"] = exc
+
+        worker = threading.Thread(target=run, name="compilecache-store", daemon=True)
+        worker.start()
+        worker.join(left)
+        if worker.is_alive():
+            raise self._timed_out(what)
+        error = box.get("error")
+        if error is not None:
+            if isinstance(error, StoreError) and not isinstance(error, ObjectTooLarge) and self.trouble is None:
+                self.trouble = str(error)
+            raise error
+        value: _T = box["value"]
+        return value
+
+    def _timed_out(self, what: str) -> TimedOut:
+        error = TimedOut(
+            f"{self.location} did not finish within {self.seconds:g} s ({what}); see --compile-cache-store-timeout"
+        )
+        if self.trouble is None:
+            self.trouble = str(error)
+        return error

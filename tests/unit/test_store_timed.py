@@ -1,0 +1,83 @@
+"""stores/timed.py: a wall-clock budget shared by a store's calls; the store contract holds through it."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from pytest_compilecache import StoreError
+from pytest_compilecache.stores import ObjectTooLarge
+from pytest_compilecache.stores import Store
+from pytest_compilecache.stores import StoreEntry
+from pytest_compilecache.stores.timed import TimedOut
+from pytest_compilecache.stores.timed import TimedStore
+from tests.contract.store_contract import StoreContract
+from tests.fakes import MemoryBackend
+from tests.fakes import MemoryStore
+
+
+class TestTimedStoreContract(StoreContract):
+    """Wrapped, a store behaves as it does alone (a budget no call reaches)."""
+
+    @pytest.fixture
+    def make_store(self) -> Callable[[], Store]:
+        backend = MemoryBackend()
+        return lambda: TimedStore(MemoryStore(backend=backend), 60.0)
+
+    @pytest.fixture
+    def set_modified(self) -> Callable[[Store, str, float], None]:
+        def set_modified(store: Store, key: str, when: float) -> None:
+            assert isinstance(store, TimedStore) and isinstance(store.inner, MemoryStore)
+            store.inner.set_modified(key, when)
+
+        return set_modified
+
+
+class Stalling(MemoryStore):
+    """A memory store whose ``list`` blocks until ``release`` is set (an endpoint trickling its answer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.listed = threading.Event()
+
+    def list(self, prefix: str = "") -> list[StoreEntry]:
+        self.listed.set()
+        self.release.wait(30)
+        return super().list(prefix)
+
+
+def test_a_call_that_outlasts_the_budget_is_given_up_and_the_budget_stays_spent(tmp_path: Path) -> None:
+    inner = Stalling()
+    store = TimedStore(inner, 0.2)
+    with pytest.raises(TimedOut, match=r"memory://test did not finish within 0.2 s \(list\)"):
+        store.list()
+    assert inner.listed.is_set()
+    assert store.trouble is not None and "did not finish within 0.2 s" in store.trouble
+    # Spent: the next call is refused at once, before it reaches the store.
+    calls = len(inner.calls)
+    with pytest.raises(TimedOut, match=r"\(get k\)"):
+        store.get("k", tmp_path / "k")
+    assert len(inner.calls) == calls
+    inner.release.set()  # the call given up on ends in the background; nothing reaches the caller
+
+
+def test_trouble_records_the_first_store_failure_but_not_a_refused_size(tmp_path: Path) -> None:
+    inner = MemoryStore()
+    store = TimedStore(inner, 60.0)
+    source = tmp_path / "src"
+    source.write_bytes(b"0123456789")
+    store.put("k", source)
+    with pytest.raises(ObjectTooLarge):
+        store.get("k", tmp_path / "dest", limit=4)  # the object's fault, not the store's
+    assert store.trouble is None
+    assert store.get("k", tmp_path / "dest", limit=10) is True and (tmp_path / "dest").read_bytes() == b"0123456789"
+    inner.fail = {"list"}
+    with pytest.raises(StoreError, match="connection reset"):
+        store.list()
+    assert store.trouble == "cannot list at memory://test: connection reset"
+    with pytest.raises(ValueError):  # anything else the inner store raises reaches the caller as it was
+        store._call("boom", lambda: int("x"))
