@@ -41,7 +41,8 @@ if [ "$TORCH" = "$DEFAULT_TORCH" ]; then
   $PIP install "torch==$TORCH" numpy 2> >(grep -v "^WARNING: Location" >&2)
 else
   # The default PyPI build (CUDA), as most users install it: pip brings triton and the nvidia packages.
-  $PIP install "torch==$TORCH" numpy 2> >(grep -v "^WARNING: Location" >&2)
+  # Not through pip's cache: a second copy of ~3 GB of wheels per release is what fills a CI runner's disk.
+  $PIP install --no-cache-dir "torch==$TORCH" numpy 2> >(grep -v "^WARNING: Location" >&2)
 fi
 if [ -n "$EXTRAS" ]; then
   $PIP install -e ".[$EXTRAS]" 2> >(grep -v "^WARNING: Location" >&2)
