@@ -35,6 +35,8 @@ __all__ = [
     "md_code",
     "md_text",
     "one_line",
+    "resume_lines",
+    "stop_tokens",
 ]
 
 # Patterns are kept as strings: ``re`` compiles each on first use and caches it. Compiled at import they
@@ -91,6 +93,45 @@ def one_line(text: str, limit: int = 2000) -> str:
     if text.lstrip().startswith("::"):
         text = text.replace("::", ":\\:", 1)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# ``::stop-commands::TOKEN`` (or ``##[stop-commands]TOKEN``): the runner ignores every command after it until
+# a line ``::TOKEN::`` (actions/runner ActionCommandManager.TryProcessCommand; names compare case-insensitively).
+_STOP = r"(?im)^[ \t]*::stop-commands(?:[ \t][^\r\n]*?)?::([^\r\n]*)|##\[stop-commands(?:[ \t][^\]\r\n]*)?\]([^\r\n]*)"
+_TOKEN = r"[A-Za-z0-9_.-]{1,200}"
+# The runner's own commands: a "resume" line for a token spelled like one of them would run it whenever
+# the commands were not in fact stopped (``::warning::`` is an empty annotation).
+_RUNNER_COMMANDS = frozenset(
+    {
+        "add-mask", "add-matcher", "add-path", "debug", "echo", "endgroup", "error", "group", "notice",
+        "remove-matcher", "save-state", "set-env", "set-output", "stop-commands", "warning",
+        "internal-set-repo-path",
+    }
+)  # fmt: skip
+
+
+def stop_tokens(text: str) -> list[str]:
+    """The tokens of the ``stop-commands`` lines in ``text`` that :func:`resume_lines` can end, in order.
+
+    Output a runner shows before ours (a failing test's captured output, which pytest prints before the
+    plugins' summaries) can stop the runner's command processing; every annotation after it is then
+    printed as plain text. A token we cannot spell back exactly (whitespace, ``:`` or ``%`` in it, or the
+    name of a runner command) is left out: nothing written later can resume it.
+    """
+    if "stop-commands" not in text.lower():
+        return []
+    tokens: list[str] = []
+    for match in re.finditer(_STOP, text):
+        token = match.group(1) if match.group(1) is not None else match.group(2)
+        if re.fullmatch(_TOKEN, token) and token.lower() not in _RUNNER_COMMANDS and token not in tokens:
+            tokens.append(token)
+    return tokens
+
+
+def resume_lines(tokens: list[str]) -> list[str]:
+    """One ``::TOKEN::`` line per token of :func:`stop_tokens`: whichever of them stopped the runner's
+    command processing, it resumes at its line; while commands run, a line naming no command is plain text."""
+    return [f"::{token}::" for token in tokens if re.fullmatch(_TOKEN, token) and token.lower() not in _RUNNER_COMMANDS]
 
 
 def append_vars(path: str | os.PathLike[str] | None, values: Mapping[str, str]) -> None:

@@ -26,6 +26,8 @@ from . import probe
 from .cachedir import SESSION_ENV
 from .cachedir import SessionDir
 from .ghrunner import in_github_actions
+from .ghrunner import resume_lines
+from .ghrunner import stop_tokens
 from .ghrunner import write_command
 from .problems import Problems
 from .problems import filter_classifier
@@ -46,6 +48,7 @@ _SETUP = pytest.StashKey["Setup"]()
 _CONTROLLER = pytest.StashKey["Controller"]()
 _WORKER = pytest.StashKey["Worker"]()
 _TESTS = pytest.StashKey["_Tests"]()
+_RUNNER_OUTPUT = pytest.StashKey["_RunnerOutput"]()
 
 MARKER = "compile_cache"
 
@@ -209,6 +212,9 @@ def pytest_configure(config: pytest.Config) -> None:
     else:
         recorder = Recorder("controller", explain)
         config.stash[_CONTROLLER] = Controller(setup, recorder)
+        if in_github_actions():
+            watcher = config.stash[_RUNNER_OUTPUT] = _RunnerOutput()
+            config.pluginmanager.register(watcher, "compilecache-runner-output")
     tests = config.stash[_TESTS] = _Tests(recorder)
     config.pluginmanager.register(tests, "compilecache-tests")
 
@@ -354,13 +360,39 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_sep("-", "compile cache")
         for line, markup in lines:
             terminalreporter.write_line(line, **markup)
-    _github_commands(controller)
+    _github_commands(controller, config.stash.get(_RUNNER_OUTPUT, None))
 
 
-def _github_commands(role: Controller) -> None:
-    """Inside a GitHub Actions job, each warning and error also becomes an annotation (escaped)."""
-    if not in_github_actions():
+class _RunnerOutput:
+    """Inside a GitHub Actions job (controller only): the ``stop-commands`` tokens in what pytest prints
+    before the plugins' summaries (each test's captured output and failure text, collection errors; under
+    xdist the workers' reports arrive here too). A failing test that printed ``::stop-commands::T`` would
+    otherwise turn every annotation after it into plain text. Output a test writes with ``-s`` is not seen."""
+
+    def __init__(self) -> None:
+        self.tokens: list[str] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self._scan(report)
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        self._scan(report)
+
+    def _scan(self, report: pytest.TestReport | pytest.CollectReport) -> None:
+        texts = [content for _, content in report.sections]
+        if report.longrepr is not None:
+            texts.append(report.longreprtext)
+        for text in texts:
+            self.tokens += [token for token in stop_tokens(text) if token not in self.tokens]
+
+
+def _github_commands(role: Controller, output: _RunnerOutput | None = None) -> None:
+    """Inside a GitHub Actions job, each warning and error also becomes an annotation (escaped), after a
+    line that resumes the runner's command processing if a test's output stopped it (``ghrunner.stop_tokens``)."""
+    if not in_github_actions() or not (role.problems.warnings or role.problems.errors):
         return
+    if output is not None and output.tokens:
+        sys.stdout.write("".join(line + "\n" for line in resume_lines(output.tokens)))
     for message in role.problems.warnings:
         if message in role.problems.errors:
             continue  # one annotation per problem: the error below

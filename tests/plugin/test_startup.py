@@ -10,6 +10,7 @@ from tests.plugin.helpers import INNER_INI
 from tests.plugin.helpers import XDIST
 from tests.plugin.helpers import check_report
 from tests.plugin.helpers import run_inner
+from tests.servers import free_port
 
 pytestmark = XDIST
 
@@ -282,3 +283,32 @@ def test_nested_session_follows_its_own_options(
 
     assert run.ret == 0, run.output
     assert (inner.path / "nested-mode.txt").read_text() == "isolated"
+
+
+def test_annotations_resume_after_a_test_stopped_the_runners_commands(
+    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, dist: tuple[str, ...]
+) -> None:
+    """A failing test whose output holds ``::stop-commands::TOKEN`` (pytest prints it before our summary)
+    would turn the plugin's annotations into plain text on a GitHub runner: a ``::TOKEN::`` line comes first."""
+    inner.makepyfile(
+        test_suite="""
+        def test_prints_untrusted_text():
+            print("::stop-commands::resume-me")
+            assert False
+
+        def test_ok():
+            pass
+        """
+    )
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    # Redis that is down: one warning at start-up, without importing torch.
+    run = run_inner(inner, "--compile-cache=shared", f"--compile-cache-redis=redis://127.0.0.1:{free_port()}/0", *dist)
+
+    assert run.ret == 1, run.output  # the failing test
+    lines = [line.strip() for line in run.result.outlines]
+    stop = lines.index("::stop-commands::resume-me")
+    resume = lines.index("::resume-me::")
+    warning = next(i for i, line in enumerate(lines) if line.startswith("::warning title=compile cache::"))
+    assert stop < resume < warning, run.output
+    assert lines.count("::resume-me::") == 1

@@ -138,3 +138,53 @@ def test_one_line_is_never_a_runner_command(text: str, shown: str) -> None:
 def test_one_line_bounds_length() -> None:
     assert ghrunner.one_line("a\nb\tc") == "a\\nb\\tc"
     assert len(ghrunner.one_line("x" * 5000, limit=100)) == 100
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [
+        ("::stop-commands::abc123", ["abc123"]),
+        ("log\n    ::stop-commands::tok-1\nmore", ["tok-1"]),  # after indentation
+        ("::STOP-COMMANDS::Tok", ["Tok"]),  # the runner compares command names ignoring case
+        ("::stop-commands key=v::tok", ["tok"]),  # properties do not change the command
+        ("prefix ##[stop-commands]old.style", ["old.style"]),  # the old form, anywhere in a line
+        ("::stop-commands::a\r\n::a::\n::stop-commands::b\n::stop-commands::a", ["a", "b"]),  # in order, once
+        ("echo ::stop-commands::mid-line", []),  # not a command: '::' must start the line
+        ("::stop-commands::has space", []),  # cannot be spelled back as one command name
+        ("::stop-commands::a:b", []),
+        ("::stop-commands::100%25", []),
+        ("::stop-commands::", []),
+        ("::stop-commands::warning", []),  # its resume line would be an empty annotation when not stopped
+        ("::stop-commands::Add-Mask", []),
+        ("nothing to see", []),
+    ],
+)
+def test_stop_tokens_are_those_a_resume_line_can_end(text: str, tokens: list[str]) -> None:
+    assert ghrunner.stop_tokens(text) == tokens
+
+
+def test_resume_lines_name_each_token_as_a_bare_command() -> None:
+    assert ghrunner.resume_lines(["abc", "tok-1"]) == ["::abc::", "::tok-1::"]
+    assert ghrunner.resume_lines(["a b", "warning", "x\n::error::y"]) == []  # never a command of ours
+
+
+def test_annotations_come_after_the_resume_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_compilecache import plugin
+    from pytest_compilecache.problems import Problems
+
+    class Role:
+        problems = Problems()
+
+    Role.problems.warn("store down")
+    output = plugin._RunnerOutput()
+    output.tokens = ["t1", "t2"]
+    out = io.StringIO()
+    monkeypatch.setattr("sys.stdout", out)
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    plugin._github_commands(Role(), output)  # type: ignore[arg-type]
+    assert out.getvalue().splitlines() == ["::t1::", "::t2::", "::warning title=compile cache::store down"]
+
+    out.truncate(0)
+    out.seek(0)
+    plugin._github_commands(type("Quiet", (), {"problems": Problems()})(), output)
+    assert out.getvalue() == ""  # nothing to annotate: the runner's state is left as the tests left it
