@@ -471,7 +471,9 @@ def restore(plan: Plan, environ: Mapping[str, str]) -> RestoreResult:
             endpoint = environ.get(ENV_PREFIX + "S3_ENDPOINT")
             options = {"endpoint_url": endpoint} if endpoint and plan.store.startswith("s3://") else {}
             seconds = from_environment("store_timeout", None, "", environ)  # the plugin's budget, as it reads it
-            store = TimedStore(open_store(plan.store, readonly=True, **options), seconds)
+            store = TimedStore(
+                open_store(plan.store, readonly=True, **options), seconds, option=ENV_PREFIX + "STORE_TIMEOUT"
+            )
         signing_key = environ.get(SIGNING_KEY_ENV, "")
         result = sync.restore(
             store,

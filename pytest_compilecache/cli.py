@@ -76,9 +76,10 @@ def _json_target(path: str | None) -> Path | None:
 
 
 def _open(args: argparse.Namespace, readonly: bool = False) -> Any:
-    """The store of ``--store``, its calls bounded in all by ``--store-timeout`` from now (as the plugin's)."""
+    """The store of ``--store``, its calls bounded in all by ``--store-timeout`` (as the plugin's)."""
     options = {"endpoint_url": args.s3_endpoint} if args.s3_endpoint else {}
-    return TimedStore(open_store(args.store, readonly=readonly, **options), args.store_timeout)
+    store = open_store(args.store, readonly=readonly, **options)
+    return TimedStore(store, args.store_timeout, option="--store-timeout")
 
 
 # The store commands' flags that default to the plugin's variables (settings.OPTIONS names and parses them).

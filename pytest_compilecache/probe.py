@@ -723,6 +723,7 @@ def uninstall_graph_capture() -> None:
 _REMOTE_CACHE = "torch._inductor.remote_cache"
 _remote_guard: str | None = None  # None: not tried yet; "" installed; otherwise why not
 _remote_errors: list[str] = []
+_remote_off = False  # set by the guard at the first Redis error: every later call in this process is skipped
 
 
 def guard_remote_cache() -> None:
@@ -762,15 +763,21 @@ def _install_remote_guard() -> None:
 
     def guarded(name: str, original: Any) -> Any:
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            global _remote_off
+            if _remote_off:
+                return None  # a miss, or a put not made: torch builds a new backend per compile, so the
+                # switch is the process's, not one backend's (else each compile waits out the timeout again)
             if getattr(self, "_redis", None) is None:
                 return original(self, *args, **kwargs)  # off already: torch's own early return
             try:
                 result = original(self, *args, **kwargs)
             except failure as exc:
                 self._redis = None  # what torch does on ConnectionError: no more calls from this backend
+                _remote_off = True
                 _remote_errors.append(f"{name.strip('_')}: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}")
                 return None
             if getattr(self, "_redis", None) is None:  # torch caught a ConnectionError and switched off
+                _remote_off = True
                 _remote_errors.append(f"{name.strip('_')}: the connection was lost")
             return result
 
@@ -785,7 +792,7 @@ def _install_remote_guard() -> None:
 
 def uninstall_remote_guard() -> None:
     """Put torch's own ``_get``/``_put`` back (tests; a session never needs to)."""
-    global _remote_guard
+    global _remote_guard, _remote_off
     module = sys.modules.get(_REMOTE_CACHE)
     backend = getattr(module, "RedisRemoteCacheBackend", None)
     for name in ("_get", "_put"):
@@ -793,6 +800,7 @@ def uninstall_remote_guard() -> None:
         if original is not None:
             setattr(backend, name, original)
     _remote_guard = None
+    _remote_off = False
     _remote_errors.clear()
 
 

@@ -83,6 +83,8 @@ class Setup:
     follows_controller: bool = False
     _fingerprint: Fingerprint | None = field(default=None, repr=False)
     registration: cachedir.Registration | None = field(default=None, repr=False)
+    # Redis errors met by torch's remote caches (this process's; a controller's also its workers')
+    remote_errors: list[str] = field(default_factory=list, repr=False)
 
     @classmethod
     def start(cls, settings: Settings, default_shared: Path, *, inherited: str | None, problems: Problems) -> Setup:
@@ -166,15 +168,21 @@ class Setup:
         return bool(self.settings.redis) and bool(os.environ.get("TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE"))
 
     def take_remote_errors(self) -> None:
-        """One warning when torch's Redis remote caches failed in this process (:func:`probe.guard_remote_cache`
-        switched them off and kept the errors): the compiles went on with the local caches."""
-        errors = probe.remote_cache_errors()
+        """Keep the Redis errors of torch's remote caches in this process so far (:func:`probe.guard_remote_cache`
+        switched them off and recorded them) in :attr:`remote_errors`: workers send them to the controller,
+        which warns once for the whole session (:meth:`warn_remote_errors`)."""
+        self.remote_errors += probe.remote_cache_errors()
+
+    def warn_remote_errors(self) -> None:
+        """One warning when torch's Redis remote caches failed in any process of the session: the compiles
+        went on with the local caches."""
+        errors = self.remote_errors
         if errors:
             more = f"; {len(errors)} errors in all" if len(errors) > 1 else ""
             self.problems.warn(
                 one_line(
                     f"redis remote cache failed mid-session ({errors[0]}{more}); torch's remote caches are off "
-                    "for the rest of that process, its compiles use the local cache dir",
+                    "for the rest of each process that met it, its compiles use the local cache dir",
                     500,
                 )
             )
@@ -361,8 +369,11 @@ class Worker:
             self.recorder.baseline_dir = self.setup.dir.path  # the controller has installed its baseline there
 
     def _problems(self) -> dict[str, Any]:
-        self.setup.take_remote_errors()
         return self.setup.problems.to_json()
+
+    def _remote_errors(self) -> list[str]:
+        self.setup.take_remote_errors()
+        return list(self.setup.remote_errors)
 
     def output(self) -> dict[str, Any]:
         """The payload for the controller (plain JSON-able values, sent through ``workeroutput``)."""
@@ -373,6 +384,7 @@ class Worker:
             "blob": blob,
             "files": files,
             "problems": self._problems(),
+            "remote_errors": self._remote_errors(),
             # Where torch in this process keeps precompiled headers (None: torch did not compile C++ here);
             # the controller carries headers only when every process agrees with its own computed dir.
             "header_dir": probe.precompiled_header_dir(),
@@ -452,7 +464,9 @@ class Controller:
                 signing_key=self.settings.signing_key,
                 max_bytes=self.settings.max_bundle_size,
             )
-            self.store_trouble = store.trouble
+            # Only a restore that failed on the store skips the save: a store error while explaining a miss
+            # (the newest bundle of another fingerprint) is part of the miss's message, not a failure.
+            self.store_trouble = store.trouble if self.restored.outcome == "error" else None
         if self.restored.warning:
             self.problems.warn(self.restored.warning)
         for line in self.restored.headers.warnings:
@@ -536,6 +550,9 @@ class Controller:
         if isinstance(output.get("header_dir"), str):
             self.header_dirs.add(output["header_dir"])
         self.problems.merge(output.get("problems"))
+        errors = output.get("remote_errors")
+        if isinstance(errors, list):
+            self.setup.remote_errors += [error for error in errors if isinstance(error, str)]
 
     # ---- finish
 
@@ -554,6 +571,7 @@ class Controller:
         for note in probe.capability_notes(remote=bool(self.settings.redis)):
             self.problems.note(note)
         self.setup.take_remote_errors()
+        self.setup.warn_remote_errors()
         self._explain()
         if self.setup.saving:
             self._save()
@@ -669,7 +687,10 @@ class Controller:
         # cost: as above
         from .stores.timed import TimedStore
 
-        return TimedStore(open_configured_store(self.settings), self.settings.store_timeout)
+        settings = self.settings
+        return TimedStore(
+            open_configured_store(settings), settings.store_timeout, option=settings.spelling("store_timeout")
+        )
 
     def _new_headers(self) -> bool:
         """True when this session used a precompiled header its restored bundle does not name (a bundle saved

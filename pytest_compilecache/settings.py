@@ -416,7 +416,7 @@ def from_environment(name: str, value: str | None, flag: str, environ: Mapping[s
     if value is not None:
         return spec.parse(flag, value)
     from_env = environ.get(spec.env, "")
-    return spec.parse(spec.env, from_env) if from_env.strip() else spec.default
+    return spec.parse(spec.env, from_env) if from_env else spec.default  # as the plugin: only empty is unset
 
 
 def _pick(option: Option, cli: Any, ini: Any, env: str | None) -> tuple[Any, str]:

@@ -31,20 +31,33 @@ class TimedOut(StoreError):
 
 
 class TimedStore:
-    """``inner`` whose calls together take at most ``seconds`` of wall time (from construction).
+    """``inner`` whose calls together take at most ``seconds`` of wall time.
+
+    Only time inside the store's calls counts: packing, verifying or installing a bundle between two calls
+    is the machine's work, not the store's. A call given up on spends what was left. ``option`` names the
+    setting in the timeout message, as the user gives it (the plugin's flag or ini key, the CLI's
+    ``--store-timeout``, the Action's variable).
 
     ``trouble`` is the first infrastructure failure met (a :class:`StoreError` other than
     :class:`ObjectTooLarge`, a timeout included), or None: a caller that saw the store fail or stall once
     can skip the next operation instead of paying the same wait again.
     """
 
-    def __init__(self, inner: Store, seconds: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        inner: Store,
+        seconds: float,
+        *,
+        option: str = "--compile-cache-store-timeout",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.inner = inner
         self.location = inner.location
         self.seconds = seconds
+        self.option = option
         self.trouble: str | None = None
+        self.spent = 0.0  # seconds inside calls so far
         self._clock = clock
-        self._ends = clock() + seconds
 
     def __repr__(self) -> str:
         return f"TimedStore({self.inner!r}, {self.seconds:g} s)"
@@ -66,7 +79,7 @@ class TimedStore:
         self._call(f"delete {key}", lambda: self.inner.delete(key))
 
     def _call(self, what: str, call: Callable[[], _T]) -> _T:
-        left = self._ends - self._clock()
+        left = self.seconds - self.spent
         if left <= 0:
             raise self._timed_out(what)
         box: dict[str, Any] = {}
@@ -78,10 +91,13 @@ class TimedStore:
                 box["error"] = exc
 
         worker = threading.Thread(target=run, name="compilecache-store", daemon=True)
+        started = self._clock()
         worker.start()
         worker.join(left)
         if worker.is_alive():
+            self.spent = self.seconds
             raise self._timed_out(what)
+        self.spent += self._clock() - started
         error = box.get("error")
         if error is not None:
             if isinstance(error, StoreError) and not isinstance(error, ObjectTooLarge) and self.trouble is None:
@@ -91,9 +107,7 @@ class TimedStore:
         return value
 
     def _timed_out(self, what: str) -> TimedOut:
-        error = TimedOut(
-            f"{self.location} did not finish within {self.seconds:g} s ({what}); see --compile-cache-store-timeout"
-        )
+        error = TimedOut(f"{self.location} did not finish within {self.seconds:g} s ({what}); see {self.option}")
         if self.trouble is None:
             self.trouble = str(error)
         return error

@@ -325,3 +325,7 @@ def test_bad_plugin_variables_are_usage_errors_naming_the_variable(
     monkeypatch.setenv("PYTEST_COMPILECACHE_STORE_TIMEOUT", "0")
     assert cli.main(["prune", "--store", str(tmp_path / "store"), "--prefix", "p", "--keep", "2"]) == cli.EXIT_USAGE
     assert "error: PYTEST_COMPILECACHE_STORE_TIMEOUT: must be more than 0" in capsys.readouterr().err
+    # Whitespace is a value, as in the plugin (only an empty variable is unset there and here).
+    monkeypatch.setenv("PYTEST_COMPILECACHE_STORE_TIMEOUT", " ")
+    assert cli.main(["prune", "--store", str(tmp_path / "store"), "--prefix", "p", "--keep", "2"]) == cli.EXIT_USAGE
+    assert "error: PYTEST_COMPILECACHE_STORE_TIMEOUT: expected a number of seconds" in capsys.readouterr().err

@@ -179,19 +179,32 @@ def test_the_remote_cache_guard_turns_any_redis_error_into_a_recorded_miss() -> 
         full._put("k", b"v")  # what a compile met before the guard
     probe.guard_remote_cache()
     try:
+        assert backend(None)._get("k") == b"value"  # no error yet: torch's calls go through
         assert full._put("k", b"v") is None and full._redis is None  # switched off, as torch does on ConnectionError
-        assert full._get("k") is None  # later calls: torch's own early return, nothing recorded
-        slow = backend(redis.exceptions.TimeoutError("Timeout reading from socket"))
-        assert slow._get("k") is None and slow._redis is None
-        lost = backend(redis.exceptions.ConnectionError("Connection reset by peer"))
-        assert lost._get("k") is None  # torch catches this one itself; the guard only notices
-        assert backend(None)._get("k") == b"value"
+        assert full._get("k") is None  # later calls: a miss, nothing recorded
+        # torch builds a new backend for each compile: the switch is the process's, or each compile would
+        # wait out the socket timeout again. A fresh backend's client is never asked (it would raise).
+        fresh = backend(redis.exceptions.TimeoutError("Timeout reading from socket"))
+        assert fresh._get("k") is None and fresh._put("k", b"v") is None and fresh._redis is not None
+        assert backend(None)._get("k") is None
         assert probe.remote_cache_errors() == [
-            "put: ResponseError: OOM command not allowed when used memory > 'maxmemory'.",
-            "get: TimeoutError: Timeout reading from socket",
-            "get: the connection was lost",
+            "put: ResponseError: OOM command not allowed when used memory > 'maxmemory'."
         ]
         assert probe.remote_cache_errors() == []  # taken once
+        for error, line in (
+            (
+                redis.exceptions.TimeoutError("Timeout reading from socket"),
+                "get: TimeoutError: Timeout reading from socket",
+            ),
+            # torch catches this one itself and switches that backend off; the guard notices, and switches the process
+            (redis.exceptions.ConnectionError("Connection reset by peer"), "get: the connection was lost"),
+        ):
+            probe.uninstall_remote_guard()
+            probe.guard_remote_cache()
+            failing = backend(error)
+            assert failing._get("k") is None and failing._redis is None
+            assert backend(None)._get("k") is None
+            assert probe.remote_cache_errors() == [line]
         probe.guard_remote_cache()  # idempotent: not wrapped twice
         assert (
             getattr(RedisRemoteCacheBackend._get, "__wrapped__", None)

@@ -81,3 +81,35 @@ def test_trouble_records_the_first_store_failure_but_not_a_refused_size(tmp_path
     assert store.trouble == "cannot list at memory://test: connection reset"
     with pytest.raises(ValueError):  # anything else the inner store raises reaches the caller as it was
         store._call("boom", lambda: int("x"))
+
+
+def test_only_time_inside_the_stores_calls_counts(tmp_path: Path) -> None:
+    now = [0.0]
+    inner = MemoryStore()
+    store = TimedStore(inner, 10.0, clock=lambda: now[0])
+    now[0] = 1000.0  # packing a big bundle before the first call: the machine's time, not the store's
+    assert store.list() == []
+    assert store.spent == 0.0
+
+    class Slow(MemoryStore):
+        def list(self, prefix: str = "") -> list[StoreEntry]:
+            now[0] += 4.0  # each listing takes 4 s of the clock
+            return super().list(prefix)
+
+    slow = TimedStore(Slow(), 10.0, clock=lambda: now[0])
+    slow.list()
+    now[0] += 500.0  # verifying and installing between two calls
+    slow.list()
+    assert slow.spent == 8.0
+    slow.list()  # starts with 2 s left and returns (the clock is a fake: the thread is not cut off)
+    with pytest.raises(TimedOut):
+        slow.list()  # 12 s spent: refused before the store is called
+
+
+def test_the_timeout_message_names_the_setting_as_the_caller_spells_it() -> None:
+    stalling = Stalling()
+    store = TimedStore(stalling, 0.05, option="--store-timeout")
+    with pytest.raises(TimedOut, match=r"did not finish within 0.05 s \(list\); see --store-timeout$"):
+        store.list()
+    stalling.release.set()
+    assert "see --compile-cache-store-timeout" in str(TimedStore(MemoryStore(), 1.0)._timed_out("list"))
