@@ -153,6 +153,9 @@ def test_a_redis_failing_mid_session_is_one_warning_not_a_failed_test(
     warnings = [line for line in result.outlines if line.startswith("CompileCacheWarning:")]
     assert len(warnings) == 1, warnings
     assert "redis remote cache failed mid-session (put: OutOfMemoryError" in warnings[0], warnings
+    # The first error switches the process's remote caches off: the later puts (torch makes a backend per
+    # cache and per compile) are skipped, not each refused again after a round trip.
+    assert "errors in all" not in warnings[0], warnings
     assert data["warnings"] == [warnings[0].removeprefix("CompileCacheWarning: ")]
     assert data["totals"]["misses"] >= 1  # compiled with the local cache dir
 
