@@ -171,12 +171,18 @@ def append_summary(path: str | os.PathLike[str] | None, markdown: str) -> None:
         fh.write(markdown if markdown.endswith("\n") else markdown + "\n")
 
 
-_MD_SPECIAL = r"([\\`*\[\]<>|~])"
+# Backslash-escaped (CommonMark: any ASCII punctuation): emphasis, code, links, images, HTML, table pipes,
+# strikethrough, and ``:`` and ``www.``, where GFM's autolinks start (``https://``, ``www.``).
+_MD_SPECIAL = r"([\\`*_\[\]<>|~:])"
+_MD_WWW = r"(?i)(www)\."  # GFM autolinks www. after a space, start, or any of *_~(
 
 
 def md_text(text: str, limit: int = 500) -> str:
-    """Untrusted text as inert Markdown on one line: no HTML, links, emphasis or table breaks."""
-    return re.sub(_MD_SPECIAL, r"\\\1", one_line(text, limit)).replace("&", "&amp;")
+    """Untrusted text as inert Markdown on one line: no HTML, links (``[..](..)``, autolinked URLs and
+    ``www.`` names), images, emphasis, code or table breaks. GFM still autolinks an e-mail address (as a
+    ``mailto:`` link): no escape stops that."""
+    escaped = re.sub(_MD_SPECIAL, r"\\\1", one_line(text, limit))
+    return re.sub(_MD_WWW, r"\1\\.", escaped).replace("&", "&amp;")
 
 
 def md_code(text: str, limit: int = 500) -> str:

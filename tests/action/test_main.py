@@ -16,6 +16,7 @@ import pytest
 
 from pytest_compilecache.sync import RestoreResult
 from tests.action.conftest import parse_vars
+from tests.markdown import shown
 
 RUN = {"GITHUB_RUN_ID": "1234", "GITHUB_RUN_ATTEMPT": "2"}
 
@@ -364,7 +365,7 @@ def test_restore_markdown(action: ModuleType, environ: dict[str, str], fingerpri
     environ["GITHUB_EVENT_NAME"] = "pull_request"
     text = action.restore_markdown(action.make_plan(environ, fingerprint), RestoreResult("miss", message="a|b"))
     assert "| restored | miss: a\\|b |" in text
-    assert "nothing: save: auto restores only on pull_request" in text
+    assert "nothing: save: auto restores only on pull_request" in shown(text)
     environ.update(GITHUB_EVENT_NAME="x</details><img src=x>", INPUT_SAVE="true")  # runner text, still escaped
     text = action.restore_markdown(action.make_plan(environ, fingerprint), RestoreResult("miss"))
     assert "x\\</details\\>\\<img src=x\\> runs may get a read-only cache token" in text  # inert: no tag
@@ -646,7 +647,7 @@ def test_the_summary_does_not_promise_a_save_a_read_only_token_cannot_make(
 ) -> None:
     environ.update(GITHUB_EVENT_NAME="pull_request", INPUT_SAVE="true")
     text = action.restore_markdown(action.make_plan(environ, fingerprint), RestoreResult("miss"))
-    assert "pull_request runs may get a read-only cache token, and then nothing is saved" in text
+    assert "pull_request runs may get a read-only cache token, and then nothing is saved" in shown(text)
 
 
 # ---- action.yml (fixes 1, 2, 6, 7)

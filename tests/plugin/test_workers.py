@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.markdown import shown
 from tests.plugin.helpers import ENV_CONFTEST
 from tests.plugin.helpers import MATMUL_SUITE
 from tests.plugin.helpers import check_report
@@ -38,4 +39,4 @@ def test_silent_worker_is_reported_not_a_crash(inner: pytest.Pytester, monkeypat
     check_report(run.data)
     assert run.data["silent_workers"] == ["gw0"]
     run.result.stdout.fnmatch_lines(["workers that sent no statistics: gw0"])
-    assert "- workers that sent no statistics: gw0" in summary.read_text()
+    assert "- workers that sent no statistics: gw0" in shown(summary.read_text())

@@ -188,3 +188,31 @@ def test_annotations_come_after_the_resume_lines(monkeypatch: pytest.MonkeyPatch
     out.seek(0)
     plugin._github_commands(type("Quiet", (), {"problems": Problems()})(), output)
     assert out.getvalue() == ""  # nothing to annotate: the runner's state is left as the tests left it
+
+
+# Rendered by cmark-gfm (GitHub's Markdown engine, with its table, autolink and strikethrough extensions)
+# with raw HTML allowed, so that nothing here relies on GitHub's sanitiser: what md_text escapes must come
+# out as plain text in its own table cell.
+RENDERED = HOSTILE + [
+    "see https://evil.example/x and HTTP://EVIL.example",
+    "www.evil.example and _www.evil.example and (WWW.evil.example)",
+    "_emphasis_ __strong__ *a* ~~gone~~ `code` ![img](http://x/y.png) <https://x.example>",
+    "a:b::c ::error:: 100% &amp; &lt;b&gt; \\| \\\\",
+]
+_ALLOWED_TAGS = {"table", "thead", "tbody", "tr", "th", "td"}
+
+
+@pytest.mark.parametrize("text", RENDERED)
+def test_markdown_text_renders_as_the_text_itself_in_its_cell(text: str) -> None:
+    import html
+
+    import cmarkgfm
+    from cmarkgfm.cmark import Options
+
+    table = f"| cell | next |\n|---|---|\n| {ghrunner.md_text(text)} | after |\n"
+    rendered = cmarkgfm.github_flavored_markdown_to_html(table, options=Options.CMARK_OPT_UNSAFE)
+    tags = set(re.findall(r"</?([a-zA-Z][a-zA-Z0-9]*)", rendered))
+    assert tags <= _ALLOWED_TAGS, (tags, rendered)  # no link, image, emphasis, code or HTML of the text's own
+    cells = re.findall(r"<td>(.*?)</td>", rendered, flags=re.S)
+    assert len(cells) == 2 and cells[1] == "after", rendered  # the text stayed in its cell
+    assert html.unescape(cells[0]) == ghrunner.one_line(text).strip(), rendered  # shown as it was, unescaped
