@@ -85,22 +85,27 @@ def one_line(text: str, limit: int = 2000) -> str:
     the start becomes ``:\\:``, every ``##[`` becomes ``##\\[``), so text from a bundle, a store or the
     environment printed through this function is never a command, wherever it lands on the line.
     """
-    text = str(text)
-    if not text.isprintable():
-        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    text = _printable(text)
     if "##[" in text:
         text = text.replace("##[", "##\\[")
     if text.lstrip().startswith("::"):
         text = text.replace("::", ":\\:", 1)
+    return _cut(text, limit)
+
+
+def _printable(text: str) -> str:
+    """``text`` on one line: every character that is not printable shown escaped (``\\n``, ``\\x1b``)."""
+    text = str(text)
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-# ``::stop-commands::TOKEN`` (or ``##[stop-commands]TOKEN``): the runner ignores every command after it until
-# a line ``::TOKEN::`` (actions/runner ActionCommandManager.TryProcessCommand; names compare case-insensitively).
-_STOP = r"(?im)^[ \t]*::stop-commands(?:[ \t][^\r\n]*?)?::([^\r\n]*)|##\[stop-commands(?:[ \t][^\]\r\n]*)?\]([^\r\n]*)"
-_TOKEN = r"[A-Za-z0-9_.-]{1,200}"
-# The runner's own commands: a "resume" line for a token spelled like one of them would run it whenever
-# the commands were not in fact stopped (``::warning::`` is an empty annotation).
+# The runner's own commands (actions/runner, the IActionCommandExtension implementations and stop-commands).
+# A line naming one of them is that command, so a "resume" line for a token spelled like one would run it
+# whenever commands were not in fact stopped (``::warning::`` is an empty annotation).
 _RUNNER_COMMANDS = frozenset(
     {
         "add-mask", "add-matcher", "add-path", "debug", "echo", "endgroup", "error", "group", "notice",
@@ -108,22 +113,69 @@ _RUNNER_COMMANDS = frozenset(
         "internal-set-repo-path",
     }
 )  # fmt: skip
+# How the runner unescapes a command's data: ``::name::data`` (TryParseV2) and ``##[name]data`` (TryParse),
+# each replacement in its order (actions/runner src/Runner.Common/ActionCommand.cs).
+_DATA_V2 = (("%0D", "\r"), ("%0A", "\n"), ("%25", "%"))
+_DATA_V1 = (("%3B", ";"), ("%0D", "\r"), ("%0A", "\n"), ("%5D", "]"), ("%25", "%"))
+
+
+def _unescape(data: str, mappings: tuple[tuple[str, str], ...]) -> str:
+    for escaped, char in mappings:
+        data = data.replace(escaped, char)
+    return data
+
+
+def _stop_token(line: str) -> str | None:
+    """The token of ``line`` if the runner reads it as ``stop-commands`` (its parsers, ported), else None.
+
+    The runner tries ``::name props::data`` after stripping leading whitespace, and only when that names no
+    command of its own, ``##[name props]data`` at the first ``##[`` anywhere in the line; a name ends at the
+    first space and compares ignoring case."""
+    v2 = line.lstrip()
+    if v2.startswith("::"):
+        end = v2.find("::", 2)
+        if end >= 0:
+            name = v2[2:end].split(" ", 1)[0].lower()
+            if name == "stop-commands":
+                return _unescape(v2[end + 2 :], _DATA_V2)
+            if name in _RUNNER_COMMANDS:
+                return None  # another command: the older form is not tried
+    start = line.find("##[")
+    close = line.find("]", start) if start >= 0 else -1
+    if close >= 0 and line[start + 3 : close].split(" ", 1)[0].lower() == "stop-commands":
+        return _unescape(line[close + 1 :], _DATA_V1)
+    return None
+
+
+def _resumable(token: str) -> bool:
+    """Whether ``::TOKEN::`` is read by the runner as the command ``TOKEN`` and as nothing else: printable,
+    no space (a name ends there), no ``::`` and no ``:`` at the end (the name would end early), no ``##[``
+    (the older form would find a command in the line), not a runner command."""
+    return (
+        bool(token)
+        and token.isprintable()
+        and " " not in token
+        and "::" not in token
+        and not token.endswith(":")
+        and "##[" not in token
+        and token.lower() not in _RUNNER_COMMANDS
+    )
 
 
 def stop_tokens(text: str) -> list[str]:
-    """The tokens of the ``stop-commands`` lines in ``text`` that :func:`resume_lines` can end, in order.
+    """The tokens of the lines in ``text`` that stop the runner's command processing, in order, once each,
+    leaving out those no line can resume (see :func:`resume_lines`).
 
-    Output a runner shows before ours (a failing test's captured output, which pytest prints before the
-    plugins' summaries) can stop the runner's command processing; every annotation after it is then
-    printed as plain text. A token we cannot spell back exactly (whitespace, ``:`` or ``%`` in it, or the
-    name of a runner command) is left out: nothing written later can resume it.
-    """
+    Output a runner shows before ours (a failing test's captured output or a warning, which pytest prints
+    before the plugins' summaries) can stop the runner's command processing until a line ``::TOKEN::``;
+    every annotation in between is printed as plain text. Lines end at LF, CR or CRLF, as the runner reads
+    them."""
     if "stop-commands" not in text.lower():
         return []
     tokens: list[str] = []
-    for match in re.finditer(_STOP, text):
-        token = match.group(1) if match.group(1) is not None else match.group(2)
-        if re.fullmatch(_TOKEN, token) and token.lower() not in _RUNNER_COMMANDS and token not in tokens:
+    for line in re.split(r"\r\n|\r|\n", text):
+        token = _stop_token(line)
+        if token is not None and _resumable(token) and token not in tokens:
             tokens.append(token)
     return tokens
 
@@ -131,7 +183,7 @@ def stop_tokens(text: str) -> list[str]:
 def resume_lines(tokens: list[str]) -> list[str]:
     """One ``::TOKEN::`` line per token of :func:`stop_tokens`: whichever of them stopped the runner's
     command processing, it resumes at its line; while commands run, a line naming no command is plain text."""
-    return [f"::{token}::" for token in tokens if re.fullmatch(_TOKEN, token) and token.lower() not in _RUNNER_COMMANDS]
+    return [f"::{token}::" for token in tokens if _resumable(token)]
 
 
 def append_vars(path: str | os.PathLike[str] | None, values: Mapping[str, str]) -> None:
@@ -181,14 +233,15 @@ def md_text(text: str, limit: int = 500) -> str:
     """Untrusted text as inert Markdown on one line: no HTML, links (``[..](..)``, autolinked URLs and
     ``www.`` names), images, emphasis, code or table breaks. GFM still autolinks an e-mail address (as a
     ``mailto:`` link): no escape stops that."""
-    escaped = re.sub(_MD_SPECIAL, r"\\\1", one_line(text, limit))
+    # No runner parses the summary for commands: the text needs no command-breaking (one_line's), only one line.
+    escaped = re.sub(_MD_SPECIAL, r"\\\1", _cut(_printable(text), limit))
     return re.sub(_MD_WWW, r"\1\\.", escaped).replace("&", "&amp;")
 
 
 def md_code(text: str, limit: int = 500) -> str:
     """Untrusted text as an inline code span that nothing in it can close or break out of."""
     # GFM splits table cells at a pipe even inside code; "\|" is its escape (shown as "|" in a cell).
-    flat = one_line(text, limit).replace("|", "\\|")
+    flat = _cut(_printable(text), limit).replace("|", "\\|")
     longest = max((len(run) for run in re.findall(r"`+", flat)), default=0)
     fence = "`" * (longest + 1)
     pad = " " if flat.startswith("`") or flat.endswith("`") or not flat else ""

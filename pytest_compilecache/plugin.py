@@ -365,9 +365,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
 class _RunnerOutput:
     """Inside a GitHub Actions job (controller only): the ``stop-commands`` tokens in what pytest prints
-    before the plugins' summaries (each test's captured output and failure text, collection errors; under
-    xdist the workers' reports arrive here too). A failing test that printed ``::stop-commands::T`` would
-    otherwise turn every annotation after it into plain text. Output a test writes with ``-s`` is not seen."""
+    before the plugins' summaries (each test's captured output and failure text, collection errors,
+    warnings; under xdist the workers' reports and warnings arrive here too). A failing test that printed
+    ``::stop-commands::T`` would otherwise turn every annotation after it into plain text. Output written
+    live (``-s``, live logs) is not seen."""
 
     def __init__(self) -> None:
         self.tokens: list[str] = []
@@ -378,12 +379,17 @@ class _RunnerOutput:
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         self._scan(report)
 
+    def pytest_warning_recorded(self, warning_message: Any) -> None:
+        self._add(str(warning_message.message))  # the warnings summary comes before ours too
+
     def _scan(self, report: pytest.TestReport | pytest.CollectReport) -> None:
-        texts = [content for _, content in report.sections]
+        for _, content in report.sections:
+            self._add(content)
         if report.longrepr is not None:
-            texts.append(report.longreprtext)
-        for text in texts:
-            self.tokens += [token for token in stop_tokens(text) if token not in self.tokens]
+            self._add(report.longreprtext)
+
+    def _add(self, text: str) -> None:
+        self.tokens += [token for token in stop_tokens(text) if token not in self.tokens]
 
 
 def _github_commands(role: Controller, output: _RunnerOutput | None = None) -> None:

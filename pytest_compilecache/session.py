@@ -464,13 +464,17 @@ class Controller:
                 signing_key=self.settings.signing_key,
                 max_bytes=self.settings.max_bundle_size,
             )
-            # Only a restore that failed on the store skips the save: a store error while explaining a miss
-            # (the newest bundle of another fingerprint) is part of the miss's message, not a failure.
-            self.store_trouble = store.trouble if self.restored.outcome == "error" else None
+            # A restore that failed on the store skips the save (it would wait again), and so does one whose
+            # store spent the whole budget on the side (explaining a miss, fetching headers): it is stalling.
+            # A store error met only while explaining a miss is part of the miss's message, not a failure.
+            if self.restored.outcome == "error" or store.exhausted:
+                self.store_trouble = store.trouble
         if self.restored.warning:
             self.problems.warn(self.restored.warning)
         for line in self.restored.headers.warnings:
             self.problems.warn(line)
+        if self.store_trouble and not self.restored.warning and not self.restored.headers.warnings:
+            self.problems.warn(f"{self.store_trouble}; nothing will be saved this session")  # the one warning
 
     def _load_staged(self, restored: RestoreResult) -> None:
         """Load the mega-cache blobs the Action's restore step installed but left for this process (that step

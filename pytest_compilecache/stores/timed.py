@@ -59,6 +59,11 @@ class TimedStore:
         self.spent = 0.0  # seconds inside calls so far
         self._clock = clock
 
+    @property
+    def exhausted(self) -> bool:
+        """True once the calls have spent the whole budget (a call given up on spends what was left)."""
+        return self.spent >= self.seconds
+
     def __repr__(self) -> str:
         return f"TimedStore({self.inner!r}, {self.seconds:g} s)"
 

@@ -298,6 +298,11 @@ def test_annotations_resume_after_a_test_stopped_the_runners_commands(
 
         def test_ok():
             pass
+
+        def test_warns():
+            import warnings
+
+            warnings.warn("disk nearly full\\n::stop-commands::warntok")  # the warnings summary shows it
         """
     )
     monkeypatch.setenv("GITHUB_ACTIONS", "true")
@@ -307,8 +312,9 @@ def test_annotations_resume_after_a_test_stopped_the_runners_commands(
 
     assert run.ret == 1, run.output  # the failing test
     lines = [line.strip() for line in run.result.outlines]
-    stop = lines.index("::stop-commands::resume-me")
-    resume = lines.index("::resume-me::")
     warning = next(i for i, line in enumerate(lines) if line.startswith("::warning title=compile cache::"))
-    assert stop < resume < warning, run.output
-    assert lines.count("::resume-me::") == 1
+    for token in ("resume-me", "warntok"):
+        stop = lines.index(f"::stop-commands::{token}")
+        resume = lines.index(f"::{token}::")
+        assert stop < resume < warning, run.output
+        assert lines.count(f"::{token}::") == 1

@@ -151,8 +151,18 @@ def test_one_line_bounds_length() -> None:
         ("::stop-commands::a\r\n::a::\n::stop-commands::b\n::stop-commands::a", ["a", "b"]),  # in order, once
         ("echo ::stop-commands::mid-line", []),  # not a command: '::' must start the line
         ("::stop-commands::has space", []),  # cannot be spelled back as one command name
-        ("::stop-commands::a:b", []),
-        ("::stop-commands::100%25", []),
+        ("::stop-commands::a:", []),  # '::a:::' names the command 'a'
+        ("::stop-commands::x##[y", []),  # its resume line would hold the older form's prefix
+        ("::stop-commands::a:b", ["a:b"]),
+        ("::stop-commands::100%25", ["100%"]),  # the runner unescapes the data: '::100%::' resumes it
+        ("##[stop-commands]tok%5D%3B", ["tok];"]),  # the older form's own escapes
+        ("::stop-commands::c3RvcA+/x=", ["c3RvcA+/x="]),  # base64, a GUID: any name without a space
+        ("::stop-commands::{1b4e28ba-2fa1}", ["{1b4e28ba-2fa1}"]),
+        ("progress 50%\r::stop-commands::cr", ["cr"]),  # a lone CR ends a line for the runner
+        ("\v\f\u00a0::stop-commands::ws", ["ws"]),  # .NET's TrimStart: every kind of whitespace
+        ("::stop-commands\tx::##[stop-commands]tab", ["tab"]),  # not a ::name (a tab is no separator): the older form
+        ("::warning::##[stop-commands]x", []),  # a ::warning, so the older form is not tried
+        ("  disk nearly full\n  ::stop-commands::warntok", ["warntok"]),  # as pytest's warnings summary indents
         ("::stop-commands::", []),
         ("::stop-commands::warning", []),  # its resume line would be an empty annotation when not stopped
         ("::stop-commands::Add-Mask", []),
@@ -198,6 +208,7 @@ RENDERED = HOSTILE + [
     "www.evil.example and _www.evil.example and (WWW.evil.example)",
     "_emphasis_ __strong__ *a* ~~gone~~ `code` ![img](http://x/y.png) <https://x.example>",
     "a:b::c ::error:: 100% &amp; &lt;b&gt; \\| \\\\",
+    "::error::test id ##[group]x\tafter a tab",
 ]
 _ALLOWED_TAGS = {"table", "thead", "tbody", "tr", "th", "td"}
 
@@ -215,4 +226,5 @@ def test_markdown_text_renders_as_the_text_itself_in_its_cell(text: str) -> None
     assert tags <= _ALLOWED_TAGS, (tags, rendered)  # no link, image, emphasis, code or HTML of the text's own
     cells = re.findall(r"<td>(.*?)</td>", rendered, flags=re.S)
     assert len(cells) == 2 and cells[1] == "after", rendered  # the text stayed in its cell
-    assert html.unescape(cells[0]) == ghrunner.one_line(text).strip(), rendered  # shown as it was, unescaped
+    # shown as it was (on one line: a line break as "\n"), with nothing added to break runner commands
+    assert html.unescape(cells[0]) == ghrunner._printable(text).strip(), rendered

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 from typing import Iterator
@@ -476,3 +477,32 @@ def test_only_a_restore_that_failed_on_the_store_skips_the_save(
     assert controller.restored is not None and controller.restored.outcome == outcome
     assert (controller.store_trouble is None) is saves
     assert ("could not explain" in controller.restored.message) is saves
+    assert len(controller.problems.warnings) == (0 if saves else 1)
+
+
+def test_a_store_that_stalls_while_a_miss_is_explained_is_one_warning_and_no_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Listing answers, the download of another fingerprint's bundle (to explain the miss) never does: the
+    # budget is spent, so the save would wait out a second one. One warning, no save.
+    release = threading.Event()
+
+    class Stalling(MemoryStore):
+        def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
+            release.wait(30)
+            return super().get(key, dest, limit=limit)
+
+    store = Stalling()
+    store.objects[make_key(PREFIX, "0" * 16, "other-1")] = (b"not read", 1.0)
+    monkeypatch.setattr(session_mod, "open_configured_store", lambda settings: store)
+    controller = _controller(tmp_path, store="memory://test", key_prefix=PREFIX, store_timeout=0.2)
+    try:
+        controller.session_start()
+    finally:
+        release.set()
+    assert controller.restored is not None and controller.restored.outcome == "miss"
+    assert controller.store_trouble is not None
+    assert controller.problems.warnings == [
+        "memory://test did not finish within 0.2 s (get compilecache-v1-0000000000000000-other-1); see "
+        "--compile-cache-store-timeout; nothing will be saved this session"
+    ]
