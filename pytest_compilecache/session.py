@@ -368,9 +368,6 @@ class Worker:
         if self.setup.settings.explain and self.setup.dir.mode in EXPLAINED_MODES:
             self.recorder.baseline_dir = self.setup.dir.path  # the controller has installed its baseline there
 
-    def _problems(self) -> dict[str, Any]:
-        return self.setup.problems.to_json()
-
     def _remote_errors(self) -> list[str]:
         self.setup.take_remote_errors()
         return list(self.setup.remote_errors)
@@ -383,7 +380,7 @@ class Worker:
             "records": [r.to_json() for r in self.recorder.stats.records.values()],
             "blob": blob,
             "files": files,
-            "problems": self._problems(),
+            "problems": self.setup.problems.to_json(),
             "remote_errors": self._remote_errors(),
             # Where torch in this process keeps precompiled headers (None: torch did not compile C++ here);
             # the controller carries headers only when every process agrees with its own computed dir.
@@ -657,7 +654,7 @@ class Controller:
             self.saved = sync.SaveResult("skipped", message="the store failed at the restore; nothing saved")
             return
         try:
-            fingerprint = self.setup.fingerprint()  # before the store's clock starts: it may import torch
+            fingerprint = self.setup.fingerprint()
             store = self._timed_store()
         except Exception as exc:
             self.problems.warn(f"save skipped: {type(exc).__name__}: {exc}")
@@ -687,7 +684,7 @@ class Controller:
             self.problems.warn(line)
 
     def _timed_store(self) -> TimedStore:
-        """The configured store, its calls bounded in all by ``--compile-cache-store-timeout`` from now."""
+        """The configured store, its calls bounded in all by ``--compile-cache-store-timeout``."""
         # cost: as above
         from .stores.timed import TimedStore
 
