@@ -1,7 +1,9 @@
-"""Miss explanations across two real sessions run by the real plugin in a shared cache dir (± xdist).
+"""Miss explanations across real sessions run by the real plugin in a shared cache dir (± xdist).
 
-The second session changes one input shape, adds a test and re-rolls a random constant baked into a graph;
-the terminal table (``--compile-cache-report=full``) and the JSON report must both say so.
+A first session records what each test looked up; a second with ``--compile-cache-explain=off`` misses and
+says nothing, captures nothing and keeps that record; a third changes one input shape, adds a test and
+re-rolls a random constant baked into a graph, and the terminal table (``--compile-cache-report=full``) and
+the JSON report must both say so, compared with the first.
 """
 
 from __future__ import annotations
@@ -59,69 +61,6 @@ def test_new():
 """
 
 
-@XDIST
-def test_second_session_says_why_each_test_missed(
-    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, dist: tuple[str, ...]
-) -> None:
-    inner.makepyfile(test_suite=SUITE)
-    args = (
-        "--compile-cache=shared",
-        f"--compile-cache-dir={inner.path / 'cache'}",
-        "--compile-cache-report=full",
-        *dist,
-    )
-
-    monkeypatch.setenv("INNER_ROWS", "8")
-    first = run_inner(inner, *args, json_name="first.json")
-    first.result.assert_outcomes(passed=3)
-    assert "why tests missed" not in first.output  # nothing to compare with yet
-    assert first.report is not None and first.report["why"] is None
-    assert first.record("test_project")["graphs"] >= 1 and first.record("test_project")["why"] == []
-    assert (inner.path / "cache" / ".compilecache-graphs.json").is_file()
-
-    monkeypatch.setenv("INNER_ROWS", "16")
-    inner.makepyfile(test_new=NEW)
-    second = run_inner(inner, *args, json_name="second.json")
-
-    second.result.assert_outcomes(passed=4)
-    second.result.stdout.fnmatch_lines_random(
-        [
-            "why tests missed (compared with the previous session):",
-            "never hits test_suite.py::test_random: only a constant in graph statement * changed since the last run*",
-            "why test_suite.py::test_project: input 0 shape [[]8, 4] -> [[]16, 4]",
-            "why test_new.py::test_new: new test",
-        ]
-    )
-    assert "test_same" not in second.output.split("why tests missed")[1]  # it hit: nothing to explain
-    report = second.report
-    assert report is not None
-    check_report(report)
-    assert report["why"]["compared_with"] == "previous session"
-    project = second.record("test_project")
-    assert project["why"] and any("input 0 shape [8, 4] -> [16, 4]" in r for w in project["why"] for r in w["reasons"])
-    assert report["why"]["misses"]["test_new.py::test_new"][0]["reasons"] == ["new test"]
-    assert report["why"]["never_hit"]["test_suite.py::test_random"]["runs"] == 2
-    assert second.record("test_same")["fxgraph"]["miss"] == 0 and second.record("test_same")["why"] == []
-    assert "test_suite.py::test_same" not in report["why"]["misses"]
-
-
-ONE_TEST = """
-import os
-
-import torch
-
-ROWS = int(os.environ["INNER_ROWS"])
-
-
-def project(x, w):
-    return x @ w
-
-
-def test_project():
-    x, w = torch.randn(ROWS, 4), torch.randn(4, 2)
-    torch.testing.assert_close(torch.compile(project)(x, w), project(x, w))
-"""
-
 # Each process writes, at its session end, whether the capture was wrapped around torch's lookup or waiting for
 # torch's codecache to be imported: "off" must leave torch untouched in every process, xdist workers included.
 CAPTURE_CONFTEST = """
@@ -149,10 +88,10 @@ def _capture_states(root: pytest.Pytester) -> list[dict[str, bool]]:
 
 
 @XDIST
-def test_explain_off_captures_nothing_and_on_says_why(
+def test_explain_off_captures_nothing_and_the_next_session_says_why_each_test_missed(
     inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, dist: tuple[str, ...]
 ) -> None:
-    inner.makepyfile(test_suite=ONE_TEST)
+    inner.makepyfile(test_suite=SUITE)
     inner.makeconftest(CAPTURE_CONFTEST)
     record = inner.path / "cache" / ".compilecache-graphs.json"
     args = (
@@ -164,25 +103,47 @@ def test_explain_off_captures_nothing_and_on_says_why(
 
     monkeypatch.setenv("INNER_ROWS", "8")
     first = run_inner(inner, *args, json_name="first.json")  # on by default: the baseline record
-    first.result.assert_outcomes(passed=1)
-    assert first.record("test_project")["graphs"] >= 1 and record.is_file()
+    first.result.assert_outcomes(passed=3)
+    assert "why tests missed" not in first.output  # nothing to compare with yet
+    assert first.report is not None and first.report["why"] is None
+    assert first.record("test_project")["graphs"] >= 1 and first.record("test_project")["why"] == []
+    assert record.is_file()
     assert any(state["wrapped"] for state in _capture_states(inner))
     kept = record.read_bytes()
 
     monkeypatch.setenv("INNER_ROWS", "16")
     off = run_inner(inner, *args, "--compile-cache-explain=off", json_name="off.json")
-    off.result.assert_outcomes(passed=1)
-    assert off.totals["fxgraph"]["miss"] >= 1  # it missed, and says nothing about why
+    off.result.assert_outcomes(passed=3)
+    assert off.record("test_project")["fxgraph"]["miss"] >= 1  # it missed, and says nothing about why
     assert "why tests missed" not in off.output and "why test_suite.py" not in off.output
     assert off.data["why"] is None
     assert off.record("test_project")["graphs"] == 0 and off.record("test_project")["why"] == []
-    assert record.read_bytes() == kept  # not rewritten: the next "on" session compares with the first
+    assert record.read_bytes() == kept  # not rewritten: the next session compares with the first
     states = _capture_states(inner)
     assert len(states) == (3 if dist else 1) and any(state["codecache"] for state in states)
     assert not any(state["wrapped"] or state["watching"] for state in states), states
 
-    monkeypatch.setenv("INNER_ROWS", "32")
-    on = run_inner(inner, *args, "--compile-cache-explain=on", json_name="on.json")
-    on.result.assert_outcomes(passed=1)
-    on.result.stdout.fnmatch_lines(["why test_suite.py::test_project: input 0 shape [[]8, 4] -> [[]32, 4]"])
-    assert on.data["why"]["misses"]["test_suite.py::test_project"]
+    monkeypatch.setenv("INNER_ROWS", "32")  # 16 rows hit now: the off session compiled them
+    inner.makepyfile(test_new=NEW)
+    second = run_inner(inner, *args, json_name="second.json")  # explain on again, by default
+
+    second.result.assert_outcomes(passed=4)
+    second.result.stdout.fnmatch_lines_random(
+        [
+            "why tests missed (compared with the previous session):",
+            "never hits test_suite.py::test_random: only a constant in graph statement * changed since the last run*",
+            "why test_suite.py::test_project: input 0 shape [[]8, 4] -> [[]32, 4]",
+            "why test_new.py::test_new: new test",
+        ]
+    )
+    assert "test_same" not in second.output.split("why tests missed")[1]  # it hit: nothing to explain
+    report = second.report
+    assert report is not None
+    check_report(report)
+    assert report["why"]["compared_with"] == "previous session"
+    project = second.record("test_project")
+    assert project["why"] and any("input 0 shape [8, 4] -> [32, 4]" in r for w in project["why"] for r in w["reasons"])
+    assert report["why"]["misses"]["test_new.py::test_new"][0]["reasons"] == ["new test"]
+    assert report["why"]["never_hit"]["test_suite.py::test_random"]["runs"] == 2
+    assert second.record("test_same")["fxgraph"]["miss"] == 0 and second.record("test_same")["why"] == []
+    assert "test_suite.py::test_same" not in report["why"]["misses"]

@@ -9,13 +9,14 @@ goes in as its own content-addressed object. Fresh machines (a new TMPDIR each, 
   header dir before the first test runs, the JSON report counts it, and gcc never builds it (torch still
   preprocesses it in every process: that is how it looks the file up), nor torch's vector-ISA probes (the
   bundle carries them; these machines dry-compile them as a user's would, see tests/torchenv.py); one runs
-  plainly in ``shared`` mode, one with ``-n 2`` in ``isolated`` mode;
-* get the header carried by hand, the way the product carries it (``headers.find_used``, ``describe``,
-  ``compress``, ``install``), with no store, so every kernel is a miss that gcc compiles with
-  ``-include <header>`` (``_carried_by_hand``): a
-  valid header is used (torch builds no header and gcc, asked with ``-Winvalid-pch``, does not reject it);
-  a header gcc will not use (garbage, or a real PCH built with other flags) costs a slower compile and
-  nothing else: gcc says so under ``-Winvalid-pch``, every test passes, results are checked against eager.
+  plainly in ``shared`` mode with one new kernel beside the restored ones, which gcc compiles with
+  ``-include <header>``: the restored header is used (torch builds no header and gcc, asked with
+  ``-Winvalid-pch``, does not reject it); one runs with ``-n 2`` in ``isolated`` mode;
+* get a header gcc will not use (garbage, or a real PCH built with other flags) under the carried one's
+  name, installed the way the product installs it (``headers.describe``, ``compress``, ``install``), with
+  no store, so every kernel is a miss that gcc compiles with ``-include <header>`` (``_bad_headers``): it
+  costs a slower compile and nothing else: gcc says so under ``-Winvalid-pch``, every test passes, results
+  are checked against eager.
 
 gcc is seen through a ``g++`` shim first on PATH: same name, so torch's command lines, header names and kernel
 keys are unchanged. It logs every call and adds ``-Winvalid-pch`` to kernel builds that include a header.
@@ -127,13 +128,29 @@ class Machine:
     before: list[str]
 
 
+# One more C++ kernel, for a machine that restores the others: gcc compiles it with the restored header.
+NEW_KERNEL = """
+import torch
+
+
+def ramp(x):
+    return torch.cos(x) * 3
+
+
+def test_new_kernel():
+    x = torch.randn(8)
+    torch.testing.assert_close(torch.compile(ramp)(x), ramp(x))
+"""
+
+
 @pytest.fixture
 def machine(inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
     """``machine(name, *args, before=None, kernels="all", isa_probes=True)``: run the probe and the training
     suite as machine ``name`` (its own TMPDIR, an empty cache dir, the g++ shim) with ``args``;
     ``before(tmpdir)`` runs first; every test passes. ``kernels="one"`` runs only ``test_activation`` (one
-    C++ kernel), for the machines that only need gcc to meet a header once; ``isa_probes=False`` keeps the
-    suite's setting that skips torch's ISA dry-compiles (tests/torchenv.py), for the same machines."""
+    C++ kernel), for the machines that only need gcc to meet a header once; ``kernels="new"`` adds
+    ``NEW_KERNEL``'s test for this machine alone; ``isa_probes=False`` keeps the suite's setting that skips
+    torch's ISA dry-compiles (tests/torchenv.py), for the machines of ``kernels="one"``."""
     shims = _shims(tmp_path)
     inner.makepyfile(test_0_probe=PROBE, test_training=TRAINING_SUITE)
 
@@ -155,13 +172,19 @@ def machine(inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: P
         else:
             monkeypatch.setenv("TORCHINDUCTOR_VEC_ISA_OK", torchenv.TORCH_SETTINGS["TORCHINDUCTOR_VEC_ISA_OK"])
         report = root / "report.json"
-        select = () if kernels == "all" else ("-k", "probe or activation")
-        result = inner.runpytest_subprocess(
-            "-p", "no:randomly", f"--compile-cache-dir={root / 'cache'}", f"--compile-cache-json={report}", *args,
-            *select, timeout=600,
-        )  # fmt: skip
-        # TRAINING_SUITE checks its results against eager.
-        result.assert_outcomes(passed=3 if kernels == "all" else 2, deselected=0 if kernels == "all" else 1)
+        select = ("-k", "probe or activation") if kernels == "one" else ()
+        new = inner.makepyfile(test_new=NEW_KERNEL) if kernels == "new" else None
+        try:
+            result = inner.runpytest_subprocess(
+                "-p", "no:randomly", f"--compile-cache-dir={root / 'cache'}", f"--compile-cache-json={report}",
+                *args, *select, timeout=600,
+            )  # fmt: skip
+        finally:
+            if new is not None:
+                new.unlink()
+        # TRAINING_SUITE and NEW_KERNEL check their results against eager.
+        passed = {"all": 3, "new": 4, "one": 2}[kernels]
+        result.assert_outcomes(passed=passed, deselected=1 if kernels == "one" else 0)
         log, probe = root / "g++.log", inner.path / f"probe-{name}.json"
         return Machine(
             root=root,
@@ -227,22 +250,13 @@ def damaged(artifact: headers.HeaderArtifact, how: str, work: Path) -> tuple[hea
     return described, packed
 
 
-def _carried_by_hand(machine, first: Machine, since: float, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """A valid header is used; a header gcc will not use costs only a slower compile."""
+def _bad_headers(machine, first: Machine, since: float, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A header gcc will not use costs only a slower compile."""
     carried = carried_headers(first, since)
 
-    def carry(tmp: Path) -> None:
-        for artifact, packed in carried:
-            assert headers.install(artifact, io.BytesIO(packed), headers.header_dir(tmp))
-
-    # One kernel is enough to see gcc take (or refuse) the header: each machine below compiles one.
-    log = machine("fresh", "--compile-cache=shared", before=carry, kernels="one", isa_probes=False).log
-    assert kernel_builds_with_header(log), "the empty cache dir must make gcc compile kernels: " + log
-    assert header_builds(log) == [], "torch rebuilt a carried header"
-    assert pch_warnings(log) == [], "gcc rejected the carried header"
-
-    # gcc names the first mismatch it meets: for a PCH built with other flags that may be the debug level or
-    # the macro, so only the file it rejected is checked there.
+    # One kernel is enough to see gcc refuse the header: each machine below compiles one. gcc names the first
+    # mismatch it meets: for a PCH built with other flags that may be the debug level or the macro, so only
+    # the file it rejected is checked there.
     name = carried[0][0].name
     for how, reason in [("garbage", "not a PCH file"), ("other-flags", name)]:
         work = tmp_path / f"work-{how}"
@@ -272,7 +286,7 @@ def _fresh_runners_restore_it(machine, first: Machine, store: Path) -> None:  # 
     artifacts = [e.key for e in LocalStore(store).list() if is_artifact_key(e.key)]
     assert len(artifacts) == saved["headers"]["named"]
 
-    b = machine("b", "--compile-cache=shared", f"--compile-cache-store={store}")
+    b = machine("b", "--compile-cache=shared", f"--compile-cache-store={store}", kernels="new")
     report, log, before = b.report, b.log, b.before
     restored = report["restore"]
     assert restored["outcome"] in ("exact", "partial"), restored
@@ -281,6 +295,10 @@ def _fresh_runners_restore_it(machine, first: Machine, store: Path) -> None:  # 
     assert before and set(before) <= set(built), (before, built)  # installed before the first test ran
     assert header_builds(log) == [], "torch rebuilt a header the restore installed: " + log
     assert " -E " in log, "torch looked the header up (it preprocesses it first) and found it"
+    # The new kernel is a miss: gcc compiles it with the restored header and does not reject it.
+    assert report["totals"]["misses"] >= 1 and report["totals"]["hits"] >= 1, report["totals"]
+    assert kernel_builds_with_header(log), "the new kernel must make gcc compile with the header: " + log
+    assert pch_warnings(log) == [], "gcc rejected the restored header: " + log
     # torch's ISA probe libraries came with the bundle (probe.used_files): no dry-compile on this machine.
     assert isa_probe_builds(log) == [], "the bundle did not carry torch's ISA probes: " + log
 
@@ -307,5 +325,5 @@ def test_a_header_travels_and_a_bad_one_costs_only_a_slower_compile(  # type: ig
     assert isa_probe_builds(first.log), "machine a must dry-compile torch's ISA probes: " + first.log
     with subtests.test("fresh runners restore it from the store"):
         _fresh_runners_restore_it(machine, first, store)
-    with subtests.test("carried by hand: used when valid, a slower compile when not"):
-        _carried_by_hand(machine, first, since, tmp_path)
+    with subtests.test("a header gcc will not use: a slower compile"):
+        _bad_headers(machine, first, since, tmp_path)

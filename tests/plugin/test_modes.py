@@ -74,26 +74,52 @@ def test_shared_cold_then_warm(inner: pytest.Pytester, monkeypatch: pytest.Monke
     assert "<details><summary>Slowest compiling tests (2)</summary>" in warm_part
 
 
-def test_step_summary_off(inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, dist: tuple[str, ...]) -> None:
-    inner.makeconftest(ENV_CONFTEST)
-    inner.makepyfile(test_suite=MATMUL_SUITE)
-    summary = inner.path / "step-summary.md"
-    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+# The fixture's suite, run beside MATMUL_SUITE in one isolated session: its own graphs (other shapes than
+# MATMUL_SUITE's, so no test hits what another compiled in the same dir).
+STATS_SUITE = """
+import pathlib
 
-    run = run_inner(
-        inner,
-        "--compile-cache=shared",
-        f"--compile-cache-dir={inner.path / 'cache'}",
-        "--compile-cache-summary=off",
-        *dist,
-    )
-
-    assert run.ret == 0, run.output
-    assert run.totals["compiled_tests"] == 2  # worth a summary, were it on
-    assert not summary.exists()
+import torch
 
 
-def test_isolated_compiles_cold_every_time_in_one_dir(inner: pytest.Pytester, dist: tuple[str, ...]) -> None:
+def project(x, w):
+    return x @ w
+
+
+def gram(x):
+    return x.t() @ x
+
+
+def outer(x):
+    return x @ x.t()
+
+
+def test_reads_its_own_compile(compile_cache_stats):
+    assert compile_cache_stats.frames == 0
+    torch.compile(project)(torch.randn(5, 3), torch.randn(3, 2))
+    assert compile_cache_stats.frames >= 1
+    pathlib.Path(__file__).with_name("seen-misses.txt").write_text(str(compile_cache_stats.fxgraph["miss"]))
+
+
+def test_no_recompile(compile_cache_stats):
+    compiled = torch.compile(gram, dynamic=False)
+    compiled(torch.randn(7, 3))
+    compiled(torch.randn(7, 3))
+    assert compile_cache_stats.frames == 1
+    assert compile_cache_stats.recompiles == 0
+
+
+def test_shape_change_recompiles(compile_cache_stats):
+    compiled = torch.compile(outer, dynamic=False)
+    compiled(torch.randn(8, 4))
+    compiled(torch.randn(6, 4))
+    assert compile_cache_stats.recompiles >= 1
+"""
+
+
+def test_isolated_compiles_cold_every_time_in_one_dir(
+    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, dist: tuple[str, ...]
+) -> None:
     inner.makeconftest(ENV_CONFTEST)
     inner.makepyfile(test_suite=MATMUL_SUITE)
 
@@ -111,24 +137,42 @@ def test_isolated_compiles_cold_every_time_in_one_dir(inner: pytest.Pytester, di
     assert {t["worker"] for t in first.data["tests"]} == _workers(dist)
     assert {env[t]["TORCHINDUCTOR_CACHE_DIR"] for t in ("project", "gram")} == {session_dir}
 
+    # Again, into a kept dir under a parent of our choosing, with the fixture's suite beside the first and a
+    # step summary that is switched off (one session for three claims: each session costs a torch import).
+    inner.makepyfile(test_stats=STATS_SUITE)
+    summary = inner.path / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     parent = inner.path / "isolated"
     second = run_inner(
         inner,
         "--compile-cache=isolated",
         f"--compile-cache-dir={parent}",
         "--compile-cache-keep",
+        "--compile-cache-summary=off",
         *dist,
         json_name="second.json",
     )
 
+    second.result.assert_outcomes(passed=5)
     assert second.ret == 0, second.output
     check_report(second.data)
-    assert (second.totals["hits"], second.totals["misses"]) == (0, 2)
+    assert second.totals["hits"] == 0
+    assert [second.record(t)["fxgraph"]["miss"] for t in ("test_project", "test_gram")] == [1, 1]
     kept = Path(second.data["cache_dir"])
     assert kept.parent == parent
     assert kept != Path(session_dir)
     assert (kept / "CACHEDIR.TAG").is_file()
     assert any(p.is_file() for p in (kept / "fxgraph").rglob("*"))
+
+    # --compile-cache-summary=off: a session worth a summary writes none.
+    assert second.totals["compiled_tests"] == 5
+    assert not summary.exists()
+
+    # The compile_cache_stats fixture: each test reads its own counts, as the report records them.
+    seen = int((inner.path / "seen-misses.txt").read_text())
+    assert seen == second.record("test_reads_its_own_compile")["fxgraph"]["miss"] == 1
+    assert second.record("test_no_recompile")["recompiles"] == 0
+    assert second.record("test_shape_change_recompiles")["recompiles"] >= 1
 
 
 def test_disabled_makes_no_cache_lookups(inner: pytest.Pytester, dist: tuple[str, ...]) -> None:
@@ -199,58 +243,3 @@ def test_isolated_marker_compiles_cold_in_a_warm_dir(inner: pytest.Pytester, dis
     assert env["after-test_marked"]["TORCHINDUCTOR_CACHE_DIR"] == str(cache)
     assert env["after-test_marked"]["worker"] == env["during-marked"]["worker"]
     assert env["later"]["TORCHINDUCTOR_CACHE_DIR"] == str(cache)
-
-
-STATS_SUITE = """
-import pathlib
-
-import torch
-
-
-def project(x, w):
-    return x @ w
-
-
-def gram(x):
-    return x.t() @ x
-
-
-def outer(x):
-    return x @ x.t()
-
-
-def test_reads_its_own_compile(compile_cache_stats):
-    assert compile_cache_stats.frames == 0
-    torch.compile(project)(torch.randn(8, 4), torch.randn(4, 2))
-    assert compile_cache_stats.frames >= 1
-    pathlib.Path(__file__).with_name("seen-misses.txt").write_text(str(compile_cache_stats.fxgraph["miss"]))
-
-
-def test_no_recompile(compile_cache_stats):
-    compiled = torch.compile(gram, dynamic=False)
-    compiled(torch.randn(8, 4))
-    compiled(torch.randn(8, 4))
-    assert compile_cache_stats.frames == 1
-    assert compile_cache_stats.recompiles == 0
-
-
-def test_shape_change_recompiles(compile_cache_stats):
-    compiled = torch.compile(outer, dynamic=False)
-    compiled(torch.randn(8, 4))
-    compiled(torch.randn(6, 4))
-    assert compile_cache_stats.recompiles >= 1
-"""
-
-
-def test_compile_cache_stats_fixture(inner: pytest.Pytester, dist: tuple[str, ...]) -> None:
-    inner.makepyfile(test_suite=STATS_SUITE)
-
-    run = run_inner(inner, "--compile-cache=isolated", *dist)
-
-    run.result.assert_outcomes(passed=3)
-    assert run.ret == 0
-    check_report(run.data)
-    seen = int((inner.path / "seen-misses.txt").read_text())
-    assert seen == run.record("test_reads_its_own_compile")["fxgraph"]["miss"] == 1
-    assert run.record("test_no_recompile")["recompiles"] == 0
-    assert run.record("test_shape_change_recompiles")["recompiles"] >= 1
