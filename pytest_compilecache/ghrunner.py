@@ -229,13 +229,20 @@ _MD_SPECIAL = r"([\\`*_\[\]<>|~:])"
 _MD_WWW = r"(?i)(www)\."  # GFM autolinks www. after a space, start, or any of *_~(
 
 
+# An empty HTML comment: shown as nothing, but it splits the text around it, which no escape does.
+MD_NO_AUTOLINK = "<!-- -->"
+
+
 def md_text(text: str, limit: int = 500) -> str:
-    """Untrusted text as inert Markdown on one line: no HTML, links (``[..](..)``, autolinked URLs and
-    ``www.`` names), images, emphasis, code or table breaks. GFM still autolinks an e-mail address (as a
-    ``mailto:`` link): no escape stops that."""
+    """Untrusted text as inert Markdown on one line: no HTML, links (``[..](..)``, autolinked URLs,
+    ``www.`` names and e-mail addresses), images, emphasis, code or table breaks.
+
+    GFM autolinks ``name@host.tld`` whatever is escaped around it, so every ``@`` is followed by
+    :data:`MD_NO_AUTOLINK`, the only raw HTML in the result (a reader sees the text unchanged)."""
     # No runner parses the summary for commands: the text needs no command-breaking (one_line's), only one line.
     escaped = re.sub(_MD_SPECIAL, r"\\\1", _cut(_printable(text), limit))
-    return re.sub(_MD_WWW, r"\1\\.", escaped).replace("&", "&amp;")
+    escaped = re.sub(_MD_WWW, r"\1\\.", escaped).replace("&", "&amp;")
+    return escaped.replace("@", "@" + MD_NO_AUTOLINK)
 
 
 def md_code(text: str, limit: int = 500) -> str:
