@@ -301,11 +301,18 @@ def _fresh_runners_restore_it(machine, first: Machine, store: Path) -> None:  # 
     assert pch_warnings(log) == [], "gcc rejected the restored header: " + log
     # torch's ISA probe libraries came with the bundle (probe.used_files): no dry-compile on this machine.
     assert isa_probe_builds(log) == [], "the bundle did not carry torch's ISA probes: " + log
+    # b compiled something new, so it saved a bundle of its own: it names the header, which the store
+    # already holds (headers go in once per store, by content), and does not upload it again.
+    assert b.report["save"]["outcome"] == "saved", b.report["save"]
+    assert b.report["save"]["headers"]["named"] == saved["headers"]["named"], b.report["save"]
+    assert b.report["save"]["headers"]["transferred"] == 0, b.report["save"]
 
+    # c restores b's bundle (the newest): the header comes from the store's one copy, which a's save put there.
     c = machine("c", "--compile-cache=isolated", f"--compile-cache-store={store}", "-n", "2")
     report, log = c.report, c.log
     restored = report["restore"]
     assert restored["outcome"] in ("exact", "partial"), restored
+    assert restored["key"] == b.report["save"]["key"], (restored, b.report["save"])
     assert restored["headers"]["transferred"] == saved["headers"]["named"], restored
     assert header_builds(log) == [], "an xdist worker rebuilt a header the controller installed: " + log
     assert isa_probe_builds(log) == [], log
