@@ -63,25 +63,6 @@ def test_matmul_sigmoid():
     torch.testing.assert_close(torch.compile(fn)(x, w), fn(x, w))
 """
 
-# One graph with a C++ kernel (so a precompiled header to carry) and one without: for the jobs that need a
-# header but not two C++ builds.
-ONE_KERNEL_SUITE = """\
-import torch
-
-
-def test_matmul_relu():
-    def fn(x, w):
-        return torch.relu(x @ w)
-
-    x, w = torch.randn(8, 8), torch.randn(8, 8)
-    torch.testing.assert_close(torch.compile(fn)(x, w), fn(x, w))
-
-
-def test_gram():
-    x = torch.randn(8, 4)
-    torch.testing.assert_close(torch.compile(lambda a: a.t() @ a)(x), x.t() @ x)
-"""
-
 # Two matmuls alone: TorchInductor calls extern kernels, so the FX graphs are cached and restored with no C++
 # build and no precompiled header. For the scenarios about the Action's flow rather than what it carries.
 MATMUL_SUITE = """\
@@ -263,7 +244,9 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
 
 
 def test_two_jobs_with_one_fingerprint_keep_their_own_lineage(act: Act, server: CacheServer) -> None:
-    act.write("test_models.py", ONE_KERNEL_SUITE)  # a header to save per lineage; one C++ build per job
+    # One C++ build per job (a header to save per lineage) and two matmul graphs.
+    act.write("test_models.py", MATMUL_SUITE)
+    act.write("test_more.py", ANOTHER_GRAPH)
     first = act.run(workflow(jobs=("unit", "models")), "push", env=fresh_runner(act))
     assert first.returncode == 0, first.log[-6000:]
     unit, models = first.outputs("unit"), first.outputs("models")

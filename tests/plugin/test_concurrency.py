@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_compilecache.cachedir import OUR_NAMES
 from tests.plugin.helpers import ENV_CONFTEST
 from tests.plugin.helpers import MATMUL_SUITE
 from tests.plugin.helpers import check_report
@@ -137,8 +138,7 @@ def test_trimming_sessions_never_break_a_compiling_one(inner: pytest.Pytester) -
         # Only the dir's bookkeeping is left (our marker files and record, torch's lock files): no FX graph,
         # AOTAutograd entry or kernel, so the next session on this dir compiles cold.
         left = [p.relative_to(cache) for p in cache.rglob("*") if p.is_file()]
-        bookkeeping = {".compilecache-graphs.json", ".compilecache.lock", ".gitignore", "CACHEDIR.TAG"}
-        assert all(str(p) in bookkeeping or (p.parent.name == "locks" and p.suffix == ".lock") for p in left), left
+        assert all(str(p) in OUR_NAMES or (p.parent.name == "locks" and p.suffix == ".lock") for p in left), left
         deferred += sum("trim deferred" in note for note in notes)
     print(f"trimming sessions deferred {deferred} times")  # shown with -s; how often they overlapped
 
