@@ -32,30 +32,11 @@ __all__ = [
 ]
 
 
-class CompileCacheWarning(UserWarning):
-    """Infrastructure trouble (a store that is down, a corrupt bundle): the session goes on, cold.
-
-    Emitted through :func:`warnings.warn` under pytest's warning filters, so ``-W
-    error::pytest_compilecache.CompileCacheWarning`` (or ``filterwarnings = error::...`` in the ini file)
-    makes cache trouble fail the session as ``--compile-cache-strict`` does, and ``ignore::...`` hides it.
-    """
-
-
-class CompileCacheError(Exception):
-    """Base of every exception this package raises on purpose."""
-
-
-class ConfigError(CompileCacheError, ValueError):
-    """Bad user input. The message names the option (``--compile-cache-store``...)."""
-
-
-class StoreError(CompileCacheError):
-    """A store could not be reached or refused an operation. Callers turn it into a warning."""
-
-
-class BundleError(CompileCacheError):
-    """A bundle failed verification (checksum, signature, manifest, fingerprint, unsafe member)."""
-
+from .errors import BundleError
+from .errors import CompileCacheError
+from .errors import CompileCacheWarning
+from .errors import ConfigError
+from .errors import StoreError
 
 # name -> module that defines it; loaded on first attribute access (PEP 562), so that `import
 # pytest_compilecache` (which pytest does for every session through the plugin entry point) stays cheap.

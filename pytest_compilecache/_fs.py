@@ -205,7 +205,7 @@ def report_target(path: str, option: str) -> Path:
     """``path`` for a report written later (the plugin's JSON at session end, the CLI's ``--json``): its
     directory is made now and a path that cannot be written is a ConfigError naming ``option`` now, before
     any work, not a warning after it."""
-    from . import ConfigError
+    from .errors import ConfigError
 
     target = Path(path)
     try:

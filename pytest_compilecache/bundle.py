@@ -41,7 +41,6 @@ from typing import Iterator
 from typing import Mapping
 from typing import cast
 
-from . import BundleError
 from . import __version__
 from ._fs import atomic_file
 from ._fs import temp_name
@@ -60,6 +59,7 @@ from .container import iter_tar
 from .container import read_header
 from .container import sign
 from .container import tar_limit
+from .errors import BundleError
 from .install import CacheDirError
 from .install import Installed
 from .install import Staging

@@ -52,7 +52,7 @@ from typing import Iterator
 from typing import Literal
 from typing import NamedTuple
 
-from . import ConfigError
+from .errors import ConfigError
 
 SESSION_ENV = "PYTEST_COMPILECACHE_SESSION"
 LOCK_NAME = ".compilecache.lock"

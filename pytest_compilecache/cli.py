@@ -25,9 +25,6 @@ from pathlib import Path
 from typing import Any
 from typing import Sequence
 
-from . import BundleError
-from . import ConfigError
-from . import StoreError
 from . import __version__
 from . import bundle
 from . import ghrunner
@@ -35,6 +32,9 @@ from . import report
 from . import sync
 from ._fs import atomic_file
 from ._fs import report_target
+from .errors import BundleError
+from .errors import ConfigError
+from .errors import StoreError
 from .explain import SessionExplanation
 from .fingerprint import collect
 from .fingerprint import default_suffix
@@ -42,8 +42,8 @@ from .fingerprint import make_key
 from .fingerprint import restore_prefix
 from .probe import point_cache_dir
 from .settings import DEFAULT_PREFIX
-from .settings import SIGNING_KEY_ENV
 from .settings import from_environment
+from .settings import read_signing_key
 from .stats import ItemRecord
 from .stats import SessionStats
 from .stores import open_store
@@ -100,8 +100,7 @@ def _resolve_store_defaults(args: argparse.Namespace) -> None:
 
 def _signing_key() -> bytes | None:
     """The signing key from the environment (never from the command line, where ``ps`` would show it)."""
-    value = os.environ.get(SIGNING_KEY_ENV, "")
-    return value.encode() if value else None
+    return read_signing_key()
 
 
 def _progress(label: str) -> Any:

@@ -35,8 +35,9 @@ from typing import cast
 
 import zstandard
 
-from . import BundleError
-from . import ConfigError
+from .errors import SIGNING_KEY_ENV
+from .errors import BundleError
+from .errors import ConfigError
 from .manifest import FORMAT_VERSION
 
 __all__ = [
@@ -57,7 +58,6 @@ __all__ = [
 ]
 
 MAGIC = b"PTCCBNDL"
-SIGNING_KEY_ENV = "PYTEST_COMPILECACHE_SIGNING_KEY"
 CHUNK = 1024 * 1024
 MAX_MANIFEST = 16 * 1024 * 1024  # a member entry is ~200 bytes, 'graphs' at most 4 MiB: 16 MiB is ample
 _PAX_SIZE = re.compile(r"[0-9]{1,19}")

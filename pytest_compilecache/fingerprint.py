@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 from typing import Mapping
 
-from . import ConfigError
 from . import probe
+from .errors import ConfigError
 
 DIGEST_LENGTH = 16
 

@@ -59,6 +59,7 @@ from typing import Mapping
 
 from ._fs import atomic_file
 from ._fs import try_flock
+from .errors import HeaderError
 
 if TYPE_CHECKING:
     from .stores.base import Store
@@ -94,10 +95,6 @@ _CHUNK = 1 << 20
 ZSTD_LEVEL = 3
 MAX_SIZE = 4 << 30
 """The largest header we describe or install (a real one is ~150 MB); larger is refused, not truncated."""
-
-
-class HeaderError(Exception):
-    """A header could not be described or installed; the message is one line for a warning."""
 
 
 @dataclass(frozen=True)

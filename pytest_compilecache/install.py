@@ -26,9 +26,10 @@ from typing import BinaryIO
 from typing import Iterable
 from typing import Iterator
 
-from . import BundleError
 from ._fs import rmtree_at
 from ._fs import temp_name
+from .errors import BundleError
+from .errors import CacheDirError
 
 __all__ = ["CacheDirError", "Installed", "Staging", "open_cache_file", "open_root"]
 
@@ -36,11 +37,6 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC | getattr(os, "O_BINARY", 0)
 _CHUNK = 1024 * 1024
-
-
-class CacheDirError(BundleError):
-    """The cache dir itself failed us (cannot be created, disk full, I/O error): infrastructure trouble,
-    not a fault of the bundle. A :class:`BundleError`, so a reader still raises nothing else."""
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Any
 from typing import Iterable
 from typing import Mapping
 
-from . import BundleError
+from .errors import BundleError
 
 __all__ = [
     "BLOBS_DIR",

@@ -20,11 +20,11 @@ from typing import Generator
 
 import pytest
 
-from . import ConfigError
 from . import cachedir
 from . import probe
 from .cachedir import SESSION_ENV
 from .cachedir import SessionDir
+from .errors import ConfigError
 from .ghrunner import in_github_actions
 from .ghrunner import resume_lines
 from .ghrunner import stop_tokens

@@ -20,7 +20,7 @@ from typing import Callable
 from typing import Literal
 from typing import Sequence
 
-from . import CompileCacheWarning
+from .errors import CompileCacheWarning
 
 Action = Literal["show", "ignore", "error"]
 Classifier = Callable[[str], Action]

@@ -28,12 +28,12 @@ from typing import Any
 from typing import Mapping
 from typing import NamedTuple
 
-from . import ConfigError
 from . import cachedir
 from . import probe
 from ._env import EnvLease
 from .cachedir import SESSION_ENV
 from .cachedir import SessionDir
+from .errors import ConfigError
 from .ghrunner import append_summary
 from .ghrunner import one_line
 from .problems import Problems

@@ -14,7 +14,8 @@ from typing import Callable
 from typing import Mapping
 from typing import NamedTuple
 
-from . import ConfigError
+from .errors import SIGNING_KEY_ENV
+from .errors import ConfigError
 
 MODES = ("shared", "isolated", "disabled")
 REPORTS = ("short", "full", "none")
@@ -22,7 +23,6 @@ SUMMARY = ("auto", "off")
 RESTORE = ("auto", "skip")
 SWITCH = ("on", "off")
 DEFAULT_PREFIX = "compilecache-v1"
-SIGNING_KEY_ENV = "PYTEST_COMPILECACHE_SIGNING_KEY"
 
 
 def _choice(choices: tuple[str, ...]) -> Callable[[str, str], str]:
@@ -395,13 +395,19 @@ def resolve(
         values[option.name], spellings[option.name] = _pick(
             option, cli.get(option.name), ini(option.ini), environ.get(option.env)
         )
-    signing_key = environ.get(SIGNING_KEY_ENV, "")
-    values["signing_key"] = signing_key.encode() if signing_key else None
+    values["signing_key"] = read_signing_key(environ)
     values["spelled"] = tuple((name, spelled) for name, spelled in spellings.items() if not spelled.startswith("--"))
     settings = Settings(**values)
     if settings.mode == "disabled" and settings.store:
         raise ConfigError(f"{spellings['store']}: cannot be used with {spellings['mode']}=disabled")
     return settings
+
+
+def read_signing_key(environ: Mapping[str, str] = os.environ) -> bytes | None:
+    """The bundle signing key from :data:`SIGNING_KEY_ENV` (None when unset or empty): the one place it is
+    read, for the plugin, the CLI and the Action alike."""
+    value = environ.get(SIGNING_KEY_ENV, "")
+    return value.encode() if value else None
 
 
 def option(name: str) -> Option:

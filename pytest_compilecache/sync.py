@@ -49,8 +49,6 @@ from typing import Mapping
 from typing import NamedTuple
 from typing import TypeVar
 
-from . import BundleError
-from . import StoreError
 from . import bundle
 from . import headers
 from . import probe
@@ -59,6 +57,8 @@ from .bundle import DEFAULT_MAX_BYTES
 from .bundle import CacheDirError
 from .cachedir import PENDING_DIR
 from .cachedir import lock
+from .errors import BundleError
+from .errors import StoreError
 from .fingerprint import Fingerprint
 from .fingerprint import explain
 from .fingerprint import make_key

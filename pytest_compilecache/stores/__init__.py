@@ -22,7 +22,7 @@ from typing import Union
 from urllib.parse import unquote
 from urllib.parse import urlsplit
 
-from .. import ConfigError
+from ..errors import ConfigError
 from .base import ObjectTooLarge
 from .base import Store
 from .base import StoreEntry

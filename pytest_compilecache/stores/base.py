@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Protocol
 from typing import runtime_checkable
 
-from .. import ConfigError
-from .. import StoreError
+from ..errors import ConfigError
+from ..errors import ObjectTooLarge
 
 __all__ = [
     "ObjectTooLarge",
@@ -36,14 +36,6 @@ _PREFIX = re.compile(rf"^[A-Za-z0-9._-]{{0,{MAX_KEY_LENGTH}}}$")
 # headers.object_key(): "<prefix>-artifact-<sha256>". Spelled here too so that listing code never imports
 # headers (and its hashing) just to tell an artifact object from a bundle.
 _ARTIFACT_KEY = re.compile(r".*-artifact-[0-9a-f]{64}")
-
-
-class ObjectTooLarge(StoreError):
-    """:meth:`Store.get` met an object larger than the caller's ``limit``: nothing is left at ``dest``.
-
-    A listing's size bounds nothing by itself: the object may be replaced between the listing and the
-    download by anyone who can write the store.
-    """
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from typing import Any
 from typing import BinaryIO
 from typing import Callable
 
-from .. import StoreError
 from .._fs import atomic_file
+from ..errors import StoreError
 from .base import ObjectTooLarge
 from .base import StoreEntry
 from .base import newest_first

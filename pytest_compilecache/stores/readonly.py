@@ -10,7 +10,7 @@ from __future__ import annotations
 import builtins
 from pathlib import Path
 
-from .. import StoreError
+from ..errors import StoreError
 from .base import Store
 from .base import StoreEntry
 from .base import validate_key

@@ -24,9 +24,9 @@ from typing import Any
 from typing import BinaryIO
 from urllib.parse import urlsplit
 
-from .. import ConfigError
-from .. import StoreError
 from .. import __version__
+from ..errors import ConfigError
+from ..errors import StoreError
 from .base import ObjectTooLarge
 from .base import StoreEntry
 from .base import newest_first

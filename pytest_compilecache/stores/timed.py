@@ -18,16 +18,13 @@ from typing import Any
 from typing import Callable
 from typing import TypeVar
 
-from .. import StoreError
+from ..errors import StoreError
+from ..errors import TimedOut
 from .base import ObjectTooLarge
 from .base import Store
 from .base import StoreEntry
 
 _T = TypeVar("_T")
-
-
-class TimedOut(StoreError):
-    """The budget of a :class:`TimedStore` was spent before a call returned."""
 
 
 class TimedStore:
