@@ -8,9 +8,9 @@ from typing import Mapping
 import pytest
 
 from pytest_compilecache import ConfigError
+from pytest_compilecache.errors import SIGNING_KEY_ENV
 from pytest_compilecache.settings import DEFAULT_PREFIX
 from pytest_compilecache.settings import OPTIONS
-from pytest_compilecache.settings import SIGNING_KEY_ENV
 from pytest_compilecache.settings import Settings
 from pytest_compilecache.settings import parse_size
 from pytest_compilecache.settings import resolve

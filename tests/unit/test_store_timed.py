@@ -9,10 +9,10 @@ from typing import Callable
 import pytest
 
 from pytest_compilecache import StoreError
+from pytest_compilecache.errors import TimedOut
 from pytest_compilecache.stores import ObjectTooLarge
 from pytest_compilecache.stores import Store
 from pytest_compilecache.stores import StoreEntry
-from pytest_compilecache.stores.timed import TimedOut
 from pytest_compilecache.stores.timed import TimedStore
 from tests.contract.store_contract import StoreContract
 from tests.fakes import MemoryBackend
