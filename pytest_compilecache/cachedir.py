@@ -53,8 +53,8 @@ from typing import Literal
 from typing import NamedTuple
 
 from .errors import ConfigError
+from .settings import SESSION_ENV
 
-SESSION_ENV = "PYTEST_COMPILECACHE_SESSION"
 LOCK_NAME = ".compilecache.lock"
 SESSIONS_DIR = ".compilecache-sessions"
 TEMP_PREFIX = ".compilecache-tmp-"  # what older versions' temp names start with (see _OUR_TEMP)

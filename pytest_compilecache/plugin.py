@@ -1,17 +1,19 @@
 """pytest hooks: options, early environment set-up, the marker, per-test capture. Thin by design.
 
 The first hook that runs (``pytest_load_initial_conftests``, before any conftest can import torch)
-makes the :class:`~pytest_compilecache.session.Setup`; ``pytest_configure`` then chooses the process's
-role once - a :class:`~pytest_compilecache.session.Controller` (a plain session or the xdist controller)
-or a :class:`~pytest_compilecache.session.Worker` - and every later hook only delegates to it. Printing
-happens here and nowhere else. Nothing here imports torch: a session that never imports torch pays for
-option parsing and a few dict operations per test.
+resolves the settings and, when they ask for anything before the tests (a cache dir, a store, Redis, a
+JSON report), makes the :class:`~pytest_compilecache.session.Setup`; ``pytest_configure`` then chooses the
+process's role once - a :class:`~pytest_compilecache.session.Controller` (a plain session or the xdist
+controller) or a :class:`~pytest_compilecache.session.Worker` - and every later hook only delegates to it.
+
+A session with no option (:attr:`Settings.quiet`) loads only what records statistics (:mod:`recorder`):
+no set-up, no role, no directory touched; the role is made at the end only if a test imported torch.
+Printing happens here and nowhere else. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import os
-import stat
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,31 +22,25 @@ from typing import Generator
 
 import pytest
 
-from . import cachedir
 from . import probe
-from .cachedir import SESSION_ENV
-from .cachedir import SessionDir
 from .errors import ConfigError
-from .ghrunner import in_github_actions
-from .ghrunner import resume_lines
-from .ghrunner import stop_tokens
-from .ghrunner import write_command
-from .problems import Problems
-from .problems import filter_classifier
-from .session import Controller
-from .session import Recorder
-from .session import Setup
-from .session import Worker
+from .recorder import Recorder
 from .settings import OPTIONS
+from .settings import SESSION_ENV
 from .settings import Settings
 from .settings import resolve
 
 if TYPE_CHECKING:
-    from .session import Start
+    from .recorder import Start
+    from .session import Controller
+    from .session import Setup
+    from .session import Worker
     from .stats import CompileCacheStats
 
+_SETTINGS = pytest.StashKey[Settings]()
 _SETUP = pytest.StashKey["Setup"]()
-# The role chosen in pytest_configure: exactly one of these two is set in a process.
+# The role chosen in pytest_configure (a quiet session: made at the end, if a test compiled): at most one
+# of these two is set in a process.
 _CONTROLLER = pytest.StashKey["Controller"]()
 _WORKER = pytest.StashKey["Worker"]()
 _TESTS = pytest.StashKey["_Tests"]()
@@ -66,6 +62,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _settings(config: pytest.Config) -> Settings:
+    """The options, resolved once per process (a bad value is a usage error naming it)."""
+    if _SETTINGS in config.stash:
+        return config.stash[_SETTINGS]
     namespace = getattr(config, "known_args_namespace", config.option)
 
     def cli(name: str) -> Any:
@@ -78,15 +77,20 @@ def _settings(config: pytest.Config) -> Settings:
             return None
 
     try:
-        return resolve({o.name: cli(o.name) for o in OPTIONS}, ini)
+        settings = config.stash[_SETTINGS] = resolve({o.name: cli(o.name) for o in OPTIONS}, ini)
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
+    return settings
 
 
 def _setup(config: pytest.Config) -> Setup:
     """Decide the cache dir and export it, once per process, before anything imports torch."""
     if _SETUP in config.stash:
         return config.stash[_SETUP]
+    # cost: a quiet session makes its set-up only at the end, and only if a test compiled
+    from .problems import Problems
+    from .problems import filter_classifier
+    from .session import Setup
 
     settings = _settings(config)
     problems = Problems(strict=settings.strict, classify=filter_classifier(*_warning_filters(config)))
@@ -118,6 +122,8 @@ def _inherited() -> str | None:
     value = os.environ.get(SESSION_ENV)
     if not value or not os.environ.get("PYTEST_XDIST_WORKER"):
         return None
+    from .cachedir import SessionDir  # cost: only an xdist worker of a controller that exported a dir
+
     return value if SessionDir.parent_pid(value) == os.getppid() else None
 
 
@@ -141,10 +147,14 @@ def _keep_a_shared_dir_in_use(config: pytest.Config, setup: Setup) -> None:
     path = setup.dir.path
     if setup.dir.mode != "shared" or not path or Path(path) != _default_shared(config):
         return
+    from . import cachedir  # cost: only with --cache-clear and a shared dir
+
     own = setup.registration.marker if setup.registration is not None else None
     others = len(cachedir.live_sessions(path, excluding=own))
     if not others:
         return
+    import stat
+
     from ._fs import rmtree_at
 
     base = Path(path).parent.parent  # <cache_dir>/d/compilecache
@@ -181,6 +191,8 @@ def _is_worker(config: pytest.Config) -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    if _settings(early_config).quiet:
+        return
     setup = _setup(early_config)
     # pytest_unconfigure never runs when pytest stops before configure (an unknown option, a broken
     # conftest, -VV); its cleanup stack always does: the environment and the registration go back then too.
@@ -198,23 +210,24 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{MARKER}(mode): 'isolated' compiles this test cold in its own fresh cache dir; 'disabled' turns "
         "torch's compile caches off for it. Everything is put back afterwards.",
     )
-    setup = _setup(config)
-    if not _is_worker(config) and getattr(config.option, "cacheclear", False):
-        _keep_a_shared_dir_in_use(config, setup)
-    explain = setup.settings.explain  # a worker resolves the same options: its controller's argv and environment
+    settings = _settings(config)
+    if not settings.quiet:
+        setup = _setup(config)
+        if not _is_worker(config) and getattr(config.option, "cacheclear", False):
+            _keep_a_shared_dir_in_use(config, setup)
+        if setup.redis_on:
+            probe.guard_remote_cache()  # every process: a Redis error is a warning, not a failed compile
+    explain = settings.explain  # a worker resolves the same options: its controller's argv and environment
     if explain:
         probe.watch_graph_lookups()  # every process: the FX-graph lookups that explain a miss (never imports torch)
-    if setup.redis_on:
-        probe.guard_remote_cache()  # every process: a Redis error is a warning, not a failed compile
-    if _is_worker(config):
-        recorder = Recorder(os.environ.get("PYTEST_XDIST_WORKER", "worker"), explain)
-        config.stash[_WORKER] = Worker(setup, recorder)
-    else:
-        recorder = Recorder("controller", explain)
-        config.stash[_CONTROLLER] = Controller(setup, recorder)
-        if in_github_actions():
-            watcher = config.stash[_RUNNER_OUTPUT] = _RunnerOutput()
-            config.pluginmanager.register(watcher, "compilecache-runner-output")
+    recorder = Recorder(
+        os.environ.get("PYTEST_XDIST_WORKER", "worker") if _is_worker(config) else "controller", explain
+    )
+    if not settings.quiet:
+        _make_role(config, recorder)
+    if not _is_worker(config) and os.environ.get("GITHUB_ACTIONS") == "true":  # ghrunner.in_github_actions
+        watcher = config.stash[_RUNNER_OUTPUT] = _RunnerOutput()
+        config.pluginmanager.register(watcher, "compilecache-runner-output")
     tests = config.stash[_TESTS] = _Tests(recorder)
     config.pluginmanager.register(tests, "compilecache-tests")
 
@@ -225,6 +238,33 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         setup.close()
 
 
+def _make_role(config: pytest.Config, recorder: Recorder) -> None:
+    """This process's role, made once (a quiet session's at the end, when a test compiled)."""
+    if _is_worker(config):
+        _worker(config, recorder)
+    else:
+        _controller(config, recorder)
+
+
+def _worker(config: pytest.Config, recorder: Recorder | None = None) -> Worker:
+    worker = config.stash.get(_WORKER, None)
+    if worker is None:
+        from .session import Worker  # cost: a quiet session loads the roles only if a test compiled
+
+        worker = config.stash[_WORKER] = Worker(_setup(config), recorder or config.stash[_TESTS].recorder)
+    return worker
+
+
+def _controller(config: pytest.Config, recorder: Recorder | None = None) -> Controller:
+    controller = config.stash.get(_CONTROLLER, None)
+    if controller is None:
+        from .session import Controller  # cost: as above
+
+        recorder = recorder or config.stash[_TESTS].recorder
+        controller = config.stash[_CONTROLLER] = Controller(_setup(config), recorder)
+    return controller
+
+
 def pytest_report_header(config: pytest.Config) -> str | None:
     setup = config.stash.get(_SETUP, None)
     return setup.header() if setup is not None else None
@@ -232,13 +272,11 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Restore a bundle before the first compile and before xdist starts its workers."""
-    _role(session.config).session_start()
-
-
-def _role(config: pytest.Config) -> Controller | Worker:
-    controller = config.stash.get(_CONTROLLER, None)
-    return controller if controller is not None else config.stash[_WORKER]
+    """Restore a bundle before the first compile and before xdist starts its workers (not quiet)."""
+    config = session.config
+    role = config.stash.get(_CONTROLLER, None) or config.stash.get(_WORKER, None)
+    if role is not None:
+        role.session_start()
 
 
 # ---- per-test capture
@@ -335,7 +373,12 @@ def compile_cache_stats(request: pytest.FixtureRequest) -> CompileCacheStats:
 def pytest_testnodedown(node: Any, error: Any) -> None:
     output = getattr(node, "workeroutput", {}) or {}
     worker = output.get("workerid") or getattr(getattr(node, "gateway", None), "id", "?")
-    node.config.stash[_CONTROLLER].add_worker(worker, output.get("compilecache"))
+    sent, config = output.get("compilecache"), node.config
+    if _CONTROLLER not in config.stash and isinstance(sent, dict) and set(sent) == {"tests"}:
+        # A quiet worker whose tests never imported torch: only a count, kept without loading the roles.
+        config.stash[_TESTS].recorder.stats.tests += int(sent["tests"])
+        return
+    _controller(config).add_worker(str(worker), sent)
 
 
 # ---- session end
@@ -343,11 +386,17 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
-    worker = config.stash.get(_WORKER, None)
-    if worker is not None:
-        config.workeroutput["compilecache"] = worker.output()  # type: ignore[attr-defined]
+    quiet = _settings(config).quiet and not probe.torch_loaded()  # nothing compiled in this process
+    if _is_worker(config):
+        if _WORKER not in config.stash and quiet:
+            sent: dict[str, Any] = {"tests": config.stash[_TESTS].recorder.stats.tests}
+        else:
+            sent = _worker(config).output()
+        config.workeroutput["compilecache"] = sent  # type: ignore[attr-defined]
         return
-    if config.stash[_CONTROLLER].finish() and session.exitstatus == pytest.ExitCode.OK:
+    if _CONTROLLER not in config.stash and quiet:
+        return  # no option, no compile, no worker that compiled: nothing to report
+    if _controller(config).finish() and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -389,12 +438,18 @@ class _RunnerOutput:
             self._add(report.longreprtext)
 
     def _add(self, text: str) -> None:
+        from .ghrunner import stop_tokens  # cost: only inside a GitHub Actions job
+
         self.tokens += [token for token in stop_tokens(text) if token not in self.tokens]
 
 
 def _github_commands(role: Controller, output: _RunnerOutput | None = None) -> None:
     """Inside a GitHub Actions job, each warning and error also becomes an annotation (escaped), after a
     line that resumes the runner's command processing if a test's output stopped it (``ghrunner.stop_tokens``)."""
+    from .ghrunner import in_github_actions  # cost: loaded only at the end of a session with something to say
+    from .ghrunner import resume_lines
+    from .ghrunner import write_command
+
     if not in_github_actions() or not (role.problems.warnings or role.problems.errors):
         return
     if output is not None and output.tokens:

@@ -7,9 +7,11 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import Mapping
+from typing import Protocol
 
 from .ghrunner import md_code
 from .ghrunner import md_text
@@ -291,3 +293,91 @@ def why_json(why: SessionExplanation) -> dict[str, Any]:
     "never_hit": {nodeid: {"what": the component that changed, "runs": runs in a row it changed}}}``.
     """
     return why.to_json()
+
+
+# ---- one session's outcome, rendered
+
+
+class Transfer(Protocol):
+    """A restore or save result (:class:`~pytest_compilecache.sync.RestoreResult`, ``SaveResult``)."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class SessionOutcome:
+    """Everything a session's reports say, typed: built once by the controller at the end, rendered here.
+
+    ``where``: the cache dir in words; ``restored`` / ``saved``: None when none was tried; ``why``: this
+    run's miss explanations (None: nothing was compared).
+    """
+
+    stats: SessionStats
+    mode: str | None
+    cache_dir: str | None
+    where: str
+    restored: Transfer | None = None
+    saved: Transfer | None = None
+    notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+    why: SessionExplanation | None = None
+
+    @property
+    def worth_reporting(self) -> bool:
+        """Something to say beyond "no test compiled": a compile, a transfer or trouble."""
+        return self.stats.anything_compiled or bool(self.restored or self.saved or self.warnings)
+
+    def transfers(self) -> list[tuple[str, Mapping[str, Any]]]:
+        return [(kind, info.to_json()) for kind, info in (("restore", self.restored), ("save", self.saved)) if info]
+
+
+def session_json(outcome: SessionOutcome) -> dict[str, Any]:
+    """The ``--compile-cache-json`` report: :func:`to_json` plus the session's ``warnings``."""
+    data = to_json(
+        outcome.stats,
+        mode=outcome.mode,
+        cache_dir=outcome.cache_dir,
+        restore=outcome.restored.to_json() if outcome.restored else None,
+        save=outcome.saved.to_json() if outcome.saved else None,
+        notes=list(outcome.notes),
+        why=outcome.why,
+    )
+    data["warnings"] = list(outcome.warnings)
+    return data
+
+
+def session_markdown(outcome: SessionOutcome) -> str:
+    """The step summary's section for the session (:func:`markdown`)."""
+    return markdown(
+        outcome.stats,
+        where=outcome.where,
+        restore=outcome.restored.to_json() if outcome.restored else None,
+        save=outcome.saved.to_json() if outcome.saved else None,
+        why=outcome.why,
+    )
+
+
+Line = tuple[str, dict[str, bool]]  # text and the terminal markup pytest's writer takes
+
+
+def session_lines(outcome: SessionOutcome, *, report: str, verbose: bool = False) -> list[Line]:
+    """The terminal's "compile cache" section: ``report`` is ``short``, ``full`` or ``none`` (warnings and
+    errors are shown whatever it is)."""
+    lines: list[Line] = []
+    if report == "none" and not (outcome.warnings or outcome.errors):
+        return lines
+    if report != "none" and outcome.worth_reporting:
+        lines.append((summary_line(outcome.stats, outcome.where), {}))
+        lines.extend((transfer_line(kind, info), {}) for kind, info in outcome.transfers())
+        if outcome.stats.silent_workers:
+            silent = ", ".join(outcome.stats.silent_workers)
+            lines.append((f"workers that sent no statistics: {silent}", {"yellow": True}))
+        if verbose or report == "full":
+            lines.extend((line, {}) for line in table_lines(outcome.stats))
+            if outcome.why is not None:
+                lines.extend((line, {}) for line in why_lines(outcome.why))
+        lines.extend((f"note: {note}", {}) for note in outcome.notes)
+    lines.extend((f"CompileCacheWarning: {message}", {"yellow": True}) for message in outcome.warnings)
+    lines.extend((f"compile cache FAILED: {message}", {"red": True, "bold": True}) for message in outcome.errors)
+    return lines

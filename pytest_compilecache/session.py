@@ -17,43 +17,37 @@ Both roles record through a :class:`Recorder` (statistics + probe) and report tr
 from __future__ import annotations
 
 import atexit
-import json
 import os
-import tempfile
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
-from typing import Mapping
-from typing import NamedTuple
 
 from . import cachedir
 from . import probe
 from ._env import EnvLease
-from .cachedir import SESSION_ENV
 from .cachedir import SessionDir
 from .errors import ConfigError
-from .ghrunner import append_summary
 from .ghrunner import one_line
+from .payload import ProcessOutput
 from .problems import Problems
+from .restore_phase import EXPLAINED_MODES
+from .restore_phase import RestorePhase
+from .save_phase import SavePhase
+from .settings import SESSION_ENV
 from .settings import Settings
-from .stats import CompileCacheStats
-from .stats import ItemRecord
-from .stats import SessionStats
 
 if TYPE_CHECKING:
-    from .explain import GraphsRecord
-    from .explain import MissExplanation
-    from .explain import SessionExplanation
     from .fingerprint import Fingerprint
+    from .recorder import Recorder
+    from .report import SessionOutcome
+    from .stats import SessionStats
     from .stores import Store
     from .stores.timed import TimedStore
     from .sync import RestoreResult
     from .sync import SaveResult
 
-# Modes whose cache dir keeps FX graphs, so that a miss can be compared with an earlier run's lookups.
-EXPLAINED_MODES = ("shared", "isolated")
 # Every variable the plugin may set for torch; the lease puts them all back at the end.
 TOUCHED_ENV = (
     "TORCHINDUCTOR_CACHE_DIR",
@@ -67,9 +61,6 @@ TOUCHED_ENV = (
     "TORCHINDUCTOR_REDIS_HOST",
     "TORCHINDUCTOR_REDIS_PORT",
 )
-# The Action restores before pytest runs (``--compile-cache-restore=skip``) and tells the plugin how
-# that went, so that a failed restore never fails the session through the hit-rate guard.
-ACTION_RESTORE_ENV = "PYTEST_COMPILECACHE_RESTORED"
 
 
 @dataclass
@@ -224,6 +215,16 @@ class Setup:
             self._fingerprint = collect(salt=self.settings.key_salt)
         return self._fingerprint
 
+    def timed_store(self) -> TimedStore:
+        """The configured store, its calls bounded in all by ``--compile-cache-store-timeout``."""
+        # cost: as above
+        from .stores.timed import TimedStore
+
+        settings = self.settings
+        return TimedStore(
+            open_configured_store(settings), settings.store_timeout, option=settings.spelling("store_timeout")
+        )
+
     def close(self) -> None:
         """Put the environment and torch's config back as they were, withdraw the registration (idempotent;
         matters when pytest runs in-process, e.g. pytester, an IDE). Called at unconfigure, and through
@@ -231,129 +232,6 @@ class Setup:
         self.release()
         self.lease.restore()
         probe.put_back_config()
-
-
-class Start(NamedTuple):
-    """Where a test started: torch's counters and the position in this process's FX-graph lookups (None:
-    explaining is off)."""
-
-    mark: probe.Mark
-    graphs: int | None
-
-
-# The start of every test that begins before torch is imported: no counters yet, no FX-graph lookups.
-COLD_MARK = probe.Mark({}, 0, 0)
-COLD = Start(COLD_MARK, 0)
-COLD_UNEXPLAINED = Start(COLD_MARK, None)  # the same with explaining off
-
-
-class Recorder:
-    """Per-test statistics of one process: the hot path is :meth:`start` / :meth:`finish` per test.
-
-    While torch is not imported both are a few attribute reads (no explain import, no parsing). The
-    ``baseline`` is the earlier run's graph record the live ``compile_cache_stats.why`` compares with:
-    set by the controller after its restore, read lazily from ``baseline_dir`` by a worker. With
-    ``explain=False`` (``--compile-cache-explain=off``) it never touches the graph capture: no lookups are
-    taken, none recorded, nothing explained.
-    """
-
-    def __init__(self, worker: str, explain: bool = True) -> None:
-        self.worker = worker
-        self.explain = explain
-        self.stats = SessionStats()
-        self.baseline_dir: str | None = None
-        self._baseline: GraphsRecord | None = None
-        self._baseline_read = False
-
-    def start(self) -> Start:
-        """Where a test starts; :data:`COLD` (no probe call) while torch is not imported."""
-        if not probe.torch_loaded():
-            return COLD if self.explain else COLD_UNEXPLAINED
-        # graph_mark() would install the capture once torch's codecache is loaded: not when explaining is off.
-        return Start(probe.mark(), probe.graph_mark() if self.explain else None)
-
-    def finish_cold(self, start: Start) -> bool:
-        """Count a test that cannot have compiled: it began :data:`COLD` and torch is still not imported.
-
-        The per-test path of a session that never imports torch (no node id, no probe call). False: the
-        test may have compiled, call :meth:`finish`.
-        """
-        if start.mark is not COLD_MARK or probe.torch_loaded():
-            return False
-        self.stats.tests += 1
-        return True
-
-    def finish(self, nodeid: str, start: Start, intended: bool = False) -> None:
-        """Record the test that began at ``start``; ``intended``: marked isolated/disabled, so its misses are
-        by design and its graphs are neither kept nor explained."""
-        self.record(nodeid, self._delta(start, intended))
-
-    @staticmethod
-    def _delta(start: Start, intended: bool) -> dict[str, Any]:
-        delta = probe.delta(start.mark)
-        if start.graphs is None:  # explaining is off
-            return delta
-        graphs = probe.graph_delta(start.graphs)
-        if graphs and not intended:
-            delta["graphs"] = graphs
-        return delta
-
-    def record(self, nodeid: str, delta: Mapping[str, Any]) -> None:
-        """Count one finished test and keep its record when it compiled."""
-        self.stats.tests += 1
-        if delta:
-            record = ItemRecord(nodeid=nodeid, worker=self.worker)
-            record.add(delta)
-            if record.compiled:
-                self.stats.add_record(record)
-
-    def live(self, nodeid: str, start: Start | None, intended: bool = False) -> CompileCacheStats:
-        """The ``compile_cache_stats`` fixture's object for a test that started at ``start``.
-
-        Its ``why`` compares the test's misses so far with the same test's graphs in the baseline.
-        """
-        if start is None:
-            return CompileCacheStats(nodeid, dict)
-        explain = self._why if self.explain and not intended else None
-        return CompileCacheStats(nodeid, lambda: self._delta(start, intended), explain)
-
-    def _why(self, record: ItemRecord) -> list[MissExplanation]:
-        baseline = self.baseline()
-        if baseline is None:
-            return []
-        # cost: explain loads only when there is something to explain
-        from .explain import explain_test
-
-        return explain_test(record.graphs, baseline.tests.get(record.nodeid))
-
-    def baseline(self) -> GraphsRecord | None:
-        """The earlier run's graph record; None when there is none or it is unreadable (the controller warns)."""
-        if not self._baseline_read:
-            self._baseline_read = True
-            if self.baseline_dir:
-                # cost: as above
-                from .explain import load_record
-
-                try:
-                    self._baseline = load_record(Path(self.baseline_dir))
-                except (OSError, ValueError):
-                    self._baseline = None
-        return self._baseline
-
-    def set_baseline(self, record: GraphsRecord | None) -> None:
-        self._baseline, self._baseline_read = record, True
-
-    @staticmethod
-    def artifacts(setup: Setup) -> tuple[bytes | None, list[str]]:
-        """This process's mega-cache blob (only when saving) and the cache-dir files it used.
-
-        Call at most once per process: a second ``save_cache_artifacts`` spoils later loads (torch 2.8+).
-        """
-        if not probe.dynamo_loaded():
-            return None, []
-        blob = probe.save_artifacts() if setup.saving else None
-        files = probe.used_files(setup.dir.path) if setup.dir.path else []
-        return blob, files
 
 
 class Worker:
@@ -368,46 +246,22 @@ class Worker:
         if self.setup.settings.explain and self.setup.dir.mode in EXPLAINED_MODES:
             self.recorder.baseline_dir = self.setup.dir.path  # the controller has installed its baseline there
 
-    def _remote_errors(self) -> list[str]:
-        self.setup.take_remote_errors()
-        return list(self.setup.remote_errors)
-
     def output(self) -> dict[str, Any]:
-        """The payload for the controller (plain JSON-able values, sent through ``workeroutput``)."""
-        blob, files = Recorder.artifacts(self.setup)
-        return {
-            "tests": self.recorder.stats.tests,
-            "records": [r.to_json() for r in self.recorder.stats.records.values()],
-            "blob": blob,
-            "files": files,
-            "problems": self.setup.problems.to_json(),
-            "remote_errors": self._remote_errors(),
-            # Where torch in this process keeps precompiled headers (None: torch did not compile C++ here);
-            # the controller carries headers only when every process agrees with its own computed dir.
-            "header_dir": probe.precompiled_header_dir(),
-        }
+        """The payload for the controller (:class:`ProcessOutput` as JSON, sent through ``workeroutput``)."""
+        self.setup.take_remote_errors()
+        return ProcessOutput.collect(self.setup, self.recorder).to_json()
 
 
 class Controller:
-    """A plain session or an xdist controller; see the module docstring."""
+    """A plain session or an xdist controller: the start phase, the workers' merge, the end phase, the report."""
 
     def __init__(self, setup: Setup, recorder: Recorder) -> None:
         self.setup = setup
         self.recorder = recorder
         self.problems = setup.problems
-        self.restored: RestoreResult | None = None
-        self.saved: SaveResult | None = None
-        self.blobs: dict[str, bytes] = {}
-        self.files: set[str] = set()
+        self.start = RestorePhase(setup, recorder)
+        self.end = SavePhase(setup, recorder.stats, self.start)
         self.workers: list[str] = []
-        self.header_since: float | None = None  # the session start, for finding the headers it used
-        self.header_dirs: set[str] = set()  # torch's header dirs reported by the processes that compiled
-        # Miss explanations (issue 12): the earlier run's graphs, what they are, this run's verdict and record.
-        self.baseline: GraphsRecord | None = None
-        self.compared_with = ""
-        self.why: SessionExplanation | None = None
-        self.graphs: GraphsRecord | None = None
-        self.store_trouble: str | None = None  # the store failed or stalled at the restore (then no save)
 
     @property
     def settings(self) -> Settings:
@@ -417,406 +271,138 @@ class Controller:
     def stats(self) -> SessionStats:
         return self.recorder.stats
 
-    # ---- start
-
     def session_start(self) -> None:
-        """Before the first compile and before xdist starts workers: restore the newest matching bundle, then
-        read the graph record this session's misses will be explained against (:meth:`_read_baseline`).
+        """Before the first compile and before xdist starts workers (:class:`RestorePhase`)."""
+        self.start.run()
 
-        Also sweeps what killed sessions left behind (our temp files and staging dirs whose owner is gone)
-        from the cache dir and the temp dir.
-        """
-        self._restore()
-        self._read_baseline()
-
-    def _restore(self) -> None:
-        self.setup.ensure_dir()
-        self._sweep()
-        if self.setup.saving:
-            # cost: headers, sync and stores load only in a session with a store
-            from .headers import session_start
-
-            self.header_since = session_start()
-        if self.settings.restore == "skip":
-            self.restored = action_restore_result(os.environ.get(ACTION_RESTORE_ENV))
-            if self.restored is not None and self.restored.staged and self.setup.dir.path:
-                self._load_staged(self.restored)
-            return
-        if not self.settings.store or not self.setup.dir.path:
-            return
-        # cost: as above
-        from . import sync
-
-        try:
-            fingerprint = self.setup.fingerprint()
-            store = self._timed_store()
-        except Exception as exc:  # a store or fingerprint that cannot even be set up: infrastructure trouble
-            self.restored = sync.RestoreResult("error", message=f"restore skipped: {type(exc).__name__}: {exc}")
-        else:
-            self.restored = sync.restore(
-                store,
-                prefix=self.settings.key_prefix,
-                fingerprint=fingerprint,
-                cache_dir=self.setup.dir.path,
-                signing_key=self.settings.signing_key,
-                max_bytes=self.settings.max_bundle_size,
-            )
-            # A restore that failed on the store skips the save (it would wait again), and so does one whose
-            # store spent the whole budget on the side (explaining a miss, fetching headers): it is stalling.
-            # A store error met only while explaining a miss is part of the miss's message, not a failure.
-            if self.restored.outcome == "error" or store.exhausted:
-                self.store_trouble = store.trouble
-        if self.restored.warning:
-            self.problems.warn(self.restored.warning)
-        for line in self.restored.headers.warnings:
-            self.problems.warn(line)
-        if self.store_trouble and not self.restored.warning and not self.restored.headers.warnings:
-            self.problems.warn(f"{self.store_trouble}; nothing will be saved this session")  # the one warning
-
-    def _load_staged(self, restored: RestoreResult) -> None:
-        """Load the mega-cache blobs the Action's restore step installed but left for this process (that step
-        imports no torch; this one will): a blob that changed or that torch rejects is one warning, and the
-        session counts as one after a failed restore (cold compile, the hit-rate floor not enforced)."""
-        # cost: as above
-        from . import sync
-
-        self.restored = sync.load_staged(restored, self.setup.dir.path or "")
-        if self.restored.outcome == "error":
-            self.problems.warn(f"{self.restored.message}; the tests compile cold")
-        elif self.restored.message != restored.message:
-            self.problems.note(self.restored.message)
-
-    def _read_baseline(self) -> None:
-        """The earlier run's graphs, kept as ``<cache dir>/.compilecache-graphs.json`` for every process.
-
-        A restored bundle's record (verified with the bundle) replaces the dir's; without one, a shared dir's
-        record is the previous local session's. A fresh isolated dir has none unless a bundle brought it, so a
-        cold isolated session explains nothing: every miss there is intended. An unreadable record is one
-        warning and no explanations (the session's own record replaces it at the end).
-        """
-        path = self.setup.dir.path
-        if not self.settings.explain or not path or self.setup.dir.mode not in EXPLAINED_MODES:
-            return  # off: a restored bundle's record is not installed, nothing is compared
-        graphs = self.restored.graphs if self.restored is not None else None
-        record: GraphsRecord | None = None
-        try:
-            if graphs:
-                # cost: explain loads only when there is a record to read
-                from .explain import install_restored
-
-                record = install_restored(Path(path), graphs)
-            elif os.path.isfile(os.path.join(path, cachedir.GRAPHS_RECORD)):
-                from .explain import load_record  # cost: as above
-
-                record = load_record(Path(path))
-        except (OSError, ValueError) as exc:
-            where = "of the restored bundle" if graphs else "in the cache dir"
-            self.problems.warn(one_line(f"no miss explanations: the graph record {where} is unreadable: {exc}", 500))
-            record = None
-        # The Action restores before pytest (--compile-cache-restore=skip) and leaves the bundle's record here.
-        by_action = self.settings.restore == "skip" and self.restored is not None and self.restored.ok
-        from_bundle = bool(graphs) or (by_action and self.restored is not None and self.restored.outcome != "miss")
-        self.baseline, self.compared_with = record, ("bundle" if from_bundle else "previous session")
-        self.recorder.set_baseline(record)
-
-    def _sweep(self) -> None:
-        """Remove the bundle temps (staging dirs, save/restore dirs) whose owner is gone: in the cache dir,
-        and in the temp dir when this session moves bundles. torch's own temp files in the cache dir are
-        swept by :func:`cachedir.sweep_stale` when the session registers."""
-        # cost: a session without a cache dir of ours never loads _fs
-        from ._fs import sweep_stale
-
-        places = [self.setup.dir.path, tempfile.gettempdir() if self.settings.store else None]
-        for where in places:
-            if where:
-                try:
-                    sweep_stale(where)
-                except OSError:  # best effort: the next session tries again
-                    pass
-
-    # ---- workers
-
-    def add_worker(self, worker: str, output: Mapping[str, Any] | None) -> None:
+    def add_worker(self, worker: str, sent: Any) -> None:
         """Merge what a worker sent; a worker that sent nothing (it crashed) is listed, not fatal."""
         self.workers.append(worker)
-        if not output:
+        output = ProcessOutput.from_json(sent)
+        if output is None:
             self.stats.silent_workers.append(worker)
             return
-        self.stats.tests += int(output.get("tests", 0))
-        for data in output.get("records") or []:
-            self.stats.add_record(ItemRecord.from_json(data))
-        if output.get("blob"):
-            self.blobs[worker] = bytes(output["blob"])
-        self.files.update(output.get("files") or [])
-        if isinstance(output.get("header_dir"), str):
-            self.header_dirs.add(output["header_dir"])
-        self.problems.merge(output.get("problems"))
-        errors = output.get("remote_errors")
-        if isinstance(errors, list):
-            self.setup.remote_errors += [error for error in errors if isinstance(error, str)]
+        self._merge(worker, output)
 
-    # ---- finish
+    def _merge(self, name: str, output: ProcessOutput) -> None:
+        self.stats.tests += output.tests
+        for record in output.records:
+            self.stats.add_record(record)
+        self.problems.merge(output.problems)
+        self.setup.remote_errors += output.remote_errors
+        self._take_artifacts(name, output)
+
+    def _take_artifacts(self, name: str, output: ProcessOutput) -> None:
+        if output.blob:
+            self.end.blobs[name] = output.blob
+        self.end.files.update(output.files)
+        if output.header_dir is not None:
+            self.end.header_dirs.add(output.header_dir)
 
     def finish(self) -> bool:
         """Save, trim, write reports; return True when the session must fail (hit rate, strict)."""
-        if not self.workers:
-            blob, files = Recorder.artifacts(self.setup)
-            if blob:
-                self.blobs["controller"] = blob
-            self.files.update(files)
-            own = probe.precompiled_header_dir()
-            if own is not None:
-                self.header_dirs.add(own)
-        if self.setup.dir.path and self.files:
-            cachedir.touch(self.setup.dir.path, sorted(self.files))
+        if not self.workers:  # a plain session: the controller ran the tests itself
+            self._take_artifacts("controller", ProcessOutput.collect(self.setup, self.recorder))
+        if self.setup.dir.path and self.end.files:
+            cachedir.touch(self.setup.dir.path, sorted(self.end.files))
         for note in probe.capability_notes(remote=bool(self.settings.redis)):
             self.problems.note(note)
         self.setup.take_remote_errors()
         self.setup.warn_remote_errors()
-        self._explain()
-        if self.setup.saving:
-            self._save()
-        self._evict()
+        self.end.run()
         self.setup.release()  # done with the dir: other sessions may trim it now
-        self._write_json()
-        self._write_step_summary()
+        self._write_reports()
         if not self.settings.keep:
             cachedir.remove(self.setup.dir)
         self._check_hit_rate()
         return bool(self.problems.errors)
 
-    def _explain(self) -> None:
-        """Say why each miss missed (against :attr:`baseline`) and build the record the next run compares with.
-
-        Only for a cache dir of ours that caches (``shared``, ``isolated``): with caches ``disabled`` every
-        lookup misses by design, and without a dir there is nowhere to keep a record. Tests marked
-        isolated/disabled kept no graphs (:meth:`Recorder.finish`). The record is written back to a shared dir
-        (the next local session's baseline) and goes into the saved bundle (:meth:`_save`). With
-        ``--compile-cache-explain=off`` nothing happens: the dir's record stays as it was and the saved bundle
-        carries none.
-        """
-        path = self.setup.dir.path
-        if not self.settings.explain or not path or self.setup.dir.mode not in EXPLAINED_MODES:
-            return
-        if probe.dynamo_loaded():
-            note = probe.graph_capture_installed()
-            if note:
-                self.problems.note(note)
-        current = {nodeid: r.graphs for nodeid, r in self.stats.records.items() if r.graphs}
-        if not current:
-            return  # nothing was looked up: keep the baseline as it is for the next run
-        # cost: explain loads only when a test looked up a graph
-        from .explain import carry_forward
-        from .explain import explain_session
-        from .explain import save_record
-
-        why, record = explain_session(current, self.baseline, self.compared_with)
-        if self.baseline is not None:  # None: a first run, nothing compared (the report says null, not "{}")
-            self.why = why
-        for nodeid, misses in why.misses.items():
-            self.stats.records[nodeid].why = misses
-        self.graphs = carry_forward(record, self.baseline)
-        if self.setup.dir.mode == "shared":
-            try:
-                save_record(Path(path), self.graphs)
-            except OSError as exc:
-                self.problems.warn(f"could not keep the graph record for the next session: {exc}")
-
     def _check_hit_rate(self) -> None:
         rate, floor = self.stats.hit_rate, self.settings.min_hit_rate
         if floor is None or rate is None or rate >= floor:
             return
-        from . import report  # cost: the renderers load only when there is something to render
+        from .report import percent  # cost: the renderers load only when there is something to render
 
-        message = f"hit rate {report.percent(rate)} is below --compile-cache-min-hit-rate={floor:g}"
-        cold_by_trouble = self.restored is not None and (not self.restored.ok or bool(self.restored.skipped))
-        if cold_by_trouble and not self.settings.strict:
+        message = f"hit rate {percent(rate)} is below --compile-cache-min-hit-rate={floor:g}"
+        restored = self.start.restored
+        if restored is not None and (not restored.ok or bool(restored.skipped)) and not self.settings.strict:
             # The restore failed or refused bad bundles (here or in the Action): infrastructure trouble.
             self.problems.note(message + " (the restore failed: not failing the session)")
         else:
             self.problems.error(message)
 
-    def _save(self) -> None:
-        # cost: only a saving session loads sync
-        from . import sync
-        from .fingerprint import default_suffix
+    # ---- reports
 
-        if self.restored is not None:
-            restored = self.restored.outcome in ("exact", "partial")
-        else:  # restored by someone else (the Action, an earlier CLI step) who did not say how it went
-            restored = self.settings.restore == "skip"
-        if restored and self.stats.hits and not self.stats.misses and not self._new_headers():
-            # Every graph came from the restored cache: a new bundle would only repeat the old one.
-            self.saved = sync.SaveResult("skipped", message="every graph hit the restored cache; nothing new to save")
-            return
-        if self.store_trouble is not None:
-            # The store failed or stalled at the restore: one warning said so; a save would wait again.
-            self.saved = sync.SaveResult("skipped", message="the store failed at the restore; nothing saved")
-            return
-        try:
-            fingerprint = self.setup.fingerprint()
-            store = self._timed_store()
-        except Exception as exc:
-            self.problems.warn(f"save skipped: {type(exc).__name__}: {exc}")
-            return
-        self.saved = sync.save(
-            store,
-            prefix=self.settings.key_prefix,
-            fingerprint=fingerprint,
-            suffix=self.settings.run_suffix or default_suffix(),
-            cache_dir=self.setup.dir.path or "",
-            blobs=self.blobs,
-            files=sorted(self.files),
-            stats=self.stats.totals_json(),
-            signing_key=self.settings.signing_key,
-            keep=self.settings.keep_bundles,
-            max_bytes=self.settings.max_bundle_size,
-            graphs=self.graphs.to_json() if self.graphs else None,
-            header_since=self._header_since(),
-            header_installed=self._restored_headers(),
-            header_carried=self.restored.headers.carried if self.restored is not None else (),
-        )
-        if self.saved.warning:
-            self.problems.warn(self.saved.warning)
-        elif self.saved.message and self.saved.outcome == "saved":
-            self.problems.note(f"save: {self.saved.message}")
-        for line in self.saved.headers.warnings:
-            self.problems.warn(line)
+    def outcome(self) -> SessionOutcome:
+        """What the session did, typed, for the renderers in :mod:`report`."""
+        from .report import SessionOutcome  # cost: as above
 
-    def _timed_store(self) -> TimedStore:
-        """The configured store, its calls bounded in all by ``--compile-cache-store-timeout``."""
-        # cost: as above
-        from .stores.timed import TimedStore
-
-        settings = self.settings
-        return TimedStore(
-            open_configured_store(settings), settings.store_timeout, option=settings.spelling("store_timeout")
-        )
-
-    def _new_headers(self) -> bool:
-        """True when this session used a precompiled header its restored bundle does not name (a bundle saved
-        on a machine that already had the header names none): then a save is worth it even when every graph
-        hit. After the Action's restore, its report names what it installed or found: a header it could not
-        restore (its entry evicted) and torch built again is new, so this save carries it (issue 10)."""
-        if self.header_since is None or self.restored is None:
-            return False
-        # cost: headers load only in a saving session
-        from .headers import find_used
-        from .headers import header_dir
-
-        used = {path.name for path in find_used(header_dir(), self.header_since, self._restored_headers())}
-        return bool(used - set(self._restored_headers()))
-
-    def _restored_headers(self) -> tuple[str, ...]:
-        return self.restored.headers.named if self.restored is not None else ()
-
-    def _header_since(self) -> float | None:
-        """The ``since`` for carrying headers, or None (carry none) when torch keeps them elsewhere.
-
-        ``headers.header_dir()`` mirrors torch's path without importing torch; a process whose torch reports
-        another dir (a torch that moved it, a test that changed TMPDIR before importing torch) would make
-        us carry the wrong files, so then nothing is carried and a note says why.
-        """
-        if self.header_since is None:
-            return None
-        # cost: as above
-        from .headers import header_dir
-
-        expected = str(header_dir())
-        others = sorted(d for d in self.header_dirs if d != expected)
-        if others:
-            self.problems.note(f"precompiled headers not carried: torch keeps them in {others[0]}, not {expected}")
-            return None
-        return self.header_since
-
-    def _evict(self) -> None:
-        path = self.setup.dir.path
-        if self.setup.dir.mode != "shared" or not path or not self.settings.max_size:
-            return
-        try:
-            trimmed = cachedir.trim(path, self.settings.max_size, registration=self.setup.registration)
-        except Exception as exc:
-            self.problems.warn(f"could not trim the cache dir: {exc}")
-            return
-        line = trimmed.describe()
-        if line:
-            self.problems.note(line)
-
-    def to_json(self) -> dict[str, Any]:
-        from . import report  # cost: as above
-
-        data = report.to_json(
-            self.stats,
+        return SessionOutcome(
+            stats=self.stats,
             mode=self.setup.dir.mode,
             cache_dir=self.setup.dir.path,
-            restore=self.restored.to_json() if self.restored else None,
-            save=self.saved.to_json() if self.saved else None,
-            notes=self.problems.notes,
-            why=self.why,
+            where=self.setup.dir.describe(),
+            restored=self.start.restored,
+            saved=self.end.saved,
+            notes=tuple(self.problems.notes),
+            warnings=tuple(self.problems.warnings),
+            errors=tuple(self.problems.errors),
+            why=self.end.why,
         )
-        data["warnings"] = list(self.problems.warnings)
-        return data
 
-    def _write_json(self) -> None:
-        if not self.settings.json:
+    def to_json(self) -> dict[str, Any]:
+        from .report import session_json  # cost: as above
+
+        return session_json(self.outcome())
+
+    def _write_reports(self) -> None:
+        """The JSON report (``--compile-cache-json``) and the step summary (``$GITHUB_STEP_SUMMARY``)."""
+        target = os.environ.get("GITHUB_STEP_SUMMARY")
+        summary = self.settings.summary != "off" and bool(target)
+        if not self.settings.json and not summary:
             return
-        path = Path(self.settings.json)
-        from ._fs import atomic_file  # cost: a session that writes no JSON report never loads _fs
+        from . import report  # cost: as above
+
+        outcome = self.outcome()
+        if self.settings.json:
+            self._write_json(Path(self.settings.json), report.session_json(outcome))
+        if summary and target and outcome.worth_reporting:
+            from .ghrunner import append_summary  # cost: only a session in a CI job writes a summary
+
+            try:
+                append_summary(target, report.session_markdown(outcome))
+            except OSError as exc:
+                self.problems.warn(f"could not append to GITHUB_STEP_SUMMARY: {exc.strerror}")
+
+    def _write_json(self, path: Path, data: dict[str, Any]) -> None:
+        import json  # cost: only a session that writes a JSON report
+
+        from ._fs import atomic_file  # cost: as above
 
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with atomic_file(path, fsync=False) as fh:
-                fh.write((json.dumps(self.to_json(), indent=2) + "\n").encode())
+                fh.write((json.dumps(data, indent=2) + "\n").encode())
         except OSError as exc:
             self.problems.warn(f"could not write --compile-cache-json={path}: {exc.strerror}")
 
-    def _write_step_summary(self) -> None:
-        target = os.environ.get("GITHUB_STEP_SUMMARY")
-        if self.settings.summary == "off" or not target or not self._worth_reporting():
-            return
-        from . import report  # cost: as above
-
-        text = report.markdown(
-            self.stats,
-            where=self.setup.dir.describe(),
-            restore=self.restored.to_json() if self.restored else None,
-            save=self.saved.to_json() if self.saved else None,
-            why=self.why,
-        )
-        try:
-            append_summary(target, text)
-        except OSError as exc:
-            self.problems.warn(f"could not append to GITHUB_STEP_SUMMARY: {exc.strerror}")
-
-    def _worth_reporting(self) -> bool:
-        return self.stats.anything_compiled or bool(self.restored or self.saved or self.problems.warnings)
-
-    # ---- terminal
-
     def terminal_lines(self, verbose: bool = False) -> list[tuple[str, dict[str, bool]]]:
         """The "compile cache" section: pure rendering of what the session did (printed by the plugin)."""
-        lines: list[tuple[str, dict[str, bool]]] = []
-        settings, problems = self.settings, self.problems
-        if settings.report == "none" and not (problems.warnings or problems.errors):
-            return lines
-        if settings.report != "none" and self._worth_reporting():
-            from . import report  # cost: as above
+        if self.settings.report == "none" and not (self.problems.warnings or self.problems.errors):
+            return []
+        from .report import session_lines  # cost: as above
 
-            lines.append((report.summary_line(self.stats, self.setup.dir.describe()), {}))
-            for kind, info in (("restore", self.restored), ("save", self.saved)):
-                if info:
-                    lines.append((report.transfer_line(kind, info.to_json()), {}))
-            if self.stats.silent_workers:
-                silent = ", ".join(self.stats.silent_workers)
-                lines.append((f"workers that sent no statistics: {silent}", {"yellow": True}))
-            if verbose or settings.report == "full":
-                lines.extend((line, {}) for line in report.table_lines(self.stats))
-                if self.why is not None:
-                    lines.extend((line, {}) for line in report.why_lines(self.why))
-            lines.extend((f"note: {note}", {}) for note in problems.notes)
-        lines.extend((f"CompileCacheWarning: {message}", {"yellow": True}) for message in problems.warnings)
-        lines.extend((f"compile cache FAILED: {message}", {"red": True, "bold": True}) for message in problems.errors)
-        return lines
+        return session_lines(self.outcome(), report=self.settings.report, verbose=verbose)
+
+    # ---- compatibility for callers that read the phases' results directly
+
+    @property
+    def restored(self) -> RestoreResult | None:
+        return self.start.restored
+
+    @property
+    def saved(self) -> SaveResult | None:
+        return self.end.saved
 
 
 def open_configured_store(settings: Settings) -> Store:
@@ -825,62 +411,3 @@ def open_configured_store(settings: Settings) -> Store:
     from .stores import open_store
 
     return open_store(settings)
-
-
-def action_restore_result(value: str | None) -> RestoreResult | None:
-    """What the Action's restore step reported (JSON in :data:`ACTION_RESTORE_ENV`); None when unknown."""
-    # cost: as above
-    from . import sync
-
-    if not value:
-        return None
-    try:
-        data = json.loads(value)
-        outcome = data["outcome"] if isinstance(data, dict) else data
-    except (ValueError, KeyError, TypeError, RecursionError):  # anyone's text: never a crash
-        outcome, data = value.strip(), {}
-    if outcome not in ("exact", "partial", "miss", "error"):
-        return None
-    # Text from the environment: one line each, so no newline in it can start a runner command when printed.
-    message = one_line(str(data.get("message") or "")) if isinstance(data, dict) else ""
-    key = one_line(data["key"], 300) if isinstance(data, dict) and isinstance(data.get("key"), str) else None
-    # "headers": the precompiled-header names the Action's restore installed or found (optional), so this
-    # session's save names them again even where the file system records no reads (noatime).
-    names = data.get("headers") if isinstance(data, dict) else None
-    named: tuple[str, ...] = ()
-    if isinstance(names, list) and all(isinstance(name, str) for name in names):
-        # cost: as above
-        from .headers import is_header_name
-
-        named = tuple(name for name in names if is_header_name(name))
-    # "header_key": the object key of the header that the Action's own actions/cache entry carries (verified
-    # there, saved under that exact key): this session's save names that header but does not upload it.
-    carried = data.get("header_key") if isinstance(data, dict) else None
-    keys = (carried,) if isinstance(carried, str) and carried else ()
-    headers = sync.HeaderReport(named=named, carried=keys)
-    # "staged": [[name, size, sha256], ...], the mega-cache blobs the Action installed for this process to load
-    # (its restore imports no torch); only after a restore, and only entries of that exact shape.
-    staged: tuple[sync.StagedBlob, ...] = ()
-    entries = data.get("staged") if isinstance(data, dict) and outcome in ("exact", "partial") else None
-    if isinstance(entries, list):  # a malformed entry is dropped; load_staged reports blobs it cannot find
-        staged = tuple(sync.StagedBlob(*entry) for entry in entries if _staged_entry(entry))
-    return sync.RestoreResult(outcome, key=key, message=message, headers=headers, staged=staged)
-
-
-def _staged_entry(entry: object) -> bool:
-    """``[name, size, sha256]`` with a blob name a bundle may carry, a size and a hex SHA-256."""
-    from .manifest import BLOB_NAME  # cost: as above
-
-    if not (isinstance(entry, list) and len(entry) == 3):
-        return False
-    name, size, sha256 = entry
-    return (
-        isinstance(name, str)
-        and BLOB_NAME.fullmatch(name) is not None
-        and isinstance(size, int)
-        and not isinstance(size, bool)
-        and size >= 0
-        and isinstance(sha256, str)
-        and len(sha256) == 64
-        and all(c in "0123456789abcdef" for c in sha256)
-    )

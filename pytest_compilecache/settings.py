@@ -23,6 +23,8 @@ SUMMARY = ("auto", "off")
 RESTORE = ("auto", "skip")
 SWITCH = ("on", "off")
 DEFAULT_PREFIX = "compilecache-v1"
+# The controller's cache-dir decision, exported for its xdist workers (``cachedir.SessionDir.to_env``).
+SESSION_ENV = "PYTEST_COMPILECACHE_SESSION"
 
 
 def _choice(choices: tuple[str, ...]) -> Callable[[str, str], str]:
@@ -370,6 +372,19 @@ class Settings(NamedTuple):
         if spelled == flag or not text.startswith(flag + ":"):
             return exc
         return ConfigError(spelled + text[len(flag) :])
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing to do before the tests: no cache dir, store, Redis, JSON report or Action restore to take
+        over. Then the plugin only records statistics, and loads the rest only if a test compiles."""
+        return (
+            self.mode is None
+            and self.dir is None
+            and self.store is None
+            and self.redis is None
+            and self.json is None
+            and self.restore == "auto"
+        )
 
     @property
     def effective_mode(self) -> str | None:

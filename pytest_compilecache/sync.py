@@ -66,6 +66,7 @@ from .fingerprint import restore_prefix
 from .ghrunner import one_line
 from .install import cache_root
 from .install import open_cache_file
+from .manifest import BLOB_NAME
 from .manifest import BLOBS_DIR
 from .manifest import Artifact
 from .manifest import Manifest
@@ -232,6 +233,88 @@ def restore_outputs(result: RestoreResult) -> dict[str, str]:
         "cache-hit": str(result.outcome == "exact").lower(),
         "matched-key": (result.key or "") if restored else "",
     }
+
+
+# --- the Action -> plugin hand-off --------------------------------------------------------------------------
+
+# The Action restores before pytest runs (``--compile-cache-restore=skip``) and tells the plugin in this
+# variable how that went, so that a failed restore never fails the session through the hit-rate guard.
+HANDOFF_ENV = "PYTEST_COMPILECACHE_RESTORED"
+_HANDOFF_OUTCOMES = ("exact", "partial", "miss", "error")
+
+
+def write_handoff(result: RestoreResult) -> str:
+    """The value of :data:`HANDOFF_ENV` for ``result`` (compact JSON), read back by :func:`read_handoff`.
+
+    ``{"outcome", "key", "message", "headers": [names], "header_key"?, "staged"?: [[name, size, sha256]]}``:
+    the outcome and why, the precompiled headers the restore installed or found (so the save names them
+    again where the file system records no reads), the object key of a header carried by the Action's own
+    cache entry (the save names it but uploads no copy), and the mega-cache blobs left for pytest to load.
+    """
+    import json  # cost: only the Action and a restoring session hand off
+
+    told: dict[str, Any] = {
+        "outcome": result.outcome,
+        "key": result.key,
+        "message": result.warning or result.message or None,
+        "headers": list(result.headers.named),
+    }
+    if result.headers.carried:
+        told["header_key"] = result.headers.carried[0]
+    if result.staged:
+        told["staged"] = [list(blob) for blob in result.staged]
+    return json.dumps(told, separators=(",", ":"))
+
+
+def read_handoff(value: str | None) -> RestoreResult | None:
+    """What :func:`write_handoff` wrote (anyone's text: never a crash); None when unknown or malformed.
+
+    Every string is made one line (no newline in it can start a runner command when printed); header names
+    must be names torch gives headers, staged entries must have the exact shape, anything else is dropped.
+    """
+    import json  # cost: as above
+
+    if not value:
+        return None
+    try:
+        data = json.loads(value)
+        outcome = data["outcome"] if isinstance(data, dict) else data
+    except (ValueError, KeyError, TypeError, RecursionError):
+        outcome, data = value.strip(), {}
+    if not isinstance(data, dict):
+        data = {}
+    if outcome not in _HANDOFF_OUTCOMES:
+        return None
+    message = one_line(str(data.get("message") or ""))
+    key = one_line(data["key"], 300) if isinstance(data.get("key"), str) else None
+    names = data.get("headers")
+    named: tuple[str, ...] = ()
+    if isinstance(names, list) and all(isinstance(name, str) for name in names):
+        named = tuple(name for name in names if headers.is_header_name(name))
+    carried = data.get("header_key")
+    keys = (carried,) if isinstance(carried, str) and carried else ()
+    entries = data.get("staged") if outcome in ("exact", "partial") else None
+    entries = entries if isinstance(entries, list) else []
+    staged = tuple(StagedBlob(*entry) for entry in entries if _staged_entry(entry))
+    header_report = HeaderReport(named=named, carried=keys)
+    return RestoreResult(outcome, key=key, message=message, headers=header_report, staged=staged)
+
+
+def _staged_entry(entry: object) -> bool:
+    """``[name, size, sha256]`` with a blob name a bundle may carry, a size and a hex SHA-256."""
+    if not (isinstance(entry, list) and len(entry) == 3):
+        return False
+    name, size, sha256 = entry
+    return (
+        isinstance(name, str)
+        and BLOB_NAME.fullmatch(name) is not None
+        and isinstance(size, int)
+        and not isinstance(size, bool)
+        and size >= 0
+        and isinstance(sha256, str)
+        and len(sha256) == 64
+        and all(c in "0123456789abcdef" for c in sha256)
+    )
 
 
 def _load_with_torch(blob: bytes) -> Mapping[str, int]:

@@ -608,7 +608,7 @@ def test_restore_command_stages_torchs_artifacts_and_imports_no_torch(
         assert (Path(plan.cache_dir) / bundle.pending_path(digests[name])).read_bytes() == blobs[name]
 
     # What the plugin does with it in the pytest step (tests/unit/test_session.py drives the session).
-    from pytest_compilecache.session import action_restore_result
+    from pytest_compilecache.sync import read_handoff as action_restore_result
 
     result = action_restore_result(json.dumps(told))
     assert result is not None
@@ -941,7 +941,7 @@ def test_restore_and_headers_commands_tell_the_plugin_which_header_the_entry_car
     gets it from the header entry."""
     import pytest_compilecache.fingerprint
     from pytest_compilecache import headers
-    from pytest_compilecache.session import action_restore_result
+    from pytest_compilecache.sync import read_handoff as action_restore_result
 
     monkeypatch.setattr(pytest_compilecache.fingerprint, "collect", lambda salt="": fingerprint)
     plan_file, plan = _planned(action, environ)
@@ -1015,7 +1015,7 @@ def test_an_evicted_header_entry_makes_the_headers_command_warn_not_fail(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     import pytest_compilecache.fingerprint
-    from pytest_compilecache.session import action_restore_result
+    from pytest_compilecache.sync import read_handoff as action_restore_result
 
     monkeypatch.setattr(pytest_compilecache.fingerprint, "collect", lambda salt="": fingerprint)
     plan_file, plan = _planned(action, environ)

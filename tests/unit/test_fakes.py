@@ -10,7 +10,7 @@ import pytest
 
 from pytest_compilecache import probe
 from pytest_compilecache.explain import GraphLookup
-from pytest_compilecache.session import Recorder
+from pytest_compilecache.recorder import Recorder
 from pytest_compilecache.stores import Store
 from tests.contract.store_contract import StoreContract
 from tests.fakes import FakeLoader

@@ -20,20 +20,22 @@ from pytest_compilecache import ConfigError
 from pytest_compilecache import bundle
 from pytest_compilecache import cachedir
 from pytest_compilecache import probe
+from pytest_compilecache import recorder as recorder_mod
 from pytest_compilecache import session as session_mod
 from pytest_compilecache import sync
 from pytest_compilecache.fingerprint import Fingerprint
 from pytest_compilecache.fingerprint import make_key
 from pytest_compilecache.fingerprint import restore_prefix
 from pytest_compilecache.problems import Problems
+from pytest_compilecache.recorder import Recorder
 from pytest_compilecache.session import Controller
-from pytest_compilecache.session import Recorder
 from pytest_compilecache.session import Setup
 from pytest_compilecache.session import Worker
-from pytest_compilecache.session import action_restore_result
 from pytest_compilecache.settings import DEFAULT_PREFIX
 from pytest_compilecache.settings import Settings
 from pytest_compilecache.stats import ItemRecord
+from pytest_compilecache.sync import HANDOFF_ENV
+from pytest_compilecache.sync import read_handoff as action_restore_result
 from tests.bundle_faults import FAULTS
 from tests.bundle_faults import SIGNING_KEY
 from tests.fakes import FakeLoader
@@ -53,7 +55,7 @@ _OPEN: list[Setup] = []
 def _session_sandbox(fake_probe: FakeProbe, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The fake probe (this process has compiled nothing, whatever other unit tests imported), no runner
     variables; every set-up made here is closed afterwards, so no exported variable leaks into later tests."""
-    monkeypatch.delenv(session_mod.ACTION_RESTORE_ENV, raising=False)
+    monkeypatch.delenv(HANDOFF_ENV, raising=False)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     yield
     while _OPEN:
@@ -98,7 +100,7 @@ def test_hit_rate_guard(tmp_path: Path) -> None:
 @pytest.mark.parametrize("strict", [False, True])
 def test_a_failed_restore_never_fails_the_guard_unless_strict(tmp_path: Path, strict: bool) -> None:
     controller = _controller(tmp_path, min_hit_rate=0.9, strict=strict)
-    controller.restored = sync.RestoreResult("error", message="restore failed: store down")
+    controller.start.restored = sync.RestoreResult("error", message="restore failed: store down")
     controller.stats.add_record(_record("t::a", miss=2))
     controller._check_hit_rate()
     assert bool(controller.problems.errors) is strict
@@ -106,10 +108,10 @@ def test_a_failed_restore_never_fails_the_guard_unless_strict(tmp_path: Path, st
 
 
 def test_the_actions_failed_restore_reaches_the_guard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(session_mod.ACTION_RESTORE_ENV, json.dumps({"outcome": "error", "message": "cache down"}))
+    monkeypatch.setenv(HANDOFF_ENV, json.dumps({"outcome": "error", "message": "cache down"}))
     controller = _controller(tmp_path, min_hit_rate=0.9, restore="skip")
     controller.session_start()
-    assert controller.restored is not None and controller.restored.outcome == "error"
+    assert controller.start.restored is not None and controller.start.restored.outcome == "error"
     controller.stats.add_record(_record("t::a", miss=1))
     controller._check_hit_rate()
     assert controller.problems.errors == []
@@ -156,29 +158,29 @@ def test_the_actions_staged_blobs_are_loaded_by_the_session(
     cache = tmp_path / "cache"
     staged = _staged_by_the_action(tmp_path, source, cache)
     told = {"outcome": "partial", "key": staged.key, "staged": [list(blob) for blob in staged.staged]}
-    monkeypatch.setenv(session_mod.ACTION_RESTORE_ENV, json.dumps(told))
+    monkeypatch.setenv(HANDOFF_ENV, json.dumps(told))
     loader = FakeLoader(error=ValueError("bad pickle") if rejected else None)
     monkeypatch.setattr("pytest_compilecache.probe.load_artifacts", loader)
     controller = _controller(tmp_path, min_hit_rate=0.9, restore="skip")
 
     controller.session_start()
 
-    assert controller.restored is not None
+    assert controller.start.restored is not None
     assert loader.blobs == [BLOBS["controller"]] if rejected else [BLOBS["controller"], BLOBS["gw0"]]
     assert loader.cache_dirs[0] == str(cache)
     assert not (cache / ".compilecache-pending").exists()  # used once
     controller.stats.add_record(_record("t::a", miss=1))
     controller._check_hit_rate()
     if rejected:
-        assert controller.restored.outcome == "error"
+        assert controller.start.restored.outcome == "error"
         assert controller.problems.warnings == [
             "restored bundle not loaded: torch rejected the cache artifacts of controller: ValueError: bad pickle; "
             "the tests compile cold"
         ]
         assert controller.problems.errors == []  # a failed restore never fails the guard
     else:
-        assert (controller.restored.outcome, controller.restored.key) == ("partial", staged.key)
-        assert controller.restored.artifacts == {"fx_graph": 4, "triton": 2}
+        assert (controller.start.restored.outcome, controller.start.restored.key) == ("partial", staged.key)
+        assert controller.start.restored.artifacts == {"fx_graph": 4, "triton": 2}
         assert controller.problems.warnings == []
         assert controller.problems.errors == ["hit rate 0% is below --compile-cache-min-hit-rate=0.9"]
 
@@ -188,13 +190,13 @@ def test_staged_blobs_already_loaded_are_a_note(tmp_path: Path, source: Path, mo
     staged = _staged_by_the_action(tmp_path, source, cache)
     assert sync.load_staged(staged, str(cache), load=FakeLoader()).artifacts  # an earlier session of the job
     told = {"outcome": "partial", "key": staged.key, "staged": [list(blob) for blob in staged.staged]}
-    monkeypatch.setenv(session_mod.ACTION_RESTORE_ENV, json.dumps(told))
+    monkeypatch.setenv(HANDOFF_ENV, json.dumps(told))
     loader = FakeLoader()
     monkeypatch.setattr("pytest_compilecache.probe.load_artifacts", loader)
     controller = _controller(tmp_path, restore="skip")
     controller.session_start()
     assert loader.blobs == [] and controller.problems.warnings == []
-    assert controller.restored is not None and controller.restored.outcome == "partial"
+    assert controller.start.restored is not None and controller.start.restored.outcome == "partial"
     assert any("nothing to load" in note for note in controller.problems.notes)
 
 
@@ -242,16 +244,16 @@ def test_restore_setup_trouble_is_one_warning(tmp_path: Path) -> None:
 
     controller.setup.fingerprint = broken  # type: ignore[method-assign]
     controller.session_start()
-    assert controller.restored is not None and controller.restored.outcome == "error"
+    assert controller.start.restored is not None and controller.start.restored.outcome == "error"
     assert controller.problems.warnings == ["restore skipped: RuntimeError: no compiler"]
     assert controller.problems.errors == []
 
 
 def test_save_is_skipped_when_every_graph_hit_a_restored_cache(tmp_path: Path) -> None:
     controller = _controller(tmp_path, store=str(tmp_path / "store"))
-    controller.restored = sync.RestoreResult("partial", key="k")
+    controller.start.restored = sync.RestoreResult("partial", key="k")
     controller.stats.add_record(_record("t::a", hit=3))
-    controller._save()
+    controller.end.save()
     assert controller.saved is not None and controller.saved.outcome == "skipped"
     assert not (tmp_path / "store").exists()
 
@@ -260,7 +262,7 @@ def test_restore_skip_without_a_report_counts_as_restored(tmp_path: Path) -> Non
     controller = _controller(tmp_path, store=str(tmp_path / "store"), restore="skip")
     controller.session_start()
     controller.stats.add_record(_record("t::a", hit=3))
-    controller._save()
+    controller.end.save()
     assert controller.saved is not None and controller.saved.outcome == "skipped"
 
 
@@ -335,11 +337,11 @@ def test_step_summary_goes_through_the_escaping_renderer(tmp_path: Path, monkeyp
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     controller = _controller(tmp_path)
-    controller.restored = sync.RestoreResult(
+    controller.start.restored = sync.RestoreResult(
         "miss", message="newest differs in: x\n</details><script>alert(1)</script>|"
     )
     controller.stats.add_record(_record("t::a|b", miss=1))
-    controller._write_step_summary()
+    controller._write_reports()
     text = summary.read_text()
     assert "<script>" not in text and "</details><script>" not in text
     assert "`t::a\\|b`" in text
@@ -352,7 +354,7 @@ def test_recorder_counts_a_test_without_torch_through_the_cold_path(monkeypatch:
     monkeypatch.setattr("pytest_compilecache.probe.delta", lambda start: pytest.fail("probe.delta called"))
     recorder = Recorder("controller")
     start = recorder.start()
-    assert start is session_mod.COLD
+    assert start is recorder_mod.COLD
     assert recorder.finish_cold(start)
     assert recorder.stats.tests == 1
     assert recorder.stats.records == {}
@@ -372,11 +374,11 @@ def test_recorder_records_a_test_that_imports_torch_and_compiles(monkeypatch: py
     monkeypatch.setattr("pytest_compilecache.probe.graph_delta", lambda start: [])
     recorder = Recorder("controller")
     start = recorder.start()
-    assert start is session_mod.COLD
+    assert start is recorder_mod.COLD
     loaded[0] = True  # the test imports torch and compiles
     assert not recorder.finish_cold(start)
     recorder.finish("test_x.py::test_compiles", start)
-    assert seen == [session_mod.COLD.mark]
+    assert seen == [recorder_mod.COLD.mark]
     assert recorder.stats.tests == 1
     assert recorder.stats.records["test_x.py::test_compiles"].fxgraph["miss"] == 1
 
@@ -416,7 +418,7 @@ def test_a_bad_bundle_is_one_warning_and_a_cold_start(fault: str, tmp_path: Path
     assert set(REASONS) == set(FAULTS)
     controller = _restored_from_a_bad_bundle(tmp_path, fault, strict=False)
 
-    result = controller.restored
+    result = controller.start.restored
     assert result is not None
     (warning,) = controller.problems.warnings
     assert REASONS[fault] in warning, warning
@@ -474,9 +476,9 @@ def test_only_a_restore_that_failed_on_the_store_skips_the_save(
     monkeypatch.setattr(session_mod, "open_configured_store", lambda settings: store)
     controller = _controller(tmp_path, store="memory://test", key_prefix=PREFIX)
     controller.session_start()
-    assert controller.restored is not None and controller.restored.outcome == outcome
-    assert (controller.store_trouble is None) is saves
-    assert ("could not explain" in controller.restored.message) is saves
+    assert controller.start.restored is not None and controller.start.restored.outcome == outcome
+    assert (controller.start.store_trouble is None) is saves
+    assert ("could not explain" in controller.start.restored.message) is saves
     assert len(controller.problems.warnings) == (0 if saves else 1)
 
 
@@ -500,8 +502,8 @@ def test_a_store_that_stalls_while_a_miss_is_explained_is_one_warning_and_no_sav
         controller.session_start()
     finally:
         release.set()
-    assert controller.restored is not None and controller.restored.outcome == "miss"
-    assert controller.store_trouble is not None
+    assert controller.start.restored is not None and controller.start.restored.outcome == "miss"
+    assert controller.start.store_trouble is not None
     assert controller.problems.warnings == [
         "memory://test did not finish within 0.2 s (get compilecache-v1-0000000000000000-other-1); see "
         "--compile-cache-store-timeout; nothing will be saved this session"

@@ -18,8 +18,8 @@ from pytest_compilecache import explain
 from pytest_compilecache import sync
 from pytest_compilecache.explain import GraphLookup
 from pytest_compilecache.problems import Problems
+from pytest_compilecache.recorder import Recorder
 from pytest_compilecache.session import Controller
-from pytest_compilecache.session import Recorder
 from pytest_compilecache.session import Setup
 from pytest_compilecache.session import Worker
 from pytest_compilecache.settings import Settings
@@ -71,7 +71,7 @@ def _session(
     if compiled:
         kernel = Path(controller.setup.dir.path or "") / "kernel.so"
         kernel.write_bytes(nodeid.encode())
-        controller.files.add(kernel.name)
+        controller.end.files.add(kernel.name)
     controller.finish()
     return controller
 
@@ -89,7 +89,7 @@ def test_recorder_keeps_lookups_except_for_marked_tests(fake_probe: FakeProbe) -
 
 def test_second_shared_session_says_why_and_keeps_the_record(tmp_path: Path, fake_probe: FakeProbe) -> None:
     first = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]), ("t.py::test_b", [lookup("kb")]))
-    assert first.why is None and first.to_json()["why"] is None  # nothing to compare with yet
+    assert first.end.why is None and first.to_json()["why"] is None  # nothing to compare with yet
     assert not any("why" in line for line, _ in first.terminal_lines())
     record = explain.load_record(tmp_path / "cache")
     assert record is not None and sorted(record.tests) == ["t.py::test_a", "t.py::test_b"]
@@ -97,7 +97,7 @@ def test_second_shared_session_says_why_and_keeps_the_record(tmp_path: Path, fak
     second = _session(
         tmp_path, fake_probe, ("t.py::test_a", [lookup("k2", shape="[8, 32]")]), ("t.py::test_new", [lookup("kn")])
     )
-    assert second.compared_with == "previous session"
+    assert second.start.compared_with == "previous session"
     reasons = [w.reasons for w in second.stats.records["t.py::test_a"].why]
     assert reasons == [["input 0 shape [8, 16] -> [8, 32]"]]
     data = second.to_json()
@@ -116,7 +116,7 @@ def test_second_shared_session_says_why_and_keeps_the_record(tmp_path: Path, fak
 def test_summary_report_hides_the_explanations(tmp_path: Path, fake_probe: FakeProbe) -> None:
     _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]))
     second = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k2", shape="[4, 16]")]), report="short")
-    assert second.why is not None and second.why.misses
+    assert second.end.why is not None and second.end.why.misses
     assert not any(line.startswith("why") for line, _ in second.terminal_lines())
     assert any(line.startswith("why") for line, _ in second.terminal_lines(verbose=True))
 
@@ -126,9 +126,9 @@ def test_a_restored_bundles_record_is_the_baseline_for_every_process(tmp_path: P
     controller = _controller(tmp_path)
     (tmp_path / "cache").mkdir(exist_ok=True)
     explain.save_record(tmp_path / "cache", explain.GraphsRecord(tests={"t.py::test_a": [lookup("k0")]}))
-    controller.restored = sync.RestoreResult("partial", key="k", graphs=bundle_record.to_json())
-    controller._read_baseline()
-    assert controller.compared_with == "bundle" and controller.problems.warnings == []
+    controller.start.restored = sync.RestoreResult("partial", key="k", graphs=bundle_record.to_json())
+    controller.start._read_baseline()
+    assert controller.start.compared_with == "bundle" and controller.problems.warnings == []
     on_disk = explain.load_record(tmp_path / "cache")
     assert on_disk is not None and on_disk.tests["t.py::test_a"][0].key == "k1"  # replaced the local record
     # A worker reads the same record, lazily, for the live fixture.
@@ -149,16 +149,16 @@ def test_an_unreadable_record_is_one_warning_and_no_explanations(tmp_path: Path,
     (tmp_path / "cache" / explain.RECORD_NAME).write_text("{not json")
     controller = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]))
     assert len(controller.problems.warnings) == 1 and "graph record in the cache dir" in controller.problems.warnings[0]
-    assert controller.why is None and controller.to_json()["why"] is None
+    assert controller.end.why is None and controller.to_json()["why"] is None
     assert explain.load_record(tmp_path / "cache") is not None  # this session's record replaced it
 
 
 def test_a_hostile_bundle_record_is_one_warning(tmp_path: Path) -> None:
     controller = _controller(tmp_path)
     hostile = {"format": 1, "tests": {"t\n::error::x": [{"k": 1}]}}
-    controller.restored = sync.RestoreResult("partial", key="k", graphs=hostile)
-    controller._read_baseline()
-    assert controller.baseline is None
+    controller.start.restored = sync.RestoreResult("partial", key="k", graphs=hostile)
+    controller.start._read_baseline()
+    assert controller.start.baseline is None
     [warning] = controller.problems.warnings
     assert "of the restored bundle" in warning and "\n" not in warning
     assert not (tmp_path / "cache" / explain.RECORD_NAME).exists()
@@ -177,14 +177,14 @@ def test_isolated_without_a_bundle_explains_nothing_but_saves_the_record(
     controller = _session(
         tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]), mode="isolated", store=f"file://{tmp_path / 'store'}"
     )
-    assert controller.why is None
+    assert controller.end.why is None
     assert list(saved["graphs"]["tests"]) == ["t.py::test_a"]  # the next run restoring the bundle compares
     assert explain.GraphsRecord.from_json(saved["graphs"]).tests["t.py::test_a"][0].key == "k1"
 
 
 def test_disabled_mode_explains_nothing(tmp_path: Path, fake_probe: FakeProbe) -> None:
     controller = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]), mode="disabled")
-    assert controller.why is None and controller.graphs is None
+    assert controller.end.why is None and controller.end.graphs is None
 
 
 def test_worker_graphs_survive_the_merge_and_are_explained(tmp_path: Path, fake_probe: FakeProbe) -> None:
@@ -212,7 +212,7 @@ def test_the_record_is_ours_in_an_untagged_torch_dir(tmp_path: Path, fake_probe:
     assert (tmp_path / "cache" / explain.RECORD_NAME).is_file()
     assert cachedir.ownership(tmp_path / "cache").kind in ("ours", "torch")
     second = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k2", shape="[2, 16]")]))  # not refused
-    assert second.why is not None and second.why.misses
+    assert second.end.why is not None and second.end.why.misses
 
 
 def _no_capture(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -235,7 +235,7 @@ def test_explain_off_captures_records_and_explains_nothing(
     off = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k2", shape="[8, 32]")]), explain=False)
     record = off.stats.records["t.py::test_a"]
     assert record.misses == 1 and record.graphs == [] and record.why == []  # counted, not captured
-    assert off.baseline is None and off.why is None and off.graphs is None
+    assert off.start.baseline is None and off.end.why is None and off.end.graphs is None
     assert off.to_json()["why"] is None and off.to_json()["tests"][0]["graphs"] == 0
     assert not any("why" in line for line, _ in off.terminal_lines(verbose=True))
     assert (tmp_path / "cache" / explain.RECORD_NAME).read_bytes() == kept  # neither read into nor rewritten
@@ -277,13 +277,15 @@ def test_explain_off_restores_a_bundle_with_a_record_and_saves_one_without(
         dir=str(tmp_path / "b"),
         explain=False,
     )
-    assert off.restored is not None and off.restored.outcome == "partial", off.restored  # an earlier run's key
-    assert off.restored.graphs is not None  # the bundle had a record; the restore used the rest of it
+    assert off.start.restored is not None and off.start.restored.outcome == "partial", (
+        off.start.restored
+    )  # an earlier run's key
+    assert off.start.restored.graphs is not None  # the bundle had a record; the restore used the rest of it
     assert (tmp_path / "b" / "kernel.so").is_file() and off.problems.warnings == []
-    assert not (tmp_path / "b" / explain.RECORD_NAME).exists() and off.why is None
+    assert not (tmp_path / "b" / explain.RECORD_NAME).exists() and off.end.why is None
     assert off.saved is not None and off.saved.outcome == "saved", off.saved
 
     after = _controller(tmp_path, store=store, dir=str(tmp_path / "c"))
     after.session_start()
-    assert after.restored is not None and after.restored.key == off.saved.key
-    assert after.restored.graphs is None and after.baseline is None  # off saved no record
+    assert after.start.restored is not None and after.start.restored.key == off.saved.key
+    assert after.start.restored.graphs is None and after.start.baseline is None  # off saved no record

@@ -11,8 +11,8 @@ import pytest
 from pytest_compilecache import headers
 from pytest_compilecache import sync
 from pytest_compilecache.problems import Problems
+from pytest_compilecache.recorder import Recorder
 from pytest_compilecache.session import Controller
-from pytest_compilecache.session import Recorder
 from pytest_compilecache.session import Setup
 from pytest_compilecache.session import Worker
 from pytest_compilecache.stores import LocalStore
@@ -48,13 +48,13 @@ def _saved_artifacts(store: Path) -> list[str]:
 def test_a_saving_session_carries_the_header_it_built(tmp_path: Path, fake_probe: FakeProbe) -> None:
     controller = _controller(tmp_path, store=str(tmp_path / "store"))
     controller.session_start()
-    assert controller.header_since is not None
+    assert controller.start.header_since is not None
     _header_built_now()
     fake_probe.header_dir = str(headers.header_dir())
     controller.stats.add_record(_record("t::a", miss=1))
-    controller.files.add("x")  # something compiled
+    controller.end.files.add("x")  # something compiled
     (Path(controller.setup.dir.path or "") / "x").write_bytes(b"kernel")
-    controller._save()
+    controller.end.save()
     assert controller.saved is not None and controller.saved.outcome == "saved", controller.saved
     assert controller.saved.headers.named == (NAME,)
     assert len(_saved_artifacts(tmp_path / "store")) == 1
@@ -71,7 +71,7 @@ def test_a_worker_reports_torchs_header_dir(tmp_path: Path, fake_probe: FakeProb
     assert output["header_dir"] == "/somewhere/else"
     controller.add_worker("gw0", output)
     controller.add_worker("gw1", {**output, "header_dir": None})  # a worker that compiled no C++
-    assert controller.header_dirs == {"/somewhere/else"}
+    assert controller.end.header_dirs == {"/somewhere/else"}
 
 
 def test_a_worker_whose_torch_keeps_headers_elsewhere_means_no_headers_and_a_note(
@@ -84,7 +84,7 @@ def test_a_worker_whose_torch_keeps_headers_elsewhere_means_no_headers_and_a_not
     controller.add_worker("gw1", {"tests": 1, "header_dir": str(headers.header_dir())})
     (Path(controller.setup.dir.path or "") / "x").write_bytes(b"kernel")
     controller.stats.add_record(_record("t::a", miss=1))
-    controller._save()
+    controller.end.save()
     assert controller.saved is not None and controller.saved.outcome == "saved"
     assert controller.saved.headers == sync.HeaderReport()
     assert _saved_artifacts(tmp_path / "store") == []
@@ -96,7 +96,7 @@ def test_a_worker_whose_torch_keeps_headers_elsewhere_means_no_headers_and_a_not
 def test_a_read_only_session_does_not_track_headers(tmp_path: Path) -> None:
     controller = _controller(tmp_path, store=str(tmp_path / "store"), readonly=True)
     controller.session_start()
-    assert controller.header_since is None
+    assert controller.start.header_since is None
 
 
 def _outcome(controller: Controller) -> str | None:
@@ -106,21 +106,21 @@ def _outcome(controller: Controller) -> str | None:
 def test_all_hits_still_save_when_the_session_used_a_header_the_bundle_does_not_name(tmp_path: Path) -> None:
     controller = _controller(tmp_path, store=str(tmp_path / "store"))
     controller.session_start()
-    controller.restored = sync.RestoreResult("partial", key="k")  # a bundle that names no header
+    controller.start.restored = sync.RestoreResult("partial", key="k")  # a bundle that names no header
     controller.stats.add_record(_record("t::a", hit=3))
     (Path(controller.setup.dir.path or "") / "x").write_bytes(b"kernel")
-    controller.files.add("x")
-    controller._save()
+    controller.end.files.add("x")
+    controller.end.save()
     assert _outcome(controller) == "skipped"  # no header used: skipped
 
     _header_built_now()  # torch built the header this session: the next fresh runner should not have to
-    controller._save()
+    controller.end.save()
     assert _outcome(controller) == "saved"
     assert controller.saved is not None and controller.saved.headers.named == (NAME,)
 
     named = sync.HeaderReport(named=(NAME,))
-    controller.restored = sync.RestoreResult("partial", key="k", headers=named)  # already named: skip again
-    controller._save()
+    controller.start.restored = sync.RestoreResult("partial", key="k", headers=named)  # already named: skip again
+    controller.end.save()
     assert _outcome(controller) == "skipped"
 
 
@@ -134,11 +134,11 @@ def test_restore_warns_once_per_header_that_did_not_come(tmp_path: Path, monkeyp
     monkeypatch.setattr(sync, "restore", fake_restore)
     controller.session_start()
     assert controller.problems.warnings == list(lines)
-    assert controller.restored is not None and controller.restored.outcome == "partial"
+    assert controller.start.restored is not None and controller.start.restored.outcome == "partial"
 
 
 def test_the_actions_restore_report_may_name_the_headers_it_installed() -> None:
-    from pytest_compilecache.session import action_restore_result
+    from pytest_compilecache.sync import read_handoff as action_restore_result
 
     value = json.dumps({"outcome": "partial", "key": "k", "headers": [NAME, "../evil", 3]})
     assert action_restore_result(value) is not None
@@ -155,20 +155,20 @@ def test_after_the_actions_restore_a_header_it_could_not_install_is_new(tmp_path
     entry evicted) that torch built again makes the session save, so the next run carries it (issue 10)."""
     controller = _controller(tmp_path, store=str(tmp_path / "store"), restore="skip")
     controller.session_start()
-    controller.restored = sync.RestoreResult("partial", key="k")  # the Action installed no header
+    controller.start.restored = sync.RestoreResult("partial", key="k")  # the Action installed no header
     controller.stats.add_record(_record("t::a", hit=3))
     (Path(controller.setup.dir.path or "") / "x").write_bytes(b"kernel")
-    controller.files.add("x")
+    controller.end.files.add("x")
     _header_built_now()
-    controller._save()
+    controller.end.save()
     assert _outcome(controller) == "saved"
-    controller.restored = sync.RestoreResult("partial", key="k", headers=sync.HeaderReport(named=(NAME,)))
-    controller._save()
+    controller.start.restored = sync.RestoreResult("partial", key="k", headers=sync.HeaderReport(named=(NAME,)))
+    controller.end.save()
     assert _outcome(controller) == "skipped"  # the Action installed it: nothing new
 
 
 def test_a_header_the_actions_header_entry_carries_is_named_not_uploaded(tmp_path: Path) -> None:
-    from pytest_compilecache.session import action_restore_result
+    from pytest_compilecache.sync import read_handoff as action_restore_result
 
     path = _header_built_now()
     key = headers.object_key("compilecache-v1", headers.describe(path).sha256)
@@ -177,12 +177,12 @@ def test_a_header_the_actions_header_entry_carries_is_named_not_uploaded(tmp_pat
     assert restored is not None and restored.headers.carried == (key,)
     controller = _controller(tmp_path, store=str(tmp_path / "store"), restore="skip", key_prefix="compilecache-v1")
     controller.session_start()
-    controller.restored = restored
+    controller.start.restored = restored
     controller.stats.add_record(_record("t::a", miss=1))
     (Path(controller.setup.dir.path or "") / "x").write_bytes(b"kernel")
-    controller.files.add("x")
+    controller.end.files.add("x")
     _header_built_now()  # built again this session: used
-    controller._save()
+    controller.end.save()
     assert controller.saved is not None and controller.saved.outcome == "saved", controller.saved
     assert controller.saved.headers.named == (NAME,) and controller.saved.headers.transferred == ()
     assert _saved_artifacts(tmp_path / "store") == []  # the bundle names it; the header entry has it
@@ -190,6 +190,6 @@ def test_a_header_the_actions_header_entry_carries_is_named_not_uploaded(tmp_pat
     elsewhere = headers.object_key("compilecache-v1", "0" * 64)
     other = action_restore_result(json.dumps({"outcome": "partial", "key": "k", "header_key": elsewhere}))
     assert other is not None
-    controller.restored = other  # another header's entry: this one goes into the store as before
-    controller._save()
+    controller.start.restored = other  # another header's entry: this one goes into the store as before
+    controller.end.save()
     assert _saved_artifacts(tmp_path / "store") == [key]

@@ -1,0 +1,134 @@
+"""Per-test statistics of one process: :class:`Recorder`, the plugin's hot path.
+
+Loaded by every session that has the plugin, so it imports only what records statistics: :mod:`probe`
+(which never imports torch by itself) and :mod:`stats`. While torch is not imported a test costs a few
+attribute reads and one counter.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import Mapping
+from typing import NamedTuple
+
+from . import probe
+from .stats import CompileCacheStats
+from .stats import ItemRecord
+from .stats import SessionStats
+
+if TYPE_CHECKING:
+    from .explain import GraphsRecord
+    from .explain import MissExplanation
+
+
+class Start(NamedTuple):
+    """Where a test started: torch's counters and the position in this process's FX-graph lookups (None:
+    explaining is off)."""
+
+    mark: probe.Mark
+    graphs: int | None
+
+
+# The start of every test that begins before torch is imported: no counters yet, no FX-graph lookups.
+COLD_MARK = probe.Mark({}, 0, 0)
+COLD = Start(COLD_MARK, 0)
+COLD_UNEXPLAINED = Start(COLD_MARK, None)  # the same with explaining off
+
+
+class Recorder:
+    """Per-test statistics of one process: the hot path is :meth:`start` / :meth:`finish` per test.
+
+    While torch is not imported both are a few attribute reads (no explain import, no parsing). The
+    ``baseline`` is the earlier run's graph record the live ``compile_cache_stats.why`` compares with:
+    set by the controller after its restore, read lazily from ``baseline_dir`` by a worker. With
+    ``explain=False`` (``--compile-cache-explain=off``) it never touches the graph capture: no lookups are
+    taken, none recorded, nothing explained.
+    """
+
+    def __init__(self, worker: str, explain: bool = True) -> None:
+        self.worker = worker
+        self.explain = explain
+        self.stats = SessionStats()
+        self.baseline_dir: str | None = None
+        self._baseline: GraphsRecord | None = None
+        self._baseline_read = False
+
+    def start(self) -> Start:
+        """Where a test starts; :data:`COLD` (no probe call) while torch is not imported."""
+        if not probe.torch_loaded():
+            return COLD if self.explain else COLD_UNEXPLAINED
+        # graph_mark() would install the capture once torch's codecache is loaded: not when explaining is off.
+        return Start(probe.mark(), probe.graph_mark() if self.explain else None)
+
+    def finish_cold(self, start: Start) -> bool:
+        """Count a test that cannot have compiled: it began :data:`COLD` and torch is still not imported.
+
+        The per-test path of a session that never imports torch (no node id, no probe call). False: the
+        test may have compiled, call :meth:`finish`.
+        """
+        if start.mark is not COLD_MARK or probe.torch_loaded():
+            return False
+        self.stats.tests += 1
+        return True
+
+    def finish(self, nodeid: str, start: Start, intended: bool = False) -> None:
+        """Record the test that began at ``start``; ``intended``: marked isolated/disabled, so its misses are
+        by design and its graphs are neither kept nor explained."""
+        self.record(nodeid, self._delta(start, intended))
+
+    @staticmethod
+    def _delta(start: Start, intended: bool) -> dict[str, Any]:
+        delta = probe.delta(start.mark)
+        if start.graphs is None:  # explaining is off
+            return delta
+        graphs = probe.graph_delta(start.graphs)
+        if graphs and not intended:
+            delta["graphs"] = graphs
+        return delta
+
+    def record(self, nodeid: str, delta: Mapping[str, Any]) -> None:
+        """Count one finished test and keep its record when it compiled."""
+        self.stats.tests += 1
+        if delta:
+            record = ItemRecord(nodeid=nodeid, worker=self.worker)
+            record.add(delta)
+            if record.compiled:
+                self.stats.add_record(record)
+
+    def live(self, nodeid: str, start: Start | None, intended: bool = False) -> CompileCacheStats:
+        """The ``compile_cache_stats`` fixture's object for a test that started at ``start``.
+
+        Its ``why`` compares the test's misses so far with the same test's graphs in the baseline.
+        """
+        if start is None:
+            return CompileCacheStats(nodeid, dict)
+        explain = self._why if self.explain and not intended else None
+        return CompileCacheStats(nodeid, lambda: self._delta(start, intended), explain)
+
+    def _why(self, record: ItemRecord) -> list[MissExplanation]:
+        baseline = self.baseline()
+        if baseline is None:
+            return []
+        # cost: explain loads only when there is something to explain
+        from .explain import explain_test
+
+        return explain_test(record.graphs, baseline.tests.get(record.nodeid))
+
+    def baseline(self) -> GraphsRecord | None:
+        """The earlier run's graph record; None when there is none or it is unreadable (the controller warns)."""
+        if not self._baseline_read:
+            self._baseline_read = True
+            if self.baseline_dir:
+                # cost: as above
+                from .explain import load_record
+
+                try:
+                    self._baseline = load_record(Path(self.baseline_dir))
+                except (OSError, ValueError):
+                    self._baseline = None
+        return self._baseline
+
+    def set_baseline(self, record: GraphsRecord | None) -> None:
+        self._baseline, self._baseline_read = record, True

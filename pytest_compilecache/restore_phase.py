@@ -1,0 +1,160 @@
+"""The session's start, before the first compile and before xdist starts workers: :class:`RestorePhase`.
+
+It sweeps what killed sessions left, restores the newest matching bundle (or takes the Action's word for
+its own restore and loads the blobs it staged), and reads the graph record this session's misses will be
+explained against. Infrastructure trouble becomes warnings in the session's :class:`Problems`; nothing here
+fails the session.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .ghrunner import one_line
+
+if TYPE_CHECKING:
+    from .explain import GraphsRecord
+    from .recorder import Recorder
+    from .session import Setup
+    from .sync import RestoreResult
+
+# Modes whose cache dir keeps FX graphs, so that a miss can be compared with an earlier run's lookups.
+EXPLAINED_MODES = ("shared", "isolated")
+
+
+class RestorePhase:
+    """What the start of the session found; read by the save phase and the report.
+
+    ``restored``: the restore's result (None: no restore was attempted, or the Action said nothing);
+    ``store_trouble``: the store failed or stalled at the restore (then nothing is saved: one warning, not
+    two); ``header_since``: when the session started, for finding the headers it used (None: not saving);
+    ``baseline`` / ``compared_with``: the earlier run's graphs and what they are.
+    """
+
+    def __init__(self, setup: Setup, recorder: Recorder) -> None:
+        self.setup = setup
+        self.recorder = recorder
+        self.problems = setup.problems
+        self.restored: RestoreResult | None = None
+        self.store_trouble: str | None = None
+        self.header_since: float | None = None
+        self.baseline: GraphsRecord | None = None
+        self.compared_with = ""
+
+    def run(self) -> None:
+        self.setup.ensure_dir()
+        self._sweep()
+        if self.setup.saving:
+            # cost: headers, sync and stores load only in a session with a store
+            from .headers import session_start
+
+            self.header_since = session_start()
+        if self.setup.settings.restore == "skip":
+            self._take_actions_word()
+        elif self.setup.settings.store and self.setup.dir.path:
+            self._restore()
+        self._read_baseline()
+
+    def _restore(self) -> None:
+        from . import sync  # cost: as above
+
+        settings = self.setup.settings
+        try:
+            fingerprint = self.setup.fingerprint()
+            store = self.setup.timed_store()
+        except Exception as exc:  # a store or fingerprint that cannot even be set up: infrastructure trouble
+            restored = sync.RestoreResult("error", message=f"restore skipped: {type(exc).__name__}: {exc}")
+        else:
+            restored = sync.restore(
+                store,
+                prefix=settings.key_prefix,
+                fingerprint=fingerprint,
+                cache_dir=self.setup.dir.path or "",
+                signing_key=settings.signing_key,
+                max_bytes=settings.max_bundle_size,
+            )
+            # A restore that failed on the store skips the save (it would wait again), and so does one whose
+            # store spent the whole budget on the side (explaining a miss, fetching headers): it is stalling.
+            # A store error met only while explaining a miss is part of the miss's message, not a failure.
+            if restored.outcome == "error" or store.exhausted:
+                self.store_trouble = store.trouble
+        self.restored = restored
+        if restored.warning:
+            self.problems.warn(restored.warning)
+        for line in restored.headers.warnings:
+            self.problems.warn(line)
+        if self.store_trouble and not restored.warning and not restored.headers.warnings:
+            self.problems.warn(f"{self.store_trouble}; nothing will be saved this session")  # the one warning
+
+    def _take_actions_word(self) -> None:
+        """The Action restored before pytest (``--compile-cache-restore=skip``): read what it said, and load
+        the mega-cache blobs its restore step installed but left for this process (that step imports no
+        torch; this one will). A blob that changed or that torch rejects is one warning, and the session
+        counts as one after a failed restore (cold compile, the hit-rate floor not enforced)."""
+        from . import sync  # cost: as above
+
+        told = sync.read_handoff(os.environ.get(sync.HANDOFF_ENV))
+        self.restored = told
+        if told is None or not told.staged or not self.setup.dir.path:
+            return
+        self.restored = sync.load_staged(told, self.setup.dir.path)
+        if self.restored.outcome == "error":
+            self.problems.warn(f"{self.restored.message}; the tests compile cold")
+        elif self.restored.message != told.message:
+            self.problems.note(self.restored.message)
+
+    def _read_baseline(self) -> None:
+        """The earlier run's graphs, kept as ``<cache dir>/.compilecache-graphs.json`` for every process.
+
+        A restored bundle's record (verified with the bundle) replaces the dir's; without one, a shared dir's
+        record is the previous local session's. A fresh isolated dir has none unless a bundle brought it, so a
+        cold isolated session explains nothing: every miss there is intended. An unreadable record is one
+        warning and no explanations (the session's own record replaces it at the end).
+        """
+        path = self.setup.dir.path
+        if not self.setup.settings.explain or not path or self.setup.dir.mode not in EXPLAINED_MODES:
+            return  # off: a restored bundle's record is not installed, nothing is compared
+        from .cachedir import GRAPHS_RECORD  # cost: only a session with a dir of ours reads a record
+
+        restored = self.restored
+        graphs = restored.graphs if restored is not None else None
+        record: GraphsRecord | None = None
+        try:
+            if graphs:
+                # cost: explain loads only when there is a record to read
+                from .explain import install_restored
+
+                record = install_restored(Path(path), graphs)
+            elif os.path.isfile(os.path.join(path, GRAPHS_RECORD)):
+                from .explain import load_record  # cost: as above
+
+                record = load_record(Path(path))
+        except (OSError, ValueError) as exc:
+            where = "of the restored bundle" if graphs else "in the cache dir"
+            self.problems.warn(one_line(f"no miss explanations: the graph record {where} is unreadable: {exc}", 500))
+            record = None
+        # The Action restores before pytest (--compile-cache-restore=skip) and leaves the bundle's record here.
+        by_action = self.setup.settings.restore == "skip" and restored is not None and restored.ok
+        from_bundle = bool(graphs) or (by_action and restored is not None and restored.outcome != "miss")
+        self.baseline, self.compared_with = record, ("bundle" if from_bundle else "previous session")
+        self.recorder.set_baseline(record)
+
+    def _sweep(self) -> None:
+        """Remove the bundle temps (staging dirs, save/restore dirs) whose owner is gone: in the cache dir,
+        and in the temp dir when this session moves bundles. torch's own temp files in the cache dir are
+        swept when the session registers (:meth:`Setup.start`)."""
+        places = [self.setup.dir.path, tempfile.gettempdir() if self.setup.settings.store else None]
+        if not any(places):
+            return
+        # cost: a session without a cache dir of ours never loads _fs
+        from ._fs import sweep_stale
+
+        for where in places:
+            if where:
+                try:
+                    sweep_stale(where)
+                except OSError:  # best effort: the next session tries again
+                    pass

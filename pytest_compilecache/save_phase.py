@@ -1,0 +1,193 @@
+"""The session's end, after every process reported: :class:`SavePhase`.
+
+It explains this session's misses and keeps the graph record for the next run, saves a bundle (with the
+precompiled headers the session used) within the store's time budget, and trims a capped shared dir. Like
+the restore phase it only ever warns: the session's outcome is decided by the controller.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import cachedir
+from . import probe
+
+if TYPE_CHECKING:
+    from .explain import GraphsRecord
+    from .explain import SessionExplanation
+    from .restore_phase import RestorePhase
+    from .session import Setup
+    from .stats import SessionStats
+    from .sync import SaveResult
+
+from .restore_phase import EXPLAINED_MODES
+
+
+class SavePhase:
+    """What the end of the session did: ``why`` (this run's miss explanations; None when nothing was
+    compared), ``graphs`` (the record the next run compares with) and ``saved`` (None: no save tried).
+
+    ``blobs``, ``files`` and ``header_dirs`` are what the session's processes reported (their mega-cache
+    blobs, the cache files they used, where their torch keeps precompiled headers).
+    """
+
+    def __init__(self, setup: Setup, stats: SessionStats, start: RestorePhase) -> None:
+        self.setup = setup
+        self.stats = stats
+        self.start = start
+        self.problems = setup.problems
+        self.blobs: dict[str, bytes] = {}
+        self.files: set[str] = set()
+        self.header_dirs: set[str] = set()
+        self.why: SessionExplanation | None = None
+        self.graphs: GraphsRecord | None = None
+        self.saved: SaveResult | None = None
+
+    def run(self) -> None:
+        self.explain()
+        if self.setup.saving:
+            self.save()
+        self.evict()
+
+    # ---- explanations
+
+    def explain(self) -> None:
+        """Say why each miss missed (against the restore phase's baseline) and build the record the next run
+        compares with.
+
+        Only for a cache dir of ours that caches (``shared``, ``isolated``): with caches ``disabled`` every
+        lookup misses by design, and without a dir there is nowhere to keep a record. Tests marked
+        isolated/disabled kept no graphs. The record is written back to a shared dir (the next local
+        session's baseline) and goes into the saved bundle. With ``--compile-cache-explain=off`` nothing
+        happens: the dir's record stays as it was and the saved bundle carries none.
+        """
+        path = self.setup.dir.path
+        if not self.setup.settings.explain or not path or self.setup.dir.mode not in EXPLAINED_MODES:
+            return
+        if probe.dynamo_loaded():
+            note = probe.graph_capture_installed()
+            if note:
+                self.problems.note(note)
+        current = {nodeid: r.graphs for nodeid, r in self.stats.records.items() if r.graphs}
+        if not current:
+            return  # nothing was looked up: keep the baseline as it is for the next run
+        # cost: explain loads only when a test looked up a graph
+        from .explain import carry_forward
+        from .explain import explain_session
+        from .explain import save_record
+
+        baseline = self.start.baseline
+        why, record = explain_session(current, baseline, self.start.compared_with)
+        if baseline is not None:  # None: a first run, nothing compared (the report says null, not "{}")
+            self.why = why
+        for nodeid, misses in why.misses.items():
+            self.stats.records[nodeid].why = misses
+        self.graphs = carry_forward(record, baseline)
+        if self.setup.dir.mode == "shared":
+            try:
+                save_record(Path(path), self.graphs)
+            except OSError as exc:
+                self.problems.warn(f"could not keep the graph record for the next session: {exc}")
+
+    # ---- the bundle
+
+    def save(self) -> None:
+        # cost: only a saving session loads sync
+        from . import sync
+        from .fingerprint import default_suffix
+
+        settings, restored = self.setup.settings, self.start.restored
+        # Without a result: restored by someone else (the Action, an earlier CLI step) who did not say how.
+        was_restored = restored.outcome in ("exact", "partial") if restored is not None else settings.restore == "skip"
+        if was_restored and self.stats.hits and not self.stats.misses and not self._new_headers():
+            # Every graph came from the restored cache: a new bundle would only repeat the old one.
+            self.saved = sync.SaveResult("skipped", message="every graph hit the restored cache; nothing new to save")
+            return
+        if self.start.store_trouble is not None:
+            # The store failed or stalled at the restore: one warning said so; a save would wait again.
+            self.saved = sync.SaveResult("skipped", message="the store failed at the restore; nothing saved")
+            return
+        try:
+            fingerprint = self.setup.fingerprint()
+            store = self.setup.timed_store()
+        except Exception as exc:
+            self.problems.warn(f"save skipped: {type(exc).__name__}: {exc}")
+            return
+        self.saved = sync.save(
+            store,
+            prefix=settings.key_prefix,
+            fingerprint=fingerprint,
+            suffix=settings.run_suffix or default_suffix(),
+            cache_dir=self.setup.dir.path or "",
+            blobs=self.blobs,
+            files=sorted(self.files),
+            stats=self.stats.totals_json(),
+            signing_key=settings.signing_key,
+            keep=settings.keep_bundles,
+            max_bytes=settings.max_bundle_size,
+            graphs=self.graphs.to_json() if self.graphs else None,
+            header_since=self._header_since(),
+            header_installed=self._restored_headers(),
+            header_carried=restored.headers.carried if restored is not None else (),
+        )
+        if self.saved.warning:
+            self.problems.warn(self.saved.warning)
+        elif self.saved.message and self.saved.outcome == "saved":
+            self.problems.note(f"save: {self.saved.message}")
+        for line in self.saved.headers.warnings:
+            self.problems.warn(line)
+
+    # ---- precompiled headers
+
+    def _new_headers(self) -> bool:
+        """True when this session used a precompiled header its restored bundle does not name (a bundle saved
+        on a machine that already had the header names none): then a save is worth it even when every graph
+        hit. After the Action's restore, its report names what it installed or found: a header it could not
+        restore (its entry evicted) and torch built again is new, so this save carries it (issue 10)."""
+        since = self.start.header_since
+        if since is None or self.start.restored is None:
+            return False
+        # cost: headers load only in a saving session
+        from .headers import find_used
+        from .headers import header_dir
+
+        used = {path.name for path in find_used(header_dir(), since, self._restored_headers())}
+        return bool(used - set(self._restored_headers()))
+
+    def _restored_headers(self) -> tuple[str, ...]:
+        restored = self.start.restored
+        return restored.headers.named if restored is not None else ()
+
+    def _header_since(self) -> float | None:
+        """The ``since`` for carrying headers, or None (carry none) when torch keeps them elsewhere.
+
+        ``headers.header_dir()`` mirrors torch's path without importing torch; a process whose torch reports
+        another dir (a torch that moved it, a test that changed TMPDIR before importing torch) would make
+        us carry the wrong files, so then nothing is carried and a note says why.
+        """
+        if self.start.header_since is None:
+            return None
+        from .headers import header_dir  # cost: as above
+
+        expected = str(header_dir())
+        others = sorted(d for d in self.header_dirs if d != expected)
+        if others:
+            self.problems.note(f"precompiled headers not carried: torch keeps them in {others[0]}, not {expected}")
+            return None
+        return self.start.header_since
+
+    # ---- the cache dir's size
+
+    def evict(self) -> None:
+        path, settings = self.setup.dir.path, self.setup.settings
+        if self.setup.dir.mode != "shared" or not path or not settings.max_size:
+            return
+        try:
+            trimmed = cachedir.trim(path, settings.max_size, registration=self.setup.registration)
+        except Exception as exc:
+            self.problems.warn(f"could not trim the cache dir: {exc}")
+            return
+        line = trimmed.describe()
+        if line:
+            self.problems.note(line)
