@@ -12,6 +12,13 @@ torch got imported in any run (it must not be). ``--json PATH`` writes everythin
 
     python bench/overhead.py [--tests 2000] [--rounds 5] [--json results.json] [--fail-above 2.0]
     python bench/overhead.py --instructions [--tests 2000] [--sizes 3]
+    python bench/overhead.py --instructions --wheel          # the figure the targets are stated in
+
+The project is one file of ``--tests`` parametrized cases (``--layout single``, the default: the smallest
+denominator, so the plugin's fixed cost shows most) or files of 100 tests each (``--layout files``).
+``--wheel`` builds a wheel from this checkout and installs it, with this interpreter's pytest version, into a
+fresh venv, and measures with that venv: the plugin as users install it, not an editable checkout.
+Targets (instructions, single file, wheel): installed at most +1%, active at most +2%.
 
 ``--instructions`` counts instructions under valgrind instead (one run per variant and suite size, sizes
 ``--tests``, +50, +100...; the median over the sizes is the figure to compare, see render_instructions).
@@ -55,11 +62,25 @@ atexit.register(_report_torch)
 """
 
 
-def make_project(root: Path, tests: int) -> None:
-    """``tests`` trivial tests in files of TESTS_PER_FILE, a conftest.py and an empty pytest.ini (rootdir)."""
+SINGLE_FILE = """\
+import pytest
+
+
+@pytest.mark.parametrize("i", range({tests}))
+def test_trivial(i):
+    assert i + 1 > i
+"""
+
+
+def make_project(root: Path, tests: int, layout: str = "single") -> None:
+    """``tests`` trivial tests (one parametrized file, or files of TESTS_PER_FILE), a conftest.py and an
+    empty pytest.ini (rootdir)."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "pytest.ini").write_text("[pytest]\n")
     (root / "conftest.py").write_text(CONFTEST)
+    if layout == "single":
+        (root / "test_many.py").write_text(SINGLE_FILE.format(tests=tests))
+        return
     for start in range(0, tests, TESTS_PER_FILE):
         count = min(TESTS_PER_FILE, tests - start)
         body = "".join(f"def test_{start + i}():\n    assert {start + i} + 1 > {start + i}\n\n\n" for i in range(count))
@@ -74,6 +95,21 @@ def variant_args(variant: str, cache_dir: Path) -> list[str]:
     if variant == "baseline":
         return ["-p", "no:compilecache"]
     raise ValueError(variant)
+
+
+def wheel_python(work: Path, python: str) -> str:
+    """A fresh venv holding a wheel built from this checkout and ``python``'s pytest version; its interpreter."""
+    repo = Path(__file__).resolve().parent.parent
+    version = subprocess.run(
+        [python, "-c", "import pytest; print(pytest.__version__)"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    venv, dist = work / "venv", work / "dist"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run([python, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(repo)], check=True)
+    wheels = sorted(dist.glob("pytest_compilecache-*.whl"))
+    subprocess.run([*pip, f"pytest=={version}", str(wheels[-1])], check=True)
+    return str(venv / "bin" / "python")
 
 
 def clean_env(flag: Path) -> dict[str, str]:
@@ -115,11 +151,11 @@ def run_once(python: str, project: Path, variant: str, cache_dir: Path, tests: i
     return elapsed, cpu, flag.read_text() == "1"
 
 
-def measure(python: str, tests: int, rounds: int, warmup: int, keep: bool) -> dict[str, Any]:
+def measure(python: str, tests: int, rounds: int, warmup: int, keep: bool, layout: str = "single") -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="compilecache-bench-"))
     try:
         project, cache_dir = work / "project", work / "compile-cache"
-        make_project(project, tests)
+        make_project(project, tests, layout)
         samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
         cpu_samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
         torch_imported = dict.fromkeys(VARIANTS, False)
@@ -145,6 +181,7 @@ def measure(python: str, tests: int, rounds: int, warmup: int, keep: bool) -> di
     cpu_medians = {v: statistics.median(cpu_samples[v]) for v in VARIANTS}
     return {
         "tests": tests,
+        "layout": layout,
         "rounds": rounds,
         "warmup": warmup,
         "python": python,
@@ -186,7 +223,7 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def count_instructions(python: str, tests: int) -> dict[str, int]:
+def count_instructions(python: str, tests: int, layout: str = "single") -> dict[str, int]:
     """Instructions executed per variant under valgrind's callgrind: repeatable, whatever the load.
 
     One run each (slow: about 250x); the numbers do not depend on what else the machine is doing.
@@ -194,7 +231,7 @@ def count_instructions(python: str, tests: int) -> dict[str, int]:
     work = Path(tempfile.mkdtemp(prefix="compilecache-bench-ir-"))
     try:
         project = work / "project"
-        make_project(project, tests)
+        make_project(project, tests, layout)
         counts = {}
         for variant in VARIANTS:  # warm-up: write __pycache__ (assertion rewriting) outside the count
             warmup = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *variant_args(variant, work / "cache")]
@@ -267,12 +304,18 @@ def main(argv: list[str] | None = None) -> int:
         metavar="K",
         help="with --instructions: count K suites of --tests, +50, +100... tests and report the median (default 3)",
     )
+    parser.add_argument("--layout", choices=("single", "files"), default="single", help="see above (default single)")
+    parser.add_argument(
+        "--wheel", action="store_true", help="measure a wheel built from this checkout, in a fresh venv"
+    )
     args = parser.parse_args(argv)
+    if args.wheel:
+        args.python = wheel_python(Path(tempfile.mkdtemp(prefix="compilecache-bench-wheel-")), args.python)
     if args.instructions:
         if args.sizes < 1:
             parser.error("--sizes must be at least 1")
         sizes = [args.tests + 50 * index for index in range(args.sizes)]
-        runs = {size: count_instructions(args.python, size) for size in sizes}
+        runs = {size: count_instructions(args.python, size, args.layout) for size in sizes}
         print(render_instructions(runs))
         if args.json:
             data = {"instructions": {str(size): counts for size, counts in runs.items()}}
@@ -280,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.tests < 1 or args.rounds < 1 or args.warmup < 0:
         parser.error("--tests and --rounds must be at least 1, --warmup at least 0")
-    results = measure(args.python, args.tests, args.rounds, args.warmup, args.keep)
+    results = measure(args.python, args.tests, args.rounds, args.warmup, args.keep, args.layout)
     print(render(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

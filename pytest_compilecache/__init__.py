@@ -13,7 +13,7 @@ import importlib
 from typing import TYPE_CHECKING
 from typing import Any
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "BundleError",

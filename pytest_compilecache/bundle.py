@@ -41,9 +41,9 @@ from typing import Iterator
 from typing import Mapping
 from typing import cast
 
-from . import __version__
 from ._fs import atomic_file
 from ._fs import temp_name
+from ._version import __version__
 from .cachedir import OUR_NAMES
 from .cachedir import PENDING_DIR
 from .container import CHUNK

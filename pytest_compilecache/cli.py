@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 from typing import Sequence
 
-from . import __version__
 from . import bundle
 from . import ghrunner
 from . import report
 from . import sync
 from ._fs import atomic_file
 from ._fs import report_target
+from ._version import __version__
 from .errors import BundleError
 from .errors import ConfigError
 from .errors import StoreError

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import Generator
+from typing import Sequence
 
 import pytest
 
@@ -31,6 +32,7 @@ from .settings import Settings
 from .settings import resolve
 
 if TYPE_CHECKING:
+    from .problems import Classifier
     from .recorder import Start
     from .session import Controller
     from .session import Setup
@@ -89,11 +91,10 @@ def _setup(config: pytest.Config) -> Setup:
         return config.stash[_SETUP]
     # cost: a quiet session makes its set-up only at the end, and only if a test compiled
     from .problems import Problems
-    from .problems import filter_classifier
     from .session import Setup
 
     settings = _settings(config)
-    problems = Problems(strict=settings.strict, classify=filter_classifier(*_warning_filters(config)))
+    problems = Problems(strict=settings.strict, classify=warning_classifier(*_warning_filters(config)))
     try:
         setup = Setup.start(settings, _default_shared(config), inherited=_inherited(), problems=problems)
     except ConfigError as exc:
@@ -110,6 +111,20 @@ def _warning_filters(config: pytest.Config) -> tuple[list[str], list[str]]:
         ini = []
     namespace = getattr(config, "known_args_namespace", config.option)
     return ini, list(getattr(namespace, "pythonwarnings", None) or [])
+
+
+def warning_classifier(config_filters: Sequence[str], cmdline_filters: Sequence[str]) -> Classifier:
+    """How pytest's warning filters (ini ``filterwarnings`` then ``-W``) treat a CompileCacheWarning."""
+    from .problems import filter_classifier  # cost: as above
+
+    def apply() -> None:
+        # pytest's own filter parsing, so that ``module.Class`` categories resolve exactly as pytest does;
+        # stable since pytest 6, private, hence guarded by the classifier (a failure shows the line).
+        from _pytest.config import apply_warning_filters
+
+        apply_warning_filters(list(config_filters), list(cmdline_filters))
+
+    return filter_classifier(apply)
 
 
 def _inherited() -> str | None:

@@ -18,7 +18,6 @@ from dataclasses import field
 from typing import Any
 from typing import Callable
 from typing import Literal
-from typing import Sequence
 
 from .errors import CompileCacheWarning
 
@@ -77,8 +76,9 @@ class Problems:
             self.warnings.append(message)
 
 
-def filter_classifier(config_filters: Sequence[str], cmdline_filters: Sequence[str]) -> Classifier:
-    """A classifier that applies pytest's warning filters (ini ``filterwarnings`` then ``-W``) to our warnings.
+def filter_classifier(apply_filters: Callable[[], None]) -> Classifier:
+    """A classifier that applies warning filters to our warnings: ``apply_filters`` installs them into
+    :mod:`warnings` (the plugin passes pytest's own parsing of ini ``filterwarnings`` then ``-W``).
 
     Only filters whose category is :class:`CompileCacheWarning` (or a subclass) can turn it into an error;
     broader ones (``error``, ``error::UserWarning``) leave it a warning; ``ignore`` filters of any
@@ -88,7 +88,7 @@ def filter_classifier(config_filters: Sequence[str], cmdline_filters: Sequence[s
     def classify(message: str) -> Action:
         try:
             with warnings.catch_warnings():
-                _apply(config_filters, cmdline_filters)
+                apply_filters()
                 filters = list(warnings.filters)
         except Exception:  # a filter pytest itself would reject: pytest reports it; we just show the line
             return "show"
@@ -115,10 +115,3 @@ def _match(pattern: Any, text: str) -> bool:
     if isinstance(pattern, re.Pattern):
         return pattern.match(text) is not None
     return bool(pattern.match(text)) if hasattr(pattern, "match") else False
-
-
-def _apply(config_filters: Sequence[str], cmdline_filters: Sequence[str]) -> None:
-    """pytest's own filter parsing, so that ``module.Class`` categories resolve exactly as pytest does."""
-    from _pytest.config import apply_warning_filters  # stable since pytest 6; private, hence guarded
-
-    apply_warning_filters(list(config_filters), list(cmdline_filters))

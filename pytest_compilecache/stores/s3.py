@@ -24,7 +24,7 @@ from typing import Any
 from typing import BinaryIO
 from urllib.parse import urlsplit
 
-from .. import __version__
+from .._version import __version__
 from ..errors import ConfigError
 from ..errors import StoreError
 from .base import ObjectTooLarge

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_compilecache.plugin import warning_classifier as filter_classifier
 from pytest_compilecache.problems import Problems
-from pytest_compilecache.problems import filter_classifier
 
 
 def test_warnings_are_lines_unless_strict() -> None:
