@@ -2,8 +2,8 @@
 
 Imports flow one way, down the layers below; no module imports a name from the package root (it only
 re-exports); only ``plugin`` imports pytest, only ``probe`` torch, only ``stores.s3`` boto3, only ``remote``
-and ``probe`` (which guards torch's Redis backend) redis. Imports under ``if TYPE_CHECKING:`` are for annotations and run never: they may point anywhere.
-A new module must be given its layer here, so the layering cannot drift unnoticed.
+and ``probe`` (which guards torch's Redis backend) redis. Imports under ``if TYPE_CHECKING:`` run never and
+may point anywhere. A new module must be given its layer here, so the layering cannot drift unnoticed.
 """
 
 from __future__ import annotations
