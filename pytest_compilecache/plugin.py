@@ -276,7 +276,8 @@ def _controller(config: pytest.Config, recorder: Recorder | None = None) -> Cont
         from .session import Controller  # cost: as above
 
         recorder = recorder or config.stash[_TESTS].recorder
-        controller = config.stash[_CONTROLLER] = Controller(_setup(config), recorder)
+        xdist = config.getoption("dist", "no") not in ("no", None) and bool(config.getoption("tx", None))
+        controller = config.stash[_CONTROLLER] = Controller(_setup(config), recorder, xdist=xdist)
     return controller
 
 
@@ -292,6 +293,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     role = config.stash.get(_CONTROLLER, None) or config.stash.get(_WORKER, None)
     if role is not None:
         role.session_start()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """An xdist worker waits here, before its first test, for the worker that restores the bundle."""
+    worker = session.config.stash.get(_WORKER, None)
+    if worker is not None:
+        worker.before_tests()
 
 
 # ---- per-test capture

@@ -4,18 +4,27 @@ It sweeps what killed sessions left, restores the newest matching bundle (or tak
 its own restore and loads the blobs it staged), and reads the graph record this session's misses will be
 explained against. Infrastructure trouble becomes warnings in the session's :class:`Problems`; nothing here
 fails the session.
+
+Under xdist the controller does not restore itself (that would cost it a torch import, and every worker
+would wait for it): it writes no bundle, only a :class:`RestoreTicket` name into the environment, and the
+first worker to take the ticket restores while the others start up, collect, and wait for it only before
+their first test. The controller reads what that worker did at the end.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
+from typing import Any
 
 from .ghrunner import one_line
 
 if TYPE_CHECKING:
+    from filelock import BaseFileLock
+
     from .explain import GraphsRecord
     from .recorder import Recorder
     from .session import Setup
@@ -23,6 +32,71 @@ if TYPE_CHECKING:
 
 # Modes whose cache dir keeps FX graphs, so that a miss can be compared with an earlier run's lookups.
 EXPLAINED_MODES = ("shared", "isolated")
+# Where an xdist controller tells its workers which ticket to restore for (a path in the session dir).
+TICKET_ENV = "PYTEST_COMPILECACHE_RESTORE_TICKET"
+TICKET_PREFIX = ".compilecache-restore-"
+
+
+class RestoreTicket:
+    """One session's restore, handed by an xdist controller to whichever worker takes it first.
+
+    ``<cache dir>/.compilecache-restore-<pid>-<random>.json`` holds the result once a worker restored
+    (:meth:`fulfil`); its ``.lock`` sibling is held while one does, so the others wait (:meth:`take`). A
+    worker that dies mid-restore releases the lock with its process, and the next worker restores.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @classmethod
+    def new(cls, cache_dir: str) -> RestoreTicket:
+        import secrets  # cost: only an xdist controller with a store
+
+        return cls(os.path.join(cache_dir, f"{TICKET_PREFIX}{os.getpid()}-{secrets.token_hex(6)}.json"))
+
+    @classmethod
+    def from_env(cls, cache_dir: str | None) -> RestoreTicket | None:
+        """The controller's ticket, when it is a file name in this session's dir (nothing else is trusted)."""
+        value = os.environ.get(TICKET_ENV, "")
+        if not value or not cache_dir or os.path.dirname(value) != cache_dir:
+            return None
+        name = os.path.basename(value)
+        return cls(value) if name.startswith(TICKET_PREFIX) and name.endswith(".json") else None
+
+    def take(self, *, wait: bool) -> BaseFileLock | None:
+        """The ticket's lock, held (release it when done); None when another process holds it and ``wait``
+        is false. Waiting is bounded by the store's own time limit in the restoring worker."""
+        from filelock import FileLock  # cost: as above
+        from filelock import Timeout
+
+        lock = FileLock(self.path + ".lock", timeout=-1 if wait else 0)
+        try:
+            lock.acquire()
+        except Timeout:
+            return None
+        return lock
+
+    def result(self) -> dict[str, Any] | None:
+        """What the restoring worker wrote; None when no worker restored (yet), or the file is not ours."""
+        try:
+            with open(self.path, "rb") as fh:
+                data = json.loads(fh.read(1 << 20))
+        except (OSError, ValueError, RecursionError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def fulfil(self, data: dict[str, Any]) -> None:
+        from ._fs import atomic_file  # cost: as above
+
+        with atomic_file(Path(self.path), fsync=False) as fh:
+            fh.write(json.dumps(data).encode())
+
+    def remove(self) -> None:
+        for path in (self.path, self.path + ".lock"):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 class RestorePhase:
@@ -34,9 +108,11 @@ class RestorePhase:
     ``baseline`` / ``compared_with``: the earlier run's graphs and what they are.
     """
 
-    def __init__(self, setup: Setup, recorder: Recorder) -> None:
+    def __init__(self, setup: Setup, recorder: Recorder, *, delegate: bool = False) -> None:
         self.setup = setup
         self.recorder = recorder
+        self.delegate = delegate  # an xdist controller: a worker restores (RestoreTicket)
+        self.ticket: RestoreTicket | None = None
         self.problems = setup.problems
         self.restored: RestoreResult | None = None
         self.store_trouble: str | None = None
@@ -55,8 +131,50 @@ class RestorePhase:
         if self.setup.settings.restore == "skip":
             self._take_actions_word()
         elif self.setup.settings.store and self.setup.dir.path:
+            if self.delegate:
+                self.ticket = RestoreTicket.new(self.setup.dir.path)
+                self.setup.lease.set({TICKET_ENV: self.ticket.path})
+                return  # the baseline is read at the end, when the ticket says what was restored
             self._restore()
         self._read_baseline()
+
+    # ---- the xdist hand-over
+
+    def restore_for(self, ticket: RestoreTicket) -> None:
+        """In the worker that took ``ticket``: restore as a controller would, install the bundle's graph
+        record for every process, and write what happened for the controller (and the other workers)."""
+        from .sync import write_handoff  # cost: as above
+
+        self._restore()
+        self._read_baseline()
+        restored = self.restored
+        fingerprint = self.setup.fingerprint_if_known()
+        ticket.fulfil(
+            {
+                "restored": write_handoff(restored) if restored is not None else None,
+                "store_trouble": self.store_trouble,
+                "from_bundle": self.compared_with == "bundle",
+                "fingerprint": fingerprint.to_json() if fingerprint is not None else None,
+            }
+        )
+
+    def collect_ticket(self) -> None:
+        """At the end, in the controller: what the worker that took the ticket restored (nothing when no
+        worker did: then the session counts as one without a restore), then the explanation baseline."""
+        if self.ticket is None:
+            return
+        data = self.ticket.result() or {}
+        self.ticket.remove()
+        from .sync import read_handoff  # cost: as above
+
+        told = data.get("restored")
+        self.restored = read_handoff(told) if isinstance(told, str) else None
+        trouble = data.get("store_trouble")
+        self.store_trouble = one_line(trouble) if isinstance(trouble, str) else None
+        facts = data.get("fingerprint")
+        if isinstance(facts, dict) and all(isinstance(v, str) for v in facts.values()):
+            self.setup.adopt_fingerprint(facts)
+        self._read_baseline(from_bundle=data.get("from_bundle") is True)
 
     def _restore(self) -> None:
         from . import sync  # cost: as above
@@ -106,7 +224,7 @@ class RestorePhase:
         elif self.restored.message != told.message:
             self.problems.note(self.restored.message)
 
-    def _read_baseline(self) -> None:
+    def _read_baseline(self, from_bundle: bool = False) -> None:
         """The earlier run's graphs, kept as ``<cache dir>/.compilecache-graphs.json`` for every process.
 
         A restored bundle's record (verified with the bundle) replaces the dir's; without one, a shared dir's
@@ -138,7 +256,7 @@ class RestorePhase:
             record = None
         # The Action restores before pytest (--compile-cache-restore=skip) and leaves the bundle's record here.
         by_action = self.setup.settings.restore == "skip" and restored is not None and restored.ok
-        from_bundle = bool(graphs) or (by_action and restored is not None and restored.outcome != "miss")
+        from_bundle = from_bundle or bool(graphs) or (by_action and restored is not None and restored.outcome != "miss")
         self.baseline, self.compared_with = record, ("bundle" if from_bundle else "previous session")
         self.recorder.set_baseline(record)
 

@@ -33,7 +33,9 @@ from .ghrunner import one_line
 from .payload import ProcessOutput
 from .problems import Problems
 from .restore_phase import EXPLAINED_MODES
+from .restore_phase import TICKET_ENV
 from .restore_phase import RestorePhase
+from .restore_phase import RestoreTicket
 from .save_phase import SavePhase
 from .settings import SESSION_ENV
 from .settings import Settings
@@ -60,6 +62,7 @@ TOUCHED_ENV = (
     "TORCHINDUCTOR_REDIS_URL",
     "TORCHINDUCTOR_REDIS_HOST",
     "TORCHINDUCTOR_REDIS_PORT",
+    TICKET_ENV,
 )
 
 
@@ -207,6 +210,17 @@ class Setup:
     def saving(self) -> bool:
         return bool(self.settings.store) and not self.settings.readonly and self.dir.path is not None
 
+    def fingerprint_if_known(self) -> Fingerprint | None:
+        return self._fingerprint
+
+    def adopt_fingerprint(self, facts: dict[str, str]) -> None:
+        """The fingerprint a worker of this session computed (same machine, same options): the controller
+        then saves without importing torch itself."""
+        if self._fingerprint is None:
+            from .fingerprint import Fingerprint  # cost: as below
+
+            self._fingerprint = Fingerprint.from_json(facts)
+
     def fingerprint(self) -> Fingerprint:
         if self._fingerprint is None:
             # cost: only a session with a store fingerprints
@@ -240,11 +254,33 @@ class Worker:
     def __init__(self, setup: Setup, recorder: Recorder) -> None:
         self.setup = setup
         self.recorder = recorder
+        self.ticket: RestoreTicket | None = None  # the controller's restore, until served
 
     def session_start(self) -> None:
+        """Follow the controller's dir; take its restore ticket if no other worker has (then restore now)."""
         self.setup.ensure_dir()
         if self.setup.settings.explain and self.setup.dir.mode in EXPLAINED_MODES:
             self.recorder.baseline_dir = self.setup.dir.path  # the controller has installed its baseline there
+        self.ticket = RestoreTicket.from_env(self.setup.dir.path)
+        self._serve_ticket(wait=False)
+
+    def before_tests(self) -> None:
+        """After collection, before the first test: wait for the worker that restores, if another one does."""
+        self._serve_ticket(wait=True)
+
+    def _serve_ticket(self, *, wait: bool) -> None:
+        ticket = self.ticket
+        if ticket is None:
+            return
+        lock = ticket.take(wait=wait)
+        if lock is None:
+            return  # another worker restores: wait for it before the first test
+        try:
+            if ticket.result() is None:
+                RestorePhase(self.setup, self.recorder).restore_for(ticket)
+        finally:
+            lock.release()
+        self.ticket = None
 
     def output(self) -> dict[str, Any]:
         """The payload for the controller (:class:`ProcessOutput` as JSON, sent through ``workeroutput``)."""
@@ -255,11 +291,12 @@ class Worker:
 class Controller:
     """A plain session or an xdist controller: the start phase, the workers' merge, the end phase, the report."""
 
-    def __init__(self, setup: Setup, recorder: Recorder) -> None:
+    def __init__(self, setup: Setup, recorder: Recorder, *, xdist: bool = False) -> None:
+        """``xdist``: workers will run the tests (one of them restores, :class:`RestoreTicket`)."""
         self.setup = setup
         self.recorder = recorder
         self.problems = setup.problems
-        self.start = RestorePhase(setup, recorder)
+        self.start = RestorePhase(setup, recorder, delegate=xdist)
         self.end = SavePhase(setup, recorder.stats, self.start)
         self.workers: list[str] = []
 
@@ -303,6 +340,7 @@ class Controller:
         """Save, trim, write reports; return True when the session must fail (hit rate, strict)."""
         if not self.workers:  # a plain session: the controller ran the tests itself
             self._take_artifacts("controller", ProcessOutput.collect(self.setup, self.recorder))
+        self.start.collect_ticket()
         if self.setup.dir.path and self.end.files:
             cachedir.touch(self.setup.dir.path, sorted(self.end.files))
         for note in probe.capability_notes(remote=bool(self.settings.redis)):

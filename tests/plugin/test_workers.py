@@ -40,3 +40,59 @@ def test_silent_worker_is_reported_not_a_crash(inner: pytest.Pytester, monkeypat
     assert run.data["silent_workers"] == ["gw0"]
     run.result.stdout.fnmatch_lines(["workers that sent no statistics: gw0"])
     assert "- workers that sent no statistics: gw0" in shown(summary.read_text())
+
+
+# Records, in every process at its very end, whether torch was imported there (the controller writes
+# "controller"); the flag files land beside the inner project.
+TORCH_FLAG = """
+import atexit
+import os
+import sys
+
+
+def _flag():
+    name = os.environ.get("PYTEST_XDIST_WORKER", "controller")
+    with open(os.path.join(os.environ["TORCH_FLAG_DIR"], name), "w") as fh:
+        fh.write("1" if "torch" in sys.modules else "0")
+
+
+atexit.register(_flag)
+"""
+
+
+@pytest.mark.slow
+def test_a_restoring_xdist_controller_never_imports_torch(
+    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With -n 2 the restore runs in one worker (the controller hands it a ticket): the controller imports
+    no torch, the other worker waits for the restore before its first test, and every graph hits."""
+    inner.makeconftest(ENV_CONFTEST + TORCH_FLAG)
+    inner.makepyfile(test_suite=MATMUL_SUITE)
+    flags = inner.path / "flags"
+    flags.mkdir()
+    monkeypatch.setenv("TORCH_FLAG_DIR", str(flags))
+    store = inner.path / "store"
+
+    def fresh(name: str) -> list[str]:  # a fresh machine: an empty cache dir of its own, the same store
+        return ["--compile-cache=shared", f"--compile-cache-dir={inner.path / name}", f"--compile-cache-store={store}"]
+
+    cold = run_inner(inner, *fresh("cold"), "-n", "2")
+    assert cold.ret == 0, cold.output
+    assert cold.data["save"]["outcome"] == "saved", cold.data["save"]
+    assert cold.data["restore"]["outcome"] == "miss", cold.data["restore"]
+    for flag in flags.iterdir():
+        flag.unlink()
+
+    warm = run_inner(inner, *fresh("restored"), "-n", "2")
+
+    assert warm.ret == 0, warm.output
+    check_report(warm.data)
+    assert warm.data["restore"]["outcome"] in ("exact", "partial"), warm.data["restore"]
+    assert warm.data["restore"]["key"] == cold.data["save"]["key"]
+    assert warm.totals["misses"] == 0 and warm.totals["hits"] == 2, warm.totals
+    assert {t["worker"] for t in warm.data["tests"]} == {"gw0", "gw1"}, warm.data["tests"]
+    assert (flags / "controller").read_text() == "0", "the controller imported torch"
+    assert {p.name for p in flags.iterdir()} == {"controller", "gw0", "gw1"}
+    # Every graph hit the restored cache: nothing new, nothing saved, and no ticket left in the dir.
+    assert warm.data["save"]["outcome"] == "skipped", warm.data["save"]
+    assert not list((inner.path / "restored").glob(".compilecache-restore-*")), "the restore ticket was left"
