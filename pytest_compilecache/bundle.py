@@ -88,16 +88,13 @@ __all__ = [
     "Installed",
     "Manifest",
     "Member",
-    "Unpacked",
     "Verified",
     "install",
     "is_signed",
-    "member_sha256",
     "pack",
     "pending_path",
     "read_manifest",
     "sign",
-    "unpack",
     "verify",
 ]
 
@@ -141,16 +138,6 @@ class Verified:
     def close(self) -> None:
         if self.staging is not None:
             self.staging.close()
-
-
-@dataclass(frozen=True)
-class Unpacked:
-    """Result of :func:`unpack`: blobs in memory, and the cache-dir files written or found identical."""
-
-    manifest: Manifest
-    blobs: dict[str, bytes]
-    files: tuple[str, ...]
-    unchanged: tuple[str, ...] = ()
 
 
 # --- reading ---------------------------------------------------------------------------------------------
@@ -346,41 +333,7 @@ def pending_path(sha256: str) -> str:
     return f"{PENDING_DIR}/{sha256}.bin"
 
 
-def unpack(
-    path: Path,
-    cache_dir: Path,
-    *,
-    signing_key: bytes | None = None,
-    fingerprint: Mapping[str, str] | None = None,
-    key: str | None = None,
-    lineage: str | None = None,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-) -> Unpacked:
-    """:func:`verify` into ``cache_dir``, :func:`install`, and return the blobs in memory (a convenience)."""
-    with verify(
-        path,
-        signing_key=signing_key,
-        fingerprint=fingerprint,
-        key=key,
-        lineage=lineage,
-        cache_dir=Path(cache_dir),
-        max_bytes=max_bytes,
-    ) as verified:
-        installed = install(verified)
-        blobs = {name: verified.blob(name) for name in verified.manifest.blob_names}
-    return Unpacked(verified.manifest, blobs, installed.files, installed.unchanged)
-
-
 # --- packing -----------------------------------------------------------------------------------------------
-
-
-def member_sha256(path: Path) -> str:
-    """Hex SHA-256 of a file's content, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class _HashingReader:

@@ -27,7 +27,9 @@ from pytest_compilecache.bundle import FORMAT_VERSION
 from pytest_compilecache.bundle import MAGIC
 from pytest_compilecache.bundle import Manifest
 from pytest_compilecache.bundle import Member
-from pytest_compilecache.bundle import Unpacked
+from tests.bundles import Unpacked
+from tests.bundles import member_sha256
+from tests.bundles import unpack
 from tests.unit.conftest import write_tree
 
 FINGERPRINT = {"torch": "2.13.0", "python": "3.11.9", "cpu": "x86_64-avx2"}
@@ -162,7 +164,7 @@ def test_round_trip(tmp_path: Path, cache_dir: Path) -> None:
     dest = tmp_path / "b.bundle"
     manifest = _pack(dest, cache_dir)
     target = tmp_path / "restored"
-    result = bundle.unpack(dest, target, fingerprint=FINGERPRINT)
+    result = unpack(dest, target, fingerprint=FINGERPRINT)
     assert isinstance(result, Unpacked)
     assert result.manifest == manifest
     assert result.blobs == BLOBS
@@ -192,7 +194,7 @@ def test_manifest_contents(packed: Path, cache_dir: Path) -> None:
         assert member.sha256 == hashlib.sha256(expected[member.path]).hexdigest()
     for rel in CACHE_FILES:
         assert f"files/{rel}" in {m.path for m in manifest.members}
-        assert bundle.member_sha256(cache_dir / rel) == hashlib.sha256(CACHE_FILES[rel]).hexdigest()
+        assert member_sha256(cache_dir / rel) == hashlib.sha256(CACHE_FILES[rel]).hexdigest()
     assert manifest.total_size == sum(map(len, expected.values()))
     payload = packed.read_bytes()[_payload_offset(packed) :]
     assert manifest.payload_size == len(payload)
@@ -336,7 +338,7 @@ def test_pack_with_nothing_to_pack(tmp_path: Path, cache_dir: Path) -> None:
     dest = tmp_path / "empty.bundle"
     manifest = _pack(dest, cache_dir, blobs={}, files=[])
     assert manifest.members == ()
-    result = bundle.unpack(dest, tmp_path / "target")
+    result = unpack(dest, tmp_path / "target")
     assert result.blobs == {} and result.files == ()
 
 
@@ -545,7 +547,7 @@ def test_malicious_members_are_refused(tmp_path: Path, entry: tuple[tarfile.TarI
     with pytest.raises(BundleError, match=match):
         bundle.verify(dest, signing_key=KEY)
     with pytest.raises(BundleError, match=match):
-        bundle.unpack(dest, target, signing_key=KEY)
+        unpack(dest, target, signing_key=KEY)
     assert not target.exists()  # not even the cache dir is created before verification passes
 
 
@@ -568,7 +570,7 @@ def test_members_one_file_apart_only_on_linux_are_refused(tmp_path: Path, names:
     with pytest.raises(BundleError, match=match):
         bundle.verify(dest, signing_key=KEY)
     with pytest.raises(BundleError, match=match):
-        bundle.unpack(dest, target, signing_key=KEY)
+        unpack(dest, target, signing_key=KEY)
     assert not target.exists()
 
 
@@ -655,11 +657,11 @@ def test_unpack_writes_nothing_when_verification_fails(tmp_path: Path, cache_dir
     target = _existing_cache(tmp_path)
     before = _tree(target)
     with pytest.raises(BundleError):
-        bundle.unpack(dest, target, signing_key=key, fingerprint=fingerprint)
+        unpack(dest, target, signing_key=key, fingerprint=fingerprint)
     assert _tree(target) == before
     fresh = tmp_path / "fresh"
     with pytest.raises(BundleError):
-        bundle.unpack(dest, fresh, signing_key=key, fingerprint=fingerprint)
+        unpack(dest, fresh, signing_key=key, fingerprint=fingerprint)
     assert not fresh.exists()
 
 
@@ -668,14 +670,14 @@ def test_unpack_leaves_identical_files_alone_and_replaces_others(packed: Path, t
     same = target / "cpu_isa.so"
     same.write_bytes(CACHE_FILES["cpu_isa.so"])
     os.utime(same, (1_000_000, 1_000_000))
-    result = bundle.unpack(packed, target)
+    result = unpack(packed, target)
     assert result.unchanged == ("cpu_isa.so",)
     assert set(result.files) == set(CACHE_FILES) - {"cpu_isa.so"}
     assert same.stat().st_mtime == 1_000_000
     assert (target / "ab" / "cabc123.main.so").read_bytes() == CACHE_FILES["ab/cabc123.main.so"]
     assert (target / "unrelated.so").read_bytes() == b"keep me"
     assert not [p for p in target.rglob("*") if p.name.endswith(".tmp")]
-    again = bundle.unpack(packed, target)
+    again = unpack(packed, target)
     assert again.files == () and set(again.unchanged) == set(CACHE_FILES)
 
 
@@ -687,7 +689,7 @@ def test_unpack_refuses_a_symlinked_dir_leading_out_of_the_cache(packed: Path, t
     (target / "ab").symlink_to(outside)  # bundle has files/ab/cabc123.main.so
     before = _tree(target)
     with pytest.raises(BundleError, match="ab is a symlink"):
-        bundle.unpack(packed, target)
+        unpack(packed, target)
     assert list(outside.iterdir()) == []
     assert _tree(target) == before  # all or nothing: no other file of the bundle was written either
 
@@ -699,7 +701,7 @@ def test_unpack_refuses_even_a_symlinked_dir_that_stays_inside(packed: Path, tmp
     (target / "ab").symlink_to(target / "real")
     before = _tree(target)
     with pytest.raises(BundleError, match="ab is a symlink"):
-        bundle.unpack(packed, target)
+        unpack(packed, target)
     assert _tree(target) == before
 
 
@@ -709,7 +711,7 @@ def test_unpack_replaces_a_file_symlink_instead_of_writing_through_it(packed: Pa
     target = tmp_path / "target"
     target.mkdir()
     (target / "cpu_isa.so").symlink_to(victim)
-    bundle.unpack(packed, target)
+    unpack(packed, target)
     assert victim.read_bytes() == b"do not touch"
     assert not (target / "cpu_isa.so").is_symlink()
     assert (target / "cpu_isa.so").read_bytes() == CACHE_FILES["cpu_isa.so"]
@@ -720,7 +722,7 @@ def test_unpack_into_a_cache_dir_reached_through_a_symlink(packed: Path, tmp_pat
     real = tmp_path / "real"
     real.mkdir()
     (tmp_path / "alias").symlink_to(real)
-    bundle.unpack(packed, tmp_path / "alias")
+    unpack(packed, tmp_path / "alias")
     assert (real / "ab" / "cabc123.main.so").exists()
 
 
@@ -730,5 +732,5 @@ def test_unpack_reports_a_directory_in_the_way(packed: Path, tmp_path: Path) -> 
     (target / "fxgraph").write_bytes(b"a file where a directory should be")
     before = _tree(target)
     with pytest.raises(BundleError, match="cannot unpack"):
-        bundle.unpack(packed, target)
+        unpack(packed, target)
     assert _tree(target) == before

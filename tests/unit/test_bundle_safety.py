@@ -25,6 +25,7 @@ from pytest_compilecache import container
 from pytest_compilecache.manifest import FORMAT_VERSION
 from pytest_compilecache.manifest import Manifest
 from pytest_compilecache.manifest import Member
+from tests.bundles import unpack
 
 FINGERPRINT = {"torch": "2.13.0"}
 KEY = b"a signing key for tests"
@@ -145,7 +146,7 @@ def test_unpack_reads_and_hashes_the_payload_once(tmp_path: Path, monkeypatch: p
         return data
 
     monkeypatch.setattr(container.PayloadReader, "read", counting)
-    result = bundle.unpack(packed, tmp_path / "target")
+    result = unpack(packed, tmp_path / "target")
     assert read[0] == manifest.payload_size
     assert result.files == ("big.so",)
 
@@ -174,14 +175,14 @@ def test_name_longer_than_the_file_system_allows_is_refused_by_verify(tmp_path: 
     target = tmp_path / "target"
     target.mkdir()
     with pytest.raises(BundleError, match="name too long"):
-        bundle.unpack(packed, target)
+        unpack(packed, target)
     assert _tree(target) == {}
 
 
 def test_a_path_too_deep_is_refused_by_verify(tmp_path: Path) -> None:
     packed = _crafted(tmp_path / "b.bundle", {"/".join(["a"] * 1500): b"deep"})
     with pytest.raises(BundleError, match="too many components"):
-        bundle.unpack(packed, tmp_path / "target")
+        unpack(packed, tmp_path / "target")
     assert not (tmp_path / "target").exists()
 
 
@@ -203,7 +204,7 @@ def test_a_failure_half_way_through_install_rolls_back(tmp_path: Path, monkeypat
 
     monkeypatch.setattr(os, "replace", failing_replace)
     with pytest.raises(BundleError, match="Input/output error"):
-        bundle.unpack(packed, target)
+        unpack(packed, target)
     assert _tree(target) == before
 
 
@@ -213,7 +214,7 @@ def test_unpack_into_a_missing_cache_dir_that_fails_leaves_no_dir(tmp_path: Path
     data[-3] ^= 1
     packed.write_bytes(data)
     with pytest.raises(BundleError, match="payload checksum mismatch"):
-        bundle.unpack(packed, tmp_path / "deep" / "er" / "cache")
+        unpack(packed, tmp_path / "deep" / "er" / "cache")
     assert not (tmp_path / "deep").exists()
 
 
@@ -245,7 +246,7 @@ def test_lone_surrogates_are_a_bundle_error(tmp_path: Path) -> None:
     members = [Member("files/x.so", 0, hashlib.sha256(b"").hexdigest())]
     packed = _write(tmp_path / "b.bundle", _manifest(members, payload).to_json_bytes(), payload)
     with pytest.raises(BundleError):
-        bundle.unpack(packed, tmp_path / "target")
+        unpack(packed, tmp_path / "target")
 
 
 def test_bad_pax_sparse_header_is_a_bundle_error(tmp_path: Path) -> None:
@@ -314,7 +315,7 @@ def test_pack_leaves_out_names_no_bundle_can_carry(tmp_path: Path) -> None:
     assert manifest.file_paths == ("ok.so",)
     assert sorted(reason for _, reason in notes) == ["control character", "not valid UTF-8"]
     assert all(name.isascii() for name, _ in notes)
-    assert bundle.unpack(packed, tmp_path / "target").files == ("ok.so",)  # its reader accepts it
+    assert unpack(packed, tmp_path / "target").files == ("ok.so",)  # its reader accepts it
 
 
 # --- item 5: bounded memory and size -----------------------------------------------------------------------
@@ -432,7 +433,7 @@ def test_a_symlink_swapped_in_during_unpack_never_writes_outside(tmp_path: Path)
     with _Swapper(target / "ab", target / "evil"):
         for _ in range(2000):
             try:
-                bundle.unpack(packed, target)
+                unpack(packed, target)
                 outcomes["ok"] = outcomes.get("ok", 0) + 1
             except BundleError:
                 outcomes["refused"] = outcomes.get("refused", 0) + 1
