@@ -19,6 +19,10 @@ holds) unless something put it there first, as the plugin's restore does with th
   a content-addressed object, download, install into torch's header dir under the new TMPDIR): a
   cross-check of the product's path, with the time of each step
 
+``--workers N`` (default 2; 0 turns it off) adds an xdist twin of every timed scenario (``warm -n2``,
+``restored-fresh -n2``...), run in the same rotation and reported against the warm run of the same
+parallelism: the README's CI example runs ``pytest -n 2``.
+
 ``--rounds N`` repeats warm, restored, restored-fresh, restored-fresh+headers and wholedir N times in a
 rotating order (load drifting on a shared machine then touches all of them alike) and reports the median.
 ``--trace-compiler`` puts ``g++`` and ``openssl`` shims first on PATH (same names, so torch's command lines and
@@ -196,8 +200,9 @@ def load_blobs_only(bundle_path: Path, cache_dir: Path) -> None:
         "import sys, os, tempfile; from pathlib import Path\n"
         "os.environ['TORCHINDUCTOR_CACHE_DIR'] = sys.argv[2]\n"
         "from pytest_compilecache import bundle, probe\n"
-        "unpacked = bundle.unpack(Path(sys.argv[1]), Path(tempfile.mkdtemp()))\n"
-        "[probe.load_artifacts(b) for b in unpacked.blobs.values()]\n"
+        "with bundle.verify(Path(sys.argv[1]), cache_dir=Path(tempfile.mkdtemp())) as verified:\n"
+        "    blobs = [verified.blob(name) for name in verified.manifest.blob_names]\n"
+        "[probe.load_artifacts(b) for b in blobs]\n"
     )
     subprocess.run([PY, "-c", code, str(bundle_path), str(cache_dir)], check=True, capture_output=True)
 
@@ -226,7 +231,7 @@ def misses(data: dict[str, Any]) -> str:
     return f"{totals.get('hits', '-')}/{totals.get('misses', '-')}"
 
 
-def scenarios(suite: Path, tmp: Path, rounds: int, megacache: bool) -> dict[str, Any]:
+def scenarios(suite: Path, tmp: Path, rounds: int, megacache: bool, workers: int = 0) -> dict[str, Any]:
     store, cold_dir, objects = tmp / "store", tmp / "cold-dir", tmp / "objects"
     machine = tmp / "machine-a"
     machine.mkdir()
@@ -255,34 +260,40 @@ def scenarios(suite: Path, tmp: Path, rounds: int, megacache: bool) -> dict[str,
     extra["wholedir_unpack_s"] = []
     restore_args = ("--compile-cache=isolated", f"--compile-cache-store={store}", "--compile-cache-readonly")
 
-    def warm() -> tuple[float, dict[str, Any]]:
-        return run_pytest(suite, tmp, "--compile-cache=shared", f"--compile-cache-dir={cold_dir}", machine=machine)
+    def warm(*dist: str) -> tuple[float, dict[str, Any]]:
+        return run_pytest(
+            suite, tmp, "--compile-cache=shared", f"--compile-cache-dir={cold_dir}", *dist, machine=machine
+        )
 
-    def restored() -> tuple[float, dict[str, Any]]:
-        return run_pytest(suite, tmp, *restore_args, machine=machine)
+    def restored(*dist: str) -> tuple[float, dict[str, Any]]:
+        return run_pytest(suite, tmp, *restore_args, *dist, machine=machine)
 
-    def restored_fresh() -> tuple[float, dict[str, Any]]:
-        return run_pytest(suite, tmp, *restore_args)
+    def restored_fresh(*dist: str) -> tuple[float, dict[str, Any]]:
+        return run_pytest(suite, tmp, *restore_args, *dist)
 
-    def restored_fresh_headers() -> tuple[float, dict[str, Any]]:
+    def restored_fresh_headers(*dist: str) -> tuple[float, dict[str, Any]]:
         fresh = Path(tempfile.mkdtemp(prefix="tmpdir-", dir=tmp))
         extra["headers"]["installs"].append(install_headers(artifacts, objects, fresh))
-        return run_pytest(suite, tmp, *restore_args, machine=fresh)
+        return run_pytest(suite, tmp, *restore_args, *dist, machine=fresh)
 
-    def wholedir() -> tuple[float, dict[str, Any]]:
+    def wholedir(*dist: str) -> tuple[float, dict[str, Any]]:
         target = Path(tempfile.mkdtemp(prefix="whole-dir-", dir=tmp))
         started = time.perf_counter()
         unarchive(whole, target)
         extra["wholedir_unpack_s"].append(time.perf_counter() - started)
-        return run_pytest(suite, tmp, "--compile-cache=shared", f"--compile-cache-dir={target}")
+        return run_pytest(suite, tmp, "--compile-cache=shared", f"--compile-cache-dir={target}", *dist)
 
-    timed = {
+    serial = {
         "warm": warm,
         "restored": restored,
         "restored-fresh": restored_fresh,
         "restored-fresh+headers": restored_fresh_headers,
         "wholedir": wholedir,
     }
+    timed: dict[str, Any] = dict(serial)
+    if workers:
+        for name, fn in serial.items():
+            timed[f"{name} -n{workers}"] = lambda fn=fn: fn("-n", str(workers))
     names = list(timed)
     for index in range(rounds):
         order = names[index % len(names) :] + names[: index % len(names)]
@@ -346,6 +357,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds of the timed scenarios")
     parser.add_argument("--no-growth", action="store_true", help="skip the five-run growth series")
     parser.add_argument("--no-megacache", action="store_true", help="skip the mega-cache-only scenario")
+    parser.add_argument("--workers", type=int, default=2, help="xdist twins of the timed scenarios (0: none)")
     parser.add_argument("--trace-compiler", action="store_true", help="count and time g++ and openssl calls")
     args = parser.parse_args()
     suite = Path(args.suite).resolve()
@@ -354,11 +366,20 @@ def main() -> int:
         tmp = Path(tmp_name)
         if args.trace_compiler:
             TRACE_DIR = make_shims(tmp)
-        results = scenarios(suite, tmp, max(1, args.rounds), megacache=not args.no_megacache)
+        results = scenarios(suite, tmp, max(1, args.rounds), megacache=not args.no_megacache, workers=args.workers)
         rows = [] if args.no_growth else growth(suite, tmp)
     extra = results.pop("_extra")
-    warm = median([seconds for seconds, _ in results["warm"]])
-    warm_cpu = median([data["_cpu"] for _, data in results["warm"]])
+
+    def warm_of(name: str, value: Any) -> float:  # the warm run with the same parallelism as ``name``
+        suffix = name[name.index(" -n") :] if " -n" in name else ""
+        return median([value(run) for run in results["warm" + suffix]])
+
+    def wall(run: Any) -> float:
+        return float(run[0])
+
+    def cpu_of(run: Any) -> float:
+        return float(run[1]["_cpu"])
+
     load_after = os.getloadavg()
     print(f"suite: {suite}  (python {sys.version.split()[0]}, {os.cpu_count()} cpus, {args.rounds} rounds)")
     print(f"load average: {load[0]:.1f} before, {load_after[0]:.1f} after")
@@ -371,6 +392,7 @@ def main() -> int:
         times = [seconds for seconds, _ in runs]
         mid = median(times)
         cpu = median([data["_cpu"] for _, data in runs])
+        warm, warm_cpu = warm_of(name, wall), warm_of(name, cpu_of)
         summary[name] = {
             "seconds": [round(t, 3) for t in times],
             "median": round(mid, 3),
