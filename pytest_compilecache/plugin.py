@@ -18,14 +18,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
-from typing import Generator
 from typing import Sequence
 
 import pytest
 
-from . import probe
 from .errors import ConfigError
 from .recorder import Recorder
+from .recorder import when_imported
 from .settings import OPTIONS
 from .settings import SESSION_ENV
 from .settings import Settings
@@ -45,6 +44,7 @@ _SETUP = pytest.StashKey["Setup"]()
 # of these two is set in a process.
 _CONTROLLER = pytest.StashKey["Controller"]()
 _WORKER = pytest.StashKey["Worker"]()
+_RECORDER = pytest.StashKey[Recorder]()
 _TESTS = pytest.StashKey["_Tests"]()
 _RUNNER_OUTPUT = pytest.StashKey["_RunnerOutput"]()
 
@@ -231,20 +231,37 @@ def pytest_configure(config: pytest.Config) -> None:
         if not _is_worker(config) and getattr(config.option, "cacheclear", False):
             _keep_a_shared_dir_in_use(config, setup)
         if setup.redis_on:
+            from . import probe  # cost: as below
+
             probe.guard_remote_cache()  # every process: a Redis error is a warning, not a failed compile
     explain = settings.explain  # a worker resolves the same options: its controller's argv and environment
-    if explain:
-        probe.watch_graph_lookups()  # every process: the FX-graph lookups that explain a miss (never imports torch)
+    if explain:  # every process: the FX-graph lookups that explain a miss, from when torch is imported
+        when_imported("torch", _watch_graph_lookups)
     recorder = Recorder(
         os.environ.get("PYTEST_XDIST_WORKER", "worker") if _is_worker(config) else "controller", explain
     )
+    config.stash[_RECORDER] = recorder
     if not settings.quiet:
         _make_role(config, recorder)
     if not _is_worker(config) and os.environ.get("GITHUB_ACTIONS") == "true":  # ghrunner.in_github_actions
         watcher = config.stash[_RUNNER_OUTPUT] = _RunnerOutput()
         config.pluginmanager.register(watcher, "compilecache-runner-output")
-    tests = config.stash[_TESTS] = _Tests(recorder)
-    config.pluginmanager.register(tests, "compilecache-tests")
+    if not _is_xdist_controller(config):  # an xdist controller runs no test itself
+        tests = config.stash[_TESTS] = _Tests(recorder)
+        config.pluginmanager.register(tests, "compilecache-tests")
+
+
+def _watch_graph_lookups() -> None:
+    from . import probe  # cost: loaded once torch is
+
+    probe.watch_graph_lookups()  # never imports torch
+
+
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    """xdist will run the tests in workers (``-n N`` with N > 0, ``--dist``...)."""
+    if _is_worker(config):
+        return False
+    return config.getoption("dist", "no") not in ("no", None) and bool(config.getoption("tx", None))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -266,7 +283,7 @@ def _worker(config: pytest.Config, recorder: Recorder | None = None) -> Worker:
     if worker is None:
         from .session import Worker  # cost: a quiet session loads the roles only if a test compiled
 
-        worker = config.stash[_WORKER] = Worker(_setup(config), recorder or config.stash[_TESTS].recorder)
+        worker = config.stash[_WORKER] = Worker(_setup(config), recorder or config.stash[_RECORDER])
     return worker
 
 
@@ -275,9 +292,10 @@ def _controller(config: pytest.Config, recorder: Recorder | None = None) -> Cont
     if controller is None:
         from .session import Controller  # cost: as above
 
-        recorder = recorder or config.stash[_TESTS].recorder
-        xdist = config.getoption("dist", "no") not in ("no", None) and bool(config.getoption("tx", None))
-        controller = config.stash[_CONTROLLER] = Controller(_setup(config), recorder, xdist=xdist)
+        recorder = recorder or config.stash[_RECORDER]
+        controller = config.stash[_CONTROLLER] = Controller(
+            _setup(config), recorder, xdist=_is_xdist_controller(config)
+        )
     return controller
 
 
@@ -303,35 +321,40 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 # ---- per-test capture
-# One wrapper around the whole protocol (setup, call, teardown), on a small object registered per process
-# so that the path every test takes reads attributes, not stashes. While torch is not imported that path
-# is a few attribute reads and one counter (Recorder.start / finish_cold); records travel to the
-# controller at session end.
+# Two plain hooks around the whole protocol (pytest_runtest_logstart before setup, logfinish after teardown),
+# on a small object registered in each process that runs tests, so that the path every test takes reads
+# attributes, not stashes. While torch is not imported that path is a dict lookup and one counter
+# (Recorder.start / finish_cold); records travel to the controller at session end.
 
 
 class _Tests:
-    """This process's per-test hook: the recorder, the marked tests and the running test's start."""
+    """This process's per-test hooks: the recorder, the marked tests and the running test's start."""
 
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
         self.marked: dict[str, str] = {}  # node id -> "isolated" / "disabled" (pytest_collection_modifyitems)
         self.current: Start | None = None  # the running test's start, for the compile_cache_stats fixture
+        self.isolation: Any = None  # the running marked test's isolation (a context manager), entered
 
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
-        recorder = self.recorder
-        mode = self.marked.get(item.nodeid) if self.marked else None
-        isolation = probe.isolated_compile(disable=mode == "disabled") if mode else None
-        start = self.current = recorder.start()
-        try:
-            if isolation is not None:
-                isolation.__enter__()
-            return (yield)
-        finally:
-            if isolation is not None:
-                isolation.__exit__(None, None, None)
-            if mode is not None or not recorder.finish_cold(start):
-                recorder.finish(item.nodeid, start, intended=mode is not None)
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        mode = self.marked.get(nodeid) if self.marked else None
+        if mode is not None:
+            from . import probe  # cost: only for a marked test
+
+            self.isolation = probe.isolated_compile(disable=mode == "disabled")
+            self.isolation.__enter__()
+        self.current = self.recorder.start()
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        start, recorder, isolation = self.current, self.recorder, self.isolation
+        if start is None:
+            return
+        self.current = None
+        if isolation is not None:
+            self.isolation = None
+            isolation.__exit__(None, None, None)
+        if isolation is not None or not recorder.finish_cold(start):
+            recorder.finish(nodeid, start, intended=isolation is not None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -351,7 +374,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             marked[item.nodeid] = mode
         elif _BAD_MARKER not in getattr(item, "fixturenames", [_BAD_MARKER]):
             item.fixturenames.insert(0, _BAD_MARKER)  # type: ignore[attr-defined]
-    config.stash[_TESTS].marked = marked
+    tests = config.stash.get(_TESTS, None)
+    if tests is not None:
+        tests.marked = marked
 
 
 _BAD_MARKER = "_compile_cache_bad_marker"
@@ -399,7 +424,7 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     sent, config = output.get("compilecache"), node.config
     if _CONTROLLER not in config.stash and isinstance(sent, dict) and set(sent) == {"tests"}:
         # A quiet worker whose tests never imported torch: only a count, kept without loading the roles.
-        config.stash[_TESTS].recorder.stats.tests += int(sent["tests"])
+        config.stash[_RECORDER].cold_tests += int(sent["tests"])
         return
     _controller(config).add_worker(str(worker), sent)
 
@@ -409,10 +434,10 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
-    quiet = _settings(config).quiet and not probe.torch_loaded()  # nothing compiled in this process
+    quiet = _settings(config).quiet and "torch" not in sys.modules  # nothing compiled in this process
     if _is_worker(config):
         if _WORKER not in config.stash and quiet:
-            sent: dict[str, Any] = {"tests": config.stash[_TESTS].recorder.stats.tests}
+            sent: dict[str, Any] = {"tests": config.stash[_RECORDER].cold_tests}
         else:
             sent = _worker(config).output()
         config.workeroutput["compilecache"] = sent  # type: ignore[attr-defined]

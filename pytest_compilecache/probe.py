@@ -104,7 +104,7 @@ class Mark:
         self.reasons = reasons
 
 
-_EMPTY = Mark({}, 0, 0)
+ZERO = _EMPTY = Mark({}, 0, 0)  # before torch is imported: every counter at zero
 _GROUPS = ("inductor", "aot_autograd")
 
 

@@ -1,40 +1,69 @@
 """Per-test statistics of one process: :class:`Recorder`, the plugin's hot path.
 
-Loaded by every session that has the plugin, so it imports only what records statistics: :mod:`probe`
-(which never imports torch by itself) and :mod:`stats`. While torch is not imported a test costs a few
-attribute reads and one counter.
+Loaded by every session that has the plugin, so at import it loads nothing else of ours: :mod:`probe` and
+:mod:`stats` load when torch appears (or a report needs the statistics). While torch is not imported a
+test costs one dict lookup and one counter.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import Mapping
 from typing import NamedTuple
 
-from . import probe
-from .stats import CompileCacheStats
-from .stats import ItemRecord
-from .stats import SessionStats
-
 if TYPE_CHECKING:
     from .explain import GraphsRecord
     from .explain import MissExplanation
+    from .probe import Mark
+    from .stats import CompileCacheStats
+    from .stats import ItemRecord
+    from .stats import SessionStats
+
+_MODULES = sys.modules
+
+
+def torch_loaded() -> bool:
+    """True once the session imported torch (the same test as ``probe.torch_loaded``, without loading probe)."""
+    return "torch" in _MODULES
 
 
 class Start(NamedTuple):
-    """Where a test started: torch's counters and the position in this process's FX-graph lookups (None:
-    explaining is off)."""
+    """Where a test started: torch's counters (None: before torch was imported, i.e. all zero) and the
+    position in this process's FX-graph lookups (None: explaining is off)."""
 
-    mark: probe.Mark
+    mark: Mark | None
     graphs: int | None
 
 
 # The start of every test that begins before torch is imported: no counters yet, no FX-graph lookups.
-COLD_MARK = probe.Mark({}, 0, 0)
-COLD = Start(COLD_MARK, 0)
-COLD_UNEXPLAINED = Start(COLD_MARK, None)  # the same with explaining off
+COLD = Start(None, 0)
+COLD_UNEXPLAINED = Start(None, None)  # the same with explaining off
+
+
+class _OnImport:
+    """A ``sys.meta_path`` entry that calls ``then()`` when ``module`` is first imported, before it loads (one
+    string comparison per import until then; it removes itself once used and finds nothing itself)."""
+
+    def __init__(self, module: str, then: Any) -> None:
+        self.module, self.then = module, then
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == self.module:
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            self.then()
+
+
+def when_imported(module: str, then: Any) -> None:
+    """Call ``then()`` now if ``module`` is imported, else just before it is (e.g. to load :mod:`probe` and
+    install its hooks only in a session that imports torch)."""
+    if module in _MODULES:
+        then()
+    else:
+        sys.meta_path.insert(0, _OnImport(module, then))
 
 
 class Recorder:
@@ -50,15 +79,31 @@ class Recorder:
     def __init__(self, worker: str, explain: bool = True) -> None:
         self.worker = worker
         self.explain = explain
-        self.stats = SessionStats()
+        self.cold_tests = 0  # tests counted by finish_cold, not yet in stats
+        self._stats: SessionStats | None = None
         self.baseline_dir: str | None = None
         self._baseline: GraphsRecord | None = None
         self._baseline_read = False
 
+    @property
+    def stats(self) -> SessionStats:
+        """This process's statistics (made on first use: a session that never compiles may never need them)."""
+        stats = self._stats
+        if stats is None:
+            from .stats import SessionStats  # cost: loaded when torch appears or a report is made
+
+            stats = self._stats = SessionStats()
+        if self.cold_tests:
+            stats.tests += self.cold_tests
+            self.cold_tests = 0
+        return stats
+
     def start(self) -> Start:
         """Where a test starts; :data:`COLD` (no probe call) while torch is not imported."""
-        if not probe.torch_loaded():
+        if not torch_loaded():
             return COLD if self.explain else COLD_UNEXPLAINED
+        from . import probe  # cost: loaded once torch is
+
         # graph_mark() would install the capture once torch's codecache is loaded: not when explaining is off.
         return Start(probe.mark(), probe.graph_mark() if self.explain else None)
 
@@ -68,9 +113,9 @@ class Recorder:
         The per-test path of a session that never imports torch (no node id, no probe call). False: the
         test may have compiled, call :meth:`finish`.
         """
-        if start.mark is not COLD_MARK or probe.torch_loaded():
+        if start.mark is not None or torch_loaded():
             return False
-        self.stats.tests += 1
+        self.cold_tests += 1
         return True
 
     def finish(self, nodeid: str, start: Start, intended: bool = False) -> None:
@@ -80,7 +125,9 @@ class Recorder:
 
     @staticmethod
     def _delta(start: Start, intended: bool) -> dict[str, Any]:
-        delta = probe.delta(start.mark)
+        from . import probe  # cost: as above
+
+        delta = probe.delta(start.mark if start.mark is not None else probe.ZERO)
         if start.graphs is None:  # explaining is off
             return delta
         graphs = probe.graph_delta(start.graphs)
@@ -90,18 +137,23 @@ class Recorder:
 
     def record(self, nodeid: str, delta: Mapping[str, Any]) -> None:
         """Count one finished test and keep its record when it compiled."""
-        self.stats.tests += 1
+        stats = self.stats
+        stats.tests += 1
         if delta:
+            from .stats import ItemRecord  # cost: as above
+
             record = ItemRecord(nodeid=nodeid, worker=self.worker)
             record.add(delta)
             if record.compiled:
-                self.stats.add_record(record)
+                stats.add_record(record)
 
     def live(self, nodeid: str, start: Start | None, intended: bool = False) -> CompileCacheStats:
         """The ``compile_cache_stats`` fixture's object for a test that started at ``start``.
 
         Its ``why`` compares the test's misses so far with the same test's graphs in the baseline.
         """
+        from .stats import CompileCacheStats  # cost: as above
+
         if start is None:
             return CompileCacheStats(nodeid, dict)
         explain = self._why if self.explain and not intended else None

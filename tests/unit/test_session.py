@@ -349,7 +349,7 @@ def test_step_summary_goes_through_the_escaping_renderer(tmp_path: Path, monkeyp
 
 def test_recorder_counts_a_test_without_torch_through_the_cold_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """The per-test path of a session that never imports torch: no probe call beyond ``torch_loaded``."""
-    monkeypatch.setattr("pytest_compilecache.probe.torch_loaded", lambda: False)
+    monkeypatch.setattr("pytest_compilecache.recorder.torch_loaded", lambda: False)
     monkeypatch.setattr("pytest_compilecache.probe.mark", lambda: pytest.fail("probe.mark called without torch"))
     monkeypatch.setattr("pytest_compilecache.probe.delta", lambda start: pytest.fail("probe.delta called"))
     recorder = Recorder("controller")
@@ -363,7 +363,7 @@ def test_recorder_counts_a_test_without_torch_through_the_cold_path(monkeypatch:
 def test_recorder_records_a_test_that_imports_torch_and_compiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """A test that begins before torch is imported and compiles: counted from zero, recorded, not lost."""
     loaded = [False]
-    monkeypatch.setattr("pytest_compilecache.probe.torch_loaded", lambda: loaded[0])
+    monkeypatch.setattr("pytest_compilecache.recorder.torch_loaded", lambda: loaded[0])
     seen: list[Any] = []
 
     def delta(start: Any) -> dict[str, Any]:
@@ -378,7 +378,7 @@ def test_recorder_records_a_test_that_imports_torch_and_compiles(monkeypatch: py
     loaded[0] = True  # the test imports torch and compiles
     assert not recorder.finish_cold(start)
     recorder.finish("test_x.py::test_compiles", start)
-    assert seen == [recorder_mod.COLD.mark]
+    assert seen == [probe.ZERO]  # counted from zero
     assert recorder.stats.tests == 1
     assert recorder.stats.records["test_x.py::test_compiles"].fxgraph["miss"] == 1
 
