@@ -10,8 +10,10 @@ Restore outcomes:
   this lineage, ``<key prefix>-<fingerprint digest>-``).
 - ``miss``: no usable bundle. Either none exists for this fingerprint (``message`` explains how the newest
   bundle under the key prefix differs, from its authenticated header only) or every candidate failed
-  verification: each is listed in ``skipped`` as ``(key, reason)``. A bad bundle in the store is the store's
-  content, not a failure to reach it: it means a cold compile, and ``--fail-on-miss`` sees a miss.
+  verification or could not be read (a link in a directory store, a file this user may not read, a
+  per-object S3 error): each is listed in ``skipped`` as ``(key, reason)``. A bad or unreadable bundle in the
+  store is the store's content, not a failure to reach it: it means a cold compile, and ``--fail-on-miss``
+  sees a miss.
 - ``error``: infrastructure failure only: the store could not be reached, the cache dir could not be
   written (:class:`~pytest_compilecache.bundle.CacheDirError`), torch rejected verified artifacts, or an
   unexpected exception.
@@ -74,6 +76,7 @@ from .stores.base import ObjectTooLarge
 from .stores.base import Store
 from .stores.base import bundles
 from .stores.base import prune
+from .stores.timed import TimedOut
 
 if TYPE_CHECKING:
     from .headers import HeaderTransfer
@@ -185,7 +188,7 @@ class _Transfer(Generic[Outcome]):
 @dataclass(frozen=True)
 class RestoreResult(_Transfer[RestoreOutcome]):
     """What a restore did (see the module docstring for the outcomes). ``skipped``: bundles that failed
-    verification, as ``(key, reason)``."""
+    verification or could not be read, as ``(key, reason)``."""
 
     # The restored bundle's ``graphs`` record (issue 12), read from its manifest after verification:
     # untrusted JSON to parse with ``explain.GraphsRecord.from_json``; None when the bundle has none.
@@ -206,7 +209,8 @@ class RestoreResult(_Transfer[RestoreOutcome]):
             return self.message
         if self.skipped:
             reasons = "; ".join(f"{key}: {reason}" for key, reason in self.skipped)
-            return one_line(f"restore skipped {len(self.skipped)} bundle(s) that failed verification: {reasons}")
+            why = "failed verification or could not be read"
+            return one_line(f"restore skipped {len(self.skipped)} bundle(s) that {why}: {reasons}")
         return None
 
 
@@ -296,6 +300,14 @@ def restore(
                         continue
                 except ObjectTooLarge:  # replaced by a bigger object since it was listed
                     skipped.append((key, f"bundle is more than the limit of {max_bytes} bytes"))
+                    continue
+                except TimedOut:
+                    raise  # the store's budget is spent: no other candidate can be fetched either
+                except StoreError as exc:
+                    # This object only (a link in a directory store, a file this user cannot read, a per-object
+                    # S3 error): like a bundle that fails verification, it must not hide the older ones, nor
+                    # make the session skip the save that would put a readable bundle above it.
+                    skipped.append((key, one_line(f"cannot be read: {exc}", 500)))
                     continue
                 size = path.stat().st_size
                 try:

@@ -11,13 +11,16 @@ from typing import Any
 
 import pytest
 
+from pytest_compilecache import StoreError
 from pytest_compilecache import bundle
 from pytest_compilecache import sync
 from pytest_compilecache.fingerprint import Fingerprint
 from pytest_compilecache.fingerprint import make_key
 from pytest_compilecache.fingerprint import restore_prefix
+from pytest_compilecache.stores import LocalStore
 from pytest_compilecache.stores import ReadOnlyStore
 from pytest_compilecache.stores import StoreEntry
+from pytest_compilecache.stores.timed import TimedOut
 from tests.fakes import FakeLoader
 from tests.fakes import MemoryStore
 from tests.unit.conftest import A100
@@ -148,26 +151,94 @@ def test_miss_with_an_unreadable_newest_bundle(cache_dir: Path) -> None:
     assert "is unreadable: not a pytest-compilecache bundle" in transfer.message
 
 
-@pytest.mark.parametrize(
-    ("operation", "use_exact_key"), [("list", True), ("list", False), ("get", True), ("get", False)]
-)
+@pytest.mark.parametrize("use_exact_key", [True, False])
 def test_store_error_is_one_line_and_writes_nothing(
-    tmp_path: Path, source: Path, cache_dir: Path, operation: str, use_exact_key: bool
+    tmp_path: Path, source: Path, cache_dir: Path, use_exact_key: bool
 ) -> None:
     store = MemoryStore()
     key = _put_bundle(store, tmp_path, source, H100, "run-1")
-    store.fail.add(operation)
+    store.fail.add("list")
     before = tree(cache_dir)
     loader = FakeLoader()
     transfer = _restore(store, cache_dir, exact_key=key if use_exact_key else None, load=loader)
-    assert operation in store.calls
+    assert "list" in store.calls
     assert transfer.outcome == "error"
     assert not transfer.ok
-    assert transfer.message == f"restore failed: cannot {operation} at memory://test: connection reset"
+    assert transfer.message == "restore failed: cannot list at memory://test: connection reset"
     assert "\n" not in transfer.message
     assert tree(cache_dir) == before
     assert sorted(p.name for p in cache_dir.iterdir()) == ["already-here"]
     assert loader.blobs == []
+
+
+class Unreadable(MemoryStore):
+    """Objects whose keys are in ``broken`` fail at ``get`` (a link in a directory store, a per-object S3
+    error); the rest of the store works."""
+
+    def __init__(self, error: type[StoreError] = StoreError) -> None:
+        super().__init__()
+        self.broken: set[str] = set()
+        self.error = error
+
+    def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
+        if key in self.broken:
+            self.calls.append("get")
+            raise self.error(f"cannot get {key} from {self.location}: Permission denied")
+        return super().get(key, dest, limit=limit)
+
+
+@pytest.mark.parametrize("use_exact_key", [True, False])
+def test_an_unreadable_newest_object_falls_back_to_the_next(
+    tmp_path: Path, source: Path, cache_dir: Path, use_exact_key: bool
+) -> None:
+    # Issue 28.3: the newest object failing at get() made the restore an error (and the session skip its
+    # save), so one unreadable object kept every later session cold. It is skipped like a bad bundle.
+    store = Unreadable()
+    older = _put_bundle(store, tmp_path, source, H100, "run-1")
+    newest = _put_bundle(store, tmp_path, source, H100, "run-2")
+    store.broken.add(newest)
+    transfer = _restore(store, cache_dir, exact_key=newest if use_exact_key else None)
+    assert (transfer.outcome, transfer.key) == ("partial", older)
+    assert transfer.skipped == ((newest, f"cannot be read: cannot get {newest} from memory://test: Permission denied"),)
+    assert transfer.warning is not None and "could not be read" in transfer.warning
+    assert {rel: tree(cache_dir)[rel] for rel in CACHE_FILES} == CACHE_FILES
+
+
+def test_only_unreadable_objects_are_a_miss_not_an_error(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = Unreadable()
+    key = _put_bundle(store, tmp_path, source, H100, "run-1")
+    store.broken.add(key)
+    before = tree(cache_dir)
+    transfer = _restore(store, cache_dir)
+    assert transfer.outcome == "miss" and transfer.ok
+    assert [k for k, _ in transfer.skipped] == [key]
+    assert tree(cache_dir) == before
+
+
+def test_a_store_out_of_time_at_get_is_still_an_error(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    # A spent budget is the store stalling, not one bad object: no other candidate could be fetched either.
+    store = Unreadable(error=TimedOut)
+    older = _put_bundle(store, tmp_path, source, H100, "run-1")
+    newest = _put_bundle(store, tmp_path, source, H100, "run-2")
+    store.broken |= {older, newest}
+    transfer = _restore(store, cache_dir)
+    assert transfer.outcome == "error"
+    assert store.calls.count("get") == 1
+
+
+def test_a_symlink_in_a_directory_store_is_skipped(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    directory = tmp_path / "store"
+    store = LocalStore(directory)
+    memory = MemoryStore()
+    older = _put_bundle(memory, tmp_path, source, H100, "run-1")
+    store.put(older, tmp_path / "packed" / f"{older}.bundle")
+    linked = _put_bundle(memory, tmp_path, source, H100, "run-2")
+    (directory / f"{linked}.bundle").symlink_to(tmp_path / "packed" / f"{linked}.bundle")
+    os.utime(directory / f"{older}.bundle", (1_700_000_000, 1_700_000_000))  # the link is the newest
+    transfer = sync.restore(store, prefix=PREFIX, fingerprint=H100, cache_dir=str(cache_dir), load=FakeLoader())
+    assert (transfer.outcome, transfer.key) == ("partial", older)
+    assert [key for key, _ in transfer.skipped] == [linked]
+    assert "a symlink, not a stored object" in transfer.skipped[0][1]
 
 
 def test_store_error_leaves_a_missing_cache_dir_missing(tmp_path: Path) -> None:
