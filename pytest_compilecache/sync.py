@@ -61,6 +61,8 @@ from .bundle import DEFAULT_MAX_BYTES
 from .bundle import CacheDirError
 from .cachedir import PENDING_DIR
 from .cachedir import lock
+from .container import HEAD_PROBE
+from .container import header_size
 from .fingerprint import Fingerprint
 from .fingerprint import explain
 from .fingerprint import make_key
@@ -76,6 +78,7 @@ from .stores.base import ObjectTooLarge
 from .stores.base import Store
 from .stores.base import bundles
 from .stores.base import prune
+from .stores.base import read_head
 from .stores.timed import TimedOut
 
 if TYPE_CHECKING:
@@ -551,21 +554,19 @@ def _remove_staged(cache_dir: str, *, names: set[str] | None = None, older_than:
 def _why_miss(store: Store, prefix: str, fingerprint: Fingerprint, signing_key: bytes | None, max_bytes: int) -> str:
     """Name the facts that differ from the newest bundle under the prefix (any fingerprint).
 
-    Only the bundle's header is used, after its checksum, its signature (when a key is set) and its key are
-    verified: no unauthenticated text reaches a log. Explaining is best effort: any trouble leaves a miss.
+    Only the bundle's header is read (:func:`_read_head_manifest`: a ranged read of a few KiB, never the
+    payload, which may be hundreds of MiB of the store's time budget), and used only after its checksum, its
+    signature (when a key is set) and its key are verified: no unauthenticated text reaches a log. Explaining
+    is best effort: any trouble leaves a miss.
     """
     try:
         newest = bundles(store, prefix + "-")  # artifact objects share the prefix: never explain from one
         if not newest:
             return f"no bundle under {prefix}- in {store.location}"
         latest = newest[0]
-        if latest.size > max_bytes:
-            return f"no bundle for fingerprint {fingerprint.digest()}; newest {latest.key} is too large to explain"
-        with temporary_dir("restore") as tmp:
-            path = Path(tmp) / "bundle"
-            if not store.get(latest.key, path, limit=max_bytes):
-                return f"no bundle for fingerprint {fingerprint.digest()}"
-            manifest = bundle.read_manifest(path, signing_key=signing_key, key=latest.key)
+        manifest = _read_head_manifest(store, latest.key, signing_key=signing_key)
+        if manifest is None:
+            return f"no bundle for fingerprint {fingerprint.digest()}"
     except BundleError as exc:
         return f"no bundle for fingerprint {fingerprint.digest()}; newest {latest.key} is unreadable: {exc}"
     except (StoreError, OSError) as exc:
@@ -574,6 +575,27 @@ def _why_miss(store: Store, prefix: str, fingerprint: Fingerprint, signing_key: 
     return f"no bundle for fingerprint {fingerprint.digest()}; newest is {latest.key}, which differs in: " + (
         "; ".join(differences) or "nothing (same facts, older digest scheme)"
     )
+
+
+def _read_head_manifest(
+    store: Store, key: str, *, signing_key: bytes | None, lineage: str | None = None
+) -> Manifest | None:
+    """The manifest of bundle ``key`` from its header alone, read with :func:`.stores.base.read_head`:
+    :data:`.container.HEAD_PROBE` bytes, and once more the header's own size when it is bigger. Checked as
+    :func:`.bundle.read_manifest` checks (checksum; signature with a key; the key it was saved as; ``lineage``
+    when given). None when the object vanished; BundleError for a bad header; StoreError (NoPartialReads
+    for a store that cannot read part of an object) or OSError otherwise."""
+    data = read_head(store, key, HEAD_PROBE)
+    if data is not None and len(data) == HEAD_PROBE:
+        size = header_size(data)  # BundleError for a bad magic, format or length, as the full read would say
+        if size > len(data):
+            data = read_head(store, key, size)
+    if data is None:
+        return None
+    with temporary_dir("restore") as tmp:
+        path = Path(tmp) / "header"
+        path.write_bytes(data)  # the header, and no more than HEAD_PROBE bytes of payload: read_manifest stops
+        return bundle.read_manifest(path, signing_key=signing_key, key=key, lineage=lineage)
 
 
 # --- save ------------------------------------------------------------------------------------------------

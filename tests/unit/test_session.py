@@ -465,7 +465,7 @@ def test_a_json_report_path_that_cannot_be_written_is_a_start_up_error(tmp_path:
         pytest.param(("list",), "error", False, id="the restore failed on the store"),
         # No bundle of this fingerprint; fetching another fingerprint's newest to explain the miss failed:
         # the miss says so, and the session still saves (it used to skip every save from then on, silently).
-        pytest.param(("get",), "miss", True, id="only explaining the miss failed"),
+        pytest.param(("get_head",), "miss", True, id="only explaining the miss failed"),
     ],
 )
 def test_only_a_restore_that_failed_on_the_store_skips_the_save(
@@ -485,14 +485,14 @@ def test_only_a_restore_that_failed_on_the_store_skips_the_save(
 def test_a_store_that_stalls_while_a_miss_is_explained_is_one_warning_and_no_save(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Listing answers, the download of another fingerprint's bundle (to explain the miss) never does: the
+    # Listing answers, the read of another fingerprint's bundle header (to explain the miss) never does: the
     # budget is spent, so the save would wait out a second one. One warning, no save.
     release = threading.Event()
 
     class Stalling(MemoryStore):
-        def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
+        def get_head(self, key: str, limit: int) -> bytes | None:
             release.wait(30)
-            return super().get(key, dest, limit=limit)
+            return super().get_head(key, limit)
 
     store = Stalling()
     store.objects[make_key(PREFIX, "0" * 16, "other-1")] = (b"not read", 1.0)
@@ -505,6 +505,6 @@ def test_a_store_that_stalls_while_a_miss_is_explained_is_one_warning_and_no_sav
     assert controller.restored is not None and controller.restored.outcome == "miss"
     assert controller.store_trouble is not None
     assert controller.problems.warnings == [
-        "memory://test did not finish within 0.2 s (get compilecache-v1-0000000000000000-other-1); see "
+        "memory://test did not finish within 0.2 s (read compilecache-v1-0000000000000000-other-1); see "
         "--compile-cache-store-timeout; nothing will be saved this session"
     ]

@@ -13,14 +13,17 @@ import pytest
 
 from pytest_compilecache import StoreError
 from pytest_compilecache import bundle
+from pytest_compilecache import container
 from pytest_compilecache import sync
 from pytest_compilecache.fingerprint import Fingerprint
 from pytest_compilecache.fingerprint import make_key
 from pytest_compilecache.fingerprint import restore_prefix
 from pytest_compilecache.stores import LocalStore
 from pytest_compilecache.stores import ReadOnlyStore
+from pytest_compilecache.stores import Store
 from pytest_compilecache.stores import StoreEntry
 from pytest_compilecache.stores.timed import TimedOut
+from pytest_compilecache.stores.timed import TimedStore
 from tests.fakes import FakeLoader
 from tests.fakes import MemoryStore
 from tests.unit.conftest import A100
@@ -43,7 +46,15 @@ pytestmark = pytest.mark.usefixtures("cache_env")
 
 
 def _put_bundle(
-    store: MemoryStore, tmp_path: Path, source: Path, fp: Fingerprint, suffix: str, *, signing_key: bytes | None = None
+    store: MemoryStore,
+    tmp_path: Path,
+    source: Path,
+    fp: Fingerprint,
+    suffix: str,
+    *,
+    signing_key: bytes | None = None,
+    blobs: dict[str, bytes] = BLOBS,
+    graphs: dict[str, Any] | None = None,
 ) -> str:
     key = make_key(PREFIX, fp.digest(), suffix)
     path = tmp_path / "packed" / f"{key}.bundle"
@@ -55,17 +66,18 @@ def _put_bundle(
         fingerprint=fp.to_json(),
         digest=fp.digest(),
         torch_version=fp.facts["torch"],
-        blobs=BLOBS,
+        blobs=blobs,
         cache_dir=source,
         files=list(CACHE_FILES),
         stats={"hits": 1},
         signing_key=signing_key,
+        graphs=graphs,
     )
     store.put(key, path)
     return key
 
 
-def _restore(store: MemoryStore, cache_dir: Path, fp: Fingerprint = H100, **kwargs: Any) -> sync.RestoreResult:
+def _restore(store: Store, cache_dir: Path, fp: Fingerprint = H100, **kwargs: Any) -> sync.RestoreResult:
     kwargs.setdefault("load", FakeLoader())
     return sync.restore(store, prefix=PREFIX, fingerprint=fp, cache_dir=str(cache_dir), **kwargs)
 
@@ -720,6 +732,62 @@ def test_miss_explanation_checks_the_key_the_bundle_was_saved_as(tmp_path: Path,
     transfer = _restore(store, cache_dir)
     assert transfer.outcome == "miss"
     assert f"newest {moved} is unreadable: bundle was saved as {original!r}" in transfer.message
+
+
+class Counting(MemoryStore):
+    """Counts the object bytes each read hands back, as a network would carry them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.carried = 0
+
+    def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
+        found = super().get(key, dest, limit=limit)
+        self.carried += Path(dest).stat().st_size if found else 0
+        return found
+
+    def get_head(self, key: str, limit: int) -> bytes | None:
+        data = super().get_head(key, limit)
+        self.carried += len(data or b"")
+        return data
+
+
+def test_miss_explanation_reads_the_header_not_the_bundle(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    # Issue 28.8: the whole newest bundle of another fingerprint was downloaded (300 MiB measured) to read its
+    # header, spending the store budget the session's own save needed. A ranged read of the header now.
+    store = Counting()
+    newest = _put_bundle(store, tmp_path, source, A100, "run-1", blobs={"controller": os.urandom(4 << 20)})
+    transfer = _restore(store, cache_dir)
+    assert transfer.outcome == "miss"
+    assert "which differs in: gpus: NVIDIA A100-SXM4-80GB (8.0) -> NVIDIA H100 80GB HBM3 (9.0)" in transfer.message
+    assert "get" not in store.calls and store.calls.count("get_head") == 1
+    assert store.carried == container.HEAD_PROBE < len(store.objects[newest][0]) // 60
+
+
+def test_a_header_bigger_than_the_first_read_takes_one_more(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = Counting()
+    graphs = {"format": 1, "pad": "x" * (3 * container.HEAD_PROBE)}  # a big graphs record: a big header
+    newest = _put_bundle(store, tmp_path, source, A100, "run-1", signing_key=b"key", graphs=graphs)
+    transfer = _restore(store, cache_dir, signing_key=b"key")
+    assert "which differs in: gpus: " in transfer.message, transfer.message
+    assert store.calls.count("get_head") == 2 and "get" not in store.calls
+    header = container.header_size(store.objects[newest][0])
+    assert store.carried == container.HEAD_PROBE + min(header, len(store.objects[newest][0]))
+
+
+def test_a_store_that_cannot_read_part_of_an_object_explains_nothing(cache_dir: Path) -> None:
+    class Whole(MemoryStore):
+        get_head = None  # type: ignore[assignment]  # no partial reads: never download a bundle to explain
+
+    store = Whole()
+    store.objects[make_key(PREFIX, A100.digest(), "run-1")] = (b"would be a big bundle", 1.0)
+    timed = TimedStore(store, 60.0)
+    transfer = _restore(timed, cache_dir)
+    assert transfer.outcome == "miss"
+    assert transfer.message == (
+        f"no bundle for fingerprint {H100.digest()} (could not explain: memory://test cannot read part of an object)"
+    )
+    assert "get" not in store.calls and timed.trouble is None
 
 
 # ----------------------------------------------------------------------------------------- save limits
