@@ -19,7 +19,10 @@ Restore outcomes:
   unexpected exception.
 
 At most :data:`MAX_CANDIDATES` bundles are tried, newest first (the exact key before them), so one bad object
-cannot hide the good ones behind it, and a store full of bad ones cannot make a restore slow.
+cannot hide the good ones behind it, and a store full of bad ones cannot make a restore slow. "Newest" is the
+``created`` time in each bundle's authenticated header (read first, a few KiB each, for at most
+:data:`MAX_HEADERS` of them), not the store's modification time, which anyone who can write the store sets
+by putting an old bundle back.
 
 Precompiled headers (:mod:`.headers`) travel beside the bundle, not in it: a save uploads each header the
 session used once per store (``<prefix>-artifact-<sha256>``) and its manifest names them; a restore, after
@@ -39,6 +42,8 @@ import time
 from dataclasses import dataclass
 from dataclasses import field
 from dataclasses import replace
+from datetime import datetime
+from datetime import timezone
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -74,6 +79,7 @@ from .manifest import BLOBS_DIR
 from .manifest import Artifact
 from .manifest import Manifest
 from .probe import CACHE_ENV
+from .stores.base import NoPartialReads
 from .stores.base import ObjectTooLarge
 from .stores.base import Store
 from .stores.base import bundles
@@ -86,6 +92,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_CANDIDATES",
+    "MAX_HEADERS",
     "HeaderReport",
     "RestoreResult",
     "SaveResult",
@@ -97,6 +104,10 @@ __all__ = [
 ]
 
 MAX_CANDIDATES = 3
+# Headers read to order a lineage's candidates by their signed creation time (_newest_created_first): a
+# lineage holds about --compile-cache-keep bundles; anyone who can write the store can also delete, so this
+# bounds the cost of a crowded lineage, not an attacker.
+MAX_HEADERS = 16
 RestoreOutcome = Literal["exact", "partial", "miss", "error"]
 SaveOutcome = Literal["saved", "skipped", "error"]
 Outcome = TypeVar("Outcome", RestoreOutcome, SaveOutcome)
@@ -288,9 +299,10 @@ def restore(
 
     skipped: list[tuple[str, str]] = []
     try:
-        candidates = _candidates(store, lineage, exact_key)[:max_candidates]
+        candidates = _candidates(store, lineage, exact_key)
         if not candidates:
             return result("miss", _why_miss(store, prefix, fingerprint, signing_key, max_bytes))
+        candidates = _newest_created_first(store, candidates, lineage, signing_key, skipped)[:max_candidates]
         with temporary_dir("restore") as tmp:
             for index, (key, size, outcome) in enumerate(candidates):
                 if size is not None and size > max_bytes:
@@ -393,6 +405,59 @@ def _candidates(store: Store, lineage: str, exact_key: str | None) -> list[tuple
         found += [(e.key, e.size, "exact") for e in store.list(exact_key) if e.key == exact_key]
     found += [(e.key, e.size, "partial") for e in store.list(lineage) if e.key != exact_key]
     return found
+
+
+def _newest_created_first(
+    store: Store,
+    candidates: list[tuple[str, int | None, RestoreOutcome]],
+    lineage: str,
+    signing_key: bytes | None,
+    skipped: list[tuple[str, str]],
+) -> list[tuple[str, int | None, RestoreOutcome]]:
+    """The lineage's candidates ordered by the ``created`` time their authenticated headers carry, newest
+    first (the exact key stays first), not by the store's modification time: an older signed bundle put back
+    into the store (pruned, then replayed by anyone who can write it) is not taken for the newest (issue 28.9).
+
+    The headers of the :data:`MAX_HEADERS` newest entries by modification time are read (ranged reads, see
+    :func:`_read_head_manifest`); later entries follow in the store's order. One whose header fails its
+    checks or cannot be read goes to ``skipped`` without being downloaded. A store that cannot read part of
+    an object keeps the store's order. Equal times keep the store's order.
+    """
+    exact = [c for c in candidates if c[2] == "exact"]
+    partial = [c for c in candidates if c[2] != "exact"]
+    dated: list[tuple[float, int, tuple[str, int | None, RestoreOutcome]]] = []
+    refused: list[tuple[str, str]] = []
+    for index, candidate in enumerate(partial[:MAX_HEADERS]):
+        key = candidate[0]
+        try:
+            manifest = _read_head_manifest(store, key, signing_key=signing_key, lineage=lineage)
+        except NoPartialReads:
+            return candidates
+        except TimedOut:
+            raise
+        except BundleError as exc:
+            refused.append((key, one_line(str(exc), 500)))
+            continue
+        except StoreError as exc:
+            refused.append((key, one_line(f"cannot be read: {exc}", 500)))
+            continue
+        if manifest is None:
+            refused.append((key, "bundle vanished"))
+            continue
+        dated.append((_created(manifest), index, candidate))
+    skipped.extend(refused)
+    dated.sort(key=lambda item: (-item[0], item[1]))
+    return exact + [candidate for _, _, candidate in dated] + partial[MAX_HEADERS:]
+
+
+def _created(manifest: Manifest) -> float:
+    """The manifest's ``created`` as epoch seconds (a time without a zone is UTC, as :func:`.bundle.pack`
+    writes it); the oldest possible when it cannot be one."""
+    try:
+        when = datetime.fromisoformat(manifest.created)
+        return (when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)).timestamp()
+    except (ValueError, OverflowError, OSError):
+        return float("-inf")
 
 
 def _load_blobs(verified: bundle.Verified, cache_dir: str, load: Loader) -> dict[str, int]:

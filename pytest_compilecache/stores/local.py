@@ -105,9 +105,9 @@ class LocalStore:
         except FileNotFoundError as exc:
             if exc.filename is not None and Path(exc.filename) == src:
                 return None
-            raise StoreError(f"cannot read {key} in {self.location}: {_why(exc)}") from exc
+            raise StoreError(f"cannot get {key} from {self.location}: {_why(exc)}") from exc
         except OSError as exc:
-            raise StoreError(f"cannot read {key} in {self.location}: {_why(exc)}") from exc
+            raise StoreError(f"cannot get {key} from {self.location}: {_why(exc)}") from exc
 
     def put(self, key: str, src: Path) -> None:
         """Copy ``src`` in as ``key`` (temp sibling in ``root`` + ``os.replace``); StoreError on failure."""

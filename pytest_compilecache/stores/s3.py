@@ -234,7 +234,7 @@ class S3Store:
             if _is_missing_object(exc):
                 self._check_bucket(name)
                 return None
-            raise self._error(exc, f"read {key}") from exc
+            raise self._error(exc, f"get {key}") from exc
 
     def put(self, key: str, src: Path) -> None:
         """Upload ``src`` as bundle ``key``, replacing any previous one.

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,6 @@ from pytest_compilecache.fingerprint import restore_prefix
 from pytest_compilecache.stores import LocalStore
 from pytest_compilecache.stores import ReadOnlyStore
 from pytest_compilecache.stores import Store
-from pytest_compilecache.stores import StoreEntry
 from pytest_compilecache.stores.timed import TimedOut
 from pytest_compilecache.stores.timed import TimedStore
 from tests.fakes import FakeLoader
@@ -622,14 +622,57 @@ def test_exact_key_that_fails_falls_back_to_partial(tmp_path: Path, source: Path
 def test_restore_tries_at_most_three_candidates(tmp_path: Path, source: Path, cache_dir: Path) -> None:
     store = MemoryStore()
     _put_bundle(store, tmp_path, source, H100, "run-0")  # good, but behind three bad ones
-    for run in range(1, 5):
-        store.put(make_key(PREFIX, H100.digest(), f"run-{run}"), _write(tmp_path / f"bad{run}", b"junk"))
+    for run in range(1, 5):  # a sound header (read first, to order them), a damaged payload
+        key = _put_bundle(store, tmp_path, source, H100, f"run-{run}")
+        store.objects[key] = (store.objects[key][0][:-5], store.objects[key][1])
     transfer = _restore(store, cache_dir)
     assert transfer.outcome == "miss"
     assert [key for key, _ in transfer.skipped] == [make_key(PREFIX, H100.digest(), f"run-{r}") for r in (4, 3, 2)]
     assert store.calls.count("get") == 3
     assert transfer.message.startswith(f"no usable bundle for fingerprint {H100.digest()}; skipped ")
     assert "\n" not in transfer.message
+
+
+class _Clock:
+    """Stands in for ``datetime`` in bundle.py: ``pack`` stamps ``created`` with ``now``."""
+
+    def __init__(self, when: str) -> None:
+        self.when = datetime.fromisoformat(when)
+
+    def now(self, tz: Any = None) -> datetime:
+        return self.when
+
+
+def test_a_pruned_signed_bundle_put_back_does_not_restore_as_the_newest(
+    tmp_path: Path, source: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 28.9: candidates were ordered by the store's modification time, so an older signed bundle of the
+    # lineage, pruned and then put back by anyone who can write the store, restored as the newest.
+    store = MemoryStore()
+    monkeypatch.setattr(bundle, "datetime", _Clock("2026-11-01T10:00:00+00:00"))
+    old = _put_bundle(store, tmp_path, source, H100, "run-1", signing_key=b"key")
+    replay = store.objects[old][0]
+    monkeypatch.setattr(bundle, "datetime", _Clock("2026-11-02T10:00:00+00:00"))
+    new = _put_bundle(store, tmp_path, source, H100, "run-2", signing_key=b"key")
+    store.delete(old)  # pruned
+    store.put(old, _write(tmp_path / "replayed", replay))  # and put back: now the newest by store time
+    assert [entry.key for entry in store.list()][:2] == [old, new]
+    transfer = _restore(store, cache_dir, signing_key=b"key")
+    assert (transfer.outcome, transfer.key, transfer.skipped) == ("partial", new, ())
+    # The newest by its signed time wins whatever the keys say; equal times keep the store's order.
+    monkeypatch.setattr(bundle, "datetime", _Clock("2026-11-02T10:00:00"))  # no zone: UTC, as pack writes
+    same = _put_bundle(store, tmp_path, source, H100, "run-0", signing_key=b"key")
+    assert _restore(store, cache_dir, signing_key=b"key").key == same
+
+
+def test_a_bad_header_is_skipped_without_downloading_the_bundle(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    good = _put_bundle(store, tmp_path, source, H100, "run-1", signing_key=b"key")
+    unsigned = _put_bundle(store, tmp_path, source, H100, "run-2")
+    transfer = _restore(store, cache_dir, signing_key=b"key")
+    assert (transfer.outcome, transfer.key) == ("partial", good)
+    assert transfer.skipped == ((unsigned, "bundle signature missing (PYTEST_COMPILECACHE_SIGNING_KEY is set)"),)
+    assert store.calls.count("get") == 1  # the good one only
 
 
 def test_a_malformed_newest_object_alone_is_a_miss_not_an_error(cache_dir: Path) -> None:
@@ -658,10 +701,10 @@ def test_a_bundle_that_grew_after_it_was_listed_is_skipped_and_an_older_one_rest
     class Racing(MemoryStore):
         """Lists the newest bundle as it was; by the time it is fetched, someone replaced it with 1 MiB."""
 
-        def list(self, prefix: str = "") -> list[StoreEntry]:
-            entries = super().list(prefix)
-            self.objects[newer] = (b"\0" * (1 << 20), self.objects[newer][1])
-            return entries
+        def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
+            if key == newer:
+                self.objects[newer] = (b"\0" * (1 << 20), self.objects[newer][1])
+            return super().get(key, dest, limit=limit)
 
     store = Racing()
     older = _put_bundle(store, tmp_path, source, H100, "run-1")
