@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import os
 import re
 import stat
@@ -51,6 +52,7 @@ from typing import Any
 from typing import Callable
 from typing import Generic
 from typing import Iterable
+from typing import Iterator
 from typing import Literal
 from typing import Mapping
 from typing import NamedTuple
@@ -112,6 +114,7 @@ RestoreOutcome = Literal["exact", "partial", "miss", "error"]
 SaveOutcome = Literal["saved", "skipped", "error"]
 Outcome = TypeVar("Outcome", RestoreOutcome, SaveOutcome)
 Loader = Callable[[bytes], Mapping[str, int]]
+Candidate = tuple[str, "int | None", RestoreOutcome]  # key, listed size, outcome if it restores
 
 
 class StagedBlob(NamedTuple):
@@ -299,10 +302,17 @@ def restore(
 
     skipped: list[tuple[str, str]] = []
     try:
-        candidates = _candidates(store, lineage, exact_key)
-        if not candidates:
+        found = _candidates(store, lineage, exact_key)
+        if not found:
             return result("miss", _why_miss(store, prefix, fingerprint, signing_key, max_bytes))
-        candidates = _newest_created_first(store, candidates, lineage, signing_key, skipped)[:max_candidates]
+
+        def ordered() -> Iterator[Candidate]:
+            yield from (c for c in found if c[2] == "exact")
+            # Only when the exact key is absent or failed: the lineage's headers, read to order it.
+            lineage_only = [c for c in found if c[2] != "exact"]
+            yield from _newest_created_first(store, lineage_only, lineage, signing_key, skipped)
+
+        candidates = itertools.islice(ordered(), max_candidates)
         with temporary_dir("restore") as tmp:
             for index, (key, size, outcome) in enumerate(candidates):
                 if size is not None and size > max_bytes:
@@ -398,9 +408,10 @@ def _restore_headers(
     return HeaderReport.of(transfer, time.perf_counter() - started)
 
 
-def _candidates(store: Store, lineage: str, exact_key: str | None) -> list[tuple[str, int | None, RestoreOutcome]]:
-    """(key, size, outcome if it restores): the exact key first when stored, then this lineage, newest first."""
-    found: list[tuple[str, int | None, RestoreOutcome]] = []
+def _candidates(store: Store, lineage: str, exact_key: str | None) -> list[Candidate]:
+    """(key, size, outcome if it restores): the exact key first when stored, then this lineage, newest first
+    by the store's modification time (:func:`_newest_created_first` orders them by their signed time)."""
+    found: list[Candidate] = []
     if exact_key:
         found += [(e.key, e.size, "exact") for e in store.list(exact_key) if e.key == exact_key]
     found += [(e.key, e.size, "partial") for e in store.list(lineage) if e.key != exact_key]
@@ -409,25 +420,23 @@ def _candidates(store: Store, lineage: str, exact_key: str | None) -> list[tuple
 
 def _newest_created_first(
     store: Store,
-    candidates: list[tuple[str, int | None, RestoreOutcome]],
+    candidates: list[Candidate],
     lineage: str,
     signing_key: bytes | None,
     skipped: list[tuple[str, str]],
-) -> list[tuple[str, int | None, RestoreOutcome]]:
-    """The lineage's candidates ordered by the ``created`` time their authenticated headers carry, newest
-    first (the exact key stays first), not by the store's modification time: an older signed bundle put back
-    into the store (pruned, then replayed by anyone who can write it) is not taken for the newest (issue 28.9).
+) -> list[Candidate]:
+    """The lineage's candidates (the store's order) ordered by the ``created`` time their authenticated
+    headers carry, newest first, not by the store's modification time: an older signed bundle put back into
+    the store (pruned, then replayed by anyone who can write it) is not taken for the newest (issue 28.9).
 
     The headers of the :data:`MAX_HEADERS` newest entries by modification time are read (ranged reads, see
     :func:`_read_head_manifest`); later entries follow in the store's order. One whose header fails its
     checks or cannot be read goes to ``skipped`` without being downloaded. A store that cannot read part of
     an object keeps the store's order. Equal times keep the store's order.
     """
-    exact = [c for c in candidates if c[2] == "exact"]
-    partial = [c for c in candidates if c[2] != "exact"]
-    dated: list[tuple[float, int, tuple[str, int | None, RestoreOutcome]]] = []
+    dated: list[tuple[float, int, Candidate]] = []
     refused: list[tuple[str, str]] = []
-    for index, candidate in enumerate(partial[:MAX_HEADERS]):
+    for index, candidate in enumerate(candidates[:MAX_HEADERS]):
         key = candidate[0]
         try:
             manifest = _read_head_manifest(store, key, signing_key=signing_key, lineage=lineage)
@@ -447,7 +456,7 @@ def _newest_created_first(
         dated.append((_created(manifest), index, candidate))
     skipped.extend(refused)
     dated.sort(key=lambda item: (-item[0], item[1]))
-    return exact + [candidate for _, _, candidate in dated] + partial[MAX_HEADERS:]
+    return [candidate for _, _, candidate in dated] + candidates[MAX_HEADERS:]
 
 
 def _created(manifest: Manifest) -> float:

@@ -665,6 +665,14 @@ def test_a_pruned_signed_bundle_put_back_does_not_restore_as_the_newest(
     assert _restore(store, cache_dir, signing_key=b"key").key == same
 
 
+def test_an_exact_hit_reads_no_other_header(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    exact = _put_bundle(store, tmp_path, source, H100, "run-1")
+    _put_bundle(store, tmp_path, source, H100, "run-2")
+    assert _restore(store, cache_dir, exact_key=exact).outcome == "exact"
+    assert "get_head" not in store.calls  # ordering the lineage is for when the exact key is absent or fails
+
+
 def test_a_bad_header_is_skipped_without_downloading_the_bundle(tmp_path: Path, source: Path, cache_dir: Path) -> None:
     store = MemoryStore()
     good = _put_bundle(store, tmp_path, source, H100, "run-1", signing_key=b"key")
