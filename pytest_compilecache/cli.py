@@ -7,11 +7,13 @@ Exit codes (stable, documented in the README):
 * 1 - ``verify``/``inspect``: the bundle is invalid or unreadable; ``restore``/``save``/``prune`` with
   ``--strict``: the store or bundle failed; ``prune`` without it: the store refused
 * 2 - bad usage, checked before any work: unknown option, malformed store URL, bad key, prefix or suffix,
-  a ``--json`` path that cannot be written, device facts or a report file of the wrong shape
+  a ``--json`` path that cannot be written, device facts or a report file of the wrong shape (any input
+  ``report`` cannot render: not JSON, nested too deep, a number out of range, a field of the wrong type)
 * 3 - ``restore --fail-on-miss``: nothing usable matched
 
 Every failure is one ``error: ...`` line on stderr, never a traceback. Everything written for a CI runner
-(``--github-output``, workflow commands, the step summary) goes through :mod:`.ghrunner`, escaped.
+(``--github-output``, workflow commands, the step summary, and every line printed on stdout or stderr,
+argparse's included) goes through :mod:`.ghrunner`, escaped: no output is ever a workflow command.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 from typing import Sequence
 
@@ -51,6 +54,9 @@ from .stores.base import prune
 from .stores.base import validate_key
 from .stores.base import validate_prefix
 from .stores.timed import TimedStore
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MISS = 0, 1, 2, 3
 
@@ -110,10 +116,10 @@ def _progress(label: str) -> Any:
     def done(size: int | None = None) -> None:
         if sys.stderr.isatty():
             extra = f", {size / 2**20:.1f} MiB" if size else ""
-            sys.stderr.write(f"\r{label}: done in {time.perf_counter() - started:.1f} s{extra}\n")
+            sys.stderr.write(f"\r{ghrunner.one_line(label)}: done in {time.perf_counter() - started:.1f} s{extra}\n")
 
     if sys.stderr.isatty():
-        sys.stderr.write(f"{label}...")
+        sys.stderr.write(f"{ghrunner.one_line(label)}...")
         sys.stderr.flush()
     return done
 
@@ -134,12 +140,12 @@ def _fingerprint(args: argparse.Namespace) -> Any:
 def cmd_fingerprint(args: argparse.Namespace) -> int:
     fp = _fingerprint(args)
     if args.json:
-        print(json.dumps({"digest": fp.digest(), "facts": fp.to_json()}, indent=2))
+        _out_json({"digest": fp.digest(), "facts": fp.to_json()})
     else:
         width = max(len(k) for k in fp.facts)
         for name, value in fp.to_json().items():  # a salt or recorded GPU names may hold anything
-            print(f"{ghrunner.one_line(name, 200):<{width}}  {ghrunner.one_line(value, 500)}")
-        print(f"{'digest':<{width}}  {fp.digest()}")
+            _out(f"{ghrunner.one_line(name, 200):<{width}}  {ghrunner.one_line(value, 500)}")
+        _out(f"{'digest':<{width}}  {fp.digest()}")
     return EXIT_OK
 
 
@@ -157,7 +163,7 @@ def cmd_key(args: argparse.Namespace) -> int:
 
 def _emit(values: dict[str, str], github_output: bool) -> None:
     for name, value in values.items():
-        print(f"{name}={ghrunner.one_line(value)}")
+        _out(f"{name}={ghrunner.one_line(value)}")
     if github_output:
         ghrunner.append_vars(os.environ.get("GITHUB_OUTPUT"), values)
 
@@ -182,10 +188,10 @@ def cmd_restore(args: argparse.Namespace) -> int:
     done(result.size)
     _emit(sync.restore_outputs(result), args.github_output)
     if result.headers.transferred:
-        print(
+        _out(
             f"installed {len(result.headers.transferred)} precompiled header(s), "
             f"{result.headers.size / 2**20:.1f} MiB, in {result.headers.seconds:.1f} s",
-            file=sys.stderr,
+            err=True,
         )
     for line in result.headers.warnings:
         _warn(line)
@@ -199,7 +205,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     if not result.ok:
         return EXIT_MISS if args.fail_on_miss else EXIT_OK  # nothing usable was restored
     if result.outcome == "miss":
-        print(f"miss: {ghrunner.one_line(result.message)}", file=sys.stderr)
+        _out(f"miss: {ghrunner.one_line(result.message)}", err=True)
         return EXIT_MISS if args.fail_on_miss else EXIT_OK
     return EXIT_OK
 
@@ -232,10 +238,10 @@ def cmd_save(args: argparse.Namespace) -> int:
         header_since=0.0 if args.all_headers else args.headers_since,
     )
     done(result.size)
-    print(f"save: {result.outcome} {result.key or ''} {ghrunner.one_line(result.message)}".rstrip())
+    _out(f"save: {result.outcome} {result.key or ''} {ghrunner.one_line(result.message)}".rstrip())
     if result.headers.named:
         named, uploaded = len(result.headers.named), len(result.headers.transferred)
-        print(f"save: names {named} precompiled header(s), uploaded {uploaded}")
+        _out(f"save: names {named} precompiled header(s), uploaded {uploaded}")
     for line in result.headers.warnings:
         _warn(line)
     if result.warning:
@@ -249,17 +255,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     data = json.loads(manifest.to_json_bytes())
     data["signed"] = bundle.is_signed(Path(args.bundle))
     if args.json:
-        print(json.dumps(data, indent=2))
+        _out_json(data)  # an unverified bundle's text: valid JSON, never a runner command
         return EXIT_OK
     line = ghrunner.one_line  # an unverified bundle's text: never a runner command, never two lines
-    print(f"key          {line(manifest.key, 300)}")
-    print(f"created      {line(manifest.created, 100)}")
-    print(f"plugin/torch {line(manifest.plugin_version, 100)} / {line(manifest.torch_version, 100)}")
-    print(f"digest       {line(manifest.digest, 100)}")
-    print(f"signed       {'yes' if data['signed'] else 'no'}")
-    print(f"members      {len(manifest.members)} ({manifest.total_size} bytes, payload {manifest.payload_size})")
+    _out(f"key          {line(manifest.key, 300)}")
+    _out(f"created      {line(manifest.created, 100)}")
+    _out(f"plugin/torch {line(manifest.plugin_version, 100)} / {line(manifest.torch_version, 100)}")
+    _out(f"digest       {line(manifest.digest, 100)}")
+    _out(f"signed       {'yes' if data['signed'] else 'no'}")
+    _out(f"members      {len(manifest.members)} ({manifest.total_size} bytes, payload {manifest.payload_size})")
     for member in manifest.members:
-        print(f"  {member.size:>10}  {line(member.path, 500)}")
+        _out(f"  {member.size:>10}  {line(member.path, 500)}")
     return EXIT_OK
 
 
@@ -269,9 +275,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         with bundle.verify(Path(args.bundle), signing_key=_signing_key(), fingerprint=fingerprint) as verified:
             manifest = verified.manifest
     except BundleError as exc:
-        print(f"invalid: {ghrunner.one_line(str(exc))}")
+        _out(f"invalid: {ghrunner.one_line(str(exc))}")
         return EXIT_FAILED
-    print(f"ok: {ghrunner.one_line(manifest.key, 300)} ({len(manifest.members)} members)")
+    _out(f"ok: {ghrunner.one_line(manifest.key, 300)} ({len(manifest.members)} members)")
     return EXIT_OK
 
 
@@ -279,43 +285,74 @@ def cmd_prune(args: argparse.Namespace) -> int:
     _check_names(args)
     deleted = prune(_open(args), args.prefix, args.keep)
     for key in deleted:
-        print(f"deleted {key}")
-    print(f"kept the newest {args.keep} under {args.prefix!r}; deleted {len(deleted)}")
+        _out(f"deleted {key}")
+    _out(f"kept the newest {args.keep} under {args.prefix!r}; deleted {len(deleted)}")
     return EXIT_OK
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """Render a ``--compile-cache-json`` file as Markdown (appended to $GITHUB_STEP_SUMMARY with --summary)."""
+    """Render a ``--compile-cache-json`` file as Markdown (appended to $GITHUB_STEP_SUMMARY with --summary).
+
+    Any input that is not such a report (unreadable, not JSON, nested too deep, a number out of range, a
+    field of the wrong type) is a ConfigError: one ``error:`` line and exit 2, never a traceback or exit 1."""
     try:
         data = json.loads(Path(args.json_report).read_text())
     except OSError as exc:
         raise ConfigError(f"cannot read {args.json_report}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise ConfigError(f"{args.json_report} is not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
+        raise ConfigError(f"{args.json_report} is not JSON: {type(exc).__name__}: {exc}") from None
     try:
-        stats = SessionStats(tests=int(data["totals"]["tests"]), silent_workers=list(data.get("silent_workers", [])))
-        for record in data.get("tests", []):
-            stats.add_record(ItemRecord.from_json(record))
-        restore, save = data.get("restore"), data.get("save")
-        if not all(part is None or isinstance(part, dict) for part in (restore, save)):
-            raise TypeError("restore and save must be objects")
-        # The session's explanations (issue 12): the same "Why these tests missed" section as the step summary.
-        explained = SessionExplanation.from_json(data["why"]) if data.get("why") is not None else None
-        where = f"{data.get('mode')}:{data.get('cache_dir')}"
-        text = report.markdown(stats, where=where, restore=restore, save=save, why=explained)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        text = _render_report(data)
+    except Exception as exc:  # whatever the input makes the renderer raise (OverflowError for 1e999...): its shape
         why = f"{type(exc).__name__}: {exc}"
         raise ConfigError(f"{args.json_report} is not a --compile-cache-json report ({why})") from None
     target = os.environ.get("GITHUB_STEP_SUMMARY") if args.summary else None
     if target:
         ghrunner.append_summary(target, text)
     else:
-        print(text)
+        _out(text)
     return EXIT_OK
 
 
+def _render_report(data: Any) -> str:
+    """The Markdown of report ``data``; any exception means it is not a report of ours."""
+    tests = data["totals"]["tests"]
+    if type(tests) is not int or tests < 0:
+        raise ValueError(f"totals.tests must be a whole number >= 0, not {json.dumps(tests)[:40]}")
+    stats = SessionStats(tests=tests, silent_workers=list(data.get("silent_workers", [])))
+    for record in data.get("tests", []):
+        stats.add_record(ItemRecord.from_json(record))
+    restore, save = data.get("restore"), data.get("save")
+    if not all(part is None or isinstance(part, dict) for part in (restore, save)):
+        raise TypeError("restore and save must be objects")
+    # The session's explanations (issue 12): the same "Why these tests missed" section as the step summary.
+    explained = SessionExplanation.from_json(data["why"]) if data.get("why") is not None else None
+    where = f"{data.get('mode')}:{data.get('cache_dir')}"
+    return report.markdown(stats, where=where, restore=restore, save=save, why=explained)
+
+
+def _out(text: str = "", *, err: bool = False) -> None:
+    """Print ``text`` (a line, or a block such as the report's Markdown) to stdout, or stderr with ``err``:
+    the one way this module writes for a person, through :func:`.ghrunner.inert`, since a CI runner reads
+    both streams for workflow commands (issue 28.7)."""
+    print(ghrunner.inert(text), file=sys.stderr if err else sys.stdout)
+
+
+def _out_json(data: Any) -> None:
+    """Print ``data`` as indented JSON on stdout, through :func:`.ghrunner.inert_json` (still the same JSON)."""
+    print(ghrunner.inert_json(json.dumps(data, indent=2)))
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's usage errors, help and version go through :func:`.ghrunner.inert` too: an error echoes
+    the argument it refused, whatever it holds."""
+
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        super()._print_message(ghrunner.inert(message) if message else message, file)
+
+
 def _warn(message: str) -> None:
-    print(f"CompileCacheWarning: {ghrunner.one_line(message)}", file=sys.stderr)
+    _out(f"CompileCacheWarning: {ghrunner.one_line(message)}", err=True)
     if ghrunner.in_github_actions():
         ghrunner.write_command(sys.stdout, "warning", message, title="compile cache")
 
@@ -338,7 +375,7 @@ def _positive(value: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pytest_compilecache", description=__doc__.split("\n")[0])
+    parser = _Parser(prog="python -m pytest_compilecache", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -446,13 +483,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         _resolve_store_defaults(args)
         return int(args.func(args))
     except ConfigError as exc:
-        print(f"error: {ghrunner.one_line(str(exc))}", file=sys.stderr)
+        _out(f"error: {ghrunner.one_line(str(exc))}", err=True)
         return EXIT_USAGE
     except (BundleError, StoreError, OSError, ValueError) as exc:
-        print(f"error: {ghrunner.one_line(str(exc))}", file=sys.stderr)
+        _out(f"error: {ghrunner.one_line(str(exc))}", err=True)
         return EXIT_FAILED
     except Exception as exc:  # a bug or an SDK surprise: still one line, and the cause for a bug report
-        print(f"error: {type(exc).__name__}: {ghrunner.one_line(str(exc))}", file=sys.stderr)
+        _out(f"error: {type(exc).__name__}: {ghrunner.one_line(str(exc))}", err=True)
         return EXIT_FAILED
 
 

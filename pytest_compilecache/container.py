@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import io
 import re
 import struct
 import tarfile
@@ -42,6 +43,7 @@ from .manifest import FORMAT_VERSION
 
 __all__ = [
     "CHUNK",
+    "HEAD_PROBE",
     "MAGIC",
     "SIGNING_KEY_ENV",
     "Header",
@@ -51,6 +53,7 @@ __all__ = [
     "check_signing_key",
     "compressor",
     "header_bytes",
+    "header_size",
     "iter_tar",
     "read_header",
     "sign",
@@ -60,6 +63,9 @@ __all__ = [
 MAGIC = b"PTCCBNDL"
 CHUNK = 1024 * 1024
 MAX_MANIFEST = 16 * 1024 * 1024  # a member entry is ~200 bytes, 'graphs' at most 4 MiB: 16 MiB is ample
+# What a reader that wants only the header fetches first: most headers fit (then one request is all), a bigger
+# one says its size in its first 16 bytes (then one more, of header_size() bytes).
+HEAD_PROBE = 64 * 1024
 _PAX_SIZE = re.compile(r"[0-9]{1,19}")
 MAX_PAX = 64 * 1024  # one pax extended header: a path (<= 4000 bytes) and a few numbers fit many times
 ZSTD_LEVEL = 10
@@ -120,11 +126,33 @@ def _read_exact(fh: BinaryIO, size: int) -> bytes:
     return data
 
 
+def header_size(start: bytes) -> int:
+    """How many leading bytes of a bundle hold its whole header at most (the signature at its longest), from
+    its first 16 bytes or more: what a reader that fetches only the header (:func:`read_header` then needs
+    nothing else) asks a store for. BundleError as :func:`read_header` for a bad magic, format or manifest
+    length, or fewer than 16 bytes."""
+    manifest_len = _read_prefix(io.BytesIO(start[:16]))
+    return 16 + manifest_len + _SHA256_LEN + _U32.size + _SIGNATURE_LEN
+
+
 def read_header(fh: BinaryIO) -> Header:
     """Read up to the payload and check the manifest checksum; BundleError on anything else.
 
     OSError from ``fh`` propagates (the caller names the file).
     """
+    manifest_len = _read_prefix(fh)
+    manifest_bytes = _read_exact(fh, manifest_len)
+    if not hmac.compare_digest(_read_exact(fh, _SHA256_LEN), hashlib.sha256(manifest_bytes).digest()):
+        raise BundleError("bundle manifest checksum mismatch")
+    (signature_len,) = _U32.unpack(_read_exact(fh, _U32.size))
+    if signature_len not in (0, _SIGNATURE_LEN):
+        raise BundleError(f"bundle signature length {signature_len} is invalid")
+    signature = _read_exact(fh, signature_len)
+    return Header(manifest_bytes, signature, 16 + manifest_len + _SHA256_LEN + _U32.size + signature_len)
+
+
+def _read_prefix(fh: BinaryIO) -> int:
+    """Magic, format and manifest length (the first 16 bytes); return the length."""
     magic = fh.read(len(MAGIC))
     if magic != MAGIC:
         if MAGIC.startswith(magic):
@@ -138,14 +166,7 @@ def read_header(fh: BinaryIO) -> Header:
     (manifest_len,) = _U32.unpack(_read_exact(fh, _U32.size))
     if not 0 < manifest_len <= MAX_MANIFEST:
         raise BundleError(f"bundle manifest length {manifest_len} is out of range")
-    manifest_bytes = _read_exact(fh, manifest_len)
-    if not hmac.compare_digest(_read_exact(fh, _SHA256_LEN), hashlib.sha256(manifest_bytes).digest()):
-        raise BundleError("bundle manifest checksum mismatch")
-    (signature_len,) = _U32.unpack(_read_exact(fh, _U32.size))
-    if signature_len not in (0, _SIGNATURE_LEN):
-        raise BundleError(f"bundle signature length {signature_len} is invalid")
-    signature = _read_exact(fh, signature_len)
-    return Header(manifest_bytes, signature, 16 + manifest_len + _SHA256_LEN + _U32.size + signature_len)
+    return int(manifest_len)
 
 
 def check_signature(header: Header, signing_key: bytes | None) -> None:

@@ -50,6 +50,10 @@ class ObjectTooLarge(StoreError):
     """
 
 
+class NoPartialReads(StoreError):
+    """:func:`read_head` on a store without the optional ``get_head`` capability: nothing was transferred."""
+
+
 class TimedOut(StoreError):
     """The budget of a :class:`~pytest_compilecache.stores.timed.TimedStore` was spent before a call returned."""
 

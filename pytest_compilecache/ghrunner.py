@@ -6,7 +6,8 @@ fingerprint facts, a store's error message, a test id):
 * workflow commands (``::warning title=...::message``): the runner acts on any line of stdout or stderr
   that starts with ``::`` after its indentation, and on the older ``##[name]`` anywhere in a line, so a
   message with a newline could start a second command (``::error``, ``::add-mask``, ``::stop-commands``).
-  Plain log lines with text from elsewhere go through :func:`one_line`, which breaks both forms.
+  Plain log lines with text from elsewhere go through :func:`one_line`, which breaks both forms; whole
+  blocks (everything the CLI prints) through :func:`inert`, or :func:`inert_json` for JSON.
   :func:`command` escapes ``%``, CR and LF in the message and also ``:`` and ``,`` in properties, as the
   runner's own toolkit does (``@actions/core`` ``escapeData`` / ``escapeProperty``);
 * ``GITHUB_OUTPUT`` and ``GITHUB_ENV`` files (``name=value`` lines): a value with a newline could set a
@@ -32,6 +33,8 @@ __all__ = [
     "escape_data",
     "escape_property",
     "in_github_actions",
+    "inert",
+    "inert_json",
     "md_code",
     "md_text",
     "one_line",
@@ -85,12 +88,33 @@ def one_line(text: str, limit: int = 2000) -> str:
     the start becomes ``:\\:``, every ``##[`` becomes ``##\\[``), so text from a bundle, a store or the
     environment printed through this function is never a command, wherever it lands on the line.
     """
-    text = _printable(text)
-    if "##[" in text:
-        text = text.replace("##[", "##\\[")
-    if text.lstrip().startswith("::"):
-        text = text.replace("::", ":\\:", 1)
-    return _cut(text, limit)
+    return _cut(_inert_line(_printable(text)), limit)
+
+
+def _inert_line(line: str) -> str:
+    """``line`` (no line break in it) with both command forms broken; nothing else changed."""
+    if "##[" in line:
+        line = line.replace("##[", "##\\[")
+    if line.lstrip().startswith("::"):  # Python's whitespace: a superset of what the runner's TrimStart strips
+        line = line.replace("::", ":\\:", 1)
+    return line
+
+
+def inert(text: str) -> str:
+    """Text of several lines, for a log, with no line the runner reads as a command; nothing else changed.
+
+    Lines end where the runner ends them (LF, CR or CRLF; each becomes LF) and each is broken as by
+    :func:`one_line` (``##[`` anywhere, ``::`` at the start after whitespace). For everything the CLI prints
+    (its Markdown, its listings, argparse's messages), whose own line breaks are wanted. JSON goes through
+    :func:`inert_json` instead, which keeps it valid."""
+    return "\n".join(_inert_line(line) for line in re.split(r"\r\n|\r|\n", text))
+
+
+def inert_json(text: str) -> str:
+    """``json.dumps`` output (``ensure_ascii``, the default) with no line the runner reads as a command, and
+    still the same JSON: ``##[`` can only occur inside a string, where ``[`` is spelled ``\\u005b`` instead. No
+    line of such output starts with ``::`` (strings are quoted; control characters and line breaks escaped)."""
+    return text.replace("##[", "##\\u005b")
 
 
 def _printable(text: str) -> str:

@@ -10,14 +10,19 @@ Restore outcomes:
   this lineage, ``<key prefix>-<fingerprint digest>-``).
 - ``miss``: no usable bundle. Either none exists for this fingerprint (``message`` explains how the newest
   bundle under the key prefix differs, from its authenticated header only) or every candidate failed
-  verification: each is listed in ``skipped`` as ``(key, reason)``. A bad bundle in the store is the store's
-  content, not a failure to reach it: it means a cold compile, and ``--fail-on-miss`` sees a miss.
+  verification or could not be read (a link in a directory store, a file this user may not read, a
+  per-object S3 error): each is listed in ``skipped`` as ``(key, reason)``. A bad or unreadable bundle in the
+  store is the store's content, not a failure to reach it: it means a cold compile, and ``--fail-on-miss``
+  sees a miss.
 - ``error``: infrastructure failure only: the store could not be reached, the cache dir could not be
   written (:class:`~pytest_compilecache.bundle.CacheDirError`), torch rejected verified artifacts, or an
   unexpected exception.
 
 At most :data:`MAX_CANDIDATES` bundles are tried, newest first (the exact key before them), so one bad object
-cannot hide the good ones behind it, and a store full of bad ones cannot make a restore slow.
+cannot hide the good ones behind it, and a store full of bad ones cannot make a restore slow. "Newest" is the
+``created`` time in each bundle's authenticated header (read first, a few KiB each, for at most
+:data:`MAX_HEADERS` of them), not the store's modification time, which anyone who can write the store sets
+by putting an old bundle back.
 
 Precompiled headers (:mod:`.headers`) travel beside the bundle, not in it: a save uploads each header the
 session used once per store (``<prefix>-artifact-<sha256>``) and its manifest names them; a restore, after
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import os
 import re
 import stat
@@ -37,6 +43,8 @@ import time
 from dataclasses import dataclass
 from dataclasses import field
 from dataclasses import replace
+from datetime import datetime
+from datetime import timezone
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,6 +52,7 @@ from typing import Any
 from typing import Callable
 from typing import Generic
 from typing import Iterable
+from typing import Iterator
 from typing import Literal
 from typing import Mapping
 from typing import NamedTuple
@@ -57,8 +66,11 @@ from .bundle import DEFAULT_MAX_BYTES
 from .bundle import CacheDirError
 from .cachedir import PENDING_DIR
 from .cachedir import lock
+from .container import HEAD_PROBE
+from .container import header_size
 from .errors import BundleError
 from .errors import StoreError
+from .errors import TimedOut
 from .fingerprint import Fingerprint
 from .fingerprint import explain
 from .fingerprint import make_key
@@ -71,16 +83,19 @@ from .manifest import BLOBS_DIR
 from .manifest import Artifact
 from .manifest import Manifest
 from .probe import CACHE_ENV
+from .stores.base import NoPartialReads
 from .stores.base import ObjectTooLarge
 from .stores.base import Store
 from .stores.base import bundles
 from .stores.base import prune
+from .stores.base import read_head
 
 if TYPE_CHECKING:
     from .headers import HeaderTransfer
 
 __all__ = [
     "MAX_CANDIDATES",
+    "MAX_HEADERS",
     "HeaderReport",
     "RestoreResult",
     "SaveResult",
@@ -92,10 +107,15 @@ __all__ = [
 ]
 
 MAX_CANDIDATES = 3
+# Headers read to order a lineage's candidates by their signed creation time (_newest_created_first): a
+# lineage holds about --compile-cache-keep bundles; anyone who can write the store can also delete, so this
+# bounds the cost of a crowded lineage, not an attacker.
+MAX_HEADERS = 16
 RestoreOutcome = Literal["exact", "partial", "miss", "error"]
 SaveOutcome = Literal["saved", "skipped", "error"]
 Outcome = TypeVar("Outcome", RestoreOutcome, SaveOutcome)
 Loader = Callable[[bytes], Mapping[str, int]]
+Candidate = tuple[str, "int | None", RestoreOutcome]  # key, listed size, outcome if it restores
 
 
 class StagedBlob(NamedTuple):
@@ -186,7 +206,7 @@ class _Transfer(Generic[Outcome]):
 @dataclass(frozen=True)
 class RestoreResult(_Transfer[RestoreOutcome]):
     """What a restore did (see the module docstring for the outcomes). ``skipped``: bundles that failed
-    verification, as ``(key, reason)``."""
+    verification or could not be read, as ``(key, reason)``."""
 
     # The restored bundle's ``graphs`` record (issue 12), read from its manifest after verification:
     # untrusted JSON to parse with ``explain.GraphsRecord.from_json``; None when the bundle has none.
@@ -207,7 +227,8 @@ class RestoreResult(_Transfer[RestoreOutcome]):
             return self.message
         if self.skipped:
             reasons = "; ".join(f"{key}: {reason}" for key, reason in self.skipped)
-            return one_line(f"restore skipped {len(self.skipped)} bundle(s) that failed verification: {reasons}")
+            why = "failed verification or could not be read"
+            return one_line(f"restore skipped {len(self.skipped)} bundle(s) that {why}: {reasons}")
         return None
 
 
@@ -364,9 +385,17 @@ def restore(
 
     skipped: list[tuple[str, str]] = []
     try:
-        candidates = _candidates(store, lineage, exact_key)[:max_candidates]
-        if not candidates:
+        found = _candidates(store, lineage, exact_key)
+        if not found:
             return result("miss", _why_miss(store, prefix, fingerprint, signing_key, max_bytes))
+
+        def ordered() -> Iterator[Candidate]:
+            yield from (c for c in found if c[2] == "exact")
+            # Only when the exact key is absent or failed: the lineage's headers, read to order it.
+            lineage_only = [c for c in found if c[2] != "exact"]
+            yield from _newest_created_first(store, lineage_only, lineage, signing_key, skipped)
+
+        candidates = itertools.islice(ordered(), max_candidates)
         with temporary_dir("restore") as tmp:
             for index, (key, size, outcome) in enumerate(candidates):
                 if size is not None and size > max_bytes:
@@ -379,6 +408,14 @@ def restore(
                         continue
                 except ObjectTooLarge:  # replaced by a bigger object since it was listed
                     skipped.append((key, f"bundle is more than the limit of {max_bytes} bytes"))
+                    continue
+                except TimedOut:
+                    raise  # the store's budget is spent: no other candidate can be fetched either
+                except StoreError as exc:
+                    # This object only (a link in a directory store, a file this user cannot read, a per-object
+                    # S3 error): like a bundle that fails verification, it must not hide the older ones, nor
+                    # make the session skip the save that would put a readable bundle above it.
+                    skipped.append((key, one_line(f"cannot be read: {exc}", 500)))
                     continue
                 size = path.stat().st_size
                 try:
@@ -454,13 +491,65 @@ def _restore_headers(
     return HeaderReport.of(transfer, time.perf_counter() - started)
 
 
-def _candidates(store: Store, lineage: str, exact_key: str | None) -> list[tuple[str, int | None, RestoreOutcome]]:
-    """(key, size, outcome if it restores): the exact key first when stored, then this lineage, newest first."""
-    found: list[tuple[str, int | None, RestoreOutcome]] = []
+def _candidates(store: Store, lineage: str, exact_key: str | None) -> list[Candidate]:
+    """(key, size, outcome if it restores): the exact key first when stored, then this lineage, newest first
+    by the store's modification time (:func:`_newest_created_first` orders them by their signed time)."""
+    found: list[Candidate] = []
     if exact_key:
         found += [(e.key, e.size, "exact") for e in store.list(exact_key) if e.key == exact_key]
     found += [(e.key, e.size, "partial") for e in store.list(lineage) if e.key != exact_key]
     return found
+
+
+def _newest_created_first(
+    store: Store,
+    candidates: list[Candidate],
+    lineage: str,
+    signing_key: bytes | None,
+    skipped: list[tuple[str, str]],
+) -> list[Candidate]:
+    """The lineage's candidates (the store's order) ordered by the ``created`` time their authenticated
+    headers carry, newest first, not by the store's modification time: an older signed bundle put back into
+    the store (pruned, then replayed by anyone who can write it) is not taken for the newest (issue 28.9).
+
+    The headers of the :data:`MAX_HEADERS` newest entries by modification time are read (ranged reads, see
+    :func:`_read_head_manifest`); later entries follow in the store's order. One whose header fails its
+    checks or cannot be read goes to ``skipped`` without being downloaded. A store that cannot read part of
+    an object keeps the store's order. Equal times keep the store's order.
+    """
+    dated: list[tuple[float, int, Candidate]] = []
+    refused: list[tuple[str, str]] = []
+    for index, candidate in enumerate(candidates[:MAX_HEADERS]):
+        key = candidate[0]
+        try:
+            manifest = _read_head_manifest(store, key, signing_key=signing_key, lineage=lineage)
+        except NoPartialReads:
+            return candidates
+        except TimedOut:
+            raise
+        except BundleError as exc:
+            refused.append((key, one_line(str(exc), 500)))
+            continue
+        except StoreError as exc:
+            refused.append((key, one_line(f"cannot be read: {exc}", 500)))
+            continue
+        if manifest is None:
+            refused.append((key, "bundle vanished"))
+            continue
+        dated.append((_created(manifest), index, candidate))
+    skipped.extend(refused)
+    dated.sort(key=lambda item: (-item[0], item[1]))
+    return [candidate for _, _, candidate in dated] + candidates[MAX_HEADERS:]
+
+
+def _created(manifest: Manifest) -> float:
+    """The manifest's ``created`` as epoch seconds (a time without a zone is UTC, as :func:`.bundle.pack`
+    writes it); the oldest possible when it cannot be one."""
+    try:
+        when = datetime.fromisoformat(manifest.created)
+        return (when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)).timestamp()
+    except (ValueError, OverflowError, OSError):
+        return float("-inf")
 
 
 def _load_blobs(verified: bundle.Verified, cache_dir: str, load: Loader) -> dict[str, int]:
@@ -622,21 +711,19 @@ def _remove_staged(cache_dir: str, *, names: set[str] | None = None, older_than:
 def _why_miss(store: Store, prefix: str, fingerprint: Fingerprint, signing_key: bytes | None, max_bytes: int) -> str:
     """Name the facts that differ from the newest bundle under the prefix (any fingerprint).
 
-    Only the bundle's header is used, after its checksum, its signature (when a key is set) and its key are
-    verified: no unauthenticated text reaches a log. Explaining is best effort: any trouble leaves a miss.
+    Only the bundle's header is read (:func:`_read_head_manifest`: a ranged read of a few KiB, never the
+    payload, which may be hundreds of MiB of the store's time budget), and used only after its checksum, its
+    signature (when a key is set) and its key are verified: no unauthenticated text reaches a log. Explaining
+    is best effort: any trouble leaves a miss.
     """
     try:
         newest = bundles(store, prefix + "-")  # artifact objects share the prefix: never explain from one
         if not newest:
             return f"no bundle under {prefix}- in {store.location}"
         latest = newest[0]
-        if latest.size > max_bytes:
-            return f"no bundle for fingerprint {fingerprint.digest()}; newest {latest.key} is too large to explain"
-        with temporary_dir("restore") as tmp:
-            path = Path(tmp) / "bundle"
-            if not store.get(latest.key, path, limit=max_bytes):
-                return f"no bundle for fingerprint {fingerprint.digest()}"
-            manifest = bundle.read_manifest(path, signing_key=signing_key, key=latest.key)
+        manifest = _read_head_manifest(store, latest.key, signing_key=signing_key)
+        if manifest is None:
+            return f"no bundle for fingerprint {fingerprint.digest()}"
     except BundleError as exc:
         return f"no bundle for fingerprint {fingerprint.digest()}; newest {latest.key} is unreadable: {exc}"
     except (StoreError, OSError) as exc:
@@ -645,6 +732,27 @@ def _why_miss(store: Store, prefix: str, fingerprint: Fingerprint, signing_key: 
     return f"no bundle for fingerprint {fingerprint.digest()}; newest is {latest.key}, which differs in: " + (
         "; ".join(differences) or "nothing (same facts, older digest scheme)"
     )
+
+
+def _read_head_manifest(
+    store: Store, key: str, *, signing_key: bytes | None, lineage: str | None = None
+) -> Manifest | None:
+    """The manifest of bundle ``key`` from its header alone, read with :func:`.stores.base.read_head`:
+    :data:`.container.HEAD_PROBE` bytes, and once more the header's own size when it is bigger. Checked as
+    :func:`.bundle.read_manifest` checks (checksum; signature with a key; the key it was saved as; ``lineage``
+    when given). None when the object vanished; BundleError for a bad header; StoreError (NoPartialReads
+    for a store that cannot read part of an object) or OSError otherwise."""
+    data = read_head(store, key, HEAD_PROBE)
+    if data is not None and len(data) == HEAD_PROBE:
+        size = header_size(data)  # BundleError for a bad magic, format or length, as the full read would say
+        if size > len(data):
+            data = read_head(store, key, size)
+    if data is None:
+        return None
+    with temporary_dir("restore") as tmp:
+        path = Path(tmp) / "header"
+        path.write_bytes(data)  # the header, and no more than HEAD_PROBE bytes of payload: read_manifest stops
+        return bundle.read_manifest(path, signing_key=signing_key, key=key, lineage=lineage)
 
 
 # --- save ------------------------------------------------------------------------------------------------

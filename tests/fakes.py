@@ -33,7 +33,8 @@ class MemoryBackend:
 
 
 class MemoryStore:
-    """A hand-written in-memory Store. ``fail`` names operations (get, put, list, delete) that raise StoreError."""
+    """A hand-written in-memory Store. ``fail`` names operations (get, get_head, put, list, delete) that
+    raise StoreError."""
 
     def __init__(self, *, fail: tuple[str, ...] = (), backend: MemoryBackend | None = None) -> None:
         self.location = "memory://test"
@@ -65,6 +66,13 @@ class MemoryStore:
         tmp.write_bytes(found[0])
         tmp.replace(dest)
         return True
+
+    def get_head(self, key: str, limit: int) -> bytes | None:
+        validate_key(key)
+        self._maybe_fail("get_head")
+        with self.backend.lock:
+            found = self.objects.get(key)
+        return None if found is None else found[0][:limit]
 
     def put(self, key: str, src: Path) -> None:
         validate_key(key)

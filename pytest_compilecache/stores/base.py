@@ -15,9 +15,11 @@ from typing import Protocol
 from typing import runtime_checkable
 
 from ..errors import ConfigError
+from ..errors import NoPartialReads
 from ..errors import ObjectTooLarge
 
 __all__ = [
+    "NoPartialReads",
     "ObjectTooLarge",
     "Store",
     "StoreEntry",
@@ -26,6 +28,7 @@ __all__ = [
     "is_artifact_key",
     "newest_first",
     "prune",
+    "read_head",
     "validate_key",
     "validate_prefix",
 ]
@@ -73,6 +76,25 @@ class Store(Protocol):
     def delete(self, key: str) -> None:
         """Remove ``key``; a missing key is fine."""
         ...
+
+
+def read_head(store: Store, key: str, limit: int) -> bytes | None:
+    """The first ``limit`` bytes of ``key`` (all of it when shorter); None on a miss.
+
+    An optional capability, outside the :class:`Store` protocol: a backend that can read the start of an
+    object without the rest (a file seek, an HTTP ``Range``) offers it as ``get_head(key, limit)`` with these
+    semantics, transferring at most about ``limit`` bytes; wrappers pass it through. For a bundle's header
+    (:func:`~pytest_compilecache.container.header_size`): explaining a miss from another fingerprint's
+    bundle, ordering candidates by their signed time. :class:`NoPartialReads` when the store has none;
+    ConfigError for a bad key; ValueError for a ``limit`` under 1; StoreError for trouble, as ``get``.
+    """
+    get_head = getattr(store, "get_head", None)
+    if get_head is None:
+        raise NoPartialReads(f"{store.location} cannot read part of an object")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"read_head: limit must be a whole number >= 1, got {limit!r}")
+    data = get_head(key, limit)
+    return None if data is None else bytes(data[:limit])
 
 
 def validate_key(key: str) -> str:

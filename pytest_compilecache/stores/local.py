@@ -95,6 +95,20 @@ class LocalStore:
             raise StoreError(f"cannot get {key} from {self.location}: {_why(exc)}") from exc
         return True
 
+    def get_head(self, key: str, limit: int) -> bytes | None:
+        """The first ``limit`` bytes of ``key`` (see :func:`.base.read_head`); None on a miss. Links and
+        other non-regular files are refused as by :meth:`get` (StoreError)."""
+        src = self._path(key)
+        try:
+            with _open_object(src) as reader:
+                return reader.read(limit)
+        except FileNotFoundError as exc:
+            if exc.filename is not None and Path(exc.filename) == src:
+                return None
+            raise StoreError(f"cannot get {key} from {self.location}: {_why(exc)}") from exc
+        except OSError as exc:
+            raise StoreError(f"cannot get {key} from {self.location}: {_why(exc)}") from exc
+
     def put(self, key: str, src: Path) -> None:
         """Copy ``src`` in as ``key`` (temp sibling in ``root`` + ``os.replace``); StoreError on failure."""
         final = self._path(key)

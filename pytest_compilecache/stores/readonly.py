@@ -13,6 +13,7 @@ from pathlib import Path
 from ..errors import StoreError
 from .base import Store
 from .base import StoreEntry
+from .base import read_head
 from .base import validate_key
 
 __all__ = ["ReadOnlyStore"]
@@ -31,6 +32,10 @@ class ReadOnlyStore:
     def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
         """Delegate to the wrapped store."""
         return self.inner.get(key, dest, limit=limit)
+
+    def get_head(self, key: str, limit: int) -> bytes | None:
+        """Delegate to the wrapped store (:func:`.base.read_head`)."""
+        return read_head(self.inner, key, limit)
 
     def list(self, prefix: str = "") -> builtins.list[StoreEntry]:
         """Delegate to the wrapped store."""

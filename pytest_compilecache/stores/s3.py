@@ -77,8 +77,9 @@ class S3Store:
       pause S3 may take before the first byte of a large response; lower it where the network is local.
 
     (DNS resolution is not covered by these timeouts.) An operation is one request, except ``get``: HEAD,
-    then GET (ranged GETs in parallel above ``multipart_threshold``), plus one LIST on a miss; ``list`` and
-    ``find_latest``: one request per 1000 objects; a multipart ``put``: one request per part.
+    then GET (ranged GETs in parallel above ``multipart_threshold``), plus one LIST on a miss; ``get_head``:
+    one ranged GET (plus a LIST on a miss); ``list`` and ``find_latest``: one request per 1000 objects; a
+    multipart ``put``: one request per part.
     s3transfer's own retry of interrupted downloads is turned off (``num_download_attempts=1``) so that
     retries are botocore's alone and the bound above holds.
     """
@@ -213,6 +214,27 @@ class S3Store:
 
             with self._transfer_manager() as manager:
                 manager.download(self.bucket, name, bounded, subscribers=[Known()]).result()
+
+    def get_head(self, key: str, limit: int) -> bytes | None:
+        """The first ``limit`` bytes of bundle ``key`` (see :func:`.base.read_head`): one ranged GET; None
+        when there is no such object (a missing bucket is a StoreError, as for :meth:`get`)."""
+        name = self._object_name(key)
+        try:
+            try:
+                response = self._s3().get_object(Bucket=self.bucket, Key=name, Range=f"bytes=0-{limit - 1}")
+            except _boto_errors() as exc:
+                if _error_code(exc) == "InvalidRange":  # an empty object has no byte 0
+                    return b""
+                raise
+            body = response["Body"]
+            with contextlib.closing(body):
+                # An endpoint that ignores Range sends the whole object: stop reading at the limit.
+                return bytes(body.read(limit))
+        except _boto_errors() as exc:
+            if _is_missing_object(exc):
+                self._check_bucket(name)
+                return None
+            raise self._error(exc, f"get {key}") from exc
 
     def put(self, key: str, src: Path) -> None:
         """Upload ``src`` as bundle ``key``, replacing any previous one.
@@ -395,6 +417,12 @@ def _boto_errors() -> tuple[type[BaseException], ...]:
 
     # S3DownloadFailedError: the object changed between the ranged GETs of one download (IfMatch failed).
     return (BotoCoreError, ClientError, tx.RetriesExceededError, tx.S3DownloadFailedError, tx.S3UploadFailedError)
+
+
+def _error_code(exc: BaseException) -> str | None:
+    response: dict[str, Any] = getattr(exc, "response", None) or {}
+    code = response.get("Error", {}).get("Code")
+    return str(code) if code is not None else None
 
 
 def _is_missing_object(exc: BaseException) -> bool:

@@ -20,9 +20,11 @@ from typing import TypeVar
 
 from ..errors import StoreError
 from ..errors import TimedOut
+from .base import NoPartialReads
 from .base import ObjectTooLarge
 from .base import Store
 from .base import StoreEntry
+from .base import read_head
 
 _T = TypeVar("_T")
 
@@ -36,8 +38,8 @@ class TimedStore:
     ``--store-timeout``, the Action's variable).
 
     ``trouble`` is the first infrastructure failure met (a :class:`StoreError` other than
-    :class:`ObjectTooLarge`, a timeout included), or None: a caller that saw the store fail or stall once
-    can skip the next operation instead of paying the same wait again.
+    :class:`ObjectTooLarge` and :class:`NoPartialReads`, a timeout included), or None: a caller that saw
+    the store fail or stall once can skip the next operation instead of paying the same wait again.
     """
 
     def __init__(
@@ -67,6 +69,13 @@ class TimedStore:
     def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
         """The inner ``get`` within what is left of the budget."""
         return self._call(f"get {key}", lambda: self.inner.get(key, dest, limit=limit))
+
+    def get_head(self, key: str, limit: int) -> bytes | None:
+        """The inner ``get_head`` (:func:`.base.read_head`) within what is left of the budget; a store
+        without one is :class:`.base.NoPartialReads` at once, costing nothing."""
+        if getattr(self.inner, "get_head", None) is None:
+            return read_head(self.inner, key, limit)  # raises NoPartialReads
+        return self._call(f"read {key}", lambda: read_head(self.inner, key, limit))
 
     def put(self, key: str, src: Path) -> None:
         """The inner ``put`` within what is left of the budget."""
@@ -102,7 +111,8 @@ class TimedStore:
         self.spent += self._clock() - started
         error = box.get("error")
         if error is not None:
-            if isinstance(error, StoreError) and not isinstance(error, ObjectTooLarge) and self.trouble is None:
+            harmless = (ObjectTooLarge, NoPartialReads)  # the object's size, the store's kind: no trouble
+            if isinstance(error, StoreError) and not isinstance(error, harmless) and self.trouble is None:
                 self.trouble = str(error)
             raise error
         value: _T = box["value"]

@@ -37,6 +37,7 @@ from pytest_compilecache.stores import StoreEntry
 from pytest_compilecache.stores import find_latest
 from pytest_compilecache.stores import prune
 from pytest_compilecache.stores.base import ObjectTooLarge
+from pytest_compilecache.stores.base import read_head
 
 MakeStore = Callable[[], Store]
 SetModified = Callable[[Store, str, float], None]
@@ -166,6 +167,24 @@ class StoreContract:
                 store.get(key, dest, limit=limit)
             assert list(dest.parent.iterdir()) == []  # neither the object nor a temp file is left
         assert store.get("nothing-here", dest, limit=1) is False
+
+    def test_read_head_reads_only_the_start(self, store: Store, put_bytes: PutBytes) -> None:
+        # The optional partial read (issue 28.8): every store we ship offers it, and wrappers pass it through.
+        big = _payload("big", 3 * 1024 * 1024 + 7)
+        put_bytes(store, "k-big", big)
+        put_bytes(store, "k-small", b"12345")
+        put_bytes(store, "k-empty", b"")
+        for reader in (store, ReadOnlyStore(store)):
+            assert read_head(reader, "k-big", 100) == big[:100]
+            assert read_head(reader, "k-big", 64 * 1024 + 1) == big[: 64 * 1024 + 1]
+            assert read_head(reader, "k-small", 5) == b"12345"
+            assert read_head(reader, "k-small", 1000) == b"12345"  # all of it when shorter
+            assert read_head(reader, "k-empty", 16) == b""
+            assert read_head(reader, "nothing-here", 16) is None
+        with pytest.raises(ValueError, match="limit"):
+            read_head(store, "k-small", 0)
+        with pytest.raises(ConfigError, match="invalid cache key"):
+            read_head(store, "../escape", 16)
 
     def test_put_overwrites_a_key(self, store: Store, put_bytes: PutBytes, get_bytes: GetBytes) -> None:
         put_bytes(store, "k", b"first version, long")

@@ -434,3 +434,37 @@ def test_precompiled_headers_travel_once_per_bucket(s3_bucket: S3Bucket, tmp_pat
     assert restored.outcome == "partial", restored.message
     assert restored.headers.transferred == (name,) and restored.headers.warnings == ()
     assert (fresh / name).read_bytes() == content
+
+
+def test_an_archived_newest_bundle_is_skipped_and_the_older_one_restored(s3_bucket: S3Bucket, tmp_path: Path) -> None:
+    """Issue 28.3 on S3: an archived (GLACIER) object cannot be downloaded (HTTP 403), a per-object error;
+    the restore skips that object as it would a bad bundle and restores the one before it."""
+    from pytest_compilecache import sync
+    from pytest_compilecache.fingerprint import Fingerprint
+    from pytest_compilecache.fingerprint import make_key
+    from tests.fakes import FakeLoader
+
+    store = _store(s3_bucket)
+    fp = Fingerprint({"torch": "2.13.0", "python": "cpython 3.11.7", "arch": "x86_64"})
+    source = tmp_path / "cache-a"
+    (source / "ab").mkdir(parents=True)
+    (source / "ab" / "kernel.so").write_bytes(b"\x7fELF kernel")
+
+    def save(suffix: str) -> str:
+        saved = sync.save(
+            store, prefix="cc", fingerprint=fp, suffix=suffix, cache_dir=str(source), blobs={"controller": b"blob"},
+            files=["ab/kernel.so"], stats={},
+        )  # fmt: skip
+        assert saved.outcome == "saved", saved.message
+        return make_key("cc", fp.digest(), suffix)
+
+    older, newest = save("run-1"), save("run-2")  # same second or not, run-2 lists first
+    name = f"ci/cache/{newest}.bundle"
+    body = s3_bucket.client.get_object(Bucket=s3_bucket.name, Key=name)["Body"].read()
+    s3_bucket.client.put_object(Bucket=s3_bucket.name, Key=name, Body=body, StorageClass="GLACIER")
+    restored = sync.restore(
+        store, prefix="cc", cache_dir=str(tmp_path / "cache-b"), load=FakeLoader(), fingerprint=fp, headers=False
+    )
+    assert (restored.outcome, restored.key) == ("partial", older), restored.message
+    assert [key for key, _ in restored.skipped] == [newest]
+    assert restored.skipped[0][1].startswith(f"cannot be read: {store.location}: get {newest}: ")

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import random
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pytest_compilecache import bundle
 from pytest_compilecache import cli
+from pytest_compilecache.fingerprint import collect
 from pytest_compilecache.stores.local import LocalStore
 
 H100 = {"cuda": "12.8", "hip": "", "triton": "3.4.0", "gpus": [{"name": "NVIDIA H100 80GB HBM3", "capability": "9.0"}]}
@@ -329,3 +334,180 @@ def test_bad_plugin_variables_are_usage_errors_naming_the_variable(
     monkeypatch.setenv("PYTEST_COMPILECACHE_STORE_TIMEOUT", " ")
     assert cli.main(["prune", "--store", str(tmp_path / "store"), "--prefix", "p", "--keep", "2"]) == cli.EXIT_USAGE
     assert "error: PYTEST_COMPILECACHE_STORE_TIMEOUT: expected a number of seconds" in capsys.readouterr().err
+
+
+# ---- issue 28.7: no CLI output is ever a runner command ---------------------------------------------------
+
+# Hostile text in every form the runner acts on: "##[" anywhere in a line (its older command form), "::" at a
+# line's start after whitespace, and the line breaks that would put it there (LF, CR, CRLF).
+HOSTILE = "x ##[error]owned\n::error::lf\r  ::add-mask::cr\r\n\t::warning::crlf ##[add-mask]tail"
+
+
+def _runner_commands(text: str) -> list[str]:
+    """The lines of ``text`` the runner would try as workflow commands (actions/runner ActionCommand.cs):
+    TryParseV2 takes a line that starts with ``::`` after TrimStart, TryParse one holding ``##[`` anywhere.
+    Lines end at LF, CR or CRLF (its StreamReader). Python's whitespace is a superset of .NET's, and the
+    command name is not checked: this oracle flags more than the runner acts on, never less."""
+    return [line for line in re.split(r"\r\n|\r|\n", text) if line.lstrip().startswith("::") or "##[" in line]
+
+
+def _hostile_bundle(tmp_path: Path) -> Path:
+    """An unsigned bundle whose every free-text field is hostile: its facts, stats, graphs and member path."""
+    cache = tmp_path / "hostile-cache"
+    (cache / "ab").mkdir(parents=True)
+    (cache / "ab" / "k##[error]x.so").write_bytes(b"kernel")
+    facts = {**collect(device=H100).to_json(), "gpus": HOSTILE, "salt": HOSTILE}
+    digest = collect(device=H100).digest()
+    key = f"compilecache-v1-{digest}-run1"
+    path = tmp_path / "store" / f"{key}.bundle"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    bundle.pack(
+        path, key=key, lineage=f"compilecache-v1-{digest}-", fingerprint=facts, digest=digest,
+        torch_version=HOSTILE, blobs={"controller": b"blob"}, cache_dir=cache, files=["ab/k##[error]x.so"],
+        stats={"note": HOSTILE}, graphs={"format": 1, "note": HOSTILE},
+    )  # fmt: skip
+    return path
+
+
+def _hostile_report(tmp_path: Path) -> Path:
+    record = {"nodeid": f"t.py::test[{HOSTILE}]", "fxgraph": {"hit": 1, "miss": 2, "bypass": 0}, "frames": 1}
+    why = {"compared_with": HOSTILE, "misses": {record["nodeid"]: [{"key": HOSTILE, "reasons": [HOSTILE]}]}}
+    data = {
+        "version": 1, "mode": HOSTILE, "cache_dir": HOSTILE, "totals": {"tests": 1}, "tests": [record],
+        "silent_workers": [HOSTILE], "restore": {"outcome": "miss", "message": HOSTILE, "key": HOSTILE},
+        "save": {"outcome": "error", "message": HOSTILE}, "why": why,
+    }  # fmt: skip
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_no_command_prints_a_line_the_runner_would_act_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hostile_bundle = _hostile_bundle(tmp_path)
+    store = hostile_bundle.parent
+    device = tmp_path / "device.json"
+    device.write_text(json.dumps({**H100, "gpus": [{"name": HOSTILE, "capability": "9.0"}]}))
+    odd = tmp_path / "dir ##[error]x"  # paths are anyone's text too
+    odd.mkdir()
+    garbage = odd / "##[error]garbage.bundle"
+    garbage.write_bytes(b"not a bundle ##[error]")
+    report = _hostile_report(tmp_path)
+    fp = ["--device-facts", str(device), "--salt", "s ##[error]x"]
+    runs = [
+        ["fingerprint", *fp],
+        ["fingerprint", "--json", *fp],
+        ["key", *fp],
+        ["restore", "--store", str(store), "--cache-dir", str(odd / "c"), "--device-facts", str(_h100(tmp_path))],
+        ["restore", "--store", str(odd / "s"), "--cache-dir", str(odd / "c"), *fp],
+        ["save", "--store", str(odd / "s"), "--cache-dir", str(_cache_dir(odd)), *fp],
+        ["save", "--store", str(odd / "s"), "--cache-dir", str(odd / "missing"), "--strict", *fp],
+        ["inspect", str(hostile_bundle)],
+        ["inspect", "--json", str(hostile_bundle)],
+        ["inspect", str(garbage)],
+        ["verify", str(hostile_bundle)],
+        ["verify", str(garbage)],
+        ["verify", "--fingerprint", *fp, str(hostile_bundle)],
+        ["prune", "--store", str(odd / "s"), "--prefix", "compilecache-v1-", "--keep", "1"],
+        ["prune", "--store", str(garbage), "--prefix", "p"],
+        ["report", str(report)],
+        ["report", str(odd / "missing.json")],
+        ["report", str(garbage)],
+        ["save", "--store", str(store), "--cache-dir", str(odd), "--keep", HOSTILE],  # argparse's own error
+        [HOSTILE],
+    ]
+    for argv in runs:
+        try:
+            cli.main(argv)
+        except SystemExit:
+            pass  # argparse: usage errors exit 2 after printing
+        out, err = capsys.readouterr()
+        assert out + err, argv
+        assert _runner_commands(out) == [] and _runner_commands(err) == [], (argv, out, err)
+    cli.main(["inspect", "--json", str(hostile_bundle)])
+    shown = json.loads(capsys.readouterr().out)  # still valid JSON, with the text unchanged
+    assert shown["fingerprint"]["gpus"] == HOSTILE and shown["stats"]["note"] == HOSTILE
+
+
+def _h100(tmp_path: Path) -> Path:
+    path = tmp_path / "device-h100.json"
+    path.write_text(json.dumps(H100))
+    return path
+
+
+# ---- issue 28.10: any malformed report is exit 2 and one line ------------------------------------------------
+
+
+def _report_data() -> dict[str, Any]:
+    record = {"nodeid": "t.py::a", "fxgraph": {"hit": 3, "miss": 1, "bypass": 0}, "frames": 2, "compile_seconds": 1.5}
+    why = {"compared_with": "bundle", "misses": {"t.py::a": [{"key": "k2", "reasons": ["input 0 shape"]}]}}
+    return {
+        "version": 1, "mode": "shared", "cache_dir": "/c", "totals": {"tests": 2}, "tests": [record],
+        "silent_workers": ["gw1"], "restore": {"outcome": "partial", "message": "", "key": "k", "size": 10},
+        "save": {"outcome": "saved", "message": "", "key": "k2", "size": 12, "seconds": 0.5}, "why": why,
+    }  # fmt: skip
+
+
+def _report_exit(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = cli.main(["report", str(path)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"totals": {"tests": 1e999}}',  # inf: int() raised OverflowError, exit 1
+        '{"totals": {"tests": -1e999}}',
+        '{"totals": {"tests": NaN}}',
+        '{"totals": {"tests": 1.5}}',
+        '{"totals": {"tests": true}}',
+        '{"totals": {"tests": -3}}',
+        '{"totals": {"tests": "2"}}',
+        "[" * 100_000 + "]" * 100_000,  # deeper than the parser goes: RecursionError
+        '{"totals": {"tests": 1}, "tests": [{"nodeid": "a", "frames": 1e999}]}',
+    ],
+)
+def test_a_malformed_report_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str) -> None:
+    path = tmp_path / "r.json"
+    path.write_text(text)
+    code, out, err = _report_exit(path, capsys)
+    assert code == cli.EXIT_USAGE, (code, err)
+    assert out == "" and err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_report_input_fuzz(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Seeded mutations of a valid report: each renders (exit 0) or is refused in one line (exit 2), never
+    another exit code, a traceback, or a line the runner would act on."""
+    rng = random.Random(2811)
+    values: list[Any] = [
+        float("inf"), float("-inf"), float("nan"), 10**400, -(10**400), -1, 0, 1.5, True, None, "", "x" * 5000,
+        "##[error]x\n::error::y", [], {}, [[[]]], {"a": {"b": {}}}, [None], {"nodeid": None}, "\x00\ud800",
+    ]  # fmt: skip
+
+    def mutate(node: Any, depth: int = 0) -> Any:
+        if rng.random() < 0.25 or not isinstance(node, (dict, list)) or not node:
+            return rng.choice(values)
+        if isinstance(node, dict):
+            key = rng.choice(list(node))
+            if rng.random() < 0.1:
+                return {k: v for k, v in node.items() if k != key}  # a field left out
+            return {**node, key: mutate(node[key], depth + 1)}
+        index = rng.randrange(len(node))
+        return [*node[:index], mutate(node[index], depth + 1), *node[index + 1 :]]
+
+    path = tmp_path / "r.json"
+    codes = {0: 0, 2: 0}
+    for _ in range(400):
+        data = _report_data()
+        for _ in range(rng.randint(1, 3)):
+            data = mutate(data)
+        path.write_text(json.dumps(data))
+        code, out, err = _report_exit(path, capsys)
+        assert code in codes, (code, data, err)
+        codes[code] += 1
+        if code:
+            assert out == "" and err.startswith("error: ") and err.count("\n") == 1, (data, err)
+        assert "Traceback" not in out + err and _runner_commands(out + err) == [], (data, out, err)
+    assert codes[0] > 20 and codes[2] > 20, codes  # the fuzz reaches both outcomes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import re
 from pathlib import Path
 
@@ -231,3 +232,22 @@ def test_markdown_text_renders_as_the_text_itself_in_its_cell(text: str) -> None
     # shown as it was (on one line: a line break as "\n"), with nothing added to break runner commands; the
     # empty comments that stop e-mail autolinks show as nothing
     assert html.unescape(cells[0].replace(ghrunner.MD_NO_AUTOLINK, "")) == ghrunner._printable(text).strip()
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["##[error]x", "a ##[add-mask]b", "x\n::error::y", "x\r  ::warning::y", "x\r\n\t::add-mask::y", "::", "###[a]"],
+)
+def test_inert_blocks_keep_their_lines_and_lose_their_commands(text: str) -> None:
+    # Issue 28.7: what the CLI prints goes through inert (Markdown, listings) or inert_json (JSON).
+    def commands(block: str) -> list[str]:
+        return [line for line in re.split(r"\r\n|\r|\n", block) if line.lstrip().startswith("::") or "##[" in line]
+
+    assert commands(text)  # each case is one the runner would act on
+    block = ghrunner.inert(f"first line\n{text}\nlast `code` | cell")
+    assert commands(block) == []
+    assert block.startswith("first line\n") and block.endswith("\nlast `code` | cell")
+    assert ghrunner.inert("plain\ntext: with :: inside\n") == "plain\ntext: with :: inside\n"
+    dumped = json.dumps({"k": text, "list": [text]}, indent=2)
+    assert commands(ghrunner.inert_json(dumped)) == []
+    assert json.loads(ghrunner.inert_json(dumped)) == {"k": text, "list": [text]}

@@ -6,18 +6,24 @@ import hashlib
 import json
 import os
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pytest_compilecache import StoreError
 from pytest_compilecache import bundle
+from pytest_compilecache import container
 from pytest_compilecache import sync
+from pytest_compilecache.errors import TimedOut
 from pytest_compilecache.fingerprint import Fingerprint
 from pytest_compilecache.fingerprint import make_key
 from pytest_compilecache.fingerprint import restore_prefix
+from pytest_compilecache.stores import LocalStore
 from pytest_compilecache.stores import ReadOnlyStore
-from pytest_compilecache.stores import StoreEntry
+from pytest_compilecache.stores import Store
+from pytest_compilecache.stores.timed import TimedStore
 from tests.fakes import FakeLoader
 from tests.fakes import MemoryStore
 from tests.unit.conftest import A100
@@ -40,7 +46,15 @@ pytestmark = pytest.mark.usefixtures("cache_env")
 
 
 def _put_bundle(
-    store: MemoryStore, tmp_path: Path, source: Path, fp: Fingerprint, suffix: str, *, signing_key: bytes | None = None
+    store: MemoryStore,
+    tmp_path: Path,
+    source: Path,
+    fp: Fingerprint,
+    suffix: str,
+    *,
+    signing_key: bytes | None = None,
+    blobs: dict[str, bytes] = BLOBS,
+    graphs: dict[str, Any] | None = None,
 ) -> str:
     key = make_key(PREFIX, fp.digest(), suffix)
     path = tmp_path / "packed" / f"{key}.bundle"
@@ -52,17 +66,18 @@ def _put_bundle(
         fingerprint=fp.to_json(),
         digest=fp.digest(),
         torch_version=fp.facts["torch"],
-        blobs=BLOBS,
+        blobs=blobs,
         cache_dir=source,
         files=list(CACHE_FILES),
         stats={"hits": 1},
         signing_key=signing_key,
+        graphs=graphs,
     )
     store.put(key, path)
     return key
 
 
-def _restore(store: MemoryStore, cache_dir: Path, fp: Fingerprint = H100, **kwargs: Any) -> sync.RestoreResult:
+def _restore(store: Store, cache_dir: Path, fp: Fingerprint = H100, **kwargs: Any) -> sync.RestoreResult:
     kwargs.setdefault("load", FakeLoader())
     return sync.restore(store, prefix=PREFIX, fingerprint=fp, cache_dir=str(cache_dir), **kwargs)
 
@@ -148,26 +163,94 @@ def test_miss_with_an_unreadable_newest_bundle(cache_dir: Path) -> None:
     assert "is unreadable: not a pytest-compilecache bundle" in transfer.message
 
 
-@pytest.mark.parametrize(
-    ("operation", "use_exact_key"), [("list", True), ("list", False), ("get", True), ("get", False)]
-)
+@pytest.mark.parametrize("use_exact_key", [True, False])
 def test_store_error_is_one_line_and_writes_nothing(
-    tmp_path: Path, source: Path, cache_dir: Path, operation: str, use_exact_key: bool
+    tmp_path: Path, source: Path, cache_dir: Path, use_exact_key: bool
 ) -> None:
     store = MemoryStore()
     key = _put_bundle(store, tmp_path, source, H100, "run-1")
-    store.fail.add(operation)
+    store.fail.add("list")
     before = tree(cache_dir)
     loader = FakeLoader()
     transfer = _restore(store, cache_dir, exact_key=key if use_exact_key else None, load=loader)
-    assert operation in store.calls
+    assert "list" in store.calls
     assert transfer.outcome == "error"
     assert not transfer.ok
-    assert transfer.message == f"restore failed: cannot {operation} at memory://test: connection reset"
+    assert transfer.message == "restore failed: cannot list at memory://test: connection reset"
     assert "\n" not in transfer.message
     assert tree(cache_dir) == before
     assert sorted(p.name for p in cache_dir.iterdir()) == ["already-here"]
     assert loader.blobs == []
+
+
+class Unreadable(MemoryStore):
+    """Objects whose keys are in ``broken`` fail at ``get`` (a link in a directory store, a per-object S3
+    error); the rest of the store works."""
+
+    def __init__(self, error: type[StoreError] = StoreError) -> None:
+        super().__init__()
+        self.broken: set[str] = set()
+        self.error = error
+
+    def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
+        if key in self.broken:
+            self.calls.append("get")
+            raise self.error(f"cannot get {key} from {self.location}: Permission denied")
+        return super().get(key, dest, limit=limit)
+
+
+@pytest.mark.parametrize("use_exact_key", [True, False])
+def test_an_unreadable_newest_object_falls_back_to_the_next(
+    tmp_path: Path, source: Path, cache_dir: Path, use_exact_key: bool
+) -> None:
+    # Issue 28.3: the newest object failing at get() made the restore an error (and the session skip its
+    # save), so one unreadable object kept every later session cold. It is skipped like a bad bundle.
+    store = Unreadable()
+    older = _put_bundle(store, tmp_path, source, H100, "run-1")
+    newest = _put_bundle(store, tmp_path, source, H100, "run-2")
+    store.broken.add(newest)
+    transfer = _restore(store, cache_dir, exact_key=newest if use_exact_key else None)
+    assert (transfer.outcome, transfer.key) == ("partial", older)
+    assert transfer.skipped == ((newest, f"cannot be read: cannot get {newest} from memory://test: Permission denied"),)
+    assert transfer.warning is not None and "could not be read" in transfer.warning
+    assert {rel: tree(cache_dir)[rel] for rel in CACHE_FILES} == CACHE_FILES
+
+
+def test_only_unreadable_objects_are_a_miss_not_an_error(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = Unreadable()
+    key = _put_bundle(store, tmp_path, source, H100, "run-1")
+    store.broken.add(key)
+    before = tree(cache_dir)
+    transfer = _restore(store, cache_dir)
+    assert transfer.outcome == "miss" and transfer.ok
+    assert [k for k, _ in transfer.skipped] == [key]
+    assert tree(cache_dir) == before
+
+
+def test_a_store_out_of_time_at_get_is_still_an_error(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    # A spent budget is the store stalling, not one bad object: no other candidate could be fetched either.
+    store = Unreadable(error=TimedOut)
+    older = _put_bundle(store, tmp_path, source, H100, "run-1")
+    newest = _put_bundle(store, tmp_path, source, H100, "run-2")
+    store.broken |= {older, newest}
+    transfer = _restore(store, cache_dir)
+    assert transfer.outcome == "error"
+    assert store.calls.count("get") == 1
+
+
+def test_a_symlink_in_a_directory_store_is_skipped(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    directory = tmp_path / "store"
+    store = LocalStore(directory)
+    memory = MemoryStore()
+    older = _put_bundle(memory, tmp_path, source, H100, "run-1")
+    store.put(older, tmp_path / "packed" / f"{older}.bundle")
+    linked = _put_bundle(memory, tmp_path, source, H100, "run-2")
+    (directory / f"{linked}.bundle").symlink_to(tmp_path / "packed" / f"{linked}.bundle")
+    os.utime(directory / f"{older}.bundle", (1_700_000_000, 1_700_000_000))  # the link is the newest
+    transfer = sync.restore(store, prefix=PREFIX, fingerprint=H100, cache_dir=str(cache_dir), load=FakeLoader())
+    assert (transfer.outcome, transfer.key) == ("partial", older)
+    assert [key for key, _ in transfer.skipped] == [linked]
+    assert "a symlink, not a stored object" in transfer.skipped[0][1]
 
 
 def test_store_error_leaves_a_missing_cache_dir_missing(tmp_path: Path) -> None:
@@ -539,14 +622,65 @@ def test_exact_key_that_fails_falls_back_to_partial(tmp_path: Path, source: Path
 def test_restore_tries_at_most_three_candidates(tmp_path: Path, source: Path, cache_dir: Path) -> None:
     store = MemoryStore()
     _put_bundle(store, tmp_path, source, H100, "run-0")  # good, but behind three bad ones
-    for run in range(1, 5):
-        store.put(make_key(PREFIX, H100.digest(), f"run-{run}"), _write(tmp_path / f"bad{run}", b"junk"))
+    for run in range(1, 5):  # a sound header (read first, to order them), a damaged payload
+        key = _put_bundle(store, tmp_path, source, H100, f"run-{run}")
+        store.objects[key] = (store.objects[key][0][:-5], store.objects[key][1])
     transfer = _restore(store, cache_dir)
     assert transfer.outcome == "miss"
     assert [key for key, _ in transfer.skipped] == [make_key(PREFIX, H100.digest(), f"run-{r}") for r in (4, 3, 2)]
     assert store.calls.count("get") == 3
     assert transfer.message.startswith(f"no usable bundle for fingerprint {H100.digest()}; skipped ")
     assert "\n" not in transfer.message
+
+
+class _Clock:
+    """Stands in for ``datetime`` in bundle.py: ``pack`` stamps ``created`` with ``now``."""
+
+    def __init__(self, when: str) -> None:
+        self.when = datetime.fromisoformat(when)
+
+    def now(self, tz: Any = None) -> datetime:
+        return self.when
+
+
+def test_a_pruned_signed_bundle_put_back_does_not_restore_as_the_newest(
+    tmp_path: Path, source: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 28.9: candidates were ordered by the store's modification time, so an older signed bundle of the
+    # lineage, pruned and then put back by anyone who can write the store, restored as the newest.
+    store = MemoryStore()
+    monkeypatch.setattr(bundle, "datetime", _Clock("2026-11-01T10:00:00+00:00"))
+    old = _put_bundle(store, tmp_path, source, H100, "run-1", signing_key=b"key")
+    replay = store.objects[old][0]
+    monkeypatch.setattr(bundle, "datetime", _Clock("2026-11-02T10:00:00+00:00"))
+    new = _put_bundle(store, tmp_path, source, H100, "run-2", signing_key=b"key")
+    store.delete(old)  # pruned
+    store.put(old, _write(tmp_path / "replayed", replay))  # and put back: now the newest by store time
+    assert [entry.key for entry in store.list()][:2] == [old, new]
+    transfer = _restore(store, cache_dir, signing_key=b"key")
+    assert (transfer.outcome, transfer.key, transfer.skipped) == ("partial", new, ())
+    # The newest by its signed time wins whatever the keys say; equal times keep the store's order.
+    monkeypatch.setattr(bundle, "datetime", _Clock("2026-11-02T10:00:00"))  # no zone: UTC, as pack writes
+    same = _put_bundle(store, tmp_path, source, H100, "run-0", signing_key=b"key")
+    assert _restore(store, cache_dir, signing_key=b"key").key == same
+
+
+def test_an_exact_hit_reads_no_other_header(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    exact = _put_bundle(store, tmp_path, source, H100, "run-1")
+    _put_bundle(store, tmp_path, source, H100, "run-2")
+    assert _restore(store, cache_dir, exact_key=exact).outcome == "exact"
+    assert "get_head" not in store.calls  # ordering the lineage is for when the exact key is absent or fails
+
+
+def test_a_bad_header_is_skipped_without_downloading_the_bundle(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = MemoryStore()
+    good = _put_bundle(store, tmp_path, source, H100, "run-1", signing_key=b"key")
+    unsigned = _put_bundle(store, tmp_path, source, H100, "run-2")
+    transfer = _restore(store, cache_dir, signing_key=b"key")
+    assert (transfer.outcome, transfer.key) == ("partial", good)
+    assert transfer.skipped == ((unsigned, "bundle signature missing (PYTEST_COMPILECACHE_SIGNING_KEY is set)"),)
+    assert store.calls.count("get") == 1  # the good one only
 
 
 def test_a_malformed_newest_object_alone_is_a_miss_not_an_error(cache_dir: Path) -> None:
@@ -575,10 +709,10 @@ def test_a_bundle_that_grew_after_it_was_listed_is_skipped_and_an_older_one_rest
     class Racing(MemoryStore):
         """Lists the newest bundle as it was; by the time it is fetched, someone replaced it with 1 MiB."""
 
-        def list(self, prefix: str = "") -> list[StoreEntry]:
-            entries = super().list(prefix)
-            self.objects[newer] = (b"\0" * (1 << 20), self.objects[newer][1])
-            return entries
+        def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
+            if key == newer:
+                self.objects[newer] = (b"\0" * (1 << 20), self.objects[newer][1])
+            return super().get(key, dest, limit=limit)
 
     store = Racing()
     older = _put_bundle(store, tmp_path, source, H100, "run-1")
@@ -649,6 +783,62 @@ def test_miss_explanation_checks_the_key_the_bundle_was_saved_as(tmp_path: Path,
     transfer = _restore(store, cache_dir)
     assert transfer.outcome == "miss"
     assert f"newest {moved} is unreadable: bundle was saved as {original!r}" in transfer.message
+
+
+class Counting(MemoryStore):
+    """Counts the object bytes each read hands back, as a network would carry them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.carried = 0
+
+    def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
+        found = super().get(key, dest, limit=limit)
+        self.carried += Path(dest).stat().st_size if found else 0
+        return found
+
+    def get_head(self, key: str, limit: int) -> bytes | None:
+        data = super().get_head(key, limit)
+        self.carried += len(data or b"")
+        return data
+
+
+def test_miss_explanation_reads_the_header_not_the_bundle(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    # Issue 28.8: the whole newest bundle of another fingerprint was downloaded (300 MiB measured) to read its
+    # header, spending the store budget the session's own save needed. A ranged read of the header now.
+    store = Counting()
+    newest = _put_bundle(store, tmp_path, source, A100, "run-1", blobs={"controller": os.urandom(4 << 20)})
+    transfer = _restore(store, cache_dir)
+    assert transfer.outcome == "miss"
+    assert "which differs in: gpus: NVIDIA A100-SXM4-80GB (8.0) -> NVIDIA H100 80GB HBM3 (9.0)" in transfer.message
+    assert "get" not in store.calls and store.calls.count("get_head") == 1
+    assert store.carried == container.HEAD_PROBE < len(store.objects[newest][0]) // 60
+
+
+def test_a_header_bigger_than_the_first_read_takes_one_more(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = Counting()
+    graphs = {"format": 1, "pad": "x" * (3 * container.HEAD_PROBE)}  # a big graphs record: a big header
+    newest = _put_bundle(store, tmp_path, source, A100, "run-1", signing_key=b"key", graphs=graphs)
+    transfer = _restore(store, cache_dir, signing_key=b"key")
+    assert "which differs in: gpus: " in transfer.message, transfer.message
+    assert store.calls.count("get_head") == 2 and "get" not in store.calls
+    header = container.header_size(store.objects[newest][0])
+    assert store.carried == container.HEAD_PROBE + min(header, len(store.objects[newest][0]))
+
+
+def test_a_store_that_cannot_read_part_of_an_object_explains_nothing(cache_dir: Path) -> None:
+    class Whole(MemoryStore):
+        get_head = None  # type: ignore[assignment]  # no partial reads: never download a bundle to explain
+
+    store = Whole()
+    store.objects[make_key(PREFIX, A100.digest(), "run-1")] = (b"would be a big bundle", 1.0)
+    timed = TimedStore(store, 60.0)
+    transfer = _restore(timed, cache_dir)
+    assert transfer.outcome == "miss"
+    assert transfer.message == (
+        f"no bundle for fingerprint {H100.digest()} (could not explain: memory://test cannot read part of an object)"
+    )
+    assert "get" not in store.calls and timed.trouble is None
 
 
 # ----------------------------------------------------------------------------------------- save limits
