@@ -741,6 +741,9 @@ class Controller:
         line = trimmed.describe()
         if line:
             self.problems.note(line)
+        too_small = trimmed.too_small(self.settings.spelling("max_size"), self.settings.max_size)
+        if too_small:
+            self.problems.warn(too_small)
 
     def to_json(self) -> dict[str, Any]:
         from . import report  # cost: as above

@@ -243,7 +243,8 @@ def test_bad_keep_and_store_trouble_are_one_line(tmp_path: Path, capsys: pytest.
     assert "--keep: must be at least 1" in capsys.readouterr().err
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")
-    assert cli.main(["prune", "--store", str(not_a_dir), "--prefix", "p-"]) == cli.EXIT_FAILED
+    # A store that is a file: refused before any work since issue 29 (it was store trouble at the first call).
+    assert cli.main(["prune", "--store", str(not_a_dir), "--prefix", "p-"]) == cli.EXIT_USAGE
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "Traceback" not in err
 
@@ -270,6 +271,9 @@ def _usage_cases(tmp_path: Path) -> list[tuple[list[str], int]]:
         (["restore", "--store", store, "--cache-dir", cache, "--key", "../evil"], cli.EXIT_USAGE),
         (["restore", "--store", store, "--cache-dir", cache, "--prefix", "bad/prefix"], cli.EXIT_USAGE),
         (["restore", "--store", store, "--cache-dir", cache, "--json", str(a_file / "x.json")], cli.EXIT_USAGE),
+        (["restore", "--store", store, "--cache-dir", cache, "--json", "/sys/r.json"], cli.EXIT_USAGE),  # root too
+        (["restore", "--store", str(a_file), "--cache-dir", cache], cli.EXIT_USAGE),
+        (["save", "--store", str(a_file / "sub"), "--cache-dir", cache], cli.EXIT_USAGE),
         (["restore", "--store", "   ", "--cache-dir", cache], cli.EXIT_USAGE),
         (["save", "--store", store, "--cache-dir", cache, "--suffix", "bad/suffix"], cli.EXIT_USAGE),
         (["key", "--prefix", "p\ncache-hit=true", "--github-output"], cli.EXIT_USAGE),
