@@ -1,7 +1,8 @@
 """Pure renderers: terminal lines, Markdown and JSON from :class:`SessionStats`. No I/O here.
 
 ``transfer`` arguments are plain dicts describing a restore or a save:
-``{"outcome": "exact"|"partial"|"miss"|"saved"|"skipped"|"error", "key", "size", "seconds", "message"}``.
+``{"outcome": "exact"|"partial"|"miss"|"saved"|"skipped"|"error", "key", "size", "seconds", "message"}``, and
+for a restore ``description`` (what happened in words, ``sync.RestoreResult.description``).
 """
 
 from __future__ import annotations
@@ -67,9 +68,15 @@ def summary_line(stats: SessionStats, where: str) -> str:
 
 
 def transfer_line(kind: str, info: Mapping[str, Any]) -> str:
-    """One line about a restore or save, e.g. ``restore: partial compilecache-v1-ab12-... (4.1 MiB, 0.3 s)``."""
+    """One line about a restore or save, e.g. ``save: saved compilecache-v1-ab12-... (4.1 MiB, 0.3 s)``.
+
+    A restore that restored something says so in words (its ``description``), not as actions/cache's
+    ``exact``/``partial``: ``restore: restored the newest bundle of this fingerprint (run 5001, attempt 1):
+    compilecache-v1-ab12-5001-1 (4.1 MiB, 0.30 s)``; a report without a description keeps the outcome.
+    """
     outcome = info.get("outcome", "?")
-    bits = [f"{kind}: {outcome}"]
+    described = kind == "restore" and outcome in ("exact", "partial") and info.get("description")
+    bits = [f"{kind}: {one_line(str(described), 300)}{':' if info.get('key') else ''}" if described else f"{kind}: {outcome}"]
     if info.get("key"):
         bits.append(one_line(str(info["key"]), 300))
     if info.get("size") is not None:

@@ -84,6 +84,32 @@ def test_transfer_lines() -> None:
     assert report.transfer_line("save", {}) == "save: ?"
 
 
+@pytest.mark.parametrize(
+    ("outcome", "key", "words"),
+    [
+        # The Action's key (run id and attempt): the bundle its last run saved, which actions/cache calls partial.
+        ("partial", "compilecache-v1-ab12-5001-1", "restored the newest bundle of this fingerprint (run 5001, attempt 1)"),
+        ("partial", "p-ab12-20261124T223005-4242", "restored the newest bundle of this fingerprint (saved 2026-11-24 22:30:05 UTC)"),
+        ("partial", "p-ab12-nightly", "restored the newest bundle of this fingerprint"),
+        ("exact", "p-ab12-7-2", "restored the bundle of the exact key asked for (run 7, attempt 2)"),
+    ],
+)  # fmt: skip
+def test_a_restore_says_in_words_what_it_restored(outcome: str, key: str, words: str) -> None:
+    """Issue 29: "restore: partial <key>" for the bundle this fingerprint just saved read as an incomplete restore."""
+    from pytest_compilecache.sync import RestoreResult
+
+    data = RestoreResult(outcome, key=key, size=4 * 1024**2, seconds=0.3).to_json()  # type: ignore[arg-type]
+    assert (data["outcome"], data["description"]) == (outcome, words)  # the JSON: both, outcome unchanged
+    line = report.transfer_line("restore", data)
+    assert line == f"restore: {words}: {key} (4.0 MiB, 0.30 s)"
+    assert "partial" not in line
+    text = report.markdown(_stats(_record("t.py::a", hit=1)), where="shared:/c", restore=data)
+    assert f"- {line}" in shown(text).splitlines()
+    missed = RestoreResult("miss", message="no bundle").to_json()
+    assert missed["description"] == "restored nothing: no usable bundle of this fingerprint"
+    assert report.transfer_line("restore", missed) == "restore: miss - no bundle"  # a miss says so, with why
+
+
 def test_table_is_slowest_first_with_header_and_recompiles() -> None:
     stats = _stats(
         _record("t.py::fast", hit=1, seconds=0.5),
