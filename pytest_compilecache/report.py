@@ -76,7 +76,10 @@ def transfer_line(kind: str, info: Mapping[str, Any]) -> str:
     """
     outcome = info.get("outcome", "?")
     described = kind == "restore" and outcome in ("exact", "partial") and info.get("description")
-    bits = [f"{kind}: {one_line(str(described), 300)}{':' if info.get('key') else ''}" if described else f"{kind}: {outcome}"]
+    if described:
+        bits = [f"{kind}: {one_line(str(described), 300)}" + (":" if info.get("key") else "")]
+    else:
+        bits = [f"{kind}: {outcome}"]
     if info.get("key"):
         bits.append(one_line(str(info["key"]), 300))
     if info.get("size") is not None:

@@ -84,16 +84,19 @@ def test_transfer_lines() -> None:
     assert report.transfer_line("save", {}) == "save: ?"
 
 
+NEWEST = "restored the newest bundle of this fingerprint"
+
+
 @pytest.mark.parametrize(
     ("outcome", "key", "words"),
     [
         # The Action's key (run id and attempt): the bundle its last run saved, which actions/cache calls partial.
-        ("partial", "compilecache-v1-ab12-5001-1", "restored the newest bundle of this fingerprint (run 5001, attempt 1)"),
-        ("partial", "p-ab12-20261124T223005-4242", "restored the newest bundle of this fingerprint (saved 2026-11-24 22:30:05 UTC)"),
-        ("partial", "p-ab12-nightly", "restored the newest bundle of this fingerprint"),
+        ("partial", "compilecache-v1-ab12-5001-1", f"{NEWEST} (run 5001, attempt 1)"),
+        ("partial", "p-ab12-20261124T223005-4242", f"{NEWEST} (saved 2026-11-24 22:30:05 UTC)"),
+        ("partial", "p-ab12-nightly", NEWEST),
         ("exact", "p-ab12-7-2", "restored the bundle of the exact key asked for (run 7, attempt 2)"),
     ],
-)  # fmt: skip
+)
 def test_a_restore_says_in_words_what_it_restored(outcome: str, key: str, words: str) -> None:
     """Issue 29: "restore: partial <key>" for the bundle this fingerprint just saved read as an incomplete restore."""
     from pytest_compilecache.sync import RestoreResult
