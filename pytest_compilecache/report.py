@@ -67,6 +67,22 @@ def summary_line(stats: SessionStats, where: str) -> str:
     return "compile cache: " + ", ".join(parts)
 
 
+def miss_hint(stats: SessionStats, why: SessionExplanation | None, json_path: str | None) -> str | None:
+    """For the short report: where the reasons for this session's misses are (None without misses).
+
+    The short report has no room for them, and rerunning to see them may hit: so the hint names the JSON
+    report first when one was written, and the options that show them next time.
+    """
+    if not stats.total("fxgraph")["miss"]:
+        return None
+    explained = why is not None and bool(why.misses or why.never_hit)
+    what, field = ("reasons for the misses", "why") if explained else ("tests that missed", "tests")
+    shown = "-v or --compile-cache-report=full"
+    if json_path:
+        return one_line(f'{what}: see "{field}" in {json_path} (on the terminal: {shown})', 500)
+    return f"{what}: shown with {shown}, and in the JSON report (--compile-cache-json=PATH)"
+
+
 def transfer_line(kind: str, info: Mapping[str, Any]) -> str:
     """One line about a restore or save, e.g. ``save: saved compilecache-v1-ab12-... (4.1 MiB, 0.3 s)``.
 

@@ -806,13 +806,17 @@ class Controller:
             from . import report  # cost: as above
 
             lines.append((report.summary_line(self.stats, self.setup.dir.describe()), {}))
+            full = verbose or settings.report == "full"
+            hint = None if full else report.miss_hint(self.stats, self.why, settings.json)
+            if hint:
+                lines.append((hint, {}))
             for kind, info in (("restore", self.restored), ("save", self.saved)):
                 if info:
                     lines.append((report.transfer_line(kind, info.to_json()), {}))
             if self.stats.silent_workers:
                 silent = ", ".join(self.stats.silent_workers)
                 lines.append((f"workers that sent no statistics: {silent}", {"yellow": True}))
-            if verbose or settings.report == "full":
+            if full:
                 lines.extend((line, {}) for line in report.table_lines(self.stats))
                 if self.why is not None:
                     lines.extend((line, {}) for line in report.why_lines(self.why))

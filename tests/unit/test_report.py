@@ -113,6 +113,28 @@ def test_a_restore_says_in_words_what_it_restored(outcome: str, key: str, words:
     assert report.transfer_line("restore", missed) == "restore: miss - no bundle"  # a miss says so, with why
 
 
+def test_the_short_report_says_where_the_reasons_for_misses_are() -> None:
+    """Issue 29: the one-line report gave no hint where the reasons for its misses were."""
+    from pytest_compilecache.explain import MissExplanation
+    from pytest_compilecache.explain import SessionExplanation
+
+    missed = _stats(_record("t.py::a", miss=1))
+    why = SessionExplanation(misses={"t.py::a": [MissExplanation("k", ["input 0 shape [8] -> [16]"])]})
+    assert report.miss_hint(missed, why, "out/r.json") == (
+        'reasons for the misses: see "why" in out/r.json (on the terminal: -v or --compile-cache-report=full)'
+    )
+    assert report.miss_hint(missed, why, None) == (
+        "reasons for the misses: shown with -v or --compile-cache-report=full, "
+        "and in the JSON report (--compile-cache-json=PATH)"
+    )
+    # Nothing compared (a first run, explaining off): the full report still lists the tests that missed.
+    assert report.miss_hint(missed, None, None) == (
+        "tests that missed: shown with -v or --compile-cache-report=full, and in the JSON report "
+        "(--compile-cache-json=PATH)"
+    )
+    assert report.miss_hint(_stats(_record("t.py::a", hit=3)), why, "r.json") is None  # no misses, no hint
+
+
 def test_table_is_slowest_first_with_header_and_recompiles() -> None:
     stats = _stats(
         _record("t.py::fast", hit=1, seconds=0.5),
