@@ -235,6 +235,27 @@ def test_module_entry_point_runs() -> None:
     assert proc.returncode == 0 and proc.stdout.strip()
 
 
+def test_inspect_text_shows_the_header_artifact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 29: only --json showed the precompiled header a bundle names."""
+    from pytest_compilecache import bundle
+
+    NAME = "c" + "a" * 51 + ".h.gch"  # torch's name for a compiled header (gcc)
+
+    cache = _cache_dir(tmp_path)
+    header = bundle.Artifact(kind="precompiled_header", name=NAME, sha256="ab" * 32, size=2100)
+    path = tmp_path / "b.bundle"
+    bundle.pack(
+        path, key="p-abc-1-1", lineage="p-abc-", fingerprint={"torch": "2.13.0"}, digest="abc", torch_version="2.13.0",
+        blobs={}, cache_dir=cache, files=["ab/cabc.main.so"], stats={}, artifacts=[header],
+    )  # fmt: skip
+    assert cli.main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2:] == [
+        "artifacts    1 (stored beside the bundle, by sha256)",
+        f"        2100  precompiled_header  {NAME}  sha256 {'ab' * 32}",
+    ]
+
+
 def test_bad_keep_and_store_trouble_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["save", "--store", str(tmp_path / "s"), "--cache-dir", str(tmp_path), "--keep", "0"])
