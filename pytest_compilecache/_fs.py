@@ -203,8 +203,8 @@ def temporary_dir(kind: TempKind, parent: str | os.PathLike[str] | None = None) 
 
 def report_target(path: str, option: str) -> Path:
     """``path`` for a report written later (the plugin's JSON at session end, the CLI's ``--json``): its
-    directory is made now and a path that cannot be written is a ConfigError naming ``option`` now, before
-    any work, not a warning after it."""
+    directory is made now and a path that cannot be written (tried now, by making a file beside it) is a
+    ConfigError naming ``option`` now, before any work, not a warning after it."""
     from .errors import ConfigError
 
     target = Path(path)
@@ -214,8 +214,16 @@ def report_target(path: str, option: str) -> Path:
         raise ConfigError(f"{option}: cannot create the directory of {path}: {exc.strerror or exc}") from None
     if target.is_dir():
         raise ConfigError(f"{option}: {path} is a directory")
-    if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise ConfigError(f"{option}: {path} is not writable")
+    # Tried, not asked: ``os.access`` says yes to root everywhere (a CI container's /sys, a read-only mount).
+    # The report is written as :func:`atomic_file` writes: a temp sibling renamed over ``path``, so making
+    # (and removing) such a sibling is the whole check; what ``path`` itself allows does not matter.
+    probe = target.parent / temp_name("tmp", lead=f".{target.name[:120]}.")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    except OSError as exc:
+        raise ConfigError(f"{option}: {path} is not writable ({exc.strerror or exc})") from None
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
     return target
 
 

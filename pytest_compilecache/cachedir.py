@@ -39,6 +39,7 @@ import contextlib
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -646,6 +647,22 @@ class Trim(NamedTuple):
     remaining: int = 0  # bytes of cache files left
     deferred: int = 0
     stopped: bool = False
+    # Removed files that the registered session (``trim(registration=...)``) used since it began: a cap too
+    # small for one session, whose next run compiles them again.
+    session_files: int = 0
+
+    def too_small(self, option: str, cap: int) -> str | None:
+        """The warning when the cap (``option`` as the user gave it, ``cap`` bytes) removed files this session
+        used, or None."""
+        from .report import human_size  # cost: as describe()
+
+        if not self.session_files:
+            return None
+        files = f"{self.session_files} file{'s' if self.session_files != 1 else ''}"
+        return (
+            f"{option} ({human_size(cap)}) is smaller than what this session used: the trim removed {files} it used, "
+            "which the next run compiles again; raise the cap"
+        )
 
     def describe(self) -> str | None:
         """One line for the session report, or None when there is nothing to say."""
@@ -706,7 +723,9 @@ def _trim(path: str, max_bytes: int, *, now: float | None, registration: Registr
     others = len(live_sessions(path, excluding=own))
     if kind not in ("ours", "torch") or others:
         return Trim(kind=kind, remaining=total, deferred=others)
-    removed = freed = 0
+    removed = freed = session_files = 0
+    # A second of slack: file times come from the kernel's coarse clock, which lags time.time().
+    since = registration.start - 1.0 if registration is not None else math.inf
     stopped = False
     emptied: set[str] = set()
     try:
@@ -714,7 +733,7 @@ def _trim(path: str, max_bytes: int, *, now: float | None, registration: Registr
     except OSError:
         return Trim(kind=kind, remaining=total)
     try:
-        for _used, size, full, st in sorted(entries):
+        for used, size, full, st in sorted(entries):
             if total - freed <= max_bytes:
                 break
             if max(st.st_mtime, st.st_ctime) >= began:
@@ -725,12 +744,15 @@ def _trim(path: str, max_bytes: int, *, now: float | None, registration: Registr
             if _unlink_unchanged(root_fd, os.path.relpath(full, path), st):
                 removed += 1
                 freed += size
+                session_files += used >= since
                 emptied.add(os.path.dirname(full))
         if not stopped:
             _drop_empty_dirs(path, root_fd, began, emptied, own)
     finally:
         os.close(root_fd)
-    return Trim(kind=kind, removed=removed, freed=freed, remaining=total - freed, stopped=stopped)
+    return Trim(
+        kind=kind, removed=removed, freed=freed, remaining=total - freed, stopped=stopped, session_files=session_files
+    )
 
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)

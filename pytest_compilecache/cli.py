@@ -266,6 +266,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     _out(f"members      {len(manifest.members)} ({manifest.total_size} bytes, payload {manifest.payload_size})")
     for member in manifest.members:
         _out(f"  {member.size:>10}  {line(member.path, 500)}")
+    # Files the bundle names but the store holds beside it, once (torch's precompiled headers), by sha256.
+    _out(f"artifacts    {len(manifest.artifacts)} (stored beside the bundle, by sha256)")
+    for artifact in manifest.artifacts:
+        kind, name, sha256 = line(artifact.kind, 100), line(artifact.name, 300), line(artifact.sha256, 100)
+        _out(f"  {artifact.size:>10}  {kind}  {name}  sha256 {sha256}")
     return EXIT_OK
 
 

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -142,3 +143,18 @@ def restore_prefix(prefix: str, digest: str) -> str:
 def default_suffix() -> str:
     """Sortable and unique enough per machine: UTC time plus the process id."""
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}"
+
+
+_ACTION_SUFFIX = re.compile(r"-(\d+)-(\d+)$")  # the Action's: <run id>-<attempt>
+_DEFAULT_SUFFIX = re.compile(r"-(\d{4})(\d\d)(\d\d)T(\d\d)(\d\d)(\d\d)-\d+$")  # default_suffix()'s
+
+
+def key_origin(key: str) -> str | None:
+    """Which run saved ``key``, read off its suffix, for people: ``run 5001, attempt 1`` (the Action's
+    suffix) or ``saved 2026-11-24 22:30:00 UTC`` (:func:`default_suffix`); None for any other suffix."""
+    saved = _DEFAULT_SUFFIX.search(key)
+    if saved:
+        year, month, day, hour, minute, second = saved.groups()
+        return f"saved {year}-{month}-{day} {hour}:{minute}:{second} UTC"
+    run = _ACTION_SUFFIX.search(key)
+    return f"run {run[1]}, attempt {run[2]}" if run else None

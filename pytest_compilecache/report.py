@@ -1,7 +1,8 @@
 """Pure renderers: terminal lines, Markdown and JSON from :class:`SessionStats`. No I/O here.
 
 ``transfer`` arguments are plain dicts describing a restore or a save:
-``{"outcome": "exact"|"partial"|"miss"|"saved"|"skipped"|"error", "key", "size", "seconds", "message"}``.
+``{"outcome": "exact"|"partial"|"miss"|"saved"|"skipped"|"error", "key", "size", "seconds", "message"}``, and
+for a restore ``description`` (what happened in words, ``sync.RestoreResult.description``).
 """
 
 from __future__ import annotations
@@ -68,10 +69,35 @@ def summary_line(stats: SessionStats, where: str) -> str:
     return "compile cache: " + ", ".join(parts)
 
 
+def miss_hint(stats: SessionStats, why: SessionExplanation | None, json_path: str | None) -> str | None:
+    """For the short report: where the reasons for this session's misses are (None without misses).
+
+    The short report has no room for them, and rerunning to see them may hit: so the hint names the JSON
+    report first when one was written, and the options that show them next time.
+    """
+    if not stats.total("fxgraph")["miss"]:
+        return None
+    explained = why is not None and bool(why.misses or why.never_hit)
+    what, field = ("reasons for the misses", "why") if explained else ("tests that missed", "tests")
+    shown = "-v or --compile-cache-report=full"
+    if json_path:
+        return one_line(f'{what}: see "{field}" in {json_path} (on the terminal: {shown})', 500)
+    return f"{what}: shown with {shown}, and in the JSON report (--compile-cache-json=PATH)"
+
+
 def transfer_line(kind: str, info: Mapping[str, Any]) -> str:
-    """One line about a restore or save, e.g. ``restore: partial compilecache-v1-ab12-... (4.1 MiB, 0.3 s)``."""
+    """One line about a restore or save, e.g. ``save: saved compilecache-v1-ab12-... (4.1 MiB, 0.3 s)``.
+
+    A restore that restored something says so in words (its ``description``), not as actions/cache's
+    ``exact``/``partial``: ``restore: restored the newest bundle of this fingerprint (run 5001, attempt 1):
+    compilecache-v1-ab12-5001-1 (4.1 MiB, 0.30 s)``; a report without a description keeps the outcome.
+    """
     outcome = info.get("outcome", "?")
-    bits = [f"{kind}: {outcome}"]
+    described = kind == "restore" and outcome in ("exact", "partial") and info.get("description")
+    if described:
+        bits = [f"{kind}: {one_line(str(described), 300)}" + (":" if info.get("key") else "")]
+    else:
+        bits = [f"{kind}: {outcome}"]
     if info.get("key"):
         bits.append(one_line(str(info["key"]), 300))
     if info.get("size") is not None:
@@ -322,6 +348,7 @@ class SessionOutcome:
     warnings: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
     why: SessionExplanation | None = None
+    json_path: str | None = None  # where --compile-cache-json writes the report (for the miss hint)
 
     @property
     def worth_reporting(self) -> bool:
@@ -368,12 +395,16 @@ def session_lines(outcome: SessionOutcome, *, report: str, verbose: bool = False
     if report == "none" and not (outcome.warnings or outcome.errors):
         return lines
     if report != "none" and outcome.worth_reporting:
+        full = verbose or report == "full"
         lines.append((summary_line(outcome.stats, outcome.where), {}))
+        hint = None if full else miss_hint(outcome.stats, outcome.why, outcome.json_path)
+        if hint:
+            lines.append((hint, {}))
         lines.extend((transfer_line(kind, info), {}) for kind, info in outcome.transfers())
         if outcome.stats.silent_workers:
             silent = ", ".join(outcome.stats.silent_workers)
             lines.append((f"workers that sent no statistics: {silent}", {"yellow": True}))
-        if verbose or report == "full":
+        if full:
             lines.extend((line, {}) for line in table_lines(outcome.stats))
             if outcome.why is not None:
                 lines.extend((line, {}) for line in why_lines(outcome.why))

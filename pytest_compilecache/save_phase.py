@@ -191,3 +191,6 @@ class SavePhase:
         line = trimmed.describe()
         if line:
             self.problems.note(line)
+        too_small = trimmed.too_small(settings.spelling("max_size"), settings.max_size)
+        if too_small:
+            self.problems.warn(too_small)

@@ -386,6 +386,7 @@ class Controller:
             warnings=tuple(self.problems.warnings),
             errors=tuple(self.problems.errors),
             why=self.end.why,
+            json_path=self.settings.json,
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -153,8 +153,19 @@ def http_url(option: str, value: str) -> str:
     return value
 
 
+def require_package(option: str, module: str, extra: str) -> None:
+    """The one rule for an option that needs an optional package (boto3 for ``s3://``, redis for
+    ``--compile-cache-redis``): missing, it is a ConfigError naming ``option`` at start-up, not a warning later.
+    Looks the package up without importing it."""
+    import importlib.util  # cost: only an option that needs a package looks
+
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(f"{option}: needs the {module!r} package (pip install 'pytest-compilecache[{extra}]')")
+
+
 def _redis_url(option: str, value: str) -> str:
-    """``redis://[user:password@]host[:port][/db]`` (``rediss://`` for TLS); IPv6 hosts in brackets."""
+    """``redis://[user:password@]host[:port][/db]`` (``rediss://`` for TLS); IPv6 hosts in brackets. The
+    ``redis`` package must be installed (:func:`require_package`)."""
     from urllib.parse import urlsplit
 
     from .remote import redacted  # cost: a session without Redis never loads remote
@@ -174,6 +185,7 @@ def _redis_url(option: str, value: str) -> str:
         valid = False
     if not valid:
         raise ConfigError(f"{option}: expected redis://host:port/db, got {redacted(value)!r}")
+    require_package(option, "redis", "redis")
     return value
 
 
@@ -415,6 +427,10 @@ def resolve(
     settings = Settings(**values)
     if settings.mode == "disabled" and settings.store:
         raise ConfigError(f"{spellings['store']}: cannot be used with {spellings['mode']}=disabled")
+    if settings.max_size is not None and settings.effective_mode != "shared":
+        # Only a shared dir is trimmed (an isolated one is removed at the end): a cap elsewhere caps nothing.
+        given = f"not to {spellings['mode']}={settings.mode}" if settings.mode else "no mode is set (statistics only)"
+        raise ConfigError(f"{spellings['max_size']}: applies only to shared mode; {given}")
     return settings
 
 

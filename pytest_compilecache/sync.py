@@ -73,6 +73,7 @@ from .errors import StoreError
 from .errors import TimedOut
 from .fingerprint import Fingerprint
 from .fingerprint import explain
+from .fingerprint import key_origin
 from .fingerprint import make_key
 from .fingerprint import restore_prefix
 from .ghrunner import one_line
@@ -216,6 +217,26 @@ class RestoreResult(_Transfer[RestoreOutcome]):
     named_artifacts: tuple[Artifact, ...] = field(default=(), repr=False)
     # The mega-cache blobs installed for a later process to load (``stage_blobs``): see :func:`load_staged`.
     staged: tuple[StagedBlob, ...] = ()
+
+    @property
+    def description(self) -> str:
+        """What happened, in plain words for people (``outcome`` stays for programs): ``partial`` is the
+        newest bundle of this fingerprint, often the very one its last run saved, not an incomplete restore
+        (actions/cache's word for a key matched by prefix), e.g. "restored the newest bundle of this
+        fingerprint (run 5001, attempt 1)"."""
+        origin = key_origin(self.key) if self.key else None
+        which = f" ({origin})" if origin else ""
+        if self.outcome == "exact":
+            return f"restored the bundle of the exact key asked for{which}"
+        if self.outcome == "partial":
+            return f"restored the newest bundle of this fingerprint{which}"
+        if self.outcome == "miss":
+            return "restored nothing: no usable bundle of this fingerprint"
+        return "restored nothing: the restore failed"
+
+    def to_json(self) -> dict[str, Any]:
+        """:meth:`_Transfer.to_json` plus ``description`` (:attr:`description`)."""
+        return {**super().to_json(), "description": self.description}
 
     @property
     def warning(self) -> str | None:

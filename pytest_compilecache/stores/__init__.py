@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import re
 from pathlib import Path
@@ -23,6 +22,7 @@ from urllib.parse import unquote
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
+from ..settings import require_package
 from .base import ObjectTooLarge
 from .base import Store
 from .base import StoreEntry
@@ -67,18 +67,29 @@ def _local_from_url(url: str) -> LocalStore:
     absolute = parts.path.startswith("/") and not parts.query and not parts.fragment
     if parts.netloc not in ("", "localhost") or not absolute:
         raise _bad(url, "file URLs must be absolute (file:///path)")
-    return LocalStore(Path(unquote(parts.path)))
+    return _local(Path(unquote(parts.path)), url)
+
+
+def _local(path: Path, url: str) -> LocalStore:
+    """A directory store at ``path``; one that is, or lies under, a file stops at start-up (a ConfigError),
+    not at the first restore. A path that does not exist yet is fine: the first save makes it."""
+    for existing in (path, *path.parents):
+        if existing.exists():
+            if not existing.is_dir():
+                where = "is a file" if existing == path else f"lies under the file {existing}"
+                raise ConfigError(f"{OPTION}: {url!r} {where}, not a directory")
+            break
+    return LocalStore(path)
 
 
 def _s3_from_url(url: str, options: dict[str, Any]) -> Store:
     if not urlsplit(url).netloc:
         raise _bad(url, "S3 URLs need a bucket")
-    if importlib.util.find_spec("boto3") is None:
-        raise _bad(url, "S3 needs boto3 (pip install 'pytest-compilecache[s3]')")
+    require_package(OPTION, "boto3", "s3")
     try:
         s3 = importlib.import_module("pytest_compilecache.stores.s3")
     except ModuleNotFoundError as exc:
-        raise _bad(url, f"S3 support is not available ({exc})") from exc
+        raise ConfigError(f"{OPTION}: S3 support is not available ({exc})") from exc
     store: Store = s3.S3Store.from_url(url, **options)
     return store
 
@@ -90,7 +101,8 @@ def open_store(target: Union[str, os.PathLike[str], Settings], *, readonly: bool
     (then its ``store``, ``readonly`` and ``s3_endpoint`` are used: the one place that maps options to a
     store). ``options`` are backend-specific and passed to ``S3Store.from_url`` (``endpoint_url``...); the
     local store takes none. Raises :class:`ConfigError` (naming ``--compile-cache-store``) for an unusable
-    value. Construction does not touch the disk or the network.
+    value, and for a directory store that is, or lies under, a file: construction stats the path (no more;
+    the first save makes the dir) and touches no network.
     """
     if not isinstance(target, (str, os.PathLike)):
         settings = target
@@ -105,7 +117,7 @@ def open_store(target: Union[str, os.PathLike[str], Settings], *, readonly: bool
     match = _SCHEME.match(url)
     store: Store
     if match is None:
-        store = LocalStore(Path(url))
+        store = _local(Path(url), url)
     else:
         scheme, rest = match.group(1).lower(), url[match.end() :]
         if scheme == "file" and rest.startswith("//"):

@@ -91,6 +91,36 @@ def test_max_size_trims_the_shared_dir(pytester: pytest.Pytester) -> None:
     assert (cache / "CACHEDIR.TAG").exists()
 
 
+# What torch does when a test compiles, without torch: a kernel file written into the session's cache dir.
+WRITES_A_KERNEL = """
+import os
+from pathlib import Path
+
+def test_compiles():
+    kernel = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) / "ab" / ("c" + "k" * 50 + ".so")
+    kernel.parent.mkdir(parents=True, exist_ok=True)
+    kernel.write_bytes(b"x" * 8192)
+"""
+
+
+def test_a_cap_smaller_than_one_session_warns(pytester: pytest.Pytester) -> None:
+    """Issue 29: the trim removed the files this very session used (the next run hit nothing), silently."""
+    cache, report = pytester.path / "cache", pytester.path / "r.json"
+    pytester.makepyfile(test_kernel=WRITES_A_KERNEL)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--compile-cache=shared", f"--compile-cache-dir={cache}",
+        "--compile-cache-max-size=1K", f"--compile-cache-json={report}",
+    )  # fmt: skip
+    assert result.ret == 0, result.stdout.str()
+    assert not list(cache.glob("ab/*.so"))  # trimmed, as capped...
+    warning = (
+        "--compile-cache-max-size (1.0 KiB) is smaller than what this session used: the trim removed 1 file it "
+        "used, which the next run compiles again; raise the cap"
+    )
+    result.stdout.fnmatch_lines([f"CompileCacheWarning: {warning}"])  # ...and said
+    assert warning in json.loads(report.read_text())["warnings"]
+
+
 def test_bad_marker_mode_is_a_usage_error(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_marked="""

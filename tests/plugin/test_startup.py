@@ -77,6 +77,42 @@ def test_runs():
             "--compile-cache-json: cannot create the directory of */a-file/report.json*",
             id="json-under-a-file",
         ),
+        # Tried, not asked: os.access says yes to root (CI containers run as root), /sys refuses anyone.
+        pytest.param(
+            ["--compile-cache-json=/sys/r.json"],
+            "",
+            {},
+            "--compile-cache-json: /sys/r.json is not writable (Permission denied)",
+            id="json-unwritable-even-for-root",
+        ),
+        pytest.param(
+            ["--compile-cache-store={file}"],
+            "",
+            {},
+            "--compile-cache-store: '*/a-file' is a file, not a directory",
+            id="store-is-a-file",
+        ),
+        pytest.param(
+            [],
+            "compile_cache_store = file://{file}/bundles",
+            {},
+            "compile_cache_store: 'file://*/a-file/bundles' lies under the file */a-file, not a directory",
+            id="store-under-a-file",
+        ),
+        pytest.param(
+            ["--compile-cache=isolated", "--compile-cache-max-size=1K"],
+            "",
+            {},
+            "--compile-cache-max-size: applies only to shared mode; not to --compile-cache=isolated",
+            id="max-size-when-isolated",
+        ),
+        pytest.param(
+            ["-p", "hide_redis", "--compile-cache-redis=redis://127.0.0.1:1/0"],
+            "",
+            {},
+            "--compile-cache-redis: needs the 'redis' package (pip install 'pytest-compilecache[redis]')",
+            id="redis-package-missing",
+        ),
         pytest.param(
             [],
             "",
@@ -118,7 +154,9 @@ def test_bad_configuration_fails_at_start_naming_the_option(
     message: str,
 ) -> None:
     inner.makepyfile(test_suite=TRIVIAL_SUITE)
-    inner.makeini(INNER_INI + ini)
+    # -p hide_redis: an environment without the redis package (imported before the plugin reads its options).
+    inner.makepyfile(hide_redis="import sys\n\nsys.modules['redis'] = None\n")
+    inner.makeini(INNER_INI + ini.format(file=inner.path / "a-file"))
     a_file = inner.path / "a-file"
     a_file.write_text("a regular file, not a directory\n")
     for name, value in env.items():

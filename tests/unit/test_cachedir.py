@@ -453,6 +453,26 @@ def test_own_registration_does_not_defer_own_trim(cache: Path) -> None:
     assert cachedir.trim(str(cache), 0).removed == 0  # registrations are never trimmed, nor counted as cache
 
 
+def test_a_cap_that_removes_what_this_session_used_says_so(cache: Path) -> None:
+    # Issue 29: a cap smaller than one session's files removed them all silently; the next run hit nothing.
+    _file(cache, "fxgraph/aa/before", 100, T0)  # last used before the session began
+    _file(cache, "fxgraph/bb/used", 100, T0 + 100)  # used (read or written) by the session
+    _file(cache, "fxgraph/cc/also", 100, T0 + 200)
+    with cachedir.register_session(str(cache), start=T0 + 50) as registration:
+        result = cachedir.trim(str(cache), 0, registration=registration)
+        assert (result.removed, result.session_files) == (3, 2)
+        assert result.too_small("--compile-cache-max-size", 1024) == (
+            "--compile-cache-max-size (1.0 KiB) is smaller than what this session used: the trim removed 2 files "
+            "it used, which the next run compiles again; raise the cap"
+        )
+    _file(cache, "fxgraph/aa/before", 100, T0)
+    with cachedir.register_session(str(cache), start=T0 + 50) as registration:
+        quiet = cachedir.trim(str(cache), 0, registration=registration)
+    assert (quiet.removed, quiet.session_files, quiet.too_small("c", 1)) == (1, 0, None)  # older files only
+    _file(cache, "fxgraph/aa/before", 100, T0 + 100)
+    assert cachedir.trim(str(cache), 0).session_files == 0  # no session to compare with
+
+
 def test_a_session_run_in_process_never_trims_under_its_host(cache: Path) -> None:
     # pytest.main() inside a test: two sessions of one process share the dir; each one's own registration
     # is the only one its trim may ignore (every registration of the process was ignored before).

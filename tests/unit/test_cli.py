@@ -240,6 +240,27 @@ def test_module_entry_point_runs() -> None:
     assert proc.returncode == 0 and proc.stdout.strip()
 
 
+def test_inspect_text_shows_the_header_artifact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 29: only --json showed the precompiled header a bundle names."""
+    from pytest_compilecache import bundle
+
+    NAME = "c" + "a" * 51 + ".h.gch"  # torch's name for a compiled header (gcc)
+
+    cache = _cache_dir(tmp_path)
+    header = bundle.Artifact(kind="precompiled_header", name=NAME, sha256="ab" * 32, size=2100)
+    path = tmp_path / "b.bundle"
+    bundle.pack(
+        path, key="p-abc-1-1", lineage="p-abc-", fingerprint={"torch": "2.13.0"}, digest="abc", torch_version="2.13.0",
+        blobs={}, cache_dir=cache, files=["ab/cabc.main.so"], stats={}, artifacts=[header],
+    )  # fmt: skip
+    assert cli.main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2:] == [
+        "artifacts    1 (stored beside the bundle, by sha256)",
+        f"        2100  precompiled_header  {NAME}  sha256 {'ab' * 32}",
+    ]
+
+
 def test_bad_keep_and_store_trouble_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["save", "--store", str(tmp_path / "s"), "--cache-dir", str(tmp_path), "--keep", "0"])
@@ -248,7 +269,8 @@ def test_bad_keep_and_store_trouble_are_one_line(tmp_path: Path, capsys: pytest.
     assert "--keep: must be at least 1" in capsys.readouterr().err
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")
-    assert cli.main(["prune", "--store", str(not_a_dir), "--prefix", "p-"]) == cli.EXIT_FAILED
+    # A store that is a file: refused before any work since issue 29 (it was store trouble at the first call).
+    assert cli.main(["prune", "--store", str(not_a_dir), "--prefix", "p-"]) == cli.EXIT_USAGE
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "Traceback" not in err
 
@@ -275,6 +297,9 @@ def _usage_cases(tmp_path: Path) -> list[tuple[list[str], int]]:
         (["restore", "--store", store, "--cache-dir", cache, "--key", "../evil"], cli.EXIT_USAGE),
         (["restore", "--store", store, "--cache-dir", cache, "--prefix", "bad/prefix"], cli.EXIT_USAGE),
         (["restore", "--store", store, "--cache-dir", cache, "--json", str(a_file / "x.json")], cli.EXIT_USAGE),
+        (["restore", "--store", store, "--cache-dir", cache, "--json", "/sys/r.json"], cli.EXIT_USAGE),  # root too
+        (["restore", "--store", str(a_file), "--cache-dir", cache], cli.EXIT_USAGE),
+        (["save", "--store", str(a_file / "sub"), "--cache-dir", cache], cli.EXIT_USAGE),
         (["restore", "--store", "   ", "--cache-dir", cache], cli.EXIT_USAGE),
         (["save", "--store", store, "--cache-dir", cache, "--suffix", "bad/suffix"], cli.EXIT_USAGE),
         (["key", "--prefix", "p\ncache-hit=true", "--github-output"], cli.EXIT_USAGE),

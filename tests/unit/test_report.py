@@ -84,6 +84,57 @@ def test_transfer_lines() -> None:
     assert report.transfer_line("save", {}) == "save: ?"
 
 
+NEWEST = "restored the newest bundle of this fingerprint"
+
+
+@pytest.mark.parametrize(
+    ("outcome", "key", "words"),
+    [
+        # The Action's key (run id and attempt): the bundle its last run saved, which actions/cache calls partial.
+        ("partial", "compilecache-v1-ab12-5001-1", f"{NEWEST} (run 5001, attempt 1)"),
+        ("partial", "p-ab12-20261124T223005-4242", f"{NEWEST} (saved 2026-11-24 22:30:05 UTC)"),
+        ("partial", "p-ab12-nightly", NEWEST),
+        ("exact", "p-ab12-7-2", "restored the bundle of the exact key asked for (run 7, attempt 2)"),
+    ],
+)
+def test_a_restore_says_in_words_what_it_restored(outcome: str, key: str, words: str) -> None:
+    """Issue 29: "restore: partial <key>" for the bundle this fingerprint just saved read as an incomplete restore."""
+    from pytest_compilecache.sync import RestoreResult
+
+    data = RestoreResult(outcome, key=key, size=4 * 1024**2, seconds=0.3).to_json()  # type: ignore[arg-type]
+    assert (data["outcome"], data["description"]) == (outcome, words)  # the JSON: both, outcome unchanged
+    line = report.transfer_line("restore", data)
+    assert line == f"restore: {words}: {key} (4.0 MiB, 0.30 s)"
+    assert "partial" not in line
+    text = report.markdown(_stats(_record("t.py::a", hit=1)), where="shared:/c", restore=data)
+    assert f"- {line}" in shown(text).splitlines()
+    missed = RestoreResult("miss", message="no bundle").to_json()
+    assert missed["description"] == "restored nothing: no usable bundle of this fingerprint"
+    assert report.transfer_line("restore", missed) == "restore: miss - no bundle"  # a miss says so, with why
+
+
+def test_the_short_report_says_where_the_reasons_for_misses_are() -> None:
+    """Issue 29: the one-line report gave no hint where the reasons for its misses were."""
+    from pytest_compilecache.explain import MissExplanation
+    from pytest_compilecache.explain import SessionExplanation
+
+    missed = _stats(_record("t.py::a", miss=1))
+    why = SessionExplanation(misses={"t.py::a": [MissExplanation("k", ["input 0 shape [8] -> [16]"])]})
+    assert report.miss_hint(missed, why, "out/r.json") == (
+        'reasons for the misses: see "why" in out/r.json (on the terminal: -v or --compile-cache-report=full)'
+    )
+    assert report.miss_hint(missed, why, None) == (
+        "reasons for the misses: shown with -v or --compile-cache-report=full, "
+        "and in the JSON report (--compile-cache-json=PATH)"
+    )
+    # Nothing compared (a first run, explaining off): the full report still lists the tests that missed.
+    assert report.miss_hint(missed, None, None) == (
+        "tests that missed: shown with -v or --compile-cache-report=full, and in the JSON report "
+        "(--compile-cache-json=PATH)"
+    )
+    assert report.miss_hint(_stats(_record("t.py::a", hit=3)), why, "r.json") is None  # no misses, no hint
+
+
 def test_table_is_slowest_first_with_header_and_recompiles() -> None:
     stats = _stats(
         _record("t.py::fast", hit=1, seconds=0.5),

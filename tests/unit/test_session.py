@@ -396,7 +396,7 @@ REASONS = {
     "other-fingerprint": "fingerprint differs (bundle != current): torch: 2.99.0 != 2.13.0",
     "escaping-member": "unsafe member path 'files/../../escaped.so'",
     "symlinked-object": "cannot be read: cannot get compilecache-v1-",
-    "store-not-a-directory": "restore failed: cannot list",
+    "store-not-a-directory": "is a file, not a directory",  # became one after start-up
 }
 
 
@@ -405,11 +405,12 @@ def _restored_from_a_bad_bundle(tmp_path: Path, fault: str, strict: bool) -> Con
     damage, env = FAULTS[fault]
     store = tmp_path / "store"
     store.mkdir()
-    damage(store / f"{FAULT_KEY}.bundle", FP)
     signing_key = SIGNING_KEY.encode() if env else None
     controller = _controller(
         tmp_path, mode="isolated", store=str(store), readonly=True, strict=strict, signing_key=signing_key
     )
+    # Damaged after start-up: a store that is a file by then is store trouble (at start-up, a usage error).
+    damage(store / f"{FAULT_KEY}.bundle", FP)
     controller.session_start()
     return controller
 

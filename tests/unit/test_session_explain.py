@@ -119,6 +119,11 @@ def test_summary_report_hides_the_explanations(tmp_path: Path, fake_probe: FakeP
     assert second.end.why is not None and second.end.why.misses
     assert not any(line.startswith("why") for line, _ in second.terminal_lines())
     assert any(line.startswith("why") for line, _ in second.terminal_lines(verbose=True))
+    # ...but says where they are (issue 29), once, right under the summary line; the full report needs no hint.
+    short = [line for line, _ in second.terminal_lines()]
+    assert short[0].startswith("compile cache: 0 hits, 1 miss")
+    assert short[1].startswith("reasons for the misses: shown with -v or --compile-cache-report=full")
+    assert not any(line.startswith("reasons for") for line, _ in second.terminal_lines(verbose=True))
 
 
 def test_a_restored_bundles_record_is_the_baseline_for_every_process(tmp_path: Path, fake_probe: FakeProbe) -> None:

@@ -163,7 +163,13 @@ def test_explain_is_on_unless_switched_off_cli_over_ini_over_env() -> None:
 
 def test_valid_values_are_parsed() -> None:
     settings = _resolve(
-        cli={"min_hit_rate": "0.9", "keep_bundles": "7", "max_size": "500M", "key_prefix": "proj.v2_x-1"},
+        cli={
+            "mode": "shared",
+            "min_hit_rate": "0.9",
+            "keep_bundles": "7",
+            "max_size": "500M",
+            "key_prefix": "proj.v2_x-1",
+        },
         env={"redis": "rediss://cache.internal:6380/2", "run_suffix": "123-1", "dir": "  /tmp/x  "},
     )
     assert settings.min_hit_rate == 0.9
@@ -228,6 +234,35 @@ def test_store_with_disabled_mode_is_an_error() -> None:
     message = _error(cli={"mode": "disabled", "store": "/srv/cache"})
     assert "--compile-cache-store" in message
     assert "disabled" in message
+
+
+def test_a_size_cap_outside_shared_mode_is_an_error() -> None:
+    # Only a shared dir is trimmed: an isolated dir is removed at the end, a disabled or unmanaged one is not ours.
+    assert _error(cli={"mode": "isolated", "max_size": "1K"}) == (
+        "--compile-cache-max-size: applies only to shared mode; not to --compile-cache=isolated"
+    )
+    assert _error(ini={"max_size": "1K"}, env={"mode": "disabled"}) == (
+        "compile_cache_max_size: applies only to shared mode; not to PYTEST_COMPILECACHE_MODE=disabled"
+    )
+    assert "no mode is set (statistics only)" in _error(cli={"max_size": "1K"})
+    assert _resolve(cli={"max_size": "1K"}, env={"store": "/srv/store"}).max_size == 1024  # a store implies shared
+    assert _resolve(cli={"max_size": "1K", "dir": "/srv/cache"}).max_size == 1024
+
+
+def test_redis_without_the_redis_package_is_an_error_like_s3_without_boto3(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from pytest_compilecache.stores import open_store
+
+    monkeypatch.setitem(sys.modules, "redis", None)  # what find_spec and import see when it is not installed
+    monkeypatch.setitem(sys.modules, "boto3", None)
+    assert _error(env={"redis": "redis://u:secret@host:6379/0"}) == (
+        "PYTEST_COMPILECACHE_REDIS: needs the 'redis' package (pip install 'pytest-compilecache[redis]')"
+    )
+    with pytest.raises(ConfigError) as info:
+        open_store("s3://bucket/prefix")
+    # The URL had the expected form: no "(expected ...)" after it, only what is missing.
+    assert str(info.value) == "--compile-cache-store: needs the 'boto3' package (pip install 'pytest-compilecache[s3]')"
 
 
 def test_signing_key_from_the_environment_only() -> None:
