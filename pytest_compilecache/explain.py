@@ -35,6 +35,10 @@ VALUE_CHARS = 160  # a readable value longer than this is kept as a hash only
 VALUES_PER_LOOKUP = 4000  # readable characters kept per lookup; the hashes are always kept
 MAX_LOOKUPS_PER_TEST = 32
 MAX_RECORD_BYTES = 2_000_000
+# Components across a record's lookups once each carries the record's ``common`` ones too: what reading a
+# record costs in memory (~100 bytes each, the value strings shared). A record over it is refused (issue 28.1:
+# a 2.4 MB record of 8 tests expanded to 3.6 GB when every lookup copied 100,000 common components).
+MAX_COMPONENTS = 200_000
 MAX_GRAPH_LINES = 400  # graph code longer than this keeps its hash, not its per-line signature
 
 GUARD = "guard_miss"  # the key was in the cache, its guards rejected this call (torch 2.13+ says so)
@@ -360,10 +364,13 @@ def _grad_flip(old: GraphLookup, new: GraphLookup) -> str | None:
 _ORDER = {INPUT: 0, CODE: 1}
 
 
+_INPUT_INDEX = re.compile(r"[0-9]{1,9}\]\Z")  # ASCII digits only: "²".isdigit() is True, int("²") raises
+
+
 def _ordered(names: Iterable[str]) -> list[str]:
     def rank(name: str) -> tuple[int, int, str]:
         attr, _, index = name.partition("[")
-        number = int(index[:-1]) if attr == INPUT and index[:-1].isdigit() else 0
+        number = int(index[:-1]) if attr == INPUT and _INPUT_INDEX.match(index) else 0
         return (_ORDER.get(attr, 2), number, name)
 
     return sorted(names, key=rank)
@@ -523,7 +530,8 @@ class GraphsRecord:
     truncated: int = 0
 
     def to_json(self, max_bytes: int = MAX_RECORD_BYTES) -> dict[str, Any]:
-        """Bounded: at most ``MAX_LOOKUPS_PER_TEST`` lookups per test and about ``max_bytes`` in all.
+        """Bounded: at most ``MAX_LOOKUPS_PER_TEST`` lookups per test, about ``max_bytes`` in all and
+        ``MAX_COMPONENTS`` components once read back (:meth:`from_json` refuses more).
 
         Tests past the byte budget are left out (``truncated`` counts them): their next miss reads
         ``new test``, which is honest about what we kept.
@@ -531,14 +539,17 @@ class GraphsRecord:
         tests: dict[str, Any] = {}
         common = _common(g for lookups in self.tests.values() for g in lookups[:MAX_LOOKUPS_PER_TEST])
         size = 200 + len(json.dumps(common))
+        components = 0
         dropped = self.truncated
         for nodeid in sorted(self.tests):
             entry = [_without(g.to_json(), common) for g in self.tests[nodeid][:MAX_LOOKUPS_PER_TEST]]
             cost = len(json.dumps(entry, separators=(",", ":"))) + len(nodeid) + 8
-            if size + cost > max_bytes:
+            count = sum(len(common) + len(e["c"]) for e in entry)
+            if size + cost > max_bytes or components + count > MAX_COMPONENTS:
                 dropped += 1
                 continue
             size += cost
+            components += count
             tests[nodeid] = entry
         volatile = {k: [v[0], v[1]] for k, v in self.volatile.items() if k in tests}
         return {
@@ -552,7 +563,12 @@ class GraphsRecord:
 
     @classmethod
     def from_json(cls, data: Any) -> GraphsRecord:
-        """Read :meth:`to_json`'s form; raises ValueError on anything malformed (a bundle may be hostile)."""
+        """Read :meth:`to_json`'s form; raises ValueError on anything malformed (a bundle may be hostile).
+
+        Memory stays proportional to ``MAX_COMPONENTS``: a record whose lookups would hold more components
+        (the ``common`` ones counted in every lookup) is refused, and the common values are parsed once and
+        shared by every lookup rather than copied.
+        """
         if not isinstance(data, Mapping) or data.get("format") != FORMAT:
             raise ValueError("graphs record: unknown format")
         tests_in, volatile_in = data.get("tests", {}), data.get("volatile", {})
@@ -561,21 +577,32 @@ class GraphsRecord:
         common = data.get("common", {})
         if not isinstance(common, Mapping):
             raise ValueError("graphs record: bad common components")
-        tests: dict[str, list[GraphLookup]] = {}
         for nodeid, entries in tests_in.items():
             if not isinstance(entries, list) or not all(
                 isinstance(e, Mapping) and isinstance(e.get("c", {}), Mapping) for e in entries
             ):
-                raise ValueError(f"graphs record: bad entry for {nodeid!r}")
-            tests[str(nodeid)] = [
-                GraphLookup.from_json({**e, "c": {**common, **e.get("c", {})}}) for e in entries[:MAX_LOOKUPS_PER_TEST]
-            ]
+                raise ValueError(f"graphs record: bad entry for {nodeid!r:.80}")
+        # Counted before anything is built: memory is bounded by MAX_COMPONENTS, whatever the record says.
+        expanded = sum(
+            len(common) + len(e.get("c", {})) for entries in tests_in.values() for e in entries[:MAX_LOOKUPS_PER_TEST]
+        )
+        if expanded > MAX_COMPONENTS:
+            raise ValueError(f"graphs record: {expanded} components in its lookups, more than {MAX_COMPONENTS}")
+        shared = GraphLookup.from_json({"k": "", "o": "hit", "c": common}).components  # parsed once, shared
+        tests: dict[str, list[GraphLookup]] = {}
+        for nodeid, entries in tests_in.items():
+            lookups = []
+            for e in entries[:MAX_LOOKUPS_PER_TEST]:
+                lookup = GraphLookup.from_json(e)
+                lookup.components = {**shared, **lookup.components}
+                lookups.append(lookup)
+            tests[str(nodeid)] = lookups
         volatile: dict[str, tuple[str, int]] = {}
         for nodeid, entry in volatile_in.items():
             if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], int):
                 volatile[str(nodeid)] = (entry[0], entry[1])
-        truncated = data.get("truncated", 0)
-        return cls(tests, volatile, str(data.get("torch", "")), truncated if isinstance(truncated, int) else 0)
+        truncated, torch = data.get("truncated", 0), data.get("torch", "")
+        return cls(tests, volatile, torch if isinstance(torch, str) else "", truncated if type(truncated) is int else 0)
 
 
 def _common(lookups: Iterable[GraphLookup]) -> dict[str, Any]:
@@ -677,7 +704,11 @@ def load_record(cache_dir: Path) -> GraphsRecord | None:
         return None
     if path.stat().st_size > MAX_RECORD_BYTES * 2:
         raise ValueError(f"{path} is larger than {MAX_RECORD_BYTES * 2} bytes")
-    return GraphsRecord.from_json(json.loads(path.read_text(encoding="utf-8")))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError as exc:  # deeply nested JSON: anyone can write this file
+        raise ValueError(f"{path} is nested too deeply") from exc
+    return GraphsRecord.from_json(data)
 
 
 def save_record(cache_dir: Path, record: GraphsRecord) -> Path:
@@ -697,3 +728,59 @@ def install_restored(cache_dir: Path, graphs: Mapping[str, Any]) -> GraphsRecord
     record = GraphsRecord.from_json(graphs)
     save_record(cache_dir, record)
     return record
+
+
+# --------------------------------------------------------------------------- what the session calls: never raises
+# Nothing in explaining may fail a session (issue 28.2): records come from bundles and from a shared dir, and a
+# bug met on one of them would otherwise repeat in every run until someone removed it. Each entry point below
+# turns any exception into one warning line and carries on without explanations.
+
+
+def _trouble(what: str, exc: BaseException) -> str:
+    expected = isinstance(exc, (OSError, ValueError)) and type(exc) is not UnicodeDecodeError and str(exc)
+    return (f"{what}: {exc}" if expected else f"{what}: {type(exc).__name__}: {exc}")[:500]
+
+
+def explain_test_safely(
+    current: Sequence[GraphLookup], previous: Sequence[GraphLookup] | None
+) -> list[MissExplanation]:
+    """:func:`explain_test` for the ``compile_cache_stats`` fixture: no explanations rather than an exception
+    in the user's test (the controller's :func:`explain_session_safely` warns once at the end)."""
+    try:
+        return explain_test(current, previous)
+    except Exception:  # noqa: BLE001 -- see above
+        return []
+
+
+def explain_session_safely(
+    current: Mapping[str, Sequence[GraphLookup]], previous: GraphsRecord | None, compared_with: str = ""
+) -> tuple[SessionExplanation | None, GraphsRecord | None, str | None]:
+    """:func:`explain_session` then :func:`carry_forward`: ``(explanation, record to keep, warning)``.
+
+    Never raises. When explaining fails, the explanation is None and the record is this session's graphs
+    alone (so a record that broke explaining is replaced, not kept for the next run), with one warning line.
+    """
+    try:
+        why, record = explain_session(current, previous, compared_with)
+        return why, carry_forward(record, previous), None
+    except Exception as exc:  # noqa: BLE001 -- see above
+        warning = _trouble("no miss explanations this session", exc)
+    try:
+        return None, explain_session(current, None)[1], warning
+    except Exception:  # noqa: BLE001 -- see above
+        return None, None, warning
+
+
+def read_baseline(cache_dir: Path, graphs: Mapping[str, Any] | None) -> tuple[GraphsRecord | None, str | None]:
+    """The record this session's misses are explained against: ``(record or None, warning or None)``.
+
+    ``graphs`` is a restored bundle's record (installed into ``cache_dir`` for every process to read); without
+    one, the dir's record. Never raises: a record that cannot be read or installed is one warning.
+    """
+    try:
+        if graphs:
+            return install_restored(cache_dir, graphs), None
+        return load_record(cache_dir), None
+    except Exception as exc:  # noqa: BLE001 -- see above
+        where = "of the restored bundle" if graphs else "in the cache dir"
+        return None, _trouble(f"no miss explanations: the graph record {where} is unreadable", exc)

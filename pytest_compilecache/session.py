@@ -322,9 +322,9 @@ class Recorder:
         if baseline is None:
             return []
         # cost: explain loads only when there is something to explain
-        from .explain import explain_test
+        from .explain import explain_test_safely
 
-        return explain_test(record.graphs, baseline.tests.get(record.nodeid))
+        return explain_test_safely(record.graphs, baseline.tests.get(record.nodeid))
 
     def baseline(self) -> GraphsRecord | None:
         """The earlier run's graph record; None when there is none or it is unreadable (the controller warns)."""
@@ -499,20 +499,12 @@ class Controller:
             return  # off: a restored bundle's record is not installed, nothing is compared
         graphs = self.restored.graphs if self.restored is not None else None
         record: GraphsRecord | None = None
-        try:
-            if graphs:
-                # cost: explain loads only when there is a record to read
-                from .explain import install_restored
+        if graphs or os.path.isfile(os.path.join(path, cachedir.GRAPHS_RECORD)):
+            from .explain import read_baseline  # cost: explain loads only when there is a record to read
 
-                record = install_restored(Path(path), graphs)
-            elif os.path.isfile(os.path.join(path, cachedir.GRAPHS_RECORD)):
-                from .explain import load_record  # cost: as above
-
-                record = load_record(Path(path))
-        except (OSError, ValueError) as exc:
-            where = "of the restored bundle" if graphs else "in the cache dir"
-            self.problems.warn(one_line(f"no miss explanations: the graph record {where} is unreadable: {exc}", 500))
-            record = None
+            record, warning = read_baseline(Path(path), graphs)  # never raises: trouble is one warning
+            if warning:
+                self.problems.warn(one_line(warning, 500))
         # The Action restores before pytest (--compile-cache-restore=skip) and leaves the bundle's record here.
         by_action = self.settings.restore == "skip" and self.restored is not None and self.restored.ok
         from_bundle = bool(graphs) or (by_action and self.restored is not None and self.restored.outcome != "miss")
@@ -606,17 +598,17 @@ class Controller:
         if not current:
             return  # nothing was looked up: keep the baseline as it is for the next run
         # cost: explain loads only when a test looked up a graph
-        from .explain import carry_forward
-        from .explain import explain_session
+        from .explain import explain_session_safely
         from .explain import save_record
 
-        why, record = explain_session(current, self.baseline, self.compared_with)
-        if self.baseline is not None:  # None: a first run, nothing compared (the report says null, not "{}")
+        why, self.graphs, warning = explain_session_safely(current, self.baseline, self.compared_with)
+        if warning:  # never a failed session: one warning, and this session's graphs alone are kept
+            self.problems.warn(one_line(warning, 500))
+        if why is not None and self.baseline is not None:  # None: a first run (the report says null, not "{}")
             self.why = why
-        for nodeid, misses in why.misses.items():
+        for nodeid, misses in (why.misses if why is not None else {}).items():
             self.stats.records[nodeid].why = misses
-        self.graphs = carry_forward(record, self.baseline)
-        if self.setup.dir.mode == "shared":
+        if self.graphs is not None and self.setup.dir.mode == "shared":
             try:
                 save_record(Path(path), self.graphs)
             except OSError as exc:

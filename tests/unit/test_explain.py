@@ -266,3 +266,41 @@ def test_load_record_absent_corrupt_and_hostile(tmp_path: Path) -> None:
     target.write_text(json.dumps(GraphsRecord().to_json()))
     path.symlink_to(target)
     assert explain.load_record(tmp_path) is None  # a link is not ours to follow
+
+
+def test_a_small_record_cannot_expand_into_a_memory_bomb() -> None:
+    """Issue 28.1: every lookup used to get its own copy of the record's ``common`` components."""
+    import tracemalloc
+
+    common = {f"c{i}": "h" for i in range(3000)}
+    hostile = {"format": 1, "common": common, "tests": {f"t{i}": [{"k": "k", "o": "miss"}] * 32 for i in range(8)}}
+    size = len(json.dumps(hostile))
+    tracemalloc.start()
+    try:
+        try:
+            GraphsRecord.from_json(hostile)
+        except ValueError as exc:
+            assert "components" in str(exc)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * size  # bounded by the record's size (it was ~1,000 x: 768,000 component copies)
+
+
+def test_the_component_cap_holds_for_records_we_write(tmp_path: Path) -> None:
+    many = tuple(f"{i}, 16" for i in range(300))  # 300 inputs: ~310 components per lookup
+    record = GraphsRecord(tests={f"t::{i}": [_lookup(c=f"{i}.0", inputs=many)] * 8 for i in range(100)})
+    data = record.to_json(max_bytes=50_000_000)
+    assert 0 < len(data["tests"]) < 100 and data["truncated"] == 100 - len(data["tests"])
+    again = GraphsRecord.from_json(data)  # what we write, we read back
+    assert sum(len(g.components) for lookups in again.tests.values() for g in lookups) <= explain.MAX_COMPONENTS
+
+
+def test_an_input_index_of_unicode_digits_is_ordered_not_a_crash() -> None:
+    """Issue 28.2: ``"²".isdigit()`` is True and ``int("²")`` raises."""
+    old, new = _lookup(), _lookup(c="3.0")
+    for lookup in (old, new):
+        lookup.components["example_inputs[²]"] = ("a", "x")
+        lookup.components["example_inputs[" + "9" * 5000 + "]"] = ("a", "x")  # int() refuses > 4300 digits
+    new.components["example_inputs[²]"] = ("b", "y")
+    assert explain.diff(old, new) == ["input ² x -> y", "graph code changed: a constant in graph statement 1"]

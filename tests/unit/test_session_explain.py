@@ -287,3 +287,46 @@ def test_explain_off_restores_a_bundle_with_a_record_and_saves_one_without(
     after.session_start()
     assert after.restored is not None and after.restored.key == off.saved.key
     assert after.restored.graphs is None and after.baseline is None  # off saved no record
+
+
+def test_a_record_that_breaks_explaining_is_one_warning_and_is_replaced(tmp_path: Path, fake_probe: FakeProbe) -> None:
+    """Issue 28.2: ``example_inputs[²]`` crashed the session's end, nothing was saved, and every run crashed again."""
+    (tmp_path / "cache").mkdir()
+    hostile = lookup("k1")
+    hostile.components["example_inputs[²]"] = ("a", "x")
+    explain.save_record(tmp_path / "cache", explain.GraphsRecord(tests={"t.py::test_a": [hostile]}))
+    weird = lookup("k2")
+    weird.components["example_inputs[²]"] = ("b", "y")
+    first = _session(tmp_path, fake_probe, ("t.py::test_a", [weird]))
+    assert first.problems.errors == [] and first.why is not None
+    assert first.why.misses["t.py::test_a"][0].reasons == ["input ² x -> y"]
+    assert first.problems.warnings == []
+
+
+def test_any_error_while_explaining_is_one_warning_and_the_session_goes_on(
+    tmp_path: Path, fake_probe: FakeProbe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]))
+
+    def broken(*args: object) -> list[str]:
+        raise RuntimeError("a bug met on a hostile record")
+
+    monkeypatch.setattr(explain, "diff", broken)
+    start_controller = _controller(tmp_path)
+    start_controller.session_start()
+    start = start_controller.recorder.start()
+    fake_probe.lookups.append(lookup("k2", shape="[8, 32]").to_json())
+    assert start_controller.recorder.live("t.py::test_a", start).why == []  # the fixture: no explanation, no error
+    fake_probe.run(start_controller.recorder, "t.py::test_a", lookup("k2", shape="[8, 32]"))
+    assert start_controller.finish() is False
+    [warning] = start_controller.problems.warnings
+    assert warning.startswith("no miss explanations this session: RuntimeError: a bug met")
+    assert start_controller.why is None
+    kept = explain.load_record(tmp_path / "cache")  # this session's graphs replace the record that broke it
+    assert kept is not None and [g.key for g in kept.tests["t.py::test_a"]] == ["k2"]
+    # A broken record on disk (deeply nested JSON) is one warning as well.
+    (tmp_path / "cache" / explain.RECORD_NAME).write_text("[" * 100_000 + "]" * 100_000)
+    third = _controller(tmp_path)
+    third.session_start()
+    [warning] = third.problems.warnings
+    assert "graph record in the cache dir is unreadable" in warning and third.baseline is None
