@@ -25,7 +25,10 @@ from pytest_compilecache.explain import SessionExplanation
 SEED = int(os.environ.get("COMPILECACHE_FUZZ_SEED", "20261124"))
 CASES = int(os.environ.get("COMPILECACHE_FUZZ_CASES", "3000"))
 
-CODE = "<lambda>()\n\n\n\ndef forward(self, arg0_1):\n    mul = torch.ops.aten.mul.Tensor(arg0_1, {c});  arg0_1 = None\n    return (mul,)\n"
+CODE = (
+    "<lambda>()\n\n\n\ndef forward(self, arg0_1):\n"
+    "    mul = torch.ops.aten.mul.Tensor(arg0_1, {c});  arg0_1 = None\n    return (mul,)\n"
+)
 NAMES = [
     "gm",
     "example_inputs[0]",
