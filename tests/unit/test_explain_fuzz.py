@@ -97,7 +97,8 @@ def _lookup(rng: random.Random) -> Any:
     entry: dict[str, Any] = {"k": rng.choice(["k1", "k2", "k3", ""]), "o": rng.choice([*explain.OUTCOMES, "x"])}
     if rng.random() < 0.97:
         entry["c"] = comps
-    return entry if rng.random() < 0.98 else rng.choice([[], "k", None, {"k": 1}])
+    odd: list[Any] = [[], "k", None, {"k": 1}]
+    return entry if rng.random() < 0.98 else rng.choice(odd)
 
 
 def _record(rng: random.Random) -> Any:
