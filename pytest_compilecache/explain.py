@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
+import time
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
@@ -521,13 +523,17 @@ class GraphsRecord:
 
     Kept in a bundle manifest's ``graphs`` field and in ``<cache dir>/.compilecache-graphs.json``.
     ``volatile`` maps a test to ``[what changed, runs in a row]``: the memory ``never_hits`` needs
-    without keeping whole histories.
+    without keeping whole histories. ``created`` is when the session that made it ended (Unix time; 0 for a
+    record older than the field): of a restored bundle's record and the cache dir's, the newer one is the
+    baseline (:func:`install_restored`). ``from_bundle``: the dir's record is a restored bundle's.
     """
 
     tests: dict[str, list[GraphLookup]] = field(default_factory=dict)
     volatile: dict[str, tuple[str, int]] = field(default_factory=dict)
     torch: str = ""
     truncated: int = 0
+    created: float = 0.0
+    from_bundle: bool = False
 
     def to_json(self, max_bytes: int = MAX_RECORD_BYTES) -> dict[str, Any]:
         """Bounded: at most ``MAX_LOOKUPS_PER_TEST`` lookups per test, about ``max_bytes`` in all and
@@ -555,6 +561,8 @@ class GraphsRecord:
         return {
             "format": FORMAT,
             "torch": self.torch,
+            "created": self.created,
+            **({"from_bundle": True} if self.from_bundle else {}),
             "common": common,
             "tests": tests,
             "volatile": volatile,
@@ -601,8 +609,17 @@ class GraphsRecord:
         for nodeid, entry in volatile_in.items():
             if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], int):
                 volatile[str(nodeid)] = (entry[0], entry[1])
-        truncated, torch = data.get("truncated", 0), data.get("torch", "")
-        return cls(tests, volatile, torch if isinstance(torch, str) else "", truncated if type(truncated) is int else 0)
+        truncated, torch, created = data.get("truncated", 0), data.get("torch", ""), data.get("created", 0)
+        if type(created) not in (int, float) or not math.isfinite(created):
+            created = 0.0
+        return cls(
+            tests,
+            volatile,
+            torch if isinstance(torch, str) else "",
+            truncated if type(truncated) is int else 0,
+            float(created),
+            data.get("from_bundle") is True,
+        )
 
 
 def _common(lookups: Iterable[GraphLookup]) -> dict[str, Any]:
@@ -658,15 +675,20 @@ class SessionExplanation:
 
 
 def explain_session(
-    current: Mapping[str, Sequence[GraphLookup]], previous: GraphsRecord | None, compared_with: str = ""
+    current: Mapping[str, Sequence[GraphLookup]],
+    previous: GraphsRecord | None,
+    compared_with: str = "",
+    now: float | None = None,
 ) -> tuple[SessionExplanation, GraphsRecord]:
     """Explain this session's misses against ``previous`` and build the record the next run compares with.
 
     Returns the explanation and the new record (this session's graphs, with the ``volatile`` streaks
-    updated). Without ``previous`` nothing is explained (a first run has nothing to compare with).
+    updated, made at ``now``, by default the current time). Without ``previous`` nothing is explained (a
+    first run has nothing to compare with).
     """
     out = SessionExplanation(compared_with=compared_with if previous is not None else "")
-    record = GraphsRecord(tests={k: list(v) for k, v in current.items() if v})
+    created = time.time() if now is None else now
+    record = GraphsRecord(tests={k: list(v) for k, v in current.items() if v}, created=created)
     for nodeid, lookups in current.items():
         if previous is None or not lookups:
             continue
@@ -721,11 +743,25 @@ def save_record(cache_dir: Path, record: GraphsRecord) -> Path:
 
 
 def install_restored(cache_dir: Path, graphs: Mapping[str, Any]) -> GraphsRecord:
-    """Make a restored bundle's verified ``graphs`` the record of ``cache_dir``, for every process to read.
+    """Make the newer of a restored bundle's verified ``graphs`` and ``cache_dir``'s record the dir's record,
+    for every process to read, and return it.
 
-    Raises ValueError (malformed record: the bundle may be hostile) or OSError; the dir is then as it was.
+    The newer one (by ``created``; the bundle's on a tie) is kept whole and the other adds only the tests it
+    lacks: a shared dir whose last session compiled after the bundle was made keeps explaining against that
+    session (issue 29.7: a ``-k`` session restored an older bundle, and the next run compared with it). An
+    unreadable dir record is replaced. Raises ValueError (malformed record: the bundle may be hostile) or
+    OSError; the dir is then as it was.
     """
-    record = GraphsRecord.from_json(graphs)
+    bundle = GraphsRecord.from_json(graphs)
+    try:
+        local = load_record(cache_dir)
+    except (OSError, ValueError):
+        local = None
+    if local is not None and local.created > bundle.created:
+        record = carry_forward(local, bundle)
+    else:
+        bundle.from_bundle = True
+        record = carry_forward(bundle, local)
     save_record(cache_dir, record)
     return record
 

@@ -489,8 +489,8 @@ class Controller:
     def _read_baseline(self) -> None:
         """The earlier run's graphs, kept as ``<cache dir>/.compilecache-graphs.json`` for every process.
 
-        A restored bundle's record (verified with the bundle) replaces the dir's; without one, a shared dir's
-        record is the previous local session's. A fresh isolated dir has none unless a bundle brought it, so a
+        Of a restored bundle's record (verified with the bundle) and the dir's, the newer is the baseline
+        (:func:`explain.install_restored`); without one, a shared dir's record is the previous local session's. A fresh isolated dir has none unless a bundle brought it, so a
         cold isolated session explains nothing: every miss there is intended. An unreadable record is one
         warning and no explanations (the session's own record replaces it at the end).
         """
@@ -505,9 +505,9 @@ class Controller:
             record, warning = read_baseline(Path(path), graphs)  # never raises: trouble is one warning
             if warning:
                 self.problems.warn(one_line(warning, 500))
-        # The Action restores before pytest (--compile-cache-restore=skip) and leaves the bundle's record here.
-        by_action = self.settings.restore == "skip" and self.restored is not None and self.restored.ok
-        from_bundle = bool(graphs) or (by_action and self.restored is not None and self.restored.outcome != "miss")
+        # The record says whether it is a restored bundle's (installed here or by the Action's restore step) or
+        # a local session's: of the two, the dir keeps the newer (issue 29.7).
+        from_bundle = record is not None and record.from_bundle
         self.baseline, self.compared_with = record, ("bundle" if from_bundle else "previous session")
         self.recorder.set_baseline(record)
 

@@ -330,3 +330,31 @@ def test_any_error_while_explaining_is_one_warning_and_the_session_goes_on(
     third.session_start()
     [warning] = third.problems.warnings
     assert "graph record in the cache dir is unreadable" in warning and third.baseline is None
+
+
+def test_after_a_k_session_restored_an_older_bundle_the_baseline_is_the_last_session_that_compiled(
+    tmp_path: Path, fake_probe: FakeProbe
+) -> None:
+    """Issue 29.7: the baseline is the most recent record, not whatever a restore installed last."""
+    store = f"file://{tmp_path / 'store'}"
+    saved = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k32", "[32, 20]")]), compiled=True, store=store)
+    assert saved.saved is not None and saved.saved.outcome == "saved", saved.saved
+    # The last session that compiled test_a, locally (it saved no bundle): [48, 20].
+    _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k48", "[48, 20]")]))
+    # A -k session restores the older bundle (its record has [32, 20]) and runs another test.
+    k_run = _session(
+        tmp_path, fake_probe, ("t.py::test_b", [lookup("kb")]), compiled=True, store=store, run_suffix="2"
+    )
+    assert k_run.restored is not None and k_run.restored.graphs is not None
+    assert k_run.compared_with == "previous session"  # the dir's record was the newer one
+    latest = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k40", "[40, 20]")]))
+    assert [w.reasons for w in latest.stats.records["t.py::test_a"].why] == [["input 0 shape [48, 20] -> [40, 20]"]]
+
+
+def test_a_newer_bundle_record_replaces_the_dirs_and_keeps_the_tests_only_the_dir_had(tmp_path: Path) -> None:
+    explain.save_record(tmp_path, explain.GraphsRecord(tests={"t::a": [lookup("old")], "t::b": [lookup("b")]}))
+    newer = explain.GraphsRecord(tests={"t::a": [lookup("new")]}, created=10.0)
+    record = explain.install_restored(tmp_path, newer.to_json())
+    assert record.from_bundle and [g.key for g in record.tests["t::a"]] == ["new"] and "t::b" in record.tests
+    on_disk = explain.load_record(tmp_path)
+    assert on_disk is not None and on_disk.from_bundle and on_disk.created == 10.0
