@@ -490,9 +490,10 @@ class Controller:
         """The earlier run's graphs, kept as ``<cache dir>/.compilecache-graphs.json`` for every process.
 
         Of a restored bundle's record (verified with the bundle) and the dir's, the newer is the baseline
-        (:func:`explain.install_restored`); without one, a shared dir's record is the previous local session's. A fresh isolated dir has none unless a bundle brought it, so a
-        cold isolated session explains nothing: every miss there is intended. An unreadable record is one
-        warning and no explanations (the session's own record replaces it at the end).
+        (:func:`explain.install_restored`); without one, a shared dir's record is the previous local session's.
+        A fresh isolated dir has none unless a bundle brought it, so a cold isolated session explains nothing:
+        every miss there is intended. An unreadable record is one warning and no explanations (the session's
+        own record replaces it at the end).
         """
         path = self.setup.dir.path
         if not self.settings.explain or not path or self.setup.dir.mode not in EXPLAINED_MODES:
