@@ -342,9 +342,7 @@ def test_after_a_k_session_restored_an_older_bundle_the_baseline_is_the_last_ses
     # The last session that compiled test_a, locally (it saved no bundle): [48, 20].
     _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k48", "[48, 20]")]))
     # A -k session restores the older bundle (its record has [32, 20]) and runs another test.
-    k_run = _session(
-        tmp_path, fake_probe, ("t.py::test_b", [lookup("kb")]), compiled=True, store=store, run_suffix="2"
-    )
+    k_run = _session(tmp_path, fake_probe, ("t.py::test_b", [lookup("kb")]), compiled=True, store=store, run_suffix="2")
     assert k_run.restored is not None and k_run.restored.graphs is not None
     assert k_run.compared_with == "previous session"  # the dir's record was the newer one
     latest = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k40", "[40, 20]")]))
