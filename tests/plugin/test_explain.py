@@ -131,7 +131,7 @@ def test_explain_off_captures_nothing_and_the_next_session_says_why_each_test_mi
     second.result.stdout.fnmatch_lines_random(
         [
             "why tests missed (compared with the previous session):",
-            "never hits test_suite.py::test_random: only a constant in graph statement * changed since the last run*",
+            "why test_suite.py::test_random: graph code changed: a constant in graph statement * (0.* -> 0.*)",
             "why test_suite.py::test_project: input 0 shape [[]8, 4] -> [[]32, 4]",
             "why test_new.py::test_new: new test",
         ]
@@ -144,6 +144,6 @@ def test_explain_off_captures_nothing_and_the_next_session_says_why_each_test_mi
     project = second.record("test_project")
     assert project["why"] and any("input 0 shape [8, 4] -> [32, 4]" in r for w in project["why"] for r in w["reasons"])
     assert report["why"]["misses"]["test_new.py::test_new"][0]["reasons"] == ["new test"]
-    assert report["why"]["never_hit"]["test_suite.py::test_random"]["runs"] == 2
+    assert report["why"]["never_hit"] == {}  # one change could be an edit: never-hit needs more runs (issue 29.10)
     assert second.record("test_same")["fxgraph"]["miss"] == 0 and second.record("test_same")["why"] == []
     assert "test_suite.py::test_same" not in report["why"]["misses"]
