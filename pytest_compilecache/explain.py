@@ -312,11 +312,13 @@ class _Code:
     """A graph code value read back: the statements' tokens and, for the first ones, where and what they are."""
 
     def __init__(self, value: str) -> None:
-        sig, *lines = value.split("\n")
+        sig, *lines = value.split("\n", MAX_GRAPH_LINES + 1)
         self.tokens = sig.split()
         if not lines and self.tokens[:1] == [_LEGACY_HEADER]:
             self.tokens = self.tokens[1:]
-        self.texts = [line.partition("\t")[::2] for line in lines]
+        if len(self.tokens) > MAX_GRAPH_LINES + 1:  # not a value we wrote: compared by its hash alone
+            self.tokens, lines = [], []
+        self.texts = [line.partition("\t")[::2] for line in lines[:MAX_GRAPH_LINES]]
 
     def text(self, index: int) -> str:
         """Statement ``index`` (0-based) as ``text (file.py:3)``, bounded; "" when not kept."""
@@ -751,8 +753,17 @@ class GraphsRecord:
 
         Memory stays proportional to ``MAX_COMPONENTS``: a record whose lookups would hold more components
         (the ``common`` ones counted in every lookup) is refused, and the common values are parsed once and
-        shared by every lookup rather than copied.
+        shared by every lookup rather than copied. ValueError is the only exception, whatever ``data`` is.
         """
+        try:
+            return cls._from_json(data)
+        except ValueError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- a reader of hostile data: any surprise is a malformed record
+            raise ValueError(f"graphs record: {type(exc).__name__}: {exc}"[:300]) from exc
+
+    @classmethod
+    def _from_json(cls, data: Any) -> GraphsRecord:
         if not isinstance(data, Mapping) or data.get("format") != FORMAT:
             raise ValueError("graphs record: unknown format")
         tests_in, volatile_in = data.get("tests", {}), data.get("volatile", {})
