@@ -45,6 +45,7 @@ MAX_COMPONENTS = 200_000
 MAX_GRAPH_LINES = 400  # graph code longer than this keeps its hash, not its per-line signature
 CODE_TEXT_CHARS = 1500  # statement text kept per graph, from its start, to say what changed (issue 29.11)
 STATEMENT_CHARS = 100  # one statement's text at most, in the record and in every reason
+MAX_REASONS = 10  # reasons per miss, the last one counting the rest
 
 GUARD = "guard_miss"  # the key was in the cache, its guards rejected this call (torch 2.13+ says so)
 OUTCOMES = ("hit", "miss", GUARD)
@@ -430,6 +431,8 @@ def diff(old: GraphLookup, new: GraphLookup) -> list[str]:
     if config_changed:  # the digest decides; the names say what we can tell
         config.append("inductor config changed" + (": " + ", ".join(sorted(options)) if options else ""))
     reasons = inputs + code + config + other + toolchain
+    if len(reasons) > MAX_REASONS:  # 300 inputs that all changed are one story: bounded in every output
+        reasons = [*reasons[: MAX_REASONS - 1], f"... and {len(reasons) - MAX_REASONS + 1} more differences"]
     return reasons or ["key changed, but no recorded component differs (the record may be truncated)"]
 
 

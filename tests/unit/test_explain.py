@@ -404,3 +404,11 @@ def test_tests_that_ran_a_training_forward_without_a_backward_are_listed() -> No
     why, _ = explain.explain_session(current, None)
     assert why.forward_only == ["t::fw"]
     assert SessionExplanation.from_json(json.loads(json.dumps(why.to_json()))).forward_only == ["t::fw"]
+
+
+def test_a_miss_with_many_differences_has_a_bounded_number_of_reasons() -> None:
+    old = _lookup("hit", inputs=tuple(f"{i}, 16" for i in range(40)))
+    new = _lookup(inputs=tuple(f"{i}, 32" for i in range(40)))
+    reasons = explain.diff(old, new)
+    assert len(reasons) == explain.MAX_REASONS and reasons[-1] == "... and 31 more differences"
+    assert reasons[0] == "input 0 shape [0, 16] -> [0, 32]"
