@@ -1,8 +1,9 @@
-"""Compile tiny models twice per scenario, changing exactly one thing, and print every FX lookup as JSON.
+"""Compile tiny models twice per scenario (``random``: four times), changing exactly one thing, and print every
+FX lookup as JSON.
 
 Run as a script (``python explain_scenarios.py NAME...``) by ``test_explain_real.py``: one torch import
-for all scenarios, and the test process stays torch-free. Each scenario gets a fresh cache dir; its two
-"sessions" are separated by ``torch._dynamo.reset()`` and ``clear_caches()``, so the second one looks
+for all scenarios, and the test process stays torch-free. Each scenario gets a fresh cache dir; its
+"sessions" are separated by ``torch._dynamo.reset()`` and ``clear_caches()``, so each later one looks
 every graph up on disk exactly as a new process would.
 """
 
