@@ -880,17 +880,23 @@ def explain_session(
     previous: GraphsRecord | None,
     compared_with: str = "",
     now: float | None = None,
+    aot_misses: Mapping[str, int] | None = None,
 ) -> tuple[SessionExplanation, GraphsRecord]:
     """Explain this session's misses against ``previous`` and build the record the next run compares with.
 
     Returns the explanation and the new record (this session's graphs, with the ``volatile`` streaks
     updated, made at ``now``, by default the current time). Without ``previous`` nothing is explained (a
-    first run has nothing to compare with).
+    first run has nothing to compare with). ``aot_misses`` (AOTAutograd misses per test), when given,
+    keeps out of ``forward_only`` the tests whose AOTAutograd lookups hit (another test ran the backward).
     """
     out = SessionExplanation(compared_with=compared_with if previous is not None else "")
     created = time.time() if now is None else now
     record = GraphsRecord(tests={k: list(v) for k, v in current.items() if v}, created=created)
-    out.forward_only = sorted(nodeid for nodeid, lookups in current.items() if _forward_only(lookups))
+    out.forward_only = sorted(
+        nodeid
+        for nodeid, lookups in current.items()
+        if _forward_only(lookups) and (aot_misses is None or aot_misses.get(nodeid, 0) > 0)
+    )
     for nodeid, lookups in current.items():
         if previous is None or not lookups:
             continue
@@ -997,7 +1003,10 @@ def explain_test_safely(
 
 
 def explain_session_safely(
-    current: Mapping[str, Sequence[GraphLookup]], previous: GraphsRecord | None, compared_with: str = ""
+    current: Mapping[str, Sequence[GraphLookup]],
+    previous: GraphsRecord | None,
+    compared_with: str = "",
+    aot_misses: Mapping[str, int] | None = None,
 ) -> tuple[SessionExplanation | None, GraphsRecord | None, str | None]:
     """:func:`explain_session` then :func:`carry_forward`: ``(explanation, record to keep, warning)``.
 
@@ -1005,7 +1014,7 @@ def explain_session_safely(
     alone (so a record that broke explaining is replaced, not kept for the next run), with one warning line.
     """
     try:
-        why, record = explain_session(current, previous, compared_with)
+        why, record = explain_session(current, previous, compared_with, aot_misses=aot_misses)
         return why, carry_forward(record, previous), None
     except Exception as exc:  # noqa: BLE001 -- see above
         warning = _trouble("no miss explanations this session", exc)

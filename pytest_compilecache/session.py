@@ -602,7 +602,8 @@ class Controller:
         from .explain import explain_session_safely
         from .explain import save_record
 
-        why, self.graphs, warning = explain_session_safely(current, self.baseline, self.compared_with)
+        aot_misses = {nodeid: r.aotautograd["miss"] for nodeid, r in self.stats.records.items()}
+        why, self.graphs, warning = explain_session_safely(current, self.baseline, self.compared_with, aot_misses)
         if warning:  # never a failed session: one warning, and this session's graphs alone are kept
             self.problems.warn(one_line(warning, 500))
         if why is not None and self.baseline is not None:  # None: a first run (the report says null, not "{}")

@@ -404,6 +404,9 @@ def test_tests_that_ran_a_training_forward_without_a_backward_are_listed() -> No
     why, _ = explain.explain_session(current, None)
     assert why.forward_only == ["t::fw"]
     assert SessionExplanation.from_json(json.loads(json.dumps(why.to_json()))).forward_only == ["t::fw"]
+    # Its AOTAutograd lookup hit (another test ran the same graph's backward): nothing to say.
+    assert explain.explain_session(current, None, aot_misses={"t::fw": 0})[0].forward_only == []
+    assert explain.explain_session(current, None, aot_misses={"t::fw": 1})[0].forward_only == ["t::fw"]
 
 
 def test_a_miss_with_many_differences_has_a_bounded_number_of_reasons() -> None:
