@@ -14,9 +14,12 @@ into a bundle's manifest (``graphs``) and into ``<cache dir>/.compilecache-graph
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
+import math
 import re
+import time
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
@@ -35,7 +38,14 @@ VALUE_CHARS = 160  # a readable value longer than this is kept as a hash only
 VALUES_PER_LOOKUP = 4000  # readable characters kept per lookup; the hashes are always kept
 MAX_LOOKUPS_PER_TEST = 32
 MAX_RECORD_BYTES = 2_000_000
+# Components across a record's lookups once each carries the record's ``common`` ones too: what reading a
+# record costs in memory (~100 bytes each, the value strings shared). A record over it is refused (issue 28.1:
+# a 2.4 MB record of 8 tests expanded to 3.6 GB when every lookup copied 100,000 common components).
+MAX_COMPONENTS = 200_000
 MAX_GRAPH_LINES = 400  # graph code longer than this keeps its hash, not its per-line signature
+CODE_TEXT_CHARS = 1500  # statement text kept per graph, from its start, to say what changed (issue 29.11)
+STATEMENT_CHARS = 100  # one statement's text at most, in the record and in every reason
+MAX_REASONS = 10  # reasons per miss, the last one counting the rest
 
 GUARD = "guard_miss"  # the key was in the cache, its guards rejected this call (torch 2.13+ says so)
 OUTCOMES = ("hit", "miss", GUARD)
@@ -229,22 +239,98 @@ def _input_value(text: str) -> str | None:
 
 
 def _code_signature(code: str) -> str | None:
-    """Per line of graph code: a hash of its structure (literals masked) and a hash of its literals.
+    """Per statement of graph code: a hash of its structure (literals masked) and a hash of its literals;
+    then, from the first statement and within ``CODE_TEXT_CHARS``, each statement's short text.
 
-    Two graphs whose lines have the same structure but different literals differ by a constant
+    Two graphs whose statements have the same structure but different literals differ by a constant
     baked into the graph (a Python number, a string), which is what makes a test never hit when that
-    constant changes every run.
+    constant changes every run. The text says which values and statements changed (:func:`_code_diff`).
+    The form is ``"<sig> <sig> ...\n<where>\t<text>\n..."``; ``where`` is ``file.py:line`` when torch's
+    graph code carries the user's source (a ``# File: ...`` comment), else empty.
     """
-    lines = [ln.strip() for ln in code.splitlines()]
-    # Statements only: no header (``GraphModule()``, ``def forward(...)``), comments or blank lines.
-    lines = [ln for ln in lines if ln and not ln.startswith(("#", "def ", "class ")) and ln != "GraphModule()"]
-    if len(lines) > MAX_GRAPH_LINES:
+    statements = _statements(code)
+    if len(statements) > MAX_GRAPH_LINES:
         return None
-    sig = []
-    for line in lines:
-        literals = _LITERAL.findall(line)
-        sig.append(_short(_LITERAL.sub("#", line))[:4] + _short("\0".join(literals))[:4])
-    return " ".join(sig)
+    sig = [_token(text) for text, _ in statements]
+    texts: list[str] = []
+    budget = CODE_TEXT_CHARS
+    for text, where in statements:
+        line = f"{where}\t{_compact(text)}"
+        if len(line) > budget:
+            break
+        budget -= len(line)
+        texts.append(line)
+    return " ".join(sig) + "".join("\n" + line for line in texts)
+
+
+_SOURCE = re.compile(r"#.*?\bFile: (?P<file>[^\t\n]*?):(?P<line>[0-9]{1,7}) in ")
+
+
+def _statements(code: str) -> list[tuple[str, str]]:
+    """The statements of graph code, each with the user's ``file.py:line`` it came from ("" when unknown).
+
+    torch's text starts with the module's repr (``GraphModule()``, ``<lambda>()`` for an inference graph,
+    or a multi-line repr with submodules), then ``def forward(...):`` and the body: statements start after
+    the first ``def`` line (issue 29.9: a ``<lambda>()`` header counted as statement 1). A ``# File: ...``
+    comment (in verbose graph code) gives the source of the statements that follow it.
+    """
+    lines = code.splitlines()
+    start = next((i + 1 for i, line in enumerate(lines) if line.startswith("def ")), 0)
+    out: list[tuple[str, str]] = []
+    where = ""
+    for line in lines[start:]:
+        text = line.strip()
+        if text.startswith("#"):
+            source = _SOURCE.match(text)
+            if source:
+                where = f"{source['file'].rsplit('/', 1)[-1][-60:]}:{source['line']}"
+            continue
+        if text and not text.startswith(("def ", "class ")) and not (start == 0 and _HEADER.match(text)):
+            out.append((text, "" if text.startswith("return ") else where))  # the output has no source
+    return out
+
+
+_HEADER = re.compile(r"[\w<>.]*\(\)\Z")  # a module repr without children: ``GraphModule()``, ``<lambda>()``
+
+
+def _token(statement: str) -> str:
+    literals = _LITERAL.findall(statement)
+    return _short(_LITERAL.sub("#", statement))[:4] + _short("\0".join(literals))[:4]
+
+
+def _compact(statement: str) -> str:
+    """``mm = torch.ops.aten.mm.default(a, b);  a = None`` -> ``mm = aten.mm.default(a, b)``, at most
+    ``STATEMENT_CHARS`` characters."""
+    text = statement.split(";  ", 1)[0].replace("torch.ops.aten.", "aten.").replace("\t", " ")
+    return text if len(text) <= STATEMENT_CHARS else text[: STATEMENT_CHARS - 3] + "..."
+
+
+# Records written before statements started after the ``def`` line counted an inference graph's header.
+_LEGACY_HEADER = _token("<lambda>()")
+
+
+class _Code:
+    """A graph code value read back: the statements' tokens and, for the first ones, where and what they are."""
+
+    def __init__(self, value: str) -> None:
+        sig, *lines = value.split("\n", MAX_GRAPH_LINES + 1)
+        self.tokens = sig.split()
+        if not lines and self.tokens[:1] == [_LEGACY_HEADER]:
+            self.tokens = self.tokens[1:]
+        if len(self.tokens) > MAX_GRAPH_LINES + 1:  # not a value we wrote: compared by its hash alone
+            self.tokens, lines = [], []
+        self.texts = [line.partition("\t")[::2] for line in lines[:MAX_GRAPH_LINES]]
+
+    def text(self, index: int) -> str:
+        """Statement ``index`` (0-based) as ``text (file.py:3)``, bounded; "" when not kept."""
+        if not 0 <= index < len(self.texts):
+            return ""
+        where, text = self.texts[index]
+        text = text[:STATEMENT_CHARS]
+        return f"{text} ({where[:70]})" if where else text
+
+    def literals(self, index: int) -> list[str]:
+        return _LITERAL.findall(self.texts[index][1]) if 0 <= index < len(self.texts) else []
 
 
 # --------------------------------------------------------------------------- comparing two lookups
@@ -345,6 +431,8 @@ def diff(old: GraphLookup, new: GraphLookup) -> list[str]:
     if config_changed:  # the digest decides; the names say what we can tell
         config.append("inductor config changed" + (": " + ", ".join(sorted(options)) if options else ""))
     reasons = inputs + code + config + other + toolchain
+    if len(reasons) > MAX_REASONS:  # 300 inputs that all changed are one story: bounded in every output
+        reasons = [*reasons[: MAX_REASONS - 1], f"... and {len(reasons) - MAX_REASONS + 1} more differences"]
     return reasons or ["key changed, but no recorded component differs (the record may be truncated)"]
 
 
@@ -360,10 +448,13 @@ def _grad_flip(old: GraphLookup, new: GraphLookup) -> str | None:
 _ORDER = {INPUT: 0, CODE: 1}
 
 
+_INPUT_INDEX = re.compile(r"[0-9]{1,9}\]\Z")  # ASCII digits only: "²".isdigit() is True, int("²") raises
+
+
 def _ordered(names: Iterable[str]) -> list[str]:
     def rank(name: str) -> tuple[int, int, str]:
         attr, _, index = name.partition("[")
-        number = int(index[:-1]) if attr == INPUT and index[:-1].isdigit() else 0
+        number = int(index[:-1]) if attr == INPUT and _INPUT_INDEX.match(index) else 0
         return (_ORDER.get(attr, 2), number, name)
 
     return sorted(names, key=rank)
@@ -416,16 +507,73 @@ def _union(old: Mapping[str, str], new: Mapping[str, str]) -> list[str]:
     return [n for n in names if old.get(n) != new.get(n)]
 
 
+CONSTANT = "a constant in graph statement"
+
+
 def _code_diff(before: str | None, after: str | None) -> str:
+    """What changed in the graph code, in one bounded line (issue 29.11).
+
+    Only constants: ``graph code changed: a constant in graph statement 4 (0.89 -> 0.43; mod.py:12)``.
+    Otherwise how many statements were added, removed or changed, and the first that differs:
+    ``graph code changed: 2 statements differ (1 added, 1 changed); first at statement 3: relu = aten.relu(mul)``.
+    """
     if before is None or after is None:
         return "graph code changed"
-    old, new = before.split(), after.split()
-    if len(old) == len(new):
-        changed = [i for i, (a, b) in enumerate(zip(old, new)) if a != b]
-        if changed and all(old[i][:4] == new[i][:4] for i in changed):
-            where = ", ".join(str(i + 1) for i in changed[:5])
-            return f"graph code changed: a constant in graph statement {where}"
-    return "graph code changed"
+    old, new = _Code(before), _Code(after)
+    changed = _constant_statements(old, new)
+    if changed:
+        return f"graph code changed: {_constant_what(changed)}{_constant_detail(old, new, changed[0])}"
+    return "graph code changed" + _structure_detail(old, new)
+
+
+def _constant_statements(old: _Code, new: _Code) -> list[int]:
+    """The statements (0-based) whose literals alone differ, when nothing else in the code differs; else []."""
+    if len(old.tokens) != len(new.tokens):
+        return []
+    changed = [i for i, (a, b) in enumerate(zip(old.tokens, new.tokens)) if a != b]
+    return changed if all(old.tokens[i][:4] == new.tokens[i][:4] for i in changed) else []
+
+
+def _constant_what(changed: Sequence[int]) -> str:
+    return f"{CONSTANT} {', '.join(str(i + 1) for i in changed[:5])}"
+
+
+def _constant_detail(old: _Code, new: _Code, index: int) -> str:
+    """`` (0.89 -> 0.43; mod.py:12)``: the first changed statement's differing literals and its source."""
+    before, after = old.literals(index), new.literals(index)
+    values = "; ".join(f"{a[:24]} -> {b[:24]}" for a, b in zip(before, after) if a != b)
+    if len(before) != len(after) or len(values) > 120:
+        values = ""
+    where = new.texts[index][0][:70] if index < len(new.texts) else ""
+    parts = [part for part in (values, where) if part]
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _structure_detail(old: _Code, new: _Code) -> str:
+    if not old.tokens and not new.tokens:
+        return ""
+    matcher = difflib.SequenceMatcher(None, old.tokens, new.tokens, autojunk=False)
+    added = removed = changed = 0
+    first: tuple[str, int, int] | None = None
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        changed += min(i2 - i1, j2 - j1)
+        added += max(0, (j2 - j1) - (i2 - i1))
+        removed += max(0, (i2 - i1) - (j2 - j1))
+        first = first or (tag, i1, j1)
+    if first is None:
+        return ""
+    total = added + removed + changed
+    counts = ", ".join(f"{n} {word}" for n, word in ((added, "added"), (removed, "removed"), (changed, "changed")) if n)
+    kind, i, j = first
+    if kind == "delete":
+        text = old.text(i)
+        where = f"first at statement {i + 1} (removed)" + (f": {text}" if text else "")
+    else:
+        text = new.text(j)
+        where = f"first at statement {j + 1}" + (f": {text}" if text else "")
+    return f": {total} statement{'s differ' if total != 1 else ' differs'} ({counts}); {where}"
 
 
 # --------------------------------------------------------------------------- one test, many lookups
@@ -478,31 +626,72 @@ def explain_test(current: Sequence[GraphLookup], previous: Sequence[GraphLookup]
     return out
 
 
-def never_hits(history: Sequence[Sequence[GraphLookup]]) -> str | None:
-    """The component that changed between every two consecutive runs of a test, or None.
+# A one-time edit of a constant changes a statement once; flagging a test as never hitting needs evidence an
+# edit cannot give (issue 29.10): the same statement changing in this many consecutive runs, or changing back.
+NEVER_HIT_CHANGES = 3
+SEEN_VALUES = 8  # values of the changing statement remembered, to see it change back
 
-    ``history`` holds the test's lookups per run, oldest first; two runs are enough. A test is flagged
-    when each run's misses differ from the run before only by a constant baked into the graph code
-    (unseeded random numbers, a timestamp, a temp path): such a test can never hit, whatever is cached.
+
+@dataclass(frozen=True)
+class Streak:
+    """How one test's graph changed in consecutive runs: ``what`` changed (``a constant in graph statement 4``)
+    ``changes`` times in a row, taking the values (literal hashes) in ``seen``, oldest first."""
+
+    what: str
+    changes: int
+    seen: tuple[str, ...] = ()
+
+    def then(self, change: tuple[str, str, str] | None) -> Streak | None:
+        """This streak after one more run: ``change`` is (what, old value, new value), None when it did not."""
+        if change is None:
+            return None
+        what, old, new = change
+        if what == self.what and self.seen[-1:] == (old,):
+            return Streak(what, self.changes + 1, (*self.seen, new)[-SEEN_VALUES:])
+        return Streak(what, 1, (old, new))
+
+    @property
+    def evident(self) -> bool:
+        """True when no single edit explains it: many changes in a row, or a value that came back."""
+        back = len(self.seen) >= 3 and self.seen[-1] in self.seen[:-2]
+        return self.changes >= NEVER_HIT_CHANGES or (self.changes >= 2 and back)
+
+
+_NO_STREAK = Streak("", 0)
+
+
+def constant_change(before: Sequence[GraphLookup], after: Sequence[GraphLookup]) -> tuple[str, str, str] | None:
+    """When a run's misses differ from the run before only by a constant in the graph code: (what, the
+    statement's old value, its new value), values as literal hashes; else None (no miss, or another change)."""
+    misses = [lookup for lookup in after if lookup.outcome != "hit"]
+    for miss in misses:
+        best = most_similar(miss, before)
+        if best is None or best.key == miss.key:
+            continue
+        reasons = diff(best, miss)
+        old, new = best.value(CODE), miss.value(CODE)
+        if len(reasons) != 1 or not reasons[0].startswith("graph code changed: " + CONSTANT) or not old or not new:
+            continue
+        old_code, new_code = _Code(old), _Code(new)
+        changed = _constant_statements(old_code, new_code)
+        if changed:
+            first = changed[0]
+            return _constant_what(changed), old_code.tokens[first][4:], new_code.tokens[first][4:]
+    return None
+
+
+def never_hits(history: Sequence[Sequence[GraphLookup]]) -> str | None:
+    """The statement whose constant keeps changing in a test's runs (``history``, oldest first), or None.
+
+    A test is flagged when its misses differ from the run before only by a constant baked into the graph
+    code, in the same statement, in at least ``NEVER_HIT_CHANGES`` consecutive runs, or when that constant
+    came back to an earlier value (unseeded random numbers, a timestamp, a temp path): such a test can never
+    hit, whatever is cached. One edit of a constant (``4.0`` -> ``4.25``) is not enough.
     """
-    if len(history) < 2:
-        return None
-    found: str | None = None
+    streak: Streak | None = None
     for before, after in zip(history, history[1:]):
-        misses = [lookup for lookup in after if lookup.outcome != "hit"]
-        if not misses:
-            return None
-        volatile = None
-        for miss in misses:
-            best = most_similar(miss, before)
-            reasons = diff(best, miss) if best is not None else []
-            if len(reasons) == 1 and reasons[0].startswith("graph code changed: a constant"):
-                volatile = reasons[0].removeprefix("graph code changed: ")
-                break
-        if volatile is None:
-            return None
-        found = volatile
-    return found
+        streak = (streak or _NO_STREAK).then(constant_change(before, after))
+    return streak.what if streak is not None and streak.evident else None
 
 
 # --------------------------------------------------------------------------- a session's graphs, bounded
@@ -513,17 +702,23 @@ class GraphsRecord:
     """The graphs each test looked up in one run, and how many runs in a row a constant changed.
 
     Kept in a bundle manifest's ``graphs`` field and in ``<cache dir>/.compilecache-graphs.json``.
-    ``volatile`` maps a test to ``[what changed, runs in a row]``: the memory ``never_hits`` needs
-    without keeping whole histories.
+    ``volatile`` maps a test to its :class:`Streak` (``[what changed, changes in a row, values seen]``):
+    the memory ``never_hits`` needs without keeping whole histories. ``created`` is when the session that
+    made it ended (Unix time; 0 for a record older than the field): of a restored bundle's record and the
+    cache dir's, the newer one is the baseline (:func:`install_restored`). ``from_bundle``: the dir's record
+    is a restored bundle's.
     """
 
     tests: dict[str, list[GraphLookup]] = field(default_factory=dict)
-    volatile: dict[str, tuple[str, int]] = field(default_factory=dict)
+    volatile: dict[str, Streak] = field(default_factory=dict)
     torch: str = ""
     truncated: int = 0
+    created: float = 0.0
+    from_bundle: bool = False
 
     def to_json(self, max_bytes: int = MAX_RECORD_BYTES) -> dict[str, Any]:
-        """Bounded: at most ``MAX_LOOKUPS_PER_TEST`` lookups per test and about ``max_bytes`` in all.
+        """Bounded: at most ``MAX_LOOKUPS_PER_TEST`` lookups per test, about ``max_bytes`` in all and
+        ``MAX_COMPONENTS`` components once read back (:meth:`from_json` refuses more).
 
         Tests past the byte budget are left out (``truncated`` counts them): their next miss reads
         ``new test``, which is honest about what we kept.
@@ -531,19 +726,24 @@ class GraphsRecord:
         tests: dict[str, Any] = {}
         common = _common(g for lookups in self.tests.values() for g in lookups[:MAX_LOOKUPS_PER_TEST])
         size = 200 + len(json.dumps(common))
+        components = 0
         dropped = self.truncated
         for nodeid in sorted(self.tests):
             entry = [_without(g.to_json(), common) for g in self.tests[nodeid][:MAX_LOOKUPS_PER_TEST]]
             cost = len(json.dumps(entry, separators=(",", ":"))) + len(nodeid) + 8
-            if size + cost > max_bytes:
+            count = sum(len(common) + len(e["c"]) for e in entry)
+            if size + cost > max_bytes or components + count > MAX_COMPONENTS:
                 dropped += 1
                 continue
             size += cost
+            components += count
             tests[nodeid] = entry
-        volatile = {k: [v[0], v[1]] for k, v in self.volatile.items() if k in tests}
+        volatile = {k: [v.what, v.changes, list(v.seen)] for k, v in self.volatile.items() if k in tests}
         return {
             "format": FORMAT,
             "torch": self.torch,
+            "created": self.created,
+            **({"from_bundle": True} if self.from_bundle else {}),
             "common": common,
             "tests": tests,
             "volatile": volatile,
@@ -552,7 +752,21 @@ class GraphsRecord:
 
     @classmethod
     def from_json(cls, data: Any) -> GraphsRecord:
-        """Read :meth:`to_json`'s form; raises ValueError on anything malformed (a bundle may be hostile)."""
+        """Read :meth:`to_json`'s form; raises ValueError on anything malformed (a bundle may be hostile).
+
+        Memory stays proportional to ``MAX_COMPONENTS``: a record whose lookups would hold more components
+        (the ``common`` ones counted in every lookup) is refused, and the common values are parsed once and
+        shared by every lookup rather than copied. ValueError is the only exception, whatever ``data`` is.
+        """
+        try:
+            return cls._from_json(data)
+        except ValueError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- a reader of hostile data: any surprise is a malformed record
+            raise ValueError(f"graphs record: {type(exc).__name__}: {exc}"[:300]) from exc
+
+    @classmethod
+    def _from_json(cls, data: Any) -> GraphsRecord:
         if not isinstance(data, Mapping) or data.get("format") != FORMAT:
             raise ValueError("graphs record: unknown format")
         tests_in, volatile_in = data.get("tests", {}), data.get("volatile", {})
@@ -561,21 +775,44 @@ class GraphsRecord:
         common = data.get("common", {})
         if not isinstance(common, Mapping):
             raise ValueError("graphs record: bad common components")
-        tests: dict[str, list[GraphLookup]] = {}
         for nodeid, entries in tests_in.items():
             if not isinstance(entries, list) or not all(
                 isinstance(e, Mapping) and isinstance(e.get("c", {}), Mapping) for e in entries
             ):
-                raise ValueError(f"graphs record: bad entry for {nodeid!r}")
-            tests[str(nodeid)] = [
-                GraphLookup.from_json({**e, "c": {**common, **e.get("c", {})}}) for e in entries[:MAX_LOOKUPS_PER_TEST]
-            ]
-        volatile: dict[str, tuple[str, int]] = {}
+                raise ValueError(f"graphs record: bad entry for {nodeid!r:.80}")
+        # Counted before anything is built: memory is bounded by MAX_COMPONENTS, whatever the record says.
+        expanded = sum(
+            len(common) + len(e.get("c", {})) for entries in tests_in.values() for e in entries[:MAX_LOOKUPS_PER_TEST]
+        )
+        if expanded > MAX_COMPONENTS:
+            raise ValueError(f"graphs record: {expanded} components in its lookups, more than {MAX_COMPONENTS}")
+        shared = GraphLookup.from_json({"k": "", "o": "hit", "c": common}).components  # parsed once, shared
+        tests: dict[str, list[GraphLookup]] = {}
+        for nodeid, entries in tests_in.items():
+            lookups = []
+            for e in entries[:MAX_LOOKUPS_PER_TEST]:
+                lookup = GraphLookup.from_json(e)
+                lookup.components = {**shared, **lookup.components}
+                lookups.append(lookup)
+            tests[str(nodeid)] = lookups
+        volatile: dict[str, Streak] = {}
         for nodeid, entry in volatile_in.items():
-            if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], int):
-                volatile[str(nodeid)] = (entry[0], entry[1])
-        truncated = data.get("truncated", 0)
-        return cls(tests, volatile, str(data.get("torch", "")), truncated if isinstance(truncated, int) else 0)
+            if not isinstance(entry, list) or len(entry) not in (2, 3) or not isinstance(entry[0], str):
+                continue
+            seen = entry[2] if len(entry) == 3 and isinstance(entry[2], list) else []
+            if type(entry[1]) is int and 0 < entry[1] <= 10**6 and all(isinstance(v, str) for v in seen):
+                volatile[str(nodeid)] = Streak(entry[0][:200], entry[1], tuple(v[:16] for v in seen[-SEEN_VALUES:]))
+        truncated, torch, created = data.get("truncated", 0), data.get("torch", ""), data.get("created", 0)
+        if type(created) not in (int, float) or not math.isfinite(created):
+            created = 0.0
+        return cls(
+            tests,
+            volatile,
+            torch if isinstance(torch, str) else "",
+            truncated if type(truncated) is int else 0,
+            float(created),
+            data.get("from_bundle") is True,
+        )
 
 
 def _common(lookups: Iterable[GraphLookup]) -> dict[str, Any]:
@@ -593,18 +830,22 @@ def _without(entry: dict[str, Any], common: Mapping[str, Any]) -> dict[str, Any]
 
 @dataclass
 class SessionExplanation:
-    """Every miss of a session explained, and the tests flagged as never hitting."""
+    """Every miss of a session explained, the tests flagged as never hitting, and the tests that ran a
+    training graph's forward without its backward (their AOTAutograd lookups miss every run: torch saves
+    an AOTAutograd entry only once the backward is compiled; issue 29.12)."""
 
     misses: dict[str, list[MissExplanation]] = field(default_factory=dict)
-    # nodeid -> (what changed, in how many runs in a row): 2 = this run and the one before.
+    # nodeid -> (what changed, in how many runs in a row, this run included): 3 or more.
     never_hit: dict[str, tuple[str, int]] = field(default_factory=dict)
     compared_with: str = ""  # "bundle", "previous session" or "" (nothing to compare with)
+    forward_only: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "compared_with": self.compared_with or None,
             "misses": {k: [m.to_json() for m in v] for k, v in self.misses.items()},
             "never_hit": {k: {"what": what, "runs": runs} for k, (what, runs) in self.never_hit.items()},
+            "forward_only": list(self.forward_only),
         }
 
     @classmethod
@@ -627,19 +868,35 @@ class SessionExplanation:
             if not isinstance(what, str) or type(runs) is not int:
                 raise ValueError(f"why: never_hit of {nodeid!r:.80} must be {{what: str, runs: int}}")
             out.never_hit[str(nodeid)] = (what, runs)
+        forward_only = data.get("forward_only", [])
+        if not isinstance(forward_only, list) or not all(isinstance(n, str) for n in forward_only):
+            raise ValueError("why: forward_only must be a list of test ids")
+        out.forward_only = list(forward_only)
         return out
 
 
 def explain_session(
-    current: Mapping[str, Sequence[GraphLookup]], previous: GraphsRecord | None, compared_with: str = ""
+    current: Mapping[str, Sequence[GraphLookup]],
+    previous: GraphsRecord | None,
+    compared_with: str = "",
+    now: float | None = None,
+    aot_misses: Mapping[str, int] | None = None,
 ) -> tuple[SessionExplanation, GraphsRecord]:
     """Explain this session's misses against ``previous`` and build the record the next run compares with.
 
     Returns the explanation and the new record (this session's graphs, with the ``volatile`` streaks
-    updated). Without ``previous`` nothing is explained (a first run has nothing to compare with).
+    updated, made at ``now``, by default the current time). Without ``previous`` nothing is explained (a
+    first run has nothing to compare with). ``aot_misses`` (AOTAutograd misses per test), when given,
+    keeps out of ``forward_only`` the tests whose AOTAutograd lookups hit (another test ran the backward).
     """
     out = SessionExplanation(compared_with=compared_with if previous is not None else "")
-    record = GraphsRecord(tests={k: list(v) for k, v in current.items() if v})
+    created = time.time() if now is None else now
+    record = GraphsRecord(tests={k: list(v) for k, v in current.items() if v}, created=created)
+    out.forward_only = sorted(
+        nodeid
+        for nodeid, lookups in current.items()
+        if _forward_only(lookups) and (aot_misses is None or aot_misses.get(nodeid, 0) > 0)
+    )
     for nodeid, lookups in current.items():
         if previous is None or not lookups:
             continue
@@ -649,13 +906,19 @@ def explain_session(
             out.misses[nodeid] = explained
         if earlier is None:
             continue
-        changed = never_hits([earlier, lookups])
-        if changed is None:
+        streak = previous.volatile.get(nodeid, _NO_STREAK).then(constant_change(earlier, lookups))
+        if streak is None:
             continue
-        streak = previous.volatile.get(nodeid, ("", 0))[1] + 1
-        record.volatile[nodeid] = (changed, streak)
-        out.never_hit[nodeid] = (changed, streak + 1)
+        record.volatile[nodeid] = streak
+        if streak.evident:
+            out.never_hit[nodeid] = (streak.what, streak.changes + 1)
     return out, record
+
+
+def _forward_only(lookups: Sequence[GraphLookup]) -> bool:
+    """A training graph's forward looked up, and no backward graph: the backward never ran in this test."""
+    kinds = {lookup.kind for lookup in lookups}
+    return ("False", "False") in kinds and not any(backward == "True" for backward, _ in kinds)
 
 
 def carry_forward(record: GraphsRecord, previous: GraphsRecord | None) -> GraphsRecord:
@@ -677,7 +940,11 @@ def load_record(cache_dir: Path) -> GraphsRecord | None:
         return None
     if path.stat().st_size > MAX_RECORD_BYTES * 2:
         raise ValueError(f"{path} is larger than {MAX_RECORD_BYTES * 2} bytes")
-    return GraphsRecord.from_json(json.loads(path.read_text(encoding="utf-8")))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError as exc:  # deeply nested JSON: anyone can write this file
+        raise ValueError(f"{path} is nested too deeply") from exc
+    return GraphsRecord.from_json(data)
 
 
 def save_record(cache_dir: Path, record: GraphsRecord) -> Path:
@@ -690,10 +957,83 @@ def save_record(cache_dir: Path, record: GraphsRecord) -> Path:
 
 
 def install_restored(cache_dir: Path, graphs: Mapping[str, Any]) -> GraphsRecord:
-    """Make a restored bundle's verified ``graphs`` the record of ``cache_dir``, for every process to read.
+    """Make the newer of a restored bundle's verified ``graphs`` and ``cache_dir``'s record the dir's record,
+    for every process to read, and return it.
 
-    Raises ValueError (malformed record: the bundle may be hostile) or OSError; the dir is then as it was.
+    The newer one (by ``created``; the bundle's on a tie) is kept whole and the other adds only the tests it
+    lacks: a shared dir whose last session compiled after the bundle was made keeps explaining against that
+    session (issue 29.7: a ``-k`` session restored an older bundle, and the next run compared with it). An
+    unreadable dir record is replaced. Raises ValueError (malformed record: the bundle may be hostile) or
+    OSError; the dir is then as it was.
     """
-    record = GraphsRecord.from_json(graphs)
+    bundle = GraphsRecord.from_json(graphs)
+    try:
+        local = load_record(cache_dir)
+    except (OSError, ValueError):
+        local = None
+    if local is not None and local.created > bundle.created:
+        record = carry_forward(local, bundle)
+    else:
+        bundle.from_bundle = True
+        record = carry_forward(bundle, local)
     save_record(cache_dir, record)
     return record
+
+
+# --------------------------------------------------------------------------- what the session calls: never raises
+# Nothing in explaining may fail a session (issue 28.2): records come from bundles and from a shared dir, and a
+# bug met on one of them would otherwise repeat in every run until someone removed it. Each entry point below
+# turns any exception into one warning line and carries on without explanations.
+
+
+def _trouble(what: str, exc: BaseException) -> str:
+    expected = isinstance(exc, (OSError, ValueError)) and type(exc) is not UnicodeDecodeError and str(exc)
+    return (f"{what}: {exc}" if expected else f"{what}: {type(exc).__name__}: {exc}")[:500]
+
+
+def explain_test_safely(
+    current: Sequence[GraphLookup], previous: Sequence[GraphLookup] | None
+) -> list[MissExplanation]:
+    """:func:`explain_test` for the ``compile_cache_stats`` fixture: no explanations rather than an exception
+    in the user's test (the controller's :func:`explain_session_safely` warns once at the end)."""
+    try:
+        return explain_test(current, previous)
+    except Exception:  # noqa: BLE001 -- see above
+        return []
+
+
+def explain_session_safely(
+    current: Mapping[str, Sequence[GraphLookup]],
+    previous: GraphsRecord | None,
+    compared_with: str = "",
+    aot_misses: Mapping[str, int] | None = None,
+) -> tuple[SessionExplanation | None, GraphsRecord | None, str | None]:
+    """:func:`explain_session` then :func:`carry_forward`: ``(explanation, record to keep, warning)``.
+
+    Never raises. When explaining fails, the explanation is None and the record is this session's graphs
+    alone (so a record that broke explaining is replaced, not kept for the next run), with one warning line.
+    """
+    try:
+        why, record = explain_session(current, previous, compared_with, aot_misses=aot_misses)
+        return why, carry_forward(record, previous), None
+    except Exception as exc:  # noqa: BLE001 -- see above
+        warning = _trouble("no miss explanations this session", exc)
+    try:
+        return None, explain_session(current, None)[1], warning
+    except Exception:  # noqa: BLE001 -- see above
+        return None, None, warning
+
+
+def read_baseline(cache_dir: Path, graphs: Mapping[str, Any] | None) -> tuple[GraphsRecord | None, str | None]:
+    """The record this session's misses are explained against: ``(record or None, warning or None)``.
+
+    ``graphs`` is a restored bundle's record (installed into ``cache_dir`` for every process to read); without
+    one, the dir's record. Never raises: a record that cannot be read or installed is one warning.
+    """
+    try:
+        if graphs:
+            return install_restored(cache_dir, graphs), None
+        return load_record(cache_dir), None
+    except Exception as exc:  # noqa: BLE001 -- see above
+        where = "of the restored bundle" if graphs else "in the cache dir"
+        return None, _trouble(f"no miss explanations: the graph record {where} is unreadable", exc)

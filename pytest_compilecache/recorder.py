@@ -164,9 +164,9 @@ class Recorder:
         if baseline is None:
             return []
         # cost: explain loads only when there is something to explain
-        from .explain import explain_test
+        from .explain import explain_test_safely
 
-        return explain_test(record.graphs, baseline.tests.get(record.nodeid))
+        return explain_test_safely(record.graphs, baseline.tests.get(record.nodeid))
 
     def baseline(self) -> GraphsRecord | None:
         """The earlier run's graph record; None when there is none or it is unreadable (the controller warns)."""

@@ -252,8 +252,16 @@ def _truncate(text: str, limit: int) -> str:
 # ---- miss explanations (issue 12)
 
 
+FORWARD_ONLY_NOTE = (
+    "ran a training graph's forward without its backward: torch saves an AOTAutograd cache entry only once the "
+    "backward is compiled, so their AOTAutograd lookups miss in every run (their FX graphs still hit; not counted "
+    "as misses)"
+)
+
+
 def never_hit_text(what: str, runs: int) -> str:
-    """Two runs cannot tell an edit from a value that changes by itself: say which case we are sure of."""
+    """Two runs cannot tell an edit from a value that changes by itself: say which case we are sure of (explain
+    flags a test only from three runs on; a report from an earlier version may say two)."""
     if runs >= 3:
         return f"{what} changed in each of the last {runs} runs: this test can never hit ({NEVER_HIT_HINT})"
     return f"only {what} changed since the last run: if nothing was edited, this test can never hit ({NEVER_HIT_HINT})"
@@ -277,13 +285,24 @@ def why_lines(why: SessionExplanation, limit: int = WHY_ROWS) -> list[str]:
     lines = [
         one_line(f"{'never hits' if never else 'why'} {nodeid}: {text}", 1000) for nodeid, never, text in _why_rows(why)
     ]
+    note = forward_only_line(why)
     if not lines:
-        return []
+        return [note] if note else []
     head = f"why tests missed (compared with the {why.compared_with}):" if why.compared_with else "why tests missed:"
     shown = lines[:limit]
     if len(lines) > limit:
         shown.append(f"... and {len(lines) - limit} more (see --compile-cache-json)")
-    return [head, *shown]
+    return [head, *shown, *([note] if note else [])]
+
+
+def forward_only_line(why: SessionExplanation) -> str:
+    """Once per report (issue 29.12): why tests that never ran a backward miss AOTAutograd in every run; ""
+    when none did. Names at most two tests (the JSON report lists them all)."""
+    tests = why.forward_only
+    if not tests:
+        return ""
+    names = ", ".join(tests[:2]) + (f" and {len(tests) - 2} more" if len(tests) > 2 else "")
+    return one_line(f"note: {len(tests)} test{'s' if len(tests) != 1 else ''} ({names}) {FORWARD_ONLY_NOTE}", 1000)
 
 
 def why_markdown(why: SessionExplanation, budget: int) -> str:
@@ -316,7 +335,8 @@ def why_json(why: SessionExplanation) -> dict[str, Any]:
     """The JSON report's top-level ``why`` (schema version 1, additive).
 
     ``{"compared_with": "bundle"|"previous session"|null, "misses": {nodeid: [{"key", "reasons": [str]}]},
-    "never_hit": {nodeid: {"what": the component that changed, "runs": runs in a row it changed}}}``.
+    "never_hit": {nodeid: {"what": the component that changed, "runs": runs in a row it changed}},
+    "forward_only": [nodeid]}`` (tests that ran a training forward without its backward).
     """
     return why.to_json()
 

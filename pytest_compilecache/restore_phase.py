@@ -153,7 +153,6 @@ class RestorePhase:
             {
                 "restored": write_handoff(restored) if restored is not None else None,
                 "store_trouble": self.store_trouble,
-                "from_bundle": self.compared_with == "bundle",
                 "fingerprint": fingerprint.to_json() if fingerprint is not None else None,
             }
         )
@@ -174,7 +173,7 @@ class RestorePhase:
         facts = data.get("fingerprint")
         if isinstance(facts, dict) and all(isinstance(v, str) for v in facts.values()):
             self.setup.adopt_fingerprint(facts)
-        self._read_baseline(from_bundle=data.get("from_bundle") is True)
+        self._read_baseline()
 
     def _restore(self) -> None:
         from . import sync  # cost: as above
@@ -224,39 +223,31 @@ class RestorePhase:
         elif self.restored.message != told.message:
             self.problems.note(self.restored.message)
 
-    def _read_baseline(self, from_bundle: bool = False) -> None:
+    def _read_baseline(self) -> None:
         """The earlier run's graphs, kept as ``<cache dir>/.compilecache-graphs.json`` for every process.
 
-        A restored bundle's record (verified with the bundle) replaces the dir's; without one, a shared dir's
-        record is the previous local session's. A fresh isolated dir has none unless a bundle brought it, so a
-        cold isolated session explains nothing: every miss there is intended. An unreadable record is one
-        warning and no explanations (the session's own record replaces it at the end).
+        Of a restored bundle's record (verified with the bundle) and the dir's, the newer is the baseline
+        (:func:`explain.install_restored`); without one, a shared dir's record is the previous local session's.
+        A fresh isolated dir has none unless a bundle brought it, so a cold isolated session explains nothing:
+        every miss there is intended. An unreadable record is one warning and no explanations (the session's
+        own record replaces it at the end).
         """
         path = self.setup.dir.path
         if not self.setup.settings.explain or not path or self.setup.dir.mode not in EXPLAINED_MODES:
             return  # off: a restored bundle's record is not installed, nothing is compared
         from .cachedir import GRAPHS_RECORD  # cost: only a session with a dir of ours reads a record
 
-        restored = self.restored
-        graphs = restored.graphs if restored is not None else None
+        graphs = self.restored.graphs if self.restored is not None else None
         record: GraphsRecord | None = None
-        try:
-            if graphs:
-                # cost: explain loads only when there is a record to read
-                from .explain import install_restored
+        if graphs or os.path.isfile(os.path.join(path, GRAPHS_RECORD)):
+            from .explain import read_baseline  # cost: explain loads only when there is a record to read
 
-                record = install_restored(Path(path), graphs)
-            elif os.path.isfile(os.path.join(path, GRAPHS_RECORD)):
-                from .explain import load_record  # cost: as above
-
-                record = load_record(Path(path))
-        except (OSError, ValueError) as exc:
-            where = "of the restored bundle" if graphs else "in the cache dir"
-            self.problems.warn(one_line(f"no miss explanations: the graph record {where} is unreadable: {exc}", 500))
-            record = None
-        # The Action restores before pytest (--compile-cache-restore=skip) and leaves the bundle's record here.
-        by_action = self.setup.settings.restore == "skip" and restored is not None and restored.ok
-        from_bundle = from_bundle or bool(graphs) or (by_action and restored is not None and restored.outcome != "miss")
+            record, warning = read_baseline(Path(path), graphs)  # never raises: trouble is one warning
+            if warning:
+                self.problems.warn(one_line(warning, 500))
+        # The record says whether it is a restored bundle's (installed here, by the worker that restored for an
+        # xdist controller, or by the Action's restore step) or a local session's: the dir keeps the newer.
+        from_bundle = record is not None and record.from_bundle
         self.baseline, self.compared_with = record, ("bundle" if from_bundle else "previous session")
         self.recorder.set_baseline(record)
 

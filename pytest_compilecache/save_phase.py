@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from . import cachedir
 from . import probe
+from .ghrunner import one_line
 
 if TYPE_CHECKING:
     from .explain import GraphsRecord
@@ -73,18 +74,19 @@ class SavePhase:
         if not current:
             return  # nothing was looked up: keep the baseline as it is for the next run
         # cost: explain loads only when a test looked up a graph
-        from .explain import carry_forward
-        from .explain import explain_session
+        from .explain import explain_session_safely
         from .explain import save_record
 
         baseline = self.start.baseline
-        why, record = explain_session(current, baseline, self.start.compared_with)
-        if baseline is not None:  # None: a first run, nothing compared (the report says null, not "{}")
+        aot_misses = {nodeid: r.aotautograd["miss"] for nodeid, r in self.stats.records.items()}
+        why, self.graphs, warning = explain_session_safely(current, baseline, self.start.compared_with, aot_misses)
+        if warning:  # never a failed session: one warning, and this session's graphs alone are kept
+            self.problems.warn(one_line(warning, 500))
+        if why is not None and baseline is not None:  # None: a first run (the report says null, not "{}")
             self.why = why
-        for nodeid, misses in why.misses.items():
+        for nodeid, misses in (why.misses if why is not None else {}).items():
             self.stats.records[nodeid].why = misses
-        self.graphs = carry_forward(record, baseline)
-        if self.setup.dir.mode == "shared":
+        if self.graphs is not None and self.setup.dir.mode == "shared":
             try:
                 save_record(Path(path), self.graphs)
             except OSError as exc:

@@ -1,8 +1,9 @@
-"""Compile tiny models twice per scenario, changing exactly one thing, and print every FX lookup as JSON.
+"""Compile tiny models twice per scenario (``random``: four times), changing exactly one thing, and print every
+FX lookup as JSON.
 
 Run as a script (``python explain_scenarios.py NAME...``) by ``test_explain_real.py``: one torch import
-for all scenarios, and the test process stays torch-free. Each scenario gets a fresh cache dir; its two
-"sessions" are separated by ``torch._dynamo.reset()`` and ``clear_caches()``, so the second one looks
+for all scenarios, and the test process stays torch-free. Each scenario gets a fresh cache dir; its
+"sessions" are separated by ``torch._dynamo.reset()`` and ``clear_caches()``, so each later one looks
 every graph up on disk exactly as a new process would.
 """
 
@@ -42,6 +43,12 @@ def _plain(x: torch.Tensor) -> torch.Tensor:
     return x.t() @ x
 
 
+def _twice(x: torch.Tensor) -> torch.Tensor:
+    # _plain with one more matmul: a structural change (statements added), still extern kernels only.
+    gram = x.t() @ x
+    return gram @ gram
+
+
 def _pointwise(x: torch.Tensor) -> torch.Tensor:
     # For the training graph: the backward of a matmul of x with itself adds two gradients, a C++ kernel anyway.
     return (x * 2.0).relu().sum(0)
@@ -60,7 +67,7 @@ class _null:
         return None
 
 
-SCENARIOS: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {
+SCENARIOS: dict[str, tuple[Callable[[], None], ...]] = {
     "same": (lambda: _run(_plain, torch.randn(8, 16)), lambda: _run(_plain, torch.randn(8, 16))),
     "shape": (lambda: _run(_plain, torch.randn(8, 16)), lambda: _run(_plain, torch.randn(8, 32))),
     "dtype": (
@@ -76,11 +83,10 @@ SCENARIOS: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {
         lambda: _run(_plain, torch.randn(8, 16)),
         lambda: _run(_plain, torch.randn(8, 16), options={"epilogue_fusion": False}),
     ),
-    # An unseeded random number baked into the graph: what makes a test never hit.
-    "random": (
-        lambda: _run(_scale(random.random()), torch.randn(8, 16)),
-        lambda: _run(_scale(random.random()), torch.randn(8, 16)),
-    ),
+    "structure": (lambda: _run(_plain, torch.randn(8, 16)), lambda: _run(_twice, torch.randn(8, 16))),
+    # An unseeded random number baked into the graph: what makes a test never hit. Four sessions: flagging
+    # needs the same statement changing in three runs in a row (one edit changes it once).
+    "random": tuple(lambda: _run(_scale(random.random()), torch.randn(8, 16)) for _ in range(4)),
 }
 
 
@@ -98,8 +104,8 @@ def main(names: list[str]) -> int:
         cache = tempfile.mkdtemp(prefix=f"explain-{name}-")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
         try:
-            first, second = SCENARIOS[name]
-            out[name] = {"a": _session(first), "b": _session(second)}
+            runs = [_session(step) for step in SCENARIOS[name]]
+            out[name] = {"a": runs[0], "b": runs[1], "runs": runs}
         except Exception:
             out[name] = {"error": traceback.format_exc()}
         finally:

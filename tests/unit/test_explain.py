@@ -15,6 +15,7 @@ import pytest
 from pytest_compilecache import explain
 from pytest_compilecache.explain import GraphLookup
 from pytest_compilecache.explain import GraphsRecord
+from pytest_compilecache.explain import SessionExplanation
 
 CODE = """GraphModule()
 
@@ -137,7 +138,7 @@ def test_lookup_json_round_trip_and_hostile_input() -> None:
         ({}, {"inputs": ("8, 32",)}, ["input 0 shape [8, 16] -> [8, 32]"]),
         ({}, {"dtype": "bfloat16"}, ["input 0 dtype float32 -> bfloat16"]),
         ({}, {"grad": True}, ["input 0 requires_grad False -> True"]),
-        ({}, {"c": "3.0"}, ["graph code changed: a constant in graph statement 1"]),
+        ({}, {"c": "3.0"}, ["graph code changed: a constant in graph statement 1 (2.0 -> 3.0)"]),
         ({}, {"options": {"max_autotune": "True"}}, ["inductor config changed: max_autotune"]),
         ({}, {"torch_key": "k2"}, ["torch build (same version, other source) changed"]),
         ({}, {"torch_key": "k2", "torch_version": "2.14.0"}, ["torch version 2.13.0 -> 2.14.0"]),
@@ -186,14 +187,19 @@ def test_a_structural_code_change_is_not_called_a_constant() -> None:
     code = CODE.format(c="2.0").replace("relu", "sigmoid")
     new.components["gm"] = (_h(code)[:12], explain._code_signature(code))
     new.key = "f-other"
-    assert explain.diff(old, new) == ["graph code changed"]
+    assert explain.diff(old, new) == [
+        "graph code changed: 2 statements differ (2 changed); first at statement 2: sigmoid = aten.sigmoid.default(mul)"
+    ]
 
 
 def test_explain_test_pairs_each_miss_with_an_unmatched_earlier_graph() -> None:
     fw, bw = _lookup("hit"), _lookup("hit", backward=True)
     now = [_lookup("hit"), _lookup(backward=True, c="3.0"), _lookup(inputs=("1, 1",))]
     out = explain.explain_test(now, [fw, bw])
-    assert [m.reasons for m in out] == [["graph code changed: a constant in graph statement 1"], [explain.NEW_GRAPH]]
+    assert [m.reasons for m in out] == [
+        ["graph code changed: a constant in graph statement 1 (2.0 -> 3.0)"],
+        [explain.NEW_GRAPH],
+    ]
     assert explain.explain_test([_lookup()], None)[0].reasons == [explain.NEW_TEST]
     assert explain.explain_test([_lookup("hit")], [fw]) == []
 
@@ -202,10 +208,27 @@ def test_explain_test_pairs_each_miss_with_an_unmatched_earlier_graph() -> None:
 
 
 def test_never_hits_flags_a_constant_that_changes_every_run() -> None:
-    runs = [[_lookup(c=c)] for c in ("0.84", "0.76", "0.42")]
-    assert explain.never_hits(runs) == "a constant in graph statement 1"
-    assert explain.never_hits(runs[:2]) == "a constant in graph statement 1"
+    runs = [[_lookup(c=c)] for c in ("0.84", "0.76", "0.42", "0.17")]
+    assert explain.never_hits(runs) == "a constant in graph statement 1"  # three changes in a row
     assert explain.never_hits(runs[:1]) is None
+
+
+def test_never_hits_needs_evidence_that_one_edit_cannot_give() -> None:
+    """Issue 29.10: ``4.0`` -> ``4.25`` once, then hits, is an edit, not a test that never hits."""
+    runs = [[_lookup(c=c)] for c in ("0.84", "0.76", "0.42")]
+    assert explain.never_hits(runs[:2]) is None  # one change: an edit
+    assert explain.never_hits(runs) is None  # two: two edits, perhaps
+    edit = [[_lookup(c="4.0")], [_lookup(c="4.25")], [_lookup("hit", c="4.25")], [_lookup("hit", c="4.25")]]
+    assert explain.never_hits(edit) is None
+    back = [[_lookup(c=c)] for c in ("4.0", "4.25", "4.0")]
+    assert explain.never_hits(back) == "a constant in graph statement 1"  # changing back and forth
+    other = [[_lookup(c="1.0")], [_lookup(c="2.0")], [_lookup(c="2.0", inputs=("8, 32",))], [_lookup(c="3.0")]]
+    assert explain.never_hits(other) is None  # the streak broke
+    # Another statement changing starts a new streak: the evidence is per statement.
+    streak = explain.Streak("a constant in graph statement 1", 2, ("a", "b", "c"))
+    assert streak.then(("a constant in graph statement 2", "c", "d")) == explain.Streak(
+        "a constant in graph statement 2", 1, ("c", "d")
+    )
 
 
 def test_never_hits_ignores_other_changes_and_runs_that_hit() -> None:
@@ -220,13 +243,18 @@ def test_explain_session_counts_the_streak_and_explains_against_the_record() -> 
     second, record2 = explain.explain_session(
         {"t::a": [_lookup(c="0.2")], "t::b": [_lookup()]}, record1, "previous session"
     )
-    assert second.never_hit == {"t::a": ("a constant in graph statement 1", 2)}
+    assert second.never_hit == {}  # one change: perhaps an edit
+    assert second.misses["t::a"][0].reasons == ["graph code changed: a constant in graph statement 1 (0.1 -> 0.2)"]
     assert second.misses["t::b"][0].reasons == [explain.NEW_TEST]
-    assert record2.volatile["t::a"] == ("a constant in graph statement 1", 1)
+    assert record2.volatile["t::a"].what == "a constant in graph statement 1"
+    assert record2.volatile["t::a"].changes == 1
     third, record3 = explain.explain_session({"t::a": [_lookup(c="0.3")]}, record2, "bundle")
-    assert record3.volatile["t::a"][1] == 2
-    assert third.never_hit["t::a"][1] == 3
+    assert record3.volatile["t::a"].changes == 2 and third.never_hit == {}
     assert third.to_json()["compared_with"] == "bundle"
+    again = GraphsRecord.from_json(json.loads(json.dumps(record3.to_json())))  # the streak survives the record
+    fourth, record4 = explain.explain_session({"t::a": [_lookup(c="0.4")]}, again, "bundle")
+    assert fourth.never_hit == {"t::a": ("a constant in graph statement 1", 4)}
+    assert record4.volatile["t::a"].changes == 3
     kept = explain.carry_forward(record3, record2)
     assert set(kept.tests) == {"t::a", "t::b"}
 
@@ -266,3 +294,124 @@ def test_load_record_absent_corrupt_and_hostile(tmp_path: Path) -> None:
     target.write_text(json.dumps(GraphsRecord().to_json()))
     path.symlink_to(target)
     assert explain.load_record(tmp_path) is None  # a link is not ours to follow
+
+
+def test_a_small_record_cannot_expand_into_a_memory_bomb() -> None:
+    """Issue 28.1: every lookup used to get its own copy of the record's ``common`` components."""
+    import tracemalloc
+
+    common = {f"c{i}": "h" for i in range(3000)}
+    hostile = {"format": 1, "common": common, "tests": {f"t{i}": [{"k": "k", "o": "miss"}] * 32 for i in range(8)}}
+    size = len(json.dumps(hostile))
+    tracemalloc.start()
+    try:
+        try:
+            GraphsRecord.from_json(hostile)
+        except ValueError as exc:
+            assert "components" in str(exc)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * size  # bounded by the record's size (it was ~1,000 x: 768,000 component copies)
+
+
+def test_the_component_cap_holds_for_records_we_write(tmp_path: Path) -> None:
+    many = tuple(f"{i}, 16" for i in range(300))  # 300 inputs: ~310 components per lookup
+    record = GraphsRecord(tests={f"t::{i}": [_lookup(c=f"{i}.0", inputs=many)] * 8 for i in range(100)})
+    data = record.to_json(max_bytes=50_000_000)
+    assert 0 < len(data["tests"]) < 100 and data["truncated"] == 100 - len(data["tests"])
+    again = GraphsRecord.from_json(data)  # what we write, we read back
+    assert sum(len(g.components) for lookups in again.tests.values() for g in lookups) <= explain.MAX_COMPONENTS
+
+
+def test_an_input_index_of_unicode_digits_is_ordered_not_a_crash() -> None:
+    """Issue 28.2: ``"²".isdigit()`` is True and ``int("²")`` raises."""
+    old, new = _lookup(), _lookup(c="3.0")
+    for lookup in (old, new):
+        lookup.components["example_inputs[²]"] = ("a", "x")
+        lookup.components["example_inputs[" + "9" * 5000 + "]"] = ("a", "x")  # int() refuses > 4300 digits
+    new.components["example_inputs[²]"] = ("b", "y")
+    assert explain.diff(old, new) == [
+        "input ² x -> y",
+        "graph code changed: a constant in graph statement 1 (2.0 -> 3.0)",
+    ]
+
+
+# --------------------------------------------------------------------------- graph code: where and what changed
+
+
+def _code_lookup(code: str) -> GraphLookup:
+    return explain.lookup_from_torch(_h(code), "miss", [f"[{_h(code)}] gm: {code}"])
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["GraphModule()", "<lambda>()", "GraphModule(\n  (sub): Linear(in_features=4, out_features=2, bias=True)\n)"],
+)
+def test_statements_are_counted_from_the_graph_body_whatever_the_header(header: str) -> None:
+    """Issue 29.9: an inference graph's header is ``<lambda>()`` (torch 2.13), and it was counted as statement 1."""
+    old, new = (_code_lookup(CODE.format(c=c).replace("GraphModule()", header, 1)) for c in ("2.0", "3.0"))
+    assert explain.diff(old, new) == ["graph code changed: a constant in graph statement 1 (2.0 -> 3.0)"]
+
+
+def test_a_record_from_before_counts_the_same_statements() -> None:
+    old = _code_lookup(CODE.format(c="2.0").replace("GraphModule()", "<lambda>()"))
+    new = _code_lookup(CODE.format(c="3.0").replace("GraphModule()", "<lambda>()"))
+    sig = (old.value("gm") or "").split("\n")[0]
+    old.components["gm"] = (old.components["gm"][0], f"{explain._LEGACY_HEADER} {sig}")  # what 448f063 wrote
+    assert explain.diff(old, new) == ["graph code changed: a constant in graph statement 1"]
+
+
+def test_a_changed_statement_says_how_many_and_the_first_with_its_source() -> None:
+    """Issue 29.11: what changed, not only where; the user's file and line when torch's graph code has them."""
+    verbose = CODE.replace(
+        "    mul =", "    # File: /home/u/project/model.py:12 in forward, code: return (x * c).relu()\n    mul ="
+    )
+    old, new = _code_lookup(verbose.format(c="0.89")), _code_lookup(verbose.format(c="0.43"))
+    assert explain.diff(old, new) == ["graph code changed: a constant in graph statement 1 (0.89 -> 0.43; model.py:12)"]
+    added = verbose.replace("    return (relu,)", "    neg = torch.ops.aten.neg.default(relu)\n    return (neg,)")
+    assert explain.diff(old, _code_lookup(added.format(c="0.89"))) == [
+        "graph code changed: 2 statements differ (1 added, 1 changed); "
+        "first at statement 3: neg = aten.neg.default(relu) (model.py:12)"
+    ]
+    assert explain.diff(_code_lookup(added.format(c="0.89")), old) == [
+        "graph code changed: 2 statements differ (1 removed, 1 changed); first at statement 3: return (relu,)"
+    ]
+    dropped = verbose.replace("    relu = torch.ops.aten.relu.default(mul);  mul = None\n", "")
+    assert explain.diff(old, _code_lookup(dropped.format(c="0.89"))) == [
+        "graph code changed: 1 statement differs (1 removed); "
+        "first at statement 2 (removed): relu = aten.relu.default(mul) (model.py:12)"
+    ]
+
+
+def test_what_changed_stays_bounded_in_the_record_and_in_words() -> None:
+    body = "\n".join(f"    v{i} = torch.ops.aten.add.Tensor(arg0_1, {i}.5 + {'x' * 300!r})" for i in range(300))
+    code = f"<lambda>()\n\n\n\ndef forward(self, arg0_1):\n{body}\n    return (v0,)\n"
+    old, new = _code_lookup(code), _code_lookup(code.replace("299.5", "299.25").replace("v0 =", "w0 ="))
+    assert len(old.value("gm") or "") <= 9 * 301 + explain.CODE_TEXT_CHARS
+    [reason] = explain.diff(old, new)
+    assert len(reason) < 300
+    assert reason.startswith("graph code changed: 2 statements differ (2 changed); first at statement 1: w0 = ")
+    [constant] = explain.diff(old, _code_lookup(code.replace("299.5", "299.25")))
+    assert constant == "graph code changed: a constant in graph statement 300"  # past the kept text: no values
+
+
+def test_tests_that_ran_a_training_forward_without_a_backward_are_listed() -> None:
+    """Issue 29.12: their AOTAutograd lookups miss in every run; the report says why, once."""
+    training, backward, inference = _lookup(), _lookup(backward=True), _lookup()
+    inference.components["fx_kwargs[is_inference]"] = ("i", "True")
+    current = {"t::fw": [training], "t::both": [training, backward], "t::inf": [inference]}
+    why, _ = explain.explain_session(current, None)
+    assert why.forward_only == ["t::fw"]
+    assert SessionExplanation.from_json(json.loads(json.dumps(why.to_json()))).forward_only == ["t::fw"]
+    # Its AOTAutograd lookup hit (another test ran the same graph's backward): nothing to say.
+    assert explain.explain_session(current, None, aot_misses={"t::fw": 0})[0].forward_only == []
+    assert explain.explain_session(current, None, aot_misses={"t::fw": 1})[0].forward_only == ["t::fw"]
+
+
+def test_a_miss_with_many_differences_has_a_bounded_number_of_reasons() -> None:
+    old = _lookup("hit", inputs=tuple(f"{i}, 16" for i in range(40)))
+    new = _lookup(inputs=tuple(f"{i}, 32" for i in range(40)))
+    reasons = explain.diff(old, new)
+    assert len(reasons) == explain.MAX_REASONS and reasons[-1] == "... and 31 more differences"
+    assert reasons[0] == "input 0 shape [0, 16] -> [0, 32]"

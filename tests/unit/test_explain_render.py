@@ -83,3 +83,20 @@ def test_the_whole_step_summary_stays_under_the_limit_with_explanations() -> Non
     small = markdown(stats, where="shared:/c", why=why, limit=50_000)
     assert len(small.encode()) <= 50_000 and "Why these tests missed" in small
     assert "Why these tests missed" not in markdown(stats, where="shared:/c")
+
+
+def test_the_forward_only_note_is_said_once_in_the_full_report() -> None:
+    """Issue 29.12: tests that never ran a backward miss AOTAutograd in every run; say why, once."""
+    why = _why()
+    why.forward_only = ["t.py::test_conv", "t.py::test_gcn", "t.py::test_sage"]
+    lines = why_lines(why)
+    notes = [line for line in lines if "AOTAutograd" in line]
+    assert notes == [
+        "note: 3 tests (t.py::test_conv, t.py::test_gcn and 1 more) ran a training graph's forward without its "
+        "backward: torch saves an AOTAutograd cache entry only once the backward is compiled, so their AOTAutograd "
+        "lookups miss in every run (their FX graphs still hit; not counted as misses)"
+    ]
+    assert lines[-1] == notes[0]
+    alone = SessionExplanation(forward_only=["t.py::test_conv"], compared_with="bundle")
+    assert [line[:40] for line in why_lines(alone)] == ["note: 1 test (t.py::test_conv) ran a tra"]
+    assert why_json(alone)["forward_only"] == ["t.py::test_conv"]

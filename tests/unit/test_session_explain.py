@@ -294,3 +294,72 @@ def test_explain_off_restores_a_bundle_with_a_record_and_saves_one_without(
     after.session_start()
     assert after.start.restored is not None and after.start.restored.key == off.saved.key
     assert after.start.restored.graphs is None and after.start.baseline is None  # off saved no record
+
+
+def test_a_record_that_breaks_explaining_is_one_warning_and_is_replaced(tmp_path: Path, fake_probe: FakeProbe) -> None:
+    """Issue 28.2: ``example_inputs[²]`` crashed the session's end, nothing was saved, and every run crashed again."""
+    (tmp_path / "cache").mkdir()
+    hostile = lookup("k1")
+    hostile.components["example_inputs[²]"] = ("a", "x")
+    explain.save_record(tmp_path / "cache", explain.GraphsRecord(tests={"t.py::test_a": [hostile]}))
+    weird = lookup("k2")
+    weird.components["example_inputs[²]"] = ("b", "y")
+    first = _session(tmp_path, fake_probe, ("t.py::test_a", [weird]))
+    assert first.problems.errors == [] and first.end.why is not None
+    assert first.end.why.misses["t.py::test_a"][0].reasons == ["input ² x -> y"]
+    assert first.problems.warnings == []
+
+
+def test_any_error_while_explaining_is_one_warning_and_the_session_goes_on(
+    tmp_path: Path, fake_probe: FakeProbe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]))
+
+    def broken(*args: object) -> list[str]:
+        raise RuntimeError("a bug met on a hostile record")
+
+    monkeypatch.setattr(explain, "diff", broken)
+    start_controller = _controller(tmp_path)
+    start_controller.session_start()
+    start = start_controller.recorder.start()
+    fake_probe.lookups.append(lookup("k2", shape="[8, 32]").to_json())
+    assert start_controller.recorder.live("t.py::test_a", start).why == []  # the fixture: no explanation, no error
+    fake_probe.run(start_controller.recorder, "t.py::test_a", lookup("k2", shape="[8, 32]"))
+    assert start_controller.finish() is False
+    [warning] = start_controller.problems.warnings
+    assert warning.startswith("no miss explanations this session: RuntimeError: a bug met")
+    assert start_controller.end.why is None
+    kept = explain.load_record(tmp_path / "cache")  # this session's graphs replace the record that broke it
+    assert kept is not None and [g.key for g in kept.tests["t.py::test_a"]] == ["k2"]
+    # A broken record on disk (deeply nested JSON) is one warning as well.
+    (tmp_path / "cache" / explain.RECORD_NAME).write_text("[" * 100_000 + "]" * 100_000)
+    third = _controller(tmp_path)
+    third.session_start()
+    [warning] = third.problems.warnings
+    assert "graph record in the cache dir is unreadable" in warning and third.start.baseline is None
+
+
+def test_after_a_k_session_restored_an_older_bundle_the_baseline_is_the_last_session_that_compiled(
+    tmp_path: Path, fake_probe: FakeProbe
+) -> None:
+    """Issue 29.7: the baseline is the most recent record, not whatever a restore installed last."""
+    store = f"file://{tmp_path / 'store'}"
+    saved = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k32", "[32, 20]")]), compiled=True, store=store)
+    assert saved.saved is not None and saved.saved.outcome == "saved", saved.saved
+    # The last session that compiled test_a, locally (it saved no bundle): [48, 20].
+    _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k48", "[48, 20]")]))
+    # A -k session restores the older bundle (its record has [32, 20]) and runs another test.
+    k_run = _session(tmp_path, fake_probe, ("t.py::test_b", [lookup("kb")]), compiled=True, store=store, run_suffix="2")
+    assert k_run.restored is not None and k_run.restored.graphs is not None
+    assert k_run.start.compared_with == "previous session"  # the dir's record was the newer one
+    latest = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k40", "[40, 20]")]))
+    assert [w.reasons for w in latest.stats.records["t.py::test_a"].why] == [["input 0 shape [48, 20] -> [40, 20]"]]
+
+
+def test_a_newer_bundle_record_replaces_the_dirs_and_keeps_the_tests_only_the_dir_had(tmp_path: Path) -> None:
+    explain.save_record(tmp_path, explain.GraphsRecord(tests={"t::a": [lookup("old")], "t::b": [lookup("b")]}))
+    newer = explain.GraphsRecord(tests={"t::a": [lookup("new")]}, created=10.0)
+    record = explain.install_restored(tmp_path, newer.to_json())
+    assert record.from_bundle and [g.key for g in record.tests["t::a"]] == ["new"] and "t::b" in record.tests
+    on_disk = explain.load_record(tmp_path)
+    assert on_disk is not None and on_disk.from_bundle and on_disk.created == 10.0
