@@ -179,10 +179,15 @@ class Plan:
     json: str
     summary: bool
     min_hit_rate: str
+    save_on_failure: bool = False  # input save-on-failure: save after failed tests too (see transfer.restored_env)
     event: str = ""
     fingerprint: dict[str, str] = field(default_factory=dict)
     header_staging: str = ""  # the header entry's staging dir (workspace/HEADER_STAGING)
     header_spare: str = ""  # the bundle entry's copy of the header object (RUNNER_TEMP/HEADER_SPARE)
+    # What the restore step compares with after the actions/cache step (see transfer.CacheSteps): when the plan
+    # was written (time.time()) and the download dirs of actions/cache's client in RUNNER_TEMP then.
+    planned_at: float = 0.0
+    client_dirs: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -235,6 +240,7 @@ def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
         default_branch(environ),
     )
     summary = _flag(environ, "summary", "true")
+    save_on_failure = _flag(environ, "save-on-failure", "false")
     cache_dir = read(environ, "cache-dir")
     cache_dir = str(workspace / cache_dir) if cache_dir else str(temp / CACHE_DIR)
     transfer = "none" if mode != "shared" else ("github" if store == GITHUB_STORE else "direct")
@@ -258,6 +264,7 @@ def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
         cache_dir=os.path.abspath(cache_dir),
         json=str(temp / REPORT),
         summary=summary,
+        save_on_failure=save_on_failure,
         min_hit_rate=min_hit_rate,
         fingerprint=fingerprint.to_json(),
         event=environ.get("GITHUB_EVENT_NAME", ""),

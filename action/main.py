@@ -35,6 +35,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 from typing import Callable
@@ -147,6 +148,8 @@ def cmd_plan(environ: Mapping[str, str]) -> int:
     shutil.rmtree(plan.header_staging, ignore_errors=True)
     if plan.transfer != "none":
         Path(plan.cache_dir).mkdir(parents=True, exist_ok=True)
+    # The last thing before the actions/cache step: what transfer.CacheSteps compares with afterwards.
+    plan.planned_at, plan.client_dirs = time.time(), transfer.client_dirs(temp)
     (temp / inputs.PLAN).write_text(json.dumps(plan.to_json(), indent=2) + "\n")
     signing_key = inputs.read(environ, "signing-key")
     env = inputs.plugin_env(plan)
@@ -196,8 +199,9 @@ def cmd_restore(environ: Mapping[str, str]) -> int:
         print(f"precompiled header {entry[1].name}: actions/cache entry {entry[0]}")
     write_vars(environ.get("GITHUB_OUTPUT"), {**outputs, "header-key": entry[0] if entry else ""})
     write_vars(environ.get("GITHUB_ENV"), env)
-    if result.outcome == "error" and plan.min_hit_rate:
-        print(f"min-hit-rate {plan.min_hit_rate} is not enforced in this job: the restore failed")
+    lifted = transfer.gate_lifted(plan, result)
+    if lifted:
+        print(ghrunner.one_line(lifted))
     if plan.summary:
         try:
             ghrunner.append_summary(environ.get("GITHUB_STEP_SUMMARY"), transfer.restore_markdown(plan, result))

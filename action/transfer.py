@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,48 +48,74 @@ def stage_bundles(staging: Path, inbox: Path) -> list[str]:
     return moved
 
 
+# actions/cache's client retries a lookup that fails with 500, 502, 503 or 504 five times, sleeping 3 s, then
+# 4.5-6.75 s, 6.75-10.1 s and 10.1-15.2 s (@actions/cache 5.x, cacheTwirpClient: at least 24.4 s in all) before
+# it gives up and logs "Failed to restore"; a lookup that finds nothing is one request. An actions/cache step
+# that restored nothing, found nothing and took this long was the service failing, not a miss.
+LOOKUP_GAVE_UP_SECONDS = 20.0
+# The client downloads into RUNNER_TEMP/<random UUID>/ (cacheUtils.createTempDirectory), made only after its
+# lookup found an entry, and removes the archive but not the dir: a new one means an entry was found.
+_CLIENT_DIR = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def client_dirs(temp: Path) -> list[str]:
+    """The download dirs of actions/cache's client in ``temp`` (RUNNER_TEMP), by name."""
+    try:
+        return sorted(entry.name for entry in temp.iterdir() if _CLIENT_DIR.fullmatch(entry.name) and entry.is_dir())
+    except OSError:
+        return []
+
+
 @dataclass(frozen=True)
 class CacheSteps:
-    """What action.yml's ``actions/cache`` steps reported, passed to ``restore`` as ``COMPILECACHE_*``.
+    """What action.yml's one ``actions/cache`` step (one lookup, with the client's retries) left behind.
 
-    ``outcome``: the restoring step's outcome (``success``, ``failure``: ``continue-on-error`` keeps the
-    job going); ``hit``: its ``cache-hit`` output, which actions/cache leaves unset on a miss and sets to
-    ``false`` when the cache service is not available; ``lookup_outcome``/``lookup_key``: the lookup-only
-    step before it (``cache-matched-key``: an entry exists). Empty strings: not known.
+    ``outcome``: the step's outcome (``success``, ``failure``: ``continue-on-error`` keeps the job going);
+    ``hit``: its ``cache-hit`` output, which actions/cache leaves unset on a miss and sets to ``false`` when
+    the cache service is not configured; ``found``: the client made a download dir (its lookup found an
+    entry); ``seconds``: from the end of the plan step to the restore step, the actions/cache step's time.
+    actions/cache turns its client's errors into log lines, never a failed step, so ``found`` and
+    ``seconds`` are what tell a failed download and a failing lookup from a miss (see :meth:`trouble`).
     """
 
     outcome: str = ""
     hit: str = ""
-    lookup_outcome: str = ""
-    lookup_key: str = ""
+    found: bool = False
+    seconds: float = 0.0
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> CacheSteps:
+    def observe(cls, plan: Plan, environ: Mapping[str, str], now: float | None = None) -> CacheSteps:
+        """Read the step's outcome and output (``COMPILECACHE_CACHE_*``) and what it left in RUNNER_TEMP."""
+        import time
+
+        new_dirs = set(client_dirs(Path(plan.inbox).parent)) - set(plan.client_dirs)
+        seconds = max(0.0, (time.time() if now is None else now) - plan.planned_at) if plan.planned_at else 0.0
         return cls(
-            *(
-                environ.get("COMPILECACHE_" + name, "").strip()
-                for name in ("CACHE_OUTCOME", "CACHE_HIT", "LOOKUP_OUTCOME", "LOOKUP_KEY")
-            )
+            outcome=environ.get("COMPILECACHE_CACHE_OUTCOME", "").strip(),
+            hit=environ.get("COMPILECACHE_CACHE_HIT", "").strip(),
+            found=bool(new_dirs),
+            seconds=seconds,
         )
 
     def trouble(self, staged: bool) -> str | None:
         """Why the restore failed, in words, or None (a restore, or a real miss).
 
-        actions/cache turns its client's errors into log lines, never a failed step: a download that
-        fails after the lookup found an entry leaves exactly what a miss leaves. The lookup step tells
-        the two apart; a service that fails the lookup too still reads as a miss (its log says why).
+        Not told apart from a miss: a service that refuses at once without retries (connection refused, a 4xx,
+        a rate limit); actions/cache's log names it.
         """
-        if "failure" in (self.outcome, self.lookup_outcome):
+        if self.outcome == "failure":
             return "the actions/cache step failed (see its log)"
         if staged:
             return None
-        if self.lookup_key:
-            return (
-                f"actions/cache found {self.lookup_key} but restored nothing (a failed download or "
-                "extraction: see its log)"
-            )
+        if self.found:
+            return "actions/cache found an entry but restored nothing (a failed download or extraction: see its log)"
         if self.hit:
             return f"the cache service is not available (actions/cache: cache-hit={self.hit}, nothing restored)"
+        if self.seconds >= LOOKUP_GAVE_UP_SECONDS:
+            return (
+                f"the cache service did not answer the lookup (actions/cache retried for {self.seconds:.0f} s and "
+                "restored nothing: see its log)"
+            )
         return None
 
 
@@ -105,7 +132,7 @@ def restore(plan: Plan, environ: Mapping[str, str]) -> RestoreResult:
         api.point_cache_dir(plan.cache_dir)  # before anything imports torch
         if plan.transfer == "github":
             staged = stage_bundles(Path(plan.staging), Path(plan.inbox))
-            trouble = CacheSteps.from_env(environ).trouble(bool(staged))
+            trouble = CacheSteps.observe(plan, environ).trouble(bool(staged))
             if trouble:
                 return api.RestoreResult("error", message=trouble)
             if not staged:
@@ -316,14 +343,21 @@ def restore_markdown(plan: Plan, result: RestoreResult) -> str:
         )
     if plan.save and plan.transfer == "github":
         saving = (
-            f"{md_code(plan.key)} if the tests compile something new: "
-            "actions/cache uploads it at job end if the job succeeds"
+            f"{md_code(plan.key)} if the tests compile something new: staged for upload at job end "
+            "(actions/cache uploads it if the job succeeds)"
         )
+        if plan.save_on_failure:
+            saving += (
+                "; save-on-failure cannot be honoured with store: github (actions/cache saves only when the "
+                "job succeeds)"
+            )
         if plan.why == "save: true" and plan.event not in SAVING_EVENTS:
             # GitHub gives untrusted triggers (pull requests from forks...) a read-only cache token.
             saving += f"; {md_text(plan.event)} runs may get a read-only cache token, and then nothing is saved"
     elif plan.save:
         saving = f"{md_code(plan.key)} if the tests compile something new, written by the tests into the store"
+        if not plan.save_on_failure:
+            saving += " if they pass (input save-on-failure)"
     else:
         saving = f"nothing: {md_text(plan.why)}"
     lines = [
@@ -336,6 +370,7 @@ def restore_markdown(plan: Plan, result: RestoreResult) -> str:
         f"| saving | {saving} |",
         f"| fingerprint | {md_code(plan.digest)} (restore prefix {md_code(plan.restore_prefix)}) |",
         f"| lineage | {md_code(plan.prefix)} (key prefix, job id, matrix leg) |",
+        *([f"| min-hit-rate | {md_text(lifted)} |"] if (lifted := gate_lifted(plan, result)) else []),
         "",
     ]
     return "\n".join(lines) + "\n"
@@ -346,11 +381,14 @@ def restored_env(plan: Plan, result: RestoreResult) -> dict[str, str]:
 
     ``PYTEST_COMPILECACHE_RESTORED``: compact JSON ``{"outcome": "exact"|"partial"|"miss"|"error", "key":
     <restored key or null>, "message": <why, or null>, "headers": [<header names>], "staged": [[<blob name>,
-    <size>, <sha256>], ...]}``, the plugin's contract for knowing how the Action's restore went (its hit-rate
+    <size>, <sha256>], ...], "save_when": "passed"|"always", "save_staged": true}`` (the last two on saving
+    runs only: the save policy, and that the plugin's save is staged for actions/cache, read by
+    ``session.action_save_policy``), the plugin's contract for knowing how the Action's restore went (its hit-rate
     guard must not fail a session after a failed restore) and which verified mega-cache blobs wait in the
-    cache dir for it to load (``sync.load_staged``). After a
-    failed restore the Action also clears ``PYTEST_COMPILECACHE_MIN_HIT_RATE`` (an empty value is unset for
-    the plugin), so input ``min-hit-rate`` cannot fail the job whatever the plugin's version.
+    cache dir for it to load (``sync.load_staged``). When nothing was
+    restored (a miss or an error, :func:`gate_lifted`) the Action also clears ``PYTEST_COMPILECACHE_MIN_HIT_RATE``
+    (an empty value is unset for the plugin), so input ``min-hit-rate`` cannot fail the job whatever the
+    plugin's version.
     """
     if plan.transfer == "none":
         return {}
@@ -363,7 +401,26 @@ def restored_env(plan: Plan, result: RestoreResult) -> dict[str, str]:
     }
     if result.staged:
         told["staged"] = [list(blob) for blob in result.staged]
+    if plan.save:
+        # One policy for every store (actions/cache's): no save after failed tests unless save-on-failure.
+        told["save_when"] = "always" if plan.save_on_failure else "passed"
+        if plan.transfer == "github":
+            told["save_staged"] = True  # the plugin only stages; actions/cache's post step uploads at job end
     env = {RESTORED_ENV: json.dumps(told, separators=(",", ":"))}
-    if outcome == "error" and plan.min_hit_rate:
+    if gate_lifted(plan, result):
         env[ENV_PREFIX + "MIN_HIT_RATE"] = ""
     return env
+
+
+def gate_lifted(plan: Plan, result: RestoreResult) -> str | None:
+    """Why input ``min-hit-rate`` is not applied in this job, or None (it is, or it is not set).
+
+    The hit rate measures the restored bundle: with none (the first run of a fingerprint, a torch upgrade, an
+    evicted lineage, or a restore that failed) every graph compiles cold, and a gate would fail the job for
+    what the cache could not have served.
+    """
+    if not plan.min_hit_rate or plan.transfer == "none" or result.outcome in ("exact", "partial"):
+        return None
+    if result.outcome == "error":
+        return f"min-hit-rate {plan.min_hit_rate} not applied: the restore failed, every graph compiles cold"
+    return f"min-hit-rate {plan.min_hit_rate} not applied: nothing to restore (a miss), every graph compiles cold"

@@ -347,7 +347,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if worker is not None:
         config.workeroutput["compilecache"] = worker.output()  # type: ignore[attr-defined]
         return
-    if config.stash[_CONTROLLER].finish() and session.exitstatus == pytest.ExitCode.OK:
+    failed = session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
+    if config.stash[_CONTROLLER].finish(failed=failed) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

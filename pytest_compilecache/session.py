@@ -22,6 +22,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from dataclasses import field
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -397,6 +398,7 @@ class Controller:
         self.problems = setup.problems
         self.restored: RestoreResult | None = None
         self.saved: SaveResult | None = None
+        self.tests_failed = False  # set by finish()
         self.blobs: dict[str, bytes] = {}
         self.files: set[str] = set()
         self.workers: list[str] = []
@@ -557,8 +559,12 @@ class Controller:
 
     # ---- finish
 
-    def finish(self) -> bool:
-        """Save, trim, write reports; return True when the session must fail (hit rate, strict)."""
+    def finish(self, failed: bool = False) -> bool:
+        """Save, trim, write reports; return True when the session must fail (hit rate, strict).
+
+        ``failed``: the tests failed (the Action's save policy may then skip the save: :func:`action_save_policy`).
+        """
+        self.tests_failed = failed
         if not self.workers:
             blob, files = Recorder.artifacts(self.setup)
             if blob:
@@ -653,6 +659,11 @@ class Controller:
             # The store failed or stalled at the restore: one warning said so; a save would wait again.
             self.saved = sync.SaveResult("skipped", message="the store failed at the restore; nothing saved")
             return
+        policy = action_save_policy(os.environ.get(ACTION_RESTORE_ENV) if self.settings.restore == "skip" else None)
+        if policy.only_when_passed and self.tests_failed:
+            # The Action's one policy for every store (actions/cache's): a red run saves nothing by default.
+            self.saved = sync.SaveResult("skipped", message="the tests failed: nothing saved (input save-on-failure)")
+            return
         try:
             fingerprint = self.setup.fingerprint()
             store = self._timed_store()
@@ -676,9 +687,14 @@ class Controller:
             header_installed=self._restored_headers(),
             header_carried=self.restored.headers.carried if self.restored is not None else (),
         )
+        if policy.staged and self.saved.outcome == "saved":
+            # store: github: the bundle is only in the staging dir; actions/cache's post step uploads it at job end
+            # (if the job succeeds), and may fail or be skipped: never say "saved" for what is not stored yet.
+            note = f"{STAGED_MESSAGE}; {self.saved.message}" if self.saved.message else STAGED_MESSAGE
+            self.saved = replace(self.saved, outcome="staged", message=note)
         if self.saved.warning:
             self.problems.warn(self.saved.warning)
-        elif self.saved.message and self.saved.outcome == "saved":
+        elif self.saved.message and self.saved.outcome in ("saved", "staged"):
             self.problems.note(f"save: {self.saved.message}")
         for line in self.saved.headers.warnings:
             self.problems.warn(line)
@@ -825,6 +841,29 @@ def open_configured_store(settings: Settings) -> Store:
     from .stores import open_store
 
     return open_store(settings)
+
+
+class ActionSave(NamedTuple):
+    """How the Action wants this session's save (optional fields of :data:`ACTION_RESTORE_ENV`): ``save_when``
+    ``"passed"`` (only when the tests passed; absent or ``"always"``: whatever they did) and ``save_staged``
+    (true: the store is the Action's staging dir, uploaded by actions/cache at job end)."""
+
+    only_when_passed: bool = False
+    staged: bool = False
+
+
+STAGED_MESSAGE = "staged for upload at job end (actions/cache uploads it if the job succeeds)"
+
+
+def action_save_policy(value: str | None) -> ActionSave:
+    """The Action's save policy from :data:`ACTION_RESTORE_ENV`; the defaults when absent or malformed."""
+    try:
+        data = json.loads(value or "")
+    except (ValueError, RecursionError):
+        return ActionSave()
+    if not isinstance(data, dict):
+        return ActionSave()
+    return ActionSave(only_when_passed=data.get("save_when") == "passed", staged=data.get("save_staged") is True)
 
 
 def action_restore_result(value: str | None) -> RestoreResult | None:

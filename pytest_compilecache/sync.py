@@ -92,7 +92,7 @@ __all__ = [
 
 MAX_CANDIDATES = 3
 RestoreOutcome = Literal["exact", "partial", "miss", "error"]
-SaveOutcome = Literal["saved", "skipped", "error"]
+SaveOutcome = Literal["saved", "staged", "skipped", "error"]
 Outcome = TypeVar("Outcome", RestoreOutcome, SaveOutcome)
 Loader = Callable[[bytes], Mapping[str, int]]
 

@@ -243,6 +243,26 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
     assert totals(failed)["misses"] >= 2 and totals(failed)["hits"] == 0
 
 
+def test_an_outage_of_the_lookup_is_an_error_and_lifts_min_hit_rate(act: Act, server: CacheServer) -> None:
+    """Issue 26: the cache service answers the lookup with 500 (the client retries it, then logs and gives up):
+    outcome ``error``, one warning, ``min-hit-rate`` not applied (the summary says why), the job green; and one
+    lookup per restore, so the retries are paid once."""
+    act.write("test_models.py", MATMUL_SUITE)
+    server.fail_lookups = True
+    run = act.run(workflow(with_='          min-hit-rate: "0.9"'), "push")
+    assert run.returncode == 0, run.log[-6000:]
+    steps = run.steps()
+    assert (steps["cc"]["outcome"], steps["tests"]["outcome"]) == ("success", "success")
+    assert run.outputs()["restore-outcome"] == "error"
+    assert totals(run)["misses"] >= 2 and totals(run)["hits"] == 0
+    summary = shown(run.summary())
+    assert "error: the cache service did not answer the lookup" in summary
+    assert "min-hit-rate 0.9 not applied: the restore failed" in summary
+    assert run.log.count("::warning title=compile cache::the cache service did not answer the lookup") == 1
+    lookups = [path for method, path in server.requests if path.endswith("GetCacheEntryDownloadURL")]
+    assert len(lookups) == 5, lookups  # one lookup, with the client's 5 attempts; no lookup-only step
+
+
 def test_two_jobs_with_one_fingerprint_keep_their_own_lineage(act: Act, server: CacheServer) -> None:
     # One C++ build per job (a header to save per lineage) and two matmul graphs.
     act.write("test_models.py", MATMUL_SUITE)
@@ -364,3 +384,68 @@ def test_s3_store_push_then_pull_request(act: Act, server: CacheServer, s3_bucke
     assert totals(pull)["misses"] == 0
     assert bundles() == [f"ci/cache/{key}.bundle"]
     assert server.requests == []  # actions/cache was never involved
+
+
+# ---- a matrix (issue 26, point 1)
+
+# The second leg's own graph: a matmul with a transposed operand (an extern kernel: no C++ build).
+OTHER_LEG_SUITE = """\
+import torch
+
+
+def test_cross():
+    x, w = torch.randn(4, 8), torch.randn(4, 2)
+    torch.testing.assert_close(torch.compile(lambda a, b: a.t() @ b)(x, w), x.t() @ w)
+"""
+
+MATRIX_WORKFLOW = """\
+on: [push]
+jobs:
+  test:
+    runs-on: ubuntu-latest
+    strategy:
+      matrix:
+        shard: [0, 1]
+    steps:
+      - uses: actions/checkout@v6
+      - id: cc
+        uses: <ACTION>
+        with:
+          install: "false"
+      - name: Tests
+        id: tests
+        run: python -m pytest -q test_leg${{ matrix.shard }}.py
+      - name: Collect
+        if: always()
+        shell: bash
+        env:
+          STEPS: ${{ toJSON(steps) }}
+          OUT: %(out)s
+          LEG: test-${{ matrix.shard }}
+        run: |
+          mkdir -p "$OUT"
+          printf '%%s' "$STEPS" > "$OUT/steps-$LEG.json"
+          cp "${{ steps.cc.outputs.report }}" "$OUT/report-$LEG.json"
+""".replace("<ACTION>", ACTION)
+
+
+def test_two_matrix_legs_keep_their_own_lineage_over_two_pushes(act: Act, server: CacheServer) -> None:
+    """Each leg of ``strategy.matrix`` saves its own entry and restores its own: the leg reaches the key through
+    the Action's ``matrix-leg`` input, whose default (``toJSON(matrix)``) act evaluates as GitHub does (it does
+    not in a composite step's ``env:``)."""
+    act.write("test_leg0.py", MATMUL_SUITE)
+    act.write("test_leg1.py", OTHER_LEG_SUITE)
+    legs = ("test-0", "test-1")
+    first = act.run(MATRIX_WORKFLOW, "push")
+    assert first.returncode == 0, first.log[-6000:]
+    keys = {leg: first.outputs(leg)["key"] for leg in legs}
+    assert keys["test-0"] != keys["test-1"], keys
+    assert "Unable to reserve cache" not in first.log
+    assert sorted(server.keys()) == sorted(keys.values())
+
+    second = act.run(MATRIX_WORKFLOW, "push")
+    assert second.returncode == 0, second.log[-6000:]
+    for leg in legs:
+        out = second.outputs(leg)
+        assert (out["restore-outcome"], out["matched-key"]) == ("partial", keys[leg]), (leg, out)
+        assert totals(second, leg)["misses"] == 0 and totals(second, leg)["hits"] >= 1, totals(second, leg)

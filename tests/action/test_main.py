@@ -362,7 +362,8 @@ def test_restore_markdown(action: ModuleType, environ: dict[str, str], fingerpri
     text = transfer.restore_markdown(plan, RestoreResult("partial", key="k-1", size=4096, seconds=0.25, files=3))
     assert "### torch.compile cache: restore" in text
     assert "partial: `k-1`, 4.0 KiB in 0.2 s, 3 files" in text
-    assert f"`{plan.key}` if the tests compile something new: actions/cache uploads it at job end" in text
+    # Issue 26: staged, not "saved": actions/cache's post step uploads it, and only if the job succeeds.
+    assert f"`{plan.key}` if the tests compile something new: staged for upload at job end (actions/cache" in text
     assert "| lineage | `compilecache-v1-test` |" not in text and "| lineage | `compilecache-v1-test` (" in text
     environ["GITHUB_EVENT_NAME"] = "pull_request"
     text = transfer.restore_markdown(inputs.make_plan(environ, fingerprint), RestoreResult("miss", message="a|b"))
@@ -507,20 +508,35 @@ def test_restore_command_warns_and_succeeds_on_trouble(
 @pytest.mark.parametrize(
     ("steps", "staged", "trouble"),
     [
-        ({}, False, None),  # an older action.yml, or a plain miss
-        ({"COMPILECACHE_CACHE_OUTCOME": "success"}, False, None),  # a miss: cache-hit unset
-        ({"COMPILECACHE_CACHE_OUTCOME": "success", "COMPILECACHE_CACHE_HIT": "false"}, True, None),  # partial
-        ({"COMPILECACHE_CACHE_OUTCOME": "failure"}, False, "step failed"),
-        ({"COMPILECACHE_CACHE_OUTCOME": "success", "COMPILECACHE_LOOKUP_OUTCOME": "failure"}, False, "step failed"),
-        ({"COMPILECACHE_CACHE_OUTCOME": "success", "COMPILECACHE_LOOKUP_KEY": "k-1"}, False, "found k-1 but"),
-        ({"COMPILECACHE_CACHE_OUTCOME": "success", "COMPILECACHE_CACHE_HIT": "false"}, False, "not available"),
+        (transfer.CacheSteps(), False, None),  # an older action.yml, or a plain miss
+        (transfer.CacheSteps("success", seconds=2.5), False, None),  # a miss: cache-hit unset, one quick lookup
+        (transfer.CacheSteps("success", "false", found=True), True, None),  # partial
+        (transfer.CacheSteps("failure"), False, "step failed"),
+        (transfer.CacheSteps("success", found=True), False, "found an entry but"),  # a failed download
+        (transfer.CacheSteps("success", "false"), False, "not available"),
+        # Issue 26: a lookup that failed until the client gave up (5 tries, at least 24 s) is not a miss.
+        (transfer.CacheSteps("success", seconds=31.0), False, "did not answer the lookup"),
+        (transfer.CacheSteps("success", seconds=31.0, found=True), True, None),  # a slow download, restored
     ],
 )
 def test_cache_steps_tell_trouble_from_a_miss(
-    action: ModuleType, steps: dict[str, str], staged: bool, trouble: str | None
+    action: ModuleType, steps: transfer.CacheSteps, staged: bool, trouble: str | None
 ) -> None:
-    found = transfer.CacheSteps.from_env(steps).trouble(staged)
+    found = steps.trouble(staged)
     assert (found is None) if trouble is None else (trouble in (found or ""))
+
+
+def test_cache_steps_observe_the_clients_download_dir_and_the_time(environ: dict[str, str], fingerprint: Any) -> None:
+    plan = inputs.make_plan(environ, fingerprint)
+    temp = Path(environ["RUNNER_TEMP"])
+    (temp / "0b5e7c1e-54a8-4b4e-9f5c-1f0b8d4c1a22").mkdir()  # another step's actions/cache, before the plan
+    (temp / "compilecache-dir").mkdir()
+    plan.planned_at, plan.client_dirs = 1000.0, transfer.client_dirs(temp)
+    assert plan.client_dirs == ["0b5e7c1e-54a8-4b4e-9f5c-1f0b8d4c1a22"]
+    observed = transfer.CacheSteps.observe(plan, {"COMPILECACHE_CACHE_OUTCOME": "success"}, now=1003.0)
+    assert observed == transfer.CacheSteps("success", "", found=False, seconds=3.0)
+    (temp / "6f1c2d3e-0a1b-4c5d-8e9f-a0b1c2d3e4f5").mkdir()  # the client's lookup found an entry
+    assert transfer.CacheSteps.observe(plan, {}, now=1040.0) == transfer.CacheSteps(found=True, seconds=40.0)
 
 
 def test_a_failed_download_is_an_error_not_a_miss(
@@ -528,11 +544,8 @@ def test_a_failed_download_is_an_error_not_a_miss(
 ) -> None:
     """Fix 7: the lookup found an entry, actions/cache restored nothing: that is trouble, not "no entry"."""
     plan = inputs.make_plan(environ, fingerprint)
-    environ.update(
-        COMPILECACHE_CACHE_OUTCOME="success",
-        COMPILECACHE_LOOKUP_OUTCOME="success",
-        COMPILECACHE_LOOKUP_KEY=f"{plan.restore_prefix}1-1",
-    )
+    environ.update(COMPILECACHE_CACHE_OUTCOME="success")
+    (Path(environ["RUNNER_TEMP"]) / "6f1c2d3e-0a1b-4c5d-8e9f-a0b1c2d3e4f5").mkdir()  # the client's download dir
     result = transfer.restore(plan, environ)
     assert result.outcome == "error" and "failed download" in result.message
     assert transfer.restore_outputs(result) == {"restore-outcome": "error", "cache-hit": "false", "matched-key": ""}
@@ -559,6 +572,8 @@ def test_restore_tells_the_plugin_and_lifts_min_hit_rate_after_trouble(
         "key": None,
         "message": "the actions/cache step failed (see its log)",
         "headers": [],
+        "save_when": "passed",  # issue 26: the save policy, and that the plugin's save is only staged
+        "save_staged": True,
     }
     assert env["PYTEST_COMPILECACHE_MIN_HIT_RATE"] == ""  # the later line wins in GITHUB_ENV
     assert resolve({}, lambda name: None, env).min_hit_rate is None
@@ -620,12 +635,23 @@ def test_restore_command_stages_torchs_artifacts_and_imports_no_torch(
     assert loader.blobs == [blobs["controller"], blobs["gw0"]] and loaded.artifacts == {"fx_graph": 4, "triton": 2}
 
 
-def test_a_miss_keeps_min_hit_rate(action: ModuleType, environ: dict[str, str], fingerprint: Any) -> None:
+def test_min_hit_rate_applies_only_after_a_restore(
+    action: ModuleType, environ: dict[str, str], fingerprint: Any
+) -> None:
+    """Issue 26: a miss (the first run after a torch upgrade) compiles every graph cold, as an error does: the
+    gate is lifted and the summary says why; after a restore (exact or partial) it holds."""
     environ["INPUT_MIN_HIT_RATE"] = "0.9"
     plan = inputs.make_plan(environ, fingerprint)
-    env = transfer.restored_env(plan, RestoreResult("miss", message="no entry"))
+    miss = RestoreResult("miss", message="no entry")
+    env = transfer.restored_env(plan, miss)
     assert json.loads(env["PYTEST_COMPILECACHE_RESTORED"])["outcome"] == "miss"
-    assert "PYTEST_COMPILECACHE_MIN_HIT_RATE" not in env
+    assert env["PYTEST_COMPILECACHE_MIN_HIT_RATE"] == ""
+    assert "| min-hit-rate | min-hit-rate 0.9 not applied: nothing to restore (a miss)" in shown(
+        transfer.restore_markdown(plan, miss)
+    )
+    partial = RestoreResult("partial", key=f"{plan.restore_prefix}1-1")
+    assert "PYTEST_COMPILECACHE_MIN_HIT_RATE" not in transfer.restored_env(plan, partial)
+    assert "min-hit-rate" not in transfer.restore_markdown(plan, partial)
     environ["INPUT_MODE"] = "disabled"
     assert transfer.restored_env(inputs.make_plan(environ, fingerprint), RestoreResult("miss")) == {}
 
@@ -663,19 +689,18 @@ def test_action_yml_names_one_literal_workspace_relative_path_on_actions_cache_v
 
     steps = yaml.safe_load((REPO / "action.yml").read_text())["runs"]["steps"]
     cache_steps = [step for step in steps if str(step.get("uses", "")).startswith("actions/cache")]
-    assert [step["uses"] for step in cache_steps] == [
-        "actions/cache/restore@v5",
+    assert [step["uses"] for step in cache_steps] == [  # issue 26: one lookup per restore, no lookup-only step
         "actions/cache@v5",
         "actions/cache/restore@v5",
         "actions/cache@v5",  # the header entry (issue 10): saving runs
         "actions/cache/restore@v5",  # and read-only runs
     ]
-    for step in cache_steps[:3]:
+    for step in cache_steps[:2]:
         # Literal (fix 1: the post step re-evaluates it, a wrapping composite loses `steps`) and relative to
         # the workspace (fix 2: it is hashed into the entry version, which must match on every runner).
         assert step["with"]["path"] == inputs.SAVE_PATH == ".compilecache-staging/*.bundle"
         assert step.get("id") and step.get("continue-on-error") is True
-    for step in cache_steps[3:]:
+    for step in cache_steps[2:]:
         # The same rules for the header entry, under its exact content key: no restore-keys, ever.
         assert step["with"]["path"] == inputs.HEADER_PATH == ".compilecache-headers/*.bundle"
         assert step["with"]["key"] == "${{ steps.restore.outputs.header-key }}"
@@ -688,12 +713,8 @@ def test_action_yml_names_one_literal_workspace_relative_path_on_actions_cache_v
     assert header_step["run"].endswith('action/main.py" headers')
     assert {"COMPILECACHE_PLAN", "COMPILECACHE_HEADER_HIT"} <= set(header_step["env"])
     restore = next(step for step in steps if step.get("id") == "restore")
-    assert {
-        "COMPILECACHE_CACHE_OUTCOME",
-        "COMPILECACHE_CACHE_HIT",
-        "COMPILECACHE_LOOKUP_OUTCOME",
-        "COMPILECACHE_LOOKUP_KEY",
-    } <= set(restore["env"])
+    assert {"COMPILECACHE_CACHE_OUTCOME", "COMPILECACHE_CACHE_HIT"} <= set(restore["env"])
+    assert not any("lookup" in str(step.get("with", {}).get("lookup-only", "")) for step in cache_steps)
 
 
 # ---- the header entry (issue 10): store: github carries each precompiled header as its own entry
