@@ -192,7 +192,9 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
     assert (out2["restore-outcome"], out2["matched-key"], out2["cache-hit"]) == ("partial", out["key"], "false")
     assert totals(second)["misses"] >= 1 and totals(second)["hits"] >= 2
     assert f"from the bundle entry; saved as {header_key} at job end" in second.log
-    assert second.report()["save"]["outcome"] == "saved"
+    # Issue 26: the plugin only staged the bundle; actions/cache's post step uploads it at job end.
+    assert second.report()["save"]["outcome"] == "staged"
+    assert "save: staged " in second.log and "staged for upload at job end" in shown(second.summary())
     assert second.report()["save"]["headers"] == {**second.report()["save"]["headers"], "named": 1, "transferred": 0}
     assert sorted(server.keys()) == sorted([out["key"], header_key, out2["key"]])
     assert header_objects(server, out2["key"]) == []  # ~21 MiB less in every later bundle entry
@@ -291,13 +293,13 @@ def test_two_jobs_with_one_fingerprint_keep_their_own_lineage(act: Act, server: 
 
 
 def test_a_job_whose_tests_fail(act: Act, server: CacheServer) -> None:
-    """The cache never decides the job's outcome; what a red job saves depends on the runner.
+    """The cache never decides the job's outcome, and a red job saves nothing (issue 26: one policy for every
+    store, input ``save-on-failure: false``).
 
-    GitHub's runner evaluates actions/cache's ``post-if: success()`` against the job, so after the failed
-    pytest step it skips the save: a red job saves nothing. act evaluates it inside a composite action
-    against the composite's own steps, which all succeeded, and saves. This test checks what is the
-    Action's (the restore, the plugin's report, a failure that is the tests' own) and pins act's
-    behaviour, so that a change in act shows up here rather than in a misleading pass.
+    GitHub's runner evaluates actions/cache's ``post-if: success()`` against the job and skips the save after
+    the failed pytest step. act evaluates it inside a composite action against the composite's own steps,
+    which all succeeded, and runs the post step: the policy holds there too because the plugin, told it by
+    the Action, writes no bundle for the post step to upload.
     """
     act.write("test_models.py", MATMUL_SUITE)
     act.write("test_failing.py", FAILING_TEST)
@@ -306,9 +308,11 @@ def test_a_job_whose_tests_fail(act: Act, server: CacheServer) -> None:
     steps = run.steps()
     assert (steps["cc"]["outcome"], steps["tests"]["outcome"]) == ("success", "failure")
     assert run.outputs()["restore-outcome"] == "miss"
-    assert totals(run)["misses"] >= 2  # the plugin reported, and wrote its bundle, despite the failure
+    assert totals(run)["misses"] >= 2  # the plugin reported despite the failure
     assert "Run Post Restore the compile cache (actions/cache, saved at job end)" in run.log
-    assert server.keys() == [run.outputs()["key"]]  # act only: GitHub skips this save
+    save = run.report()["save"]
+    assert (save["outcome"], save["message"]) == ("skipped", "the tests failed: nothing saved (input save-on-failure)")
+    assert server.keys() == []  # no bundle staged: act's post step found nothing to upload
 
 
 def test_inside_a_users_composite_action(act: Act, server: CacheServer) -> None:
@@ -384,6 +388,18 @@ def test_s3_store_push_then_pull_request(act: Act, server: CacheServer, s3_bucke
     assert totals(pull)["misses"] == 0
     assert bundles() == [f"ci/cache/{key}.bundle"]
     assert server.requests == []  # actions/cache was never involved
+
+    # Issue 26: a red test step saves nothing on S3 either (the same policy as actions/cache's), unless the
+    # workflow opts in with save-on-failure, which an S3 store can honour.
+    act.write("test_failing.py", FAILING_TEST)
+    act.write("test_more.py", OTHER_LEG_SUITE)  # one new graph: a bundle to save
+    red = act.run(workflow(with_=f"          store: {store}"), "push", env=env)
+    assert red.returncode != 0 and red.steps()["tests"]["outcome"] == "failure"
+    assert red.report()["save"]["outcome"] == "skipped"
+    assert bundles() == [f"ci/cache/{key}.bundle"]
+    opted = act.run(workflow(with_=f'          store: {store}\n          save-on-failure: "true"'), "push", env=env)
+    assert opted.returncode != 0 and opted.report()["save"]["outcome"] == "saved"
+    assert bundles() == sorted([f"ci/cache/{key}.bundle", f"ci/cache/{opted.outputs()['key']}.bundle"])
 
 
 # ---- a matrix (issue 26, point 1)

@@ -1095,3 +1095,51 @@ def test_the_install_step_runs_before_the_plugin_is_installed(tmp_path: Path) ->
     missing = install(INPUT_INSTALL="false")
     assert missing.returncode == 2, missing.stderr
     assert "input install is false but pytest-compilecache is not importable" in missing.stdout
+
+
+# ---- the save policy the Action hands the plugin (issue 26)
+
+
+def test_action_save_policy_reads_the_hand_off() -> None:
+    from pytest_compilecache.session import ActionSave
+    from pytest_compilecache.session import action_save_policy
+
+    assert action_save_policy(None) == action_save_policy("not json") == action_save_policy("[1]") == ActionSave()
+    assert action_save_policy('{"outcome":"miss"}') == ActionSave(only_when_passed=False, staged=False)
+    told = '{"outcome":"miss","save_when":"passed","save_staged":true}'
+    assert action_save_policy(told) == ActionSave(only_when_passed=True, staged=True)
+    assert action_save_policy('{"save_when":"always","save_staged":"yes"}') == ActionSave()
+
+
+@pytest.mark.slow  # two pytest sessions that fingerprint torch
+@pytest.mark.parametrize(("save_when", "outcome"), [("passed", "skipped"), ("always", None)])
+def test_the_plugin_saves_nothing_after_failed_tests_when_told(
+    tmp_path: Path, save_when: str, outcome: str | None
+) -> None:
+    """What the Action tells the plugin decides a red session's save, on every store (here a directory)."""
+    (tmp_path / "test_red.py").write_text("def test_red():\n    assert False\n")
+    report = tmp_path / "report.json"
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("PYTEST_COMPILECACHE_", "GITHUB_", "RUNNER_"))
+    }
+    env.update(
+        PYTEST_COMPILECACHE_MODE="shared",
+        PYTEST_COMPILECACHE_DIR=str(tmp_path / "dir"),
+        PYTEST_COMPILECACHE_STORE=str(tmp_path / "store"),
+        PYTEST_COMPILECACHE_RESTORE="skip",
+        PYTEST_COMPILECACHE_JSON=str(report),
+        PYTEST_COMPILECACHE_RESTORED=json.dumps({"outcome": "miss", "save_when": save_when}),
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_red.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    save = json.loads(report.read_text())["save"]
+    if outcome is None:  # the save went ahead, and found nothing compiled to save
+        assert (save["outcome"], save["message"]) == ("skipped", "nothing was compiled")
+    else:
+        why = "the tests failed: nothing saved (input save-on-failure)"
+        assert (save["outcome"], save["message"]) == (outcome, why)
