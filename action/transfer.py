@@ -335,6 +335,10 @@ def restore_markdown(plan: Plan, result: RestoreResult) -> str:
             f"{outcome}: {md_code(result.key or '')}, {human_size(result.size)} in "
             f"{result.seconds:.1f} s, {result.files} files"
         )
+        run = saved_by(plan, result.key or "")
+        if run:
+            # What the Action can learn of an earlier upload: the newest entry of the lineage is that run's.
+            restored += f" (the newest saved: run {md_text(run)})"
     else:
         restored = f"{outcome}" + (f": {md_text(result.message)}" if result.message else "")
     if result.skipped:
@@ -374,6 +378,16 @@ def restore_markdown(plan: Plan, result: RestoreResult) -> str:
         "",
     ]
     return "\n".join(lines) + "\n"
+
+
+def saved_by(plan: Plan, key: str) -> str | None:
+    """``<run id> attempt <n>`` of the run that saved ``key`` (a key of this lineage and fingerprint), else None.
+
+    actions/cache uploads at job end, after this Action's last step, and tells nobody how it went; the next
+    run's restore is where that upload shows: the entry it restores is the newest one that was stored."""
+    suffix = key[len(plan.restore_prefix) :] if key.startswith(plan.restore_prefix) else ""
+    run, _, attempt = suffix.rpartition("-")
+    return f"{run} attempt {attempt}" if run.isdigit() and attempt.isdigit() else None
 
 
 def restored_env(plan: Plan, result: RestoreResult) -> dict[str, str]:

@@ -1143,3 +1143,13 @@ def test_the_plugin_saves_nothing_after_failed_tests_when_told(
     else:
         why = "the tests failed: nothing saved (input save-on-failure)"
         assert (save["outcome"], save["message"]) == (outcome, why)
+
+
+def test_the_restore_names_the_run_whose_upload_it_found(environ: dict[str, str], fingerprint: Any) -> None:
+    """Issue 26: actions/cache uploads after the Action's last step; the next restore says whose entry it found."""
+    plan = inputs.make_plan(environ, fingerprint)
+    key = f"{plan.restore_prefix}987-2"
+    assert transfer.saved_by(plan, key) == "987 attempt 2"
+    assert transfer.saved_by(plan, "another-lineage-987-2") is None
+    text = transfer.restore_markdown(plan, RestoreResult("partial", key=key, size=10, seconds=0.1, files=1))
+    assert "(the newest saved: run 987 attempt 2)" in text
