@@ -1,7 +1,8 @@
 """Pure renderers: terminal lines, Markdown and JSON from :class:`SessionStats`. No I/O here.
 
 ``transfer`` arguments are plain dicts describing a restore or a save:
-``{"outcome": "exact"|"partial"|"miss"|"saved"|"skipped"|"error", "key", "size", "seconds", "message"}``.
+``{"outcome": "exact"|"partial"|"miss"|"saved"|"staged"|"skipped"|"error", "key", "size", "seconds", "message"}``
+(``staged``: the Action's staging dir holds the bundle; actions/cache uploads it at job end).
 """
 
 from __future__ import annotations
