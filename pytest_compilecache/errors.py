@@ -34,10 +34,6 @@ class ConfigError(CompileCacheError, ValueError):
     """Bad user input. The message names the option (``--compile-cache-store``...)."""
 
 
-class InputError(ConfigError):
-    """An input of the GitHub Action is invalid; the message names it as the workflow spells it."""
-
-
 class StoreError(CompileCacheError):
     """A store could not be reached or refused an operation. Callers turn it into a warning."""
 

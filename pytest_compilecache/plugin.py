@@ -444,7 +444,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     if _CONTROLLER not in config.stash and quiet:
         return  # no option, no compile, no worker that compiled: nothing to report
-    if _controller(config).finish() and session.exitstatus == pytest.ExitCode.OK:
+    failed = session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
+    if _controller(config).finish(failed=failed) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

@@ -1,8 +1,9 @@
 """Pure renderers: terminal lines, Markdown and JSON from :class:`SessionStats`. No I/O here.
 
 ``transfer`` arguments are plain dicts describing a restore or a save:
-``{"outcome": "exact"|"partial"|"miss"|"saved"|"skipped"|"error", "key", "size", "seconds", "message"}``, and
-for a restore ``description`` (what happened in words, ``sync.RestoreResult.description``).
+``{"outcome": "exact"|"partial"|"miss"|"saved"|"staged"|"skipped"|"error", "key", "size", "seconds", "message"}``
+(``staged``: the Action's staging dir holds the bundle; actions/cache uploads it at job end), and for a restore
+``description`` (what happened in words, ``sync.RestoreResult.description``).
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ the restore phase it only ever warns: the session's outcome is decided by the co
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,6 +46,7 @@ class SavePhase:
         self.why: SessionExplanation | None = None
         self.graphs: GraphsRecord | None = None
         self.saved: SaveResult | None = None
+        self.tests_failed = False  # the session's tests failed (set by the controller before run())
 
     def run(self) -> None:
         self.explain()
@@ -110,6 +113,12 @@ class SavePhase:
             # The store failed or stalled at the restore: one warning said so; a save would wait again.
             self.saved = sync.SaveResult("skipped", message="the store failed at the restore; nothing saved")
             return
+        told = os.environ.get(sync.HANDOFF_ENV) if settings.restore == "skip" else None
+        policy = sync.read_save_policy(told)
+        if policy.only_when_passed and self.tests_failed:
+            # The Action's one policy for every store (actions/cache's): a red run saves nothing by default.
+            self.saved = sync.SaveResult("skipped", message="the tests failed: nothing saved (input save-on-failure)")
+            return
         try:
             fingerprint = self.setup.fingerprint()
             store = self.setup.timed_store()
@@ -133,9 +142,14 @@ class SavePhase:
             header_installed=self._restored_headers(),
             header_carried=restored.headers.carried if restored is not None else (),
         )
+        if policy.staged and self.saved.outcome == "saved":
+            # store: github: the bundle is only in the staging dir; actions/cache's post step uploads it at job end
+            # (if the job succeeds), and may fail or be skipped: never say "saved" for what is not stored yet.
+            note = f"{sync.STAGED_MESSAGE}; {self.saved.message}" if self.saved.message else sync.STAGED_MESSAGE
+            self.saved = replace(self.saved, outcome="staged", message=note)
         if self.saved.warning:
             self.problems.warn(self.saved.warning)
-        elif self.saved.message and self.saved.outcome == "saved":
+        elif self.saved.message and self.saved.outcome in ("saved", "staged"):
             self.problems.note(f"save: {self.saved.message}")
         for line in self.saved.headers.warnings:
             self.problems.warn(line)

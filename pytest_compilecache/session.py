@@ -336,8 +336,12 @@ class Controller:
         if output.header_dir is not None:
             self.end.header_dirs.add(output.header_dir)
 
-    def finish(self) -> bool:
-        """Save, trim, write reports; return True when the session must fail (hit rate, strict)."""
+    def finish(self, failed: bool = False) -> bool:
+        """Save, trim, write reports; return True when the session must fail (hit rate, strict).
+
+        ``failed``: the tests failed (the Action's save policy may then skip the save).
+        """
+        self.end.tests_failed = failed
         if not self.workers:  # a plain session: the controller ran the tests itself
             self._take_artifacts("controller", ProcessOutput.collect(self.setup, self.recorder))
         self.start.collect_ticket()

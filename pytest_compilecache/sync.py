@@ -113,7 +113,7 @@ MAX_CANDIDATES = 3
 # bounds the cost of a crowded lineage, not an attacker.
 MAX_HEADERS = 16
 RestoreOutcome = Literal["exact", "partial", "miss", "error"]
-SaveOutcome = Literal["saved", "skipped", "error"]
+SaveOutcome = Literal["saved", "staged", "skipped", "error"]
 Outcome = TypeVar("Outcome", RestoreOutcome, SaveOutcome)
 Loader = Callable[[bytes], Mapping[str, int]]
 Candidate = tuple[str, "int | None", RestoreOutcome]  # key, listed size, outcome if it restores
@@ -285,13 +285,27 @@ HANDOFF_ENV = "PYTEST_COMPILECACHE_RESTORED"
 _HANDOFF_OUTCOMES = ("exact", "partial", "miss", "error")
 
 
-def write_handoff(result: RestoreResult) -> str:
-    """The value of :data:`HANDOFF_ENV` for ``result`` (compact JSON), read back by :func:`read_handoff`.
+class SavePolicy(NamedTuple):
+    """How the Action wants the session's save: ``only_when_passed`` (no save after failed tests: input
+    ``save-on-failure`` false, actions/cache's convention) and ``staged`` (the store is the Action's staging
+    dir, which actions/cache uploads at job end: the save is then reported as ``staged``, never ``saved``)."""
 
-    ``{"outcome", "key", "message", "headers": [names], "header_key"?, "staged"?: [[name, size, sha256]]}``:
-    the outcome and why, the precompiled headers the restore installed or found (so the save names them
-    again where the file system records no reads), the object key of a header carried by the Action's own
-    cache entry (the save names it but uploads no copy), and the mega-cache blobs left for pytest to load.
+    only_when_passed: bool = False
+    staged: bool = False
+
+
+STAGED_MESSAGE = "staged for upload at job end (actions/cache uploads it if the job succeeds)"
+
+
+def write_handoff(result: RestoreResult, policy: SavePolicy | None = None) -> str:
+    """The value of :data:`HANDOFF_ENV` for ``result`` (compact JSON), read back by :func:`read_handoff` and
+    :func:`read_save_policy`.
+
+    ``{"outcome", "key", "message", "headers": [names], "header_key"?, "staged"?: [[name, size, sha256]],
+    "save_when"?: "passed"|"always", "save_staged"?: true}``: the outcome and why, the precompiled headers the
+    restore installed or found (so the save names them again where the file system records no reads), the
+    object key of a header carried by the Action's own cache entry (the save names it but uploads no copy),
+    the mega-cache blobs left for pytest to load, and the save policy of a saving run.
     """
     import json  # cost: only the Action and a restoring session hand off
 
@@ -305,7 +319,25 @@ def write_handoff(result: RestoreResult) -> str:
         told["header_key"] = result.headers.carried[0]
     if result.staged:
         told["staged"] = [list(blob) for blob in result.staged]
+    if policy is not None:
+        told["save_when"] = "passed" if policy.only_when_passed else "always"
+        if policy.staged:
+            told["save_staged"] = True
     return json.dumps(told, separators=(",", ":"))
+
+
+def read_save_policy(value: str | None) -> SavePolicy:
+    """The save policy :func:`write_handoff` wrote; the defaults (save whatever the tests did, for real)
+    when absent or malformed."""
+    import json  # cost: as above
+
+    try:
+        data = json.loads(value or "")
+    except (ValueError, RecursionError):
+        return SavePolicy()
+    if not isinstance(data, dict):
+        return SavePolicy()
+    return SavePolicy(only_when_passed=data.get("save_when") == "passed", staged=data.get("save_staged") is True)
 
 
 def read_handoff(value: str | None) -> RestoreResult | None:

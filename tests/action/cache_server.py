@@ -34,7 +34,8 @@ The rules GitHub's service enforces, as far as a client can observe them:
   Tokens are HMAC-signed by the server (:meth:`CacheServer.token`): the client treats them as opaque.
 
 Fault injection for the tests: :attr:`CacheServer.fail_downloads` answers every blob ``GET`` with 403 (a
-download that fails after the lookup found an entry).
+download that fails after the lookup found an entry); :attr:`CacheServer.fail_lookups` answers every
+``GetCacheEntryDownloadURL`` with 500 (an outage of the service: the client retries it, then gives up).
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ class CacheServer:
         self.entries: list[CacheEntry] = []
         self.requests: list[tuple[str, str]] = []  # (method, path) in arrival order, for the tests
         self.fail_downloads = False
+        self.fail_lookups = False
         self._secret = secrets.token_bytes(32)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -203,6 +205,8 @@ class CacheServer:
         return {"ok": True, "entry_id": str(entry.id)}
 
     def lookup(self, scopes: list[dict[str, Any]], body: dict[str, Any]) -> dict[str, Any]:
+        if self.fail_lookups:
+            raise TwirpError(500, "internal", "injected outage of the cache service")
         key, version = str(body.get("key") or ""), str(body.get("version") or "")
         restore_keys = [str(k) for k in body.get("restore_keys") or []]
         entry = self.find([s["Scope"] for s in scopes if s["Permission"] & READ], key, restore_keys, version)

@@ -192,7 +192,9 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
     assert (out2["restore-outcome"], out2["matched-key"], out2["cache-hit"]) == ("partial", out["key"], "false")
     assert totals(second)["misses"] >= 1 and totals(second)["hits"] >= 2
     assert f"from the bundle entry; saved as {header_key} at job end" in second.log
-    assert second.report()["save"]["outcome"] == "saved"
+    # Issue 26: the plugin only staged the bundle; actions/cache's post step uploads it at job end.
+    assert second.report()["save"]["outcome"] == "staged"
+    assert "save: staged " in second.log and "staged for upload at job end" in shown(second.summary())
     assert second.report()["save"]["headers"] == {**second.report()["save"]["headers"], "named": 1, "transferred": 0}
     assert sorted(server.keys()) == sorted([out["key"], header_key, out2["key"]])
     assert header_objects(server, out2["key"]) == []  # ~21 MiB less in every later bundle entry
@@ -243,6 +245,26 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
     assert totals(failed)["misses"] >= 2 and totals(failed)["hits"] == 0
 
 
+def test_an_outage_of_the_lookup_is_an_error_and_lifts_min_hit_rate(act: Act, server: CacheServer) -> None:
+    """Issue 26: the cache service answers the lookup with 500 (the client retries it, then logs and gives up):
+    outcome ``error``, one warning, ``min-hit-rate`` not applied (the summary says why), the job green; and one
+    lookup per restore, so the retries are paid once."""
+    act.write("test_models.py", MATMUL_SUITE)
+    server.fail_lookups = True
+    run = act.run(workflow(with_='          min-hit-rate: "0.9"'), "push")
+    assert run.returncode == 0, run.log[-6000:]
+    steps = run.steps()
+    assert (steps["cc"]["outcome"], steps["tests"]["outcome"]) == ("success", "success")
+    assert run.outputs()["restore-outcome"] == "error"
+    assert totals(run)["misses"] >= 2 and totals(run)["hits"] == 0
+    summary = shown(run.summary())
+    assert "error: the cache service did not answer the lookup" in summary
+    assert "min-hit-rate 0.9 not applied: the restore failed" in summary
+    assert run.log.count("::warning title=compile cache::the cache service did not answer the lookup") == 1
+    lookups = [path for method, path in server.requests if path.endswith("GetCacheEntryDownloadURL")]
+    assert len(lookups) == 5, lookups  # one lookup, with the client's 5 attempts; no lookup-only step
+
+
 def test_two_jobs_with_one_fingerprint_keep_their_own_lineage(act: Act, server: CacheServer) -> None:
     # One C++ build per job (a header to save per lineage) and two matmul graphs.
     act.write("test_models.py", MATMUL_SUITE)
@@ -271,13 +293,13 @@ def test_two_jobs_with_one_fingerprint_keep_their_own_lineage(act: Act, server: 
 
 
 def test_a_job_whose_tests_fail(act: Act, server: CacheServer) -> None:
-    """The cache never decides the job's outcome; what a red job saves depends on the runner.
+    """The cache never decides the job's outcome, and a red job saves nothing (issue 26: one policy for every
+    store, input ``save-on-failure: false``).
 
-    GitHub's runner evaluates actions/cache's ``post-if: success()`` against the job, so after the failed
-    pytest step it skips the save: a red job saves nothing. act evaluates it inside a composite action
-    against the composite's own steps, which all succeeded, and saves. This test checks what is the
-    Action's (the restore, the plugin's report, a failure that is the tests' own) and pins act's
-    behaviour, so that a change in act shows up here rather than in a misleading pass.
+    GitHub's runner evaluates actions/cache's ``post-if: success()`` against the job and skips the save after
+    the failed pytest step. act evaluates it inside a composite action against the composite's own steps,
+    which all succeeded, and runs the post step: the policy holds there too because the plugin, told it by
+    the Action, writes no bundle for the post step to upload.
     """
     act.write("test_models.py", MATMUL_SUITE)
     act.write("test_failing.py", FAILING_TEST)
@@ -286,9 +308,11 @@ def test_a_job_whose_tests_fail(act: Act, server: CacheServer) -> None:
     steps = run.steps()
     assert (steps["cc"]["outcome"], steps["tests"]["outcome"]) == ("success", "failure")
     assert run.outputs()["restore-outcome"] == "miss"
-    assert totals(run)["misses"] >= 2  # the plugin reported, and wrote its bundle, despite the failure
+    assert totals(run)["misses"] >= 2  # the plugin reported despite the failure
     assert "Run Post Restore the compile cache (actions/cache, saved at job end)" in run.log
-    assert server.keys() == [run.outputs()["key"]]  # act only: GitHub skips this save
+    save = run.report()["save"]
+    assert (save["outcome"], save["message"]) == ("skipped", "the tests failed: nothing saved (input save-on-failure)")
+    assert server.keys() == []  # no bundle staged: act's post step found nothing to upload
 
 
 def test_inside_a_users_composite_action(act: Act, server: CacheServer) -> None:
@@ -364,3 +388,80 @@ def test_s3_store_push_then_pull_request(act: Act, server: CacheServer, s3_bucke
     assert totals(pull)["misses"] == 0
     assert bundles() == [f"ci/cache/{key}.bundle"]
     assert server.requests == []  # actions/cache was never involved
+
+    # Issue 26: a red test step saves nothing on S3 either (the same policy as actions/cache's), unless the
+    # workflow opts in with save-on-failure, which an S3 store can honour.
+    act.write("test_failing.py", FAILING_TEST)
+    act.write("test_more.py", OTHER_LEG_SUITE)  # one new graph: a bundle to save
+    red = act.run(workflow(with_=f"          store: {store}"), "push", env=env)
+    assert red.returncode != 0 and red.steps()["tests"]["outcome"] == "failure"
+    assert red.report()["save"]["outcome"] == "skipped"
+    assert bundles() == [f"ci/cache/{key}.bundle"]
+    opted = act.run(workflow(with_=f'          store: {store}\n          save-on-failure: "true"'), "push", env=env)
+    assert opted.returncode != 0 and opted.report()["save"]["outcome"] == "saved"
+    assert bundles() == sorted([f"ci/cache/{key}.bundle", f"ci/cache/{opted.outputs()['key']}.bundle"])
+
+
+# ---- a matrix (issue 26, point 1)
+
+# The second leg's own graph: a matmul with a transposed operand (an extern kernel: no C++ build).
+OTHER_LEG_SUITE = """\
+import torch
+
+
+def test_cross():
+    x, w = torch.randn(4, 8), torch.randn(4, 2)
+    torch.testing.assert_close(torch.compile(lambda a, b: a.t() @ b)(x, w), x.t() @ w)
+"""
+
+MATRIX_WORKFLOW = """\
+on: [push]
+jobs:
+  test:
+    runs-on: ubuntu-latest
+    strategy:
+      matrix:
+        shard: [0, 1]
+    steps:
+      - uses: actions/checkout@v6
+      - id: cc
+        uses: <ACTION>
+        with:
+          install: "false"
+      - name: Tests
+        id: tests
+        run: python -m pytest -q test_leg${{ matrix.shard }}.py
+      - name: Collect
+        if: always()
+        shell: bash
+        env:
+          STEPS: ${{ toJSON(steps) }}
+          OUT: %(out)s
+          LEG: test-${{ matrix.shard }}
+        run: |
+          mkdir -p "$OUT"
+          printf '%%s' "$STEPS" > "$OUT/steps-$LEG.json"
+          cp "${{ steps.cc.outputs.report }}" "$OUT/report-$LEG.json"
+""".replace("<ACTION>", ACTION)
+
+
+def test_two_matrix_legs_keep_their_own_lineage_over_two_pushes(act: Act, server: CacheServer) -> None:
+    """Each leg of ``strategy.matrix`` saves its own entry and restores its own: the leg reaches the key through
+    the Action's ``matrix-leg`` input, whose default (``toJSON(matrix)``) act evaluates as GitHub does (it does
+    not in a composite step's ``env:``)."""
+    act.write("test_leg0.py", MATMUL_SUITE)
+    act.write("test_leg1.py", OTHER_LEG_SUITE)
+    legs = ("test-0", "test-1")
+    first = act.run(MATRIX_WORKFLOW, "push")
+    assert first.returncode == 0, first.log[-6000:]
+    keys = {leg: first.outputs(leg)["key"] for leg in legs}
+    assert keys["test-0"] != keys["test-1"], keys
+    assert "Unable to reserve cache" not in first.log
+    assert sorted(server.keys()) == sorted(keys.values())
+
+    second = act.run(MATRIX_WORKFLOW, "push")
+    assert second.returncode == 0, second.log[-6000:]
+    for leg in legs:
+        out = second.outputs(leg)
+        assert (out["restore-outcome"], out["matched-key"]) == ("partial", keys[leg]), (leg, out)
+        assert totals(second, leg)["misses"] == 0 and totals(second, leg)["hits"] >= 1, totals(second, leg)

@@ -132,3 +132,12 @@ def test_members_lists_the_files_an_entry_holds(server: CacheServer, compression
     data = zstandard.ZstdCompressor().compress(raw) if compression == "zstd" else gzip.compress(raw)
     server.entries.append(CacheEntry(1, "refs/heads/main", "k", "v", 0.0, data=data, finalized=True))
     assert server.members("k") == ["a-artifact-0.bundle", "b.bundle"]
+
+
+def test_an_outage_of_the_lookup_can_be_injected(server: CacheServer) -> None:
+    save(server, MAIN, "k-1")
+    server.fail_lookups = True
+    status, body = rpc(server, server.token(MAIN), "GetCacheEntryDownloadURL", {"key": "k-1", "version": "v1"})
+    assert (status, body["code"]) == (500, "internal")
+    server.fail_lookups = False
+    assert lookup(server, MAIN, "k-1", []) == "k-1"

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from action import inputs
+from action import transfer
 from pytest_compilecache.sync import RestoreResult
 from tests.action.conftest import parse_vars
 from tests.markdown import shown
@@ -75,7 +77,7 @@ def _torch_env(monkeypatch: pytest.MonkeyPatch) -> None:
     ],
 )
 def test_decide_save(action: ModuleType, value: str, event: str, saves: bool) -> None:
-    decided, why = action.decide_save(value, event, "refs/heads/main", "main")
+    decided, why = inputs.decide_save(value, event, "refs/heads/main", "main")
     assert decided is saves
     assert why
 
@@ -83,61 +85,61 @@ def test_decide_save(action: ModuleType, value: str, event: str, saves: bool) ->
 @pytest.mark.parametrize("event", ["push", "schedule", "workflow_dispatch"])
 def test_save_auto_saves_on_the_default_branch_only(action: ModuleType, event: str) -> None:
     """Fix 4: an entry saved on another branch serves only that branch and evicts the default branch's."""
-    assert action.decide_save("auto", event, "refs/heads/main", "main")[0] is True
-    saves, why = action.decide_save("auto", event, "refs/heads/feature", "main")
+    assert inputs.decide_save("auto", event, "refs/heads/main", "main")[0] is True
+    saves, why = inputs.decide_save("auto", event, "refs/heads/feature", "main")
     assert saves is False and "default branch (main) only" in why
-    assert action.decide_save("auto", event, "refs/heads/main", "")[0] is False  # unknown: do not guess
-    assert action.decide_save("true", event, "refs/heads/feature", "main")[0] is True
+    assert inputs.decide_save("auto", event, "refs/heads/main", "")[0] is False  # unknown: do not guess
+    assert inputs.decide_save("true", event, "refs/heads/feature", "main")[0] is True
 
 
 def test_merge_group_never_saves(action: ModuleType) -> None:
     """Fix 3: a merge queue branch's entries are never read by any later run."""
-    saves, why = action.decide_save("true", "merge_group", "refs/heads/gh-readonly-queue/main/pr-1-abc", "main")
+    saves, why = inputs.decide_save("true", "merge_group", "refs/heads/gh-readonly-queue/main/pr-1-abc", "main")
     assert saves is False and "merge queue" in why
 
 
 def test_default_branch_from_the_event(action: ModuleType, environ: dict[str, str], tmp_path: Path) -> None:
-    assert action.default_branch(environ) == "main"
-    assert action.default_branch({**environ, "GITHUB_EVENT_PATH": str(tmp_path / "absent.json")}) == ""
+    assert inputs.default_branch(environ) == "main"
+    assert inputs.default_branch({**environ, "GITHUB_EVENT_PATH": str(tmp_path / "absent.json")}) == ""
     (tmp_path / "bare.json").write_text("{}")
-    assert action.default_branch({**environ, "GITHUB_EVENT_PATH": str(tmp_path / "bare.json")}) == ""
+    assert inputs.default_branch({**environ, "GITHUB_EVENT_PATH": str(tmp_path / "bare.json")}) == ""
 
 
 def test_lineage_carries_the_job_and_the_matrix_leg(action: ModuleType) -> None:
     """Fix 5: two jobs or two matrix legs with one fingerprint get different keys and restore their own."""
-    assert action.lineage({"GITHUB_JOB": "test"}, "compilecache-v1") == "compilecache-v1-test"
-    assert action.lineage({"GITHUB_JOB": "test", "COMPILECACHE_MATRIX": "null"}, "p") == "p-test"
-    assert action.lineage({"GITHUB_JOB": "test", "COMPILECACHE_MATRIX": "{}"}, "p") == "p-test"
-    leg_a = action.lineage({"GITHUB_JOB": "test", "COMPILECACHE_MATRIX": '{"py": "3.11", "os": "linux"}'}, "p")
-    leg_a_reordered = action.lineage({"GITHUB_JOB": "test", "COMPILECACHE_MATRIX": '{"os":"linux","py":"3.11"}'}, "p")
-    leg_b = action.lineage({"GITHUB_JOB": "test", "COMPILECACHE_MATRIX": '{"py": "3.12", "os": "linux"}'}, "p")
+    assert inputs.lineage({"GITHUB_JOB": "test"}, "compilecache-v1") == "compilecache-v1-test"
+    assert inputs.lineage({"GITHUB_JOB": "test", "COMPILECACHE_MATRIX": "null"}, "p") == "p-test"
+    assert inputs.lineage({"GITHUB_JOB": "test", "COMPILECACHE_MATRIX": "{}"}, "p") == "p-test"
+    leg_a = inputs.lineage({"GITHUB_JOB": "test", "COMPILECACHE_MATRIX": '{"py": "3.11", "os": "linux"}'}, "p")
+    leg_a_reordered = inputs.lineage({"GITHUB_JOB": "test", "COMPILECACHE_MATRIX": '{"os":"linux","py":"3.11"}'}, "p")
+    leg_b = inputs.lineage({"GITHUB_JOB": "test", "COMPILECACHE_MATRIX": '{"py": "3.12", "os": "linux"}'}, "p")
     assert leg_a == leg_a_reordered and leg_a != leg_b
     assert leg_a.startswith("p-test-") and len(leg_a) == len("p-test-") + 8
-    assert action.lineage({"GITHUB_JOB": "odd job/name"}, "p") == "p-odd_job_name"
-    assert action.lineage({}, "p") == "p"
+    assert inputs.lineage({"GITHUB_JOB": "odd job/name"}, "p") == "p-odd_job_name"
+    assert inputs.lineage({}, "p") == "p"
 
 
 def test_plan_keys_carry_the_job(action: ModuleType, environ: dict[str, str], fingerprint: Any) -> None:
-    other = action.make_plan({**environ, "GITHUB_JOB": "lint"}, fingerprint)
-    plan = action.make_plan(environ, fingerprint)
+    other = inputs.make_plan({**environ, "GITHUB_JOB": "lint"}, fingerprint)
+    plan = inputs.make_plan(environ, fingerprint)
     assert plan.key != other.key and not other.key.startswith(plan.restore_prefix)
-    assert action.plugin_env(other)["PYTEST_COMPILECACHE_KEY_PREFIX"] == "compilecache-v1-lint"
+    assert inputs.plugin_env(other)["PYTEST_COMPILECACHE_KEY_PREFIX"] == "compilecache-v1-lint"
 
 
 def test_decide_save_explains_pull_request_target(action: ModuleType) -> None:
-    assert "never" in action.decide_save("true", "pull_request_target")[1]
+    assert "never" in inputs.decide_save("true", "pull_request_target")[1]
 
 
 def test_decide_save_rejects_other_values(action: ModuleType) -> None:
-    with pytest.raises(action.InputError, match="input save"):
-        action.decide_save("sometimes", "push")
+    with pytest.raises(inputs.InputError, match="input save"):
+        inputs.decide_save("sometimes", "push")
 
 
 # ---- plans
 
 
 def test_plan_for_github_store(action: ModuleType, environ: dict[str, str], fingerprint: Any) -> None:
-    plan = action.make_plan(environ, fingerprint)
+    plan = inputs.make_plan(environ, fingerprint)
     temp = Path(environ["RUNNER_TEMP"])
     digest = fingerprint.digest()
     assert plan.transfer == "github" and plan.save
@@ -146,12 +148,12 @@ def test_plan_for_github_store(action: ModuleType, environ: dict[str, str], fing
     assert plan.staging == str(Path(environ["GITHUB_WORKSPACE"]) / ".compilecache-staging")
     assert plan.cache_dir == str(temp / "compilecache-dir")
     assert plan.fingerprint == fingerprint.to_json()
-    assert action.Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+    assert inputs.Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
 
 
 def test_plugin_env_for_a_saving_github_run(action: ModuleType, environ: dict[str, str], fingerprint: Any) -> None:
-    plan = action.make_plan(environ, fingerprint)
-    assert action.plugin_env(plan) == {
+    plan = inputs.make_plan(environ, fingerprint)
+    assert inputs.plugin_env(plan) == {
         "PYTEST_COMPILECACHE_MODE": "shared",
         "PYTEST_COMPILECACHE_SUMMARY": "auto",
         "PYTEST_COMPILECACHE_JSON": plan.json,
@@ -166,7 +168,7 @@ def test_plugin_env_for_a_saving_github_run(action: ModuleType, environ: dict[st
 
 def test_plugin_env_for_a_pull_request(action: ModuleType, environ: dict[str, str], fingerprint: Any) -> None:
     environ.update(GITHUB_EVENT_NAME="pull_request", INPUT_SUMMARY="false", INPUT_MIN_HIT_RATE="0.9")
-    env = action.plugin_env(action.make_plan(environ, fingerprint))
+    env = inputs.plugin_env(inputs.make_plan(environ, fingerprint))
     assert "PYTEST_COMPILECACHE_STORE" not in env
     assert env["PYTEST_COMPILECACHE_READONLY"] == "true"
     assert env["PYTEST_COMPILECACHE_SUMMARY"] == "off"
@@ -175,8 +177,8 @@ def test_plugin_env_for_a_pull_request(action: ModuleType, environ: dict[str, st
 
 def test_plugin_env_for_s3(action: ModuleType, environ: dict[str, str], fingerprint: Any) -> None:
     environ.update(INPUT_STORE="s3://bucket/ci/cache", INPUT_KEY_PREFIX="shard-1", INPUT_KEY_SALT="model-v2")
-    plan = action.make_plan(environ, fingerprint)
-    env = action.plugin_env(plan)
+    plan = inputs.make_plan(environ, fingerprint)
+    env = inputs.plugin_env(plan)
     assert plan.transfer == "direct"
     assert env["PYTEST_COMPILECACHE_STORE"] == "s3://bucket/ci/cache"
     assert env["PYTEST_COMPILECACHE_KEY_PREFIX"] == "shard-1-test"
@@ -187,9 +189,9 @@ def test_plugin_env_for_s3(action: ModuleType, environ: dict[str, str], fingerpr
 @pytest.mark.parametrize("mode", ["isolated", "disabled"])
 def test_other_modes_move_nothing(action: ModuleType, environ: dict[str, str], fingerprint: Any, mode: str) -> None:
     environ["INPUT_MODE"] = mode
-    plan = action.make_plan(environ, fingerprint)
+    plan = inputs.make_plan(environ, fingerprint)
     assert (plan.transfer, plan.save) == ("none", False)
-    env = action.plugin_env(plan)
+    env = inputs.plugin_env(plan)
     assert env["PYTEST_COMPILECACHE_MODE"] == mode
     assert not {"PYTEST_COMPILECACHE_STORE", "PYTEST_COMPILECACHE_DIR", "PYTEST_COMPILECACHE_RESTORE"} & set(env)
 
@@ -198,16 +200,16 @@ def test_relative_directory_store_is_under_the_workspace(
     action: ModuleType, environ: dict[str, str], fingerprint: Any
 ) -> None:
     environ["INPUT_STORE"] = "bundles"
-    plan = action.make_plan(environ, fingerprint)
+    plan = inputs.make_plan(environ, fingerprint)
     assert plan.store == str(Path(environ["GITHUB_WORKSPACE"]) / "bundles")
-    assert action.plugin_env(plan)["PYTEST_COMPILECACHE_STORE"] == plan.store
+    assert inputs.plugin_env(plan)["PYTEST_COMPILECACHE_STORE"] == plan.store
 
 
 def test_relative_cache_dir_is_under_the_workspace(
     action: ModuleType, environ: dict[str, str], fingerprint: Any
 ) -> None:
     environ["INPUT_CACHE_DIR"] = ".cache/inductor"
-    plan = action.make_plan(environ, fingerprint)
+    plan = inputs.make_plan(environ, fingerprint)
     assert plan.cache_dir == str(Path(environ["GITHUB_WORKSPACE"]) / ".cache" / "inductor")
 
 
@@ -227,14 +229,14 @@ def test_invalid_inputs_name_the_input(
     action: ModuleType, environ: dict[str, str], fingerprint: Any, name: str, value: str, message: str
 ) -> None:
     environ[name] = value
-    with pytest.raises(action.InputError, match=message):
-        action.make_plan(environ, fingerprint)
+    with pytest.raises(inputs.InputError, match=message):
+        inputs.make_plan(environ, fingerprint)
 
 
 def test_plan_needs_the_runner(action: ModuleType, environ: dict[str, str], fingerprint: Any) -> None:
     del environ["GITHUB_RUN_ID"]
-    with pytest.raises(action.InputError, match="GITHUB_RUN_ID"):
-        action.make_plan(environ, fingerprint)
+    with pytest.raises(inputs.InputError, match="GITHUB_RUN_ID"):
+        inputs.make_plan(environ, fingerprint)
 
 
 # ---- runner files
@@ -261,13 +263,13 @@ def test_stage_bundles_empties_and_removes_the_staging_dir(action: ModuleType, t
     (staging / "compilecache-v1-abc-1-1.bundle").write_text("b")
     (staging / ".compilecache-v1-abc-2-1.bundle.123.tmp").write_text("partial")
     (staging / "notes.txt").write_text("x")
-    assert action.stage_bundles(staging, inbox) == ["compilecache-v1-abc-1-1"]
+    assert transfer.stage_bundles(staging, inbox) == ["compilecache-v1-abc-1-1"]
     assert not staging.exists()
     assert [p.name for p in inbox.iterdir()] == ["compilecache-v1-abc-1-1.bundle"]
 
 
 def test_stage_bundles_without_a_restore(action: ModuleType, tmp_path: Path) -> None:
-    assert action.stage_bundles(tmp_path / "absent", tmp_path / "inbox") == []
+    assert transfer.stage_bundles(tmp_path / "absent", tmp_path / "inbox") == []
 
 
 def _bundle(fingerprint: Any, store_dir: Path, suffix: str, prefix: str = "compilecache-v1-test") -> str:
@@ -293,27 +295,27 @@ def _bundle(fingerprint: Any, store_dir: Path, suffix: str, prefix: str = "compi
 
 
 def test_restore_from_staging(action: ModuleType, environ: dict[str, str], fingerprint: Any) -> None:
-    plan = action.make_plan(environ, fingerprint)
+    plan = inputs.make_plan(environ, fingerprint)
     key = _bundle(fingerprint, Path(plan.staging), "99-1")
-    result = action.restore(plan, environ)
+    result = transfer.restore(plan, environ)
     assert (result.outcome, result.key, result.files) == ("partial", key, 1)
     assert (Path(plan.cache_dir) / "fxgraph" / "ab" / "entry").read_bytes() == b"graph 99-1"
     assert not Path(plan.staging).exists() and not Path(plan.inbox).exists()
-    assert action.restore_outputs(result) == {"restore-outcome": "partial", "cache-hit": "false", "matched-key": key}
+    assert transfer.restore_outputs(result) == {"restore-outcome": "partial", "cache-hit": "false", "matched-key": key}
 
 
 def test_restore_exact_key(action: ModuleType, environ: dict[str, str], fingerprint: Any) -> None:
-    plan = action.make_plan(environ, fingerprint)
+    plan = inputs.make_plan(environ, fingerprint)
     _bundle(fingerprint, Path(plan.staging), "1234-2")
-    result = action.restore(plan, environ)
-    assert action.restore_outputs(result)["cache-hit"] == "true"
+    result = transfer.restore(plan, environ)
+    assert transfer.restore_outputs(result)["cache-hit"] == "true"
 
 
 def test_restore_miss_without_staged_bundle(action: ModuleType, environ: dict[str, str], fingerprint: Any) -> None:
-    plan = action.make_plan(environ, fingerprint)
-    result = action.restore(plan, environ)
+    plan = inputs.make_plan(environ, fingerprint)
+    result = transfer.restore(plan, environ)
     assert result.outcome == "miss" and plan.restore_prefix in result.message
-    assert action.restore_outputs(result) == {"restore-outcome": "miss", "cache-hit": "false", "matched-key": ""}
+    assert transfer.restore_outputs(result) == {"restore-outcome": "miss", "cache-hit": "false", "matched-key": ""}
 
 
 def test_restore_explains_a_bundle_of_another_fingerprint(
@@ -321,10 +323,10 @@ def test_restore_explains_a_bundle_of_another_fingerprint(
 ) -> None:
     from pytest_compilecache.fingerprint import Fingerprint
 
-    plan = action.make_plan(environ, fingerprint)
+    plan = inputs.make_plan(environ, fingerprint)
     other = Fingerprint({**fingerprint.to_json(), "torch": "2.14.0"})
     _bundle(other, Path(plan.staging), "77-1")
-    result = action.restore(plan, environ)
+    result = transfer.restore(plan, environ)
     assert result.outcome == "miss"
     assert "torch: 2.14.0 -> 2.13.0" in result.message
 
@@ -332,14 +334,14 @@ def test_restore_explains_a_bundle_of_another_fingerprint(
 def test_restore_of_a_corrupt_bundle_is_a_refused_miss_not_a_crash(
     action: ModuleType, environ: dict[str, str], fingerprint: Any
 ) -> None:
-    plan = action.make_plan(environ, fingerprint)
+    plan = inputs.make_plan(environ, fingerprint)
     Path(plan.staging).mkdir(parents=True)
     (Path(plan.staging) / f"{plan.restore_prefix}5-1.bundle").write_bytes(b"not a bundle")
-    result = action.restore(plan, environ)
+    result = transfer.restore(plan, environ)
     # A bad bundle is the store's content, not trouble reaching it: refused, named, a cold compile.
     assert result.outcome == "miss" and [key for key, _ in result.skipped] == [f"{plan.restore_prefix}5-1"]
     assert result.warning is not None and "bad magic" in result.warning
-    assert action.restore_outputs(result)["restore-outcome"] == "miss"
+    assert transfer.restore_outputs(result)["restore-outcome"] == "miss"
     assert not list(Path(plan.cache_dir).glob("**/entry"))
 
 
@@ -349,35 +351,36 @@ def test_restore_from_a_directory_store(
     store = tmp_path / "store"
     environ["INPUT_STORE"] = str(store)
     key = _bundle(fingerprint, store, "5-1")
-    plan = action.make_plan(environ, fingerprint)
+    plan = inputs.make_plan(environ, fingerprint)
     assert plan.transfer == "direct"
-    assert action.restore(plan, environ).key == key
+    assert transfer.restore(plan, environ).key == key
     assert (store / f"{key}.bundle").exists()  # read only: the store keeps its bundle
 
 
 def test_restore_markdown(action: ModuleType, environ: dict[str, str], fingerprint: Any) -> None:
-    plan = action.make_plan(environ, fingerprint)
-    text = action.restore_markdown(plan, RestoreResult("partial", key="k-1", size=4096, seconds=0.25, files=3))
+    plan = inputs.make_plan(environ, fingerprint)
+    text = transfer.restore_markdown(plan, RestoreResult("partial", key="k-1", size=4096, seconds=0.25, files=3))
     assert "### torch.compile cache: restore" in text
     assert "partial: `k-1`, 4.0 KiB in 0.2 s, 3 files" in text
-    assert f"`{plan.key}` if the tests compile something new: actions/cache uploads it at job end" in text
+    # Issue 26: staged, not "saved": actions/cache's post step uploads it, and only if the job succeeds.
+    assert f"`{plan.key}` if the tests compile something new: staged for upload at job end (actions/cache" in text
     assert "| lineage | `compilecache-v1-test` |" not in text and "| lineage | `compilecache-v1-test` (" in text
     environ["GITHUB_EVENT_NAME"] = "pull_request"
-    text = action.restore_markdown(action.make_plan(environ, fingerprint), RestoreResult("miss", message="a|b"))
+    text = transfer.restore_markdown(inputs.make_plan(environ, fingerprint), RestoreResult("miss", message="a|b"))
     assert "| restored | miss: a\\|b |" in text
     assert "nothing: save: auto restores only on pull_request" in shown(text)
     environ.update(GITHUB_EVENT_NAME="x</details><img src=x>", INPUT_SAVE="true")  # runner text, still escaped
-    text = action.restore_markdown(action.make_plan(environ, fingerprint), RestoreResult("miss"))
+    text = transfer.restore_markdown(inputs.make_plan(environ, fingerprint), RestoreResult("miss"))
     assert "x\\</details\\>\\<img src=x\\> runs may get a read-only cache token" in text  # inert: no tag
 
 
 def test_salt_is_stripped_and_must_be_utf8(action: ModuleType, environ: dict[str, str]) -> None:
     # The plugin strips the salt it reads: the Action must too, or its keys never meet the plugin's bundles.
     environ["PYTEST_COMPILECACHE_KEY_SALT"] = " model-v2 "
-    assert action.key_salt(environ) == "model-v2"
+    assert inputs.key_salt(environ) == "model-v2"
     environ["INPUT_KEY_SALT"] = "v2\udcff"  # a byte that is not UTF-8, as Python keeps it in os.environ
-    with pytest.raises(action.InputError, match="^input key-salt: not valid UTF-8"):
-        action.key_salt(environ)
+    with pytest.raises(inputs.InputError, match="^input key-salt: not valid UTF-8"):
+        inputs.key_salt(environ)
 
 
 # ---- commands
@@ -385,28 +388,29 @@ def test_salt_is_stripped_and_must_be_utf8(action: ModuleType, environ: dict[str
 
 def test_install_command(action: ModuleType, environ: dict[str, str]) -> None:
     environ["GITHUB_ACTION_PATH"] = "/actions/pytest-compilecache"
-    argv = action.install_command(environ, python="/py", has_pip=lambda python: True)
+    argv = inputs.install_command(environ, python="/py", has_pip=lambda python: True)
+    assert argv is not None
     assert argv[:4] == ["/py", "-m", "pip", "install"] and argv[-1] == "/actions/pytest-compilecache"
     environ["INPUT_STORE"] = "s3://bucket/x"
-    assert action.install_command(environ, python="/py", has_pip=lambda python: True)[-1] == (
+    assert (inputs.install_command(environ, python="/py", has_pip=lambda python: True) or [""])[-1] == (
         "/actions/pytest-compilecache[s3]"
     )
     environ["INPUT_INSTALL"] = "false"
-    assert action.install_command(environ) is None
+    assert inputs.install_command(environ) is None
 
 
 def test_install_into_a_venv_without_pip_uses_uv(action: ModuleType, environ: dict[str, str]) -> None:
     """Fix 8: uv makes venvs without pip; ``python -m pip`` fails there with no word of why."""
     environ["GITHUB_ACTION_PATH"] = "/actions/pytest-compilecache"
-    argv = action.install_command(
+    argv = inputs.install_command(
         environ,
         python="/venv/bin/python",
         has_pip=lambda python: False,
         which=lambda name: "/usr/bin/uv" if name == "uv" else None,
     )
     assert argv == ["/usr/bin/uv", "pip", "install", "--python", "/venv/bin/python", "/actions/pytest-compilecache"]
-    with pytest.raises(action.InputError, match="input install: /venv/bin/python has no pip .* uv is not on PATH"):
-        action.install_command(
+    with pytest.raises(inputs.InputError, match="input install: /venv/bin/python has no pip .* uv is not on PATH"):
+        inputs.install_command(
             environ, python="/venv/bin/python", has_pip=lambda python: False, which=lambda name: None
         )
 
@@ -415,9 +419,9 @@ def test_has_pip_asks_the_interpreter(action: ModuleType, tmp_path: Path) -> Non
     import sys
     import venv
 
-    assert action._has_pip(sys.executable) is True
+    assert inputs._has_pip(sys.executable) is True
     venv.create(tmp_path / "bare", with_pip=False)  # what `uv venv` makes: no pip inside
-    assert action._has_pip(str(tmp_path / "bare" / "bin" / "python")) is False
+    assert inputs._has_pip(str(tmp_path / "bare" / "bin" / "python")) is False
 
 
 def test_install_false_checks_the_installed_version(
@@ -430,7 +434,7 @@ def test_install_false_checks_the_installed_version(
     shipped.mkdir(parents=True)
     environ.update(INPUT_INSTALL="false", GITHUB_ACTION_PATH=str(tmp_path / "action"))
     (shipped / "__init__.py").write_text(f'__version__ = "{pytest_compilecache.__version__}"\n')
-    assert action.action_version(str(tmp_path / "action")) == pytest_compilecache.__version__
+    assert inputs.action_version(str(tmp_path / "action")) == pytest_compilecache.__version__
     assert action.main(["install"], environ) == 0
     assert "::warning" not in capsys.readouterr().out
     (shipped / "__init__.py").write_text('"""doc"""\n\n__version__ = "9.9.9"\n')
@@ -462,9 +466,9 @@ def test_plan_and_restore_commands(
     fingerprint: Any,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    import pytest_compilecache.fingerprint
+    import pytest_compilecache.action_api
 
-    monkeypatch.setattr(pytest_compilecache.fingerprint, "collect", lambda salt="": fingerprint)
+    monkeypatch.setattr(pytest_compilecache.action_api, "collect_fingerprint", lambda salt="": fingerprint)
     environ["INPUT_SIGNING_KEY"] = "s3cret"
     assert action.main(["plan"], environ) == 0
     out = capsys.readouterr().out
@@ -489,7 +493,7 @@ def test_plan_and_restore_commands(
 def test_restore_command_warns_and_succeeds_on_trouble(
     action: ModuleType, environ: dict[str, str], fingerprint: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    plan = action.make_plan(environ, fingerprint)
+    plan = inputs.make_plan(environ, fingerprint)
     Path(plan.staging).mkdir(parents=True)
     (Path(plan.staging) / f"{plan.restore_prefix}5-1.bundle").write_bytes(b"garbage")
     plan_file = Path(environ["RUNNER_TEMP"]) / "compilecache-plan.json"
@@ -504,36 +508,48 @@ def test_restore_command_warns_and_succeeds_on_trouble(
 @pytest.mark.parametrize(
     ("steps", "staged", "trouble"),
     [
-        ({}, False, None),  # an older action.yml, or a plain miss
-        ({"COMPILECACHE_CACHE_OUTCOME": "success"}, False, None),  # a miss: cache-hit unset
-        ({"COMPILECACHE_CACHE_OUTCOME": "success", "COMPILECACHE_CACHE_HIT": "false"}, True, None),  # partial
-        ({"COMPILECACHE_CACHE_OUTCOME": "failure"}, False, "step failed"),
-        ({"COMPILECACHE_CACHE_OUTCOME": "success", "COMPILECACHE_LOOKUP_OUTCOME": "failure"}, False, "step failed"),
-        ({"COMPILECACHE_CACHE_OUTCOME": "success", "COMPILECACHE_LOOKUP_KEY": "k-1"}, False, "found k-1 but"),
-        ({"COMPILECACHE_CACHE_OUTCOME": "success", "COMPILECACHE_CACHE_HIT": "false"}, False, "not available"),
+        (transfer.CacheSteps(), False, None),  # an older action.yml, or a plain miss
+        (transfer.CacheSteps("success", seconds=2.5), False, None),  # a miss: cache-hit unset, one quick lookup
+        (transfer.CacheSteps("success", "false", found=True), True, None),  # partial
+        (transfer.CacheSteps("failure"), False, "step failed"),
+        (transfer.CacheSteps("success", found=True), False, "found an entry but"),  # a failed download
+        (transfer.CacheSteps("success", "false"), False, "not available"),
+        # Issue 26: a lookup that failed until the client gave up (5 tries, at least 24 s) is not a miss.
+        (transfer.CacheSteps("success", seconds=31.0), False, "did not answer the lookup"),
+        (transfer.CacheSteps("success", seconds=31.0, found=True), True, None),  # a slow download, restored
     ],
 )
 def test_cache_steps_tell_trouble_from_a_miss(
-    action: ModuleType, steps: dict[str, str], staged: bool, trouble: str | None
+    action: ModuleType, steps: transfer.CacheSteps, staged: bool, trouble: str | None
 ) -> None:
-    found = action.CacheSteps.from_env(steps).trouble(staged)
-    assert (found is None) if trouble is None else (trouble in found)
+    found = steps.trouble(staged)
+    assert (found is None) if trouble is None else (trouble in (found or ""))
+
+
+def test_cache_steps_observe_the_clients_download_dir_and_the_time(environ: dict[str, str], fingerprint: Any) -> None:
+    plan = inputs.make_plan(environ, fingerprint)
+    temp = Path(environ["RUNNER_TEMP"])
+    (temp / "0b5e7c1e-54a8-4b4e-9f5c-1f0b8d4c1a22").mkdir()  # another step's actions/cache, before the plan
+    (temp / "compilecache-dir").mkdir()
+    plan.planned_at, plan.client_dirs = 1000.0, transfer.client_dirs(temp)
+    assert plan.client_dirs == ["0b5e7c1e-54a8-4b4e-9f5c-1f0b8d4c1a22"]
+    observed = transfer.CacheSteps.observe(plan, {"COMPILECACHE_CACHE_OUTCOME": "success"}, now=1003.0)
+    assert observed == transfer.CacheSteps("success", "", found=False, seconds=3.0)
+    (temp / "6f1c2d3e-0a1b-4c5d-8e9f-a0b1c2d3e4f5").mkdir()  # the client's lookup found an entry
+    assert transfer.CacheSteps.observe(plan, {}, now=1040.0) == transfer.CacheSteps(found=True, seconds=40.0)
 
 
 def test_a_failed_download_is_an_error_not_a_miss(
     action: ModuleType, environ: dict[str, str], fingerprint: Any
 ) -> None:
     """Fix 7: the lookup found an entry, actions/cache restored nothing: that is trouble, not "no entry"."""
-    plan = action.make_plan(environ, fingerprint)
-    environ.update(
-        COMPILECACHE_CACHE_OUTCOME="success",
-        COMPILECACHE_LOOKUP_OUTCOME="success",
-        COMPILECACHE_LOOKUP_KEY=f"{plan.restore_prefix}1-1",
-    )
-    result = action.restore(plan, environ)
+    plan = inputs.make_plan(environ, fingerprint)
+    environ.update(COMPILECACHE_CACHE_OUTCOME="success")
+    (Path(environ["RUNNER_TEMP"]) / "6f1c2d3e-0a1b-4c5d-8e9f-a0b1c2d3e4f5").mkdir()  # the client's download dir
+    result = transfer.restore(plan, environ)
     assert result.outcome == "error" and "failed download" in result.message
-    assert action.restore_outputs(result) == {"restore-outcome": "error", "cache-hit": "false", "matched-key": ""}
-    assert "| restored | error: actions/cache found" in action.restore_markdown(plan, result)
+    assert transfer.restore_outputs(result) == {"restore-outcome": "error", "cache-hit": "false", "matched-key": ""}
+    assert "| restored | error: actions/cache found" in transfer.restore_markdown(plan, result)
 
 
 def test_restore_tells_the_plugin_and_lifts_min_hit_rate_after_trouble(
@@ -541,10 +557,10 @@ def test_restore_tells_the_plugin_and_lifts_min_hit_rate_after_trouble(
 ) -> None:
     """Fix 9: the plugin runs with RESTORE=skip; the Action passes its outcome, and a failed restore never
     leaves min-hit-rate to fail the job (an empty variable is unset for the plugin's settings)."""
-    import pytest_compilecache.fingerprint
+    import pytest_compilecache.action_api
     from pytest_compilecache.settings import resolve
 
-    monkeypatch.setattr(pytest_compilecache.fingerprint, "collect", lambda salt="": fingerprint)
+    monkeypatch.setattr(pytest_compilecache.action_api, "collect_fingerprint", lambda salt="": fingerprint)
     environ["INPUT_MIN_HIT_RATE"] = "0.9"
     assert action.main(["plan"], environ) == 0
     plan_file = parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["plan"]
@@ -556,6 +572,8 @@ def test_restore_tells_the_plugin_and_lifts_min_hit_rate_after_trouble(
         "key": None,
         "message": "the actions/cache step failed (see its log)",
         "headers": [],
+        "save_when": "passed",  # issue 26: the save policy, and that the plugin's save is only staged
+        "save_staged": True,
     }
     assert env["PYTEST_COMPILECACHE_MIN_HIT_RATE"] == ""  # the later line wins in GITHUB_ENV
     assert resolve({}, lambda name: None, env).min_hit_rate is None
@@ -571,7 +589,7 @@ def test_restore_command_stages_torchs_artifacts_and_imports_no_torch(
     from pytest_compilecache.stores import open_store
     from tests.fakes import FakeLoader
 
-    plan = action.make_plan(environ, fingerprint)
+    plan = inputs.make_plan(environ, fingerprint)
     source = tmp_path / "source"
     (source / "fxgraph" / "ab").mkdir(parents=True)
     (source / "fxgraph" / "ab" / "entry").write_bytes(b"graph")
@@ -617,14 +635,25 @@ def test_restore_command_stages_torchs_artifacts_and_imports_no_torch(
     assert loader.blobs == [blobs["controller"], blobs["gw0"]] and loaded.artifacts == {"fx_graph": 4, "triton": 2}
 
 
-def test_a_miss_keeps_min_hit_rate(action: ModuleType, environ: dict[str, str], fingerprint: Any) -> None:
+def test_min_hit_rate_applies_only_after_a_restore(
+    action: ModuleType, environ: dict[str, str], fingerprint: Any
+) -> None:
+    """Issue 26: a miss (the first run after a torch upgrade) compiles every graph cold, as an error does: the
+    gate is lifted and the summary says why; after a restore (exact or partial) it holds."""
     environ["INPUT_MIN_HIT_RATE"] = "0.9"
-    plan = action.make_plan(environ, fingerprint)
-    env = action.restored_env(plan, RestoreResult("miss", message="no entry"))
+    plan = inputs.make_plan(environ, fingerprint)
+    miss = RestoreResult("miss", message="no entry")
+    env = transfer.restored_env(plan, miss)
     assert json.loads(env["PYTEST_COMPILECACHE_RESTORED"])["outcome"] == "miss"
-    assert "PYTEST_COMPILECACHE_MIN_HIT_RATE" not in env
+    assert env["PYTEST_COMPILECACHE_MIN_HIT_RATE"] == ""
+    assert "| min-hit-rate | min-hit-rate 0.9 not applied: nothing to restore (a miss)" in shown(
+        transfer.restore_markdown(plan, miss)
+    )
+    partial = RestoreResult("partial", key=f"{plan.restore_prefix}1-1")
+    assert "PYTEST_COMPILECACHE_MIN_HIT_RATE" not in transfer.restored_env(plan, partial)
+    assert "min-hit-rate" not in transfer.restore_markdown(plan, partial)
     environ["INPUT_MODE"] = "disabled"
-    assert action.restored_env(action.make_plan(environ, fingerprint), RestoreResult("miss")) == {}
+    assert transfer.restored_env(inputs.make_plan(environ, fingerprint), RestoreResult("miss")) == {}
 
 
 # ---- the signing key (fix 10) and what the summary promises (fix 12)
@@ -634,9 +663,9 @@ def test_a_signing_key_from_the_step_env_stays_out_of_github_env(
     action: ModuleType, environ: dict[str, str], fingerprint: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fix 10: the scoped way (action/README.md): the key as ``env:`` of the Action's and the pytest step."""
-    import pytest_compilecache.fingerprint
+    import pytest_compilecache.action_api
 
-    monkeypatch.setattr(pytest_compilecache.fingerprint, "collect", lambda salt="": fingerprint)
+    monkeypatch.setattr(pytest_compilecache.action_api, "collect_fingerprint", lambda salt="": fingerprint)
     environ["PYTEST_COMPILECACHE_SIGNING_KEY"] = "scoped-secret"
     assert action.main(["plan"], environ) == 0
     assert "scoped-secret" not in Path(environ["GITHUB_ENV"]).read_text()
@@ -646,7 +675,7 @@ def test_the_summary_does_not_promise_a_save_a_read_only_token_cannot_make(
     action: ModuleType, environ: dict[str, str], fingerprint: Any
 ) -> None:
     environ.update(GITHUB_EVENT_NAME="pull_request", INPUT_SAVE="true")
-    text = action.restore_markdown(action.make_plan(environ, fingerprint), RestoreResult("miss"))
+    text = transfer.restore_markdown(inputs.make_plan(environ, fingerprint), RestoreResult("miss"))
     assert "pull_request runs may get a read-only cache token, and then nothing is saved" in shown(text)
 
 
@@ -660,21 +689,20 @@ def test_action_yml_names_one_literal_workspace_relative_path_on_actions_cache_v
 
     steps = yaml.safe_load((REPO / "action.yml").read_text())["runs"]["steps"]
     cache_steps = [step for step in steps if str(step.get("uses", "")).startswith("actions/cache")]
-    assert [step["uses"] for step in cache_steps] == [
-        "actions/cache/restore@v5",
+    assert [step["uses"] for step in cache_steps] == [  # issue 26: one lookup per restore, no lookup-only step
         "actions/cache@v5",
         "actions/cache/restore@v5",
         "actions/cache@v5",  # the header entry (issue 10): saving runs
         "actions/cache/restore@v5",  # and read-only runs
     ]
-    for step in cache_steps[:3]:
+    for step in cache_steps[:2]:
         # Literal (fix 1: the post step re-evaluates it, a wrapping composite loses `steps`) and relative to
         # the workspace (fix 2: it is hashed into the entry version, which must match on every runner).
-        assert step["with"]["path"] == action.SAVE_PATH == ".compilecache-staging/*.bundle"
+        assert step["with"]["path"] == inputs.SAVE_PATH == ".compilecache-staging/*.bundle"
         assert step.get("id") and step.get("continue-on-error") is True
-    for step in cache_steps[3:]:
+    for step in cache_steps[2:]:
         # The same rules for the header entry, under its exact content key: no restore-keys, ever.
-        assert step["with"]["path"] == action.HEADER_PATH == ".compilecache-headers/*.bundle"
+        assert step["with"]["path"] == inputs.HEADER_PATH == ".compilecache-headers/*.bundle"
         assert step["with"]["key"] == "${{ steps.restore.outputs.header-key }}"
         assert "restore-keys" not in step["with"]
         assert step.get("id") and step.get("continue-on-error") is True
@@ -685,12 +713,8 @@ def test_action_yml_names_one_literal_workspace_relative_path_on_actions_cache_v
     assert header_step["run"].endswith('action/main.py" headers')
     assert {"COMPILECACHE_PLAN", "COMPILECACHE_HEADER_HIT"} <= set(header_step["env"])
     restore = next(step for step in steps if step.get("id") == "restore")
-    assert {
-        "COMPILECACHE_CACHE_OUTCOME",
-        "COMPILECACHE_CACHE_HIT",
-        "COMPILECACHE_LOOKUP_OUTCOME",
-        "COMPILECACHE_LOOKUP_KEY",
-    } <= set(restore["env"])
+    assert {"COMPILECACHE_CACHE_OUTCOME", "COMPILECACHE_CACHE_HIT"} <= set(restore["env"])
+    assert not any("lookup-only" in step.get("with", {}) for step in cache_steps)
 
 
 # ---- the header entry (issue 10): store: github carries each precompiled header as its own entry
@@ -714,7 +738,7 @@ def _planned(action: ModuleType, environ: dict[str, str]) -> tuple[str, Any]:
     """Run the Action's ``plan`` command; return the plan file it wrote (its ``plan`` output) and the Plan."""
     assert action.main(["plan"], environ) == 0
     plan_file = parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["plan"]
-    return plan_file, action.Plan.from_json(json.loads(Path(plan_file).read_text()))
+    return plan_file, inputs.Plan.from_json(json.loads(Path(plan_file).read_text()))
 
 
 def _header_bundle(
@@ -765,12 +789,12 @@ def test_restore_names_the_header_entry_and_keeps_the_bundle_entrys_copy(
 ) -> None:
     from pytest_compilecache import headers
 
-    plan = action.make_plan(environ, fingerprint)
+    plan = inputs.make_plan(environ, fingerprint)
     _, shas = _header_bundle(fingerprint, plan, tmp_path / "machine", "10-1")  # an entry saved before issue 10
-    result = action.restore(plan, environ)
+    result = transfer.restore(plan, environ)
     assert result.outcome == "partial"
     key = _object_key(plan, shas[HEADER])
-    assert action.header_entry(plan, result) == (key, shas[HEADER])
+    assert transfer.header_entry(plan, result) == (key, shas[HEADER])
     assert not (headers.header_dir() / HEADER).exists()  # the header step installs it, after its entry's step
     assert _staged_objects(plan.header_spare) == [f"{key}.bundle"]  # the bundle entry's copy, kept for it
     assert result.headers.named == () and result.headers.warnings == ()
@@ -781,10 +805,10 @@ def test_several_headers_one_entry_the_others_ride_in_the_bundle_entry(
 ) -> None:
     from pytest_compilecache import headers
 
-    plan = action.make_plan(environ, fingerprint)
+    plan = inputs.make_plan(environ, fingerprint)
     _, shas = _header_bundle(fingerprint, plan, tmp_path / "machine", "10-1", names=(SECOND, HEADER))
-    result = action.restore(plan, environ)
-    entry = action.header_entry(plan, result)
+    result = transfer.restore(plan, environ)
+    entry = transfer.header_entry(plan, result)
     assert entry == (_object_key(plan, shas[HEADER]), shas[HEADER])  # the first by name, whatever the order
     assert (headers.header_dir() / SECOND).read_bytes() == SECOND.encode() * 4000  # from the bundle entry
     assert not (headers.header_dir() / HEADER).exists()
@@ -794,14 +818,14 @@ def test_several_headers_one_entry_the_others_ride_in_the_bundle_entry(
 def test_no_header_entry_for_other_stores_or_without_a_restored_header(
     action: ModuleType, environ: dict[str, str], fingerprint: Any, tmp_path: Path, runner_tmp: Path
 ) -> None:
-    plan = action.make_plan(environ, fingerprint)
-    assert action.header_entry(plan, action.restore(plan, environ)) is None  # a miss
+    plan = inputs.make_plan(environ, fingerprint)
+    assert transfer.header_entry(plan, transfer.restore(plan, environ)) is None  # a miss
     _bundle(fingerprint, Path(plan.staging), "3-1")  # a bundle that names no header (a GPU suite)
-    assert action.header_entry(plan, action.restore(plan, environ)) is None
+    assert transfer.header_entry(plan, transfer.restore(plan, environ)) is None
     environ["INPUT_STORE"] = str(tmp_path / "store")
-    direct = action.make_plan(environ, fingerprint)
+    direct = inputs.make_plan(environ, fingerprint)
     _header_bundle(fingerprint, direct, tmp_path / "machine", "4-1")
-    assert action.header_entry(direct, RestoreResult("partial", key="k")) is None
+    assert transfer.header_entry(direct, RestoreResult("partial", key="k")) is None
 
 
 def _stage(plan: Any, directory: str, key: str, path: Path, content: bytes | None = None) -> Path:
@@ -819,7 +843,7 @@ def header_case(action: ModuleType, environ: dict[str, str], fingerprint: Any, t
     """A plan, the header torch built on an earlier machine, its manifest entry and entry key."""
     from pytest_compilecache import headers
 
-    plan = action.make_plan(environ, fingerprint)
+    plan = inputs.make_plan(environ, fingerprint)
     machine = tmp_path / "machine"
     machine.mkdir()
     (machine / HEADER).write_bytes(b"pch" * 5000)
@@ -832,7 +856,7 @@ def test_header_entry_hit_installs_and_is_carried(action: ModuleType, header_cas
 
     plan, source, artifact, key = header_case
     _stage(plan, plan.header_staging, key, source)
-    carry = action.carry_header(plan, key, artifact, hit=True)
+    carry = transfer.carry_header(plan, key, artifact, hit=True)
     assert (carry.source, carry.present, carry.carried, carry.installed, carry.warnings) == (
         "entry",
         True,
@@ -854,7 +878,7 @@ def test_a_read_only_run_installs_the_bundle_entrys_copy_and_keeps_nothing(
     plan, source, artifact, key = header_case
     plan = replace(plan, save=False)
     _stage(plan, plan.header_spare, key, source)
-    carry = action.carry_header(plan, key, artifact, hit=False)
+    carry = transfer.carry_header(plan, key, artifact, hit=False)
     assert (carry.source, carry.present, carry.carried, carry.warnings) == ("bundle", True, False, ())
     assert (headers.header_dir() / HEADER).read_bytes() == source.read_bytes()
     assert _staged_objects(plan.header_staging) == [] and _staged_objects(plan.header_spare) == []
@@ -867,7 +891,7 @@ def test_header_entry_miss_installs_the_bundle_entrys_copy_and_stages_it_for_sav
 
     plan, source, artifact, key = header_case
     _stage(plan, plan.header_spare, key, source)
-    carry = action.carry_header(plan, key, artifact, hit=False)
+    carry = transfer.carry_header(plan, key, artifact, hit=False)
     assert (carry.source, carry.present, carry.carried, carry.warnings) == ("bundle", True, True, ())
     assert (headers.header_dir() / HEADER).read_bytes() == source.read_bytes()
     # actions/cache's post step saves exactly this object under its exact key; the spare is gone.
@@ -880,7 +904,7 @@ def test_a_bad_header_entry_falls_back_to_the_bundle_entrys_copy(action: ModuleT
     plan, source, artifact, key = header_case
     _stage(plan, plan.header_staging, key, source, content=b"not the header")
     _stage(plan, plan.header_spare, key, source)
-    carry = action.carry_header(plan, key, artifact, hit=True)
+    carry = transfer.carry_header(plan, key, artifact, hit=True)
     assert (carry.source, carry.present) == ("bundle", True)
     # The exact key exists (with bad bytes) and is never saved again: the plugin keeps carrying the header.
     assert carry.carried is False
@@ -893,7 +917,7 @@ def test_an_evicted_header_entry_is_one_warning_and_torch_builds_it(action: Modu
     from pytest_compilecache import headers
 
     plan, _, artifact, key = header_case
-    carry = action.carry_header(plan, key, artifact, hit=False)
+    carry = transfer.carry_header(plan, key, artifact, hit=False)
     assert (carry.source, carry.present, carry.carried) == ("none", False, False)
     assert len(carry.warnings) == 1 and key in carry.warnings[0] and "torch builds it" in carry.warnings[0]
     assert not (headers.header_dir() / HEADER).exists() and _staged_objects(plan.header_staging) == []
@@ -904,7 +928,7 @@ def test_a_bad_bundle_entry_copy_is_never_staged_for_saving(action: ModuleType, 
 
     plan, source, artifact, key = header_case
     _stage(plan, plan.header_spare, key, source, content=b"pch" * 4999 + b"pcX")
-    carry = action.carry_header(plan, key, artifact, hit=False)
+    carry = transfer.carry_header(plan, key, artifact, hit=False)
     assert (carry.source, carry.present, carry.carried) == ("none", False, False)
     assert len(carry.warnings) == 1 and "does not match" in carry.warnings[0]
     assert _staged_objects(plan.header_staging) == [] and not (headers.header_dir() / HEADER).exists()
@@ -919,10 +943,10 @@ def test_a_header_already_in_torchs_dir_is_still_checked_before_it_is_saved(
     headers.header_dir().mkdir(parents=True)
     (headers.header_dir() / HEADER).write_bytes(b"torch's own")  # never overwritten
     _stage(plan, plan.header_spare, key, source, content=b"forged")
-    carry = action.carry_header(plan, key, artifact, hit=False)
+    carry = transfer.carry_header(plan, key, artifact, hit=False)
     assert (carry.source, carry.carried) == ("none", False) and _staged_objects(plan.header_staging) == []
     _stage(plan, plan.header_spare, key, source)
-    carry = action.carry_header(plan, key, artifact, hit=False)
+    carry = transfer.carry_header(plan, key, artifact, hit=False)
     assert (carry.source, carry.present, carry.installed, carry.carried) == ("bundle", True, False, True)
     assert (headers.header_dir() / HEADER).read_bytes() == b"torch's own"
 
@@ -939,11 +963,11 @@ def test_restore_and_headers_commands_tell_the_plugin_which_header_the_entry_car
     """Two runs, as action.yml runs them: the first restores an entry that still carries the header object
     (and saves it as the header entry); the plugin's next bundle names it without carrying it; the second run
     gets it from the header entry."""
-    import pytest_compilecache.fingerprint
+    import pytest_compilecache.action_api
     from pytest_compilecache import headers
     from pytest_compilecache.sync import read_handoff as action_restore_result
 
-    monkeypatch.setattr(pytest_compilecache.fingerprint, "collect", lambda salt="": fingerprint)
+    monkeypatch.setattr(pytest_compilecache.action_api, "collect_fingerprint", lambda salt="": fingerprint)
     plan_file, plan = _planned(action, environ)
     _, shas = _header_bundle(fingerprint, plan, tmp_path / "machine", "1-1")
     key = _object_key(plan, shas[HEADER])
@@ -996,9 +1020,9 @@ def test_restore_and_headers_commands_tell_the_plugin_which_header_the_entry_car
 def test_headers_command_without_a_header_does_nothing(
     action: ModuleType, environ: dict[str, str], fingerprint: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pytest_compilecache.fingerprint
+    import pytest_compilecache.action_api
 
-    monkeypatch.setattr(pytest_compilecache.fingerprint, "collect", lambda salt="": fingerprint)
+    monkeypatch.setattr(pytest_compilecache.action_api, "collect_fingerprint", lambda salt="": fingerprint)
     environ["COMPILECACHE_PLAN"] = _planned(action, environ)[0]
     Path(environ["GITHUB_ENV"]).write_text("")
     assert action.main(["headers"], environ) == 0
@@ -1014,10 +1038,10 @@ def test_an_evicted_header_entry_makes_the_headers_command_warn_not_fail(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    import pytest_compilecache.fingerprint
+    import pytest_compilecache.action_api
     from pytest_compilecache.sync import read_handoff as action_restore_result
 
-    monkeypatch.setattr(pytest_compilecache.fingerprint, "collect", lambda salt="": fingerprint)
+    monkeypatch.setattr(pytest_compilecache.action_api, "collect_fingerprint", lambda salt="": fingerprint)
     plan_file, plan = _planned(action, environ)
     _header_bundle(fingerprint, plan, tmp_path / "machine", "1-1", carried=("x",))
     (Path(plan.staging) / "x").write_text("")  # not a bundle name: ignored
@@ -1040,12 +1064,96 @@ def test_headers_command_trouble_is_a_warning_not_a_failed_job(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    import pytest_compilecache.fingerprint
+    import pytest_compilecache.action_api
 
-    monkeypatch.setattr(pytest_compilecache.fingerprint, "collect", lambda salt="": fingerprint)
+    monkeypatch.setattr(pytest_compilecache.action_api, "collect_fingerprint", lambda salt="": fingerprint)
     environ["COMPILECACHE_PLAN"] = _planned(action, environ)[0]
-    (Path(environ["RUNNER_TEMP"]) / action.HEADER_STATE).write_text('{"key": "k", "artifact": {"kind": "x"}}')
+    (Path(environ["RUNNER_TEMP"]) / inputs.HEADER_STATE).write_text('{"key": "k", "artifact": {"kind": "x"}}')
     capsys.readouterr()
     assert action.main(["headers"], environ) == 0
     out = capsys.readouterr().out
     assert out.startswith("::warning") and "precompiled header not restored: HeaderError" in out
+
+
+def test_the_install_step_runs_before_the_plugin_is_installed(tmp_path: Path) -> None:
+    """``python action/main.py install`` on an interpreter without the plugin (``-S``: no site-packages): the
+    Action's checkout supplies ``ghrunner`` (imported as a module), and ``install: false`` says the plugin is
+    not installed rather than using the checkout's copy."""
+    from tests.action.conftest import REPO
+
+    def install(**inputs: str) -> subprocess.CompletedProcess[str]:
+        env = {"PATH": os.environ.get("PATH", ""), "GITHUB_ACTION_PATH": str(REPO), **inputs}
+        return subprocess.run(
+            [sys.executable, "-S", str(REPO / "action" / "main.py"), "install"],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    bad = install(INPUT_INSTALL="perhaps\n::warning::injected")
+    assert bad.returncode == 2, bad.stderr
+    assert bad.stdout.startswith("::error title=pytest-compilecache::input install: expected true or false")
+    assert "\n::warning::injected" not in bad.stdout  # escaped by ghrunner
+    missing = install(INPUT_INSTALL="false")
+    assert missing.returncode == 2, missing.stderr
+    assert "input install is false but pytest-compilecache is not importable" in missing.stdout
+
+
+# ---- the save policy the Action hands the plugin (issue 26)
+
+
+def test_action_save_policy_reads_the_hand_off() -> None:
+    from pytest_compilecache.sync import SavePolicy as ActionSave
+    from pytest_compilecache.sync import read_save_policy as action_save_policy
+    from pytest_compilecache.sync import write_handoff
+
+    done = write_handoff(RestoreResult("miss"), ActionSave(True, True))
+    assert action_save_policy(done) == ActionSave(only_when_passed=True, staged=True)  # one writer, one reader
+
+    assert action_save_policy(None) == action_save_policy("not json") == action_save_policy("[1]") == ActionSave()
+    assert action_save_policy('{"outcome":"miss"}') == ActionSave(only_when_passed=False, staged=False)
+    told = '{"outcome":"miss","save_when":"passed","save_staged":true}'
+    assert action_save_policy(told) == ActionSave(only_when_passed=True, staged=True)
+    assert action_save_policy('{"save_when":"always","save_staged":"yes"}') == ActionSave()
+
+
+@pytest.mark.slow  # two pytest sessions that fingerprint torch
+@pytest.mark.parametrize(("save_when", "outcome"), [("passed", "skipped"), ("always", None)])
+def test_the_plugin_saves_nothing_after_failed_tests_when_told(
+    tmp_path: Path, save_when: str, outcome: str | None
+) -> None:
+    """What the Action tells the plugin decides a red session's save, on every store (here a directory)."""
+    (tmp_path / "test_red.py").write_text("def test_red():\n    assert False\n")
+    report = tmp_path / "report.json"
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("PYTEST_COMPILECACHE_", "GITHUB_", "RUNNER_"))
+    }
+    env.update(
+        PYTEST_COMPILECACHE_MODE="shared",
+        PYTEST_COMPILECACHE_DIR=str(tmp_path / "dir"),
+        PYTEST_COMPILECACHE_STORE=str(tmp_path / "store"),
+        PYTEST_COMPILECACHE_RESTORE="skip",
+        PYTEST_COMPILECACHE_JSON=str(report),
+        PYTEST_COMPILECACHE_RESTORED=json.dumps({"outcome": "miss", "save_when": save_when}),
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_red.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    save = json.loads(report.read_text())["save"]
+    if outcome is None:  # the save went ahead, and found nothing compiled to save
+        assert (save["outcome"], save["message"]) == ("skipped", "nothing was compiled")
+    else:
+        why = "the tests failed: nothing saved (input save-on-failure)"
+        assert (save["outcome"], save["message"]) == (outcome, why)
+
+
+def test_the_restore_names_the_run_whose_upload_it_found(environ: dict[str, str], fingerprint: Any) -> None:
+    """Issue 26: actions/cache uploads after the Action's last step; the next restore says whose entry it found."""
+    plan = inputs.make_plan(environ, fingerprint)
+    key = f"{plan.restore_prefix}987-2"
+    assert transfer.saved_by(plan, key) == "987 attempt 2"
+    assert transfer.saved_by(plan, "another-lineage-987-2") is None
+    text = transfer.restore_markdown(plan, RestoreResult("partial", key=key, size=10, seconds=0.1, files=1))
+    assert "(the newest saved: run 987 attempt 2)" in text

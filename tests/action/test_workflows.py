@@ -172,7 +172,29 @@ def test_ci_runs_the_ci_script() -> None:
 
 def test_readme_documents_every_input_and_output() -> None:
     action = yaml.safe_load((REPO / "action.yml").read_text())
-    readme = (REPO / "README.md").read_text()
+    # The Action's detail page documents what the front page does not list (yet): the lead merges the two.
+    readme = (REPO / "README.md").read_text() + (REPO / "action" / "README.md").read_text()
     for section in ("inputs", "outputs"):
         for name in action[section]:
             assert f"| `{name}` |" in readme, f"README.md does not document {section[:-1]} {name}"
+
+
+# The current major of every action the workflows and the Action's docs name: each runs on node24 (the node20
+# majors are forced onto node24 since June 2026 and removed from runners in September 2026).
+CURRENT_MAJORS = {
+    "actions/checkout": 6,
+    "actions/setup-python": 6,
+    "actions/cache": 5,
+    "actions/cache/restore": 5,
+    "aws-actions/configure-aws-credentials": 6,
+}
+
+
+@pytest.mark.parametrize(
+    "path", [*WORKFLOWS, REPO / "action.yml", REPO / "action" / "README.md"], ids=lambda path: path.name
+)
+def test_every_action_named_is_its_current_major(path: Path) -> None:
+    named = re.findall(r"uses:\s*([\w.-]+/[\w./-]+)@v(\d+)", path.read_text())
+    stale = [f"{name}@v{major}" for name, major in named if int(major) < CURRENT_MAJORS.get(name, 0)]
+    assert not stale, f"{path.name} names old majors: {stale}"
+    assert all(name in CURRENT_MAJORS for name, _ in named if not name.startswith("<owner>")), named

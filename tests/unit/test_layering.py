@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pytest_compilecache"
 # its layer and may import each other).
 LAYERS: list[set[str]] = [
     {"__main__"},
-    {"plugin", "cli"},
+    {"plugin", "cli", "action_api"},
     {"session"},
     {"save_phase"},
     {"restore_phase"},

@@ -369,7 +369,7 @@ def test_with_the_actions_staging_dir_the_header_rides_inside_the_runs_entry(
     travels inside every entry (not once per repository) and comes back verified."""
     import glob
 
-    from action.main import stage_bundles
+    from action.transfer import stage_bundles
 
     staging = tmp_path / ".compilecache-staging"
     _header(tmp_path / "runner-1")

@@ -1,0 +1,373 @@
+"""The Action's inputs: read, checked, and turned into one :class:`Plan` (the ``plan`` step), and the
+``install`` step's command.
+
+Inputs arrive as ``INPUT_<NAME>`` variables (``key-prefix`` -> ``INPUT_KEY_PREFIX``): a composite action does
+not set them itself, so action.yml maps every input a step needs with ``env:``. The runner's own
+``GITHUB_*`` and ``RUNNER_*`` variables say where to write and which run this is. A bad input is an
+:class:`InputError` naming it as the workflow spells it (configuration errors fail fast).
+
+Standard library only at import: the ``install`` step runs before the plugin is installed; what the plan
+needs of the plugin is imported from :mod:`pytest_compilecache.action_api` inside :func:`make_plan`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict
+from dataclasses import dataclass
+from dataclasses import field
+from pathlib import Path
+from typing import Any
+from typing import Callable
+from typing import Mapping
+
+GITHUB_STORE = "github"
+ENV_PREFIX = "PYTEST_COMPILECACHE_"
+# The same name as pytest_compilecache.errors.SIGNING_KEY_ENV (a test checks): spelled here because the install
+# step runs before the package is importable.
+SIGNING_KEY_ENV = ENV_PREFIX + "SIGNING_KEY"
+RESTORED_ENV = ENV_PREFIX + "RESTORED"
+# Events whose runs save with ``save: auto``, and then only on the default branch: an entry saved on
+# another branch serves only that branch (and its pull requests) and evicts the default branch's
+# entries from the repository's quota (setup-gradle's default).
+SAVING_EVENTS = ("push", "schedule", "workflow_dispatch")
+# Never save, whatever ``save`` says. pull_request_target runs with a write token in the base
+# repository's cache scope, often on a fork's code, so a save would let a fork poison the cache every
+# later run restores. merge_group runs on a temporary gh-readonly-queue/... branch whose entries no
+# later run can read: a save would only use quota and evict the default branch's entries.
+NEVER_SAVING_EVENTS = ("pull_request_target", "merge_group")
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+# The names under RUNNER_TEMP (the runner empties it for every job).
+INBOX, CACHE_DIR, REPORT, PLAN = (
+    "compilecache-inbox",
+    "compilecache-dir",
+    "compilecache-report.json",
+    "compilecache-plan.json",
+)
+# The staging dir actions/cache restores into and saves from, relative to GITHUB_WORKSPACE (where
+# actions/cache resolves relative paths). action.yml spells ``<STAGING>/*.bundle`` literally in both
+# actions/cache steps: the path string is hashed into the entry version, so it must be the same on
+# every runner (an absolute RUNNER_TEMP is not: self-hosted runners differ, act randomises it), and a
+# literal survives the post step's re-evaluation of ``with:``, which loses the ``steps`` context when
+# this Action is wrapped in another composite action (actions/runner#2009, #2030).
+STAGING = ".compilecache-staging"
+SAVE_PATH = STAGING + "/*.bundle"
+# The header entry (store: github): each precompiled header travels as its own actions/cache entry keyed
+# by its content, ``<lineage>-artifact-<sha256>`` (:func:`pytest_compilecache.headers.object_key`), saved
+# once, restored by the runs whose bundle names it. Its staging dir is literal for the same reasons as
+# STAGING's and holds at most that one object, ``<key>.bundle`` (a directory store's file name, so that the
+# header code reads it as a store). HEADER_SPARE (under RUNNER_TEMP) keeps the bundle entry's own copy of the
+# object, where an older run or a changed header put one: the fallback when the header entry is missing.
+HEADER_STAGING = ".compilecache-headers"
+HEADER_PATH = HEADER_STAGING + "/*.bundle"
+HEADER_SPARE, HEADER_STATE = "compilecache-header-spare", "compilecache-header.json"
+
+
+class InputError(ValueError):  # here, not in errors.py: the install step runs before the package imports
+    """An input of the Action is invalid; the message names it as the workflow spells it."""
+
+
+def read(environ: Mapping[str, str], name: str, default: str = "") -> str:
+    value = environ.get("INPUT_" + name.upper().replace("-", "_"))
+    return default if value is None else _utf8(f"input {name}", value.strip())
+
+
+def _utf8(what: str, value: str) -> str:
+    """``value``, or InputError when it holds bytes that are not UTF-8 (Python keeps them as lone surrogates:
+    they could be neither printed nor written to GITHUB_ENV)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(f"{what}: not valid UTF-8") from None
+    return value
+
+
+def _flag(environ: Mapping[str, str], name: str, default: str) -> bool:
+    value = read(environ, name, default).lower() or default
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise InputError(f"input {name}: expected true or false, got {value!r}")
+
+
+def decide_save(value: str, event: str, ref: str = "", default_branch: str = "") -> tuple[bool, str]:
+    """Whether this run saves a bundle (input ``save``: auto, true or false), and why, in words.
+
+    ``ref`` is ``GITHUB_REF``; ``default_branch`` the repository's (from the event payload, see
+    :func:`default_branch`; empty when unknown, and then ``save: auto`` does not save).
+    """
+    value = (value or "auto").strip().lower()
+    if value not in ("auto", *_TRUE, *_FALSE):
+        raise InputError(f"input save: expected auto, true or false, got {value!r}")
+    if event == "pull_request_target":
+        return False, f"{event} runs never save (a fork could poison the cache)"
+    if event == "merge_group":
+        return False, f"{event} runs never save (no later run can read a merge queue branch's entries)"
+    if value in _TRUE:
+        return True, "save: true"
+    if value in _FALSE:
+        return False, "save: false"
+    if event not in SAVING_EVENTS:
+        return False, (
+            f"save: auto restores only on {event or 'this event'} (it saves on "
+            f"{', '.join(SAVING_EVENTS)} to the default branch)"
+        )
+    if not default_branch:
+        return False, "save: auto could not tell the default branch (no repository.default_branch in the event)"
+    if ref != f"refs/heads/{default_branch}":
+        return False, f"save: auto saves on the default branch ({default_branch}) only, not on {ref or 'this ref'}"
+    return True, f"save: auto saves on {event} to {default_branch}"
+
+
+def default_branch(environ: Mapping[str, str]) -> str:
+    """The repository's default branch, from the event payload (``GITHUB_EVENT_PATH``); empty if unknown."""
+    try:
+        event = json.loads(Path(environ.get("GITHUB_EVENT_PATH") or "").read_text(encoding="utf-8"))
+        return str(event["repository"]["default_branch"] or "")
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def lineage(environ: Mapping[str, str], prefix: str) -> str:
+    """``<key-prefix>-<job id>[-<matrix leg>]``: what every key of this job starts with.
+
+    Two jobs, or two legs of a matrix, with one fingerprint would otherwise race for one key (the
+    loser's save is refused) and restore each other's bundles. The matrix leg is a short hash of the
+    job's ``matrix`` context (action.yml passes ``toJSON(matrix)`` as ``COMPILECACHE_MATRIX``).
+    """
+    import hashlib
+    import re
+
+    job = re.sub(r"[^A-Za-z0-9._-]", "_", environ.get("GITHUB_JOB", ""))[:60]
+    parts = [prefix, job] if job else [prefix]
+    matrix = (environ.get("COMPILECACHE_MATRIX") or "").strip()
+    if matrix and matrix not in ("null", "{}", '""'):
+        try:
+            canonical = json.dumps(json.loads(matrix), sort_keys=True, separators=(",", ":"))
+        except ValueError:
+            canonical = matrix
+        parts.append(hashlib.sha256(canonical.encode()).hexdigest()[:8])
+    return "-".join(parts)
+
+
+@dataclass
+class Plan:
+    """What ``plan`` decided; written to ``RUNNER_TEMP/compilecache-plan.json`` for ``restore``.
+
+    ``transfer``: ``github`` (``actions/cache`` moves the bundle through ``staging``), ``direct`` (the
+    plugin's own store: S3 or a directory) or ``none`` (mode isolated or disabled: nothing to move).
+    """
+
+    transfer: str
+    store: str
+    save: bool
+    why: str
+    mode: str
+    prefix: str  # the lineage: input key-prefix, the job id and the matrix leg (see lineage())
+    salt: str
+    suffix: str
+    digest: str
+    key: str
+    restore_prefix: str
+    staging: str
+    inbox: str
+    cache_dir: str
+    json: str
+    summary: bool
+    min_hit_rate: str
+    save_on_failure: bool = False  # input save-on-failure: save after failed tests too (see transfer.restored_env)
+    event: str = ""
+    fingerprint: dict[str, str] = field(default_factory=dict)
+    header_staging: str = ""  # the header entry's staging dir (workspace/HEADER_STAGING)
+    header_spare: str = ""  # the bundle entry's copy of the header object (RUNNER_TEMP/HEADER_SPARE)
+    # What the restore step compares with after the actions/cache step (see transfer.CacheSteps): when the plan
+    # was written (time.time()) and the download dirs of actions/cache's client in RUNNER_TEMP then.
+    planned_at: float = 0.0
+    client_dirs: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Plan:
+        return cls(**data)
+
+
+def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
+    """Check the inputs and decide everything; pure apart from reading ``environ`` (raises InputError).
+
+    ``fingerprint`` is a :class:`pytest_compilecache.fingerprint.Fingerprint` (``digest()``, ``to_json()``).
+    """
+    from pytest_compilecache.action_api import DEFAULT_PREFIX
+    from pytest_compilecache.action_api import OPTIONS
+    from pytest_compilecache.action_api import ConfigError
+    from pytest_compilecache.action_api import make_key
+    from pytest_compilecache.action_api import open_store
+    from pytest_compilecache.action_api import restore_prefix
+
+    parsers = {option.name: option.parse for option in OPTIONS}
+    temp = Path(required(environ, "RUNNER_TEMP"))
+    workspace = Path(required(environ, "GITHUB_WORKSPACE"))
+    try:
+        store = read(environ, "store", GITHUB_STORE) or GITHUB_STORE
+        if store.lower() == GITHUB_STORE:
+            store = GITHUB_STORE
+        else:
+            if "://" not in store:  # a directory: the same one for this step and the pytest step
+                store = os.path.abspath(workspace / store)
+            open_store(store)  # checks the URL; touches neither disk nor network
+        mode = parsers["mode"]("input mode", read(environ, "mode", "shared") or "shared")
+        prefix = parsers["key_prefix"]("input key-prefix", read(environ, "key-prefix") or DEFAULT_PREFIX)
+        prefix = parsers["key_prefix"]("input key-prefix (with the job id)", lineage(environ, prefix))
+        salt = key_salt(environ)
+        min_hit_rate = read(environ, "min-hit-rate")
+        if min_hit_rate:
+            parsers["min_hit_rate"]("input min-hit-rate", min_hit_rate)
+        suffix = parsers["run_suffix"](
+            "GITHUB_RUN_ID/GITHUB_RUN_ATTEMPT",
+            f"{required(environ, 'GITHUB_RUN_ID')}-{environ.get('GITHUB_RUN_ATTEMPT') or '1'}",
+        )
+    except ConfigError as exc:
+        raise InputError(str(exc).replace("--compile-cache-store", "input store")) from None
+    save, why = decide_save(
+        read(environ, "save", "auto"),
+        environ.get("GITHUB_EVENT_NAME", ""),
+        environ.get("GITHUB_REF", ""),
+        default_branch(environ),
+    )
+    summary = _flag(environ, "summary", "true")
+    save_on_failure = _flag(environ, "save-on-failure", "false")
+    cache_dir = read(environ, "cache-dir")
+    cache_dir = str(workspace / cache_dir) if cache_dir else str(temp / CACHE_DIR)
+    transfer = "none" if mode != "shared" else ("github" if store == GITHUB_STORE else "direct")
+    if transfer == "none":
+        save, why = False, f"mode {mode} keeps no cache dir between runs"
+    digest = fingerprint.digest()
+    return Plan(
+        transfer=transfer,
+        store=store,
+        save=save,
+        why=why,
+        mode=mode,
+        prefix=prefix,
+        salt=salt,
+        suffix=suffix,
+        digest=digest,
+        key=make_key(prefix, digest, suffix),
+        restore_prefix=restore_prefix(prefix, digest),
+        staging=str(workspace / STAGING),
+        inbox=str(temp / INBOX),
+        cache_dir=os.path.abspath(cache_dir),
+        json=str(temp / REPORT),
+        summary=summary,
+        save_on_failure=save_on_failure,
+        min_hit_rate=min_hit_rate,
+        fingerprint=fingerprint.to_json(),
+        event=environ.get("GITHUB_EVENT_NAME", ""),
+        header_staging=str(workspace / HEADER_STAGING),
+        header_spare=str(temp / HEADER_SPARE),
+    )
+
+
+def key_salt(environ: Mapping[str, str]) -> str:
+    """Input ``key-salt``, else the job's ``PYTEST_COMPILECACHE_KEY_SALT``: the plugin must see the same."""
+    # Stripped as the plugin's settings strip it: " v2" and "v2" must give one fingerprint, or the Action's keys
+    # never meet the bundles the plugin saves.
+    salt = read(environ, "key-salt") or environ.get(ENV_PREFIX + "KEY_SALT", "").strip()
+    return _utf8("key-salt (or PYTEST_COMPILECACHE_KEY_SALT)", salt)
+
+
+def required(environ: Mapping[str, str], name: str) -> str:
+    value = environ.get(name, "")
+    if not value:
+        raise InputError(f"{name} is not set: run this file from the Action on a GitHub Actions runner")
+    return value
+
+
+def plugin_env(plan: Plan) -> dict[str, str]:
+    """The ``PYTEST_COMPILECACHE_*`` variables that configure the plugin in the job's later steps.
+
+    ini and command-line options still win over these (CLI > ini > environment): a project that also
+    sets ``compile_cache_store`` in its ini keeps its own store.
+    """
+    env = {
+        "MODE": plan.mode,
+        "SUMMARY": "auto" if plan.summary else "off",
+        "JSON": plan.json,
+    }
+    if plan.min_hit_rate:
+        env["MIN_HIT_RATE"] = plan.min_hit_rate
+    if plan.transfer != "none":
+        env.update(DIR=plan.cache_dir, RESTORE="skip", KEY_PREFIX=plan.prefix, RUN_SUFFIX=plan.suffix)
+        if plan.salt:
+            env["KEY_SALT"] = plan.salt
+    if plan.save and plan.transfer == "github":
+        # The plugin writes its one new bundle where actions/cache's post step will find it.
+        env.update(STORE=plan.staging, KEEP_BUNDLES="1")
+    elif plan.save and plan.transfer == "direct":
+        env["STORE"] = plan.store
+    elif plan.transfer != "none":
+        env["READONLY"] = "true"
+    return {ENV_PREFIX + name: value for name, value in env.items()}
+
+
+def step_outputs(plan: Plan) -> dict[str, str]:
+    return {
+        "key": plan.key,
+        "restore-prefix": plan.restore_prefix,
+        "digest": plan.digest,
+        "transfer": plan.transfer,
+        "save": str(plan.save).lower(),
+        "staging": plan.staging,
+        "cache-dir": plan.cache_dir,
+        "json": plan.json,
+    }
+
+
+def _has_pip(python: str) -> bool:
+    return (
+        subprocess.call([python, "-m", "pip", "--version"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0
+    )
+
+
+def install_command(
+    environ: Mapping[str, str],
+    python: str = sys.executable,
+    *,
+    has_pip: Callable[[str], bool] = _has_pip,
+    which: Callable[[str], str | None] = shutil.which,
+) -> list[str] | None:
+    """``pip install <action path>[s3]`` (``uv pip install --python`` where the venv has no pip, as uv
+    makes them), or None with ``install: false``. Raises InputError when neither can install."""
+    if not _flag(environ, "install", "true"):
+        return None
+    target = required(environ, "GITHUB_ACTION_PATH")
+    if read(environ, "store").lower().startswith("s3://"):
+        target += "[s3]"
+    if has_pip(python):
+        return [python, "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off", target]
+    uv = which("uv")
+    if uv:
+        return [uv, "pip", "install", "--python", python, target]
+    raise InputError(
+        f"input install: {python} has no pip (a venv made by uv?) and uv is not on PATH: add pip "
+        "or uv, or install pytest-compilecache yourself and set install: false"
+    )
+
+
+def action_version(action_path: str) -> str | None:
+    """The plugin version this Action ships (its ``pytest_compilecache/__init__.py``), or None."""
+    import re
+
+    try:
+        text = (Path(action_path) / "pytest_compilecache" / "__init__.py").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    match = re.search(r"^__version__\s*=\s*[\"']([^\"']+)[\"']", text, re.MULTILINE)
+    return match.group(1) if match else None

@@ -1,0 +1,430 @@
+"""The transfer of bundles and headers: what the ``restore`` and ``headers`` steps do, and what they report.
+
+``store: github``: ``actions/cache`` moved the bundle entry into the staging dir; :func:`restore` unpacks it
+(telling a miss from trouble by what the ``actions/cache`` steps left, :class:`CacheSteps`), and the header
+entry travels by its own ``actions/cache`` step (:func:`header_entry`, :func:`carry_header`). Other stores:
+:func:`restore` fetches from the store itself. Everything of the plugin comes from
+:mod:`pytest_compilecache.action_api` (the Action's one internal API); nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import Mapping
+
+from action.inputs import ENV_PREFIX
+from action.inputs import RESTORED_ENV
+from action.inputs import SAVING_EVENTS
+from action.inputs import Plan
+
+if TYPE_CHECKING:
+    from pytest_compilecache.action_api import HeaderArtifact
+    from pytest_compilecache.action_api import RestoreResult
+
+
+def stage_bundles(staging: Path, inbox: Path) -> list[str]:
+    """Move what ``actions/cache`` restored from ``staging`` into ``inbox``; remove ``staging``.
+
+    At job end ``actions/cache`` saves ``staging/*.bundle``: only the plugin's new bundle may match then,
+    or the restored one would be saved again inside the new entry.
+    """
+    inbox.mkdir(parents=True, exist_ok=True)
+    moved = []
+    if staging.is_dir():
+        for path in sorted(staging.iterdir()):
+            if path.is_file() and path.name.endswith(".bundle") and not path.name.startswith("."):
+                os.replace(path, inbox / path.name)
+                moved.append(path.name[: -len(".bundle")])
+    shutil.rmtree(staging, ignore_errors=True)
+    return moved
+
+
+# actions/cache's client retries a lookup that fails with 500, 502, 503 or 504 five times, sleeping 3 s, then
+# 4.5-6.75 s, 6.75-10.1 s and 10.1-15.2 s (@actions/cache 5.x, cacheTwirpClient: at least 24.4 s in all) before
+# it gives up and logs "Failed to restore"; a lookup that finds nothing is one request. An actions/cache step
+# that restored nothing, found nothing and took this long was the service failing, not a miss.
+LOOKUP_GAVE_UP_SECONDS = 20.0
+# The client downloads into RUNNER_TEMP/<random UUID>/ (cacheUtils.createTempDirectory), made only after its
+# lookup found an entry, and removes the archive but not the dir: a new one means an entry was found.
+_CLIENT_DIR = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def client_dirs(temp: Path) -> list[str]:
+    """The download dirs of actions/cache's client in ``temp`` (RUNNER_TEMP), by name."""
+    try:
+        return sorted(entry.name for entry in temp.iterdir() if _CLIENT_DIR.fullmatch(entry.name) and entry.is_dir())
+    except OSError:
+        return []
+
+
+@dataclass(frozen=True)
+class CacheSteps:
+    """What action.yml's one ``actions/cache`` step (one lookup, with the client's retries) left behind.
+
+    ``outcome``: the step's outcome (``success``, ``failure``: ``continue-on-error`` keeps the job going);
+    ``hit``: its ``cache-hit`` output, which actions/cache leaves unset on a miss and sets to ``false`` when
+    the cache service is not configured; ``found``: the client made a download dir (its lookup found an
+    entry); ``seconds``: from the end of the plan step to the restore step, the actions/cache step's time.
+    actions/cache turns its client's errors into log lines, never a failed step, so ``found`` and
+    ``seconds`` are what tell a failed download and a failing lookup from a miss (see :meth:`trouble`).
+    """
+
+    outcome: str = ""
+    hit: str = ""
+    found: bool = False
+    seconds: float = 0.0
+
+    @classmethod
+    def observe(cls, plan: Plan, environ: Mapping[str, str], now: float | None = None) -> CacheSteps:
+        """Read the step's outcome and output (``COMPILECACHE_CACHE_*``) and what it left in RUNNER_TEMP."""
+        import time
+
+        new_dirs = set(client_dirs(Path(plan.inbox).parent)) - set(plan.client_dirs)
+        seconds = max(0.0, (time.time() if now is None else now) - plan.planned_at) if plan.planned_at else 0.0
+        return cls(
+            outcome=environ.get("COMPILECACHE_CACHE_OUTCOME", "").strip(),
+            hit=environ.get("COMPILECACHE_CACHE_HIT", "").strip(),
+            found=bool(new_dirs),
+            seconds=seconds,
+        )
+
+    def trouble(self, staged: bool) -> str | None:
+        """Why the restore failed, in words, or None (a restore, or a real miss).
+
+        Not told apart from a miss: a service that refuses at once without retries (connection refused, a 4xx,
+        a rate limit); actions/cache's log names it.
+        """
+        if self.outcome == "failure":
+            return "the actions/cache step failed (see its log)"
+        if staged:
+            return None
+        if self.found:
+            return "actions/cache found an entry but restored nothing (a failed download or extraction: see its log)"
+        if self.hit:
+            return f"the cache service is not available (actions/cache: cache-hit={self.hit}, nothing restored)"
+        if self.seconds >= LOOKUP_GAVE_UP_SECONDS:
+            return (
+                f"the cache service did not answer the lookup (actions/cache retried for {self.seconds:.0f} s and "
+                "restored nothing: see its log)"
+            )
+        return None
+
+
+def restore(plan: Plan, environ: Mapping[str, str]) -> RestoreResult:
+    """Restore into ``plan.cache_dir``; never raises.
+
+    Outcomes: ``exact``, ``partial``, ``miss`` (no entry) or ``error`` (trouble: the tests compile cold).
+    """
+    from pytest_compilecache import action_api as api
+
+    if plan.transfer == "none":
+        return api.RestoreResult("miss", message=plan.why)
+    try:
+        api.point_cache_dir(plan.cache_dir)  # before anything imports torch
+        if plan.transfer == "github":
+            staged = stage_bundles(Path(plan.staging), Path(plan.inbox))
+            trouble = CacheSteps.observe(plan, environ).trouble(bool(staged))
+            if trouble:
+                return api.RestoreResult("error", message=trouble)
+            if not staged:
+                message = f"actions/cache found no entry under {plan.restore_prefix}"
+                return api.RestoreResult("miss", message=message)
+            store = api.open_store(plan.inbox, readonly=True)
+        else:
+            endpoint = environ.get(ENV_PREFIX + "S3_ENDPOINT")
+            options = {"endpoint_url": endpoint} if endpoint and plan.store.startswith("s3://") else {}
+            seconds = api.from_environment("store_timeout", None, "", environ)  # the plugin's budget, as it reads it
+            store = api.TimedStore(
+                api.open_store(plan.store, readonly=True, **options), seconds, option=ENV_PREFIX + "STORE_TIMEOUT"
+            )
+        result = api.restore(
+            store,
+            prefix=plan.prefix,
+            fingerprint=api.Fingerprint.from_json(plan.fingerprint),
+            cache_dir=plan.cache_dir,
+            signing_key=api.read_signing_key(environ),
+            exact_key=plan.key,
+            # store: github: the header entry brings the chosen header after this step (see header_entry)
+            headers=plan.transfer != "github",
+            # torch's artifacts wait in the cache dir for the pytest process to load (sync.load_staged):
+            # this step imports no torch, the job pays for one torch import instead of two
+            stage_blobs=True,
+        )
+        return split_headers(plan, store, result) if plan.transfer == "github" else result
+    except Exception as exc:  # cache trouble never fails the job: anything here becomes one warning
+        return api.RestoreResult("error", message=f"restore failed: {type(exc).__name__}: {exc}")
+    finally:
+        shutil.rmtree(plan.inbox, ignore_errors=True)
+
+
+def header_entry(plan: Plan, result: RestoreResult) -> tuple[str, HeaderArtifact] | None:
+    """The header that travels as its own ``actions/cache`` entry, and that entry's key; None when none does.
+
+    ``store: github`` only, after a restore: the first (by name, then sha256) of the precompiled headers the
+    verified manifest names; a CPU suite names one. Any others ride in the bundle entry, as before issue 10.
+    The key is exact and content-addressed (``<lineage>-artifact-<sha256>``): actions/cache saves it once
+    and skips the upload when it exists.
+    """
+    from pytest_compilecache import action_api as api
+
+    if plan.transfer != "github" or result.outcome not in ("exact", "partial"):
+        return None
+    valid = []
+    for artifact in result.named_artifacts:
+        if artifact.kind == api.HEADER_KIND:
+            try:
+                valid.append(api.HeaderArtifact.from_json(_artifact_json(artifact)))
+            except api.HeaderError:
+                continue  # restore_headers reports it
+    if not valid:
+        return None
+    chosen = min(valid, key=lambda artifact: (artifact.name, artifact.sha256))
+    return api.header_object_key(plan.prefix, chosen.sha256), chosen
+
+
+def _artifact_json(artifact: Any) -> dict[str, Any]:
+    return {"kind": artifact.kind, "name": artifact.name, "sha256": artifact.sha256, "size": artifact.size}
+
+
+def split_headers(plan: Plan, store: Any, result: RestoreResult) -> RestoreResult:
+    """``store: github``, after the bundle restored with ``headers=False``: install from the bundle entry
+    (``store``, the inbox) every header it names except :func:`header_entry`'s, and keep the bundle entry's
+    copy of that one, if it carries one, in ``plan.header_spare`` for ``headers`` (:func:`carry_header`)."""
+    import time
+    from dataclasses import replace
+
+    from pytest_compilecache import action_api as api
+
+    entry = header_entry(plan, result)
+    named = [_artifact_json(artifact) for artifact in result.named_artifacts]
+    if not named:
+        return result
+    started = time.perf_counter()
+    scratch = Path(plan.inbox) / ".headers"
+    scratch.mkdir(parents=True, exist_ok=True)
+    others = [item for item in named if entry is None or item.get("sha256") != entry[1].sha256]
+    try:
+        transfer = api.restore_headers(store, plan.prefix, others, scratch)
+        if entry is not None:
+            spare = Path(plan.header_spare)
+            spare.mkdir(parents=True, exist_ok=True)
+            # False: this bundle entry carries none. Bounded by what the verified manifest says it packs to.
+            store.get(entry[0], spare / f"{entry[0]}.bundle", limit=api.header_packed_bound(entry[1].size))
+    except Exception as exc:  # the bundle is installed; torch builds what is not carried
+        transfer = api.HeaderTransfer(errors=[f"precompiled headers not restored: {type(exc).__name__}: {exc}"])
+    return replace(result, headers=api.HeaderReport.of(transfer, time.perf_counter() - started))
+
+
+@dataclass(frozen=True)
+class HeaderCarry:
+    """What ``headers`` did with the header entry (see :func:`carry_header`).
+
+    ``source``: ``entry`` (the header entry held it), ``bundle`` (the bundle entry's copy, now staged to be
+    saved under the key) or ``none`` (neither: torch builds it). ``present``: the header is in torch's dir
+    now (installed, or already there); ``carried``: the header entry holds it, or will once actions/cache
+    saves it at job end, so the plugin need not write it into its bundle.
+    """
+
+    source: str
+    present: bool
+    carried: bool
+    installed: bool = False
+    seconds: float = 0.0
+    warnings: tuple[str, ...] = ()
+
+
+def carry_header(
+    plan: Plan, key: str, artifact: HeaderArtifact, hit: bool, directory: Path | None = None
+) -> HeaderCarry:
+    """Verify and install the header the bundle's manifest names, from its own entry or the bundle's copy.
+
+    ``hit``: actions/cache restored the header entry (its exact key) into ``plan.header_staging``. Every
+    byte is checked against the verified manifest's sha256 (:func:`pytest_compilecache.headers.install`, or
+    :func:`~pytest_compilecache.headers.verify` where the header is already in torch's dir). The entry's copy
+    comes first; when it is missing (evicted, never saved) or bad, the bundle entry's copy: on a saving run
+    whose header entry missed, that one is moved into the staging dir, so that actions/cache's post step
+    saves it under the exact key; otherwise (nothing will save it) the used object is removed. Neither: one
+    warning; torch builds the header, and this run's plugin writes it into its bundle (not ``carried``), from
+    which the next saving run saves the header entry. Never raises.
+    """
+    import time
+
+    from pytest_compilecache import action_api as api
+
+    started = time.perf_counter()
+    staged = Path(plan.header_staging) / f"{key}.bundle"
+    spare = Path(plan.header_spare) / f"{key}.bundle"
+    target = directory or api.header_dir()
+    warnings: list[str] = []
+    for source, path in (("entry", staged), ("bundle", spare)):
+        if not path.is_file():
+            continue
+        try:
+            with open(path, "rb") as fh:
+                installed = api.install_header(artifact, fh, target)
+                if not installed:  # already in torch's dir (or torch is building it): check the bytes anyway
+                    fh.seek(0)
+                    api.verify_header(artifact, fh)
+            if plan.save and not hit:  # actions/cache's post step saves the staged object under the exact key
+                if source == "bundle":
+                    staged.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(spare, staged)
+            else:  # nothing will save it: do not leave ~21 MiB in the workspace
+                for leftover in (staged, spare):
+                    with contextlib.suppress(OSError):
+                        leftover.unlink()
+        except (OSError, api.HeaderError) as exc:
+            where = f"actions/cache entry {key}" if source == "entry" else "the bundle entry's copy"
+            warnings.append(f"precompiled header {artifact.name}: {where} not used: {exc}")
+            if source == "entry" and not hit:
+                with contextlib.suppress(OSError):
+                    staged.unlink()  # never let actions/cache save bytes that are not the key's
+            continue
+        return HeaderCarry(
+            source,
+            present=True,
+            carried=source == "entry" or (plan.save and not hit),
+            installed=installed,
+            seconds=time.perf_counter() - started,
+            warnings=tuple(warnings),
+        )
+    if not warnings:
+        warnings.append(
+            f"precompiled header {artifact.name}: no actions/cache entry {key} (evicted, or never saved) and the "
+            "bundle entry does not carry it; torch builds it, and this run's bundle carries it to the next"
+        )
+    return HeaderCarry(
+        "none", present=False, carried=False, seconds=time.perf_counter() - started, warnings=tuple(warnings)
+    )
+
+
+def restore_outputs(result: RestoreResult) -> dict[str, str]:
+    """The step outputs, as the CLI's ``restore --github-output`` writes them (one mapping for both)."""
+    from pytest_compilecache.action_api import restore_outputs as outputs
+
+    return outputs(result)
+
+
+def restore_markdown(plan: Plan, result: RestoreResult) -> str:
+    """The step summary's short restore section; the plugin appends its own report after the tests.
+
+    Every value that did not come from this file (keys, messages, the store URL) is escaped.
+    """
+    from pytest_compilecache.action_api import ghrunner
+    from pytest_compilecache.action_api import human_size
+
+    md_code, md_text = ghrunner.md_code, ghrunner.md_text
+    outcome = result.outcome
+    where = {
+        "github": "GitHub Actions cache (`actions/cache`)",
+        "direct": md_code(plan.store),
+        "none": f"none (mode {plan.mode})",
+    }[plan.transfer]
+    if outcome in ("exact", "partial"):
+        restored = (
+            f"{outcome}: {md_code(result.key or '')}, {human_size(result.size)} in "
+            f"{result.seconds:.1f} s, {result.files} files"
+        )
+        run = saved_by(plan, result.key or "")
+        if run:
+            # What the Action can learn of an earlier upload: the newest entry of the lineage is that run's.
+            restored += f" (the newest saved: run {md_text(run)})"
+    else:
+        restored = f"{outcome}" + (f": {md_text(result.message)}" if result.message else "")
+    if result.skipped:
+        restored += f"; refused {len(result.skipped)} bad bundle(s): " + md_text(
+            "; ".join(f"{key}: {why}" for key, why in result.skipped)
+        )
+    if plan.save and plan.transfer == "github":
+        saving = (
+            f"{md_code(plan.key)} if the tests compile something new: staged for upload at job end "
+            "(actions/cache uploads it if the job succeeds)"
+        )
+        if plan.save_on_failure:
+            saving += (
+                "; save-on-failure cannot be honoured with store: github (actions/cache saves only when the "
+                "job succeeds)"
+            )
+        if plan.why == "save: true" and plan.event not in SAVING_EVENTS:
+            # GitHub gives untrusted triggers (pull requests from forks...) a read-only cache token.
+            saving += f"; {md_text(plan.event)} runs may get a read-only cache token, and then nothing is saved"
+    elif plan.save:
+        saving = f"{md_code(plan.key)} if the tests compile something new, written by the tests into the store"
+        if not plan.save_on_failure:
+            saving += " if they pass (input save-on-failure)"
+    else:
+        saving = f"nothing: {md_text(plan.why)}"
+    lines = [
+        "### torch.compile cache: restore",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| store | {where} |",
+        f"| restored | {restored} |",
+        f"| saving | {saving} |",
+        f"| fingerprint | {md_code(plan.digest)} (restore prefix {md_code(plan.restore_prefix)}) |",
+        f"| lineage | {md_code(plan.prefix)} (key prefix, job id, matrix leg) |",
+        *([f"| min-hit-rate | {md_text(lifted)} |"] if (lifted := gate_lifted(plan, result)) else []),
+        "",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def saved_by(plan: Plan, key: str) -> str | None:
+    """``<run id> attempt <n>`` of the run that saved ``key`` (a key of this lineage and fingerprint), else None.
+
+    actions/cache uploads at job end, after this Action's last step, and tells nobody how it went; the next
+    run's restore is where that upload shows: the entry it restores is the newest one that was stored."""
+    suffix = key[len(plan.restore_prefix) :] if key.startswith(plan.restore_prefix) else ""
+    run, _, attempt = suffix.rpartition("-")
+    return f"{run} attempt {attempt}" if run.isdigit() and attempt.isdigit() else None
+
+
+def restored_env(plan: Plan, result: RestoreResult) -> dict[str, str]:
+    """What the restore tells the plugin in the job's later steps (it runs with ``RESTORE=skip``).
+
+    ``PYTEST_COMPILECACHE_RESTORED`` as ``sync.write_handoff`` writes it (the plugin reads it with
+    ``sync.read_handoff`` and ``sync.read_save_policy``; on saving runs it carries the save policy), the
+    plugin's contract for knowing how the Action's restore went (its hit-rate
+    guard must not fail a session after a failed restore) and which verified mega-cache blobs wait in the
+    cache dir for it to load (``sync.load_staged``). When nothing was
+    restored (a miss or an error, :func:`gate_lifted`) the Action also clears ``PYTEST_COMPILECACHE_MIN_HIT_RATE``
+    (an empty value is unset for the plugin), so input ``min-hit-rate`` cannot fail the job whatever the
+    plugin's version.
+    """
+    if plan.transfer == "none":
+        return {}
+    from pytest_compilecache import action_api as api
+
+    # One policy for every store (actions/cache's): no save after failed tests unless save-on-failure; with
+    # store: github the plugin only stages, and actions/cache's post step uploads at job end.
+    policy = (
+        api.SavePolicy(only_when_passed=not plan.save_on_failure, staged=plan.transfer == "github")
+        if plan.save
+        else None
+    )
+    env = {RESTORED_ENV: api.write_handoff(result, policy)}
+    if gate_lifted(plan, result):
+        env[ENV_PREFIX + "MIN_HIT_RATE"] = ""
+    return env
+
+
+def gate_lifted(plan: Plan, result: RestoreResult) -> str | None:
+    """Why input ``min-hit-rate`` is not applied in this job, or None (it is, or it is not set).
+
+    The hit rate measures the restored bundle: with none (the first run of a fingerprint, a torch upgrade, an
+    evicted lineage, or a restore that failed) every graph compiles cold, and a gate would fail the job for
+    what the cache could not have served.
+    """
+    if not plan.min_hit_rate or plan.transfer == "none" or result.outcome in ("exact", "partial"):
+        return None
+    if result.outcome == "error":
+        return f"min-hit-rate {plan.min_hit_rate} not applied: the restore failed, every graph compiles cold"
+    return f"min-hit-rate {plan.min_hit_rate} not applied: nothing to restore (a miss), every graph compiles cold"
