@@ -168,11 +168,3 @@ def test_ci_runs_the_ci_script() -> None:
     workflow = yaml.safe_load((REPO / ".github" / "workflows" / "ci.yml").read_text())
     runs = [step.get("run") for job in workflow["jobs"].values() for step in job["steps"]]
     assert "bash .ci/run" in runs
-
-
-def test_readme_documents_every_input_and_output() -> None:
-    action = yaml.safe_load((REPO / "action.yml").read_text())
-    readme = (REPO / "README.md").read_text()
-    for section in ("inputs", "outputs"):
-        for name in action[section]:
-            assert f"| `{name}` |" in readme, f"README.md does not document {section[:-1]} {name}"
