@@ -39,8 +39,14 @@ fi
 
 stamp="$VENV/.compilecache-setup"
 want="torch=$TORCH index=$TORCH_INDEX extras=$EXTRAS pyproject=$(cksum < pyproject.toml)"
-if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-  exit 0
+if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ]; then
+  have=$(cat "$stamp")
+  [ "$have" = "$want" ] && exit 0
+  # No extras asked for (scripts/demo.sh): a venv set up with extras for the same torch and pyproject.toml
+  # has everything, so demo.sh and test.sh do not reinstall the project in turn.
+  if [ -z "$EXTRAS" ] && [ "${have/ extras=* pyproject=/ extras= pyproject=}" = "$want" ] && [[ $have != *extras=--no-project* ]]; then
+    exit 0
+  fi
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then

@@ -155,3 +155,20 @@ def test_a_bad_index_is_refused_at_once(venv: Path, tmp_path: Path) -> None:
     result, calls, _ = setup_sh(venv, tmp_path, TORCH_INDEX="download.pytorch.org/whl/cpu")
     assert result.returncode == 2 and calls == []
     assert "TORCH_INDEX must be 'pypi' or an index URL" in result.stderr
+
+
+def test_no_extras_accept_a_venv_set_up_with_extras(venv: Path, tmp_path: Path) -> None:
+    """scripts/demo.sh (no extras) after scripts/test.sh (test,docs) reinstalls nothing; other changes do."""
+    pyproject = (REPO / "pyproject.toml").read_text()
+    cksum = subprocess.run(["cksum"], input=pyproject, capture_output=True, text=True, check=True).stdout.strip()
+    stamp = venv / ".compilecache-setup"
+    for extras, reinstalls in (("test,docs", False), ("--no-project", True)):
+        stamp.write_text(f"torch=2.13.0 index=pypi extras={extras} pyproject={cksum}\n")
+        environ = {k: v for k, v in os.environ.items() if k not in ("TORCH", "VENV", "PYTHONPATH")}
+        log = tmp_path / f"pip-{extras}.jsonl"
+        environ.update(VENV=str(venv), TORCH_INDEX="pypi", FAKE_PIP_LOG=str(log))
+        result = subprocess.run(
+            ["bash", str(REPO / "scripts" / "setup.sh")], env=environ, capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, result.stderr
+        assert log.exists() is reinstalls, extras
