@@ -1,4 +1,4 @@
-"""cachedir.py: the session dir for each mode, atomic tagged creation, LRU eviction and touch()."""
+"""cachedir/: the session dir for each mode, atomic tagged creation, LRU eviction and touch()."""
 
 from __future__ import annotations
 
@@ -483,7 +483,7 @@ def test_trim_stops_when_a_session_registers_meanwhile(cache: Path, monkeypatch:
     for index in range(5):
         _file(cache, f"fxgraph/aa/e{index}", 10, T0 + index)
     checks = iter([[], [], [], [cachedir.LiveSession(1, T0, True)]])  # before: the count; then per removal
-    monkeypatch.setattr(cachedir, "live_sessions", lambda path, excluding=None: next(checks))
+    monkeypatch.setattr(cachedir.registry, "live_sessions", lambda path, excluding=None: next(checks))
     result = cachedir.trim(str(cache), 0)
     assert (result.removed, result.freed, result.stopped) == (2, 20, True)
     assert {f"fxgraph/aa/e{i}" for i in (2, 3, 4)} <= _files(cache)
@@ -500,7 +500,7 @@ def _during_trim(monkeypatch: pytest.MonkeyPatch, act: Callable[[], None]) -> No
             act()
         return []
 
-    monkeypatch.setattr(cachedir, "live_sessions", live_sessions)
+    monkeypatch.setattr(cachedir.registry, "live_sessions", live_sessions)
 
 
 def test_trim_keeps_a_file_replaced_after_its_scan(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -782,11 +782,11 @@ def test_tagging_never_writes_through_a_planted_link(tmp_path: Path) -> None:
     target.mkdir()
     (target / "CACHEDIR.TAG").symlink_to(victim)  # planted after the dir was found empty
     with pytest.raises(OSError):
-        cachedir._tag(target)
+        cachedir.owner.tag(target)
     assert victim.read_text() == "precious"
     (target / "CACHEDIR.TAG").unlink()
     (target / "CACHEDIR.TAG").write_text("a session racing us tagged it first")
-    cachedir._tag(target)  # no error: left as it is
+    cachedir.owner.tag(target)  # no error: left as it is
     assert (target / ".gitignore").is_file()
 
 
