@@ -30,6 +30,7 @@ from . import ConfigError
 from . import StoreError
 from . import __version__
 from . import bundle
+from . import cachedir
 from . import ghrunner
 from . import report
 from . import sync
@@ -167,6 +168,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     _check_names(args)
     json_target = _json_target(args.json)
     cache_dir = str(Path(args.cache_dir).absolute())
+    cachedir.refuse_foreign(cache_dir, "--cache-dir")  # the rule pytest's --compile-cache-dir follows
     store = _open(args, readonly=True)
     point_cache_dir(cache_dir)  # before torch is imported by the fingerprint
     done = _progress(f"restoring from {store.location}")

@@ -62,6 +62,7 @@ from .layout import TORCH_FILES
 from .owner import Kind
 from .owner import Ownership
 from .owner import ownership
+from .owner import refuse_foreign
 from .registry import UNKNOWN_SESSION
 from .registry import LiveSession
 from .registry import Registration
@@ -79,6 +80,6 @@ __all__ = [
     "GRAPHS_RECORD", "LOCK_NAME", "OUR_NAMES", "PENDING_DIR", "SESSIONS_DIR", "SESSION_ENV", "STALE_AFTER",
     "TEMP_PREFIX", "TORCH_DIRS", "TORCH_FILES", "TORCH_TEMP_GRACE", "UNKNOWN_SESSION", "Kind", "LiveSession",
     "Ownership", "Registration", "SessionDir", "Trim", "clear_pytest_cache_keeping", "decide", "evict",
-    "fallback_dir", "fresh_dir", "live_sessions", "lock", "make_dir", "ownership", "register_session", "remove",
-    "remove_dir", "safe_temp_dir", "sweep_stale", "touch", "trim", "unsafe_reason",
+    "fallback_dir", "fresh_dir", "live_sessions", "lock", "make_dir", "ownership", "refuse_foreign",
+    "register_session", "remove", "remove_dir", "safe_temp_dir", "sweep_stale", "touch", "trim", "unsafe_reason",
 ]  # fmt: skip

@@ -78,8 +78,10 @@ def torch_top_entry(root: Path, name: str) -> bool:
     if stat.S_ISLNK(st.st_mode):
         return False
     if stat.S_ISDIR(st.st_mode):
-        if name in TORCH_DIRS or name in (SESSIONS_DIR, PENDING_DIR):
-            return True
+        from .._fs import parse_temp_name  # cost: _fs loads only when a cache dir is inspected
+
+        if name in TORCH_DIRS or name in (SESSIONS_DIR, PENDING_DIR) or parse_temp_name(name) is not None:
+            return True  # a temp-named dir is ours: a restore's staging dir (left by a killed one until swept)
         return bool(re.fullmatch(KERNEL_DIR, name)) and _kernel_dir_contents_ok(root / name)
     return name in OUR_NAMES or name in TORCH_FILES or bool(re.fullmatch(TORCH_TOP_FILE, name)) or is_temp_name(name)
 
@@ -92,17 +94,20 @@ def _kernel_dir_contents_ok(folder: Path) -> bool:
     return all(re.fullmatch(KERNEL_NAME, e.name) or is_temp_name(e.name) for e in entries if not e.is_symlink())
 
 
-def refuse_foreign(path: Path) -> None:
-    """ConfigError when ``path`` is a dir of someone else's files (a project folder): never a shared cache."""
+def refuse_foreign(path: str | os.PathLike[str], option: str = "--compile-cache-dir") -> None:
+    """The one ownership rule of every entry point that writes a cache dir (pytest's shared dir, the CLI's
+    ``restore --cache-dir``, the Action's ``cache-dir``): a dir that already holds someone else's files (a
+    project folder, ``$HOME``) is refused with a :class:`ConfigError` naming ``option``. A missing, empty,
+    ours or torch's dir passes; a path that is not a dir passes too (the caller's own creation fails then)."""
     found = ownership(path)
-    if found.kind != "foreign" or not path.is_dir():  # not a dir at all: make_dir says so
+    if found.kind != "foreign" or not os.path.isdir(path):
         return
     shown = ", ".join(found.foreign)
     raise ConfigError(
-        f"--compile-cache-dir: {path} is not a compile cache: it already holds files that are neither "
+        f"{option}: {path} is not a compile cache: it already holds files that are neither "
         f"pytest-compilecache's nor torch's ({shown}). The plugin would write torch's kernel dirs among "
         f"them and could never trim the dir safely; give it a new or empty directory, e.g. "
-        f"{path / '.compilecache'}"
+        f"{Path(path) / '.compilecache'}"
     )
 
 

@@ -829,3 +829,18 @@ def test_empty_hash_dirs_left_by_an_interrupted_trim_go_next_time(cache: Path) -
     cachedir.trim(str(cache), 0)
     assert not leftover.exists() and not (cache / "ab").exists()  # ab/ emptied by removing its last dir
     assert (cache / "zz").is_dir()
+
+
+def test_a_killed_restores_staging_dir_is_ours_and_swept(tmp_path: Path) -> None:
+    # Issue 28.5: a restore SIGKILLed into a new dir leaves only its staging dir; the dir is still a cache dir
+    # (not "foreign", which pytest refuses), and the leftover goes once its owner is provably dead.
+    cache = tmp_path / "cache"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    staging = cache / f".compilecache-staging-{_fs.host_tag()}-{pid}-{int(time.time())}-abcd1234"
+    _file(staging, f"{KEY[1:3]}/{KEY}.so", 10, T0)
+    assert cachedir.ownership(cache).kind == "torch"
+    cachedir.refuse_foreign(cache, "--cache-dir")  # no error
+    assert cachedir.decide("shared", str(cache), tmp_path / "default").path == str(cache)
+    assert cachedir.sweep_stale(str(cache)) == 1
+    assert not staging.exists()
