@@ -9,21 +9,26 @@ What this module may delete, and when (the contract every caller relies on):
 * **Ownership.** A dir is *ours* when its ``CACHEDIR.TAG`` carries our signature (we created it with
   :func:`make_dir` or :func:`decide`); it is *torch's* when it is untagged but every top-level entry is
   part of torch's cache layout (``fxgraph/``, ``aotautograd/``, the two-character kernel dirs holding
-  torch's hash-named files, ``triton/``, ...: see :func:`ownership`) or one of our own markers. Anything
-  else that is not empty is *foreign*. Nothing here ever deletes a file in a foreign dir, nor a file
-  outside torch's layout in torch's dir; an isolated dir is removed at the end only when it is ours.
-* **A foreign ``--compile-cache-dir`` is refused at start-up** (:class:`ConfigError` naming the option),
-  in ``shared`` mode: a project root, ``$HOME``, ``/tmp`` or a workspace would otherwise get torch's
-  kernel dirs sprayed among the user's files and could never be trimmed. ``isolated`` mode only creates
-  a fresh tagged dir inside the given parent, so any writable parent is fine there.
+  only what torch writes there, ``triton/``, ...: see :func:`ownership`) or one of our own markers and
+  leftovers (a killed restore's staging dir). Anything else that is not empty is *foreign*. Nothing here
+  ever deletes a file in a foreign dir, nor, in ours or torch's, a file torch does not write (by its name
+  in its place, :mod:`.layout`); an isolated dir is removed at the end only when it is ours.
+* **A foreign dir is refused** (:func:`refuse_foreign`, :class:`ConfigError` naming the option) by every
+  entry point that writes a cache dir: ``--compile-cache-dir`` in ``shared`` mode, the CLI's ``restore
+  --cache-dir``: a project root, ``$HOME``, ``/tmp`` or a workspace would otherwise get torch's kernel dirs
+  sprayed among the user's files and could never be trimmed. ``isolated`` mode only creates a fresh
+  tagged dir inside the given parent, so any writable parent is fine there.
 * **Live sessions.** Each session that uses a shared dir registers in it (:func:`register_session`: a
-  file in ``.compilecache-sessions/`` holding an ``flock`` for the session's life, so a killed session's
-  registration is visibly dead). :func:`trim` never runs while another registered session is live
-  (torch may be about to load any file, or have checked that a ``.cpp`` exists just before compiling
-  it); it reports itself deferred instead. While it runs it re-reads the registrations before every
-  removal and stops when a session appears, and it never removes a file changed since it began (nor a
-  dir, unless this trim emptied it).
-  Processes that do not register (torch run without the plugin) are protected only by that last rule.
+  file in ``.compilecache-sessions/``, readable by every user of the dir, holding an ``flock`` for the
+  session's life, so a killed session's registration is visibly dead; one that cannot be read counts as
+  live). :func:`trim` never runs while another registered session is live (torch may be about to load
+  any file, or have checked that a ``.cpp`` exists just before compiling it); it reports itself deferred
+  instead. While it runs it re-reads the registrations before every removal and stops when a session
+  appears, and it never removes a file changed since it began.
+* **Processes that do not register** (torch alone compiling into ``/tmp/torchinductor_$USER``): a trim
+  never removes a file used or written within :data:`MIN_AGE`, nothing in a kernel dir where a build or
+  a write is in flight (torch's ``<key>_CxxBuild/`` dir, a temp file), a kernel's files only together
+  (sources first), a triton kernel dir only whole (renamed away in one step), and a young empty dir never.
 * **Stale leftovers.** :func:`sweep_stale` removes temp files of dead owners (ours and torch's) and dead
   registrations, only in our or torch's dir and only by their known names.
 * **Paths torch can build in.** torch runs its C++ compiler on a command line it splits with
@@ -68,6 +73,7 @@ from .registry import LiveSession
 from .registry import Registration
 from .registry import live_sessions
 from .registry import register_session
+from .trimming import MIN_AGE
 from .trimming import STALE_AFTER
 from .trimming import TORCH_TEMP_GRACE
 from .trimming import Trim
@@ -77,7 +83,7 @@ from .trimming import touch
 from .trimming import trim
 
 __all__ = [
-    "GRAPHS_RECORD", "LOCK_NAME", "OUR_NAMES", "PENDING_DIR", "SESSIONS_DIR", "SESSION_ENV", "STALE_AFTER",
+    "GRAPHS_RECORD", "LOCK_NAME", "MIN_AGE", "OUR_NAMES", "PENDING_DIR", "SESSIONS_DIR", "SESSION_ENV", "STALE_AFTER",
     "TEMP_PREFIX", "TORCH_DIRS", "TORCH_FILES", "TORCH_TEMP_GRACE", "UNKNOWN_SESSION", "Kind", "LiveSession",
     "Ownership", "Registration", "SessionDir", "Trim", "clear_pytest_cache_keeping", "decide", "evict",
     "fallback_dir", "fresh_dir", "live_sessions", "lock", "make_dir", "ownership", "refuse_foreign",

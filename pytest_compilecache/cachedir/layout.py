@@ -35,7 +35,6 @@ TORCH_FILES = frozenset({"memoizer_cache.json", "memoizer_cache.lock"})
 # Patterns are kept as strings: ``re`` compiles each on first use and caches it. Compiled at import they
 # would cost every session, and most never look at them (bench/overhead.py --instructions).
 KERNEL_DIR = r"[a-z0-9]{2}"
-KERNEL_NAME = r"[a-z0-9_]{20,}(\.[A-Za-z0-9_]+)*"
 TORCH_TEMP = r"\.(\d+)\.\d+\.tmp"  # codecache.write_atomic
 TORCH_TOP_FILE = r"tmp[a-z0-9_]{8}\.py|configs_[A-Za-z0-9_]+\.json"  # wrapper.py, cutlass
 # Our temp names are _fs.temp_name's. Older versions of the plugin named them TEMP_PREFIX + <pid>-<host> +
@@ -66,3 +65,78 @@ def is_legacy_temp_name(name: str) -> bool:
         or re.fullmatch(_ATOMIC_TEMP_OLD, name)
         or name.startswith(".write-test-")  # make_dir's probe before 0.2
     )
+
+
+# ---------------------------------------------------------------------------------- what torch writes
+# Each file torch writes below its cache dir, by the dir it writes it in (torch 2.6-2.15, triton 2.x-3.x).
+# A file is torch's by its name in its place, never by its shape alone: ``db/backup_2024_01_01_full.sql`` or
+# ``cache/my_important_data.bin`` in a dir of ours is someone's file, and trimming leaves it alone.
+
+# codecache.get_path: ``<key[1:3]>/<key>.<ext>``; keys (cache_key.py) are a sha256 as lowercase base32, 51
+# characters, with a one-letter prefix for code ("c") and graphs ("f"), or hex. Extensions: py, cpp, h, so,
+# main.cpp, main.so, o, json, txt, cubin, ... (one to three dotted parts).
+_KERNEL_FILE = r"([a-z0-9]{32,64})(?:\.[A-Za-z0-9_]{1,16}){1,3}"
+_KEY = r"[a-z0-9]{32,64}"
+# cpp_builder.CppBuilder.build: ``<name>_CxxBuild/``, the compiler's working dir, next to its output while it
+# runs (removed after): the kernel dir's files are being built.
+_BUILD_DIR = r"([a-z0-9]{32,64})(?:\.main)?_CxxBuild"
+# triton's FileCacheManager: ``triton/<device>/<key>/`` holds one kernel's files (the binary, its metadata, the
+# ``__grp__`` file naming them all): base32 of a sha256 (triton 3), hex (triton 2). Its ``put`` writes through
+# a ``tmp.pid_<pid>_<random>/`` dir inside the key dir.
+_TRITON_DEVICE = r"\d{1,4}"
+_TRITON_KEY = r"[A-Z2-7]{52}|[0-9a-f]{64}"
+# cache/: codecache.LocalCache's ``cache/<system hash>`` (hex 64, max-autotune timings), cache.py's and
+# runtime/caching's ``cache/<name>/<sha256[:32]>``.
+_CACHE_FILE = r"[0-9a-f]{32}|[0-9a-f]{64}"
+# dynamo/: pgo.py's ``code_state_<key>.pkl``; package.py's ``<key>/entry``.
+_DYNAMO_FILE = r"code_state_[A-Za-z0-9_.\-]+\.pkl"
+# precompiled_headers/: codecache's ``<hash>.h`` and the compiler's ``<hash>.h.gch`` / ``.h.pch``.
+_HEADER_FILE = r"[a-z0-9]{32,64}\.h(?:\.gch|\.pch)?"
+
+
+def kernel_key(folder: str, name: str) -> str | None:
+    """The key of ``folder/name`` when it is a file torch writes in a kernel dir (``<key>.<ext>`` in the dir of
+    the key's 2nd and 3rd characters, not a lock), else None. Files of one key belong together."""
+    match = re.fullmatch(_KERNEL_FILE, name)
+    if match is None or match[1][1:3] != folder or name.endswith(".lock"):
+        return None
+    return match[1]
+
+
+def kernel_build(folder: str, name: str) -> bool:
+    """Is ``folder/name`` torch's C++ build dir, present while a build in that kernel dir runs?"""
+    match = re.fullmatch(_BUILD_DIR, name)
+    return match is not None and match[1][1:3] == folder
+
+
+def kernel_entry(folder: str, name: str) -> bool:
+    """Could ``folder/name`` be torch's, in a two-character kernel dir? (its files, its key-named dirs, a build
+    in flight, a temp file)."""
+    if kernel_key(folder, name) is not None or kernel_build(folder, name) or is_temp_name(name):
+        return True
+    return bool(re.fullmatch(_KEY, name)) and name[1:3] == folder
+
+
+def triton_kernel_dir(device: str, name: str) -> bool:
+    """Is ``triton/<device>/<name>`` one of triton's kernel dirs (removed whole, or not at all)?"""
+    return bool(re.fullmatch(_TRITON_DEVICE, device) and re.fullmatch(_TRITON_KEY, name))
+
+
+def torch_file(top: str, rel_parts: list[str]) -> bool:
+    """Is the file ``<top>/<rel_parts...>`` one torch writes there? For the torch dirs whose files are trimmed
+    one by one: ``fxgraph/`` and ``aotautograd/`` (torch's own names all the way down), ``cache/``,
+    ``dynamo/`` and ``precompiled_headers/`` (by name). Never a lock or a temp file."""
+    name = rel_parts[-1]
+    if name.endswith(".lock") or is_temp_name(name):
+        return False
+    if top in ("fxgraph", "aotautograd"):
+        return True
+    if top == "cache":
+        return len(rel_parts) <= 2 and bool(re.fullmatch(_CACHE_FILE, name))
+    if top == "dynamo":
+        return (len(rel_parts) == 1 and bool(re.fullmatch(_DYNAMO_FILE, name))) or (
+            len(rel_parts) == 2 and name == "entry"
+        )
+    if top == "precompiled_headers":
+        return len(rel_parts) == 1 and bool(re.fullmatch(_HEADER_FILE, name))
+    return False

@@ -16,7 +16,6 @@ from typing import NamedTuple
 from .. import ConfigError
 from .layout import CLOEXEC
 from .layout import KERNEL_DIR
-from .layout import KERNEL_NAME
 from .layout import OUR_NAMES
 from .layout import PENDING_DIR
 from .layout import SESSIONS_DIR
@@ -24,6 +23,7 @@ from .layout import TORCH_DIRS
 from .layout import TORCH_FILES
 from .layout import TORCH_TOP_FILE
 from .layout import is_temp_name
+from .layout import kernel_entry
 
 TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# Created by pytest-compilecache.\n"
 _GITIGNORE = "# Created by pytest-compilecache.\n*\n"
@@ -87,11 +87,13 @@ def torch_top_entry(root: Path, name: str) -> bool:
 
 
 def _kernel_dir_contents_ok(folder: Path) -> bool:
+    """Does a two-character dir hold only what torch writes in a kernel dir (``<key>.<ext>`` with the key's
+    2nd and 3rd characters the dir's name)? ``db/`` with ``backup_2024_01_01_full.sql`` does not."""
     try:
         entries = list(os.scandir(folder))
     except OSError:
         return False
-    return all(re.fullmatch(KERNEL_NAME, e.name) or is_temp_name(e.name) for e in entries if not e.is_symlink())
+    return all(kernel_entry(folder.name, e.name) for e in entries if not e.is_symlink())
 
 
 def refuse_foreign(path: str | os.PathLike[str], option: str = "--compile-cache-dir") -> None:

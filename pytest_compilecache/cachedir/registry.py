@@ -90,13 +90,20 @@ def _sessions_dir(path: str, *, create: bool) -> Iterator[int | None]:
     """
     root = os.open(path, os.O_RDONLY | os.O_DIRECTORY | CLOEXEC)
     try:
+        made = False
         if create:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(SESSIONS_DIR, 0o755, dir_fd=root)
+                made = True
         try:
             folder = os.open(SESSIONS_DIR, DIR_NOFOLLOW, dir_fd=root)
         except FileNotFoundError:
             folder = None
+        if made and folder is not None:
+            # Not the umask's: every user of the cache dir must see the registrations (a marker another user's
+            # trim cannot read is a live session it cannot see), and may register where they may write.
+            with contextlib.suppress(OSError):
+                os.fchmod(folder, 0o755 | (os.fstat(root).st_mode & 0o1022))
         try:
             yield folder
         finally:
@@ -116,6 +123,7 @@ def _create_marker(path: str, begun: float) -> tuple[str, int]:
         tmp = temp_name("tmp", lead=".")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | CLOEXEC, 0o644, dir_fd=folder)
         try:
+            os.fchmod(fd, 0o644)  # readable by every user of the dir whatever the umask (077 makes it 0600)
             import fcntl  # POSIX only, like torch's C++ cache; imported here so the module loads anywhere
 
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -167,6 +175,8 @@ def _held(folder: int, name: str, *, remove_if_dead: bool) -> bool:
     """Is marker ``name`` locked by a live process? A dead one's is removed (while we hold its lock)."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+    except PermissionError:
+        return True  # another user's, unreadable (written by an older version under umask 077): may be live
     except OSError:
         return False  # gone: its owner closed it
     try:

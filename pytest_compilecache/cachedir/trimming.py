@@ -9,7 +9,6 @@ import re
 import stat
 import time
 from pathlib import Path
-from typing import Iterator
 from typing import NamedTuple
 
 from . import registry
@@ -17,14 +16,20 @@ from .dirs import lock
 from .layout import CLOEXEC
 from .layout import DIR_NOFOLLOW
 from .layout import KERNEL_DIR
-from .layout import KERNEL_NAME
 from .layout import OUR_NAMES
 from .layout import PENDING_DIR
 from .layout import SESSIONS_DIR
 from .layout import TORCH_DIRS
+from .layout import TORCH_FILES
 from .layout import TORCH_TEMP
+from .layout import TORCH_TOP_FILE
 from .layout import is_legacy_temp_name
 from .layout import is_temp_name
+from .layout import kernel_build
+from .layout import kernel_entry
+from .layout import kernel_key
+from .layout import torch_file
+from .layout import triton_kernel_dir
 from .owner import Kind
 from .owner import ownership
 from .owner import torch_top_entry
@@ -48,6 +53,7 @@ class Trim(NamedTuple):
     remaining: int = 0  # bytes of cache files left
     deferred: int = 0
     stopped: bool = False
+    recent: int = 0  # files kept although the dir is over its cap: used within MIN_AGE (or being built)
 
     def describe(self) -> str | None:
         """One line for the session report, or None when there is nothing to say."""
@@ -67,6 +73,11 @@ class Trim(NamedTuple):
                 f"({from_size} -> {human_size(self.remaining)})"
             )
             return line + (" (stopped early: another session started)" if self.stopped else "")
+        if self.recent:
+            return (
+                f"the cache dir is over its cap ({from_size}) but trimmed nothing: its {self.recent} remaining files "
+                f"were used within the last {MIN_AGE / 3600:g} hour(s), and torch may still be using them"
+            )
         return None
 
 
@@ -77,38 +88,54 @@ def trim(
     now: float | None = None,
     lock_timeout: float = 60.0,
     registration: Registration | None = None,
+    min_age: float | None = None,
 ) -> Trim:
     """Remove least recently used cache files until ``path`` holds at most ``max_bytes`` of them.
 
-    Takes :func:`lock` itself. Removes only cache files in torch's layout in a dir :func:`ownership` calls
-    ours or torch's, nothing while another registered session is live (:attr:`Trim.deferred`; the
-    caller's own ``registration`` is the only one that does not count, so a session run in-process inside
-    another, ``pytest.main``, never trims under its host), and nothing changed at or after ``now``
-    (default: when it starts). Each file is removed through dir fds opened without following links, and
-    only if it is still the file scanned (same inode, modification and change time): a file rewritten,
-    replaced or touched meanwhile is in use and stays. "Used" is the later of access and modification time.
+    Takes :func:`lock` itself. Removes only files torch writes, by their names in their places
+    (:mod:`.layout`), in a dir :func:`ownership` calls ours or torch's, and:
+
+    * nothing while another registered session is live (:attr:`Trim.deferred`; the caller's own
+      ``registration`` is the only one that does not count, so a session run in-process inside another,
+      ``pytest.main``, never trims under its host);
+    * for processes that do not register (torch alone compiling into ``/tmp/torchinductor_$USER``): nothing
+      used or written in the last ``min_age`` seconds (default :data:`MIN_AGE`; "used" is the later of access
+      and modification), nothing in a kernel dir while a build or a write is in flight there (torch's
+      ``<key>_CxxBuild/`` dir, a temp file), and the files of one kernel key together, sources first;
+    * a triton kernel dir (``triton/<device>/<key>/``) whole or not at all: it is renamed away in one step,
+      then removed, so triton never finds half of it;
+    * nothing changed at or after ``now`` (default: when it starts). Each file is removed through dir fds
+      opened without following links, and only if it is still the file scanned (same inode, modification
+      and change time): a file rewritten, replaced or touched meanwhile is in use and stays.
+
+    Empty dirs go as :func:`_drop_empty_dirs` says.
     """
     with lock(path, timeout=lock_timeout):
-        return _trim(path, max_bytes, now=now, registration=registration)
+        return _trim(path, max_bytes, now=now, registration=registration, min_age=min_age)
 
 
 def evict(path: str, max_bytes: int, *, registration: Registration | None = None) -> tuple[int, int]:
     """:func:`trim` for a caller that already holds :func:`lock`: returns (files removed, bytes freed)."""
-    result = _trim(path, max_bytes, now=None, registration=registration)
+    result = _trim(path, max_bytes, now=None, registration=registration, min_age=None)
     return result.removed, result.freed
 
 
-def _trim(path: str, max_bytes: int, *, now: float | None, registration: Registration | None) -> Trim:
+def _trim(
+    path: str, max_bytes: int, *, now: float | None, registration: Registration | None, min_age: float | None
+) -> Trim:
     began = time.time() if now is None else now
+    settled = began - (MIN_AGE if min_age is None else min_age)  # what changed after this may be in use
     kind = ownership(path).kind
     own = registration.marker if registration is not None else None
     # The cap is on everything in the dir (markers and registrations too); only cache files go.
     total = _dir_bytes(path)
-    entries = [(max(st.st_atime, st.st_mtime), st.st_size, full, st) for full, st in _managed_files(path, kind)]
+    scan = _Scan(path)
+    if kind in ("ours", "torch"):
+        scan.run()
     others = len(registry.live_sessions(path, excluding=own))
     if kind not in ("ours", "torch") or others:
         return Trim(kind=kind, remaining=total, deferred=others)
-    removed = freed = 0
+    removed = freed = recent = 0
     stopped = False
     emptied: set[str] = set()
     try:
@@ -116,23 +143,214 @@ def _trim(path: str, max_bytes: int, *, now: float | None, registration: Registr
     except OSError:
         return Trim(kind=kind, remaining=total)
     try:
-        for _used, size, full, st in sorted(entries):
+        for unit in sorted(scan.units, key=lambda u: (u.used, u.files[0][0] if u.files else "")):
             if total - freed <= max_bytes:
                 break
-            if max(st.st_mtime, st.st_ctime) >= began:
-                continue  # written (or renamed in) since trimming began: someone is using it
+            if unit.used > settled or unit.changed >= began:
+                recent += len(unit.files)
+                continue  # used, written or renamed in recently: someone may be using it
             if registry.live_sessions(path, excluding=own):
                 stopped = True
                 break
-            if _unlink_unchanged(root_fd, os.path.relpath(full, path), st):
-                removed += 1
-                freed += size
-                emptied.add(os.path.dirname(full))
+            count, size = _remove_unit(root_fd, unit)
+            removed += count
+            freed += size
+            if count:
+                emptied.add(os.path.dirname(unit.folder or unit.files[0][0]))
         if not stopped:
-            _drop_empty_dirs(path, root_fd, began, emptied, own)
+            _drop_empty_dirs(path, root_fd, settled, emptied, own)
     finally:
         os.close(root_fd)
-    return Trim(kind=kind, removed=removed, freed=freed, remaining=total - freed, stopped=stopped)
+    return Trim(kind=kind, removed=removed, freed=freed, remaining=total - freed, stopped=stopped, recent=recent)
+
+
+# Nothing used or written more recently than this is trimmed: a process that does not register (torch alone)
+# may be about to load it or to build from it. An hour covers the longest C++ or triton build, autotuning
+# included; a dir over its cap sheds the newer files at a later trim.
+MIN_AGE = 3600.0
+
+
+class _Unit(NamedTuple):
+    """What goes together: one file, the files of one kernel key (sources first) or a triton kernel dir."""
+
+    used: float  # the latest access or modification of any of its files
+    changed: float  # the latest modification or change of any of them (and of a triton kernel dir itself)
+    size: int
+    files: tuple[tuple[str, os.stat_result], ...]  # relative to the cache dir, in removal order
+    folder: str | None = None  # a triton kernel dir: renamed away whole, then removed
+
+
+def _unit(
+    files: list[tuple[str, os.stat_result]], folder: str | None = None, extra: os.stat_result | None = None
+) -> _Unit:
+    stats = [st for _, st in files]
+    changed = [*stats, extra] if extra is not None else stats
+    return _Unit(
+        used=max(max(st.st_atime, st.st_mtime) for st in stats),
+        changed=max(max(st.st_mtime, st.st_ctime) for st in changed),
+        size=sum(st.st_size for st in stats),
+        files=tuple(files),
+        folder=folder,
+    )
+
+
+# Removed first within a kernel key: a source torch finds gone it writes again; an output gone while its source
+# is there would make torch build from a source this trim is about to remove.
+_SOURCES = (".cpp", ".h", ".py")
+
+
+class _Scan:
+    """The units a trim may remove, found without following links."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.units: list[_Unit] = []
+
+    def run(self) -> None:
+        try:
+            top = list(os.scandir(self.root))
+        except OSError:
+            return
+        for entry in top:
+            name = entry.name
+            if name in OUR_NAMES or name == "locks" or name.endswith(".lock") or is_temp_name(name):
+                continue
+            if entry.is_symlink():
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                if name in (SESSIONS_DIR, PENDING_DIR):
+                    continue
+                if re.fullmatch(KERNEL_DIR, name):
+                    self._kernel_dir(name)
+                elif name == "triton":
+                    self._triton(name)
+                elif name in TORCH_DIRS:
+                    self._files(name)
+                continue
+            if name in TORCH_FILES or re.fullmatch(TORCH_TOP_FILE, name):
+                with contextlib.suppress(OSError):
+                    self.units.append(_unit([(name, entry.stat(follow_symlinks=False))]))
+
+    def _lstat(self, rel: str) -> os.stat_result | None:
+        try:
+            return os.lstat(os.path.join(self.root, rel))
+        except OSError:
+            return None
+
+    def _kernel_dir(self, folder: str) -> None:
+        """The files of each kernel key, together; nothing while a build or a write is in flight here."""
+        groups: dict[str, list[tuple[str, os.stat_result]]] = {}
+        try:
+            entries = list(os.scandir(os.path.join(self.root, folder)))
+        except OSError:
+            return
+        for entry in entries:
+            if is_temp_name(entry.name) or kernel_build(folder, entry.name):
+                return  # torch is writing or building here: its sibling files are in use
+            key = kernel_key(folder, entry.name)
+            if key is None or not entry.is_file(follow_symlinks=False):
+                continue
+            with contextlib.suppress(OSError):
+                groups.setdefault(key, []).append((f"{folder}/{entry.name}", entry.stat(follow_symlinks=False)))
+        for files in groups.values():
+            files.sort(key=lambda item: (not item[0].endswith(_SOURCES), item[0]))
+            self.units.append(_unit(files))
+
+    def _triton(self, top: str) -> None:
+        """Each triton kernel dir, whole; one with a write in flight (triton's ``tmp.pid_*`` dir, anything
+        that is not a regular file) is left alone."""
+        for device in _names(os.path.join(self.root, top)):
+            rel_device = f"{top}/{device}"
+            for name in _names(os.path.join(self.root, rel_device)):
+                if not triton_kernel_dir(device, name):
+                    continue
+                rel = f"{rel_device}/{name}"
+                dir_st = self._lstat(rel)
+                if dir_st is None or not stat.S_ISDIR(dir_st.st_mode):
+                    continue
+                files: list[tuple[str, os.stat_result]] = []
+                try:
+                    entries = list(os.scandir(os.path.join(self.root, rel)))
+                    for entry in entries:
+                        st = entry.stat(follow_symlinks=False)
+                        if not stat.S_ISREG(st.st_mode) or is_temp_name(entry.name):
+                            files = []
+                            break
+                        files.append((f"{rel}/{entry.name}", st))
+                except OSError:
+                    continue
+                if files:
+                    self.units.append(_unit(files, folder=rel, extra=dir_st))
+
+    def _files(self, top: str) -> None:
+        """Each file torch writes below ``top`` (:func:`.layout.torch_file`), one by one."""
+        for dirpath, dirnames, filenames in os.walk(os.path.join(self.root, top)):
+            rel_dir = os.path.relpath(dirpath, self.root)
+            dirnames[:] = [n for n in dirnames if not is_temp_name(n)]  # os.walk lists links to dirs, never enters
+            parts = rel_dir.split(os.sep)[1:]
+            for filename in filenames:
+                if not torch_file(top, [*parts, filename]):
+                    continue
+                rel = os.path.join(rel_dir, filename)
+                with contextlib.suppress(OSError):
+                    st = os.lstat(os.path.join(self.root, rel))
+                    if stat.S_ISREG(st.st_mode):
+                        self.units.append(_unit([(rel, st)]))
+
+
+def _names(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _remove_unit(root_fd: int, unit: _Unit) -> tuple[int, int]:
+    """Remove ``unit``; return (files removed, bytes freed). A triton dir is renamed to a temp name of ours in
+    one step (triton then finds it absent, never half there), then removed; files one by one, stopping at the
+    first one changed since the scan (it is in use: the rest of its key stays with it)."""
+    if unit.folder is None:
+        removed = freed = 0
+        for rel, st in unit.files:
+            if not _unlink_unchanged(root_fd, rel, st):
+                break
+            removed += 1
+            freed += st.st_size
+        return removed, freed
+    opened = _parent_fd(root_fd, unit.folder)
+    if opened is None:
+        return 0, 0
+    parent, name = opened
+    try:
+        from .._fs import rmtree_at  # cost: only a trim that removes a triton kernel dir gets here
+        from .._fs import temp_name
+
+        inside = os.open(name, DIR_NOFOLLOW, dir_fd=parent)
+        try:
+            for rel, st in unit.files:
+                if not _same(os.stat(os.path.basename(rel), dir_fd=inside, follow_symlinks=False), st):
+                    return 0, 0
+            if len(os.listdir(inside)) != len(unit.files):
+                return 0, 0  # a file arrived since the scan: triton is writing here
+        finally:
+            os.close(inside)
+        away = temp_name("tmp", lead=".")
+        os.rename(name, away, src_dir_fd=parent, dst_dir_fd=parent)
+        rmtree_at(parent, away)
+        return len(unit.files), unit.size
+    except OSError:
+        return 0, 0
+    finally:
+        os.close(parent)
+
+
+def _same(found: os.stat_result, scanned: os.stat_result) -> bool:
+    return (found.st_dev, found.st_ino, found.st_mtime_ns, found.st_ctime_ns) == (
+        scanned.st_dev,
+        scanned.st_ino,
+        scanned.st_mtime_ns,
+        scanned.st_ctime_ns,
+    )
 
 
 def _parent_fd(root_fd: int, rel: str) -> tuple[int, str] | None:
@@ -160,13 +378,7 @@ def _unlink_unchanged(root_fd: int, rel: str, scanned: os.stat_result) -> bool:
     parent, name = opened
     try:
         found = os.stat(name, dir_fd=parent, follow_symlinks=False)
-        same = (found.st_dev, found.st_ino, found.st_mtime_ns, found.st_ctime_ns) == (
-            scanned.st_dev,
-            scanned.st_ino,
-            scanned.st_mtime_ns,
-            scanned.st_ctime_ns,
-        )
-        if not same or stat.S_ISDIR(found.st_mode):
+        if not _same(found, scanned) or stat.S_ISDIR(found.st_mode):
             return False  # rewritten, replaced or touched since the scan: in use
         os.unlink(name, dir_fd=parent)
         return True
@@ -185,34 +397,44 @@ def _dir_bytes(path: str) -> int:
     return total
 
 
-def _drop_empty_dirs(path: str, root_fd: int, began: float, emptied: set[str], own: str | None) -> None:
-    """rmdir empty dirs of torch's layout: ones untouched since ``began`` or emptied by this trim; never with a
-    live session registered (torch ``mkdir(exist_ok=True)``s a dir and then writes into it). Through dir
-    fds opened without following links, as :func:`_unlink_unchanged`."""
+# Below these, torch names every dir itself: an empty one nobody changed for MIN_AGE is torch's leftover.
+_TIDIED = ("fxgraph", "aotautograd", "triton")
+
+
+def _drop_empty_dirs(path: str, root_fd: int, settled: float, emptied: set[str], own: str | None) -> None:
+    """rmdir empty dirs of torch's layout: ones this trim emptied, and (below fxgraph/, aotautograd/, triton/
+    and in kernel dirs) ones nobody changed since ``settled``; a young one is kept, since torch, registered
+    or not, ``mkdir(exist_ok=True)``s a dir and then writes into it. A kernel dir goes only when this trim
+    emptied it (an empty ``zz/`` may be anyone's), a build dir never (torch removes it; the compiler may be
+    running in it). Never with a live session registered. Through dir fds opened without following links,
+    as :func:`_unlink_unchanged`."""
     for root, _dirs, _files in os.walk(path, topdown=False):
         rel = os.path.relpath(root, path)
-        top = rel.split(os.sep, 1)[0]
-        if root == path or top in OUR_NAMES or top == "locks" or any(map(is_temp_name, rel.split(os.sep))):
+        parts = rel.split(os.sep)
+        top = parts[0]
+        if root == path or top in OUR_NAMES or top == "locks" or any(map(is_temp_name, parts)):
             continue
         if top not in TORCH_DIRS:
             if not re.fullmatch(KERNEL_DIR, top) or not torch_top_entry(Path(path), top):
-                continue  # a two-character dir holding anything but hash-named entries is not torch's
-            if rel == top and root not in emptied:
-                continue  # the kernel dir itself goes only when this trim emptied it (an empty "zz/" may be anyone's)
-            if rel != top and not re.fullmatch(KERNEL_NAME, os.path.basename(root)):
-                continue  # below a kernel dir torch makes only hash-named dirs
+                continue  # a two-character dir holding anything but torch's entries is not torch's
+            if rel == top and rel not in emptied:
+                continue  # the kernel dir itself goes only when this trim emptied it
+            if rel != top and (not kernel_entry(top, parts[1]) or kernel_build(top, parts[1])):
+                continue  # below a kernel dir torch makes only key-named dirs (and build dirs, its own to remove)
+        elif top not in _TIDIED and rel not in emptied:
+            continue  # cache/, dynamo/, ...: a dir there is gone only when this trim emptied it
         opened = _parent_fd(root_fd, rel)
         if opened is None:
             continue
         parent, name = opened
         try:
             st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-            if not stat.S_ISDIR(st.st_mode) or (root not in emptied and max(st.st_mtime, st.st_ctime) >= began):
+            if not stat.S_ISDIR(st.st_mode) or (rel not in emptied and st.st_mtime > settled):
                 continue
             if registry.live_sessions(path, excluding=own):
                 return
             os.rmdir(name, dir_fd=parent)  # fails, as wanted, unless empty
-            emptied.add(os.path.dirname(root))
+            emptied.add(os.path.dirname(rel) or ".")
         except OSError:
             pass
         finally:
@@ -305,49 +527,3 @@ def _stale(name: str, st: os.stat_result, clock: float) -> bool:
         return (age > TORCH_TEMP_GRACE and not pid_alive(int(match[1]))) or age > STALE_AFTER
     # What older versions named (their owners' host ids are not ours to compare): by age alone.
     return bool(age > STALE_AFTER and is_legacy_temp_name(name))
-
-
-def _managed_files(root: str, kind: Kind) -> Iterator[tuple[str, os.stat_result]]:
-    """Every file under ``root`` that belongs to the cache: what lies in torch's layout (its top-level dirs,
-    the two-character kernel dirs holding hash-named files, its top-level files), in an ``ours`` dir as in a
-    ``torch`` one; nothing in any other dir. Our tag proves whose dir it is, not whose each file is: a file
-    someone else put in our dir (``--compile-cache-dir=/tmp`` in a fresh container) is never trimmed.
-
-    ``locks/`` and ``*.lock`` are never yielded: removing a lock file another process holds splits the
-    lock in two (a second process creates a new file and "holds" it too). Nor are temp files and dirs
-    (someone is writing them; :func:`sweep_stale` removes those whose writer died).
-    """
-    if kind not in ("ours", "torch"):
-        return
-    try:
-        top = list(os.scandir(root))
-    except OSError:
-        return
-    for entry in top:
-        name = entry.name
-        if name in OUR_NAMES or name == "locks" or name.endswith(".lock") or is_temp_name(name):
-            continue
-        if entry.is_symlink():
-            continue
-        if entry.is_dir(follow_symlinks=False):
-            kernel = bool(re.fullmatch(KERNEL_DIR, name))
-            # A two-character dir is torch's only when it holds nothing but hash-named entries (what
-            # ownership() asks of a torch dir, asked here of every dir: ``db/`` with a backup in it is not).
-            if name in (SESSIONS_DIR, PENDING_DIR) or not torch_top_entry(Path(root), name):
-                continue
-            for dirpath, dirnames, filenames in os.walk(entry.path):
-                if kernel and dirpath == entry.path:
-                    filenames = [n for n in filenames if re.fullmatch(KERNEL_NAME, n)]
-                    dirnames[:] = [n for n in dirnames if re.fullmatch(KERNEL_NAME, n)]
-                dirnames[:] = [n for n in dirnames if not is_temp_name(n)]
-                for filename in filenames:
-                    if filename.endswith(".lock") or is_temp_name(filename):
-                        continue
-                    full = os.path.join(dirpath, filename)
-                    with contextlib.suppress(OSError):
-                        yield full, os.lstat(full)
-            continue
-        if not torch_top_entry(Path(root), name):
-            continue
-        with contextlib.suppress(OSError):
-            yield entry.path, entry.stat(follow_symlinks=False)
