@@ -353,3 +353,19 @@ def test_restore_refuses_a_project_folder_as_pytest_does(tmp_path: Path, capsys:
     # A new dir, and one holding a restore's leftovers, are fine.
     assert cli.main(["restore", "--store", str(store), "--cache-dir", str(tmp_path / "new")]) == 0
     assert cli.main(["restore", "--store", str(store), "--cache-dir", str(tmp_path / "new")]) == 0
+
+
+def test_restore_sweeps_what_a_killed_restore_left(tmp_path: Path) -> None:
+    # Issue 28.5: a restore SIGKILLed into a new dir leaves only its staging dir; the next restore takes it away.
+    from pytest_compilecache import _fs
+
+    store, cache = tmp_path / "store", _cache_dir(tmp_path)
+    assert cli.main(["save", "--store", str(store), "--cache-dir", str(cache)]) == 0
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout)
+    target = tmp_path / "restored"
+    staging = target / f".compilecache-staging-{_fs.host_tag()}-{dead}-1700000000-abcd1234"
+    (staging / "files").mkdir(parents=True)
+    (staging / "files" / "half").write_bytes(b"partial")
+    assert cli.main(["restore", "--store", str(store), "--cache-dir", str(target)]) == 0
+    assert not staging.exists()
+    assert (target / "ab" / f"{KERNEL}.main.so").read_bytes() == b"kernel"
