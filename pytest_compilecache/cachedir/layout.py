@@ -74,8 +74,8 @@ def is_legacy_temp_name(name: str) -> bool:
 
 # codecache.get_path: ``<key[1:3]>/<key>.<ext>``; keys (cache_key.py) are a sha256 as lowercase base32, 51
 # characters, with a one-letter prefix for code ("c") and graphs ("f"), or hex. Extensions: py, cpp, h, so,
-# main.cpp, main.so, o, json, txt, cubin, ... (one to three dotted parts).
-_KERNEL_FILE = r"([a-z0-9]{32,64})(?:\.[A-Za-z0-9_]{1,16}){1,3}"
+# main.cpp, main.so, o, json, txt, cubin, ...; AOTInductor adds ``<key>_compile_flags.json`` and the like.
+_KERNEL_FILE = r"([a-z0-9]{32,64})[._][A-Za-z0-9_.]{1,48}"
 _KEY = r"[a-z0-9]{32,64}"
 # cpp_builder.CppBuilder.build: ``<name>_CxxBuild/``, the compiler's working dir, next to its output while it
 # runs (removed after): the kernel dir's files are being built.
