@@ -44,9 +44,6 @@ The package, one file per concern: :mod:`.layout` (the names: ours, torch's, tem
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING
-
 from .dirs import SESSION_ENV
 from .dirs import SessionDir
 from .dirs import clear_pytest_cache_keeping
@@ -71,21 +68,19 @@ from .owner import Kind
 from .owner import Ownership
 from .owner import ownership
 from .owner import refuse_foreign
-
-if TYPE_CHECKING:
-    from .registry import UNKNOWN_SESSION
-    from .registry import LiveSession
-    from .registry import Registration
-    from .registry import live_sessions
-    from .registry import register_session
-    from .trimming import MIN_AGE
-    from .trimming import STALE_AFTER
-    from .trimming import TORCH_TEMP_GRACE
-    from .trimming import Trim
-    from .trimming import evict
-    from .trimming import sweep_stale
-    from .trimming import touch
-    from .trimming import trim
+from .registry import UNKNOWN_SESSION
+from .registry import LiveSession
+from .registry import Registration
+from .registry import live_sessions
+from .registry import register_session
+from .trimming import MIN_AGE
+from .trimming import STALE_AFTER
+from .trimming import TORCH_TEMP_GRACE
+from .trimming import Trim
+from .trimming import evict
+from .trimming import sweep_stale
+from .trimming import touch
+from .trimming import trim
 
 __all__ = [
     "GRAPHS_RECORD", "LOCK_NAME", "MIN_AGE", "OUR_NAMES", "PENDING_DIR", "SESSIONS_DIR", "SESSION_ENV", "STALE_AFTER",
@@ -94,30 +89,3 @@ __all__ = [
     "fallback_dir", "fresh_dir", "live_sessions", "lock", "make_dir", "ownership", "refuse_foreign",
     "register_session", "remove", "remove_dir", "safe_temp_dir", "sweep_stale", "touch", "trim", "unsafe_reason",
 ]  # fmt: skip
-
-# cost: the registry and trimming load on first use. The plugin imports this package in every session, and one
-# without a shared dir (no option, ``isolated``, ``disabled``) never registers nor trims.
-_LAZY = {
-    "UNKNOWN_SESSION": "registry",
-    "LiveSession": "registry",
-    "Registration": "registry",
-    "live_sessions": "registry",
-    "register_session": "registry",
-    "MIN_AGE": "trimming",
-    "STALE_AFTER": "trimming",
-    "TORCH_TEMP_GRACE": "trimming",
-    "Trim": "trimming",
-    "evict": "trimming",
-    "sweep_stale": "trimming",
-    "touch": "trimming",
-    "trim": "trimming",
-}
-
-
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        if name in ("registry", "trimming"):
-            return importlib.import_module(f".{name}", __name__)
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)

@@ -19,6 +19,7 @@ from .layout import LOCK_NAME
 from .owner import ownership
 from .owner import refuse_foreign
 from .owner import tag
+from .registry import live_sessions
 
 SESSION_ENV = "PYTEST_COMPILECACHE_SESSION"
 
@@ -233,8 +234,6 @@ def clear_pytest_cache_keeping(path: str, *, excluding: str | None) -> int:
     entries, what ``Cache.clear_cache`` removes) and keep ``path``. Returns how many other live sessions use
     it (``excluding`` the caller's own registration); with none, nothing is removed and pytest may clear all.
     A link among those entries is removed itself, never followed (as pytest's own clearing)."""
-    from .registry import live_sessions  # cost: only a --cache-clear of the default shared dir gets here
-
     others = len(live_sessions(path, excluding=excluding))
     if not others:
         return 0
