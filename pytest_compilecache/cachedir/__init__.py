@@ -39,7 +39,8 @@ What this module may delete, and when (the contract every caller relies on):
 
 The package, one file per concern: :mod:`.layout` (the names: ours, torch's, temp names), :mod:`.owner`
 (whose dir, the one refusal rule), :mod:`.dirs` (the dir for each mode, paths torch can build in, the lock),
-:mod:`.registry` (live sessions), :mod:`.trimming` (trim, evict, touch, sweep). Callers import from here.
+:mod:`.registry` (live sessions), :mod:`.trimming` (trim, evict, touch), :mod:`.sweep` (leftovers).
+Callers import from here.
 """
 
 from __future__ import annotations
@@ -73,12 +74,12 @@ from .registry import LiveSession
 from .registry import Registration
 from .registry import live_sessions
 from .registry import register_session
+from .sweep import STALE_AFTER
+from .sweep import TORCH_TEMP_GRACE
+from .sweep import sweep_stale
 from .trimming import MIN_AGE
-from .trimming import STALE_AFTER
-from .trimming import TORCH_TEMP_GRACE
 from .trimming import Trim
 from .trimming import evict
-from .trimming import sweep_stale
 from .trimming import touch
 from .trimming import trim
 

@@ -1,6 +1,7 @@
 """The names in a cache dir: our markers, torch's cache layout and the temp names of writers in flight.
 
-A leaf of the package: pure name tests, no I/O, nothing of ours but :mod:`.._fs` (loaded lazily).
+A leaf of the package: name tests, and :func:`parent_fd`, the walk without links that every removal takes;
+nothing of ours but :mod:`.._fs` (loaded lazily).
 """
 
 from __future__ import annotations
@@ -46,6 +47,23 @@ _ATOMIC_TEMP_OLD = r"\..+\.[a-z0-9_]{8}\.tmp"
 
 CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | CLOEXEC
+
+
+def parent_fd(root_fd: int, rel: str) -> tuple[int, str] | None:
+    """An fd of ``rel``'s parent dir, reached from ``root_fd`` one component at a time without following a
+    link, and ``rel``'s last name; None when a component vanished, is a link or is not a dir. Whatever is
+    swapped in on the way afterwards, what is removed through that fd is inside the cache dir."""
+    parts = rel.split(os.sep)
+    fd = os.dup(root_fd)
+    for part in parts[:-1]:
+        try:
+            child = os.open(part, DIR_NOFOLLOW, dir_fd=fd)
+        except OSError:
+            os.close(fd)
+            return None
+        os.close(fd)
+        fd = child
+    return fd, parts[-1]
 
 
 def is_temp_name(name: str) -> bool:

@@ -21,26 +21,18 @@ from .layout import PENDING_DIR
 from .layout import SESSIONS_DIR
 from .layout import TORCH_DIRS
 from .layout import TORCH_FILES
-from .layout import TORCH_TEMP
 from .layout import TORCH_TOP_FILE
-from .layout import is_legacy_temp_name
 from .layout import is_temp_name
 from .layout import kernel_build
 from .layout import kernel_entry
 from .layout import kernel_key
+from .layout import parent_fd
 from .layout import torch_file
 from .layout import triton_kernel_dir
 from .owner import Kind
 from .owner import ownership
 from .owner import torch_top_entry
 from .registry import Registration
-
-# A temp file whose owner cannot be named (an ``atomic_file`` temp of an older version) is stale after
-# this long: nobody writes one file for an hour, and its mtime moves while it is written.
-STALE_AFTER = 3600.0
-# torch's own ``.<pid>.<thread>.tmp`` names carry a pid but no host; on a dir shared over the network
-# that pid may live elsewhere, so a dead-looking owner must also have stopped writing for this long.
-TORCH_TEMP_GRACE = 60.0
 
 
 class Trim(NamedTuple):
@@ -317,7 +309,7 @@ def _remove_unit(root_fd: int, unit: _Unit) -> tuple[int, int]:
             removed += 1
             freed += st.st_size
         return removed, freed
-    opened = _parent_fd(root_fd, unit.folder)
+    opened = parent_fd(root_fd, unit.folder)
     if opened is None:
         return 0, 0
     parent, name = opened
@@ -353,26 +345,9 @@ def _same(found: os.stat_result, scanned: os.stat_result) -> bool:
     )
 
 
-def _parent_fd(root_fd: int, rel: str) -> tuple[int, str] | None:
-    """An fd of ``rel``'s parent dir, reached from ``root_fd`` one component at a time without following a
-    link, and ``rel``'s last name; None when a component vanished, is a link or is not a dir. Whatever is
-    swapped in on the way afterwards, what is removed through that fd is inside the cache dir."""
-    parts = rel.split(os.sep)
-    fd = os.dup(root_fd)
-    for part in parts[:-1]:
-        try:
-            child = os.open(part, DIR_NOFOLLOW, dir_fd=fd)
-        except OSError:
-            os.close(fd)
-            return None
-        os.close(fd)
-        fd = child
-    return fd, parts[-1]
-
-
 def _unlink_unchanged(root_fd: int, rel: str, scanned: os.stat_result) -> bool:
     """Unlink ``rel`` if it is still exactly what was scanned (same inode, mtime and ctime); True if removed."""
-    opened = _parent_fd(root_fd, rel)
+    opened = parent_fd(root_fd, rel)
     if opened is None:
         return False
     parent, name = opened
@@ -423,7 +398,7 @@ def _drop_empty_dirs(path: str, root_fd: int, settled: float, emptied: set[str],
                 continue  # below a kernel dir torch makes only key-named dirs (and build dirs, its own to remove)
         elif top not in _TIDIED and rel not in emptied:
             continue  # cache/, dynamo/, ...: a dir there is gone only when this trim emptied it
-        opened = _parent_fd(root_fd, rel)
+        opened = parent_fd(root_fd, rel)
         if opened is None:
             continue
         parent, name = opened
@@ -448,82 +423,3 @@ def touch(path: str, relpaths: list[str]) -> None:
         with contextlib.suppress(OSError, NotImplementedError):
             full = os.path.join(path, rel)  # a link is marked itself, never what it points at
             os.utime(full, (now, os.stat(full, follow_symlinks=False).st_mtime), follow_symlinks=False)
-
-
-# ---------------------------------------------------------------------------------------------- sweep
-
-
-def sweep_stale(path: str, *, now: float | None = None) -> int:
-    """Remove what killed sessions left in cache dir ``path``; return how many entries went.
-
-    Only in our or torch's dir (:func:`ownership`), at any depth, only these names: dead registrations;
-    temp files and dirs named by :func:`_fs.temp_name` (a bundle's staging dir, an ``atomic_file`` temp in a
-    kernel dir, a registration being made) whose owner :func:`_fs.is_stale` finds gone (``max_age``
-    :data:`STALE_AFTER`); the temp names of older versions when older than :data:`STALE_AFTER`;
-    torch's ``.<pid>.<thread>.tmp`` when that pid is dead and the file untouched for
-    :data:`TORCH_TEMP_GRACE`, or older than :data:`STALE_AFTER`.
-    """
-    clock = time.time() if now is None else now
-    kind = ownership(path).kind
-    if kind not in ("ours", "torch"):
-        return 0
-    from .._fs import rmtree_at  # cost: as _stale's
-
-    registry.live_sessions(path)  # removes dead registrations
-    count = 0
-    try:
-        root_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | CLOEXEC)
-    except OSError:
-        return 0
-    try:
-        for dirpath, dirnames, filenames in os.walk(path):
-            rel = os.path.relpath(dirpath, path)
-            top = rel.split(os.sep, 1)[0]
-            # Below the top, only torch's layout (and our registrations and staged blobs) is ever searched, in
-            # our dirs as in torch's: a build tool's ``.x.01234567.tmp`` elsewhere has a temp-like name too.
-            if rel != "." and not torch_top_entry(Path(path), top):
-                dirnames[:] = []
-                continue
-            for name in list(dirnames) + filenames:
-                if not is_temp_name(name):
-                    continue  # cheap first: only temp names are ever swept
-                # Through dir fds opened without following links: a dir swapped for a link meanwhile is skipped.
-                opened = _parent_fd(root_fd, os.path.normpath(os.path.join(rel, name)))
-                if opened is None:
-                    continue
-                parent, leaf = opened
-                try:
-                    st = os.stat(leaf, dir_fd=parent, follow_symlinks=False)
-                    if not _stale(leaf, st, clock):
-                        continue
-                    if stat.S_ISDIR(st.st_mode):
-                        if name in dirnames:
-                            dirnames.remove(name)
-                        rmtree_at(parent, leaf)
-                    else:
-                        os.unlink(leaf, dir_fd=parent)
-                    count += 1
-                except OSError:
-                    pass
-                finally:
-                    os.close(parent)
-    finally:
-        os.close(root_fd)
-    return count
-
-
-def _stale(name: str, st: os.stat_result, clock: float) -> bool:
-    # cost: _fs is loaded by every session with a dir of ours anyway (Controller._sweep)
-    from .._fs import is_stale
-    from .._fs import parse_temp_name
-    from .._fs import pid_alive
-
-    owner = parse_temp_name(name)  # ours: install's staging dirs, atomic_file's temp files, registrations
-    if owner is not None:
-        return is_stale(owner, now=clock, max_age=STALE_AFTER)
-    age = clock - max(st.st_mtime, st.st_ctime)
-    match = re.fullmatch(TORCH_TEMP, name)
-    if match:
-        return (age > TORCH_TEMP_GRACE and not pid_alive(int(match[1]))) or age > STALE_AFTER
-    # What older versions named (their owners' host ids are not ours to compare): by age alone.
-    return bool(age > STALE_AFTER and is_legacy_temp_name(name))
