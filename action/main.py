@@ -148,6 +148,13 @@ def cmd_plan(environ: Mapping[str, str]) -> int:
     shutil.rmtree(plan.staging, ignore_errors=True)  # only what actions/cache restores may be there
     shutil.rmtree(plan.header_staging, ignore_errors=True)
     if plan.transfer != "none":
+        from pytest_compilecache.action_api import ConfigError
+        from pytest_compilecache.action_api import refuse_foreign
+
+        try:  # the one ownership rule of every entry point that writes a cache dir (pytest's, the CLI's)
+            refuse_foreign(plan.cache_dir, "input cache-dir")
+        except ConfigError as exc:
+            raise InputError(str(exc)) from None
         Path(plan.cache_dir).mkdir(parents=True, exist_ok=True)
     # The last thing before the actions/cache step: what transfer.CacheSteps compares with afterwards.
     plan.planned_at, plan.client_dirs = time.time(), transfer.client_dirs(temp)

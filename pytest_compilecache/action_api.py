@@ -10,6 +10,7 @@ Importing it loads no torch (:func:`point_cache_dir` must run before anything do
 from __future__ import annotations
 
 from . import ghrunner
+from .cachedir import refuse_foreign
 from .errors import SIGNING_KEY_ENV
 from .errors import ConfigError
 from .errors import HeaderError
@@ -51,6 +52,7 @@ __all__ = [
     "SIGNING_KEY_ENV",
     "SavePolicy",
     "read_handoff",
+    "refuse_foreign",
     "read_save_policy",
     "read_signing_key",
     "write_handoff",

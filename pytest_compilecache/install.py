@@ -19,10 +19,12 @@ import errno
 import hashlib
 import os
 import stat
+import time
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 from typing import BinaryIO
+from typing import Callable
 from typing import Iterable
 from typing import Iterator
 
@@ -31,7 +33,10 @@ from ._fs import temp_name
 from .errors import BundleError
 from .errors import CacheDirError
 
-__all__ = ["CacheDirError", "Installed", "Staging", "open_cache_file", "open_root"]
+__all__ = [
+    "CacheDirError", "Installed", "Staging", "cache_file_size", "open_cache_file", "open_root", "read_cache_file",
+    "remove_files_in",
+]  # fmt: skip
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
@@ -358,3 +363,64 @@ def cache_root(cache_dir: Path) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)
+
+
+def cache_file_size(cache_dir: Path, rel: str) -> int | None:
+    """Size of the regular file ``rel`` under the cache dir (reached without links), or None when absent.
+    BundleError as :func:`open_cache_file` (a link on the way, not a regular file)."""
+    with cache_root(cache_dir) as root_fd:
+        fd = open_cache_file(root_fd, rel)
+        if fd is None:
+            return None
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+
+
+def read_cache_file(cache_dir: Path, rel: str, limit: int) -> bytes | None:
+    """At most ``limit`` bytes of the regular file ``rel`` under the cache dir (reached without links), or
+    None when absent. BundleError as :func:`open_cache_file`."""
+    with cache_root(cache_dir) as root_fd:
+        fd = open_cache_file(root_fd, rel)
+        if fd is None:
+            return None
+        with os.fdopen(fd, "rb") as fh:
+            return fh.read(limit)
+
+
+def remove_files_in(
+    cache_dir: str, folder: str, matches: Callable[[str], bool], *, older_than: float | None = None
+) -> None:
+    """Remove the regular files of ``cache_dir/folder`` whose names ``matches`` (and, with ``older_than``,
+    whose modification is at least that many seconds old); then ``folder`` when it is empty. Best effort, and
+    no link is followed: ``folder`` is opened relative to the cache dir with ``O_NOFOLLOW`` (a link there is
+    left alone) and each file is examined and removed relative to that fd."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC
+    try:
+        root_fd = os.open(cache_dir, flags)
+    except OSError:
+        return
+    try:
+        try:
+            dir_fd = os.open(folder, flags | os.O_NOFOLLOW, dir_fd=root_fd)
+        except OSError:
+            return  # none, or a link: leave it alone
+        now = time.time()
+        try:
+            for name in os.listdir(dir_fd):
+                if not matches(name):
+                    continue
+                with contextlib.suppress(OSError):
+                    info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                    if not stat.S_ISREG(info.st_mode):
+                        continue
+                    if older_than is not None and now - info.st_mtime < older_than:
+                        continue
+                    os.unlink(name, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
+        with contextlib.suppress(OSError):
+            os.rmdir(folder, dir_fd=root_fd)
+    finally:
+        os.close(root_fd)

@@ -165,33 +165,9 @@ def _keep_a_shared_dir_in_use(config: pytest.Config, setup: Setup) -> None:
     from . import cachedir  # cost: only with --cache-clear and a shared dir
 
     own = setup.registration.marker if setup.registration is not None else None
-    others = len(cachedir.live_sessions(path, excluding=own))
+    others = cachedir.clear_pytest_cache_keeping(path, excluding=own)
     if not others:
         return
-    import stat
-
-    from ._fs import rmtree_at
-
-    base = Path(path).parent.parent  # <cache_dir>/d/compilecache
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    for prefix in ("v", "d"):  # what pytest's Cache.clear_cache removes; a link is left alone, as pytest does
-        try:
-            fd = os.open(base / prefix, flags)
-        except OSError:
-            continue
-        try:
-            for name in os.listdir(fd):
-                if prefix == "d" and name == Path(path).name:
-                    continue
-                try:  # best effort, as pytest's own clearing: another process may be clearing too
-                    if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
-                        rmtree_at(fd, name)
-                    else:
-                        os.unlink(name, dir_fd=fd)
-                except OSError:
-                    pass
-        finally:
-            os.close(fd)
     config.option.cacheclear = False
     who = "session is" if others == 1 else "sessions are"
     setup.problems.warn(

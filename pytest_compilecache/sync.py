@@ -33,12 +33,10 @@ builds it, as it would without us.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
 import os
 import re
-import stat
 import time
 from dataclasses import dataclass
 from dataclasses import field
@@ -77,8 +75,9 @@ from .fingerprint import key_origin
 from .fingerprint import make_key
 from .fingerprint import restore_prefix
 from .ghrunner import one_line
-from .install import cache_root
-from .install import open_cache_file
+from .install import cache_file_size
+from .install import read_cache_file
+from .install import remove_files_in
 from .manifest import BLOB_NAME
 from .manifest import BLOBS_DIR
 from .manifest import Artifact
@@ -705,23 +704,13 @@ STAGED_MAX_AGE = 24 * 3600.0
 
 def _staged_size(root: Path, blob: StagedBlob) -> int | None:
     """Size of the staged file of ``blob`` (a regular file, reached without links), or None when absent."""
-    with cache_root(root) as root_fd:
-        fd = open_cache_file(root_fd, bundle.pending_path(blob.sha256))
-        if fd is None:
-            return None
-        try:
-            return os.fstat(fd).st_size
-        finally:
-            os.close(fd)
+    return cache_file_size(root, bundle.pending_path(blob.sha256))
 
 
 def _read_staged(root: Path, blob: StagedBlob) -> bytes:
-    with cache_root(root) as root_fd:
-        fd = open_cache_file(root_fd, bundle.pending_path(blob.sha256))
-        if fd is None:
-            raise BundleError(f"staged blob {blob.name} vanished before it was loaded")
-        with os.fdopen(fd, "rb") as fh:
-            data = fh.read(blob.size + 1)
+    data = read_cache_file(root, bundle.pending_path(blob.sha256), blob.size + 1)
+    if data is None:
+        raise BundleError(f"staged blob {blob.name} vanished before it was loaded")
     if len(data) != blob.size or hashlib.sha256(data).hexdigest() != blob.sha256:
         raise BundleError(f"staged blob {blob.name} changed since the restore verified it")
     return data
@@ -730,35 +719,12 @@ def _read_staged(root: Path, blob: StagedBlob) -> bytes:
 def _remove_staged(cache_dir: str, *, names: set[str] | None = None, older_than: float | None = None) -> None:
     """Remove staged blob files of the pending dir: those in ``names``, or those older than ``older_than``
     seconds; then the dir when empty. Only regular files named ``<sha256>.bin`` inside the pending dir are
-    touched, and no link is followed (the dir is opened relative to the cache dir with ``O_NOFOLLOW``)."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
-    try:
-        root_fd = os.open(cache_dir, flags)
-    except OSError:
-        return
-    try:
-        try:
-            dir_fd = os.open(PENDING_DIR, flags | os.O_NOFOLLOW, dir_fd=root_fd)
-        except OSError:
-            return  # none, or a link: leave it alone
-        now = time.time()
-        try:
-            for name in os.listdir(dir_fd):
-                if not _STAGED_NAME.fullmatch(name) or (names is not None and name not in names):
-                    continue
-                with contextlib.suppress(OSError):
-                    info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                    if not stat.S_ISREG(info.st_mode):
-                        continue
-                    if older_than is not None and now - info.st_mtime < older_than:
-                        continue
-                    os.unlink(name, dir_fd=dir_fd)
-        finally:
-            os.close(dir_fd)
-        with contextlib.suppress(OSError):
-            os.rmdir(PENDING_DIR, dir_fd=root_fd)
-    finally:
-        os.close(root_fd)
+    touched, and no link is followed (:func:`install.remove_files_in`)."""
+
+    def matches(name: str) -> bool:
+        return bool(_STAGED_NAME.fullmatch(name)) and (names is None or name in names)
+
+    remove_files_in(cache_dir, PENDING_DIR, matches, older_than=older_than)
 
 
 def _why_miss(store: Store, prefix: str, fingerprint: Fingerprint, signing_key: bytes | None, max_bytes: int) -> str:

@@ -12,7 +12,9 @@ from typing import Any
 from typing import BinaryIO
 from typing import Callable
 
+from .._fs import MAX_AGE_ALIVE
 from .._fs import atomic_file
+from .._fs import sweep_stale
 from ..errors import StoreError
 from .base import ObjectTooLarge
 from .base import StoreEntry
@@ -118,6 +120,12 @@ class LocalStore:
                 self._copy(reader, writer)
         except OSError as exc:
             raise StoreError(f"cannot put {key} to {self.location}: {_why(exc)}") from exc
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Remove what killed saves left: our temp files (named by :func:`atomic_file`) whose writer is provably
+        gone (dead on this host, or a day old; ``_fs.is_stale``). Nothing else in the dir is touched."""
+        sweep_stale(self.root, max_age=MAX_AGE_ALIVE)
 
     def list(self, prefix: str = "") -> builtins.list[StoreEntry]:
         """Entries under ``prefix``, newest first; a missing root is empty; temp and foreign files ignored."""
@@ -143,6 +151,7 @@ class LocalStore:
             pass
         except OSError as exc:
             raise StoreError(f"cannot delete {key} from {self.location}: {_why(exc)}") from exc
+        self._sweep()  # prune deletes through here
 
 
 def _entry(item: os.DirEntry[str], prefix: str) -> StoreEntry | None:

@@ -490,6 +490,27 @@ def test_plan_and_restore_commands(
     assert "### torch.compile cache: restore" in Path(environ["GITHUB_STEP_SUMMARY"]).read_text()
 
 
+def test_plan_refuses_a_cache_dir_that_holds_someones_files(
+    action: ModuleType,
+    environ: dict[str, str],
+    fingerprint: Any,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 29.1: input cache-dir follows the rule of pytest's --compile-cache-dir and the CLI's --cache-dir."""
+    import pytest_compilecache.action_api
+
+    monkeypatch.setattr(pytest_compilecache.action_api, "collect_fingerprint", lambda salt="": fingerprint)
+    project = Path(environ["GITHUB_WORKSPACE"]) / "src"
+    project.mkdir(parents=True)
+    (project / "models.py").write_text("# the user's\n")
+    environ["INPUT_CACHE_DIR"] = "src"
+    assert action.main(["plan"], environ) == 2
+    out = capsys.readouterr().out
+    assert "::error" in out and "input cache-dir:" in out and "is not a compile cache" in out
+    assert sorted(p.name for p in project.iterdir()) == ["models.py"]
+
+
 def test_restore_command_warns_and_succeeds_on_trouble(
     action: ModuleType, environ: dict[str, str], fingerprint: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from pytest_compilecache.cachedir import MIN_AGE
 from pytest_compilecache.cachedir import OUR_NAMES
 from tests.plugin.helpers import ENV_CONFTEST
 from tests.plugin.helpers import MATMUL_SUITE
@@ -132,6 +135,11 @@ def test_trimming_sessions_never_break_a_compiling_one(inner: pytest.Pytester) -
 
         # With the compiling session gone, the next trimming session (or the last of the loop, which may
         # have begun after the compiling one withdrew) trims every kernel away: the next round is cold.
+        # What torch used is kept for MIN_AGE after its last use (a process that does not register may still
+        # be using it: issue 28.4); the session is over, so age it past that.
+        aged = time.time() - 2 * MIN_AGE
+        for entry in cache.rglob("*"):
+            os.utime(entry, (aged, aged), follow_symlinks=False)
         notes += _trimmer(inner.path, cache, inner.path / "alone.json")[1]
         assert any(note.startswith("trimmed the cache dir: removed") for note in notes), notes
         assert not list(cache.glob("*/*.so")) and not list(cache.glob("*/*.cpp"))
@@ -149,3 +157,42 @@ def test_trimming_sessions_never_break_a_compiling_one(inner: pytest.Pytester) -
     check_report(after.data)
     assert after.data["warnings"] == []
     assert after.totals["misses"] >= 2 and after.totals["hits"] == 0, after.totals
+
+
+# torch alone, no plugin: compiles fresh C++ kernels one after another (each constant makes a new kernel).
+TORCH_ALONE = """
+import torch
+
+for step in range(6):
+    def f(x, step=step):
+        return torch.sin(x) * (step + 2) + torch.cos(x)
+
+    torch._dynamo.reset()
+    x = torch.randn(8)
+    torch.testing.assert_close(torch.compile(f)(x), f(x))
+print("all compiled")
+"""
+
+
+@pytest.mark.slow
+def test_trimming_sessions_never_break_torch_compiling_alone(inner: pytest.Pytester) -> None:
+    """Issue 28.4: torch without the plugin (it does not register) compiles into a shared dir while sessions
+    trim that dir to 1K: every compile succeeds, since nothing used within MIN_AGE is trimmed."""
+    inner.makepyfile(test_trivial="def test_ok():\n    pass\n")
+    (inner.path / "alone.py").write_text(TORCH_ALONE)
+    cache = inner.path / "cache"
+    _trimmer(inner.path, cache, inner.path / "first.json")  # makes the dir (ours, tagged)
+    log = inner.path / "alone.log"
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
+    trims = 0
+    with log.open("w") as out:
+        compiling = subprocess.Popen(
+            [sys.executable, "alone.py"], cwd=inner.path, env=env, stdout=out, stderr=subprocess.STDOUT, text=True
+        )
+        with compiling:
+            while compiling.poll() is None:
+                _trimmer(inner.path, cache, inner.path / "trim.json")
+                trims += 1
+    assert compiling.returncode == 0 and "all compiled" in log.read_text(), log.read_text()[-20000:]
+    assert trims >= 2
+    assert list(cache.glob("*/*.so"))  # torch's fresh kernels are all still there

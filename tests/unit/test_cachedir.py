@@ -1,4 +1,4 @@
-"""cachedir.py: the session dir for each mode, atomic tagged creation, LRU eviction and touch()."""
+"""cachedir/: the session dir for each mode, atomic tagged creation, LRU eviction and touch()."""
 
 from __future__ import annotations
 
@@ -195,6 +195,7 @@ def test_evict_uses_the_later_of_access_and_modification(cache: Path) -> None:
 def test_evict_under_the_cap_does_nothing(cache: Path) -> None:
     _file(cache, "fxgraph/sub/a", 10, T0)
     (cache / "aotautograd" / "empty").mkdir(parents=True)
+    os.utime(cache / "aotautograd" / "empty", (T0, T0))  # long empty: a fresh one may be about to be written into
     before = _files(cache)
     assert cachedir.evict(str(cache), 10**9) == (0, 0)
     assert _files(cache) == before
@@ -250,6 +251,7 @@ def test_lock_is_a_file_lock_inside_the_dir(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------- ownership()
 
 KEY = "c3g2mqobe6g24e353lemr6cpzfcmocdsk5rbq3mousrlfxbh7zgy"  # a real torch 2.13 kernel key
+TRITON_KEY = "4QDT2XNNBLC5IBCOBWMDKNTIDWAVBOHOVQG2FWDX6NQSJTCT6YHQ"  # triton 3's shape: base32 of a sha256
 
 
 def _torch_layout(root: Path) -> set[str]:
@@ -257,7 +259,7 @@ def _torch_layout(root: Path) -> set[str]:
     files = {
         f"{KEY[1:3]}/{KEY}.cpp": 300, f"{KEY[1:3]}/{KEY}.so": 900, f"dg/cdg3{KEY[4:]}.py": 200,
         f"4n/c4n{KEY[3:]}.main.cpp": 100, "fxgraph/xd/fxkey/entry": 400, "aotautograd/ab/aotkey/entry": 50,
-        f"locks/{KEY}.lock": 0, "triton/0/x/kernel.json": 10,
+        f"locks/{KEY}.lock": 0, f"triton/0/{TRITON_KEY}/triton_poi_fused_0.json": 10,
     }  # fmt: skip
     for rel, size in files.items():
         _file(root, rel, size, T0)
@@ -418,6 +420,7 @@ def _end(process: subprocess.Popen[str], *, kill: bool = False) -> None:
 def test_trim_is_deferred_while_another_session_is_live(cache: Path) -> None:
     _file(cache, "fxgraph/aa/entry", 100, T0)
     (cache / "fxgraph" / "empty").mkdir()
+    os.utime(cache / "fxgraph" / "empty", (T0, T0))  # long empty: a fresh one is kept, as torch may use it now
     other = _other_session(cache)
     try:
         result = cachedir.trim(str(cache), 0)
@@ -471,6 +474,12 @@ def test_a_cap_that_removes_what_this_session_used_says_so(cache: Path) -> None:
     assert (quiet.removed, quiet.session_files, quiet.too_small("c", 1)) == (1, 0, None)  # older files only
     _file(cache, "fxgraph/aa/before", 100, T0 + 100)
     assert cachedir.trim(str(cache), 0).session_files == 0  # no session to compare with
+    # Files the session used within MIN_AGE are kept (torch may still use them): the dir stays over the cap.
+    _file(cache, "fxgraph/dd/fresh", 100, time.time())
+    with cachedir.register_session(str(cache), start=T0 + 50) as registration:
+        kept = cachedir.trim(str(cache), 0, registration=registration)
+    assert (kept.removed, kept.session_kept) == (0, 1)
+    assert "1 file it used keep the dir at" in (kept.too_small("--compile-cache-max-size", 10) or "")
 
 
 def test_a_session_run_in_process_never_trims_under_its_host(cache: Path) -> None:
@@ -503,7 +512,7 @@ def test_trim_stops_when_a_session_registers_meanwhile(cache: Path, monkeypatch:
     for index in range(5):
         _file(cache, f"fxgraph/aa/e{index}", 10, T0 + index)
     checks = iter([[], [], [], [cachedir.LiveSession(1, T0, True)]])  # before: the count; then per removal
-    monkeypatch.setattr(cachedir, "live_sessions", lambda path, excluding=None: next(checks))
+    monkeypatch.setattr(cachedir.registry, "live_sessions", lambda path, excluding=None: next(checks))
     result = cachedir.trim(str(cache), 0)
     assert (result.removed, result.freed, result.stopped) == (2, 20, True)
     assert {f"fxgraph/aa/e{i}" for i in (2, 3, 4)} <= _files(cache)
@@ -520,7 +529,7 @@ def _during_trim(monkeypatch: pytest.MonkeyPatch, act: Callable[[], None]) -> No
             act()
         return []
 
-    monkeypatch.setattr(cachedir, "live_sessions", live_sessions)
+    monkeypatch.setattr(cachedir.registry, "live_sessions", live_sessions)
 
 
 def test_trim_keeps_a_file_replaced_after_its_scan(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -719,14 +728,20 @@ def test_a_registration_renews_itself_after_its_dir_was_cleared(tmp_path: Path) 
 
 
 def test_trim_leaves_temp_files_to_the_sweep(cache: Path) -> None:
-    """A temp file is being written by someone (or waits for sweep_stale): trimming never takes it."""
-    temps = {"ab/.k.so.abcdefgh.tmp", f"ab/.{os.getpid()}.1.tmp", _fs.temp_name("staging", lead=".") + "/files/x"}
+    """A temp file is being written by someone (or waits for sweep_stale): trimming never takes it, nor its
+    siblings in a kernel dir (torch is writing there: issue 28.4)."""
+    folder = KEY[1:3]
+    temps = {
+        f"{folder}/.k.so.abcdefgh.tmp", f"{folder}/.{os.getpid()}.1.tmp",
+        _fs.temp_name("staging", lead=".") + "/files/x",
+    }  # fmt: skip
     for rel in temps:
         _file(cache, rel, 100, T0)
-    _file(cache, f"ab/{KEY}.so", 100, T0)  # a kernel: torch's layout
+    _file(cache, f"{folder}/{KEY}.so", 100, T0)  # a kernel beside a write in flight
+    _file(cache, f"dg/cdg3{KEY[4:]}.so", 100, T0)  # a kernel alone in its dir
     result = cachedir.trim(str(cache), 0)
     assert (result.removed, result.freed) == (1, 100)
-    assert temps <= _files(cache)
+    assert temps | {f"{folder}/{KEY}.so"} <= _files(cache)
 
 
 def test_fresh_dir_is_tagged_and_removed_only_while_tagged(tmp_path: Path) -> None:
@@ -802,11 +817,11 @@ def test_tagging_never_writes_through_a_planted_link(tmp_path: Path) -> None:
     target.mkdir()
     (target / "CACHEDIR.TAG").symlink_to(victim)  # planted after the dir was found empty
     with pytest.raises(OSError):
-        cachedir._tag(target)
+        cachedir.owner.tag(target)
     assert victim.read_text() == "precious"
     (target / "CACHEDIR.TAG").unlink()
     (target / "CACHEDIR.TAG").write_text("a session racing us tagged it first")
-    cachedir._tag(target)  # no error: left as it is
+    cachedir.owner.tag(target)  # no error: left as it is
     assert (target / ".gitignore").is_file()
 
 
@@ -843,9 +858,151 @@ def test_a_two_character_dir_that_is_not_a_kernel_dir_is_neither_trimmed_nor_swe
 def test_empty_hash_dirs_left_by_an_interrupted_trim_go_next_time(cache: Path) -> None:
     # A trim stopped between emptying ab/<hash>/ and removing it leaves it empty; the next trim removes it
     # (inside a dir that holds only hash-named entries), while an empty two-character dir it did not empty stays.
-    leftover = cache / "ab" / ("c" + "h" * 30)
+    leftover = cache / "ab" / ("cab" + "h" * 49)
     leftover.mkdir(parents=True)
+    os.utime(leftover, (T0, T0))  # left long ago: an empty dir torch has just made is kept (issue 28.4)
     (cache / "zz").mkdir()
     cachedir.trim(str(cache), 0)
     assert not leftover.exists() and not (cache / "ab").exists()  # ab/ emptied by removing its last dir
     assert (cache / "zz").is_dir()
+
+
+def test_a_killed_restores_staging_dir_is_ours_and_swept(tmp_path: Path) -> None:
+    # Issue 28.5: a restore SIGKILLed into a new dir leaves only its staging dir; the dir is still a cache dir
+    # (not "foreign", which pytest refuses), and the leftover goes once its owner is provably dead.
+    cache = tmp_path / "cache"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    staging = cache / f".compilecache-staging-{_fs.host_tag()}-{pid}-{int(time.time())}-abcd1234"
+    _file(staging, f"{KEY[1:3]}/{KEY}.so", 10, T0)
+    assert cachedir.ownership(cache).kind == "torch"
+    cachedir.refuse_foreign(cache, "--cache-dir")  # no error
+    assert cachedir.decide("shared", str(cache), tmp_path / "default").path == str(cache)
+    assert cachedir.sweep_stale(str(cache)) == 1
+    assert not staging.exists()
+
+
+# ---------------------------------------------------------------- trimming beside processes that do not register
+
+
+def test_trim_keeps_what_was_used_or_written_recently(cache: Path) -> None:
+    # Issue 28.4: torch alone (no registration) compiling into the dir: what it wrote or read within the last
+    # MIN_AGE may be in use, whatever the cap says.
+    now = time.time()
+    fresh = _file(cache, f"{KEY[1:3]}/{KEY}.main.cpp", 100, now - 60)  # written a minute ago, being compiled
+    read = _file(cache, "fxgraph/aa/read", 100, atime=now - 60, mtime=T0)  # old, but loaded a minute ago
+    _file(cache, "fxgraph/aa/old", 100, T0)
+    result = cachedir.trim(str(cache), 0)
+    assert (result.removed, result.freed) == (1, 100)
+    assert fresh.exists() and read.exists()
+    assert cachedir.trim(str(cache), 0, min_age=30).removed == 2  # a caller may ask for a shorter age
+
+
+def test_trim_spares_a_kernel_dir_while_torch_builds_in_it(cache: Path) -> None:
+    # cpp_builder compiles <key>.main.cpp with its working dir <key>.main_CxxBuild/ beside it: the source, and
+    # every sibling, stays until the build is over (the `ld: cannot open output file` / missing .main.cpp failures).
+    folder = KEY[1:3]
+    source = _file(cache, f"{folder}/{KEY}.main.cpp", 100, T0)
+    sibling = _file(cache, f"{folder}/c{folder}{'q' * 49}.so", 100, T0)
+    (cache / folder / f"{KEY}.main_CxxBuild").mkdir()
+    assert cachedir.trim(str(cache), 0).removed == 0
+    assert source.exists() and sibling.exists() and (cache / folder).is_dir()
+    (cache / folder / f"{KEY}.main_CxxBuild").rmdir()  # the build is over
+    assert cachedir.trim(str(cache), 0).removed == 2
+
+
+def test_trim_removes_a_kernels_files_together_sources_first(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = KEY[1:3]
+    _file(cache, f"{folder}/{KEY}.so", 100, T0)
+    _file(cache, f"{folder}/{KEY}.cpp", 100, T0 + 5)
+    _file(cache, "fxgraph/aa/newer", 100, T0 + 10)
+    order: list[str] = []
+    unlink = os.unlink
+
+    def record(name: str, *, dir_fd: int | None = None) -> None:
+        order.append(name)
+        unlink(name, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "unlink", record)
+    removed, freed = cachedir.evict(str(cache), _dir_size(str(cache)) - 50)  # one file's worth would do
+    assert (removed, freed) == (2, 200)  # the key's two files, never one without the other
+    assert order == [f"{KEY}.cpp", f"{KEY}.so"]  # torch finding the source gone writes it again
+    assert "fxgraph/aa/newer" in _files(cache)
+
+
+def test_trim_never_takes_user_files_that_look_like_torchs(cache: Path) -> None:
+    # Issue 28.6: a plugin-made dir (our tag) holding a user's files under torch-like names.
+    users = {
+        "cache/my_important_data.bin", "db/backup_2024_01_01_full.sql", "cache/notes/readme.txt",
+        "dynamo/my_model.pt", "precompiled_headers/stdafx.h", "ab/abcdefghijklmnopqrstuvwxyz0123456789.so",
+    }  # fmt: skip
+    for rel in users:
+        _file(cache, rel, 100, T0)
+    torchs = {f"cache/{'0' * 64}", f"cache/inductor_on_disk_cache/{'a' * 32}", f"dynamo/code_state_{'b' * 20}.pkl"}
+    for rel in torchs:
+        _file(cache, rel, 100, T0)
+    result = cachedir.trim(str(cache), 0)
+    assert result.removed == len(torchs)
+    assert users <= _files(cache) and not torchs & _files(cache)
+    # Untagged, the same look-alike makes a dir foreign (refused), not torch's.
+    _file(cache.parent / "untagged", "db/backup_2024_01_01_full.sql", 1, T0)
+    assert cachedir.ownership(cache.parent / "untagged").kind == "foreign"
+
+
+def test_trim_removes_a_triton_kernel_dir_whole_or_not_at_all(cache: Path) -> None:
+    # Issue 27.7: half a kernel dir makes triton's lookup fail, and torch's bundler never refills a non-empty dir.
+    def kernel(key: str, when: float) -> Path:
+        folder = cache / "triton" / "0" / key
+        for name, size in (("__grp__k.json", 10), ("k.cubin", 300), ("k.json", 20)):
+            _file(folder, name, size, when + size)  # files of one dir differ in age: not removed one by one
+        os.utime(folder, (when, when))
+        return folder
+
+    old = kernel("A" * 52, T0)
+    busy = kernel("B" * 52, T0)
+    (busy / "tmp.pid_123_abcdef").mkdir()  # triton's put in flight
+    young = kernel("C" * 52, T0)
+    os.utime(young / "k.json", (time.time(), time.time()))
+    removed, freed = cachedir.evict(str(cache), _dir_size(str(cache)) - 100)  # one file's worth would do
+    assert (removed, freed) == (3, 330)
+    assert not old.exists()
+    assert sorted(p.name for p in busy.iterdir()) == ["__grp__k.json", "k.cubin", "k.json", "tmp.pid_123_abcdef"]
+    assert sorted(p.name for p in young.iterdir()) == ["__grp__k.json", "k.cubin", "k.json"]
+
+
+def test_registrations_are_readable_by_every_user_whatever_the_umask(tmp_path: Path) -> None:
+    # Issue 28.4: under umask 077 the marker was 0600, so another user's trim could not see a live session.
+    cache = cachedir.make_dir(tmp_path / "cache")
+    os.chmod(cache, 0o1777)  # a dir several users share
+    previous = os.umask(0o077)
+    try:
+        with cachedir.register_session(str(cache)) as registration:
+            marker = os.stat(registration.marker).st_mode
+            folder = os.stat(cache / cachedir.SESSIONS_DIR).st_mode
+    finally:
+        os.umask(previous)
+    assert marker & 0o777 == 0o644
+    assert folder & 0o1777 == 0o1777  # readable, and writable as the cache dir is, by every user
+
+
+def test_a_registration_that_cannot_be_read_counts_as_live(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with cachedir.register_session(str(cache)) as registration:
+        real_open = os.open
+
+        def denied(name: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+            if name == os.path.basename(registration.marker):
+                raise PermissionError(13, "Permission denied")  # another user's 0600 marker
+            return real_open(name, flags, mode, dir_fd=dir_fd)
+
+        monkeypatch.delitem(cachedir.registry._OWN, registration.marker)  # as if another process's
+        monkeypatch.setattr(os, "open", denied)
+        assert len(cachedir.live_sessions(str(cache))) == 1
+        monkeypatch.undo()
+
+
+def test_a_trim_that_keeps_only_recent_files_says_why(cache: Path) -> None:
+    _file(cache, f"{KEY[1:3]}/{KEY}.so", 100, time.time() - 60)
+    result = cachedir.trim(str(cache), 0)
+    assert (result.removed, result.recent) == (0, 1)
+    line = result.describe()
+    assert line is not None and "over its cap" in line and "used within the last 1 hour(s)" in line

@@ -42,13 +42,16 @@ def device_file(tmp_path: Path) -> Path:
     return path
 
 
+KERNEL = "cab" + "x" * 49  # torch's shape: a 52-character key in the dir of its 2nd and 3rd characters
+
+
 def _cache_dir(tmp_path: Path) -> Path:
     cache = tmp_path / "cache"
     (cache / "ab").mkdir(parents=True)
-    (cache / "ab" / "cabc.main.so").write_bytes(b"kernel")
+    (cache / "ab" / f"{KERNEL}.main.so").write_bytes(b"kernel")
     (cache / "fxgraph" / "xy" / "fxkey").mkdir(parents=True)
     (cache / "fxgraph" / "xy" / "fxkey" / "entry").write_bytes(b"graph")
-    (cache / "ab" / "cabc.cpp").write_text("// regenerated, not bundled")
+    (cache / "ab" / f"{KERNEL}.cpp").write_text("// regenerated, not bundled")
     return cache
 
 
@@ -125,9 +128,9 @@ def test_save_restore_inspect_verify_prune(
     values = dict(line.split("=", 1) for line in out.read_text().splitlines())
     assert values["restore-outcome"] == "partial" and values["cache-hit"] == "false"
     assert values["matched-key"] == keys[0]  # newest first
-    assert (target / "ab" / "cabc.main.so").read_bytes() == b"kernel"
+    assert (target / "ab" / f"{KERNEL}.main.so").read_bytes() == b"kernel"
     assert (target / "fxgraph" / "xy" / "fxkey" / "entry").read_bytes() == b"graph"
-    assert not (target / "ab" / "cabc.cpp").exists()
+    assert not (target / "ab" / f"{KERNEL}.cpp").exists()
 
     assert cli.main(["restore", "--store", str(store), "--cache-dir", str(target), "--key", keys[1]]) == 0
     assert "restore-outcome=exact" in capsys.readouterr().out
@@ -135,7 +138,7 @@ def test_save_restore_inspect_verify_prune(
     bundle_path = store / f"{keys[0]}.bundle"
     assert cli.main(["inspect", str(bundle_path), "--json"]) == 0
     manifest = json.loads(capsys.readouterr().out)
-    assert {m["path"] for m in manifest["members"]} == {"files/ab/cabc.main.so", "files/fxgraph/xy/fxkey/entry"}
+    assert {m["path"] for m in manifest["members"]} == {f"files/ab/{KERNEL}.main.so", "files/fxgraph/xy/fxkey/entry"}
     assert manifest["signed"] is False
 
     assert cli.main(["verify", str(bundle_path), "--fingerprint"]) == 0
@@ -536,3 +539,40 @@ def test_report_input_fuzz(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
             assert out == "" and err.startswith("error: ") and err.count("\n") == 1, (data, err)
         assert "Traceback" not in out + err and _runner_commands(out + err) == [], (data, out, err)
     assert codes[0] > 20 and codes[2] > 20, codes  # the fuzz reaches both outcomes
+
+
+def test_restore_refuses_a_project_folder_as_pytest_does(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 29.1: the rule of `pytest --compile-cache-dir=.`: torch's dirs are never sprayed among a user's files.
+    store, cache = tmp_path / "store", tmp_path / "cache"
+    key = "c3g2mqobe6g24e353lemr6cpzfcmocdsk5rbq3mousrlfxbh7zgy"  # a real torch 2.13 kernel key
+    (cache / key[1:3]).mkdir(parents=True)
+    (cache / key[1:3] / f"{key}.main.so").write_bytes(b"kernel")
+    assert cli.main(["save", "--store", str(store), "--cache-dir", str(cache)]) == 0
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "models.py").write_text("# the user's\n")
+    (project / "test_user.py").write_text("def test_x():\n    pass\n")
+    capsys.readouterr()
+    assert cli.main(["restore", "--store", str(store), "--cache-dir", str(project)]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"--cache-dir: {project} is not a compile cache" in err and "models.py" in err
+    assert sorted(p.name for p in project.iterdir()) == ["models.py", "test_user.py"]
+    # A new dir, and one holding a restore's leftovers, are fine.
+    assert cli.main(["restore", "--store", str(store), "--cache-dir", str(tmp_path / "new")]) == 0
+    assert cli.main(["restore", "--store", str(store), "--cache-dir", str(tmp_path / "new")]) == 0
+
+
+def test_restore_sweeps_what_a_killed_restore_left(tmp_path: Path) -> None:
+    # Issue 28.5: a restore SIGKILLed into a new dir leaves only its staging dir; the next restore takes it away.
+    from pytest_compilecache import _fs
+
+    store, cache = tmp_path / "store", _cache_dir(tmp_path)
+    assert cli.main(["save", "--store", str(store), "--cache-dir", str(cache)]) == 0
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout)
+    target = tmp_path / "restored"
+    staging = target / f".compilecache-staging-{_fs.host_tag()}-{dead}-1700000000-abcd1234"
+    (staging / "files").mkdir(parents=True)
+    (staging / "files" / "half").write_bytes(b"partial")
+    assert cli.main(["restore", "--store", str(store), "--cache-dir", str(target)]) == 0
+    assert not staging.exists()
+    assert (target / "ab" / f"{KERNEL}.main.so").read_bytes() == b"kernel"

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -343,3 +344,28 @@ def test_prefixes() -> None:
     for prefix in ["a/", ".", "../x", "x" * 513]:
         with pytest.raises(ConfigError, match="prefix"):
             validate_prefix(prefix)
+
+
+def test_a_killed_saves_partial_file_goes_with_a_later_save_or_prune(tmp_path: Path) -> None:
+    # Issue 28.5: a save SIGKILLed mid-copy leaves its temp sibling (26 MB measured) that nothing removed.
+    from pytest_compilecache import _fs
+    from pytest_compilecache.stores import prune
+
+    store = LocalStore(tmp_path / "store")
+    src = tmp_path / "bundle"
+    src.write_bytes(b"b" * 100)
+    store.put("p-1", src)
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout)
+    now = int(time.time())
+    killed = store.root / f".p-2.bundle.compilecache-tmp-{_fs.host_tag()}-{dead}-{now}-abcdefgh.tmp"
+    live = store.root / f".p-3.bundle.compilecache-tmp-{_fs.host_tag()}-{os.getpid()}-{now}-abcdefgh.tmp"
+    elsewhere = store.root / f".p-4.bundle.compilecache-tmp-0badc0de-{dead}-{now}-abcdefgh.tmp"  # another host
+    others = [store.root / ".notes.tmp", store.root / "README"]
+    for path in [killed, live, elsewhere, *others]:
+        path.write_bytes(b"partial")
+    store.put("p-5", src)
+    assert not killed.exists()
+    assert live.exists() and elsewhere.exists() and all(p.exists() for p in others)  # not provably stale
+    killed.write_bytes(b"partial")
+    assert prune(store, "p-", 1) == ["p-1"]
+    assert not killed.exists() and live.exists()

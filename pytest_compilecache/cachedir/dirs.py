@@ -1,0 +1,260 @@
+"""The session's dir for each mode (``shared``, ``isolated``, ``disabled``), made atomically and tagged, in a
+path torch can build in; the lock for the plugin's own writes into it."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+from typing import NamedTuple
+
+from ..errors import ConfigError
+from ..settings import SESSION_ENV
+from .layout import DIR_NOFOLLOW
+from .layout import LOCK_NAME
+from .owner import ownership
+from .owner import refuse_foreign
+from .owner import tag
+from .registry import live_sessions
+
+
+class SessionDir(NamedTuple):
+    """The session's decision. ``path`` is None in ``disabled`` mode and when the plugin is passive.
+
+    ``note`` is set when the dir is not where the user would look for it (a default location torch
+    cannot build in was replaced): one sentence for the session header.
+    """
+
+    mode: str | None
+    path: str | None
+    owned: bool = False  # made by this session: removed at the end (isolated, without --compile-cache-keep)
+    note: str | None = None
+
+    def to_env(self) -> str:
+        """For the workers; the pid lets a worker tell its controller from an outer session's."""
+        return json.dumps({"mode": self.mode, "path": self.path, "pid": os.getpid()})
+
+    @staticmethod
+    def parent_pid(value: str) -> int | None:
+        try:
+            return int(json.loads(value).get("pid"))
+        except (ValueError, TypeError, AttributeError, RecursionError):
+            return None
+
+    @classmethod
+    def from_env(cls, value: str) -> SessionDir:
+        try:
+            data = json.loads(value)
+            mode, path = data["mode"], data["path"]
+        except (ValueError, KeyError, TypeError, RecursionError):
+            raise ConfigError(f"{SESSION_ENV}: not the controller's decision: {value[:200]!r}") from None
+        if mode not in (None, "shared", "isolated", "disabled") or not isinstance(path, (str, type(None))):
+            raise ConfigError(f"{SESSION_ENV}: not the controller's decision: {value[:200]!r}")
+        return cls(mode=mode, path=path, owned=False)
+
+    def describe(self) -> str:
+        if self.mode is None:
+            return "unmanaged:" + os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torch default")
+        return f"{self.mode}:{self.path}" if self.path else str(self.mode)
+
+
+def decide(mode: str | None, configured_dir: str | None, default_shared: Path) -> SessionDir:
+    """Create (if needed) and return the session cache dir for ``mode``. Raises ConfigError if unusable.
+
+    ``configured_dir`` is ``--compile-cache-dir`` (the dir itself when shared, the parent of a fresh dir
+    when isolated). It must be a path torch can build in and, when shared, a new, empty, ours or torch's
+    dir. A default location torch cannot build in is replaced by :func:`fallback_dir` (shared) or a safe
+    temp dir (isolated), with the reason in :attr:`SessionDir.note`.
+    """
+    if mode is None or mode == "disabled":
+        return SessionDir(mode=mode, path=None)
+    note = None
+    if mode == "shared":
+        if configured_dir:
+            path = Path(configured_dir).expanduser().absolute()
+            _require_safe(path)
+        else:
+            path = default_shared.absolute()
+            if unsafe_reason(str(path)):
+                fallback = fallback_dir(path)
+                note = f"the default dir {path} {unsafe_reason(str(path))}; using {fallback} instead"
+                path = fallback
+        refuse_foreign(path)
+        return SessionDir(mode=mode, path=str(make_dir(path)), note=note)
+    if configured_dir:
+        parent = Path(configured_dir).expanduser().absolute()
+        _require_safe(parent)
+    else:
+        parent, note = safe_temp_dir()
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        fresh = fresh_dir(parent)
+    except OSError as exc:
+        raise ConfigError(f"--compile-cache-dir: cannot create an isolated dir in {parent}: {exc.strerror}") from None
+    return SessionDir(mode=mode, path=str(fresh), owned=True, note=note)
+
+
+def safe_temp_dir() -> tuple[Path, str | None]:
+    """The system temp dir, or (when torch cannot build in it) a private one elsewhere and why."""
+    parent = Path(tempfile.gettempdir()).absolute()
+    reason = unsafe_reason(str(parent))
+    if not reason:
+        return parent, None
+    safe = _private_temp_root()
+    return safe, f"the temp dir {parent} {reason}; using {safe} instead"
+
+
+def fresh_dir(parent: Path | None = None, prefix: str = "compilecache-") -> Path:
+    """A new, empty, tagged cache dir in ``parent`` (default: :func:`safe_temp_dir`); remove it with
+    :func:`remove_dir`. For a per-test cold compile as much as for an isolated session. Raises OSError."""
+    where = safe_temp_dir()[0] if parent is None else parent
+    fresh = Path(tempfile.mkdtemp(prefix=prefix, dir=where))
+    tag(fresh)
+    return fresh
+
+
+def make_dir(path: Path) -> Path:
+    """Create ``path`` atomically with a CACHEDIR.TAG and a ``*`` .gitignore; verify it is writable.
+
+    An existing empty dir is tagged (the user handed it to us and nothing in it is anyone's); an existing
+    non-empty dir is used as it is (:func:`decide` refuses a foreign one first). Two sessions may race
+    here: the loser's rename fails with the directory already in place, which is the outcome it wanted
+    (the same approach as pytest's ``_make_cachedir``).
+    """
+    try:
+        if not path.is_dir():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".compilecache-new-", dir=path.parent))
+            try:
+                tag(tmp)
+                with contextlib.suppress(FileExistsError, OSError):
+                    os.rename(tmp, path)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        elif not any(path.iterdir()):
+            tag(path)
+        from .._fs import temp_name  # cost: loaded by every session with a dir anyway (its sweep)
+
+        probe = path / temp_name("tmp", lead=".")
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(f"--compile-cache-dir: {path} is not a writable directory ({exc.strerror})") from None
+    if not path.is_dir():
+        raise ConfigError(f"--compile-cache-dir: {path} is not a directory")
+    return path
+
+
+def remove(session: SessionDir) -> None:
+    """Remove an isolated dir this session made, at the end; only when it still carries our tag."""
+    if session.owned and session.path:
+        remove_dir(session.path)
+
+
+def remove_dir(path: str | os.PathLike[str]) -> bool:
+    """Remove a dir made by :func:`fresh_dir` (or :func:`decide`): only while it carries our tag, and
+    without following links in it. Returns whether it was removed."""
+    if ownership(path).kind != "ours":
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return not os.path.lexists(path)
+
+
+def lock(path: str, timeout: float = 60.0):  # type: ignore[no-untyped-def]
+    """An inter-process lock for the plugin's own writes into a shared dir (unpack, eviction).
+
+    Not reentrant: a second ``lock(path)`` in the same thread waits for the first (do not call
+    :func:`trim` while holding it; :func:`evict` is the variant for callers that hold it).
+    """
+    from filelock import FileLock
+
+    return FileLock(os.path.join(path, LOCK_NAME), timeout=timeout)
+
+
+# ------------------------------------------------------------------------------- paths torch can use
+
+# torch joins paths into its C++ compiler's command line unquoted and splits it with shlex.split
+# (torch/_inductor/cpp_builder.py, _run_compile_cmd), so whitespace, quotes and backslashes in the cache
+# dir break the build ("g++: fatal error: input file '/tmp/x' is the same as output file").
+_UNSAFE = {" ": "a space", "\t": "a tab", "\n": "a newline", "'": "a quote", '"': "a quote", "\\": "a backslash"}
+
+
+def unsafe_reason(path: str) -> str | None:
+    """Why torch's C++ build cannot work in ``path`` ("contains a space"), or None when it can."""
+    for char, what in _UNSAFE.items():
+        if char in path:
+            return f"contains {what}, which torch's C++ compiler command line cannot take (torch does not quote it)"
+    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+        return "contains a control character, which torch's C++ compiler command line cannot take"
+    return None
+
+
+def _require_safe(path: Path) -> None:
+    reason = unsafe_reason(str(path))
+    if reason:
+        raise ConfigError(f"--compile-cache-dir: {path} {reason}; choose a path without it")
+
+
+def fallback_dir(original: Path) -> Path:
+    """Where a default shared dir that torch cannot build in goes: a per-user dir under the system temp
+    dir, one subdir per original path (so two projects never share by accident)."""
+    digest = hashlib.sha256(str(original).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return _private_temp_root() / digest
+
+
+def _private_temp_root() -> Path:
+    """``<temp>/pytest-compilecache-<uid>``, made 0700 and checked to be ours (not a planted link): the
+    first of the system temp dir, /tmp, /var/tmp whose path torch can build in."""
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    candidates = [tempfile.gettempdir(), "/tmp", "/var/tmp"]
+    for base in candidates:
+        if unsafe_reason(base) or not os.path.isdir(base):
+            continue
+        root = Path(base).absolute() / f"pytest-compilecache-{uid}"
+        with contextlib.suppress(FileExistsError):
+            root.mkdir(mode=0o700)
+        st = os.lstat(root)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o022:
+            return root
+    raise ConfigError(
+        "--compile-cache-dir: no temp dir torch can build in (TMPDIR has a space or similar, and /tmp and "
+        "/var/tmp are unusable); set --compile-cache-dir to a path without spaces or quotes"
+    )
+
+
+def clear_pytest_cache_keeping(path: str, *, excluding: str | None) -> int:
+    """``--cache-clear`` while other sessions use the default shared dir ``path``
+    (``<pytest's cache>/d/compilecache``): clear the rest of pytest's cache here (its ``v/`` and ``d/``
+    entries, what ``Cache.clear_cache`` removes) and keep ``path``. Returns how many other live sessions use
+    it (``excluding`` the caller's own registration); with none, nothing is removed and pytest may clear all.
+    A link among those entries is removed itself, never followed (as pytest's own clearing)."""
+    others = len(live_sessions(path, excluding=excluding))
+    if not others:
+        return 0
+    from .._fs import rmtree_at  # cost: only a --cache-clear with a live peer gets here
+
+    base = Path(path).parent.parent  # <cache_dir>/d/compilecache
+    for prefix in ("v", "d"):  # what pytest's Cache.clear_cache removes; a link is left alone, as pytest does
+        try:
+            fd = os.open(base / prefix, DIR_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            for name in os.listdir(fd):
+                if prefix == "d" and name == Path(path).name:
+                    continue
+                try:  # best effort, as pytest's own clearing: another process may be clearing too
+                    if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                        rmtree_at(fd, name)
+                    else:
+                        os.unlink(name, dir_fd=fd)
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
+    return others

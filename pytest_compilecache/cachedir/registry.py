@@ -1,0 +1,194 @@
+"""The live-session registry of a shared dir: each session that uses it holds an ``flock`` on a marker in
+``.compilecache-sessions/`` for its life, so a killed session's registration is visibly dead and removed."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import re
+import socket
+import stat
+import time
+from dataclasses import dataclass
+from typing import Iterator
+from typing import NamedTuple
+
+from .layout import CLOEXEC
+from .layout import DIR_NOFOLLOW
+from .layout import SESSIONS_DIR
+
+_MARKER = r"(\d+)-([0-9a-f]{8})-(\d+)-(\d+)"  # <pid>-<host>-<start, ns>-<n>
+_SERIAL = itertools.count()
+_OWN: dict[str, Registration] = {}  # this process's live registrations, by marker path
+
+
+@dataclass
+class Registration:
+    """A live session's mark in a cache dir: a file holding an ``flock`` until :meth:`close` (or death)."""
+
+    path: str
+    marker: str
+    start: float
+    fd: int | None
+
+    def close(self) -> None:
+        """Withdraw the registration (idempotent): unlink the marker, then release the lock."""
+        if self.fd is None:
+            return
+        _OWN.pop(self.marker, None)
+        with contextlib.suppress(OSError), _sessions_dir(self.path, create=False) as folder:
+            if folder is not None:
+                os.unlink(os.path.basename(self.marker), dir_fd=folder)
+        os.close(self.fd)
+        self.fd = None
+
+    def renew(self) -> None:
+        """Register again if the marker was removed meanwhile (``--cache-clear`` deletes a shared dir
+        under ``.pytest_cache`` after the session registered in it, and :func:`make_dir` makes it anew)."""
+        if self.fd is None or os.path.exists(self.marker):
+            return
+        _OWN.pop(self.marker, None)
+        os.close(self.fd)
+        self.fd = None
+        self.marker, self.fd = _create_marker(self.path, self.start)
+        _OWN[self.marker] = self
+
+    def __enter__(self) -> Registration:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+class LiveSession(NamedTuple):
+    pid: int
+    start: float
+    here: bool  # on this host
+
+
+def register_session(path: str, *, start: float | None = None) -> Registration:
+    """Register this process as a live user of cache dir ``path`` until the registration is closed.
+
+    The marker is created under a temp name, locked, then renamed into place, so every visible marker
+    is locked from the start (a peer never mistakes a new one for a dead one). ``start`` (default now)
+    is when the session began using the dir. Raises OSError when the dir is not writable.
+    """
+    begun = time.time() if start is None else start
+    marker, fd = _create_marker(path, begun)
+    registration = Registration(path=path, marker=marker, start=begun, fd=fd)
+    _OWN[marker] = registration
+    return registration
+
+
+@contextlib.contextmanager
+def _sessions_dir(path: str, *, create: bool) -> Iterator[int | None]:
+    """An fd of ``path``'s registrations dir, opened without following a link; None when there is none.
+
+    OSError when it is a link or not a dir (planted: registrations are never read or written through it).
+    """
+    root = os.open(path, os.O_RDONLY | os.O_DIRECTORY | CLOEXEC)
+    try:
+        made = False
+        if create:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(SESSIONS_DIR, 0o755, dir_fd=root)
+                made = True
+        try:
+            folder = os.open(SESSIONS_DIR, DIR_NOFOLLOW, dir_fd=root)
+        except FileNotFoundError:
+            folder = None
+        if made and folder is not None:
+            # Not the umask's: every user of the cache dir must see the registrations (a marker another user's
+            # trim cannot read is a live session it cannot see), and may register where they may write.
+            with contextlib.suppress(OSError):
+                os.fchmod(folder, 0o755 | (os.fstat(root).st_mode & 0o1022))
+        try:
+            yield folder
+        finally:
+            if folder is not None:
+                os.close(folder)
+    finally:
+        os.close(root)
+
+
+def _create_marker(path: str, begun: float) -> tuple[str, int]:
+    from .._fs import host_tag
+    from .._fs import temp_name
+
+    with _sessions_dir(path, create=True) as folder:
+        if folder is None:  # pragma: no cover - just made
+            raise FileNotFoundError(os.path.join(path, SESSIONS_DIR))
+        tmp = temp_name("tmp", lead=".")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | CLOEXEC, 0o644, dir_fd=folder)
+        try:
+            os.fchmod(fd, 0o644)  # readable by every user of the dir whatever the umask (077 makes it 0600)
+            import fcntl  # POSIX only, like torch's C++ cache; imported here so the module loads anywhere
+
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "start": begun}).encode())
+            name = f"{os.getpid()}-{host_tag()}-{int(begun * 1e9)}-{next(_SERIAL)}"
+            os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=folder)
+            raise
+    return os.path.join(path, SESSIONS_DIR, name), fd
+
+
+# What live_sessions reports when the registrations cannot be read (a link or a file planted in their place):
+# someone may be live, so nothing is trimmed; the session that meets it cannot register either.
+UNKNOWN_SESSION = LiveSession(pid=0, start=0.0, here=False)
+
+
+def live_sessions(path: str, *, excluding: str | None = None) -> list[LiveSession]:
+    """The sessions registered in ``path`` whose registration is still held (alive); dead ones are removed on
+    the way. This process's own registrations count too (a session run in-process inside another is
+    another session), except the marker ``excluding`` (the caller's own). Registrations are read and
+    removed through the dir's fd, never through a link: a registrations dir that is a link or not a dir
+    reports :data:`UNKNOWN_SESSION`."""
+    try:
+        with _sessions_dir(path, create=False) as folder:
+            if folder is None:
+                return []
+            names = os.listdir(folder)
+            from .._fs import host_tag  # cost: only a shared dir with registrations gets here
+
+            live = []
+            for name in names:
+                match = re.fullmatch(_MARKER, name)
+                marker = os.path.join(path, SESSIONS_DIR, name)
+                if not match or marker == excluding:
+                    continue
+                if marker in _OWN or _held(folder, name, remove_if_dead=True):
+                    live.append(LiveSession(int(match[1]), int(match[3]) / 1e9, match[2] == host_tag()))
+            return live
+    except FileNotFoundError:
+        return []  # no cache dir (yet)
+    except OSError:
+        return [UNKNOWN_SESSION]
+
+
+def _held(folder: int, name: str, *, remove_if_dead: bool) -> bool:
+    """Is marker ``name`` locked by a live process? A dead one's is removed (while we hold its lock)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+    except PermissionError:
+        return True  # another user's, unreadable (written by an older version under umask 077): may be live
+    except OSError:
+        return False  # gone: its owner closed it
+    try:
+        from .._fs import try_flock  # cost: loaded only when a peer's registration is probed
+
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False  # not a marker we write: neither a session nor ours to remove
+        if not try_flock(fd):
+            return True
+        if remove_if_dead:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=folder)
+        return False
+    finally:
+        os.close(fd)

@@ -1,0 +1,102 @@
+"""Sweeping what killed writers left in a cache dir: temp files and dirs of dead owners (ours and torch's) and
+dead registrations, only in our or torch's dir and only by their known names."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import time
+from pathlib import Path
+
+from . import registry
+from .layout import CLOEXEC
+from .layout import TORCH_TEMP
+from .layout import is_legacy_temp_name
+from .layout import is_temp_name
+from .layout import parent_fd
+from .owner import ownership
+from .owner import torch_top_entry
+
+# A temp file whose owner cannot be named (an ``atomic_file`` temp of an older version) is stale after
+# this long: nobody writes one file for an hour, and its mtime moves while it is written.
+STALE_AFTER = 3600.0
+# torch's own ``.<pid>.<thread>.tmp`` names carry a pid but no host; on a dir shared over the network
+# that pid may live elsewhere, so a dead-looking owner must also have stopped writing for this long.
+TORCH_TEMP_GRACE = 60.0
+
+
+def sweep_stale(path: str, *, now: float | None = None) -> int:
+    """Remove what killed sessions left in cache dir ``path``; return how many entries went.
+
+    Only in our or torch's dir (:func:`ownership`), at any depth, only these names: dead registrations;
+    temp files and dirs named by :func:`_fs.temp_name` (a bundle's staging dir, an ``atomic_file`` temp in a
+    kernel dir, a registration being made) whose owner :func:`_fs.is_stale` finds gone (``max_age``
+    :data:`STALE_AFTER`); the temp names of older versions when older than :data:`STALE_AFTER`;
+    torch's ``.<pid>.<thread>.tmp`` when that pid is dead and the file untouched for
+    :data:`TORCH_TEMP_GRACE`, or older than :data:`STALE_AFTER`.
+    """
+    clock = time.time() if now is None else now
+    kind = ownership(path).kind
+    if kind not in ("ours", "torch"):
+        return 0
+    from .._fs import rmtree_at  # cost: as _stale's
+
+    registry.live_sessions(path)  # removes dead registrations
+    count = 0
+    try:
+        root_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        for dirpath, dirnames, filenames in os.walk(path):
+            rel = os.path.relpath(dirpath, path)
+            top = rel.split(os.sep, 1)[0]
+            # Below the top, only torch's layout (and our registrations and staged blobs) is ever searched, in
+            # our dirs as in torch's: a build tool's ``.x.01234567.tmp`` elsewhere has a temp-like name too.
+            if rel != "." and not torch_top_entry(Path(path), top):
+                dirnames[:] = []
+                continue
+            for name in list(dirnames) + filenames:
+                if not is_temp_name(name):
+                    continue  # cheap first: only temp names are ever swept
+                # Through dir fds opened without following links: a dir swapped for a link meanwhile is skipped.
+                opened = parent_fd(root_fd, os.path.normpath(os.path.join(rel, name)))
+                if opened is None:
+                    continue
+                parent, leaf = opened
+                try:
+                    st = os.stat(leaf, dir_fd=parent, follow_symlinks=False)
+                    if not _stale(leaf, st, clock):
+                        continue
+                    if stat.S_ISDIR(st.st_mode):
+                        if name in dirnames:
+                            dirnames.remove(name)
+                        rmtree_at(parent, leaf)
+                    else:
+                        os.unlink(leaf, dir_fd=parent)
+                    count += 1
+                except OSError:
+                    pass
+                finally:
+                    os.close(parent)
+    finally:
+        os.close(root_fd)
+    return count
+
+
+def _stale(name: str, st: os.stat_result, clock: float) -> bool:
+    # cost: _fs is loaded by every session with a dir of ours anyway (Controller._sweep)
+    from .._fs import is_stale
+    from .._fs import parse_temp_name
+    from .._fs import pid_alive
+
+    owner = parse_temp_name(name)  # ours: install's staging dirs, atomic_file's temp files, registrations
+    if owner is not None:
+        return is_stale(owner, now=clock, max_age=STALE_AFTER)
+    age = clock - max(st.st_mtime, st.st_ctime)
+    match = re.fullmatch(TORCH_TEMP, name)
+    if match:
+        return (age > TORCH_TEMP_GRACE and not pid_alive(int(match[1]))) or age > STALE_AFTER
+    # What older versions named (their owners' host ids are not ours to compare): by age alone.
+    return bool(age > STALE_AFTER and is_legacy_temp_name(name))
