@@ -9,16 +9,22 @@ available on this torch", never a crash in a user's test session.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
+import json
 import logging
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from typing import Iterator
+from typing import NamedTuple
 
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_ENV = "TRITON_CACHE_DIR"
@@ -520,29 +526,170 @@ def _torch_key() -> str:
     return str(torch_key().hex())[:16]
 
 
-def device_facts() -> dict[str, Any]:
-    """CUDA/HIP/triton facts: ``{"cuda", "hip", "triton", "gpus": [{"name", "capability"}]}``.
+class Devices(NamedTuple):
+    """What torch and triton key compiled GPU code on, as read from one process (the seam tests fill in).
 
-    Tests inject recorded facts instead (see ``fingerprint.collect``); this is the only code that asks
-    the real devices.
+    ``properties`` are torch's device-property objects (``torch.cuda.get_device_properties``) of every
+    visible GPU, or objects with the same attributes (``name``, ``major``, ``minor``,
+    ``multi_processor_count``, ``gcnArchName``; on CUDA builds torch sets ``gcnArchName`` to the name).
+    ``triton_key``: a short hash of triton's ``triton_key()`` (its files' content hash, which torch's FX key
+    uses), "" when no GPU made it matter.
+    """
+
+    cuda: str
+    hip: str
+    triton: str
+    triton_key: str
+    properties: list[Any]
+
+
+def device_facts(devices: Devices | None = None) -> dict[str, Any]:
+    """Recorded device facts: ``{"cuda", "hip", "triton", "triton_key", "gpus": [{"name", "capability", "sms"}]}``.
+
+    ``capability`` is what the compiled code was built for: ``major.minor`` on CUDA (triton's kernel key and
+    ``-arch=sm_XY``), the ``gcnArchName`` on ROCm (what torch's FX key reads there); ``sms`` the multiprocessor
+    count, which generated kernels bake in (MIG slices and cut-down parts share a name). ``devices=None``
+    reads this machine through :func:`read_devices` (never initialises CUDA in this process).
+    """
+    found = read_devices() if devices is None else devices
+    return {
+        "cuda": found.cuda,
+        "hip": found.hip,
+        "triton": found.triton,
+        "triton_key": found.triton_key,
+        "gpus": [_gpu_fact(props, rocm=bool(found.hip)) for props in found.properties],
+    }
+
+
+def _gpu_fact(props: Any, *, rocm: bool) -> dict[str, Any]:
+    # On CUDA builds gcnArchName is the device name again (torch/cuda/_utils.py), never the capability.
+    arch = str(getattr(props, "gcnArchName", "") or "") if rocm else ""
+    return {
+        "name": str(props.name),
+        "capability": arch or f"{props.major}.{props.minor}",
+        "sms": int(props.multi_processor_count),
+    }
+
+
+# Run in a short-lived child: reading device properties initialises CUDA in the process that asks, after
+# which CUDA fails in forked children (``pytest --forked``, fork-based multiprocessing) and the process holds
+# a GPU context. The child prints the same attributes the property objects have.
+_PROPERTY_NAMES = ("name", "major", "minor", "multi_processor_count", "gcnArchName")
+_CHILD = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from pytest_compilecache import probe
+devices = probe.read_devices_here()
+print(json.dumps(devices._replace(properties=[probe.property_values(p) for p in devices.properties])._asdict()))
+"""
+CHILD_TIMEOUT = 120.0
+
+
+def read_devices() -> Devices:
+    """This machine's :class:`Devices`, without initialising CUDA in this process.
+
+    A CPU-only torch build, or NVML (AMD SMI on ROCm) counting no visible GPU: no GPUs, nothing spawned.
+    CUDA already initialised here (the tests used the GPU in this process): read here. Otherwise a
+    short-lived child process reads them (about one ``import torch``); a child that fails is recorded as an
+    unknown GPU, never a crash.
     """
     import torch
 
-    facts: dict[str, Any] = {
-        "cuda": torch.version.cuda or "",
-        "hip": getattr(torch.version, "hip", None) or "",
-        "triton": "",
-        "gpus": [],
-    }
+    none = _no_devices(torch)
+    if not (none.cuda or none.hip) or _visible_gpus(torch, rocm=bool(none.hip)) == 0:
+        return none
+    if torch.cuda.is_initialized():
+        return read_devices_here()
+    return _read_devices_in_child(none)
+
+
+def _visible_gpus(torch: Any, *, rocm: bool) -> int:
+    """NVML's (AMD SMI's) count of the GPUs ``CUDA_VISIBLE_DEVICES`` leaves; -1 when it cannot tell.
+
+    torch's own ``device_count`` uses the same private helpers so that it does not initialise CUDA (2.4-2.15).
+    """
+    count = getattr(torch.cuda, "_device_count_amdsmi" if rocm else "_device_count_nvml", None)
+    if count is None:
+        return -1
+    try:
+        with warnings.catch_warnings():  # "Can't initialize NVML" is a warning torch raises, not our news
+            warnings.simplefilter("ignore")
+            found = int(count())
+    except Exception:
+        return -1
+    if found < 0 and not rocm and sys.platform == "linux" and not os.path.exists("/proc/driver/nvidia"):
+        return 0  # no NVIDIA driver loaded: CUDA would find no device either
+    return found
+
+
+def read_devices_here() -> Devices:
+    """Read the visible GPUs in this process. Initialises CUDA here: call it only where CUDA is in use anyway
+    (or in the short-lived child)."""
+    import torch
+
+    none = _no_devices(torch)
+    if not torch.cuda.is_available():
+        return none
+    properties = [torch.cuda.get_device_properties(index) for index in range(torch.cuda.device_count())]
+    return none._replace(triton_key=_safe(_triton_key) if properties else "", properties=properties)
+
+
+def _no_devices(torch: Any) -> Devices:
+    """The versions torch was built with and triton's version; no GPUs yet."""
+    triton = ""
     with contextlib.suppress(Exception):
         # Through importlib: triton comes only with CUDA/ROCm builds, so type checks cannot rely on its stubs.
-        facts["triton"] = str(importlib.import_module("triton").__version__)
-    if torch.cuda.is_available():
-        for index in range(torch.cuda.device_count()):
-            props = torch.cuda.get_device_properties(index)
-            arch = getattr(props, "gcnArchName", "") or f"{props.major}.{props.minor}"
-            facts["gpus"].append({"name": props.name, "capability": arch})
-    return facts
+        triton = str(importlib.import_module("triton").__version__)
+    return Devices(str(torch.version.cuda or ""), str(getattr(torch.version, "hip", None) or ""), triton, "", [])
+
+
+def _triton_key() -> str:
+    """A short hash of ``triton_key()``: the content hash of triton's sources and ``libtriton``, which torch's FX
+    key uses instead of the version (triton is rebuilt without a version change). torch's own import path for it
+    (``triton_compat``, 2.7-2.15)."""
+    from torch._inductor.runtime.triton_compat import triton_key
+
+    return hashlib.sha256(str(triton_key()).encode()).hexdigest()[:16]
+
+
+def property_values(props: Any) -> dict[str, Any]:
+    """The attributes of one device-property object the facts use, as plain JSON values."""
+    return {name: getattr(props, name, None) for name in _PROPERTY_NAMES}
+
+
+def devices_from_json(data: Any) -> Devices:
+    """Rebuild :class:`Devices` from what the child printed (properties as attribute objects).
+
+    Raises ValueError when the printed JSON has another shape."""
+    if not isinstance(data, dict) or not isinstance(data.get("properties"), list):
+        raise ValueError(f"device query printed {str(data)[:100]!r}")
+    properties = []
+    for values in data["properties"]:
+        if not isinstance(values, dict) or not isinstance(values.get("name"), str):
+            raise ValueError(f"device query printed a malformed device {str(values)[:100]!r}")
+        properties.append(SimpleNamespace(**{name: values.get(name) for name in _PROPERTY_NAMES}))
+    text = {name: str(data.get(name) or "") for name in ("cuda", "hip", "triton", "triton_key")}
+    return Devices(properties=properties, **text)
+
+
+def _read_devices_in_child(none: Devices) -> Devices:
+    package_parent = str(Path(__file__).resolve().parent.parent)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD, package_parent],
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+            check=False,
+        )
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"exit status {done.returncode}: {last[:160]}")
+        child = devices_from_json(json.loads(done.stdout.strip().splitlines()[-1]))
+        return none._replace(triton_key=child.triton_key, properties=child.properties)  # versions: this process's
+    except Exception as exc:  # a fact we cannot read is recorded as such, not a crash
+        unknown = SimpleNamespace(name=f"unknown ({type(exc).__name__})", major="?", minor="?", multi_processor_count=0)
+        return none._replace(triton_key="unknown", properties=[unknown])
 
 
 # --------------------------------------------------------------------------- per-graph lookups (issue 12)

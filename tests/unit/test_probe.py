@@ -242,3 +242,93 @@ def test_a_disabled_session_leaves_torch_caching_as_it_found_it(monkeypatch: pyt
     os.environ.pop(probe.DISABLE_ENV)  # what the lease does first
     probe.put_back_config()
     assert config.force_disable_caches is False
+
+
+# --------------------------------------------------------------------------- GPU facts (issue 27): recorded devices
+
+
+class _CudaInitialised(AssertionError):
+    pass
+
+
+def _looks_like_a_cuda_build_with_one_gpu(monkeypatch: pytest.MonkeyPatch, *, nvml: int = 1) -> list[str]:
+    """This CPU torch made to look like a CUDA build that sees one GPU (NVML's count), where anything that
+    initialises CUDA in this process raises; returns the calls that would have."""
+    calls: list[str] = []
+
+    def initialises(name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            raise _CudaInitialised(f"{name} initialises CUDA in the pytest controller")
+
+        return call
+
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: nvml, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for name in ("get_device_properties", "_lazy_init", "init", "current_device"):
+        monkeypatch.setattr(torch.cuda, name, initialises(name))
+    return calls
+
+
+@pytest.mark.slow
+def test_reading_gpus_never_initialises_cuda_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 27.3: the controller asks a short-lived child; CUDA in this process stays untouched, so forked
+    children can still use it. (The child runs this machine's real CPU torch: it finds no GPU.)"""
+    calls = _looks_like_a_cuda_build_with_one_gpu(monkeypatch)
+    facts = probe.device_facts()
+    assert calls == []
+    assert not torch.cuda.is_initialized()
+    assert facts["cuda"] == "12.8" and facts["gpus"] == []  # the child's real answer here: no GPU
+
+
+def test_no_gpu_by_nvml_spawns_no_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _looks_like_a_cuda_build_with_one_gpu(monkeypatch, nvml=0)  # e.g. CUDA_VISIBLE_DEVICES=""
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("spawned a child without a GPU"))
+    assert probe.device_facts()["gpus"] == [] and calls == []
+
+
+def test_a_cpu_build_spawns_no_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("spawned a child on a CPU build"))
+    facts = probe.device_facts()
+    assert (facts["cuda"], facts["triton_key"], facts["gpus"]) == ("", "", [])
+
+
+def test_a_failing_child_is_an_unknown_gpu_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    _looks_like_a_cuda_build_with_one_gpu(monkeypatch)
+    monkeypatch.setattr(probe, "_CHILD", "import sys; sys.exit('cuInit failed: 999')")
+    facts = probe.device_facts()
+    assert facts["gpus"] == [{"name": "unknown (RuntimeError)", "capability": "?.?", "sms": 0}]
+    assert facts["triton_key"] == "unknown"
+
+
+def test_with_cuda_already_initialised_the_gpus_are_read_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests import devices
+
+    _looks_like_a_cuda_build_with_one_gpu(monkeypatch)
+    visible = [devices.H100_SXM, devices.H100_SXM]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(visible))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: visible[index])
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("spawned a child with CUDA in use here"))
+    facts = probe.device_facts()
+    assert facts["gpus"] == [{"name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "sms": 132}] * 2
+
+
+def test_what_the_child_prints_reads_back_as_the_same_facts() -> None:
+    from tests import devices
+
+    machine = devices.cuda_machine(devices.H100_SXM, devices.A100)
+    printed = json.loads(
+        json.dumps(machine._replace(properties=[probe.property_values(p) for p in machine.properties])._asdict())
+    )
+    assert probe.device_facts(probe.devices_from_json(printed)) == probe.device_facts(machine)
+    rocm = devices.rocm_machine(devices.MI300X)
+    printed = {**rocm._asdict(), "properties": [probe.property_values(devices.MI300X)]}
+    assert probe.device_facts(probe.devices_from_json(printed))["gpus"][0]["capability"] == "gfx942:sramecc+:xnack-"
+    bad: Any
+    for bad in ({"properties": "x"}, {"properties": [{"major": 9}]}, []):
+        with pytest.raises(ValueError):
+            probe.devices_from_json(bad)
