@@ -145,7 +145,14 @@ def delta(start: Mark) -> dict[str, Any]:
 
     metrics = _metrics(utils)
     new = metrics[start.metrics :] if len(metrics) >= start.metrics else metrics
+    autotune = sum(moved("inductor", name) for name in AUTOTUNE_COUNTERS)
     out: dict[str, Any] = {
+        "gpu": {
+            "triton_bundle_files": moved("inductor", "triton_bundler_read_and_emit_kernel"),
+            "autotune_benchmarks": autotune,
+            "triton_compile_seconds": 0.0,
+            "autotune_seconds": 0.0,
+        },
         "fxgraph": {k: moved("inductor", f"fxgraph_cache_{k}") for k in ("hit", "miss", "bypass")},
         "aotautograd": {
             k: moved("aot_autograd", f"autograd_cache_{k}") for k in ("hit", "miss", "bypass", "guard_miss")
@@ -162,6 +169,18 @@ def delta(start: Mark) -> dict[str, Any]:
     return out
 
 
+# torch's counters of autotuning benchmarks (2.7-2.15): max-autotune's choice between GEMM templates, runtime
+# coordinate-descent tuning, pad_mm's padded-or-not, combo kernels. An FX-graph hit adds the counts its entry
+# recorded at compile time (codecache: ``counters["inductor"] += graph.counter_deltas``), so a count alone does
+# not prove a benchmark ran now: the seconds do (``dynamo_timed`` columns, measured only while it runs).
+AUTOTUNE_COUNTERS = ("select_algorithm_autotune", "coordesc_tuning_bench", "pad_mm_bench", "combo_autotune_bench")
+# CompilationMetrics columns (2.7-2.15) summed into the GPU seconds: triton's compile (async_compile's precompile
+# and wait), autotuning at compile time (select_algorithm, benchmark fusion) and at the first call (runtime
+# benchmarks of a kernel's configs, recorded as an ``is_runtime`` record after the call).
+TRITON_COMPILE_METRICS = ("triton_compile_time_us",)
+AUTOTUNE_METRICS = ("compile_time_autotune_time_us", "runtime_triton_autotune_time_us")
+
+
 def _metrics(utils: Any) -> list[Any]:
     """torch's per-compile records; empty where this torch keeps none (capability_notes says so)."""
     get = getattr(utils, "get_compilation_metrics", None)
@@ -171,7 +190,14 @@ def _metrics(utils: Any) -> list[Any]:
 _ATTEMPT = re.compile(r"(\d+)/(\d+)")
 
 
+def _us(record: Any, names: tuple[str, ...]) -> float:
+    return sum(int(getattr(record, name, 0) or 0) for name in names) / 1e6
+
+
 def _add_metric(out: dict[str, Any], record: Any) -> None:
+    gpu = out["gpu"]
+    gpu["triton_compile_seconds"] += _us(record, TRITON_COMPILE_METRICS)
+    gpu["autotune_seconds"] += _us(record, AUTOTUNE_METRICS)
     frame_seconds = getattr(record, "entire_frame_compile_time_s", None)
     backward_us = getattr(record, "backward_cumulative_compile_time_us", None)
     if getattr(record, "is_runtime", False) or (frame_seconds is None and backward_us):
@@ -645,11 +671,14 @@ def _no_devices(torch: Any) -> Devices:
 
 def _triton_key() -> str:
     """A short hash of ``triton_key()``: the content hash of triton's sources and ``libtriton``, which torch's FX
-    key uses instead of the version (triton is rebuilt without a version change). torch's own import path for it
-    (``triton_compat``, 2.7-2.15)."""
-    from torch._inductor.runtime.triton_compat import triton_key
-
-    return hashlib.sha256(str(triton_key()).encode()).hexdigest()[:16]
+    key uses instead of the version (triton is rebuilt without a version change). Found where torch finds it: its
+    ``triton_compat`` (2.8-2.15), else triton's own modules (``runtime.cache`` from 3.4, ``compiler.compiler``)."""
+    for module in ("torch._inductor.runtime.triton_compat", "triton.runtime.cache", "triton.compiler.compiler"):
+        with contextlib.suppress(ImportError):
+            key = getattr(importlib.import_module(module), "triton_key", None)
+            if callable(key):
+                return hashlib.sha256(str(key()).encode()).hexdigest()[:16]
+    raise ImportError("no triton_key() in this torch or triton")
 
 
 def property_values(props: Any) -> dict[str, Any]:

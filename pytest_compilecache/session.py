@@ -645,7 +645,8 @@ class Controller:
             restored = self.restored.outcome in ("exact", "partial")
         else:  # restored by someone else (the Action, an earlier CLI step) who did not say how it went
             restored = self.settings.restore == "skip"
-        if restored and self.stats.hits and not self.stats.misses and not self._new_headers():
+        new_gpu = self.stats.new_gpu_artifacts  # issue 27: new autotune results are worth a bundle
+        if restored and self.stats.hits and not self.stats.misses and not new_gpu and not self._new_headers():
             # Every graph came from the restored cache: a new bundle would only repeat the old one.
             self.saved = sync.SaveResult("skipped", message="every graph hit the restored cache; nothing new to save")
             return
@@ -806,6 +807,7 @@ class Controller:
             for kind, info in (("restore", self.restored), ("save", self.saved)):
                 if info:
                     lines.append((report.transfer_line(kind, info.to_json()), {}))
+            lines.extend((line, {"yellow": True}) for line in report.gpu_lines(self.stats))  # issue 27
             if self.stats.silent_workers:
                 silent = ", ".join(self.stats.silent_workers)
                 lines.append((f"workers that sent no statistics: {silent}", {"yellow": True}))

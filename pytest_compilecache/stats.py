@@ -21,6 +21,11 @@ if TYPE_CHECKING:  # imported where a record has graphs: a session that never co
 FX_FIELDS = ("hit", "miss", "bypass")
 AOT_FIELDS = ("hit", "miss", "bypass", "guard_miss")
 REMOTE_FIELDS = ("fx_hit", "fx_miss", "aot_hit", "aot_miss")
+# The GPU layers below the FX graph (issue 27): triton kernel files written from FX entries' triton bundles,
+# autotuning benchmarks torch counted (an FX hit replays its entry's counts), and seconds spent compiling
+# triton kernels and autotuning (measured, never replayed).
+GPU_COUNTS = ("triton_bundle_files", "autotune_benchmarks")
+GPU_SECONDS = ("triton_compile_seconds", "autotune_seconds")
 MAX_GRAPHS = 64  # lookups kept per test: a test that compiles more is rare, and the rest add no reason
 
 
@@ -39,7 +44,8 @@ class ItemRecord:
     """What one test item compiled, summed over its setup, call and teardown phases.
 
     ``fxgraph`` and ``aotautograd`` hold torch's cache lookup outcomes; ``remote`` the subset of those
-    lookups that went to a remote (Redis) cache, when torch reports it (2.11+).
+    lookups that went to a remote (Redis) cache, when torch reports it (2.11+); ``gpu`` the GPU layers
+    (:data:`GPU_COUNTS` and :data:`GPU_SECONDS`, all zero on CPU).
     """
 
     nodeid: str
@@ -47,6 +53,7 @@ class ItemRecord:
     fxgraph: dict[str, int] = field(default_factory=lambda: _counts(FX_FIELDS))
     aotautograd: dict[str, int] = field(default_factory=lambda: _counts(AOT_FIELDS))
     remote: dict[str, int] = field(default_factory=lambda: _counts(REMOTE_FIELDS))
+    gpu: dict[str, float] = field(default_factory=lambda: _gpu())
     frames: int = 0
     recompiles: int = 0
     compile_seconds: float = 0.0
@@ -60,7 +67,12 @@ class ItemRecord:
     def compiled(self) -> bool:
         """True when anything went through Dynamo or a compile cache during this test."""
         lookups = sum(self.fxgraph.values()) + sum(self.aotautograd.values())
-        return bool(self.frames or lookups or self.compile_seconds)
+        return bool(self.frames or lookups or self.compile_seconds or any(self.gpu.values()))
+
+    @property
+    def gpu_work(self) -> float:
+        """Seconds this test spent compiling triton kernels or autotuning (0.0 when its GPU code all came cached)."""
+        return sum(self.gpu[name] for name in GPU_SECONDS)
 
     @property
     def misses(self) -> int:
@@ -71,6 +83,8 @@ class ItemRecord:
         _add(self.fxgraph, _counts(FX_FIELDS, delta.get("fxgraph")))
         _add(self.aotautograd, _counts(AOT_FIELDS, delta.get("aotautograd")))
         _add(self.remote, _counts(REMOTE_FIELDS, delta.get("remote")))
+        for name, value in _gpu(delta.get("gpu")).items():
+            self.gpu[name] += value
         self.frames += int(delta.get("frames", 0))
         self.recompiles += int(delta.get("recompiles", 0))
         self.compile_seconds += float(delta.get("compile_seconds", 0.0))
@@ -102,6 +116,7 @@ class ItemRecord:
             "fxgraph": dict(self.fxgraph),
             "aotautograd": dict(self.aotautograd),
             "remote": dict(self.remote),
+            "gpu": _gpu_json(self.gpu),
             "frames": self.frames,
             "recompiles": self.recompiles,
             "compile_seconds": round(self.compile_seconds, 4),
@@ -115,6 +130,17 @@ class ItemRecord:
         record = cls(nodeid=str(data["nodeid"]), worker=str(data.get("worker", "controller")))
         record.add(data)
         return record
+
+
+def _gpu(data: Mapping[str, Any] | None = None) -> dict[str, float]:
+    data = data if isinstance(data, Mapping) else {}
+    out: dict[str, float] = {name: int(data.get(name, 0) or 0) for name in GPU_COUNTS}
+    out.update({name: float(data.get(name, 0.0) or 0.0) for name in GPU_SECONDS})
+    return out
+
+
+def _gpu_json(gpu: Mapping[str, float]) -> dict[str, Any]:
+    return {**{name: int(gpu[name]) for name in GPU_COUNTS}, **{name: round(gpu[name], 4) for name in GPU_SECONDS}}
 
 
 def hit_rate(hits: int, misses: int) -> float | None:
@@ -168,6 +194,26 @@ class SessionStats:
     def compile_seconds(self) -> float:
         return sum(r.compile_seconds for r in self.records.values())
 
+    def gpu_total(self) -> dict[str, float]:
+        out = _gpu()
+        for record in self.records.values():
+            for name, value in record.gpu.items():
+                out[name] += value
+        return out
+
+    @property
+    def gpu_still_compiled(self) -> list[ItemRecord]:
+        """Tests whose FX graphs all hit (no miss, no bypass) yet spent time compiling triton kernels or
+        autotuning: "100% hits" that did not save the GPU its work. Most GPU seconds first."""
+        found = [r for r in self.records.values() if r.gpu_work and not r.fxgraph["miss"] and not r.fxgraph["bypass"]]
+        return sorted(found, key=lambda r: (-r.gpu_work, r.nodeid))
+
+    @property
+    def new_gpu_artifacts(self) -> bool:
+        """True when this session benchmarked autotuning choices: their results (best configs, max-autotune
+        timings) are new to the cache dir, so a save is worth it even when every FX-graph lookup hit."""
+        return any(r.gpu["autotune_seconds"] > 0 for r in self.records.values())
+
     @property
     def anything_compiled(self) -> bool:
         return any(r.compiled for r in self.records.values())
@@ -180,6 +226,7 @@ class SessionStats:
             "fxgraph": self.total("fxgraph"),
             "aotautograd": self.total("aotautograd"),
             "remote": self.total("remote"),
+            "gpu": _gpu_json(self.gpu_total()),
             "frames": sum(r.frames for r in self.records.values()),
             "recompiles": sum(r.recompiles for r in self.records.values()),
             "hits": self.hits,

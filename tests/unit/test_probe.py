@@ -332,3 +332,47 @@ def test_what_the_child_prints_reads_back_as_the_same_facts() -> None:
     for bad in ({"properties": "x"}, {"properties": [{"major": 9}]}, []):
         with pytest.raises(ValueError):
             probe.devices_from_json(bad)
+
+
+# --------------------------------------------------------------------------- GPU layers per test (issue 27.5)
+
+
+def test_the_gpu_counters_and_metrics_are_the_ones_this_torch_writes() -> None:
+    """The names probe reads, checked against this torch's own source and CompilationMetrics (CI: 2.7.1-2.15)."""
+    import torch._inductor as inductor
+
+    source = "".join(path.read_text(errors="replace") for path in Path(inductor.__file__).parent.rglob("*.py"))
+    for name in ("triton_bundler_read_and_emit_kernel", "select_algorithm_autotune", "coordesc_tuning_bench"):
+        assert f'counters["inductor"]["{name}"]' in source, name
+    assert 'counters["inductor"] += graph.counter_deltas' in source  # why counts alone prove nothing on a hit
+    fields = set(getattr(torch._dynamo.utils.CompilationMetrics, "__dataclass_fields__", {}))
+    assert set(probe.TRITON_COMPILE_METRICS + probe.AUTOTUNE_METRICS) <= fields
+
+
+def test_delta_measures_triton_bundles_autotuning_and_triton_compiles() -> None:
+    """A test whose GPU work is first-call autotuning: torch's runtime record, after the compile's own."""
+    import collections
+
+    from torch._dynamo.utils import CompilationMetrics
+
+    records: list[Any] = []
+    # Fresh counters, put back before the test ends: this session's own plugin measures the real ones.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch._dynamo.utils, "get_compilation_metrics", lambda: list(records))
+        patch.setitem(torch._dynamo.utils.counters, "inductor", collections.Counter())
+        counters = torch._dynamo.utils.counters["inductor"]
+        start = probe.mark()
+        counters["fxgraph_cache_hit"] += 1
+        counters["triton_bundler_read_and_emit_kernel"] += 4
+        counters["select_algorithm_autotune"] += 2
+        compiled = CompilationMetrics(compile_id="0/0", entire_frame_compile_time_s=0.5, triton_compile_time_us=300_000)
+        first_call = CompilationMetrics(compile_id="0/0", is_runtime=True, runtime_triton_autotune_time_us=1_250_000)
+        records.extend((compiled, first_call))
+        out = probe.delta(start)
+    assert out["gpu"] == {
+        "triton_bundle_files": 4,
+        "autotune_benchmarks": 2,
+        "triton_compile_seconds": 0.3,
+        "autotune_seconds": 1.25,
+    }
+    assert out["frames"] == 1 and out["fxgraph"]["hit"] == 1

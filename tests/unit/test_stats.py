@@ -68,7 +68,15 @@ def test_add_tolerates_partial_and_null_deltas() -> None:
 
 @pytest.mark.parametrize(
     "delta",
-    [{"frames": 1}, {"compile_seconds": 0.01}, {"fxgraph": {"bypass": 1}}, {"aotautograd": {"guard_miss": 1}}],
+    [
+        {"frames": 1},
+        {"compile_seconds": 0.01},
+        {"fxgraph": {"bypass": 1}},
+        {"aotautograd": {"guard_miss": 1}},
+        # A test whose only GPU work is first-call autotuning, recorded after its compile (issue 27.5).
+        {"gpu": {"autotune_seconds": 0.4}},
+        {"gpu": {"triton_compile_seconds": 0.2}},
+    ],
 )
 def test_any_compile_activity_counts_as_compiled(delta: dict[str, Any]) -> None:
     record = ItemRecord("t.py::test")
@@ -89,6 +97,7 @@ def test_json_round_trip_through_real_json() -> None:
         "fxgraph",
         "aotautograd",
         "remote",
+        "gpu",
         "frames",
         "recompiles",
         "compile_seconds",
@@ -226,3 +235,57 @@ def test_a_report_record_with_a_graph_count_reads_back() -> None:
     data = {"nodeid": "t::a", "fxgraph": {"miss": 1}, "frames": 1, "graphs": 2, "why": [{"key": "k", "reasons": ["r"]}]}
     record = ItemRecord.from_json(data)
     assert record.graphs == [] and [(w.key, w.reasons) for w in record.why] == [("k", ["r"])]
+
+
+# --------------------------------------------------------------------------- GPU layers (issue 27.5)
+
+# One test's GPU deltas as probe.delta shapes them: all FX lookups hit, then triton compiled and autotuned anyway.
+ALL_HITS_YET_TUNED = {
+    "fxgraph": {"hit": 2},
+    "gpu": {
+        "triton_bundle_files": 0,
+        "autotune_benchmarks": 3,
+        "triton_compile_seconds": 1.5,
+        "autotune_seconds": 2.25,
+    },
+}
+FROM_THE_BUNDLE = {"fxgraph": {"hit": 2}, "gpu": {"triton_bundle_files": 12, "autotune_benchmarks": 3}}
+
+
+def test_gpu_layers_add_up_and_round_trip() -> None:
+    record = ItemRecord("t.py::test_mm")
+    record.add(ALL_HITS_YET_TUNED)
+    record.add(ALL_HITS_YET_TUNED)
+    assert record.gpu == {
+        "triton_bundle_files": 0,
+        "autotune_benchmarks": 6,
+        "triton_compile_seconds": 3.0,
+        "autotune_seconds": 4.5,
+    }
+    data = json.loads(json.dumps(record.to_json()))
+    assert data["gpu"]["autotune_benchmarks"] == 6 and isinstance(data["gpu"]["autotune_benchmarks"], int)
+    assert ItemRecord.from_json(data).gpu == record.gpu
+    assert ItemRecord.from_json({"nodeid": "old.py::t"}).gpu["autotune_seconds"] == 0.0  # a report without "gpu"
+
+
+def test_all_hits_that_still_compiled_on_the_gpu_are_named() -> None:
+    stats = SessionStats()
+    for nodeid, delta in (("a.py::tuned", ALL_HITS_YET_TUNED), ("b.py::cached", FROM_THE_BUNDLE)):
+        record = ItemRecord(nodeid)
+        record.add(delta)
+        stats.add_record(record)
+    assert stats.hit_rate == 1.0
+    assert [r.nodeid for r in stats.gpu_still_compiled] == ["a.py::tuned"]
+    # Replayed autotune counts of a cached test are not new work; measured seconds are.
+    assert stats.new_gpu_artifacts is True
+    assert stats.totals_json()["gpu"] == {
+        "triton_bundle_files": 12,
+        "autotune_benchmarks": 6,
+        "triton_compile_seconds": 1.5,
+        "autotune_seconds": 2.25,
+    }
+    only_cached = SessionStats()
+    record = ItemRecord("b.py::cached")
+    record.add(FROM_THE_BUNDLE)
+    only_cached.add_record(record)
+    assert only_cached.new_gpu_artifacts is False and only_cached.gpu_still_compiled == []
