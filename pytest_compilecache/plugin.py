@@ -206,6 +206,7 @@ def pytest_configure(config: pytest.Config) -> None:
         probe.watch_graph_lookups()  # every process: the FX-graph lookups that explain a miss (never imports torch)
     if setup.redis_on:
         probe.guard_remote_cache()  # every process: a Redis error is a warning, not a failed compile
+    probe.watch_triton_cache()  # every process: the triton cache entries a bundle carries (issue 27)
     if _is_worker(config):
         recorder = Recorder(os.environ.get("PYTEST_XDIST_WORKER", "worker"), explain)
         config.stash[_WORKER] = Worker(setup, recorder)

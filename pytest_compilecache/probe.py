@@ -440,7 +440,11 @@ def used_files(cache_dir: str) -> list[str]:
 
     On CPU that is every compiled kernel this process loaded (``<key>.main.so``) and the CPU ISA probe
     libraries (``<key>.so`` whose source is an ISA check), which torch builds in the cache dir and which
-    the mega-cache does not carry.
+    the mega-cache does not carry. On GPU (issue 27): every triton cache entry this process looked up
+    (:func:`watch_triton_cache`: triton's gcc-built helpers such as ``cuda_utils.so``, the launchers triton 3.3
+    builds per kernel signature, and the kernels themselves, which torch's bundle does not carry when triton
+    bundling is off or the kernel is a user's ``@triton.jit`` called outside a compiled graph), and the
+    autotuning results torch keeps in ``<cache>/cache/`` (max-autotune's GEMM timings, pad_mm's).
     """
     collect_used_modules()
     root = os.path.abspath(cache_dir)
@@ -451,7 +455,82 @@ def used_files(cache_dir: str) -> list[str]:
     for so in Path(root).glob("*/*.so"):
         if not so.name.endswith(".main.so") and _is_isa_probe(so):
             found.add(os.path.relpath(so, root))
+    triton = os.path.join(root, "triton") + os.sep
+    for directory in sorted(_triton_dirs):
+        if directory.startswith(triton) and os.sep not in directory[len(triton) :]:
+            found.update(os.path.relpath(path, root) for path in triton_entry_files(directory))
+    found.update(os.path.relpath(path, root) for path in autotune_files(root))
     return sorted(p.replace(os.sep, "/") for p in found)
+
+
+def triton_entry_files(directory: str) -> list[str]:
+    """The files of one triton cache entry (``<triton cache>/<key>/``) worth carrying, absolute: regular files,
+    not triton's ``lock`` nor its temp files (``tmp.pid_*``), no links. Empty when the dir is not there."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return []
+    return sorted(
+        entry.path
+        for entry in entries
+        if entry.is_file(follow_symlinks=False) and entry.name != "lock" and not entry.name.startswith("tmp.")
+    )
+
+
+def autotune_files(root: str) -> list[str]:
+    """torch's local autotuning results, absolute: the files of ``<cache>/cache/`` (one JSON per system hash:
+    ``CacheBase.get_local_cache_path``, 2.7-2.15), which the mega-cache does not carry."""
+    return triton_entry_files(os.path.join(root, "cache"))
+
+
+# Every triton cache dir this process opened (absolute), through triton's FileCacheManager: kernels compiled or
+# found, gcc-built helpers and launchers alike. Loaded helpers never appear in sys.modules (triton loads them
+# with importlib.util.module_from_spec), so this is how used_files learns of them.
+_triton_dirs: set[str] = set()
+_triton_watch: str | None = None  # None: not tried yet; "" installed; otherwise why not
+_TRITON_CACHE = "triton.runtime.cache"
+
+
+def watch_triton_cache() -> None:
+    """Remember every triton cache dir this process opens from now on; never imports triton or torch.
+
+    Wraps ``triton.runtime.cache.FileCacheManager.__init__`` (triton 3.x: ``(key, override=False, dump=False)``,
+    setting ``cache_dir``), now if triton is imported, else as soon as it is. Call once per process.
+    """
+    _install_now_or_on_import(_TRITON_CACHE, _install_triton_watch, pending=_triton_watch is None)
+
+
+def _install_triton_watch() -> None:
+    global _triton_watch
+    if _triton_watch is not None:
+        return
+    try:
+        manager: Any = importlib.import_module(_TRITON_CACHE).FileCacheManager
+        original = manager.__dict__["__init__"]
+    except Exception as exc:  # another triton layout: its files are not carried, the compile is unaffected
+        _triton_watch = f"triton cache entries are not carried with this triton ({type(exc).__name__})"
+        return
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        with contextlib.suppress(Exception):
+            if isinstance(self.cache_dir, str) and self.cache_dir:
+                _triton_dirs.add(os.path.abspath(self.cache_dir))
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    manager.__init__ = __init__
+    _triton_watch = ""
+
+
+def uninstall_triton_watch() -> None:
+    """Put triton's own ``FileCacheManager.__init__`` back and forget the dirs (tests; a session never needs to)."""
+    global _triton_watch
+    manager: Any = getattr(sys.modules.get(_TRITON_CACHE), "FileCacheManager", None)
+    original = getattr(manager.__dict__.get("__init__"), "__wrapped__", None) if manager is not None else None
+    if original is not None:
+        manager.__init__ = original
+    _triton_watch = None
+    _triton_dirs.clear()
 
 
 def _is_isa_probe(so: Path) -> bool:

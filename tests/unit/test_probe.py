@@ -376,3 +376,69 @@ def test_delta_measures_triton_bundles_autotuning_and_triton_compiles() -> None:
         "autotune_seconds": 1.25,
     }
     assert out["frames"] == 1 and out["fxgraph"]["hit"] == 1
+
+
+# ------------------------------------------------------------------ what a fresh GPU runner rebuilds (issue 27.6)
+
+
+class _FileCacheManager:
+    """triton 3.x's ``triton.runtime.cache.FileCacheManager`` where this torch has no triton (CPU builds): the
+    same constructor, the same ``cache_dir`` under ``TRITON_CACHE_DIR``, ``put`` writing one file."""
+
+    def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
+        self.key = key
+        self.cache_dir = os.path.join(os.environ["TRITON_CACHE_DIR"], key)
+        os.makedirs(self.cache_dir, exist_ok=True)
+
+    def put(self, data: bytes, filename: str, binary: bool = True) -> str:
+        path = os.path.join(self.cache_dir, filename)
+        Path(path).write_bytes(data)
+        return path
+
+
+@pytest.fixture
+def triton_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    """triton's real cache module where triton is installed (CI's CUDA build of torch 2.15), else the stand-in;
+    TRITON_CACHE_DIR under a cache dir, and the watch installed (and removed after)."""
+    import importlib
+    import types
+
+    try:
+        module: Any = importlib.import_module("triton.runtime.cache")
+    except ImportError:
+        module = types.ModuleType("triton.runtime.cache")
+        module.FileCacheManager = _FileCacheManager
+        monkeypatch.setitem(sys.modules, "triton.runtime.cache", module)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache" / "triton"))
+    probe.watch_triton_cache()
+    yield module
+    probe.uninstall_triton_watch()
+
+
+def test_used_files_carry_the_triton_entries_this_process_opened(triton_cache: Any, tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    helper = triton_cache.FileCacheManager("a" * 64)  # triton's gcc-built cuda_utils, loaded outside sys.modules
+    helper.put(b"\x7fELF helper", "cuda_utils.cpython-311-x86_64-linux-gnu.so", binary=True)
+    kernel = triton_cache.FileCacheManager("b" * 64)  # a kernel: what torch's bundle lacks with bundling off
+    kernel.put(b"cubin", "triton_poi_fused_0.cubin", binary=True)
+    kernel.put(b"{}", "__grp__triton_poi_fused_0.json", binary=False)
+    Path(kernel.cache_dir, "tmp.pid_7_123").mkdir()  # triton's temp dir of a put in flight
+    Path(kernel.cache_dir, "lock").write_text("")
+    other = root / "triton" / ("c" * 64)  # an entry some other session left: not this process's
+    other.mkdir(parents=True)
+    (other / "x.cubin").write_bytes(b"old")
+    (root / "cache").mkdir()
+    (root / "cache" / "f2b4c1d0").write_text('{"mm": {}}')  # max-autotune's GEMM timings (CacheBase's local cache)
+    rel = {os.path.relpath(d, root) for d in (helper.cache_dir, kernel.cache_dir)}
+    carried = probe.used_files(str(root))
+    assert set(carried) == {
+        *(f"{d}/{name}" for d in rel for name in os.listdir(root / d) if name not in ("lock", "tmp.pid_7_123")),
+        "cache/f2b4c1d0",
+    }
+    assert f"{os.path.relpath(helper.cache_dir, root)}/cuda_utils.cpython-311-x86_64-linux-gnu.so" in carried
+    assert not any(name.startswith("triton/" + "c" * 64) for name in carried)
+
+
+def test_triton_entries_outside_the_cache_dir_are_not_carried(triton_cache: Any, tmp_path: Path) -> None:
+    triton_cache.FileCacheManager("d" * 64).put(b"x", "k.cubin", binary=True)
+    assert probe.used_files(str(tmp_path / "elsewhere")) == []
