@@ -169,14 +169,16 @@ def delta(start: Mark) -> dict[str, Any]:
     return out
 
 
-# torch's counters of autotuning benchmarks (2.7-2.15): max-autotune's choice between GEMM templates, runtime
-# coordinate-descent tuning, pad_mm's padded-or-not, combo kernels. An FX-graph hit adds the counts its entry
-# recorded at compile time (codecache: ``counters["inductor"] += graph.counter_deltas``), so a count alone does
-# not prove a benchmark ran now: the seconds do (``dynamo_timed`` columns, measured only while it runs).
+# torch's counters of autotuning benchmarks: max-autotune's choice between GEMM templates (2.7-2.15); runtime
+# coordinate-descent tuning, pad_mm's padded-or-not and combo kernels (later releases, e.g. 2.13; not 2.7.1).
+# An FX-graph hit adds the counts its entry recorded at compile time (codecache: ``counters["inductor"] +=
+# graph.counter_deltas``), so a count alone does not prove a benchmark ran now: the seconds do (``dynamo_timed``
+# columns, measured only while it runs).
 AUTOTUNE_COUNTERS = ("select_algorithm_autotune", "coordesc_tuning_bench", "pad_mm_bench", "combo_autotune_bench")
 # CompilationMetrics columns (2.7-2.15) summed into the GPU seconds: triton's compile (async_compile's precompile
 # and wait), autotuning at compile time (select_algorithm, benchmark fusion) and at the first call (runtime
-# benchmarks of a kernel's configs, recorded as an ``is_runtime`` record after the call).
+# benchmarks of a kernel's configs, recorded as an ``is_runtime`` record after the call; torch 2.7.1 declares the
+# column but does not fill it: its first-call autotuning is not measured).
 TRITON_COMPILE_METRICS = ("triton_compile_time_us",)
 AUTOTUNE_METRICS = ("compile_time_autotune_time_us", "runtime_triton_autotune_time_us")
 

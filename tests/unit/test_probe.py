@@ -342,8 +342,10 @@ def test_the_gpu_counters_and_metrics_are_the_ones_this_torch_writes() -> None:
     import torch._inductor as inductor
 
     source = "".join(path.read_text(errors="replace") for path in Path(inductor.__file__).parent.rglob("*.py"))
-    for name in ("triton_bundler_read_and_emit_kernel", "select_algorithm_autotune", "coordesc_tuning_bench"):
-        assert f'counters["inductor"]["{name}"]' in source, name
+    # 2.7.1 counts max-autotune only; pad_mm_bench, coordesc_tuning_bench and combo_autotune_bench come later.
+    counted = {name for name in probe.AUTOTUNE_COUNTERS if f'counters["inductor"]["{name}"]' in source}
+    assert "select_algorithm_autotune" in counted
+    assert 'counters["inductor"]["triton_bundler_read_and_emit_kernel"]' in source
     assert 'counters["inductor"] += graph.counter_deltas' in source  # why counts alone prove nothing on a hit
     fields = set(getattr(torch._dynamo.utils.CompilationMetrics, "__dataclass_fields__", {}))
     assert set(probe.TRITON_COMPILE_METRICS + probe.AUTOTUNE_METRICS) <= fields
