@@ -5,8 +5,11 @@ of every bundle key: ``<prefix>-<digest>-<run suffix>``. A restore looks for the
 newest key under ``<prefix>-<digest>-``; when that misses, :func:`explain` names the facts that differ
 from the newest bundle under ``<prefix>-``.
 
-Torch facts come from :mod:`probe` (the one torch-aware module). GPU facts go through one seam:
-``collect(device=...)`` takes recorded device facts, so CUDA paths are tested without a GPU.
+Torch facts come from :mod:`probe` (the one torch-aware module). GPU facts are what torch's and triton's keys
+use (compute capability, SM count, the CUDA/HIP version, triton's content hash), read without initialising CUDA
+in this process; ``collect(device=...)`` takes recorded device facts instead (``probe.device_facts`` of recorded
+device-property objects in tests, a ``--device-facts`` file in the CLI), so CUDA paths are tested without a GPU.
+One job computes its fingerprint once: :func:`handover` passes it to the job's later steps.
 """
 
 from __future__ import annotations

@@ -135,7 +135,7 @@ def test_miss_explains_how_the_newest_bundle_differs(tmp_path: Path, source: Pat
     assert transfer.outcome == "miss"
     assert transfer.message == (
         f"no bundle for fingerprint {H100.digest()}; newest is {newest}, which differs in: "
-        "gpus: NVIDIA A100-SXM4-80GB (8.0) -> NVIDIA H100 80GB HBM3 (9.0)"
+        "gpus: NVIDIA A100-SXM4-80GB (8.0, 108 SMs) -> NVIDIA H100 80GB HBM3 (9.0, 132 SMs)"
     )
     assert tree(cache_dir) == before
 
@@ -618,7 +618,8 @@ def test_miss_explanation_reads_only_the_header(tmp_path: Path, source: Path, ca
     store.objects[newest] = (data[:-200], when)  # the payload is damaged: the header alone must do
     transfer = _restore(store, cache_dir)
     assert transfer.outcome == "miss"
-    assert "which differs in: gpus: NVIDIA A100-SXM4-80GB (8.0) -> NVIDIA H100 80GB HBM3 (9.0)" in transfer.message
+    gpus = "gpus: NVIDIA A100-SXM4-80GB (8.0, 108 SMs) -> NVIDIA H100 80GB HBM3 (9.0, 132 SMs)"
+    assert f"which differs in: {gpus}" in transfer.message
 
 
 def test_miss_explanation_uses_no_unauthenticated_text(tmp_path: Path, source: Path, cache_dir: Path) -> None:
