@@ -444,3 +444,22 @@ def test_used_files_carry_the_triton_entries_this_process_opened(triton_cache: A
 def test_triton_entries_outside_the_cache_dir_are_not_carried(triton_cache: Any, tmp_path: Path) -> None:
     triton_cache.FileCacheManager("d" * 64).put(b"x", "k.cubin", binary=True)
     assert probe.used_files(str(tmp_path / "elsewhere")) == []
+
+
+def test_the_triton_key_fact_hashes_the_key_torch_uses() -> None:
+    """Real triton where installed (CI's CUDA build of torch 2.15): the same triton_key() torch's FX key reads."""
+    import hashlib
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        assert probe._safe(probe._triton_key).startswith("unknown (")  # no triton: recorded as unknown, no crash
+        return
+    import torch._inductor.codecache as codecache
+
+    if hasattr(codecache, "triton_key"):  # 2.8+: torch's own wrapper
+        key = codecache.triton_key()
+    else:  # 2.7.1 imports it inside CacheBase.get_system, from triton 3.3's compiler module
+        from triton.compiler.compiler import triton_key
+
+        key = triton_key()
+    assert probe._triton_key() == hashlib.sha256(str(key).encode()).hexdigest()[:16]
