@@ -301,6 +301,12 @@ class CompileCacheStats:
         return self.snapshot().remote
 
     @property
+    def gpu(self) -> dict[str, float]:
+        """The GPU layers so far: ``triton_bundle_files``, ``autotune_benchmarks``, ``triton_compile_seconds``,
+        ``autotune_seconds``; a warm GPU test asserts ``compile_cache_stats.gpu["autotune_seconds"] == 0``."""
+        return self.snapshot().gpu
+
+    @property
     def frames(self) -> int:
         return self.snapshot().frames
 

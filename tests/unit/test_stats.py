@@ -289,3 +289,10 @@ def test_all_hits_that_still_compiled_on_the_gpu_are_named() -> None:
     record.add(FROM_THE_BUNDLE)
     only_cached.add_record(record)
     assert only_cached.new_gpu_artifacts is False and only_cached.gpu_still_compiled == []
+
+
+def test_the_live_fixture_shows_the_gpu_layers() -> None:
+    from pytest_compilecache.stats import CompileCacheStats
+
+    live = CompileCacheStats("t.py::test_mm", lambda: ALL_HITS_YET_TUNED)
+    assert live.gpu["autotune_seconds"] == 2.25 and live.gpu["triton_bundle_files"] == 0
