@@ -100,14 +100,15 @@ def _prepare() -> None:
 
 
 class Mark:
-    """Counters and metric position at the start of a phase."""
+    """Counters and metric position at the start of a phase; ``triton``: triton cache entries written so far."""
 
-    __slots__ = ("counters", "metrics", "reasons")
+    __slots__ = ("counters", "metrics", "reasons", "triton")
 
-    def __init__(self, counters: dict[str, dict[str, int]], metrics: int, reasons: int) -> None:
+    def __init__(self, counters: dict[str, dict[str, int]], metrics: int, reasons: int, triton: int = 0) -> None:
         self.counters = counters
         self.metrics = metrics
         self.reasons = reasons
+        self.triton = triton
 
 
 _EMPTY = Mark({}, 0, 0)
@@ -121,11 +122,11 @@ def mark() -> Mark:
     _prepare()
     reasons = len(_tap.reasons) if _tap else 0
     if not dynamo_loaded():
-        return Mark({}, 0, reasons)
+        return Mark({}, 0, reasons, len(_triton_built))
     from torch._dynamo import utils
 
     counters = {group: dict(utils.counters[group]) for group in _GROUPS if group in utils.counters}
-    return Mark(counters, len(_metrics(utils)), reasons)
+    return Mark(counters, len(_metrics(utils)), reasons, len(_triton_built))
 
 
 def delta(start: Mark) -> dict[str, Any]:
@@ -149,6 +150,7 @@ def delta(start: Mark) -> dict[str, Any]:
     out: dict[str, Any] = {
         "gpu": {
             "triton_bundle_files": moved("inductor", "triton_bundler_read_and_emit_kernel"),
+            "triton_built": max(0, len(_triton_built) - start.triton),
             "autotune_benchmarks": autotune,
             "triton_compile_seconds": 0.0,
             "autotune_seconds": 0.0,
@@ -489,6 +491,10 @@ def autotune_files(root: str) -> list[str]:
 # found, gcc-built helpers and launchers alike. Loaded helpers never appear in sys.modules (triton loads them
 # with importlib.util.module_from_spec), so this is how used_files learns of them.
 _triton_dirs: set[str] = set()
+# One entry per triton cache entry this process wrote: a kernel compiled (triton writes its group file last, on
+# a miss only) or a helper library built (a ``.so`` put). torch's bundler writes kernel files itself, not through
+# the manager: a kernel from an FX entry's bundle is not counted. Each is work a warm cache should have spared.
+_triton_built: list[str] = []
 _triton_watch: str | None = None  # None: not tried yet; "" installed; otherwise why not
 _TRITON_CACHE = "triton.runtime.cache"
 
@@ -521,18 +527,41 @@ def _install_triton_watch() -> None:
 
     __init__.__wrapped__ = original  # type: ignore[attr-defined]
     manager.__init__ = __init__
+    for name, built in (("put", _a_library), ("put_group", lambda args, kwargs: True)):
+        if callable(manager.__dict__.get(name)):
+            setattr(manager, name, _counting(manager.__dict__[name], built))
     _triton_watch = ""
+
+
+def _a_library(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """``put(data, filename, binary=True)`` of a ``.so``: a helper or launcher triton built with the C compiler."""
+    filename = args[1] if len(args) > 1 else kwargs.get("filename")
+    return isinstance(filename, str) and filename.endswith(".so")
+
+
+def _counting(original: Any, built: Any) -> Any:
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        with contextlib.suppress(Exception):
+            if built(args, kwargs):
+                _triton_built.append(str(self.cache_dir))
+        return result
+
+    call.__wrapped__ = original  # type: ignore[attr-defined]
+    return call
 
 
 def uninstall_triton_watch() -> None:
     """Put triton's own ``FileCacheManager.__init__`` back and forget the dirs (tests; a session never needs to)."""
     global _triton_watch
     manager: Any = getattr(sys.modules.get(_TRITON_CACHE), "FileCacheManager", None)
-    original = getattr(manager.__dict__.get("__init__"), "__wrapped__", None) if manager is not None else None
-    if original is not None:
-        manager.__init__ = original
+    for name in ("__init__", "put", "put_group"):
+        original = getattr(manager.__dict__.get(name), "__wrapped__", None) if manager is not None else None
+        if original is not None:
+            setattr(manager, name, original)
     _triton_watch = None
     _triton_dirs.clear()
+    _triton_built.clear()
 
 
 def _is_isa_probe(so: Path) -> bool:

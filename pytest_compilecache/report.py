@@ -75,6 +75,8 @@ def _gpu_parts(gpu: Mapping[str, float]) -> list[str]:
     parts = []
     if gpu["triton_bundle_files"]:
         parts.append(f"{int(gpu['triton_bundle_files'])} triton files from bundles")
+    if gpu["triton_built"]:
+        parts.append(f"{int(gpu['triton_built'])} triton kernels/helpers built")
     if gpu["triton_compile_seconds"]:
         parts.append(f"{gpu['triton_compile_seconds']:.1f} s triton compiling")
     if gpu["autotune_seconds"]:
@@ -94,10 +96,12 @@ def gpu_still_compiled_text(stats: SessionStats) -> str | None:
         return None
     triton = sum(r.gpu["triton_compile_seconds"] for r in tests)
     tuned = sum(r.gpu["autotune_seconds"] for r in tests)
+    built = int(sum(r.gpu["triton_built"] for r in tests))
     named = ", ".join(f"{one_line(r.nodeid, 200)} ({r.gpu_work:.1f} s)" for r in tests[:3])
     more = f" and {len(tests) - 3} more" if len(tests) > 3 else ""
+    new = f", {built} triton kernels/helpers built" if built else ""
     return (
-        f"{_plural(len(tests), 'test')} without an FX-graph miss still compiled triton kernels ({triton:.1f} s) "
+        f"{_plural(len(tests), 'test')} without an FX-graph miss still compiled triton kernels ({triton:.1f} s{new}) "
         f"or autotuned ({tuned:.1f} s): {named}{more}"
     )
 
@@ -110,17 +114,21 @@ def gpu_lines(stats: SessionStats) -> list[str]:
 
 def gpu_table_lines(stats: SessionStats, limit: int | None = TABLE_ROWS) -> list[str]:
     """Per test with GPU activity, most GPU seconds first: triton files from bundles, autotune benchmarks
-    (torch's count; an FX hit repeats its entry's), seconds compiling triton kernels and autotuning."""
+    built (kernels compiled, helpers built), autotune benchmarks (torch's count; an FX hit repeats its entry's),
+    seconds compiling triton kernels and autotuning."""
     rows = sorted((r for r in stats.records.values() if any(r.gpu.values())), key=lambda r: (-r.gpu_work, r.nodeid))
     if not rows:
         return []
     shown = rows[:limit] if limit else rows
-    lines = [f"{'triton s':>8}  {'autotune s':>10}  {'bundled':>7}  {'benchmarks':>10}  test (GPU layers)"]
+    lines = [
+        f"{'triton s':>8}  {'autotune s':>10}  {'bundled':>7}  {'built':>5}  {'benchmarks':>10}  test (GPU layers)"
+    ]
     for r in shown:
         gpu = r.gpu
         lines.append(
             f"{gpu['triton_compile_seconds']:8.2f}  {gpu['autotune_seconds']:10.2f}  "
-            f"{int(gpu['triton_bundle_files']):>7}  {int(gpu['autotune_benchmarks']):>10}  {one_line(r.nodeid, 300)}"
+            f"{int(gpu['triton_bundle_files']):>7}  {int(gpu['triton_built']):>5}  "
+            f"{int(gpu['autotune_benchmarks']):>10}  {one_line(r.nodeid, 300)}"
         )
     if len(rows) > len(shown):
         lines.append(f"... and {len(rows) - len(shown)} more (see --compile-cache-json)")
@@ -132,7 +140,8 @@ def gpu_markdown_rows(stats: SessionStats) -> list[str]:
     rows = sorted((r for r in stats.records.values() if any(r.gpu.values())), key=lambda r: (-r.gpu_work, r.nodeid))
     return [
         f"| {r.gpu['triton_compile_seconds']:.2f} | {r.gpu['autotune_seconds']:.2f} | "
-        f"{int(r.gpu['triton_bundle_files'])} | {int(r.gpu['autotune_benchmarks'])} | {md_code(r.nodeid)} |"
+        f"{int(r.gpu['triton_bundle_files'])} | {int(r.gpu['triton_built'])} | {int(r.gpu['autotune_benchmarks'])} | "
+        f"{md_code(r.nodeid)} |"
         for r in rows
     ]
 
@@ -272,8 +281,8 @@ def markdown(
         ("Tests that missed", "| fx misses | aot misses | test | bypass reasons |\n|---:|---:|---|---|", missed),
         (
             "GPU layers per test",
-            "| triton s | autotune s | triton files from bundles | autotune benchmarks | test |\n"
-            "|---:|---:|---:|---:|---|",
+            "| triton s | autotune s | triton files from bundles | triton built | autotune benchmarks | test |\n"
+            "|---:|---:|---:|---:|---:|---|",
             gpu_markdown_rows(stats),
         ),
     ]

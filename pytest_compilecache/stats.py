@@ -22,9 +22,10 @@ FX_FIELDS = ("hit", "miss", "bypass")
 AOT_FIELDS = ("hit", "miss", "bypass", "guard_miss")
 REMOTE_FIELDS = ("fx_hit", "fx_miss", "aot_hit", "aot_miss")
 # The GPU layers below the FX graph (issue 27): triton kernel files written from FX entries' triton bundles,
-# autotuning benchmarks torch counted (an FX hit replays its entry's counts), and seconds spent compiling
-# triton kernels and autotuning (measured, never replayed).
-GPU_COUNTS = ("triton_bundle_files", "autotune_benchmarks")
+# triton cache entries built (kernels compiled, helper libraries built: new to triton's cache), autotuning
+# benchmarks torch counted (an FX hit replays its entry's counts), and seconds spent compiling triton kernels
+# and autotuning (measured, never replayed).
+GPU_COUNTS = ("triton_bundle_files", "triton_built", "autotune_benchmarks")
 GPU_SECONDS = ("triton_compile_seconds", "autotune_seconds")
 MAX_GRAPHS = 64  # lookups kept per test: a test that compiles more is rare, and the rest add no reason
 
@@ -205,14 +206,19 @@ class SessionStats:
     def gpu_still_compiled(self) -> list[ItemRecord]:
         """Tests whose FX graphs all hit (no miss, no bypass) yet spent time compiling triton kernels or
         autotuning: "100% hits" that did not save the GPU its work. Most GPU seconds first."""
-        found = [r for r in self.records.values() if r.gpu_work and not r.fxgraph["miss"] and not r.fxgraph["bypass"]]
+        found = [
+            r
+            for r in self.records.values()
+            if (r.gpu_work or r.gpu["triton_built"]) and not r.fxgraph["miss"] and not r.fxgraph["bypass"]
+        ]
         return sorted(found, key=lambda r: (-r.gpu_work, r.nodeid))
 
     @property
     def new_gpu_artifacts(self) -> bool:
-        """True when this session benchmarked autotuning choices: their results (best configs, max-autotune
-        timings) are new to the cache dir, so a save is worth it even when every FX-graph lookup hit."""
-        return any(r.gpu["autotune_seconds"] > 0 for r in self.records.values())
+        """True when this session benchmarked autotuning choices (their results, best configs and max-autotune
+        timings, are new to the cache dir) or built triton cache entries (kernels, helper libraries): a save is
+        worth it even when every FX-graph lookup hit."""
+        return any(r.gpu["autotune_seconds"] > 0 or r.gpu["triton_built"] > 0 for r in self.records.values())
 
     @property
     def anything_compiled(self) -> bool:

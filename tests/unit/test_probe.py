@@ -373,6 +373,7 @@ def test_delta_measures_triton_bundles_autotuning_and_triton_compiles() -> None:
         out = probe.delta(start)
     assert out["gpu"] == {
         "triton_bundle_files": 4,
+        "triton_built": 0,
         "autotune_benchmarks": 2,
         "triton_compile_seconds": 0.3,
         "autotune_seconds": 1.25,
@@ -396,6 +397,9 @@ class _FileCacheManager:
         path = os.path.join(self.cache_dir, filename)
         Path(path).write_bytes(data)
         return path
+
+    def put_group(self, filename: str, group: dict[str, str]) -> str:
+        return self.put(json.dumps({"child_paths": group}).encode(), f"__grp__{filename}", binary=False)
 
 
 @pytest.fixture
@@ -463,3 +467,15 @@ def test_the_triton_key_fact_hashes_the_key_torch_uses() -> None:
 
         key = triton_key()
     assert probe._triton_key() == hashlib.sha256(str(key).encode()).hexdigest()[:16]
+
+
+def test_triton_entries_this_process_built_are_counted_per_test(triton_cache: Any) -> None:
+    """A kernel compiled (triton writes its group file, on a miss only) and a helper library built count; a
+    lookup that found its entry does not."""
+    start = probe.mark()
+    kernel = triton_cache.FileCacheManager("e" * 64)
+    kernel.put(b"cubin", "k.cubin", binary=True)
+    kernel.put_group("k.json", {"k.cubin": os.path.join(kernel.cache_dir, "k.cubin")})
+    triton_cache.FileCacheManager("f" * 64).put(b"\x7fELF", "cuda_utils.cpython-311-x86_64-linux-gnu.so", binary=True)
+    triton_cache.FileCacheManager("e" * 64)  # a later lookup of the same entry: a hit, nothing built
+    assert probe.delta(start)["gpu"]["triton_built"] == 2

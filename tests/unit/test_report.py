@@ -283,13 +283,14 @@ def test_all_hits_that_still_autotuned_say_so_plainly() -> None:
         "t.py::test_mm (3.8 s)"
     ]
     table = report.table_lines(stats)
-    assert table[-3].split() == ["triton", "s", "autotune", "s", "bundled", "benchmarks", "test", "(GPU", "layers)"]
-    assert table[-2].split() == ["1.50", "2.25", "0", "3", "t.py::test_mm"]
-    assert table[-1].split() == ["0.00", "0.00", "12", "3", "t.py::test_cached"]
+    head = ["triton", "s", "autotune", "s", "bundled", "built", "benchmarks", "test", "(GPU", "layers)"]
+    assert table[-3].split() == head
+    assert table[-2].split() == ["1.50", "2.25", "0", "0", "3", "t.py::test_mm"]
+    assert table[-1].split() == ["0.00", "0.00", "12", "0", "3", "t.py::test_cached"]
     text = report.markdown(stats, where="shared:/p")
     assert "**GPU work despite FX hits**: 1 test without an FX-graph miss still" in text
     assert "<summary>GPU layers per test (2)</summary>" in text
-    assert "| 1.50 | 2.25 | 0 | 3 | `t.py::test_mm` |" in text
+    assert "| 1.50 | 2.25 | 0 | 0 | 3 | `t.py::test_mm` |" in text
     tests = {t["nodeid"]: t for t in report.to_json(stats, mode="shared", cache_dir="/p")["tests"]}
     assert tests["t.py::test_mm"]["gpu"]["autotune_seconds"] == 2.25
 

@@ -258,6 +258,7 @@ def test_gpu_layers_add_up_and_round_trip() -> None:
     record.add(ALL_HITS_YET_TUNED)
     assert record.gpu == {
         "triton_bundle_files": 0,
+        "triton_built": 0,
         "autotune_benchmarks": 6,
         "triton_compile_seconds": 3.0,
         "autotune_seconds": 4.5,
@@ -280,6 +281,7 @@ def test_all_hits_that_still_compiled_on_the_gpu_are_named() -> None:
     assert stats.new_gpu_artifacts is True
     assert stats.totals_json()["gpu"] == {
         "triton_bundle_files": 12,
+        "triton_built": 0,
         "autotune_benchmarks": 6,
         "triton_compile_seconds": 1.5,
         "autotune_seconds": 2.25,
@@ -296,3 +298,14 @@ def test_the_live_fixture_shows_the_gpu_layers() -> None:
 
     live = CompileCacheStats("t.py::test_mm", lambda: ALL_HITS_YET_TUNED)
     assert live.gpu["autotune_seconds"] == 2.25 and live.gpu["triton_bundle_files"] == 0
+
+
+def test_triton_entries_built_are_new_artifacts_even_without_seconds() -> None:
+    # A kernel triton compiled afresh under an FX hit (its bundle was not emitted: a half-trimmed dir, bundling
+    # off) or a helper library rebuilt: new to the cache, and worth a save.
+    stats = SessionStats()
+    record = ItemRecord("t.py::test_user_kernel")
+    record.add({"fxgraph": {"hit": 1}, "gpu": {"triton_built": 2}})
+    stats.add_record(record)
+    assert stats.new_gpu_artifacts is True
+    assert [r.nodeid for r in stats.gpu_still_compiled] == ["t.py::test_user_kernel"]
