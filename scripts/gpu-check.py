@@ -16,8 +16,9 @@ What it checks (each prints one ``ok``/``FAILED`` line; exit status 1 if any fai
    and without: the controller never initialised CUDA.
 3. warm restore: a suite with a CUDA reduction, a max-autotune matmul and a user ``@triton.jit`` kernel runs
    cold (saving a bundle), then on a fresh runner (an empty cache dir, temp dir and triton home): 100% FX-graph
-   hits, zero triton compile and autotune seconds in the JSON report, and no C compiler call (``cc``/``gcc``/
-   ``g++``/``c++`` are logged through shims on PATH). Serially, then with ``-n 2`` (pytest-xdist).
+   hits, zero triton compile and autotune seconds and no triton kernel or helper built in the JSON report, and
+   no C compiler call (``cc``/``gcc``/``g++``/``c++`` are logged through shims on PATH). Serially, then with
+   ``-n 2`` (pytest-xdist).
 
 It needs pytest-compilecache importable from this checkout and, for ``-n 2``, pytest-xdist. Nothing outside
 the work dir is written; the work dir is removed at the end unless ``--keep`` names one.
@@ -230,6 +231,7 @@ class Checks:
             f"warm {label}: zero triton compile seconds", gpu.get("triton_compile_seconds") == 0, json.dumps(gpu)
         )
         self.check(f"warm {label}: zero autotune seconds", gpu.get("autotune_seconds") == 0, json.dumps(gpu))
+        self.check(f"warm {label}: no triton kernel or helper built", gpu.get("triton_built") == 0, json.dumps(gpu))
 
     def _compiler_shims(self, base: Path) -> tuple[Path, Path]:
         """A PATH dir whose cc/gcc/g++/... log each call to ``calls.log``, then run the real compiler."""
