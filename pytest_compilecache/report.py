@@ -62,7 +62,7 @@ def summary_line(stats: SessionStats, where: str) -> str:
     if remote["fx_hit"] or remote["fx_miss"]:
         parts.append(f"remote {remote['fx_hit']} hit/{remote['fx_miss']} miss")
     parts.append(f"{stats.compile_seconds:.1f} s compiling")
-    parts.extend(_gpu_parts(stats.gpu_total()))
+    parts.extend(_gpu_parts(stats))
     parts.append(f"dir {where}")
     return "compile cache: " + ", ".join(parts)
 
@@ -70,8 +70,11 @@ def summary_line(stats: SessionStats, where: str) -> str:
 # ---- the GPU layers below the FX graph (issue 27)
 
 
-def _gpu_parts(gpu: Mapping[str, float]) -> list[str]:
+def _gpu_parts(stats: SessionStats) -> list[str]:
     """``["12 triton files from bundles", "1.5 s triton compiling", "2.3 s autotuning"]``; nothing on CPU."""
+    if not stats.used_gpu:
+        return []
+    gpu = stats.gpu_total()
     parts = []
     if gpu["triton_bundle_files"]:
         parts.append(f"{int(gpu['triton_bundle_files'])} triton files from bundles")
@@ -89,7 +92,8 @@ def _gpu_parts(gpu: Mapping[str, float]) -> list[str]:
 def gpu_still_compiled_text(stats: SessionStats) -> str | None:
     """The plain statement that "all hits" did not spare the GPU its work, or None when it did (or no GPU).
 
-    ``3 tests without an FX-graph miss still compiled triton kernels (1.5 s) or autotuned (2.3 s): a.py::t (3.1 s)``
+    ``2 tests without an FX-graph miss still built 3 triton kernels/helpers (1.5 s compiling) and autotuned (2.3 s):
+    a.py::t (3.1 s), b.py::u (0.7 s)``
     """
     tests = stats.gpu_still_compiled
     if not tests:
@@ -99,11 +103,9 @@ def gpu_still_compiled_text(stats: SessionStats) -> str | None:
     built = int(sum(r.gpu["triton_built"] for r in tests))
     named = ", ".join(f"{one_line(r.nodeid, 200)} ({r.gpu_work:.1f} s)" for r in tests[:3])
     more = f" and {len(tests) - 3} more" if len(tests) > 3 else ""
-    new = f", {built} triton kernels/helpers built" if built else ""
-    return (
-        f"{_plural(len(tests), 'test')} without an FX-graph miss still compiled triton kernels ({triton:.1f} s{new}) "
-        f"or autotuned ({tuned:.1f} s): {named}{more}"
-    )
+    done = [f"built {built} triton kernels/helpers ({triton:.1f} s compiling)"] if built else []
+    done += [f"autotuned ({tuned:.1f} s)"] if tuned else []
+    return f"{_plural(len(tests), 'test')} without an FX-graph miss still {' and '.join(done)}: {named}{more}"
 
 
 def gpu_lines(stats: SessionStats) -> list[str]:
@@ -116,7 +118,7 @@ def gpu_table_lines(stats: SessionStats, limit: int | None = TABLE_ROWS) -> list
     """Per test with GPU activity, most GPU seconds first: triton files from bundles, autotune benchmarks
     built (kernels compiled, helpers built), autotune benchmarks (torch's count; an FX hit repeats its entry's),
     seconds compiling triton kernels and autotuning."""
-    rows = sorted((r for r in stats.records.values() if any(r.gpu.values())), key=lambda r: (-r.gpu_work, r.nodeid))
+    rows = sorted((r for r in stats.records.values() if r.used_gpu), key=lambda r: (-r.gpu_work, r.nodeid))
     if not rows:
         return []
     shown = rows[:limit] if limit else rows
@@ -137,7 +139,7 @@ def gpu_table_lines(stats: SessionStats, limit: int | None = TABLE_ROWS) -> list
 
 def gpu_markdown_rows(stats: SessionStats) -> list[str]:
     """Rows of the step summary's "GPU layers per test" table (see :func:`gpu_table_lines`), escaped."""
-    rows = sorted((r for r in stats.records.values() if any(r.gpu.values())), key=lambda r: (-r.gpu_work, r.nodeid))
+    rows = sorted((r for r in stats.records.values() if r.used_gpu), key=lambda r: (-r.gpu_work, r.nodeid))
     return [
         f"| {r.gpu['triton_compile_seconds']:.2f} | {r.gpu['autotune_seconds']:.2f} | "
         f"{int(r.gpu['triton_bundle_files'])} | {int(r.gpu['triton_built'])} | {int(r.gpu['autotune_benchmarks'])} | "
@@ -251,7 +253,7 @@ def markdown(
             head.append(f"- {md_text(transfer_line(kind, info))}")
     if stats.silent_workers:
         head.append(f"- workers that sent no statistics: {md_text(', '.join(stats.silent_workers))}")
-    gpu_parts = _gpu_parts(stats.gpu_total())
+    gpu_parts = _gpu_parts(stats)
     if gpu_parts:
         head.append(f"- GPU: {md_text(', '.join(gpu_parts))}")
     still = gpu_still_compiled_text(stats)

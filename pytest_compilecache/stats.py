@@ -27,6 +27,9 @@ REMOTE_FIELDS = ("fx_hit", "fx_miss", "aot_hit", "aot_miss")
 # and autotuning (measured, never replayed).
 GPU_COUNTS = ("triton_bundle_files", "triton_built", "autotune_benchmarks")
 GPU_SECONDS = ("triton_compile_seconds", "autotune_seconds")
+# What shows the GPU layers were in play. Not triton_compile_seconds alone: torch also books its wait for
+# parallel C++ compiles there (``async_compile.wait``), so CPU sessions have it too.
+GPU_SIGNALS = ("triton_bundle_files", "triton_built", "autotune_benchmarks", "autotune_seconds")
 MAX_GRAPHS = 64  # lookups kept per test: a test that compiles more is rare, and the rest add no reason
 
 
@@ -68,7 +71,17 @@ class ItemRecord:
     def compiled(self) -> bool:
         """True when anything went through Dynamo or a compile cache during this test."""
         lookups = sum(self.fxgraph.values()) + sum(self.aotautograd.values())
-        return bool(self.frames or lookups or self.compile_seconds or any(self.gpu.values()))
+        return bool(self.frames or lookups or self.compile_seconds or self.used_gpu)
+
+    @property
+    def used_gpu(self) -> bool:
+        """True when triton or autotuning took part in this test (see :data:`GPU_SIGNALS`)."""
+        return any(self.gpu[name] for name in GPU_SIGNALS)
+
+    @property
+    def gpu_rebuilt(self) -> bool:
+        """True when this test built triton cache entries or benchmarked autotuning: work a warm cache spares."""
+        return bool(self.gpu["triton_built"] or self.gpu["autotune_seconds"])
 
     @property
     def gpu_work(self) -> float:
@@ -204,12 +217,10 @@ class SessionStats:
 
     @property
     def gpu_still_compiled(self) -> list[ItemRecord]:
-        """Tests whose FX graphs all hit (no miss, no bypass) yet spent time compiling triton kernels or
-        autotuning: "100% hits" that did not save the GPU its work. Most GPU seconds first."""
+        """Tests without an FX-graph miss or bypass that still built triton kernels or helpers, or autotuned:
+        "100% hits" that did not spare the GPU its work. Most GPU seconds first."""
         found = [
-            r
-            for r in self.records.values()
-            if (r.gpu_work or r.gpu["triton_built"]) and not r.fxgraph["miss"] and not r.fxgraph["bypass"]
+            r for r in self.records.values() if r.gpu_rebuilt and not r.fxgraph["miss"] and not r.fxgraph["bypass"]
         ]
         return sorted(found, key=lambda r: (-r.gpu_work, r.nodeid))
 
@@ -218,7 +229,11 @@ class SessionStats:
         """True when this session benchmarked autotuning choices (their results, best configs and max-autotune
         timings, are new to the cache dir) or built triton cache entries (kernels, helper libraries): a save is
         worth it even when every FX-graph lookup hit."""
-        return any(r.gpu["autotune_seconds"] > 0 or r.gpu["triton_built"] > 0 for r in self.records.values())
+        return any(r.gpu_rebuilt for r in self.records.values())
+
+    @property
+    def used_gpu(self) -> bool:
+        return any(r.used_gpu for r in self.records.values())
 
     @property
     def anything_compiled(self) -> bool:

@@ -75,7 +75,7 @@ def test_add_tolerates_partial_and_null_deltas() -> None:
         {"aotautograd": {"guard_miss": 1}},
         # A test whose only GPU work is first-call autotuning, recorded after its compile (issue 27.5).
         {"gpu": {"autotune_seconds": 0.4}},
-        {"gpu": {"triton_compile_seconds": 0.2}},
+        {"gpu": {"triton_built": 1}},
     ],
 )
 def test_any_compile_activity_counts_as_compiled(delta: dict[str, Any]) -> None:
@@ -309,3 +309,13 @@ def test_triton_entries_built_are_new_artifacts_even_without_seconds() -> None:
     stats.add_record(record)
     assert stats.new_gpu_artifacts is True
     assert [r.nodeid for r in stats.gpu_still_compiled] == ["t.py::test_user_kernel"]
+
+
+def test_triton_compile_seconds_alone_are_not_gpu_work() -> None:
+    # torch books its wait for parallel C++ compiles as triton_compile_time_us: CPU sessions have it too.
+    record = ItemRecord("t.py::test_cpu")
+    record.add({"fxgraph": {"hit": 1}, "frames": 1, "gpu": {"triton_compile_seconds": 0.0003}})
+    stats = SessionStats()
+    stats.add_record(record)
+    assert not record.used_gpu and not stats.used_gpu and not stats.new_gpu_artifacts
+    assert stats.gpu_still_compiled == []
