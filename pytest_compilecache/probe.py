@@ -469,7 +469,10 @@ def used_files(cache_dir: str) -> list[str]:
 
 def triton_entry_files(directory: str) -> list[str]:
     """The files of one triton cache entry (``<triton cache>/<key>/``) worth carrying, absolute: regular files,
-    not triton's ``lock`` nor its temp files (``tmp.pid_*``), no links. Empty when the dir is not there."""
+    not triton's ``lock`` nor its temp files (``tmp.pid_*``), no links. Empty when the dir is not there or is
+    itself a link (whatever it points to is not ours to carry)."""
+    if os.path.islink(directory):
+        return []
     try:
         entries = list(os.scandir(directory))
     except OSError:

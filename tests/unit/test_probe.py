@@ -448,6 +448,14 @@ def test_used_files_carry_the_triton_entries_this_process_opened(triton_cache: A
 def test_triton_entries_outside_the_cache_dir_are_not_carried(triton_cache: Any, tmp_path: Path) -> None:
     triton_cache.FileCacheManager("d" * 64).put(b"x", "k.cubin", binary=True)
     assert probe.used_files(str(tmp_path / "elsewhere")) == []
+    # An entry that is a link to a dir elsewhere: nothing behind it is listed (the bundle reads no links).
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.cubin").write_bytes(b"not ours")
+    entry = tmp_path / "cache" / "triton" / ("e" * 52)
+    entry.symlink_to(outside, target_is_directory=True)
+    triton_cache.FileCacheManager(entry.name)  # triton opens it: the watch records the linked dir
+    assert not any("secret" in name for name in probe.used_files(str(tmp_path / "cache")))
 
 
 def test_the_triton_key_fact_hashes_the_key_torch_uses() -> None:
