@@ -160,7 +160,11 @@ def cmd_plan(environ: Mapping[str, str]) -> int:
     plan.planned_at, plan.client_dirs = time.time(), transfer.client_dirs(temp)
     (temp / inputs.PLAN).write_text(json.dumps(plan.to_json(), indent=2) + "\n")
     signing_key = inputs.read(environ, "signing-key")
-    env = inputs.plugin_env(plan)
+    from pytest_compilecache.action_api import handover_fingerprint
+
+    # One fingerprint per job: pytest's save reuses this one (when it describes the same install), so steps
+    # with another CUDA_VISIBLE_DEVICES or OMP_NUM_THREADS never save under a key the restores never look for.
+    env = {**inputs.plugin_env(plan), **handover_fingerprint(fingerprint)}
     if signing_key:
         for line in signing_key.splitlines():
             if line.strip():

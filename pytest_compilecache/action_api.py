@@ -17,6 +17,7 @@ from .errors import HeaderError
 from .explain import install_restored as keep_graph_record
 from .fingerprint import Fingerprint
 from .fingerprint import collect as collect_fingerprint
+from .fingerprint import handover as handover_fingerprint
 from .fingerprint import make_key
 from .fingerprint import restore_prefix
 from .headers import KIND as HEADER_KIND
@@ -69,6 +70,7 @@ __all__ = [
     "collect_fingerprint",
     "from_environment",
     "ghrunner",
+    "handover_fingerprint",
     "header_dir",
     "header_object_key",
     "header_packed_bound",

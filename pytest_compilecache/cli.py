@@ -64,7 +64,20 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MISS = 0, 1, 2, 3
 # What a warm start needs from a cache dir when no per-session list exists (the CLI's ``save``): torch's
 # FX-graph and AOTAutograd entries, compiled kernels and ISA probes, autotune results. Sources, locks
 # and precompiled headers are regenerated, so they stay out.
-_DIR_PATTERNS = ("fxgraph/**/*", "aotautograd/**/*", "*/*.so", "*.best_config", "*/*.best_config")
+# What `save` carries from a cache dir: torch's FX and AOTAutograd entries, compiled kernels, best configs, and
+# what a fresh GPU runner would rebuild (issue 27): triton's cache entries (kernels, which torch's bundle lacks
+# when triton bundling is off; gcc-built helpers such as cuda_utils.so; launchers) and torch's local autotuning
+# results (<cache>/cache/: max-autotune's GEMM timings). Never triton's "lock" files nor temp files ("tmp.*").
+_DIR_PATTERNS = (
+    "fxgraph/**/*",
+    "aotautograd/**/*",
+    "*/*.so",
+    "*.best_config",
+    "*/*.best_config",
+    "triton/*/*",
+    "cache/*",
+)
+_NOT_CARRIED = ("lock",)
 
 
 def _check_names(args: argparse.Namespace) -> None:
@@ -221,7 +234,7 @@ def cmd_save(args: argparse.Namespace) -> int:
             str(p.relative_to(cache_dir)).replace(os.sep, "/")
             for pattern in _DIR_PATTERNS
             for p in cache_dir.glob(pattern)
-            if p.is_file() and not p.is_symlink()
+            if p.is_file() and not p.is_symlink() and p.name not in _NOT_CARRIED and not p.name.startswith("tmp.")
         }
     )
     store = _open(args)

@@ -5,8 +5,11 @@ of every bundle key: ``<prefix>-<digest>-<run suffix>``. A restore looks for the
 newest key under ``<prefix>-<digest>-``; when that misses, :func:`explain` names the facts that differ
 from the newest bundle under ``<prefix>-``.
 
-Torch facts come from :mod:`probe` (the one torch-aware module). GPU facts go through one seam:
-``collect(device=...)`` takes recorded device facts, so CUDA paths are tested without a GPU.
+Torch facts come from :mod:`probe` (the one torch-aware module). GPU facts are what torch's and triton's keys
+use (compute capability, SM count, the CUDA/HIP version, triton's content hash), read without initialising CUDA
+in this process; ``collect(device=...)`` takes recorded device facts instead (``probe.device_facts`` of recorded
+device-property objects in tests, a ``--device-facts`` file in the CLI), so CUDA paths are tested without a GPU.
+One job computes its fingerprint once: :func:`handover` passes it to the job's later steps.
 """
 
 from __future__ import annotations
@@ -47,41 +50,106 @@ class Fingerprint:
         return cls({str(k): str(v) for k, v in data.items()})
 
 
-def collect(salt: str = "", device: Mapping[str, Any] | None = None) -> Fingerprint:
-    """Collect every fact. Imports torch (through :mod:`probe`); ``device`` replaces the real GPU query."""
+HANDOVER_ENV = "PYTEST_COMPILECACHE_FINGERPRINT"
+# The facts a handed-over fingerprint must share with this process to be this process's: the same machine,
+# interpreter, torch install and salt. Facts that legitimately differ between two steps of one job (the
+# thread count from OMP_NUM_THREADS, the GPUs CUDA_VISIBLE_DEVICES leaves) are the handed-over ones.
+_SAME_INSTALL = ("python", "python_abi", "python_prefix", "os", "arch", "libc", "cpu_model", "cpu_flags", "torch_path")
+
+
+def collect(
+    salt: str = "", device: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+) -> Fingerprint:
+    """Collect every fact; ``device`` (recorded device facts, see :func:`device_facts`) replaces the GPU query.
+
+    Without ``device``, a fingerprint handed over by an earlier step of the same job (:func:`handover`, in
+    ``environ``, default ``os.environ``) is reused when it describes this install: then the Action's plan step
+    and the pytest process key bundles alike, whatever their ``CUDA_VISIBLE_DEVICES`` or ``OMP_NUM_THREADS``.
+    Otherwise imports torch (through :mod:`probe`) and asks the GPUs without initialising CUDA here.
+    """
     facts = platform_facts()
-    facts.update(probe.torch_facts())
-    facts.update(device_facts(device if device is not None else probe.device_facts()))
     if salt:
         facts["salt"] = salt
+    if device is None:
+        handed = handed_over(environ if environ is not None else os.environ, {**facts, "torch_path": _torch_path()})
+        if handed is not None:
+            return handed
+    facts.update(probe.torch_facts())
+    facts.update(device_facts(device if device is not None else probe.device_facts()))
     return Fingerprint(facts)
 
 
-def device_facts(device: Mapping[str, Any]) -> dict[str, str]:
-    """Flatten recorded device facts (``{"cuda", "hip", "triton", "gpus": [{"name", "capability"}]}``).
+def handover(fingerprint: Fingerprint) -> dict[str, str]:
+    """The environment variable that hands ``fingerprint`` to the job's later steps (the Action writes it to
+    ``GITHUB_ENV`` in its plan step), so that pytest's save uses the key the plan computed."""
+    return {HANDOVER_ENV: json.dumps(fingerprint.to_json(), separators=(",", ":"))}
 
-    Raises :class:`ConfigError` when recorded facts have another shape (they come from a user's file).
+
+def handed_over(environ: Mapping[str, str], here: Mapping[str, str]) -> Fingerprint | None:
+    """The fingerprint in ``environ[HANDOVER_ENV]`` when it describes this install (``here``: this process's
+    platform facts, ``torch_path`` and ``salt``), else None (absent, malformed, or another interpreter, torch
+    or salt: then this process collects its own)."""
+    text = environ.get(HANDOVER_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        return None
+    if any(data.get(name) != here.get(name) for name in (*_SAME_INSTALL, "salt")):
+        return None
+    return Fingerprint(data)
+
+
+def _torch_path() -> str:
+    """The torch install's dir, as ``probe.torch_facts()["torch_path"]`` says it, without importing torch."""
+    import importlib.util  # cost: standard library, only on a handed-over fingerprint's check
+
+    spec = importlib.util.find_spec("torch")
+    origin = getattr(spec, "origin", None)
+    return os.path.dirname(os.path.abspath(origin)) if origin else "(not found)"
+
+
+def device_facts(device: Mapping[str, Any]) -> dict[str, str]:
+    """Flatten recorded device facts (``probe.device_facts()``'s shape: ``{"cuda", "hip", "triton", "triton_key",
+    "gpus": [{"name", "capability", "sms"}]}``; ``triton_key`` and ``sms`` may be absent).
+
+    Identical GPUs count once and the order does not matter: a 1-GPU and an 8-GPU runner of one model, or
+    ``CUDA_VISIBLE_DEVICES=1,0``, share bundles; torch and triton key on the device's name, capability and
+    multiprocessor count, never on how many there are. ``triton_key`` is a fact only where it is known (a GPU
+    made it matter), so CPU-only fingerprints keep their digest. Raises :class:`ConfigError` when recorded
+    facts have another shape (they come from a user's file).
     """
     gpus = device.get("gpus") if isinstance(device, Mapping) else None
     if (
         not isinstance(device, Mapping)
         or not isinstance(gpus or [], list)
         or not all(
-            isinstance(g, Mapping) and isinstance(g.get("name"), str) and isinstance(g.get("capability"), str)
+            isinstance(g, Mapping)
+            and isinstance(g.get("name"), str)
+            and isinstance(g.get("capability"), str)
+            and isinstance(g.get("sms", 0), int)
             for g in gpus or []
         )
     ):
         raise ConfigError(
-            'device facts: expected {"cuda": str, "hip": str, "triton": str, '
-            '"gpus": [{"name": str, "capability": str}, ...]}'
+            'device facts: expected {"cuda": str, "hip": str, "triton": str, "triton_key": str, '
+            '"gpus": [{"name": str, "capability": str, "sms": int}, ...]}'
         )
     facts = {
         "cuda": str(device.get("cuda") or "none"),
         "hip": str(device.get("hip") or "none"),
         "triton": str(device.get("triton") or "none"),
     }
-    gpus = device.get("gpus") or []
-    facts["gpus"] = "; ".join(f"{g['name']} ({g['capability']})" for g in gpus) or "none"
+    if device.get("triton_key"):
+        facts["triton_key"] = str(device["triton_key"])
+    kinds = {
+        f"{g['name']} ({g['capability']}, {g['sms']} SMs)" if g.get("sms") else f"{g['name']} ({g['capability']})"
+        for g in gpus or []
+    }
+    facts["gpus"] = "; ".join(sorted(kinds)) or "none"
     return facts
 
 

@@ -211,8 +211,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
             probe.guard_remote_cache()  # every process: a Redis error is a warning, not a failed compile
     explain = settings.explain  # a worker resolves the same options: its controller's argv and environment
-    if explain:  # every process: the FX-graph lookups that explain a miss, from when torch is imported
-        when_imported("torch", _watch_graph_lookups)
+    # Every process, from when torch (or triton) is imported: the FX-graph lookups that explain a miss, and
+    # the triton cache entries a bundle carries (issue 27).
+    watch = _watch_explained if explain else _watch_unexplained
+    when_imported("torch", watch)
+    when_imported("triton", watch)
     recorder = Recorder(
         os.environ.get("PYTEST_XDIST_WORKER", "worker") if _is_worker(config) else "controller", explain
     )
@@ -227,10 +230,17 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(tests, "compilecache-tests")
 
 
-def _watch_graph_lookups() -> None:
+def _watch_explained() -> None:
     from . import probe  # cost: loaded once torch is
 
     probe.watch_graph_lookups()  # never imports torch
+    probe.watch_triton_cache()  # never imports triton
+
+
+def _watch_unexplained() -> None:
+    from . import probe  # cost: as above
+
+    probe.watch_triton_cache()
 
 
 def _is_xdist_controller(config: pytest.Config) -> bool:

@@ -9,16 +9,22 @@ available on this torch", never a crash in a user's test session.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
+import json
 import logging
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from typing import Iterator
+from typing import NamedTuple
 
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_ENV = "TRITON_CACHE_DIR"
@@ -94,14 +100,15 @@ def _prepare() -> None:
 
 
 class Mark:
-    """Counters and metric position at the start of a phase."""
+    """Counters and metric position at the start of a phase; ``triton``: triton cache entries written so far."""
 
-    __slots__ = ("counters", "metrics", "reasons")
+    __slots__ = ("counters", "metrics", "reasons", "triton")
 
-    def __init__(self, counters: dict[str, dict[str, int]], metrics: int, reasons: int) -> None:
+    def __init__(self, counters: dict[str, dict[str, int]], metrics: int, reasons: int, triton: int = 0) -> None:
         self.counters = counters
         self.metrics = metrics
         self.reasons = reasons
+        self.triton = triton
 
 
 ZERO = _EMPTY = Mark({}, 0, 0)  # before torch is imported: every counter at zero
@@ -115,11 +122,11 @@ def mark() -> Mark:
     _prepare()
     reasons = len(_tap.reasons) if _tap else 0
     if not dynamo_loaded():
-        return Mark({}, 0, reasons)
+        return Mark({}, 0, reasons, len(_triton_built))
     from torch._dynamo import utils
 
     counters = {group: dict(utils.counters[group]) for group in _GROUPS if group in utils.counters}
-    return Mark(counters, len(_metrics(utils)), reasons)
+    return Mark(counters, len(_metrics(utils)), reasons, len(_triton_built))
 
 
 def delta(start: Mark) -> dict[str, Any]:
@@ -139,7 +146,15 @@ def delta(start: Mark) -> dict[str, Any]:
 
     metrics = _metrics(utils)
     new = metrics[start.metrics :] if len(metrics) >= start.metrics else metrics
+    autotune = sum(moved("inductor", name) for name in AUTOTUNE_COUNTERS)
     out: dict[str, Any] = {
+        "gpu": {
+            "triton_bundle_files": moved("inductor", "triton_bundler_read_and_emit_kernel"),
+            "triton_built": max(0, len(_triton_built) - start.triton),
+            "autotune_benchmarks": autotune,
+            "triton_compile_seconds": 0.0,
+            "autotune_seconds": 0.0,
+        },
         "fxgraph": {k: moved("inductor", f"fxgraph_cache_{k}") for k in ("hit", "miss", "bypass")},
         "aotautograd": {
             k: moved("aot_autograd", f"autograd_cache_{k}") for k in ("hit", "miss", "bypass", "guard_miss")
@@ -156,6 +171,20 @@ def delta(start: Mark) -> dict[str, Any]:
     return out
 
 
+# torch's counters of autotuning benchmarks: max-autotune's choice between GEMM templates (2.7-2.15); runtime
+# coordinate-descent tuning, pad_mm's padded-or-not and combo kernels (later releases, e.g. 2.13; not 2.7.1).
+# An FX-graph hit adds the counts its entry recorded at compile time (codecache: ``counters["inductor"] +=
+# graph.counter_deltas``), so a count alone does not prove a benchmark ran now: the seconds do (``dynamo_timed``
+# columns, measured only while it runs).
+AUTOTUNE_COUNTERS = ("select_algorithm_autotune", "coordesc_tuning_bench", "pad_mm_bench", "combo_autotune_bench")
+# CompilationMetrics columns (2.7-2.15) summed into the GPU seconds: triton's compile (async_compile's precompile
+# and wait), autotuning at compile time (select_algorithm, benchmark fusion) and at the first call (runtime
+# benchmarks of a kernel's configs, recorded as an ``is_runtime`` record after the call; torch 2.7.1 declares the
+# column but does not fill it: its first-call autotuning is not measured).
+TRITON_COMPILE_METRICS = ("triton_compile_time_us",)
+AUTOTUNE_METRICS = ("compile_time_autotune_time_us", "runtime_triton_autotune_time_us")
+
+
 def _metrics(utils: Any) -> list[Any]:
     """torch's per-compile records; empty where this torch keeps none (capability_notes says so)."""
     get = getattr(utils, "get_compilation_metrics", None)
@@ -165,7 +194,14 @@ def _metrics(utils: Any) -> list[Any]:
 _ATTEMPT = re.compile(r"(\d+)/(\d+)")
 
 
+def _us(record: Any, names: tuple[str, ...]) -> float:
+    return sum(int(getattr(record, name, 0) or 0) for name in names) / 1e6
+
+
 def _add_metric(out: dict[str, Any], record: Any) -> None:
+    gpu = out["gpu"]
+    gpu["triton_compile_seconds"] += _us(record, TRITON_COMPILE_METRICS)
+    gpu["autotune_seconds"] += _us(record, AUTOTUNE_METRICS)
     frame_seconds = getattr(record, "entire_frame_compile_time_s", None)
     backward_us = getattr(record, "backward_cumulative_compile_time_us", None)
     if getattr(record, "is_runtime", False) or (frame_seconds is None and backward_us):
@@ -408,7 +444,11 @@ def used_files(cache_dir: str) -> list[str]:
 
     On CPU that is every compiled kernel this process loaded (``<key>.main.so``) and the CPU ISA probe
     libraries (``<key>.so`` whose source is an ISA check), which torch builds in the cache dir and which
-    the mega-cache does not carry.
+    the mega-cache does not carry. On GPU (issue 27): every triton cache entry this process looked up
+    (:func:`watch_triton_cache`: triton's gcc-built helpers such as ``cuda_utils.so``, the launchers triton 3.3
+    builds per kernel signature, and the kernels themselves, which torch's bundle does not carry when triton
+    bundling is off or the kernel is a user's ``@triton.jit`` called outside a compiled graph), and the
+    autotuning results torch keeps in ``<cache>/cache/`` (max-autotune's GEMM timings, pad_mm's).
     """
     collect_used_modules()
     root = os.path.abspath(cache_dir)
@@ -419,7 +459,112 @@ def used_files(cache_dir: str) -> list[str]:
     for so in Path(root).glob("*/*.so"):
         if not so.name.endswith(".main.so") and _is_isa_probe(so):
             found.add(os.path.relpath(so, root))
+    triton = os.path.join(root, "triton") + os.sep
+    for directory in sorted(_triton_dirs):
+        if directory.startswith(triton) and os.sep not in directory[len(triton) :]:
+            found.update(os.path.relpath(path, root) for path in triton_entry_files(directory))
+    found.update(os.path.relpath(path, root) for path in autotune_files(root))
     return sorted(p.replace(os.sep, "/") for p in found)
+
+
+def triton_entry_files(directory: str) -> list[str]:
+    """The files of one triton cache entry (``<triton cache>/<key>/``) worth carrying, absolute: regular files,
+    not triton's ``lock`` nor its temp files (``tmp.pid_*``), no links. Empty when the dir is not there or is
+    itself a link (whatever it points to is not ours to carry)."""
+    if os.path.islink(directory):
+        return []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return []
+    return sorted(
+        entry.path
+        for entry in entries
+        if entry.is_file(follow_symlinks=False) and entry.name != "lock" and not entry.name.startswith("tmp.")
+    )
+
+
+def autotune_files(root: str) -> list[str]:
+    """torch's local autotuning results, absolute: the files of ``<cache>/cache/`` (one JSON per system hash:
+    ``CacheBase.get_local_cache_path``, 2.7-2.15), which the mega-cache does not carry."""
+    return triton_entry_files(os.path.join(root, "cache"))
+
+
+# Every triton cache dir this process opened (absolute), through triton's FileCacheManager: kernels compiled or
+# found, gcc-built helpers and launchers alike. Loaded helpers never appear in sys.modules (triton loads them
+# with importlib.util.module_from_spec), so this is how used_files learns of them.
+_triton_dirs: set[str] = set()
+# One entry per triton cache entry this process wrote: a kernel compiled (triton writes its group file last, on
+# a miss only) or a helper library built (a ``.so`` put). torch's bundler writes kernel files itself, not through
+# the manager: a kernel from an FX entry's bundle is not counted. Each is work a warm cache should have spared.
+_triton_built: list[str] = []
+_triton_watch: str | None = None  # None: not tried yet; "" installed; otherwise why not
+_TRITON_CACHE = "triton.runtime.cache"
+
+
+def watch_triton_cache() -> None:
+    """Remember every triton cache dir this process opens from now on; never imports triton or torch.
+
+    Wraps ``triton.runtime.cache.FileCacheManager.__init__`` (triton 3.x: ``(key, override=False, dump=False)``,
+    setting ``cache_dir``), now if triton is imported, else as soon as it is. Call once per process.
+    """
+    _install_now_or_on_import(_TRITON_CACHE, _install_triton_watch, pending=_triton_watch is None)
+
+
+def _install_triton_watch() -> None:
+    global _triton_watch
+    if _triton_watch is not None:
+        return
+    try:
+        manager: Any = importlib.import_module(_TRITON_CACHE).FileCacheManager
+        original = manager.__dict__["__init__"]
+    except Exception as exc:  # another triton layout: its files are not carried, the compile is unaffected
+        _triton_watch = f"triton cache entries are not carried with this triton ({type(exc).__name__})"
+        return
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        with contextlib.suppress(Exception):
+            if isinstance(self.cache_dir, str) and self.cache_dir:
+                _triton_dirs.add(os.path.abspath(self.cache_dir))
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    manager.__init__ = __init__
+    for name, built in (("put", _a_library), ("put_group", lambda args, kwargs: True)):
+        if callable(manager.__dict__.get(name)):
+            setattr(manager, name, _counting(manager.__dict__[name], built))
+    _triton_watch = ""
+
+
+def _a_library(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """``put(data, filename, binary=True)`` of a ``.so``: a helper or launcher triton built with the C compiler."""
+    filename = args[1] if len(args) > 1 else kwargs.get("filename")
+    return isinstance(filename, str) and filename.endswith(".so")
+
+
+def _counting(original: Any, built: Any) -> Any:
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        with contextlib.suppress(Exception):
+            if built(args, kwargs):
+                _triton_built.append(str(self.cache_dir))
+        return result
+
+    call.__wrapped__ = original  # type: ignore[attr-defined]
+    return call
+
+
+def uninstall_triton_watch() -> None:
+    """Put triton's own ``FileCacheManager.__init__`` back and forget the dirs (tests; a session never needs to)."""
+    global _triton_watch
+    manager: Any = getattr(sys.modules.get(_TRITON_CACHE), "FileCacheManager", None)
+    for name in ("__init__", "put", "put_group"):
+        original = getattr(manager.__dict__.get(name), "__wrapped__", None) if manager is not None else None
+        if original is not None:
+            setattr(manager, name, original)
+    _triton_watch = None
+    _triton_dirs.clear()
+    _triton_built.clear()
 
 
 def _is_isa_probe(so: Path) -> bool:
@@ -520,29 +665,173 @@ def _torch_key() -> str:
     return str(torch_key().hex())[:16]
 
 
-def device_facts() -> dict[str, Any]:
-    """CUDA/HIP/triton facts: ``{"cuda", "hip", "triton", "gpus": [{"name", "capability"}]}``.
+class Devices(NamedTuple):
+    """What torch and triton key compiled GPU code on, as read from one process (the seam tests fill in).
 
-    Tests inject recorded facts instead (see ``fingerprint.collect``); this is the only code that asks
-    the real devices.
+    ``properties`` are torch's device-property objects (``torch.cuda.get_device_properties``) of every
+    visible GPU, or objects with the same attributes (``name``, ``major``, ``minor``,
+    ``multi_processor_count``, ``gcnArchName``; on CUDA builds torch sets ``gcnArchName`` to the name).
+    ``triton_key``: a short hash of triton's ``triton_key()`` (its files' content hash, which torch's FX key
+    uses), "" when no GPU made it matter.
+    """
+
+    cuda: str
+    hip: str
+    triton: str
+    triton_key: str
+    properties: list[Any]
+
+
+def device_facts(devices: Devices | None = None) -> dict[str, Any]:
+    """Recorded device facts: ``{"cuda", "hip", "triton", "triton_key", "gpus": [{"name", "capability", "sms"}]}``.
+
+    ``capability`` is what the compiled code was built for: ``major.minor`` on CUDA (triton's kernel key and
+    ``-arch=sm_XY``), the ``gcnArchName`` on ROCm (what torch's FX key reads there); ``sms`` the multiprocessor
+    count, which generated kernels bake in (MIG slices and cut-down parts share a name). ``devices=None``
+    reads this machine through :func:`read_devices` (never initialises CUDA in this process).
+    """
+    found = read_devices() if devices is None else devices
+    return {
+        "cuda": found.cuda,
+        "hip": found.hip,
+        "triton": found.triton,
+        "triton_key": found.triton_key,
+        "gpus": [_gpu_fact(props, rocm=bool(found.hip)) for props in found.properties],
+    }
+
+
+def _gpu_fact(props: Any, *, rocm: bool) -> dict[str, Any]:
+    # On CUDA builds gcnArchName is the device name again (torch/cuda/_utils.py), never the capability.
+    arch = str(getattr(props, "gcnArchName", "") or "") if rocm else ""
+    return {
+        "name": str(props.name),
+        "capability": arch or f"{props.major}.{props.minor}",
+        "sms": int(props.multi_processor_count),
+    }
+
+
+# Run in a short-lived child: reading device properties initialises CUDA in the process that asks, after
+# which CUDA fails in forked children (``pytest --forked``, fork-based multiprocessing) and the process holds
+# a GPU context. The child prints the same attributes the property objects have.
+_PROPERTY_NAMES = ("name", "major", "minor", "multi_processor_count", "gcnArchName")
+_CHILD = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from pytest_compilecache import probe
+devices = probe.read_devices_here()
+print(json.dumps(devices._replace(properties=[probe.property_values(p) for p in devices.properties])._asdict()))
+"""
+CHILD_TIMEOUT = 120.0
+
+
+def read_devices() -> Devices:
+    """This machine's :class:`Devices`, without initialising CUDA in this process.
+
+    A CPU-only torch build, or NVML (AMD SMI on ROCm) counting no visible GPU: no GPUs, nothing spawned.
+    CUDA already initialised here (the tests used the GPU in this process): read here. Otherwise a
+    short-lived child process reads them (about one ``import torch``); a child that fails is recorded as an
+    unknown GPU, never a crash.
     """
     import torch
 
-    facts: dict[str, Any] = {
-        "cuda": torch.version.cuda or "",
-        "hip": getattr(torch.version, "hip", None) or "",
-        "triton": "",
-        "gpus": [],
-    }
+    none = _no_devices(torch)
+    if not (none.cuda or none.hip) or _visible_gpus(torch, rocm=bool(none.hip)) == 0:
+        return none
+    if torch.cuda.is_initialized():
+        return read_devices_here()
+    return _read_devices_in_child(none)
+
+
+def _visible_gpus(torch: Any, *, rocm: bool) -> int:
+    """NVML's (AMD SMI's) count of the GPUs ``CUDA_VISIBLE_DEVICES`` leaves; -1 when it cannot tell.
+
+    torch's own ``device_count`` uses the same private helpers so that it does not initialise CUDA (2.4-2.15).
+    """
+    count = getattr(torch.cuda, "_device_count_amdsmi" if rocm else "_device_count_nvml", None)
+    if count is None:
+        return -1
+    try:
+        with warnings.catch_warnings():  # "Can't initialize NVML" is a warning torch raises, not our news
+            warnings.simplefilter("ignore")
+            found = int(count())
+    except Exception:
+        return -1
+    if found < 0 and not rocm and sys.platform == "linux" and not os.path.exists("/proc/driver/nvidia"):
+        return 0  # no NVIDIA driver loaded: CUDA would find no device either
+    return found
+
+
+def read_devices_here() -> Devices:
+    """Read the visible GPUs in this process. Initialises CUDA here: call it only where CUDA is in use anyway
+    (or in the short-lived child)."""
+    import torch
+
+    none = _no_devices(torch)
+    if not torch.cuda.is_available():
+        return none
+    properties = [torch.cuda.get_device_properties(index) for index in range(torch.cuda.device_count())]
+    return none._replace(triton_key=_safe(_triton_key) if properties else "", properties=properties)
+
+
+def _no_devices(torch: Any) -> Devices:
+    """The versions torch was built with and triton's version; no GPUs yet."""
+    triton = ""
     with contextlib.suppress(Exception):
         # Through importlib: triton comes only with CUDA/ROCm builds, so type checks cannot rely on its stubs.
-        facts["triton"] = str(importlib.import_module("triton").__version__)
-    if torch.cuda.is_available():
-        for index in range(torch.cuda.device_count()):
-            props = torch.cuda.get_device_properties(index)
-            arch = getattr(props, "gcnArchName", "") or f"{props.major}.{props.minor}"
-            facts["gpus"].append({"name": props.name, "capability": arch})
-    return facts
+        triton = str(importlib.import_module("triton").__version__)
+    return Devices(str(torch.version.cuda or ""), str(getattr(torch.version, "hip", None) or ""), triton, "", [])
+
+
+def _triton_key() -> str:
+    """A short hash of ``triton_key()``: the content hash of triton's sources and ``libtriton``, which torch's FX
+    key uses instead of the version (triton is rebuilt without a version change). Found where torch finds it: its
+    ``triton_compat`` (2.8-2.15), else triton's own modules (``runtime.cache`` from 3.4, ``compiler.compiler``)."""
+    for module in ("torch._inductor.runtime.triton_compat", "triton.runtime.cache", "triton.compiler.compiler"):
+        with contextlib.suppress(ImportError):
+            key = getattr(importlib.import_module(module), "triton_key", None)
+            if callable(key):
+                return hashlib.sha256(str(key()).encode()).hexdigest()[:16]
+    raise ImportError("no triton_key() in this torch or triton")
+
+
+def property_values(props: Any) -> dict[str, Any]:
+    """The attributes of one device-property object the facts use, as plain JSON values."""
+    return {name: getattr(props, name, None) for name in _PROPERTY_NAMES}
+
+
+def devices_from_json(data: Any) -> Devices:
+    """Rebuild :class:`Devices` from what the child printed (properties as attribute objects).
+
+    Raises ValueError when the printed JSON has another shape."""
+    if not isinstance(data, dict) or not isinstance(data.get("properties"), list):
+        raise ValueError(f"device query printed {str(data)[:100]!r}")
+    properties = []
+    for values in data["properties"]:
+        if not isinstance(values, dict) or not isinstance(values.get("name"), str):
+            raise ValueError(f"device query printed a malformed device {str(values)[:100]!r}")
+        properties.append(SimpleNamespace(**{name: values.get(name) for name in _PROPERTY_NAMES}))
+    text = {name: str(data.get(name) or "") for name in ("cuda", "hip", "triton", "triton_key")}
+    return Devices(properties=properties, **text)
+
+
+def _read_devices_in_child(none: Devices) -> Devices:
+    package_parent = str(Path(__file__).resolve().parent.parent)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD, package_parent],
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+            check=False,
+        )
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"exit status {done.returncode}: {last[:160]}")
+        child = devices_from_json(json.loads(done.stdout.strip().splitlines()[-1]))
+        return none._replace(triton_key=child.triton_key, properties=child.properties)  # versions: this process's
+    except Exception as exc:  # a fact we cannot read is recorded as such, not a crash
+        unknown = SimpleNamespace(name=f"unknown ({type(exc).__name__})", major="?", minor="?", multi_processor_count=0)
+        return none._replace(triton_key="unknown", properties=[unknown])
 
 
 # --------------------------------------------------------------------------- per-graph lookups (issue 12)

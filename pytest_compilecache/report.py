@@ -66,6 +66,7 @@ def summary_line(stats: SessionStats, where: str) -> str:
     if remote["fx_hit"] or remote["fx_miss"]:
         parts.append(f"remote {remote['fx_hit']} hit/{remote['fx_miss']} miss")
     parts.append(f"{stats.compile_seconds:.1f} s compiling")
+    parts.extend(_gpu_parts(stats))
     parts.append(f"dir {where}")
     return "compile cache: " + ", ".join(parts)
 
@@ -84,6 +85,87 @@ def miss_hint(stats: SessionStats, why: SessionExplanation | None, json_path: st
     if json_path:
         return one_line(f'{what}: see "{field}" in {json_path} (on the terminal: {shown})', 500)
     return f"{what}: shown with {shown}, and in the JSON report (--compile-cache-json=PATH)"
+
+
+# ---- the GPU layers below the FX graph (issue 27)
+
+
+def _gpu_parts(stats: SessionStats) -> list[str]:
+    """``["12 triton files from bundles", "1.5 s triton compiling", "2.3 s autotuning"]``; nothing on CPU."""
+    if not stats.used_gpu:
+        return []
+    gpu = stats.gpu_total()
+    parts = []
+    if gpu["triton_bundle_files"]:
+        parts.append(f"{int(gpu['triton_bundle_files'])} triton files from bundles")
+    if gpu["triton_built"]:
+        parts.append(f"{int(gpu['triton_built'])} triton kernels/helpers built")
+    if gpu["triton_compile_seconds"]:
+        parts.append(f"{gpu['triton_compile_seconds']:.1f} s triton compiling")
+    if gpu["autotune_seconds"]:
+        benchmarks = int(gpu["autotune_benchmarks"])
+        counted = f" ({benchmarks} benchmarked)" if benchmarks else ""
+        parts.append(f"{gpu['autotune_seconds']:.1f} s autotuning{counted}")
+    return parts
+
+
+def gpu_still_compiled_text(stats: SessionStats) -> str | None:
+    """The plain statement that "all hits" did not spare the GPU its work, or None when it did (or no GPU).
+
+    ``2 tests without an FX-graph miss still built 3 triton kernels/helpers (1.5 s compiling) and autotuned (2.3 s):
+    a.py::t (3.1 s), b.py::u (0.7 s)``
+    """
+    tests = stats.gpu_still_compiled
+    if not tests:
+        return None
+    triton = sum(r.gpu["triton_compile_seconds"] for r in tests)
+    tuned = sum(r.gpu["autotune_seconds"] for r in tests)
+    built = int(sum(r.gpu["triton_built"] for r in tests))
+    named = ", ".join(f"{one_line(r.nodeid, 200)} ({r.gpu_work:.1f} s)" for r in tests[:3])
+    more = f" and {len(tests) - 3} more" if len(tests) > 3 else ""
+    done = [f"built {built} triton kernels/helpers ({triton:.1f} s compiling)"] if built else []
+    done += [f"autotuned ({tuned:.1f} s)"] if tuned else []
+    return f"{_plural(len(tests), 'test')} without an FX-graph miss still {' and '.join(done)}: {named}{more}"
+
+
+def gpu_lines(stats: SessionStats) -> list[str]:
+    """Terminal lines about the GPU layers worth a reader's attention (empty on CPU and when all came cached)."""
+    text = gpu_still_compiled_text(stats)
+    return [f"gpu: {text}"] if text else []
+
+
+def gpu_table_lines(stats: SessionStats, limit: int | None = TABLE_ROWS) -> list[str]:
+    """Per test with GPU activity, most GPU seconds first: triton files from bundles, autotune benchmarks
+    built (kernels compiled, helpers built), autotune benchmarks (torch's count; an FX hit repeats its entry's),
+    seconds compiling triton kernels and autotuning."""
+    rows = sorted((r for r in stats.records.values() if r.used_gpu), key=lambda r: (-r.gpu_work, r.nodeid))
+    if not rows:
+        return []
+    shown = rows[:limit] if limit else rows
+    lines = [
+        f"{'triton s':>8}  {'autotune s':>10}  {'bundled':>7}  {'built':>5}  {'benchmarks':>10}  test (GPU layers)"
+    ]
+    for r in shown:
+        gpu = r.gpu
+        lines.append(
+            f"{gpu['triton_compile_seconds']:8.2f}  {gpu['autotune_seconds']:10.2f}  "
+            f"{int(gpu['triton_bundle_files']):>7}  {int(gpu['triton_built']):>5}  "
+            f"{int(gpu['autotune_benchmarks']):>10}  {one_line(r.nodeid, 300)}"
+        )
+    if len(rows) > len(shown):
+        lines.append(f"... and {len(rows) - len(shown)} more (see --compile-cache-json)")
+    return lines
+
+
+def gpu_markdown_rows(stats: SessionStats) -> list[str]:
+    """Rows of the step summary's "GPU layers per test" table (see :func:`gpu_table_lines`), escaped."""
+    rows = sorted((r for r in stats.records.values() if r.used_gpu), key=lambda r: (-r.gpu_work, r.nodeid))
+    return [
+        f"| {r.gpu['triton_compile_seconds']:.2f} | {r.gpu['autotune_seconds']:.2f} | "
+        f"{int(r.gpu['triton_bundle_files'])} | {int(r.gpu['triton_built'])} | {int(r.gpu['autotune_benchmarks'])} | "
+        f"{md_code(r.nodeid)} |"
+        for r in rows
+    ]
 
 
 def transfer_line(kind: str, info: Mapping[str, Any]) -> str:
@@ -127,7 +209,7 @@ def table_lines(stats: SessionStats, limit: int | None = TABLE_ROWS) -> list[str
     reasons = sorted({reason for r in stats.compiled for reason in r.bypass_reasons})
     for reason in reasons[:5]:
         lines.append(f"bypass: {one_line(reason, 300)}")
-    return lines
+    return lines + gpu_table_lines(stats, limit)
 
 
 def to_json(
@@ -200,6 +282,12 @@ def markdown(
             head.append(f"- {md_text(transfer_line(kind, info))}")
     if stats.silent_workers:
         head.append(f"- workers that sent no statistics: {md_text(', '.join(stats.silent_workers))}")
+    gpu_parts = _gpu_parts(stats)
+    if gpu_parts:
+        head.append(f"- GPU: {md_text(', '.join(gpu_parts))}")
+    still = gpu_still_compiled_text(stats)
+    if still:
+        head.append(f"- **GPU work despite FX hits**: {md_text(still)}")
     head.append("")
     slowest = [
         f"| {r.compile_seconds:.2f} | {r.fxgraph['hit']} | {r.fxgraph['miss']} | {r.frames} | {md_code(r.nodeid)} |"
@@ -222,6 +310,12 @@ def markdown(
             slowest,
         ),
         ("Tests that missed", "| fx misses | aot misses | test | bypass reasons |\n|---:|---:|---|---|", missed),
+        (
+            "GPU layers per test",
+            "| triton s | autotune s | triton files from bundles | triton built | autotune benchmarks | test |\n"
+            "|---:|---:|---:|---:|---:|---|",
+            gpu_markdown_rows(stats),
+        ),
     ]
     for title, header, rows in sections:
         if not rows:
@@ -422,6 +516,7 @@ def session_lines(outcome: SessionOutcome, *, report: str, verbose: bool = False
         if hint:
             lines.append((hint, {}))
         lines.extend((transfer_line(kind, info), {}) for kind, info in outcome.transfers())
+        lines.extend((line, {"yellow": True}) for line in gpu_lines(outcome.stats))  # issue 27
         if outcome.stats.silent_workers:
             silent = ", ".join(outcome.stats.silent_workers)
             lines.append((f"workers that sent no statistics: {silent}", {"yellow": True}))

@@ -105,7 +105,8 @@ class SavePhase:
         settings, restored = self.setup.settings, self.start.restored
         # Without a result: restored by someone else (the Action, an earlier CLI step) who did not say how.
         was_restored = restored.outcome in ("exact", "partial") if restored is not None else settings.restore == "skip"
-        if was_restored and self.stats.hits and not self.stats.misses and not self._new_headers():
+        new_gpu = self.stats.new_gpu_artifacts  # issue 27: new autotune results or triton builds are worth a bundle
+        if was_restored and self.stats.hits and not self.stats.misses and not new_gpu and not self._new_headers():
             # Every graph came from the restored cache: a new bundle would only repeat the old one.
             self.saved = sync.SaveResult("skipped", message="every graph hit the restored cache; nothing new to save")
             return

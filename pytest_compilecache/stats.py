@@ -21,6 +21,15 @@ if TYPE_CHECKING:  # imported where a record has graphs: a session that never co
 FX_FIELDS = ("hit", "miss", "bypass")
 AOT_FIELDS = ("hit", "miss", "bypass", "guard_miss")
 REMOTE_FIELDS = ("fx_hit", "fx_miss", "aot_hit", "aot_miss")
+# The GPU layers below the FX graph (issue 27): triton kernel files written from FX entries' triton bundles,
+# triton cache entries built (kernels compiled, helper libraries built: new to triton's cache), autotuning
+# benchmarks torch counted (an FX hit replays its entry's counts), and seconds spent compiling triton kernels
+# and autotuning (measured, never replayed).
+GPU_COUNTS = ("triton_bundle_files", "triton_built", "autotune_benchmarks")
+GPU_SECONDS = ("triton_compile_seconds", "autotune_seconds")
+# What shows the GPU layers were in play. Not triton_compile_seconds alone: torch also books its wait for
+# parallel C++ compiles there (``async_compile.wait``), so CPU sessions have it too.
+GPU_SIGNALS = ("triton_bundle_files", "triton_built", "autotune_benchmarks", "autotune_seconds")
 MAX_GRAPHS = 64  # lookups kept per test: a test that compiles more is rare, and the rest add no reason
 
 
@@ -39,7 +48,8 @@ class ItemRecord:
     """What one test item compiled, summed over its setup, call and teardown phases.
 
     ``fxgraph`` and ``aotautograd`` hold torch's cache lookup outcomes; ``remote`` the subset of those
-    lookups that went to a remote (Redis) cache, when torch reports it (2.11+).
+    lookups that went to a remote (Redis) cache, when torch reports it (2.11+); ``gpu`` the GPU layers
+    (:data:`GPU_COUNTS` and :data:`GPU_SECONDS`, all zero on CPU).
     """
 
     nodeid: str
@@ -47,6 +57,7 @@ class ItemRecord:
     fxgraph: dict[str, int] = field(default_factory=lambda: _counts(FX_FIELDS))
     aotautograd: dict[str, int] = field(default_factory=lambda: _counts(AOT_FIELDS))
     remote: dict[str, int] = field(default_factory=lambda: _counts(REMOTE_FIELDS))
+    gpu: dict[str, float] = field(default_factory=lambda: _gpu())
     frames: int = 0
     recompiles: int = 0
     compile_seconds: float = 0.0
@@ -60,7 +71,22 @@ class ItemRecord:
     def compiled(self) -> bool:
         """True when anything went through Dynamo or a compile cache during this test."""
         lookups = sum(self.fxgraph.values()) + sum(self.aotautograd.values())
-        return bool(self.frames or lookups or self.compile_seconds)
+        return bool(self.frames or lookups or self.compile_seconds or self.used_gpu)
+
+    @property
+    def used_gpu(self) -> bool:
+        """True when triton or autotuning took part in this test (see :data:`GPU_SIGNALS`)."""
+        return any(self.gpu[name] for name in GPU_SIGNALS)
+
+    @property
+    def gpu_rebuilt(self) -> bool:
+        """True when this test built triton cache entries or benchmarked autotuning: work a warm cache spares."""
+        return bool(self.gpu["triton_built"] or self.gpu["autotune_seconds"])
+
+    @property
+    def gpu_work(self) -> float:
+        """Seconds this test spent compiling triton kernels or autotuning (0.0 when its GPU code all came cached)."""
+        return sum(self.gpu[name] for name in GPU_SECONDS)
 
     @property
     def misses(self) -> int:
@@ -71,6 +97,8 @@ class ItemRecord:
         _add(self.fxgraph, _counts(FX_FIELDS, delta.get("fxgraph")))
         _add(self.aotautograd, _counts(AOT_FIELDS, delta.get("aotautograd")))
         _add(self.remote, _counts(REMOTE_FIELDS, delta.get("remote")))
+        for name, value in _gpu(delta.get("gpu")).items():
+            self.gpu[name] += value
         self.frames += int(delta.get("frames", 0))
         self.recompiles += int(delta.get("recompiles", 0))
         self.compile_seconds += float(delta.get("compile_seconds", 0.0))
@@ -102,6 +130,7 @@ class ItemRecord:
             "fxgraph": dict(self.fxgraph),
             "aotautograd": dict(self.aotautograd),
             "remote": dict(self.remote),
+            "gpu": _gpu_json(self.gpu),
             "frames": self.frames,
             "recompiles": self.recompiles,
             "compile_seconds": round(self.compile_seconds, 4),
@@ -115,6 +144,17 @@ class ItemRecord:
         record = cls(nodeid=str(data["nodeid"]), worker=str(data.get("worker", "controller")))
         record.add(data)
         return record
+
+
+def _gpu(data: Mapping[str, Any] | None = None) -> dict[str, float]:
+    data = data if isinstance(data, Mapping) else {}
+    out: dict[str, float] = {name: int(data.get(name, 0) or 0) for name in GPU_COUNTS}
+    out.update({name: float(data.get(name, 0.0) or 0.0) for name in GPU_SECONDS})
+    return out
+
+
+def _gpu_json(gpu: Mapping[str, float]) -> dict[str, Any]:
+    return {**{name: int(gpu[name]) for name in GPU_COUNTS}, **{name: round(gpu[name], 4) for name in GPU_SECONDS}}
 
 
 def hit_rate(hits: int, misses: int) -> float | None:
@@ -168,6 +208,33 @@ class SessionStats:
     def compile_seconds(self) -> float:
         return sum(r.compile_seconds for r in self.records.values())
 
+    def gpu_total(self) -> dict[str, float]:
+        out = _gpu()
+        for record in self.records.values():
+            for name, value in record.gpu.items():
+                out[name] += value
+        return out
+
+    @property
+    def gpu_still_compiled(self) -> list[ItemRecord]:
+        """Tests without an FX-graph miss or bypass that still built triton kernels or helpers, or autotuned:
+        "100% hits" that did not spare the GPU its work. Most GPU seconds first."""
+        found = [
+            r for r in self.records.values() if r.gpu_rebuilt and not r.fxgraph["miss"] and not r.fxgraph["bypass"]
+        ]
+        return sorted(found, key=lambda r: (-r.gpu_work, r.nodeid))
+
+    @property
+    def new_gpu_artifacts(self) -> bool:
+        """True when this session benchmarked autotuning choices (their results, best configs and max-autotune
+        timings, are new to the cache dir) or built triton cache entries (kernels, helper libraries): a save is
+        worth it even when every FX-graph lookup hit."""
+        return any(r.gpu_rebuilt for r in self.records.values())
+
+    @property
+    def used_gpu(self) -> bool:
+        return any(r.used_gpu for r in self.records.values())
+
     @property
     def anything_compiled(self) -> bool:
         return any(r.compiled for r in self.records.values())
@@ -180,6 +247,7 @@ class SessionStats:
             "fxgraph": self.total("fxgraph"),
             "aotautograd": self.total("aotautograd"),
             "remote": self.total("remote"),
+            "gpu": _gpu_json(self.gpu_total()),
             "frames": sum(r.frames for r in self.records.values()),
             "recompiles": sum(r.recompiles for r in self.records.values()),
             "hits": self.hits,
@@ -252,6 +320,12 @@ class CompileCacheStats:
     def remote(self) -> dict[str, int]:
         """Lookups that went to a remote (Redis) cache: ``fx_hit``, ``fx_miss``, ``aot_hit``, ``aot_miss``."""
         return self.snapshot().remote
+
+    @property
+    def gpu(self) -> dict[str, float]:
+        """The GPU layers so far: ``triton_bundle_files``, ``autotune_benchmarks``, ``triton_compile_seconds``,
+        ``autotune_seconds``; a warm GPU test asserts ``compile_cache_stats.gpu["autotune_seconds"] == 0``."""
+        return self.snapshot().gpu
 
     @property
     def frames(self) -> int:

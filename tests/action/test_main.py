@@ -477,6 +477,8 @@ def test_plan_and_restore_commands(
     env = parse_vars(Path(environ["GITHUB_ENV"]).read_text())
     outputs = parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())
     assert env["PYTEST_COMPILECACHE_SIGNING_KEY"] == "s3cret"
+    # Issue 27.4: the plan's fingerprint is handed to pytest, which saves under the key the plan computed.
+    assert json.loads(env["PYTEST_COMPILECACHE_FINGERPRINT"]) == fingerprint.to_json()
     assert outputs["transfer"] == "github" and outputs["save"] == "true"
     assert Path(outputs["plan"]).is_file() and Path(outputs["cache-dir"]).is_dir()
 

@@ -12,17 +12,15 @@ import pytest
 from pytest_compilecache.fingerprint import Fingerprint
 from pytest_compilecache.fingerprint import device_facts
 from pytest_compilecache.probe import CACHE_ENV
+from pytest_compilecache.probe import device_facts as probe_device_facts
+from tests import devices
 from tests.fakes import FakeProbe
 
 PREFIX = "compilecache-v1"
 BASE = {"torch": "2.13.0", "python": "cpython 3.11.7", "arch": "x86_64"}
-# Recorded device facts (fingerprint.collect's one seam), never a GPU this machine pretends to have.
-H100 = Fingerprint(
-    {**BASE, **device_facts({"cuda": "12.8", "gpus": [{"name": "NVIDIA H100 80GB HBM3", "capability": "9.0"}]})}
-)
-A100 = Fingerprint(
-    {**BASE, **device_facts({"cuda": "12.8", "gpus": [{"name": "NVIDIA A100-SXM4-80GB", "capability": "8.0"}]})}
-)
+# Recorded GPUs (tests/devices.py) through probe.device_facts, the one seam: never a GPU this machine pretends to have.
+H100 = Fingerprint({**BASE, **device_facts(probe_device_facts(devices.cuda_machine(devices.H100_SXM)))})
+A100 = Fingerprint({**BASE, **device_facts(probe_device_facts(devices.cuda_machine(devices.A100)))})
 CACHE_FILES = {"ab/cabc.main.so": b"\x7fELF kernel", "fxgraph/xy/fxyz": b"pickled graph"}
 BLOBS = {"controller": b"controller mega-cache", "gw0": b"gw0 mega-cache"}
 

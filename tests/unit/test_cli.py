@@ -576,3 +576,33 @@ def test_restore_sweeps_what_a_killed_restore_left(tmp_path: Path) -> None:
     assert cli.main(["restore", "--store", str(store), "--cache-dir", str(target)]) == 0
     assert not staging.exists()
     assert (target / "ab" / f"{KERNEL}.main.so").read_bytes() == b"kernel"
+
+
+def test_save_carries_what_a_fresh_gpu_runner_would_rebuild(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 27.6: triton's cache entries (kernels, cuda_utils.so) and torch's local autotune results."""
+    store, cache = tmp_path / "store", _cache_dir(tmp_path)
+    entry = cache / "triton" / "VKVKVKVKVKVKVKVKVKVKVKVKVKVKVKVKVKVKVKVKVKVKVKVKVKVA"
+    entry.mkdir(parents=True)
+    (entry / "cuda_utils.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\x7fELF helper")
+    (entry / "__grp__k.json").write_text("{}")
+    (entry / "lock").write_text("")
+    (entry / "tmp.pid_7_0").write_text("half")
+    (cache / "cache").mkdir()
+    (cache / "cache" / "f2b4c1d0").write_text('{"mm": {}}')
+    assert cli.main(["save", "--store", str(store), "--cache-dir", str(cache), "--suffix", "1"]) == 0
+    capsys.readouterr()
+    (bundle_path,) = store.glob("*.bundle")
+    assert cli.main(["inspect", str(bundle_path), "--json"]) == 0
+    members = {m["path"] for m in json.loads(capsys.readouterr().out)["members"]}
+    assert members == {
+        f"files/ab/{KERNEL}.main.so",
+        "files/fxgraph/xy/fxkey/entry",
+        f"files/triton/{entry.name}/cuda_utils.cpython-311-x86_64-linux-gnu.so",
+        f"files/triton/{entry.name}/__grp__k.json",
+        "files/cache/f2b4c1d0",
+    }
+    target = tmp_path / "fresh-runner"
+    assert cli.main(["restore", "--store", str(store), "--cache-dir", str(target)]) == 0
+    helper = target / "triton" / entry.name / "cuda_utils.cpython-311-x86_64-linux-gnu.so"
+    assert helper.read_bytes() == b"\x7fELF helper"
+    assert (target / "cache" / "f2b4c1d0").read_text() == '{"mm": {}}'

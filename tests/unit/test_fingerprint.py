@@ -8,24 +8,17 @@ from typing import Any
 
 import pytest
 
+from pytest_compilecache import ConfigError
 from pytest_compilecache import fingerprint
+from pytest_compilecache import probe
 from pytest_compilecache.fingerprint import DIGEST_LENGTH
 from pytest_compilecache.fingerprint import Fingerprint
+from tests import devices
 
-# Device facts as probe.device_facts() reported them on real machines.
-H100: dict[str, Any] = {
-    "cuda": "12.8",
-    "hip": "",
-    "triton": "3.4.0",
-    "gpus": [{"name": "NVIDIA H100 80GB HBM3", "capability": "9.0"}],
-}
-A100: dict[str, Any] = {
-    "cuda": "12.8",
-    "hip": "",
-    "triton": "3.4.0",
-    "gpus": [{"name": "NVIDIA A100-SXM4-80GB", "capability": "8.0"}],
-}
-CPU_ONLY: dict[str, Any] = {"cuda": "", "hip": "", "triton": "", "gpus": []}
+# Device facts as probe.device_facts() makes them from recorded device-property objects (tests/devices.py).
+H100: dict[str, Any] = probe.device_facts(devices.cuda_machine(devices.H100_SXM))
+A100: dict[str, Any] = probe.device_facts(devices.cuda_machine(devices.A100))
+CPU_ONLY: dict[str, Any] = probe.device_facts(devices.CPU_ONLY)
 
 FACTS = {"torch": "2.13.0", "python": "cpython 3.11.7", "arch": "x86_64", "cuda": "12.8"}
 
@@ -98,26 +91,66 @@ def test_device_facts_flatten_recorded_gpus() -> None:
         "cuda": "12.8",
         "hip": "none",
         "triton": "3.4.0",
-        "gpus": "NVIDIA H100 80GB HBM3 (9.0)",
+        "triton_key": devices.TRITON_KEY,
+        "gpus": "NVIDIA H100 80GB HBM3 (9.0, 132 SMs)",
     }
+    # No GPU: no triton key fact at all, so CPU-only fingerprints keep the digest they had.
     assert fingerprint.device_facts(CPU_ONLY) == {"cuda": "none", "hip": "none", "triton": "none", "gpus": "none"}
     assert fingerprint.device_facts({}) == fingerprint.device_facts(CPU_ONLY)
 
 
-def test_several_gpus_keep_their_order() -> None:
-    two = {**H100, "gpus": H100["gpus"] + A100["gpus"]}
-    assert fingerprint.device_facts(two)["gpus"] == "NVIDIA H100 80GB HBM3 (9.0); NVIDIA A100-SXM4-80GB (8.0)"
+def test_the_cuda_capability_is_major_minor_not_the_name_torch_repeats_as_gcn_arch() -> None:
+    # On CUDA builds torch's gcnArchName is the name again: the capability fact used to read it (issue 27.1).
+    assert devices.H100_SXM.gcnArchName == devices.H100_SXM.name
+    assert H100["gpus"] == [{"name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "sms": 132}]
+    assert A100["gpus"][0]["capability"] == "8.0"
 
 
-def test_rocm_architecture_is_a_fact() -> None:
-    mi300 = {
-        "cuda": "",
-        "hip": "6.3.42131",
-        "triton": "3.4.0",
-        "gpus": [{"name": "AMD Instinct MI300X", "capability": "gfx942"}],
-    }
-    facts = fingerprint.device_facts(mi300)
-    assert (facts["cuda"], facts["hip"], facts["gpus"]) == ("none", "6.3.42131", "AMD Instinct MI300X (gfx942)")
+def test_identical_gpus_in_any_number_and_order_share_one_fingerprint() -> None:
+    one = fingerprint.device_facts(probe.device_facts(devices.cuda_machine(devices.H100_SXM)))
+    eight = fingerprint.device_facts(probe.device_facts(devices.cuda_machine(*[devices.H100_SXM] * 8)))
+    assert one == eight  # a 1-GPU and an 8-GPU runner of one model share bundles (issue 27.2)
+    mixed = devices.cuda_machine(devices.H100_SXM, devices.A100, devices.H100_SXM)
+    reordered = devices.cuda_machine(devices.A100, devices.H100_SXM)
+    assert fingerprint.device_facts(probe.device_facts(mixed)) == fingerprint.device_facts(
+        probe.device_facts(reordered)
+    )
+    assert fingerprint.device_facts(probe.device_facts(mixed))["gpus"] == (
+        "NVIDIA A100-SXM4-80GB (8.0, 108 SMs); NVIDIA H100 80GB HBM3 (9.0, 132 SMs)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        (devices.A100, devices.A100_MIG_1G),  # one name, a MIG slice's 14 SMs: kernels bake in the SM count
+        (devices.H100_SXM, devices.H100_PCIE),  # one capability, another part
+    ],
+)
+def test_parts_that_compile_differently_do_not_share(one: Any, other: Any) -> None:
+    facts = [fingerprint.device_facts(probe.device_facts(devices.cuda_machine(gpu))) for gpu in (one, other)]
+    assert facts[0]["gpus"] != facts[1]["gpus"]
+
+
+def test_triton_content_hash_is_a_fact() -> None:
+    # torch's FX key uses triton_key(), not the version: a rebuilt triton of one version must not share.
+    rebuilt = devices.cuda_machine(devices.H100_SXM)._replace(triton_key="0123456789abcdef")
+    changed = fingerprint.explain(fingerprint.device_facts(H100), fingerprint.device_facts(probe.device_facts(rebuilt)))
+    assert changed == [f"triton_key: {devices.TRITON_KEY} -> 0123456789abcdef"]
+
+
+def test_rocm_architecture_is_the_gcn_arch_name() -> None:
+    facts = fingerprint.device_facts(probe.device_facts(devices.rocm_machine(devices.MI300X)))
+    assert (facts["cuda"], facts["hip"]) == ("none", "6.3.42131")
+    assert facts["gpus"] == "AMD Instinct MI300X (gfx942:sramecc+:xnack-, 304 SMs)"
+
+
+def test_recorded_facts_without_sm_counts_still_read() -> None:
+    # A --device-facts file written before the SM count was a fact.
+    old = {"cuda": "12.8", "gpus": [{"name": "NVIDIA H100 80GB HBM3", "capability": "9.0"}]}
+    assert fingerprint.device_facts(old)["gpus"] == "NVIDIA H100 80GB HBM3 (9.0)"
+    with pytest.raises(ConfigError, match="sms"):
+        fingerprint.device_facts({"gpus": [{"name": "x", "capability": "9.0", "sms": "132"}]})
 
 
 def test_h100_and_a100_have_different_digests() -> None:
@@ -126,7 +159,7 @@ def test_h100_and_a100_have_different_digests() -> None:
     a100 = Fingerprint({**base, **fingerprint.device_facts(A100)})
     assert h100.digest() != a100.digest()
     assert fingerprint.explain(a100.to_json(), h100.to_json()) == [
-        "gpus: NVIDIA A100-SXM4-80GB (8.0) -> NVIDIA H100 80GB HBM3 (9.0)"
+        "gpus: NVIDIA A100-SXM4-80GB (8.0, 108 SMs) -> NVIDIA H100 80GB HBM3 (9.0, 132 SMs)"
     ]
 
 
@@ -150,16 +183,90 @@ def test_collect_with_recorded_device_facts(collected: tuple[Fingerprint, Finger
     facts = h100.facts
     assert facts["torch"] == torch.__version__
     assert {"torch_git", "torch_path", "cpu_capability", "threads", "cxx", "torch_tree"} <= set(facts)
-    assert facts["gpus"] == "NVIDIA H100 80GB HBM3 (9.0)"  # the recorded facts, not this CPU machine's
+    assert facts["gpus"] == "NVIDIA H100 80GB HBM3 (9.0, 132 SMs)"  # the recorded facts, not this CPU machine's
     assert facts["cuda"] == "12.8"
     assert facts["salt"] == "model-rev-7"
     assert facts["python"] == fingerprint.platform_facts()["python"]
     assert all(isinstance(v, str) for v in facts.values())
     assert h100.digest() != a100.digest()
     assert fingerprint.explain(a100.to_json(), h100.to_json()) == [
-        "gpus: NVIDIA A100-SXM4-80GB (8.0) -> NVIDIA H100 80GB HBM3 (9.0)"
+        "gpus: NVIDIA A100-SXM4-80GB (8.0, 108 SMs) -> NVIDIA H100 80GB HBM3 (9.0, 132 SMs)"
     ]
 
 
 def test_collect_without_salt_has_no_salt_fact() -> None:
     assert "salt" not in fingerprint.collect(device=CPU_ONLY).facts
+
+
+# --------------------------------------------------------------------------- one fingerprint per job (issue 27.4)
+
+
+@pytest.fixture
+def threads() -> Any:
+    import torch
+
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def test_a_handed_over_fingerprint_is_the_one_a_later_step_uses(threads: Any) -> None:
+    threads(1)
+    plan = fingerprint.collect(salt="v2", device=H100)  # the Action's plan step
+    env = fingerprint.handover(plan)
+    assert list(env) == [fingerprint.HANDOVER_ENV]
+    threads(2)  # pytest runs with another OMP_NUM_THREADS
+    assert fingerprint.collect(salt="v2", device=H100).digest() != plan.digest()  # computing again disagrees
+    assert fingerprint.collect(salt="v2", environ=env) == plan
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"python_prefix": "/elsewhere/venv"}, {"torch_path": "/elsewhere/torch"}, {"salt": "v3"}, {"cpu_flags": "x"}],
+)
+def test_a_fingerprint_of_another_install_is_not_reused(change: dict[str, str]) -> None:
+    here = fingerprint.collect(salt="v2", environ={})
+    other = Fingerprint({**here.facts, **change, "gpus": "NVIDIA H100 80GB HBM3 (9.0, 132 SMs)"})
+    again = fingerprint.collect(salt="v2", environ=fingerprint.handover(other))
+    assert again == here  # this process's own facts
+
+
+@pytest.mark.parametrize("text", ["", "{", "[]", '{"python": 3}'])
+def test_a_malformed_handover_is_ignored(text: str) -> None:
+    assert fingerprint.handed_over({fingerprint.HANDOVER_ENV: text}, fingerprint.platform_facts()) is None
+
+
+PLAN_THEN_PYTEST = """
+import json, os, sys
+from pytest_compilecache import ConfigError
+from pytest_compilecache import fingerprint
+fp = fingerprint.collect(salt="v2")
+print(json.dumps({"digest": fp.digest(), "env": fingerprint.handover(fp)}))
+"""
+
+
+@pytest.mark.slow
+def test_plan_step_and_pytest_agree_under_other_visible_devices_and_threads() -> None:
+    """Two processes as the Action's plan step and pytest run them, with the variables that differ between
+    steps of one job; the second reuses what the first handed over (the real collection both times)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests import torchenv
+
+    def step(extra: dict[str, str]) -> dict[str, Any]:
+        env = {**torchenv.inner_env(), **extra}
+        out = subprocess.run(
+            [sys.executable, "-c", PLAN_THEN_PYTEST], env=env, capture_output=True, text=True, timeout=300, check=True
+        )
+        result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+        return result
+
+    plan = step({"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
+    alone = step({"OMP_NUM_THREADS": "2", "CUDA_VISIBLE_DEVICES": "0"})
+    assert alone["digest"] != plan["digest"]  # each computing its own: bundles saved where no restore looks
+    handed = step({"OMP_NUM_THREADS": "2", "CUDA_VISIBLE_DEVICES": "0", **plan["env"]})
+    assert handed["digest"] == plan["digest"]
+    assert os.environ.get(fingerprint.HANDOVER_ENV) is None

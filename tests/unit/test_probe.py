@@ -242,3 +242,248 @@ def test_a_disabled_session_leaves_torch_caching_as_it_found_it(monkeypatch: pyt
     os.environ.pop(probe.DISABLE_ENV)  # what the lease does first
     probe.put_back_config()
     assert config.force_disable_caches is False
+
+
+# --------------------------------------------------------------------------- GPU facts (issue 27): recorded devices
+
+
+class _CudaInitialised(AssertionError):
+    pass
+
+
+def _looks_like_a_cuda_build_with_one_gpu(monkeypatch: pytest.MonkeyPatch, *, nvml: int = 1) -> list[str]:
+    """This CPU torch made to look like a CUDA build that sees one GPU (NVML's count), where anything that
+    initialises CUDA in this process raises; returns the calls that would have."""
+    calls: list[str] = []
+
+    def initialises(name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            raise _CudaInitialised(f"{name} initialises CUDA in the pytest controller")
+
+        return call
+
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: nvml, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for name in ("get_device_properties", "_lazy_init", "init", "current_device"):
+        monkeypatch.setattr(torch.cuda, name, initialises(name))
+    return calls
+
+
+@pytest.mark.slow
+def test_reading_gpus_never_initialises_cuda_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 27.3: the controller asks a short-lived child; CUDA in this process stays untouched, so forked
+    children can still use it. (The child runs this machine's real CPU torch: it finds no GPU.)"""
+    calls = _looks_like_a_cuda_build_with_one_gpu(monkeypatch)
+    facts = probe.device_facts()
+    assert calls == []
+    assert not torch.cuda.is_initialized()
+    assert facts["cuda"] == "12.8" and facts["gpus"] == []  # the child's real answer here: no GPU
+
+
+def test_no_gpu_by_nvml_spawns_no_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _looks_like_a_cuda_build_with_one_gpu(monkeypatch, nvml=0)  # e.g. CUDA_VISIBLE_DEVICES=""
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("spawned a child without a GPU"))
+    assert probe.device_facts()["gpus"] == [] and calls == []
+
+
+def test_a_cpu_build_spawns_no_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("spawned a child on a CPU build"))
+    facts = probe.device_facts()
+    assert (facts["cuda"], facts["triton_key"], facts["gpus"]) == ("", "", [])
+
+
+def test_a_failing_child_is_an_unknown_gpu_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    _looks_like_a_cuda_build_with_one_gpu(monkeypatch)
+    monkeypatch.setattr(probe, "_CHILD", "import sys; sys.exit('cuInit failed: 999')")
+    facts = probe.device_facts()
+    assert facts["gpus"] == [{"name": "unknown (RuntimeError)", "capability": "?.?", "sms": 0}]
+    assert facts["triton_key"] == "unknown"
+
+
+def test_with_cuda_already_initialised_the_gpus_are_read_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests import devices
+
+    _looks_like_a_cuda_build_with_one_gpu(monkeypatch)
+    visible = [devices.H100_SXM, devices.H100_SXM]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(visible))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: visible[index])
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("spawned a child with CUDA in use here"))
+    facts = probe.device_facts()
+    assert facts["gpus"] == [{"name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "sms": 132}] * 2
+
+
+def test_what_the_child_prints_reads_back_as_the_same_facts() -> None:
+    from tests import devices
+
+    machine = devices.cuda_machine(devices.H100_SXM, devices.A100)
+    printed = json.loads(
+        json.dumps(machine._replace(properties=[probe.property_values(p) for p in machine.properties])._asdict())
+    )
+    assert probe.device_facts(probe.devices_from_json(printed)) == probe.device_facts(machine)
+    rocm = devices.rocm_machine(devices.MI300X)
+    printed = {**rocm._asdict(), "properties": [probe.property_values(devices.MI300X)]}
+    assert probe.device_facts(probe.devices_from_json(printed))["gpus"][0]["capability"] == "gfx942:sramecc+:xnack-"
+    bad: Any
+    for bad in ({"properties": "x"}, {"properties": [{"major": 9}]}, []):
+        with pytest.raises(ValueError):
+            probe.devices_from_json(bad)
+
+
+# --------------------------------------------------------------------------- GPU layers per test (issue 27.5)
+
+
+def test_the_gpu_counters_and_metrics_are_the_ones_this_torch_writes() -> None:
+    """The names probe reads, checked against this torch's own source and CompilationMetrics (CI: 2.7.1-2.15)."""
+    import torch._inductor as inductor
+
+    source = "".join(path.read_text(errors="replace") for path in Path(inductor.__file__).parent.rglob("*.py"))
+    # 2.7.1 counts max-autotune only; pad_mm_bench, coordesc_tuning_bench and combo_autotune_bench come later.
+    counted = {name for name in probe.AUTOTUNE_COUNTERS if f'counters["inductor"]["{name}"]' in source}
+    assert "select_algorithm_autotune" in counted
+    assert 'counters["inductor"]["triton_bundler_read_and_emit_kernel"]' in source
+    assert 'counters["inductor"] += graph.counter_deltas' in source  # why counts alone prove nothing on a hit
+    fields = set(getattr(torch._dynamo.utils.CompilationMetrics, "__dataclass_fields__", {}))
+    assert set(probe.TRITON_COMPILE_METRICS + probe.AUTOTUNE_METRICS) <= fields
+
+
+def test_delta_measures_triton_bundles_autotuning_and_triton_compiles() -> None:
+    """A test whose GPU work is first-call autotuning: torch's runtime record, after the compile's own."""
+    import collections
+
+    from torch._dynamo.utils import CompilationMetrics
+
+    records: list[Any] = []
+    # Fresh counters, put back before the test ends: this session's own plugin measures the real ones.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch._dynamo.utils, "get_compilation_metrics", lambda: list(records))
+        patch.setitem(torch._dynamo.utils.counters, "inductor", collections.Counter())
+        counters = torch._dynamo.utils.counters["inductor"]
+        start = probe.mark()
+        counters["fxgraph_cache_hit"] += 1
+        counters["triton_bundler_read_and_emit_kernel"] += 4
+        counters["select_algorithm_autotune"] += 2
+        compiled = CompilationMetrics(compile_id="0/0", entire_frame_compile_time_s=0.5, triton_compile_time_us=300_000)
+        first_call = CompilationMetrics(compile_id="0/0", is_runtime=True, runtime_triton_autotune_time_us=1_250_000)
+        records.extend((compiled, first_call))
+        out = probe.delta(start)
+    assert out["gpu"] == {
+        "triton_bundle_files": 4,
+        "triton_built": 0,
+        "autotune_benchmarks": 2,
+        "triton_compile_seconds": 0.3,
+        "autotune_seconds": 1.25,
+    }
+    assert out["frames"] == 1 and out["fxgraph"]["hit"] == 1
+
+
+# ------------------------------------------------------------------ what a fresh GPU runner rebuilds (issue 27.6)
+
+
+class _FileCacheManager:
+    """triton 3.x's ``triton.runtime.cache.FileCacheManager`` where this torch has no triton (CPU builds): the
+    same constructor, the same ``cache_dir`` under ``TRITON_CACHE_DIR``, ``put`` writing one file."""
+
+    def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
+        self.key = key
+        self.cache_dir = os.path.join(os.environ["TRITON_CACHE_DIR"], key)
+        os.makedirs(self.cache_dir, exist_ok=True)
+
+    def put(self, data: bytes, filename: str, binary: bool = True) -> str:
+        path = os.path.join(self.cache_dir, filename)
+        Path(path).write_bytes(data)
+        return path
+
+    def put_group(self, filename: str, group: dict[str, str]) -> str:
+        return self.put(json.dumps({"child_paths": group}).encode(), f"__grp__{filename}", binary=False)
+
+
+@pytest.fixture
+def triton_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    """triton's real cache module where triton is installed (CI's CUDA build of torch 2.15), else the stand-in;
+    TRITON_CACHE_DIR under a cache dir, and the watch installed (and removed after)."""
+    import importlib
+    import types
+
+    try:
+        module: Any = importlib.import_module("triton.runtime.cache")
+    except ImportError:
+        module = types.ModuleType("triton.runtime.cache")
+        module.FileCacheManager = _FileCacheManager
+        monkeypatch.setitem(sys.modules, "triton.runtime.cache", module)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache" / "triton"))
+    probe.watch_triton_cache()
+    yield module
+    probe.uninstall_triton_watch()
+
+
+def test_used_files_carry_the_triton_entries_this_process_opened(triton_cache: Any, tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    helper = triton_cache.FileCacheManager("a" * 64)  # triton's gcc-built cuda_utils, loaded outside sys.modules
+    helper.put(b"\x7fELF helper", "cuda_utils.cpython-311-x86_64-linux-gnu.so", binary=True)
+    kernel = triton_cache.FileCacheManager("b" * 64)  # a kernel: what torch's bundle lacks with bundling off
+    kernel.put(b"cubin", "triton_poi_fused_0.cubin", binary=True)
+    kernel.put(b"{}", "__grp__triton_poi_fused_0.json", binary=False)
+    Path(kernel.cache_dir, "tmp.pid_7_123").mkdir()  # triton's temp dir of a put in flight
+    Path(kernel.cache_dir, "lock").write_text("")
+    other = root / "triton" / ("c" * 64)  # an entry some other session left: not this process's
+    other.mkdir(parents=True)
+    (other / "x.cubin").write_bytes(b"old")
+    (root / "cache").mkdir()
+    (root / "cache" / "f2b4c1d0").write_text('{"mm": {}}')  # max-autotune's GEMM timings (CacheBase's local cache)
+    rel = {os.path.relpath(d, root) for d in (helper.cache_dir, kernel.cache_dir)}
+    carried = probe.used_files(str(root))
+    assert set(carried) == {
+        *(f"{d}/{name}" for d in rel for name in os.listdir(root / d) if name not in ("lock", "tmp.pid_7_123")),
+        "cache/f2b4c1d0",
+    }
+    assert f"{os.path.relpath(helper.cache_dir, root)}/cuda_utils.cpython-311-x86_64-linux-gnu.so" in carried
+    assert not any(name.startswith("triton/" + "c" * 64) for name in carried)
+
+
+def test_triton_entries_outside_the_cache_dir_are_not_carried(triton_cache: Any, tmp_path: Path) -> None:
+    triton_cache.FileCacheManager("d" * 64).put(b"x", "k.cubin", binary=True)
+    assert probe.used_files(str(tmp_path / "elsewhere")) == []
+    # An entry that is a link to a dir elsewhere: nothing behind it is listed (the bundle reads no links).
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.cubin").write_bytes(b"not ours")
+    entry = tmp_path / "cache" / "triton" / ("e" * 52)
+    entry.symlink_to(outside, target_is_directory=True)
+    triton_cache.FileCacheManager(entry.name)  # triton opens it: the watch records the linked dir
+    assert not any("secret" in name for name in probe.used_files(str(tmp_path / "cache")))
+
+
+def test_the_triton_key_fact_hashes_the_key_torch_uses() -> None:
+    """Real triton where installed (CI's CUDA build of torch 2.15): the same triton_key() torch's FX key reads."""
+    import hashlib
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        assert probe._safe(probe._triton_key).startswith("unknown (")  # no triton: recorded as unknown, no crash
+        return
+    import torch._inductor.codecache as codecache
+
+    if hasattr(codecache, "triton_key"):  # 2.8+: torch's own wrapper
+        key = codecache.triton_key()
+    else:  # 2.7.1 imports it inside CacheBase.get_system, from triton 3.3's compiler module
+        from triton.compiler.compiler import triton_key
+
+        key = triton_key()
+    assert probe._triton_key() == hashlib.sha256(str(key).encode()).hexdigest()[:16]
+
+
+def test_triton_entries_this_process_built_are_counted_per_test(triton_cache: Any) -> None:
+    """A kernel compiled (triton writes its group file, on a miss only) and a helper library built count; a
+    lookup that found its entry does not."""
+    start = probe.mark()
+    kernel = triton_cache.FileCacheManager("e" * 64)
+    kernel.put(b"cubin", "k.cubin", binary=True)
+    kernel.put_group("k.json", {"k.cubin": os.path.join(kernel.cache_dir, "k.cubin")})
+    triton_cache.FileCacheManager("f" * 64).put(b"\x7fELF", "cuda_utils.cpython-311-x86_64-linux-gnu.so", binary=True)
+    triton_cache.FileCacheManager("e" * 64)  # a later lookup of the same entry: a hit, nothing built
+    assert probe.delta(start)["gpu"]["triton_built"] == 2

@@ -315,3 +315,58 @@ def test_markdown_respects_a_small_limit(limit: int) -> None:
 def test_markdown_never_exceeds_even_a_tiny_limit(limit: int) -> None:
     text = report.markdown(_many(50), where="shared:/c", limit=limit)
     assert 0 < len(text) <= limit
+
+
+# ------------------------------------------------------------------------------------- GPU layers (issue 27.5)
+
+TUNED: dict[str, Any] = {"autotune_benchmarks": 3, "triton_compile_seconds": 1.5, "autotune_seconds": 2.25}
+BUNDLED: dict[str, Any] = {"triton_bundle_files": 12, "autotune_benchmarks": 3}
+
+
+def test_all_hits_that_still_autotuned_say_so_plainly() -> None:
+    stats = _stats(_record("t.py::test_mm", hit=2, gpu=TUNED), _record("t.py::test_cached", hit=2, gpu=BUNDLED))
+    assert report.summary_line(stats, "shared:/p") == (
+        "compile cache: 4 hits, 0 misses (100%), 0.0 s compiling, 12 triton files from bundles, "
+        "1.5 s triton compiling, 2.2 s autotuning (6 benchmarked), dir shared:/p"
+    )
+    assert report.gpu_lines(stats) == [
+        "gpu: 1 test without an FX-graph miss still autotuned (2.2 s): t.py::test_mm (3.8 s)"
+    ]
+    table = report.table_lines(stats)
+    head = ["triton", "s", "autotune", "s", "bundled", "built", "benchmarks", "test", "(GPU", "layers)"]
+    assert table[-3].split() == head
+    assert table[-2].split() == ["1.50", "2.25", "0", "0", "3", "t.py::test_mm"]
+    assert table[-1].split() == ["0.00", "0.00", "12", "0", "3", "t.py::test_cached"]
+    text = report.markdown(stats, where="shared:/p")
+    assert "**GPU work despite FX hits**: 1 test without an FX-graph miss still autotuned" in text
+    assert "<summary>GPU layers per test (2)</summary>" in text
+    assert "| 1.50 | 2.25 | 0 | 0 | 3 | `t.py::test_mm` |" in text
+    tests = {t["nodeid"]: t for t in report.to_json(stats, mode="shared", cache_dir="/p")["tests"]}
+    assert tests["t.py::test_mm"]["gpu"]["autotune_seconds"] == 2.25
+
+
+def test_cpu_sessions_show_no_gpu_lines() -> None:
+    stats = _stats(_record("a", hit=40, miss=1, seconds=10.0))
+    assert report.gpu_lines(stats) == [] and report.gpu_table_lines(stats) == []
+    assert "GPU" not in report.markdown(stats, where="shared:/p")
+    assert "triton" not in report.summary_line(stats, "shared:/p")
+
+
+def test_a_test_whose_only_gpu_work_is_first_call_autotuning_is_listed() -> None:
+    first_call = ItemRecord("t.py::test_first_call")
+    first_call.add({"gpu": {"autotune_seconds": 0.75}})  # no frame, no lookup in this test: compiled earlier
+    stats = _stats(first_call)
+    assert [r.nodeid for r in stats.compiled] == ["t.py::test_first_call"]
+    assert report.gpu_lines(stats) == [
+        "gpu: 1 test without an FX-graph miss still autotuned (0.8 s): t.py::test_first_call (0.8 s)"
+    ]
+
+
+def test_kernels_built_under_fx_hits_are_named_with_their_count() -> None:
+    built = _record("t.py::test_user_kernel", hit=1, gpu={"triton_built": 2, "triton_compile_seconds": 0.4})
+    stats = _stats(built, _record("t.py::cpu", hit=1, seconds=0.1, gpu={"triton_compile_seconds": 0.0003}))
+    assert report.gpu_lines(stats) == [
+        "gpu: 1 test without an FX-graph miss still built 2 triton kernels/helpers (0.4 s compiling): "
+        "t.py::test_user_kernel (0.4 s)"
+    ]
+    assert [line.split()[-1] for line in report.gpu_table_lines(stats)[1:]] == ["t.py::test_user_kernel"]

@@ -258,6 +258,21 @@ def test_save_is_skipped_when_every_graph_hit_a_restored_cache(tmp_path: Path) -
     assert not (tmp_path / "store").exists()
 
 
+def test_a_session_that_autotuned_saves_although_every_graph_hit(tmp_path: Path) -> None:
+    """issue 27.5: new autotune results (first-call benchmarks, max-autotune timings) are worth a new bundle."""
+    (tmp_path / "cache").mkdir()
+    controller = _controller(tmp_path, store=str(tmp_path / "store"))
+    controller.start.restored = sync.RestoreResult("exact", key="k")
+    record = _record("t::mm", hit=3)
+    record.add({"gpu": {"autotune_seconds": 1.2, "autotune_benchmarks": 4}})
+    controller.stats.add_record(record)
+    controller.end.blobs["controller"] = b"mega-cache with the new autotune results"
+    controller.end.save()
+    assert controller.saved is not None and controller.saved.outcome == "saved", controller.saved
+    lines = [line for line, _ in controller.terminal_lines()]
+    assert any(line.startswith("gpu: 1 test without an FX-graph miss still autotuned") for line in lines), lines
+
+
 def test_restore_skip_without_a_report_counts_as_restored(tmp_path: Path) -> None:
     controller = _controller(tmp_path, store=str(tmp_path / "store"), restore="skip")
     controller.session_start()

@@ -68,7 +68,15 @@ def test_add_tolerates_partial_and_null_deltas() -> None:
 
 @pytest.mark.parametrize(
     "delta",
-    [{"frames": 1}, {"compile_seconds": 0.01}, {"fxgraph": {"bypass": 1}}, {"aotautograd": {"guard_miss": 1}}],
+    [
+        {"frames": 1},
+        {"compile_seconds": 0.01},
+        {"fxgraph": {"bypass": 1}},
+        {"aotautograd": {"guard_miss": 1}},
+        # A test whose only GPU work is first-call autotuning, recorded after its compile (issue 27.5).
+        {"gpu": {"autotune_seconds": 0.4}},
+        {"gpu": {"triton_built": 1}},
+    ],
 )
 def test_any_compile_activity_counts_as_compiled(delta: dict[str, Any]) -> None:
     record = ItemRecord("t.py::test")
@@ -89,6 +97,7 @@ def test_json_round_trip_through_real_json() -> None:
         "fxgraph",
         "aotautograd",
         "remote",
+        "gpu",
         "frames",
         "recompiles",
         "compile_seconds",
@@ -226,3 +235,87 @@ def test_a_report_record_with_a_graph_count_reads_back() -> None:
     data = {"nodeid": "t::a", "fxgraph": {"miss": 1}, "frames": 1, "graphs": 2, "why": [{"key": "k", "reasons": ["r"]}]}
     record = ItemRecord.from_json(data)
     assert record.graphs == [] and [(w.key, w.reasons) for w in record.why] == [("k", ["r"])]
+
+
+# --------------------------------------------------------------------------- GPU layers (issue 27.5)
+
+# One test's GPU deltas as probe.delta shapes them: all FX lookups hit, then triton compiled and autotuned anyway.
+ALL_HITS_YET_TUNED = {
+    "fxgraph": {"hit": 2},
+    "gpu": {
+        "triton_bundle_files": 0,
+        "autotune_benchmarks": 3,
+        "triton_compile_seconds": 1.5,
+        "autotune_seconds": 2.25,
+    },
+}
+FROM_THE_BUNDLE = {"fxgraph": {"hit": 2}, "gpu": {"triton_bundle_files": 12, "autotune_benchmarks": 3}}
+
+
+def test_gpu_layers_add_up_and_round_trip() -> None:
+    record = ItemRecord("t.py::test_mm")
+    record.add(ALL_HITS_YET_TUNED)
+    record.add(ALL_HITS_YET_TUNED)
+    assert record.gpu == {
+        "triton_bundle_files": 0,
+        "triton_built": 0,
+        "autotune_benchmarks": 6,
+        "triton_compile_seconds": 3.0,
+        "autotune_seconds": 4.5,
+    }
+    data = json.loads(json.dumps(record.to_json()))
+    assert data["gpu"]["autotune_benchmarks"] == 6 and isinstance(data["gpu"]["autotune_benchmarks"], int)
+    assert ItemRecord.from_json(data).gpu == record.gpu
+    assert ItemRecord.from_json({"nodeid": "old.py::t"}).gpu["autotune_seconds"] == 0.0  # a report without "gpu"
+
+
+def test_all_hits_that_still_compiled_on_the_gpu_are_named() -> None:
+    stats = SessionStats()
+    for nodeid, delta in (("a.py::tuned", ALL_HITS_YET_TUNED), ("b.py::cached", FROM_THE_BUNDLE)):
+        record = ItemRecord(nodeid)
+        record.add(delta)
+        stats.add_record(record)
+    assert stats.hit_rate == 1.0
+    assert [r.nodeid for r in stats.gpu_still_compiled] == ["a.py::tuned"]
+    # Replayed autotune counts of a cached test are not new work; measured seconds are.
+    assert stats.new_gpu_artifacts is True
+    assert stats.totals_json()["gpu"] == {
+        "triton_bundle_files": 12,
+        "triton_built": 0,
+        "autotune_benchmarks": 6,
+        "triton_compile_seconds": 1.5,
+        "autotune_seconds": 2.25,
+    }
+    only_cached = SessionStats()
+    record = ItemRecord("b.py::cached")
+    record.add(FROM_THE_BUNDLE)
+    only_cached.add_record(record)
+    assert only_cached.new_gpu_artifacts is False and only_cached.gpu_still_compiled == []
+
+
+def test_the_live_fixture_shows_the_gpu_layers() -> None:
+    from pytest_compilecache.stats import CompileCacheStats
+
+    live = CompileCacheStats("t.py::test_mm", lambda: ALL_HITS_YET_TUNED)
+    assert live.gpu["autotune_seconds"] == 2.25 and live.gpu["triton_bundle_files"] == 0
+
+
+def test_triton_entries_built_are_new_artifacts_even_without_seconds() -> None:
+    # A kernel triton compiled afresh under an FX hit (its bundle was not emitted: a half-trimmed dir, bundling
+    # off) or a helper library rebuilt: new to the cache, and worth a save.
+    stats = SessionStats()
+    record = ItemRecord("t.py::test_user_kernel")
+    record.add({"fxgraph": {"hit": 1}, "gpu": {"triton_built": 2}})
+    stats.add_record(record)
+    assert stats.new_gpu_artifacts is True
+    assert [r.nodeid for r in stats.gpu_still_compiled] == ["t.py::test_user_kernel"]
+
+
+def test_triton_compile_seconds_alone_are_not_gpu_work() -> None:
+    # torch books its wait for parallel C++ compiles as triton_compile_time_us: CPU sessions have it too.
+    record = ItemRecord("t.py::test_cpu")
+    record.add({"fxgraph": {"hit": 1}, "frames": 1, "gpu": {"triton_compile_seconds": 0.0003}})
+    stats = SessionStats()
+    stats.add_record(record)
+    assert not record.used_gpu and not stats.used_gpu and not stats.new_gpu_artifacts
+    assert stats.gpu_still_compiled == []

@@ -150,7 +150,7 @@ def test_miss_explains_how_the_newest_bundle_differs(tmp_path: Path, source: Pat
     assert transfer.outcome == "miss"
     assert transfer.message == (
         f"no bundle for fingerprint {H100.digest()}; newest is {newest}, which differs in: "
-        "gpus: NVIDIA A100-SXM4-80GB (8.0) -> NVIDIA H100 80GB HBM3 (9.0)"
+        "gpus: NVIDIA A100-SXM4-80GB (8.0, 108 SMs) -> NVIDIA H100 80GB HBM3 (9.0, 132 SMs)"
     )
     assert tree(cache_dir) == before
 
@@ -752,7 +752,8 @@ def test_miss_explanation_reads_only_the_header(tmp_path: Path, source: Path, ca
     store.objects[newest] = (data[:-200], when)  # the payload is damaged: the header alone must do
     transfer = _restore(store, cache_dir)
     assert transfer.outcome == "miss"
-    assert "which differs in: gpus: NVIDIA A100-SXM4-80GB (8.0) -> NVIDIA H100 80GB HBM3 (9.0)" in transfer.message
+    gpus = "gpus: NVIDIA A100-SXM4-80GB (8.0, 108 SMs) -> NVIDIA H100 80GB HBM3 (9.0, 132 SMs)"
+    assert f"which differs in: {gpus}" in transfer.message
 
 
 def test_miss_explanation_uses_no_unauthenticated_text(tmp_path: Path, source: Path, cache_dir: Path) -> None:
@@ -810,7 +811,10 @@ def test_miss_explanation_reads_the_header_not_the_bundle(tmp_path: Path, source
     newest = _put_bundle(store, tmp_path, source, A100, "run-1", blobs={"controller": os.urandom(4 << 20)})
     transfer = _restore(store, cache_dir)
     assert transfer.outcome == "miss"
-    assert "which differs in: gpus: NVIDIA A100-SXM4-80GB (8.0) -> NVIDIA H100 80GB HBM3 (9.0)" in transfer.message
+    assert (
+        "which differs in: gpus: NVIDIA A100-SXM4-80GB (8.0, 108 SMs) -> NVIDIA H100 80GB HBM3 (9.0, 132 SMs)"
+        in transfer.message
+    )
     assert "get" not in store.calls and store.calls.count("get_head") == 1
     assert store.carried == container.HEAD_PROBE < len(store.objects[newest][0]) // 60
 

@@ -1,0 +1,289 @@
+#!/usr/bin/env python3
+"""The GPU checks of issue 27, on a machine with CUDA; without one it says it skipped and exits 0.
+
+Usage (from the repository root, with a CUDA build of torch and triton in the interpreter that runs it):
+
+    python scripts/gpu-check.py              # every check below
+    python scripts/gpu-check.py --keep DIR   # keep the suites, stores, reports and logs in DIR
+
+What it checks (each prints one ``ok``/``FAILED`` line; exit status 1 if any failed):
+
+1. fingerprint: ``python -m pytest_compilecache fingerprint --json`` gives one digest for every ordering and
+   subset of identical visible GPUs (``CUDA_VISIBLE_DEVICES`` unset, ``0``, ``1,0``, ...), its GPU fact names
+   the compute capability (``major.minor``) and SM count, and a fingerprint handed over by one step
+   (``PYTEST_COMPILECACHE_FINGERPRINT``) is reused under another ``OMP_NUM_THREADS``.
+2. fork: a test that forks a child which uses CUDA passes with a store (the controller fingerprints at start)
+   and without: the controller never initialised CUDA.
+3. warm restore: a suite with a CUDA reduction, a max-autotune matmul and a user ``@triton.jit`` kernel runs
+   cold (saving a bundle), then on a fresh runner (an empty cache dir, temp dir and triton home): 100% FX-graph
+   hits, zero autotune seconds, triton compile seconds below 0.1 s (torch books loading cached kernels there too)
+   and no triton kernel or helper built in the JSON report, and no C compiler build (``cc``/``gcc``/``g++``/
+   ``c++`` calls with ``-c`` or ``-o`` are logged through shims on PATH). Serially, then with ``-n 2``
+   (pytest-xdist).
+
+It needs pytest-compilecache importable from this checkout and, for ``-n 2``, pytest-xdist. Nothing outside
+the work dir is written; the work dir is removed at the end unless ``--keep`` names one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPILERS = ("cc", "gcc", "g++", "c++", "clang", "clang++")
+
+FORK_SUITE = textwrap.dedent(
+    """
+    import multiprocessing
+
+    def _use_cuda(queue):
+        import torch
+        queue.put(float(torch.ones(4, device="cuda").sum().item()))
+
+    def test_a_forked_child_can_use_cuda():
+        context = multiprocessing.get_context("fork")
+        queue = context.Queue()
+        child = context.Process(target=_use_cuda, args=(queue,))
+        child.start()
+        child.join(120)
+        assert child.exitcode == 0, "the forked child could not use CUDA (the parent initialised it)"
+        assert queue.get(timeout=5) == 4.0
+    """
+)
+
+WARM_SUITE = textwrap.dedent(
+    """
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < n
+        total = tl.load(x_ptr + offsets, mask=mask) + tl.load(y_ptr + offsets, mask=mask)
+        tl.store(out_ptr + offsets, total, mask=mask)
+
+
+    def test_reduction():
+        x = torch.arange(4096.0, device="cuda").reshape(64, 64)
+        out = torch.compile(lambda t: (t * 2).sum(dim=1))(x)
+        torch.testing.assert_close(out, (x * 2).sum(dim=1))
+
+
+    def test_max_autotune_matmul():
+        a = torch.randn(256, 256, device="cuda", dtype=torch.float16)
+        b = torch.randn(256, 256, device="cuda", dtype=torch.float16)
+        out = torch.compile(lambda p, q: p @ q, mode="max-autotune-no-cudagraphs")(a, b)
+        torch.testing.assert_close(out, a @ b, atol=1e-1, rtol=1e-2)
+
+
+    def test_user_triton_kernel():
+        x = torch.arange(1000.0, device="cuda")
+        out = torch.empty_like(x)
+        add_kernel[(triton.cdiv(1000, 256),)](x, x, out, 1000, BLOCK=256)
+        torch.testing.assert_close(out, x + x)
+    """
+)
+
+
+def cuda_status() -> str | None:
+    """None when a CUDA device is usable by torch here; otherwise why not. Asked in a child: this script
+    starts pytest sessions that fork, and must not hold a CUDA context itself."""
+    code = "import torch; print(torch.cuda.is_available() and torch.cuda.device_count() > 0, torch.version.cuda)"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"could not ask torch ({exc})"
+    if out.returncode != 0:
+        return f"torch not importable by {sys.executable}: {(out.stderr.strip().splitlines() or ['?'])[-1]}"
+    available, version = out.stdout.split()
+    if available == "True":
+        return None
+    return "a CPU build of torch" if version == "None" else f"no CUDA device (torch built with CUDA {version})"
+
+
+class Checks:
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.failed: list[str] = []
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_COMPILECACHE_", "TORCHINDUCTOR_"))}
+        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        self.env.pop("TRITON_CACHE_DIR", None)
+
+    def check(self, name: str, ok: bool, detail: str = "") -> None:
+        print(f"{'ok    ' if ok else 'FAILED'} {name}" + (f": {detail}" if detail else ""), flush=True)
+        if not ok:
+            self.failed.append(name)
+
+    def run(
+        self, argv: list[str], env: dict[str, str] | None = None, **kwargs: Any
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, env=env or self.env, capture_output=True, text=True, check=False, **kwargs)
+
+    # ---- 1
+
+    def fingerprint(self) -> None:
+        def digest(extra: dict[str, str]) -> tuple[str, dict[str, str]]:
+            out = self.run(
+                [sys.executable, "-m", "pytest_compilecache", "fingerprint", "--json"], {**self.env, **extra}
+            )
+            if out.returncode != 0:
+                return f"error: {out.stderr.strip()[-200:]}", {}
+            data = json.loads(out.stdout)
+            return data["digest"], data["facts"]
+
+        count = int(self.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"]).stdout or 0)
+        visible = [{}, {"CUDA_VISIBLE_DEVICES": "0"}]
+        if count > 1:
+            visible += [{"CUDA_VISIBLE_DEVICES": "1,0"}, {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(count)))}]
+        results = [digest(extra) for extra in visible]
+        digests = {d for d, _ in results}
+        facts = results[0][1]
+        self.check(
+            f"fingerprint: one digest for {len(visible)} CUDA_VISIBLE_DEVICES settings ({count} GPUs)",
+            len(digests) == 1,
+            ", ".join(sorted(digests)),
+        )
+        gpus = facts.get("gpus", "")
+        self.check("fingerprint: the GPU fact is capability and SM count", " SMs)" in gpus and "." in gpus, gpus)
+        self.check(
+            "fingerprint: triton's content hash is a fact", bool(facts.get("triton_key")), facts.get("triton_key", "")
+        )
+        handed = json.dumps(facts, separators=(",", ":"))
+        other, _ = digest({"OMP_NUM_THREADS": "1", "PYTEST_COMPILECACHE_FINGERPRINT": handed})
+        self.check(
+            "fingerprint: a handed-over fingerprint is reused under another OMP_NUM_THREADS", other == results[0][0]
+        )
+
+    # ---- 2
+
+    def fork(self) -> None:
+        suite = self.work / "fork"
+        suite.mkdir()
+        (suite / "test_fork.py").write_text(FORK_SUITE)
+        for label, options in (
+            ("without a store", []),
+            ("with a store", [f"--compile-cache-store={self.work / 'fork-store'}"]),
+        ):
+            out = self.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--compile-cache=isolated", *options],
+                cwd=suite,
+                timeout=600,
+            )
+            self.check(f"fork: a forked child uses CUDA, {label}", out.returncode == 0, _tail(out))
+
+    # ---- 3
+
+    def warm(self, workers: list[str], label: str) -> None:
+        base = self.work / f"warm{label.replace(' ', '')}"
+        suite = base / "suite"
+        suite.mkdir(parents=True)
+        (suite / "test_gpu.py").write_text(WARM_SUITE)
+        store = base / "store"
+        shims, log = self._compiler_shims(base)
+        reports = {}
+        for run in ("cold", "warm"):
+            fresh = base / run  # a fresh runner: no cache dir, temp dir or triton home from the cold run
+            (fresh / "tmp").mkdir(parents=True)
+            env = {
+                **self.env,
+                "TMPDIR": str(fresh / "tmp"),
+                "HOME": str(fresh),
+                "PATH": f"{shims}{os.pathsep}{self.env['PATH']}",
+            }
+            log.write_text("")
+            out = self.run(
+                [
+                    sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers,
+                    "--compile-cache=isolated", f"--compile-cache-store={store}",
+                    f"--compile-cache-json={fresh / 'report.json'}", "--compile-cache-report=full",
+                ],
+                env=env,
+                cwd=suite,
+                timeout=900,
+            )  # fmt: skip
+            self.check(f"warm {label}: the {run} run passes", out.returncode == 0, _tail(out))
+            if out.returncode != 0:
+                return
+            reports[run] = json.loads((fresh / "report.json").read_text())
+            calls = [line for line in log.read_text().splitlines() if line.strip()]
+            if run == "warm":
+                self.check(f"warm {label}: no C compiler call on the fresh runner", not calls, "; ".join(calls[:3]))
+        totals = reports["warm"]["totals"]
+        gpu = totals.get("gpu", {})
+        self.check(
+            f"warm {label}: 100% FX-graph hits",
+            totals["misses"] == 0 and totals["hits"] > 0,
+            f"{totals['hits']} hits, {totals['misses']} misses",
+        )
+        # torch books loading cached kernels and its wait for parallel compiles as triton_compile_time_us too:
+        # "zero" is below a tenth of a second in all, what loading (not compiling) a few kernels takes.
+        compiling = float(gpu.get("triton_compile_seconds", 1e9))
+        self.check(f"warm {label}: no triton compile seconds (< 0.1 s)", compiling < 0.1, json.dumps(gpu))
+        self.check(f"warm {label}: zero autotune seconds", gpu.get("autotune_seconds") == 0, json.dumps(gpu))
+        self.check(f"warm {label}: no triton kernel or helper built", gpu.get("triton_built") == 0, json.dumps(gpu))
+
+    def _compiler_shims(self, base: Path) -> tuple[Path, Path]:
+        """A PATH dir whose cc/gcc/g++/... log each call to ``calls.log``, then run the real compiler."""
+        shims, log = base / "shims", base / "calls.log"
+        shims.mkdir()
+        for name in COMPILERS:
+            real = shutil.which(name, path=self.env.get("PATH"))
+            if real is None:
+                continue
+            shim = shims / name
+            # Builds only: a version query (`g++ --version`, the fingerprint's compiler fact) compiles nothing.
+            shim.write_text(
+                f'#!/bin/sh\ncase " $* " in *" -o "*|*" -c "*) echo "{name} $*" >> "{log}" ;; esac\n'
+                f'exec "{real}" "$@"\n'
+            )
+            shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
+        return shims, log
+
+
+def _tail(out: subprocess.CompletedProcess[str]) -> str:
+    if out.returncode == 0:
+        return ""
+    return " | ".join((out.stdout + out.stderr).strip().splitlines()[-6:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--keep", type=Path, help="keep everything in this dir (created; must be empty)")
+    args = parser.parse_args(argv)
+    why = cuda_status()
+    if why is not None:
+        print(f"gpu-check: skipped: {why}")
+        return 0
+    work = args.keep or Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    work.mkdir(parents=True, exist_ok=True)
+    checks = Checks(work)
+    try:
+        checks.fingerprint()
+        checks.fork()
+        checks.warm([], "serial")
+        if subprocess.run([sys.executable, "-c", "import xdist"], capture_output=True, check=False).returncode == 0:
+            checks.warm(["-n", "2"], "-n 2")
+        else:
+            checks.check("warm -n 2: pytest-xdist is installed", False, "pip install pytest-xdist")
+    finally:
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"gpu-check: {'FAILED: ' + ', '.join(checks.failed) if checks.failed else 'all checks passed'}")
+    return 1 if checks.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
