@@ -86,6 +86,11 @@ class Recorder:
         self._baseline_read = False
 
     @property
+    def has_stats(self) -> bool:
+        """Whether anything beyond a count was recorded (the statistics were made)."""
+        return self._stats is not None
+
+    @property
     def stats(self) -> SessionStats:
         """This process's statistics (made on first use: a session that never compiles may never need them)."""
         stats = self._stats

@@ -20,8 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
-from .ghrunner import one_line
-
 if TYPE_CHECKING:
     from filelock import BaseFileLock
 
@@ -169,6 +167,8 @@ class RestorePhase:
         told = data.get("restored")
         self.restored = read_handoff(told) if isinstance(told, str) else None
         trouble = data.get("store_trouble")
+        from .ghrunner import one_line  # cost: as above
+
         self.store_trouble = one_line(trouble) if isinstance(trouble, str) else None
         facts = data.get("fingerprint")
         if isinstance(facts, dict) and all(isinstance(v, str) for v in facts.values()):
@@ -244,6 +244,8 @@ class RestorePhase:
 
             record, warning = read_baseline(Path(path), graphs)  # never raises: trouble is one warning
             if warning:
+                from .ghrunner import one_line  # cost: only to warn
+
                 self.problems.warn(one_line(warning, 500))
         # The record says whether it is a restored bundle's (installed here, by the worker that restored for an
         # xdist controller, or by the Action's restore step) or a local session's: the dir keeps the newer.

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 from . import cachedir
 from . import probe
-from .ghrunner import one_line
 
 if TYPE_CHECKING:
     from .explain import GraphsRecord
@@ -84,6 +83,8 @@ class SavePhase:
         aot_misses = {nodeid: r.aotautograd["miss"] for nodeid, r in self.stats.records.items()}
         why, self.graphs, warning = explain_session_safely(current, baseline, self.start.compared_with, aot_misses)
         if warning:  # never a failed session: one warning, and this session's graphs alone are kept
+            from .ghrunner import one_line  # cost: only to warn
+
             self.problems.warn(one_line(warning, 500))
         if why is not None and baseline is not None:  # None: a first run (the report says null, not "{}")
             self.why = why

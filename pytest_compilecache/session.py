@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
@@ -29,8 +30,6 @@ from . import probe
 from ._env import EnvLease
 from .cachedir import SessionDir
 from .errors import ConfigError
-from .ghrunner import one_line
-from .payload import ProcessOutput
 from .problems import Problems
 from .restore_phase import EXPLAINED_MODES
 from .restore_phase import TICKET_ENV
@@ -42,6 +41,7 @@ from .settings import Settings
 
 if TYPE_CHECKING:
     from .fingerprint import Fingerprint
+    from .payload import ProcessOutput
     from .recorder import Recorder
     from .report import SessionOutcome
     from .stats import SessionStats
@@ -173,6 +173,8 @@ class Setup:
         errors = self.remote_errors
         if errors:
             more = f"; {len(errors)} errors in all" if len(errors) > 1 else ""
+            from .ghrunner import one_line  # cost: only when Redis failed
+
             self.problems.warn(
                 one_line(
                     f"redis remote cache failed mid-session ({errors[0]}{more}); torch's remote caches are off "
@@ -285,6 +287,8 @@ class Worker:
     def output(self) -> dict[str, Any]:
         """The payload for the controller (:class:`ProcessOutput` as JSON, sent through ``workeroutput``)."""
         self.setup.take_remote_errors()
+        from .payload import ProcessOutput  # cost: at the end, in each worker
+
         return ProcessOutput.collect(self.setup, self.recorder).to_json()
 
 
@@ -315,6 +319,8 @@ class Controller:
     def add_worker(self, worker: str, sent: Any) -> None:
         """Merge what a worker sent; a worker that sent nothing (it crashed) is listed, not fatal."""
         self.workers.append(worker)
+        from .payload import ProcessOutput  # cost: at the end, in the controller of workers
+
         output = ProcessOutput.from_json(sent)
         if output is None:
             self.stats.silent_workers.append(worker)
@@ -342,7 +348,9 @@ class Controller:
         ``failed``: the tests failed (the Action's save policy may then skip the save).
         """
         self.end.tests_failed = failed
-        if not self.workers:  # a plain session: the controller ran the tests itself
+        if not self.workers and "torch" in sys.modules:  # a plain session whose tests imported torch
+            from .payload import ProcessOutput  # cost: only a session that may have compiled
+
             self._take_artifacts("controller", ProcessOutput.collect(self.setup, self.recorder))
         self.start.collect_ticket()
         if self.setup.dir.path and self.end.files:
@@ -393,6 +401,12 @@ class Controller:
             json_path=self.settings.json,
         )
 
+    def _worth_reporting(self) -> bool:
+        """As :attr:`report.SessionOutcome.worth_reporting`, without loading the statistics or the renderers."""
+        if self.start.restored or self.end.saved or self.problems.warnings:
+            return True
+        return self.recorder.has_stats and self.stats.anything_compiled
+
     def to_json(self) -> dict[str, Any]:
         from .report import session_json  # cost: as above
 
@@ -431,8 +445,9 @@ class Controller:
 
     def terminal_lines(self, verbose: bool = False) -> list[tuple[str, dict[str, bool]]]:
         """The "compile cache" section: pure rendering of what the session did (printed by the plugin)."""
-        if self.settings.report == "none" and not (self.problems.warnings or self.problems.errors):
-            return []
+        trouble = bool(self.problems.warnings or self.problems.errors)
+        if not trouble and (self.settings.report == "none" or not self._worth_reporting()):
+            return []  # nothing to say: the renderers are not even loaded
         from .report import session_lines  # cost: as above
 
         return session_lines(self.outcome(), report=self.settings.report, verbose=verbose)
