@@ -114,8 +114,7 @@ class S3Store:
         self.multipart_threshold = multipart_threshold
         self.location = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self._base = f"{self.prefix}/" if self.prefix else ""
-        self._client: Any = None
-        self._client_lock = threading.Lock()
+        self._connection = _Connection(self)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> S3Store:
@@ -170,23 +169,23 @@ class S3Store:
         tmp = Path(tmp_name)
         try:
             if limit is None:
-                with self._transfer_manager() as manager:
+                with self._connection.transfer_manager() as manager:
                     manager.download(self.bucket, name, str(tmp)).result()
             else:
                 self._get_bounded(name, tmp, limit, f"{key} in {self.location}")
             os.replace(tmp, dest)
         except _boto_errors() as exc:
             if _is_missing_object(exc):
-                self._check_bucket(name)
+                self._connection.check_bucket(name)
                 return False
-            raise self._error(exc, f"get {key}") from exc
+            raise self._connection.error(exc, f"get {key}") from exc
         finally:
             tmp.unlink(missing_ok=True)  # a no-op after os.replace
         return True
 
     def _get_bounded(self, name: str, tmp: Path, limit: int, what: str) -> None:
         """:meth:`get` with a ``limit``: see there. boto errors propagate to it."""
-        head = self._s3().head_object(Bucket=self.bucket, Key=name)
+        head = self._connection.client().head_object(Bucket=self.bucket, Key=name)
         size, etag = int(head["ContentLength"]), head.get("ETag")
         if size > limit:
             raise ObjectTooLarge(f"{what} is {size} bytes, more than {limit}")
@@ -198,7 +197,9 @@ class S3Store:
             if size < self.multipart_threshold or not etag:
                 # Our own GET: s3transfer's single GET is not pinned to an ETag. Range asks for one byte
                 # past the limit, and the body is read to its end, so its connection goes back to the pool.
-                body = self._s3().get_object(Bucket=self.bucket, Key=name, Range=f"bytes=0-{limit}", **pinned)["Body"]
+                body = self._connection.client().get_object(
+                    Bucket=self.bucket, Key=name, Range=f"bytes=0-{limit}", **pinned
+                )["Body"]
                 with contextlib.closing(body):
                     for chunk in iter(lambda: body.read(1024 * 1024), b""):
                         bounded.write(chunk)
@@ -212,7 +213,7 @@ class S3Store:
                     if pin is not None:
                         pin(etag)  # s3transfer then adds If-Match to each ranged GET
 
-            with self._transfer_manager() as manager:
+            with self._connection.transfer_manager() as manager:
                 manager.download(self.bucket, name, bounded, subscribers=[Known()]).result()
 
     def get_head(self, key: str, limit: int) -> bytes | None:
@@ -221,7 +222,9 @@ class S3Store:
         name = self._object_name(key)
         try:
             try:
-                response = self._s3().get_object(Bucket=self.bucket, Key=name, Range=f"bytes=0-{limit - 1}")
+                response = self._connection.client().get_object(
+                    Bucket=self.bucket, Key=name, Range=f"bytes=0-{limit - 1}"
+                )
             except _boto_errors() as exc:
                 if _error_code(exc) == "InvalidRange":  # an empty object has no byte 0
                     return b""
@@ -232,9 +235,9 @@ class S3Store:
                 return bytes(body.read(limit))
         except _boto_errors() as exc:
             if _is_missing_object(exc):
-                self._check_bucket(name)
+                self._connection.check_bucket(name)
                 return None
-            raise self._error(exc, f"get {key}") from exc
+            raise self._connection.error(exc, f"get {key}") from exc
 
     def put(self, key: str, src: Path) -> None:
         """Upload ``src`` as bundle ``key``, replacing any previous one.
@@ -246,11 +249,11 @@ class S3Store:
         """
         name = self._object_name(key)
         try:
-            with self._transfer_manager() as manager:
+            with self._connection.transfer_manager() as manager:
                 extra = {"ChecksumAlgorithm": "SHA256"}
                 manager.upload(str(src), self.bucket, name, extra_args=extra).result()
         except _boto_errors() as exc:
-            raise self._error(exc, f"put {key}") from exc
+            raise self._connection.error(exc, f"put {key}") from exc
 
     def list(self, prefix: str = "") -> builtins.list[StoreEntry]:
         """Every bundle whose key starts with ``prefix``, newest first (ties: greater key first).
@@ -263,16 +266,16 @@ class S3Store:
         try:
             entries = builtins.list(self._iter_entries(prefix))
         except _boto_errors() as exc:
-            raise self._error(exc, f"list {prefix!r}") from exc
+            raise self._connection.error(exc, f"list {prefix!r}") from exc
         return newest_first(entries)
 
     def delete(self, key: str) -> None:
         """Delete bundle ``key``; deleting a missing key is not an error (S3 DELETE is idempotent)."""
         name = self._object_name(key)
         try:
-            self._s3().delete_object(Bucket=self.bucket, Key=name)
+            self._connection.client().delete_object(Bucket=self.bucket, Key=name)
         except _boto_errors() as exc:
-            raise self._error(exc, f"delete {key}") from exc
+            raise self._connection.error(exc, f"delete {key}") from exc
 
     # -- boto3 plumbing -----------------------------------------------------------------------------------
 
@@ -280,7 +283,7 @@ class S3Store:
         return f"{self._base}{validate_key(key)}{SUFFIX}"
 
     def _iter_entries(self, prefix: str) -> Iterator[StoreEntry]:
-        paginator = self._s3().get_paginator("list_objects_v2")
+        paginator = self._connection.client().get_paginator("list_objects_v2")
         for page in paginator.paginate(Bucket=self.bucket, Prefix=f"{self._base}{prefix}"):
             for obj in page.get("Contents", ()):
                 name: str = obj["Key"]
@@ -293,7 +296,20 @@ class S3Store:
                     continue  # not ours: e.g. "<prefix>/sub/x.bundle" ("/" is not valid in a key)
                 yield StoreEntry(key=key, size=int(obj["Size"]), modified=obj["LastModified"].timestamp())
 
-    def _s3(self) -> Any:
+
+class _Connection:
+    """One bucket's boto3 client, made on first use (thread-safe) with the store's timeouts and retry policy,
+    and the translation of boto's exceptions into one-line :class:`StoreError` messages."""
+
+    def __init__(self, store: S3Store) -> None:
+        self.bucket, self.location = store.bucket, store.location
+        self.endpoint_url, self.region = store.endpoint_url, store.region
+        self.connect_timeout, self.read_timeout = store.connect_timeout, store.read_timeout
+        self.max_attempts, self.multipart_threshold = store.max_attempts, store.multipart_threshold
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+
+    def client(self) -> Any:
         """The boto3 S3 client, created once (thread-safe), with our timeouts and retry policy."""
         with self._client_lock:
             if self._client is None:
@@ -314,7 +330,7 @@ class S3Store:
                 self._client = session.client("s3", endpoint_url=self.endpoint_url, config=config)
             return self._client
 
-    def _transfer_config(self) -> TransferConfig:
+    def transfer_config(self) -> TransferConfig:
         from boto3.s3.transfer import TransferConfig
 
         return TransferConfig(
@@ -326,26 +342,26 @@ class S3Store:
             preferred_transfer_client="classic",
         )
 
-    def _transfer_manager(self) -> Any:
+    def transfer_manager(self) -> Any:
         from boto3.s3.transfer import create_transfer_manager
 
-        return create_transfer_manager(self._s3(), self._transfer_config())
+        return create_transfer_manager(self.client(), self.transfer_config())
 
-    def _check_bucket(self, name: str) -> None:
+    def check_bucket(self, name: str) -> None:
         """Raise StoreError if the bucket is missing; called to confirm that a 404 on ``name`` is a miss.
 
         A LIST, not a HEAD on the bucket: a HEAD's 404 has no body either, and S3 answered 404 (not 403)
         to the object HEAD only because we hold ``s3:ListBucket``, the permission LIST needs.
         """
         try:
-            self._s3().list_objects_v2(Bucket=self.bucket, Prefix=name, MaxKeys=1)
+            self.client().list_objects_v2(Bucket=self.bucket, Prefix=name, MaxKeys=1)
         except _boto_errors() as exc:
-            raise self._error(exc, "get (confirming a miss)") from exc
+            raise self.error(exc, "get (confirming a miss)") from exc
 
-    def _endpoint(self) -> str:
-        return str(self._s3().meta.endpoint_url)
+    def endpoint(self) -> str:
+        return str(self.client().meta.endpoint_url)
 
-    def _error(self, exc: BaseException, action: str) -> StoreError:
+    def error(self, exc: BaseException, action: str) -> StoreError:
         """A one-line StoreError for boto exception ``exc`` raised while doing ``action``."""
         from botocore import exceptions as bx
         from s3transfer.exceptions import RetriesExceededError
@@ -355,13 +371,13 @@ class S3Store:
         if isinstance(exc, bx.ClientError):
             detail = self._describe_client_error(exc)
         elif isinstance(exc, bx.ConnectTimeoutError):
-            detail = f"endpoint {self._endpoint()} unreachable (no connection within {self.connect_timeout:g} s)"
+            detail = f"endpoint {self.endpoint()} unreachable (no connection within {self.connect_timeout:g} s)"
         elif isinstance(exc, bx.EndpointConnectionError):
-            detail = f"endpoint {self._endpoint()} unreachable"
+            detail = f"endpoint {self.endpoint()} unreachable"
         elif isinstance(exc, bx.ConnectionClosedError):
-            detail = f"endpoint {self._endpoint()} closed the connection"
+            detail = f"endpoint {self.endpoint()} closed the connection"
         elif isinstance(exc, bx.ReadTimeoutError):
-            detail = f"endpoint {self._endpoint()} did not answer within {self.read_timeout:g} s"
+            detail = f"endpoint {self.endpoint()} did not answer within {self.read_timeout:g} s"
         elif isinstance(exc, bx.NoCredentialsError):
             detail = "no AWS credentials found (environment, profile, OIDC or instance role)"
         else:
