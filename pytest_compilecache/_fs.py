@@ -7,7 +7,7 @@ Every temp file or dir we create carries its owner in its name::
 ``kind`` is ``staging`` (a bundle being installed into a cache dir), ``save`` / ``restore`` (scratch dirs in
 TMPDIR) or ``tmp`` (an atomic write in progress); ``host`` is a short hash of the host name and pid
 namespace, ``pid`` the owner's process id and ``time`` its creation time in epoch seconds. A process killed
-by SIGKILL cannot clean up, so :func:`sweep_stale` removes entries of that shape whose owner is provably
+by SIGKILL cannot clean up, so :func:`sweep_our_temps` removes entries of that shape whose owner is provably
 gone (same host, dead pid) or, made on another host, older than ``max_age`` (see :func:`is_stale`).
 Nothing without such a name is ever touched: we never delete what we cannot prove is ours.
 """
@@ -39,7 +39,7 @@ __all__ = [
     "is_stale",
     "parse_temp_name",
     "pid_alive",
-    "sweep_stale",
+    "sweep_our_temps",
     "temp_dir",
     "temp_name",
     "try_flock",
@@ -148,7 +148,7 @@ def rmtree_at(dir_fd: int, name: str) -> None:
     os.rmdir(name, dir_fd=dir_fd)
 
 
-def sweep_stale(directory: str | os.PathLike[str], *, max_age: float = DEFAULT_MAX_AGE) -> list[str]:
+def sweep_our_temps(directory: str | os.PathLike[str], *, max_age: float = DEFAULT_MAX_AGE) -> list[str]:
     """Remove the stale temp entries directly inside ``directory``; return the names removed.
 
     Only names made by :func:`temp_name` are considered (see :func:`is_stale`); a symlink is unlinked, never
@@ -232,7 +232,7 @@ def atomic_file(dest: Path, *, fsync: bool = True, mode: int = 0o644) -> Iterato
     """Yield a writer on a temp sibling of ``dest``; on success publish it with ``os.replace``.
 
     The temp file is ``.<name>.compilecache-tmp-<host>-<pid>-<time>-<random>.tmp`` in the same directory (so
-    the rename is atomic, other readers skip it by its leading dot, and :func:`sweep_stale` can remove it
+    the rename is atomic, other readers skip it by its leading dot, and :func:`sweep_our_temps` can remove it
     after a SIGKILL). On any exception, including KeyboardInterrupt, the temp file is removed and ``dest`` is
     untouched. ``os.replace`` swaps the directory entry, so an existing symlink at ``dest`` is replaced, never
     written through. ``mode`` is applied explicitly: these files are caches, not secrets.

@@ -76,7 +76,7 @@ from .manifest import check_member_path
 from .manifest import fingerprint_differences
 from .manifest import json_object
 from .manifest import printable
-from .manifest import unsafe_reason
+from .manifest import unsafe_member_reason
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -368,7 +368,7 @@ class _HashingWriter:
 def _cache_file_names(files: Iterable[str], on_skip: SkipNote | None) -> list[str]:
     names: list[str] = []
     for rel in files:
-        reason = unsafe_reason(rel) if isinstance(rel, str) else "not a string"
+        reason = unsafe_member_reason(rel) if isinstance(rel, str) else "not a string"
         if reason in _UNPACKABLE:
             # A legal file name no bundle can carry: skipping it costs one compile; a bundle every restore
             # refuses would cost them all.

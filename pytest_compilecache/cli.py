@@ -187,7 +187,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     json_target = _json_target(args.json)
     cache_dir = str(Path(args.cache_dir).absolute())
     cachedir.refuse_foreign(cache_dir, "--cache-dir")  # the rule pytest's --compile-cache-dir follows
-    cachedir.sweep_stale(cache_dir)  # what a killed restore left (its staging dir), once its owner is gone
+    cachedir.sweep_dead_writers(cache_dir)  # what a killed restore left (its staging dir), once its owner is gone
     store = _open(args, readonly=True)
     point_cache_dir(cache_dir)  # before torch is imported by the fingerprint
     done = _progress(f"restoring from {store.location}")

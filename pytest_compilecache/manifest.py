@@ -35,7 +35,7 @@ __all__ = [
     "canonical_json",
     "fingerprint_differences",
     "printable",
-    "unsafe_reason",
+    "unsafe_member_reason",
 ]
 
 FORMAT_VERSION = 2
@@ -228,7 +228,7 @@ def json_object(value: Mapping[str, Any], what: str) -> dict[str, Any]:
     return result  # type: ignore[no-any-return]
 
 
-def unsafe_reason(rel: str) -> str | None:
+def unsafe_member_reason(rel: str) -> str | None:
     """Why a relative POSIX path could not be installed inside its base directory, or None when it can."""
     if not rel:
         return "empty path"
@@ -256,7 +256,7 @@ def unsafe_reason(rel: str) -> str | None:
 
 def check_member_path(path: str) -> str:
     """Return ``path`` if it is a safe ``blobs/<name>.bin`` or ``files/<rel>`` member; else BundleError."""
-    reason = unsafe_reason(path)
+    reason = unsafe_member_reason(path)
     if reason is None:
         if path.startswith(FILES_DIR) and len(path) > len(FILES_DIR):
             return path

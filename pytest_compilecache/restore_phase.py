@@ -261,11 +261,11 @@ class RestorePhase:
         if not any(places):
             return
         # cost: a session without a cache dir of ours never loads _fs
-        from ._fs import sweep_stale
+        from ._fs import sweep_our_temps
 
         for where in places:
             if where:
                 try:
-                    sweep_stale(where)
+                    sweep_our_temps(where)
                 except OSError:  # best effort: the next session tries again
                     pass

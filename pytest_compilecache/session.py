@@ -119,7 +119,7 @@ class Setup:
         if self.dir.mode != "shared" or not self.dir.path:
             return
         try:
-            swept = cachedir.sweep_stale(self.dir.path)
+            swept = cachedir.sweep_dead_writers(self.dir.path)
             self.registration = cachedir.register_session(self.dir.path)
         except OSError as exc:
             self.problems.warn(f"could not register in the cache dir ({exc}); other sessions may trim it meanwhile")

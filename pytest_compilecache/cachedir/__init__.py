@@ -29,11 +29,11 @@ What this module may delete, and when (the contract every caller relies on):
   never removes a file used or written within :data:`MIN_AGE`, nothing in a kernel dir where a build or
   a write is in flight (torch's ``<key>_CxxBuild/`` dir, a temp file), a kernel's files only together
   (sources first), a triton kernel dir only whole (renamed away in one step), and a young empty dir never.
-* **Stale leftovers.** :func:`sweep_stale` removes temp files of dead owners (ours and torch's) and dead
+* **Stale leftovers.** :func:`sweep_dead_writers` removes temp files of dead owners (ours and torch's) and dead
   registrations, only in our or torch's dir and only by their known names.
 * **Paths torch can build in.** torch runs its C++ compiler on a command line it splits with
   :func:`shlex.split` without quoting paths, so a cache dir containing whitespace, quotes or a backslash
-  breaks every compile. :func:`unsafe_reason` names such a path; an explicit ``--compile-cache-dir`` with
+  breaks every compile. :func:`unsafe_dir_reason` names such a path; an explicit ``--compile-cache-dir`` with
   one is a :class:`ConfigError`, a default location with one falls back to a safe dir under the system
   temp dir, and :attr:`SessionDir.note` says where and why.
 
@@ -56,7 +56,7 @@ from .dirs import make_dir
 from .dirs import remove
 from .dirs import remove_dir
 from .dirs import safe_temp_dir
-from .dirs import unsafe_reason
+from .dirs import unsafe_dir_reason
 from .layout import GRAPHS_RECORD
 from .layout import LOCK_NAME
 from .layout import OUR_NAMES
@@ -76,7 +76,7 @@ from .registry import live_sessions
 from .registry import register_session
 from .sweep import STALE_AFTER
 from .sweep import TORCH_TEMP_GRACE
-from .sweep import sweep_stale
+from .sweep import sweep_dead_writers
 from .trimming import MIN_AGE
 from .trimming import Trim
 from .trimming import evict
@@ -88,5 +88,6 @@ __all__ = [
     "TEMP_PREFIX", "TORCH_DIRS", "TORCH_FILES", "TORCH_TEMP_GRACE", "UNKNOWN_SESSION", "Kind", "LiveSession",
     "Ownership", "Registration", "SessionDir", "Trim", "clear_pytest_cache_keeping", "decide", "evict",
     "fallback_dir", "fresh_dir", "live_sessions", "lock", "make_dir", "ownership", "refuse_foreign",
-    "register_session", "remove", "remove_dir", "safe_temp_dir", "sweep_stale", "touch", "trim", "unsafe_reason",
+    "register_session", "remove", "remove_dir", "safe_temp_dir", "sweep_dead_writers", "touch", "trim",
+    "unsafe_dir_reason",
 ]  # fmt: skip

@@ -80,9 +80,9 @@ def decide(mode: str | None, configured_dir: str | None, default_shared: Path) -
             _require_safe(path)
         else:
             path = default_shared.absolute()
-            if unsafe_reason(str(path)):
+            if unsafe_dir_reason(str(path)):
                 fallback = fallback_dir(path)
-                note = f"the default dir {path} {unsafe_reason(str(path))}; using {fallback} instead"
+                note = f"the default dir {path} {unsafe_dir_reason(str(path))}; using {fallback} instead"
                 path = fallback
         refuse_foreign(path)
         return SessionDir(mode=mode, path=str(make_dir(path)), note=note)
@@ -102,7 +102,7 @@ def decide(mode: str | None, configured_dir: str | None, default_shared: Path) -
 def safe_temp_dir() -> tuple[Path, str | None]:
     """The system temp dir, or (when torch cannot build in it) a private one elsewhere and why."""
     parent = Path(tempfile.gettempdir()).absolute()
-    reason = unsafe_reason(str(parent))
+    reason = unsafe_dir_reason(str(parent))
     if not reason:
         return parent, None
     safe = _private_temp_root()
@@ -184,7 +184,7 @@ def lock(path: str, timeout: float = 60.0):  # type: ignore[no-untyped-def]
 _UNSAFE = {" ": "a space", "\t": "a tab", "\n": "a newline", "'": "a quote", '"': "a quote", "\\": "a backslash"}
 
 
-def unsafe_reason(path: str) -> str | None:
+def unsafe_dir_reason(path: str) -> str | None:
     """Why torch's C++ build cannot work in ``path`` ("contains a space"), or None when it can."""
     for char, what in _UNSAFE.items():
         if char in path:
@@ -195,7 +195,7 @@ def unsafe_reason(path: str) -> str | None:
 
 
 def _require_safe(path: Path) -> None:
-    reason = unsafe_reason(str(path))
+    reason = unsafe_dir_reason(str(path))
     if reason:
         raise ConfigError(f"--compile-cache-dir: {path} {reason}; choose a path without it")
 
@@ -213,7 +213,7 @@ def _private_temp_root() -> Path:
     uid = os.getuid() if hasattr(os, "getuid") else 0
     candidates = [tempfile.gettempdir(), "/tmp", "/var/tmp"]
     for base in candidates:
-        if unsafe_reason(base) or not os.path.isdir(base):
+        if unsafe_dir_reason(base) or not os.path.isdir(base):
             continue
         root = Path(base).absolute() / f"pytest-compilecache-{uid}"
         with contextlib.suppress(FileExistsError):

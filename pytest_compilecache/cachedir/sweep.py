@@ -26,7 +26,7 @@ STALE_AFTER = 3600.0
 TORCH_TEMP_GRACE = 60.0
 
 
-def sweep_stale(path: str, *, now: float | None = None) -> int:
+def sweep_dead_writers(path: str, *, now: float | None = None) -> int:
     """Remove what killed sessions left in cache dir ``path``; return how many entries went.
 
     Only in our or torch's dir (:func:`ownership`), at any depth, only these names: dead registrations;

@@ -14,7 +14,7 @@ from typing import Callable
 
 from .._fs import MAX_AGE_ALIVE
 from .._fs import atomic_file
-from .._fs import sweep_stale
+from .._fs import sweep_our_temps
 from ..errors import StoreError
 from .base import ObjectTooLarge
 from .base import StoreEntry
@@ -125,7 +125,7 @@ class LocalStore:
     def _sweep(self) -> None:
         """Remove what killed saves left: our temp files (named by :func:`atomic_file`) whose writer is provably
         gone (dead on this host, or a day old; ``_fs.is_stale``). Nothing else in the dir is touched."""
-        sweep_stale(self.root, max_age=MAX_AGE_ALIVE)
+        sweep_our_temps(self.root, max_age=MAX_AGE_ALIVE)
 
     def list(self, prefix: str = "") -> builtins.list[StoreEntry]:
         """Entries under ``prefix``, newest first; a missing root is empty; temp and foreign files ignored."""

@@ -153,7 +153,7 @@ def test_the_next_session_sweeps_what_a_killed_one_left(inner: pytest.Pytester) 
 
     assert result.ret == 0, result.stdout.str()
     left = sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))
-    # torch's temp file has a pid but no host: it waits out a grace period (see cachedir.sweep_stale).
+    # torch's temp file has a pid but no host: it waits out a grace period (see cachedir.sweep_dead_writers).
     torch_temp = [name for name in left if name.endswith(".140000000000.tmp")]
     assert left == sorted(["CACHEDIR.TAG", ".gitignore", ".compilecache-sessions", "ab", *torch_temp]), left
     assert len(torch_temp) == 1

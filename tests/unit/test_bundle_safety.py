@@ -500,7 +500,7 @@ def test_temp_names_carry_the_owner_and_the_sweeper_spares_live_and_foreign_entr
     (tmp_path / "victim" / "data").write_bytes(b"not ours")
     (tmp_path / "compilecache-save-notours").mkdir()
     (tmp_path / ".k.so.abc.tmp").write_bytes(b"torch's, not ours")
-    removed = _fs.sweep_stale(tmp_path)
+    removed = _fs.sweep_our_temps(tmp_path)
     assert sorted(removed) == sorted([stale, "-".join(old), atomic.name, link.name])
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [mine.name, "victim", "compilecache-save-notours", ".k.so.abc.tmp", "-".join(recent), "-".join(alive)]
@@ -617,7 +617,7 @@ def test_killed_save_and_restore_leave_nothing_after_the_next_sweep(tmp_path: Pa
         )
         assert garbage, f"a killed {mode} left nothing to sweep: the test proves nothing"
         for directory in (temp, work / "store", work / "cache"):
-            _fs.sweep_stale(directory)
+            _fs.sweep_our_temps(directory)
         assert list(temp.iterdir()) == []
         # The restore wrote its files before torch loaded the blob: those stay (they are complete).
         assert _tree(work / "store") == before["store"]

@@ -502,7 +502,7 @@ def test_a_planted_link_for_the_registrations_is_never_followed(tmp_path: Path) 
     (cache / cachedir.SESSIONS_DIR).symlink_to(elsewhere)
     assert cachedir.live_sessions(str(cache)) == [cachedir.UNKNOWN_SESSION]  # who knows: nothing is trimmed
     assert cachedir.trim(str(cache), 0).removed == 0
-    assert cachedir.sweep_stale(str(cache), now=T0 + 10 * cachedir.STALE_AFTER) == 0
+    assert cachedir.sweep_dead_writers(str(cache), now=T0 + 10 * cachedir.STALE_AFTER) == 0
     with pytest.raises(OSError):
         cachedir.register_session(str(cache))  # no marker written through the link
     assert os.listdir(elsewhere) == [victim.name] and victim.read_text() == "not ours"
@@ -567,7 +567,7 @@ def test_trim_never_follows_a_dir_swapped_for_a_link(
     assert outside.is_dir()
 
 
-# ---------------------------------------------------------------------------------------- sweep_stale()
+# ---------------------------------------------------------------------------------------- sweep_dead_writers()
 
 
 def _dead_pid() -> int:
@@ -606,18 +606,18 @@ def test_sweep_removes_dead_owners_temp_files_only(cache: Path) -> None:
         _file(cache, rel, 1, T0)
     now = time.time()
     # What a killed owner on this host left goes at once (it cannot come back)...
-    assert cachedir.sweep_stale(str(cache), now=now) == 3
+    assert cachedir.sweep_dead_writers(str(cache), now=now) == 3
     assert not _files(cache) & ours_dead and not [p for p in cache.iterdir() if "compilecache-staging" in p.name]
     # ...torch's names carry no host: the dead-looking pid may live elsewhere, so the file must also have
     # stopped changing (ctime cannot be set back: the sweep's clock moves forward instead)...
-    assert cachedir.sweep_stale(str(cache), now=now + cachedir.TORCH_TEMP_GRACE + 1) == 1
+    assert cachedir.sweep_dead_writers(str(cache), now=now + cachedir.TORCH_TEMP_GRACE + 1) == 1
     assert torch_dead not in _files(cache)
     # ...older versions' names, and torch's of a live pid untouched for an hour, only by age.
     assert legacy <= _files(cache)
-    assert cachedir.sweep_stale(str(cache), now=now + cachedir.STALE_AFTER + 1) == len(legacy) + 1
+    assert cachedir.sweep_dead_writers(str(cache), now=now + cachedir.STALE_AFTER + 1) == len(legacy) + 1
     # A name of _fs.temp_name whose owner lives is kept for a day (then its pid may have been reused).
     assert fs_alive in _files(cache)
-    assert cachedir.sweep_stale(str(cache), now=now + _fs.MAX_AGE_ALIVE + 1) == 1
+    assert cachedir.sweep_dead_writers(str(cache), now=now + _fs.MAX_AGE_ALIVE + 1) == 1
     assert _files(cache) - {"CACHEDIR.TAG", ".gitignore", cachedir.LOCK_NAME} == never
 
 
@@ -627,7 +627,7 @@ def test_sweep_never_enters_a_foreign_dir(tmp_path: Path) -> None:
     _file(tmp_path, f"src/.{dead}.1.tmp", 1, T0)
     _file(tmp_path, f".k.so.{os.getpid()}-0123abcd.abcdefgh.tmp", 1, T0)
     _file(tmp_path, _fs_name(dead, "tmp", ".k.so."), 1, T0)
-    assert cachedir.sweep_stale(str(tmp_path), now=time.time() + 10 * cachedir.STALE_AFTER) == 0
+    assert cachedir.sweep_dead_writers(str(tmp_path), now=time.time() + 10 * cachedir.STALE_AFTER) == 0
     assert (tmp_path / f"src/.{dead}.1.tmp").exists()
 
 
@@ -635,7 +635,7 @@ def test_sweep_clears_a_killed_sessions_registration(cache: Path) -> None:
     other = _other_session(cache)
     _end(other, kill=True)
     assert len(os.listdir(cache / cachedir.SESSIONS_DIR)) == 1
-    cachedir.sweep_stale(str(cache))
+    cachedir.sweep_dead_writers(str(cache))
     assert os.listdir(cache / cachedir.SESSIONS_DIR) == []
 
 
@@ -653,13 +653,13 @@ def test_registering_and_probing_leave_only_the_marker(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("char", [" ", "\t", "'", '"', "\\", "\n"])
 def test_unsafe_paths_are_named(char: str) -> None:
-    assert cachedir.unsafe_reason(f"/home/me/my{char}project") is not None
+    assert cachedir.unsafe_dir_reason(f"/home/me/my{char}project") is not None
 
 
 @pytest.mark.parametrize("char", ["$", "#", ";", "&", "(", "*", ":", ",", "=", "@", "+", "~", "%", "é", "!"])
 def test_characters_torch_builds_with_are_safe(char: str) -> None:
     # Each one compiled and ran a C++ kernel with torch 2.13 on CPU (see the module docstring).
-    assert cachedir.unsafe_reason(f"/home/me/my{char}project") is None
+    assert cachedir.unsafe_dir_reason(f"/home/me/my{char}project") is None
 
 
 @pytest.mark.parametrize("mode", ["shared", "isolated"])
@@ -672,7 +672,7 @@ def test_an_explicit_dir_with_a_space_is_refused(tmp_path: Path, mode: str) -> N
 def test_a_default_dir_with_a_space_falls_back(tmp_path: Path) -> None:
     default = tmp_path / "my project" / ".pytest_cache" / "d" / "compilecache"
     session = cachedir.decide("shared", None, default)
-    assert session.path is not None and cachedir.unsafe_reason(session.path) is None
+    assert session.path is not None and cachedir.unsafe_dir_reason(session.path) is None
     assert session.path == str(cachedir.fallback_dir(default))
     assert session.note is not None and str(default) in session.note and session.path in session.note
     assert "contains a space" in session.note
@@ -692,7 +692,7 @@ def test_an_isolated_default_in_a_temp_dir_with_a_space_falls_back(
     spaced.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(spaced))
     session = cachedir.decide("isolated", None, tmp_path / "default")
-    assert session.path is not None and cachedir.unsafe_reason(session.path) is None
+    assert session.path is not None and cachedir.unsafe_dir_reason(session.path) is None
     assert session.note is not None and "temp dir" in session.note
     cachedir.remove(session)
     assert not Path(session.path).exists()
@@ -728,7 +728,7 @@ def test_a_registration_renews_itself_after_its_dir_was_cleared(tmp_path: Path) 
 
 
 def test_trim_leaves_temp_files_to_the_sweep(cache: Path) -> None:
-    """A temp file is being written by someone (or waits for sweep_stale): trimming never takes it, nor its
+    """A temp file is being written by someone (or waits for sweep_dead_writers): trimming never takes it, nor its
     siblings in a kernel dir (torch is writing there: issue 28.4)."""
     folder = KEY[1:3]
     temps = {
@@ -758,7 +758,7 @@ def test_fresh_dir_defaults_to_a_temp_dir_torch_can_build_in(tmp_path: Path, mon
     spaced.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(spaced))
     fresh = cachedir.fresh_dir()
-    assert cachedir.unsafe_reason(str(fresh)) is None and " " not in str(fresh)
+    assert cachedir.unsafe_dir_reason(str(fresh)) is None and " " not in str(fresh)
     parent, note = cachedir.safe_temp_dir()
     assert fresh.parent == parent and note is not None and str(spaced) in note
     assert cachedir.remove_dir(fresh)
@@ -851,7 +851,7 @@ def test_a_two_character_dir_that_is_not_a_kernel_dir_is_neither_trimmed_nor_swe
     (root / "zz").mkdir()  # empty, kernel-dir-like: someone's; a trim removes only dirs it emptied itself
     assert cachedir.trim(str(root), 0).removed == 0
     assert (root / "zz").is_dir()
-    assert cachedir.sweep_stale(str(root), now=T0 + 10 * cachedir.STALE_AFTER + time.time()) == 0
+    assert cachedir.sweep_dead_writers(str(root), now=T0 + 10 * cachedir.STALE_AFTER + time.time()) == 0
     assert set(kept) <= _files(root) and (root / "db" / "empty").is_dir()
 
 
@@ -878,7 +878,7 @@ def test_a_killed_restores_staging_dir_is_ours_and_swept(tmp_path: Path) -> None
     assert cachedir.ownership(cache).kind == "torch"
     cachedir.refuse_foreign(cache, "--cache-dir")  # no error
     assert cachedir.decide("shared", str(cache), tmp_path / "default").path == str(cache)
-    assert cachedir.sweep_stale(str(cache)) == 1
+    assert cachedir.sweep_dead_writers(str(cache)) == 1
     assert not staging.exists()
 
 
