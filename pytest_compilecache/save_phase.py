@@ -18,6 +18,7 @@ from . import probe
 if TYPE_CHECKING:
     from .explain import GraphsRecord
     from .explain import SessionExplanation
+    from .recorder import Recorder
     from .restore_phase import RestorePhase
     from .session import Setup
     from .stats import SessionStats
@@ -34,9 +35,9 @@ class SavePhase:
     blobs, the cache files they used, where their torch keeps precompiled headers).
     """
 
-    def __init__(self, setup: Setup, stats: SessionStats, start: RestorePhase) -> None:
+    def __init__(self, setup: Setup, recorder: Recorder, start: RestorePhase) -> None:
         self.setup = setup
-        self.stats = stats
+        self.recorder = recorder
         self.start = start
         self.problems = setup.problems
         self.blobs: dict[str, bytes] = {}
@@ -46,6 +47,10 @@ class SavePhase:
         self.graphs: GraphsRecord | None = None
         self.saved: SaveResult | None = None
         self.tests_failed = False  # the session's tests failed (set by the controller before run())
+
+    @property
+    def stats(self) -> SessionStats:
+        return self.recorder.stats
 
     def run(self) -> None:
         self.explain()
@@ -72,6 +77,8 @@ class SavePhase:
             note = probe.graph_capture_installed()
             if note:
                 self.problems.note(note)
+        if not self.recorder.has_stats:
+            return  # no test compiled anything: keep the baseline as it is for the next run
         current = {nodeid: r.graphs for nodeid, r in self.stats.records.items() if r.graphs}
         if not current:
             return  # nothing was looked up: keep the baseline as it is for the next run

@@ -301,7 +301,7 @@ class Controller:
         self.recorder = recorder
         self.problems = setup.problems
         self.start = RestorePhase(setup, recorder, delegate=xdist)
-        self.end = SavePhase(setup, recorder.stats, self.start)
+        self.end = SavePhase(setup, recorder, self.start)
         self.workers: list[str] = []
 
     @property
@@ -368,8 +368,11 @@ class Controller:
         return bool(self.problems.errors)
 
     def _check_hit_rate(self) -> None:
-        rate, floor = self.stats.hit_rate, self.settings.min_hit_rate
-        if floor is None or rate is None or rate >= floor:
+        floor = self.settings.min_hit_rate
+        if floor is None or not self.recorder.has_stats:
+            return  # no floor, or nothing looked up (no rate)
+        rate = self.stats.hit_rate
+        if rate is None or rate >= floor:
             return
         from .report import percent  # cost: the renderers load only when there is something to render
 
