@@ -1,4 +1,7 @@
-"""``python -m pytest_compilecache``."""
+"""``python -m pytest_compilecache``.
+
+PYTEST_DONT_REWRITE
+"""
 
 import sys
 

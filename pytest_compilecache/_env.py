@@ -3,6 +3,7 @@
 Every place that swaps variables torch reads (the session's cache dir and remote-cache switches, a
 test's isolated compile, loading mega-cache blobs into a given dir) leases them here, so that a pytest
 run in-process (pytester, IDEs) leaves the environment as it found it.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ namespace, ``pid`` the owner's process id and ``time`` its creation time in epoc
 by SIGKILL cannot clean up, so :func:`sweep_our_temps` removes entries of that shape whose owner is provably
 gone (same host, dead pid) or, made on another host, older than ``max_age`` (see :func:`is_stale`).
 Nothing without such a name is ever touched: we never delete what we cannot prove is ours.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ and nothing else should import this module. Keeping them in one place means the 
 list, not on the package's module layout: a module that moves changes this file, not the Action.
 
 Importing it loads no torch (:func:`point_cache_dir` must run before anything does) and no boto3.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ This module is the façade over three layers: :mod:`.manifest` (schema and valid
 
 Every error from reading a bundle is a :class:`~pytest_compilecache.BundleError` (an empty signing key is a
 :class:`~pytest_compilecache.ConfigError`).
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ Exit codes (stable, documented in the README):
 Every failure is one ``error: ...`` line on stderr, never a traceback. Everything written for a CI runner
 (``--github-output``, workflow commands, the step summary, and every line printed on stdout or stderr,
 argparse's included) goes through :mod:`.ghrunner`, escaped: no output is ever a workflow command.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

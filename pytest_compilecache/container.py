@@ -18,6 +18,7 @@ bytes as zstd pulls them, :func:`iter_tar` parses the tar with its own strict re
 ``path``/``size`` records of bounded size, nothing else) and hands out each member's bytes in chunks. No step
 holds more than :data:`CHUNK` bytes of content or :data:`MAX_PAX` bytes of header in memory, whatever sizes the
 bundle declares; decompression stops at a caller-given limit (a zip bomb is an error, not an allocation).
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

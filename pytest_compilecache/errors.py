@@ -4,6 +4,7 @@ Imports nothing of ours, so any module can import it without a cycle; ``pytest_c
 the public ones. The rule the hierarchy encodes: :class:`ConfigError` is bad user input (a start-up error
 naming the option); everything else here is infrastructure or a refused bundle, which the plugin turns
 into one :class:`CompileCacheWarning` line and a cold compile unless the user asked for ``strict``.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ in an earlier run, and says what differs in words a user can act on.
 
 Everything here round-trips through bounded JSON: lookups travel from xdist workers on test reports,
 into a bundle's manifest (``graphs``) and into ``<cache dir>/.compilecache-graphs.json``.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ use (compute capability, SM count, the CUDA/HIP version, triton's content hash),
 in this process; ``collect(device=...)`` takes recorded device facts instead (``probe.device_facts`` of recorded
 device-property objects in tests, a ``--device-facts`` file in the CLI), so CUDA paths are tested without a GPU.
 One job computes its fingerprint once: :func:`handover` passes it to the job's later steps.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ fingerprint facts, a store's error message, a test id):
   and line breaks in text that came from elsewhere; :func:`append_summary` appends a rendered block.
 
 Nothing here imports the rest of the package: the plugin, the CLI and the Action's Python all use it.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

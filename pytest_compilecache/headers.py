@@ -36,6 +36,7 @@ gcc ignores an invalid ``.gch`` (it reports it only under ``-Winvalid-pch``) and
 
 This module never imports torch: everything here is files and hashes. Transport is zstd (level 3, ~150 MB to
 ~21 MB in about a second), streamed in both directions so memory stays bounded.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

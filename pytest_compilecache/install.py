@@ -10,6 +10,7 @@ Installing is all or nothing: a verified bundle's files are streamed into a :cla
 cache dir (``.compilecache-staging-<host>-<pid>-<time>-<random>``), the tree is checked for installability,
 then each file is renamed into place; replaced files are first moved into the staging dir, so any failure
 rolls back to exactly the tree found, and the staging dir is removed on close.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ byte of the bundle. :meth:`Manifest.from_json_bytes` is the only way in from byt
 Member paths are checked to be *installable* here, before any payload byte is read: safe relative POSIX
 paths, UTF-8, no component longer than :data:`NAME_MAX` bytes, and no member that is both a file and the
 parent dir of another (``files/a`` and ``files/a/b``).
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 An xdist worker sends it as JSON through ``workeroutput`` (:meth:`ProcessOutput.to_json`); the controller
 reads it back with :meth:`ProcessOutput.from_json`, which trusts nothing about its shape, and a plain
 session's controller collects its own the same way, so one merge serves both.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

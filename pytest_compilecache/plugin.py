@@ -9,6 +9,7 @@ controller) or a :class:`~pytest_compilecache.session.Worker` - and every later 
 A session with no option (:attr:`Settings.quiet`) loads only what records statistics (:mod:`recorder`):
 no set-up, no role, no directory touched; the role is made at the end only if a test imported torch.
 Printing happens here and nowhere else. Nothing here imports torch.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

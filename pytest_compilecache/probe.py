@@ -4,6 +4,7 @@ Everything here imports torch lazily and returns plain values, so the rest of th
 tested without torch. Private APIs are used as documented in torch 2.6-2.15 (see the notes in
 ``research/torch-caching-internals.md``) and each use is guarded: a missing attribute means "not
 available on this torch", never a crash in a user's test session.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ or with a warning filter that names :class:`~pytest_compilecache.CompileCacheWar
 hides the line. A blanket ``filterwarnings = error`` does *not* escalate cache trouble: it is aimed at
 the project's own warnings, and a store that is down must not fail a project's CI (say
 ``error::pytest_compilecache.CompileCacheWarning`` to get that).
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

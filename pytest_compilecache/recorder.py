@@ -3,6 +3,7 @@
 Loaded by every session that has the plugin, so at import it loads nothing else of ours: :mod:`probe` and
 :mod:`stats` load when torch appears (or a report needs the statistics). While torch is not imported a
 test costs one dict lookup and one counter.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

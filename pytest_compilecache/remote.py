@@ -1,4 +1,7 @@
-"""torch's own Redis remote caches: the environment that switches them on, and a reachability check."""
+"""torch's own Redis remote caches: the environment that switches them on, and a reachability check.
+
+PYTEST_DONT_REWRITE
+"""
 
 from __future__ import annotations
 

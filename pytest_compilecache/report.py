@@ -4,6 +4,7 @@
 ``{"outcome": "exact"|"partial"|"miss"|"saved"|"staged"|"skipped"|"error", "key", "size", "seconds", "message"}``
 (``staged``: the Action's staging dir holds the bundle; actions/cache uploads it at job end), and for a restore
 ``description`` (what happened in words, ``sync.RestoreResult.description``).
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ Under xdist the controller does not restore itself (that would cost it a torch i
 would wait for it): it writes no bundle, only a :class:`RestoreTicket` name into the environment, and the
 first worker to take the ticket restores while the others start up, collect, and wait for it only before
 their first test. The controller reads what that worker did at the end.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 It explains this session's misses and keeps the graph record for the next run, saves a bundle (with the
 precompiled headers the session used) within the store's time budget, and trims a capped shared dir. Like
 the restore phase it only ever warns: the session's outcome is decided by the controller.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@
 Both roles record through a :class:`Recorder` (statistics + probe) and report trouble through one
 :class:`~pytest_compilecache.problems.Problems`. Nothing here imports pytest (the hooks in
 :mod:`plugin` pass plain values) or torch (only :mod:`probe` does, lazily).
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 Every option exists in three spellings: ``--compile-cache-store`` (CLI), ``compile_cache_store`` (ini) and
 ``PYTEST_COMPILECACHE_STORE`` (environment). Validation errors raise :class:`ConfigError` whose message names
 the option as the user wrote it, so pytest can report it at start-up.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

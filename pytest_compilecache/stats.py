@@ -2,6 +2,7 @@
 
 Plain data only: everything here round-trips through JSON, because records travel from xdist
 workers to the controller on pytest's ``TestReport`` objects.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ session used once per store (``<prefix>-artifact-<sha256>``) and its manifest na
 the bundle is verified and installed, installs the named ones into torch's header dir. A header that cannot
 be carried is one line in ``headers.warnings`` (:class:`HeaderReport`) and never changes the outcome: torch
 builds it, as it would without us.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

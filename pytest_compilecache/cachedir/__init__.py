@@ -41,6 +41,7 @@ The package, one file per concern: :mod:`.layout` (the names: ours, torch's, tem
 (whose dir, the one refusal rule), :mod:`.dirs` (the dir for each mode, paths torch can build in, the lock),
 :mod:`.registry` (live sessions), :mod:`.trimming` (trim, evict, touch), :mod:`.sweep` (leftovers).
 Callers import from here.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The session's dir for each mode (``shared``, ``isolated``, ``disabled``), made atomically and tagged, in a
-path torch can build in; the lock for the plugin's own writes into it."""
+path torch can build in; the lock for the plugin's own writes into it.
+PYTEST_DONT_REWRITE
+"""
 
 from __future__ import annotations
 

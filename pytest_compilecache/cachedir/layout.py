@@ -2,6 +2,7 @@
 
 A leaf of the package: name tests, and :func:`parent_fd`, the walk without links that every removal takes;
 nothing of ours but :mod:`.._fs` (loaded lazily).
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

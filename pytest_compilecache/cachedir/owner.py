@@ -2,6 +2,7 @@
 
 A *foreign* dir (a project folder, ``$HOME``) is never written into as a shared cache and nothing in it is
 ever deleted: :func:`refuse_foreign` is the one rule every entry point that writes a cache dir applies.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The live-session registry of a shared dir: each session that uses it holds an ``flock`` on a marker in
-``.compilecache-sessions/`` for its life, so a killed session's registration is visibly dead and removed."""
+``.compilecache-sessions/`` for its life, so a killed session's registration is visibly dead and removed.
+PYTEST_DONT_REWRITE
+"""
 
 from __future__ import annotations
 

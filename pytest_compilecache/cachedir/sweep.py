@@ -1,5 +1,7 @@
 """Sweeping what killed writers left in a cache dir: temp files and dirs of dead owners (ours and torch's) and
-dead registrations, only in our or torch's dir and only by their known names."""
+dead registrations, only in our or torch's dir and only by their known names.
+PYTEST_DONT_REWRITE
+"""
 
 from __future__ import annotations
 

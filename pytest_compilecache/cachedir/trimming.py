@@ -1,5 +1,7 @@
 """Trimming a shared dir to its size cap (least recently used cache files first) and sweeping what killed
-writers left; both remove only files in torch's layout, in a dir that is ours or torch's."""
+writers left; both remove only files in torch's layout, in a dir that is ours or torch's.
+PYTEST_DONT_REWRITE
+"""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@
 * ``s3://bucket[/prefix]`` -> ``pytest_compilecache.stores.s3.S3Store.from_url`` (imported lazily, so boto3
   is only needed by those who use S3);
 * anything else -> :class:`ConfigError` naming the option and the value.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

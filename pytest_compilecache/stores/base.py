@@ -3,6 +3,7 @@
 A store moves opaque bundle files by key; it knows nothing about their content or about pytest.
 A miss is a value (``False`` / ``None`` / ``[]``), never an exception; trouble reaching or writing the
 store is a :class:`StoreError`, which callers turn into one warning and a cold compile.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""A store that is a local (or network-mounted) directory of ``<key>.bundle`` files."""
+"""A store that is a local (or network-mounted) directory of ``<key>.bundle`` files.
+
+PYTEST_DONT_REWRITE
+"""
 
 from __future__ import annotations
 

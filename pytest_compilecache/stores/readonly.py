@@ -3,6 +3,7 @@
 ``open_store(..., readonly=True)`` wraps the backend in :class:`ReadOnlyStore`; backends know nothing of
 the mode (sccache's approach: read-only overrides only the write check). Used off the default branch
 (pull requests restore but do not save), as setup-gradle does.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

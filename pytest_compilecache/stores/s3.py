@@ -8,6 +8,7 @@ resolution (which may query an instance metadata endpoint).
 Errors: a missing object is a miss (``get`` returns ``False``); everything else (unreachable or silent
 endpoint, rejected credentials, access denied, missing bucket) is a :class:`StoreError` whose message is one
 line starting with :attr:`S3Store.location`. The original boto exception is chained as ``__cause__``.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

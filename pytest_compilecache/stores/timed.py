@@ -6,6 +6,7 @@ runs each call in a daemon thread and stops waiting when the budget its calls sh
 up on keeps running in the background until it ends or the process exits; whatever it still writes goes
 to a temp name next to its ``dest`` (every backend's ``get`` and ``put`` publish atomically), so the
 caller never sees it.
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

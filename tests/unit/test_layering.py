@@ -141,3 +141,11 @@ def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     assert ("ours", "session") in [(kind, target) for _, kind, target in imports]
     assert ("other", "torch") in [(kind, target) for _, kind, target in imports]
     assert _layer("session") < _layer("report")
+
+
+def test_no_module_of_ours_is_rewritten_by_pytest() -> None:
+    """pytest rewrites the asserts of every module in a plugin's package on import unless its docstring says
+    ``PYTEST_DONT_REWRITE``: parsing and recompiling each module, every session where bytecode cannot be
+    cached (``PYTHONDONTWRITEBYTECODE``, common in CI images). We use no assert the rewrite would improve."""
+    missing = [name for name, path in _modules().items() if "PYTEST_DONT_REWRITE" not in path.read_text()]
+    assert not missing, f"add PYTEST_DONT_REWRITE to the docstrings of {missing}"
