@@ -15,7 +15,7 @@ the median wall time, both as a ratio of medians on/off and as the median of eac
 report of an ``on`` run lists graphs, an ``off`` run's none. A timer (this file, loaded with
 ``-p explain_overhead`` in both variants; it only wraps, the plugin does the work) also measures in place
 the seconds an ``on`` run spends in the per-lookup capture (``probe._record_lookup``), reading the earlier
-record (``session.Controller._read_baseline``) and explaining at the end (``session.Controller._explain``),
+record (``restore_phase.RestorePhase._read_baseline``) and explaining at the end (``save_phase.SavePhase.explain``),
 as a share of the run's CPU time: the number that noise on a shared machine does not blur. Target: within 2%.
 """
 
@@ -172,12 +172,14 @@ def pytest_configure(config: Any) -> None:
     if not os.environ.get(TIMINGS_ENV):
         return
     from pytest_compilecache import probe
-    from pytest_compilecache import session
+    from pytest_compilecache import restore_phase
+    from pytest_compilecache import save_phase
 
     probe._record_lookup = _timed("capture", probe._record_lookup)  # the capture calls it through the module
-    controller: Any = session.Controller
-    controller._explain = _timed("explain", controller._explain)
-    controller._read_baseline = _timed("baseline", controller._read_baseline)
+    end: Any = save_phase.SavePhase
+    end.explain = _timed("explain", end.explain)
+    start: Any = restore_phase.RestorePhase
+    start._read_baseline = _timed("baseline", start._read_baseline)
 
 
 def pytest_unconfigure(config: Any) -> None:
