@@ -24,6 +24,8 @@ from typing import Sequence
 import pytest
 
 from .errors import ConfigError
+from .recorder import COLD
+from .recorder import COLD_UNEXPLAINED
 from .recorder import Recorder
 from .recorder import when_imported
 from .settings import OPTIONS
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
     from .session import Worker
     from .stats import CompileCacheStats
 
+_MODULES = sys.modules
 _SETTINGS = pytest.StashKey[Settings]()
 _SETUP = pytest.StashKey["Setup"]()
 # The role chosen in pytest_configure (a quiet session: made at the end, if a test compiled): at most one
@@ -322,8 +325,21 @@ class _Tests:
         self.marked: dict[str, str] = {}  # node id -> "isolated" / "disabled" (pytest_collection_modifyitems)
         self.current: Start | None = None  # the running test's start, for the compile_cache_stats fixture
         self.isolation: Any = None  # the running marked test's isolation (a context manager), entered
+        self.cold = COLD if recorder.explain else COLD_UNEXPLAINED  # Recorder.start before torch is imported
 
     def pytest_runtest_logstart(self, nodeid: str) -> None:
+        if self.marked or "torch" in _MODULES:
+            self._start(nodeid)
+        else:  # the path of every test while torch is not imported: one lookup, one attribute
+            self.current = self.cold
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        if self.current is self.cold and self.isolation is None and "torch" not in _MODULES:
+            self.recorder.cold_tests += 1  # Recorder.finish_cold, inlined: the test cannot have compiled
+        else:
+            self._finish(nodeid)
+
+    def _start(self, nodeid: str) -> None:
         mode = self.marked.get(nodeid) if self.marked else None
         if mode is not None:
             from . import probe  # cost: only for a marked test
@@ -332,7 +348,7 @@ class _Tests:
             self.isolation.__enter__()
         self.current = self.recorder.start()
 
-    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+    def _finish(self, nodeid: str) -> None:
         start, recorder, isolation = self.current, self.recorder, self.isolation
         if start is None:
             return
