@@ -15,7 +15,7 @@ holds) unless something put it there first, as the plugin's restore does with th
 * wholedir  - fresh machine, the cold run's whole cache dir archived (tar + zstd) and unpacked: no header,
   so torch builds it (what a fresh runner paid before headers were carried)
 * restored-fresh+headers - restored-fresh, after the precompiled headers the cold run used were carried to
-  the fresh machine by hand, step by step (``pytest_compilecache.headers``: find_used, describe, compress to
+  the fresh machine by hand, step by step (``pytest_compilecache.headers``: find_built, describe, compress to
   a content-addressed object, download, install into torch's header dir under the new TMPDIR): a
   cross-check of the product's path, with the time of each step
 
@@ -156,7 +156,7 @@ def carry_headers(machine: Path, objects: Path, since: float) -> tuple[list[head
     """Upload the headers the cold run used on ``machine`` as content-addressed objects (once each)."""
     started = time.perf_counter()
     artifacts = []
-    for path in headers.find_used(headers.header_dir(machine), since):
+    for path in headers.find_built(headers.header_dir(machine), since):
         artifact = headers.describe(path)
         key = objects / headers.object_key("bench", artifact.sha256)
         if not key.exists():  # content-addressed: a store that has it needs no upload

@@ -204,6 +204,7 @@ def pytest_configure(config: pytest.Config) -> None:
     explain = setup.settings.explain  # a worker resolves the same options: its controller's argv and environment
     if explain:
         probe.watch_graph_lookups()  # every process: the FX-graph lookups that explain a miss (never imports torch)
+    probe.watch_precompiled_headers()  # every process: check each header torch looks up, remember it (issue 24)
     if setup.redis_on:
         probe.guard_remote_cache()  # every process: a Redis error is a warning, not a failed compile
     if _is_worker(config):

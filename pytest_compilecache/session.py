@@ -385,6 +385,8 @@ class Worker:
             # Where torch in this process keeps precompiled headers (None: torch did not compile C++ here);
             # the controller carries headers only when every process agrees with its own computed dir.
             "header_dir": probe.precompiled_header_dir(),
+            # The headers torch looked up here, each checked once by this process (issue 24).
+            "headers": probe.precompiled_headers_used(),
         }
 
 
@@ -402,6 +404,7 @@ class Controller:
         self.workers: list[str] = []
         self.header_since: float | None = None  # the session start, for finding the headers it used
         self.header_dirs: set[str] = set()  # torch's header dirs reported by the processes that compiled
+        self.header_uses: list[Any] = []  # every process's checked headers (headers.HeaderUse JSON)
         # Miss explanations (issue 12): the earlier run's graphs, what they are, this run's verdict and record.
         self.baseline: GraphsRecord | None = None
         self.compared_with = ""
@@ -470,6 +473,8 @@ class Controller:
             self.problems.warn(self.restored.warning)
         for line in self.restored.headers.warnings:
             self.problems.warn(line)
+        for line in self.restored.headers.notes:
+            self.problems.note(line)
         if self.store_trouble and not self.restored.warning and not self.restored.headers.warnings:
             self.problems.warn(f"{self.store_trouble}; nothing will be saved this session")  # the one warning
 
@@ -550,6 +555,8 @@ class Controller:
         self.files.update(output.get("files") or [])
         if isinstance(output.get("header_dir"), str):
             self.header_dirs.add(output["header_dir"])
+        if isinstance(output.get("headers"), list):
+            self.header_uses += output["headers"]
         self.problems.merge(output.get("problems"))
         errors = output.get("remote_errors")
         if isinstance(errors, list):
@@ -567,6 +574,13 @@ class Controller:
             own = probe.precompiled_header_dir()
             if own is not None:
                 self.header_dirs.add(own)
+        self.header_uses += probe.precompiled_headers_used()
+        if self.header_uses:
+            # cost: headers load only where torch looked a header up
+            from .headers import header_notes
+
+            for note in header_notes(self.header_uses):
+                self.problems.note(note)
         if self.setup.dir.path and self.files:
             cachedir.touch(self.setup.dir.path, sorted(self.files))
         for note in probe.capability_notes(remote=bool(self.settings.redis)):
@@ -675,6 +689,7 @@ class Controller:
             header_since=self._header_since(),
             header_installed=self._restored_headers(),
             header_carried=self.restored.headers.carried if self.restored is not None else (),
+            header_uses=self.header_uses,
         )
         if self.saved.warning:
             self.problems.warn(self.saved.warning)
@@ -704,7 +719,7 @@ class Controller:
         from .headers import find_used
         from .headers import header_dir
 
-        used = {path.name for path in find_used(header_dir(), self.header_since, self._restored_headers())}
+        used = {path.name for path in find_used(header_dir(), self.header_uses, self._restored_headers())}
         return bool(used - set(self._restored_headers()))
 
     def _restored_headers(self) -> tuple[str, ...]:
