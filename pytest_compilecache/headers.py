@@ -47,11 +47,14 @@ flags and no text header to fall back on, so only a loaded PCH compiles (about h
 header). A header that fails is removed under torch's build lock, and torch builds it again in the same
 process, with one note (:func:`remove_if_unchanged`). A save uploads only headers some process of the
 session checked and that have not changed since; a restore replaces a local header of the manifest's name
-that is no PCH at all (zeroed, junk) with the verified one. Partial files of a
-killed build under torch's temporary names are never candidates: only torch's final names are.
+that is no PCH at all (zeroed, junk) with the verified one. Partial files of a killed build under temporary
+names are never candidates: only torch's final names are. Limits: gcc loads a PCH lazily, so bytes changed
+deep inside that a one-line file never touches pass the check (the sha256 guards them in transit); a header
+looked up only by a process without the plugin (a test that spawns Python, torch's subprocess FX-compile
+mode) is not carried, since nothing checked it.
 
-This module never imports torch: everything here is files and hashes. Transport is zstd (level 3, ~150 MB to
-~21 MB in about a second), streamed in both directions so memory stays bounded.
+This module never imports torch: everything here is files, hashes and one compiler run per check. Transport
+is zstd (level 3, ~150 MB to ~21 MB in about a second), streamed in both directions so memory stays bounded.
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ from typing import Mapping
 from typing import Sequence
 
 from ._fs import atomic_file
+from ._fs import temporary_dir
 from ._fs import try_flock
 
 if TYPE_CHECKING:
@@ -337,7 +341,7 @@ def check(path: Path, command: Callable[[Path, Path], Sequence[str]], timeout: f
     and so is a truncated file ("cannot read PCH file") or an internal compiler error. Raises HeaderError
     (one line) when the check could not run at all (no compiler, a timeout): that proves nothing either way.
     """
-    with tempfile.TemporaryDirectory(prefix="compilecache-pch-") as tmp:
+    with temporary_dir("tmp") as tmp:  # ours by name: a killed check's dir is swept like our other temp dirs
         include = Path(tmp) / "compilecache_check.h"
         os.symlink(os.path.abspath(path), str(include) + path.suffix)
         source = Path(tmp) / "compilecache_check.cpp"
