@@ -647,7 +647,7 @@ class _InstallOnImport:
 
     def __init__(self, module: str, install: Any) -> None:
         self.module = module
-        self.install = install
+        self.installs = [install]  # one entry per module: the first finder to answer is the only one asked
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name != self.module:
@@ -662,12 +662,13 @@ class _InstallOnImport:
         if spec is None or exec_module is None:
             return spec
 
-        install = self.install
+        installs = self.installs
 
         def exec_and_install(module: Any) -> None:
             exec_module(module)
-            with contextlib.suppress(Exception):
-                install()
+            for install in installs:
+                with contextlib.suppress(Exception):
+                    install()
 
         loader.exec_module = exec_and_install  # type: ignore[union-attr]
         return spec
@@ -685,8 +686,14 @@ def watch_graph_lookups() -> None:
 def _install_now_or_on_import(module: str, install: Any, *, pending: bool) -> None:
     if module in sys.modules:
         install()
-    elif pending and not any(isinstance(f, _InstallOnImport) and f.module == module for f in sys.meta_path):
+        return
+    if not pending:
+        return
+    hook = next((f for f in sys.meta_path if isinstance(f, _InstallOnImport) and f.module == module), None)
+    if hook is None:
         sys.meta_path.insert(0, _InstallOnImport(module, install))
+    elif install not in hook.installs:
+        hook.installs.append(install)  # another wrapper of the same module (graph lookups, headers)
 
 
 def graph_capture_active() -> bool:
@@ -867,6 +874,9 @@ def _install_header_watch() -> None:
         return path
 
     _precompile_header.__wrapped__ = original  # type: ignore[attr-defined]
+    for name in ("cache_info", "cache_clear"):  # still torch's functools.cache to anyone who asks
+        if hasattr(original, name):
+            setattr(_precompile_header, name, getattr(original, name))
     setattr(codecache, "_precompile_header", _precompile_header)  # noqa: B010 (a module typed as ModuleType)
     _header_watch = ""
 

@@ -116,7 +116,33 @@ def test_our_failure_never_fails_torchs_compile(codecache: FakeCodecache, monkey
 
 
 def test_uninstall_puts_torchs_function_back(codecache: FakeCodecache) -> None:
+    assert codecache._precompile_header.cache_info().currsize == 0
     torchs = getattr(codecache._precompile_header, "__wrapped__", None)
     assert getattr(torchs, "__wrapped__", None) is not None  # ours, around torch's functools.cache
     probe.uninstall_header_watch()
     assert codecache._precompile_header is torchs
+
+
+def test_every_wrapper_of_a_module_is_installed_when_torch_imports_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The graph-lookup capture and the header watch both wait for torch's codecache: one import runs both (a
+    second ``sys.meta_path`` finder for the same module would never be asked)."""
+    (tmp_path / "compilecache_late_module.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    called: list[str] = []
+
+    def first() -> None:
+        called.append("graphs")
+
+    def second() -> None:
+        called.append("headers")
+
+    for install in (first, second, second):
+        probe._install_now_or_on_import("compilecache_late_module", install, pending=True)
+    monkeypatch.delitem(sys.modules, "compilecache_late_module", raising=False)
+    import compilecache_late_module  # type: ignore[import-not-found]
+
+    assert compilecache_late_module.VALUE == 1
+    assert called == ["graphs", "headers"]
