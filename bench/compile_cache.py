@@ -24,7 +24,8 @@ rotating order (load drifting on a shared machine then touches all of them alike
 ``--trace-compiler`` puts ``g++`` and ``openssl`` shims first on PATH (same names, so torch's command lines and
 kernel keys do not change) and reports, per scenario, how many of each kind of compiler call ran and their
 seconds: header preprocessing (``g++ -E``), header builds, kernel builds, other builds (ISA probes, links),
-compiler version queries and ``openssl sha512``. That is what a fresh runner still pays that a warm one does not.
+compiler version queries, ``openssl sha512`` and the plugin's header checks. That is what a fresh runner still
+pays that a warm one does not.
 
 Then a growth series: five runs in which the tested code changes, sharing one cache dir and one store;
 the newest bundle's size against the whole dir's archive size after each run.
@@ -133,6 +134,8 @@ def classify(trace: Path) -> dict[str, list[float]]:
             kind = "header preprocess"
         elif "-x c++-header" in args:
             kind = "header build"
+        elif "compilecache_check" in args:  # the plugin's check of a header torch looked up (headers.check)
+            kind = "header check"
         elif ".main.cpp" in args or ".optimized.cpp" in args or ".main.o" in args:
             kind = "kernel build"
         else:
