@@ -284,11 +284,11 @@ def _found_without_access_times(machine, first: Machine, tmp_path: Path) -> None
     store = tmp_path / "store-r"
     r = machine("r", "--compile-cache=shared", f"--compile-cache-store={store}", "-n", "2", before=built_earlier,
                 kernels="one", isa_probes=False)  # fmt: skip
-    assert header_builds(r.log) == [] and kernel_builds_with_header(r.log), r.log
-    assert header_checks(r.log), "the worker that compiled checked the header: " + r.log
     saved = r.report["save"]
     assert saved["outcome"] == "saved", saved
     assert (saved["headers"]["named"], saved["headers"]["transferred"]) == (1, 1), saved
+    assert header_builds(r.log) == [] and kernel_builds_with_header(r.log), r.log
+    assert header_checks(r.log), "the worker that compiled checked the header: " + r.log
     assert _artifact_bytes(store) == [good.read_bytes()]
     assert r.report["warnings"] == [] and _repaired(r.report, good.name) == []
 
