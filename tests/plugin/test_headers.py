@@ -273,13 +273,16 @@ def _found_without_access_times(machine, first: Machine, tmp_path: Path) -> None
     """A header built and read before the session, whose times no read changes (relatime after its first read;
     noatime always), is carried by a session whose xdist workers compiled with it."""
     good = _the_header(first)
-    pinned: dict[str, float] = {}
 
     def built_earlier(tmp: Path) -> None:
         path = _place(tmp, good.name, good.read_bytes())
         now = time.time()
-        os.utime(path, (now - 3600, now - 7200))  # read an hour ago, built two: relatime records no more reads
-        pinned["atime"] = os.stat(path).st_atime
+        os.utime(path, (now - 3600, now - 7200))  # built two hours ago
+        # Read once after that change (relatime records a read when atime is older than mtime or ctime, which
+        # the utime just set), before the session starts: from then on relatime records no read for a day,
+        # like noatime. The session's start (less its second of slack) comes after this read.
+        path.read_bytes()
+        time.sleep(2.5)
 
     store = tmp_path / "store-r"
     r = machine("r", "--compile-cache=shared", f"--compile-cache-store={store}", "-n", "2", before=built_earlier,
