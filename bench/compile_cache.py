@@ -15,7 +15,7 @@ holds) unless something put it there first, as the plugin's restore does with th
 * wholedir  - fresh machine, the cold run's whole cache dir archived (tar + zstd) and unpacked: no header,
   so torch builds it (what a fresh runner paid before headers were carried)
 * restored-fresh+headers - restored-fresh, after the precompiled headers the cold run used were carried to
-  the fresh machine by hand, step by step (``pytest_compilecache.headers``: find_used, describe, compress to
+  the fresh machine by hand, step by step (``pytest_compilecache.headers``: find_built, describe, compress to
   a content-addressed object, download, install into torch's header dir under the new TMPDIR): a
   cross-check of the product's path, with the time of each step
 
@@ -28,7 +28,8 @@ rotating order (load drifting on a shared machine then touches all of them alike
 ``--trace-compiler`` puts ``g++`` and ``openssl`` shims first on PATH (same names, so torch's command lines and
 kernel keys do not change) and reports, per scenario, how many of each kind of compiler call ran and their
 seconds: header preprocessing (``g++ -E``), header builds, kernel builds, other builds (ISA probes, links),
-compiler version queries and ``openssl sha512``. That is what a fresh runner still pays that a warm one does not.
+compiler version queries, ``openssl sha512`` and the plugin's header checks. That is what a fresh runner still
+pays that a warm one does not.
 
 Then a growth series: five runs in which the tested code changes, sharing one cache dir and one store;
 the newest bundle's size against the whole dir's archive size after each run.
@@ -137,6 +138,8 @@ def classify(trace: Path) -> dict[str, list[float]]:
             kind = "header preprocess"
         elif "-x c++-header" in args:
             kind = "header build"
+        elif "compilecache_check" in args:  # the plugin's check of a header torch looked up (headers.check)
+            kind = "header check"
         elif ".main.cpp" in args or ".optimized.cpp" in args or ".main.o" in args:
             kind = "kernel build"
         else:
@@ -160,7 +163,7 @@ def carry_headers(machine: Path, objects: Path, since: float) -> tuple[list[head
     """Upload the headers the cold run used on ``machine`` as content-addressed objects (once each)."""
     started = time.perf_counter()
     artifacts = []
-    for path in headers.find_used(headers.header_dir(machine), since):
+    for path in headers.find_built(headers.header_dir(machine), since):
         artifact = headers.describe(path)
         key = objects / headers.object_key("bench", artifact.sha256)
         if not key.exists():  # content-addressed: a store that has it needs no upload

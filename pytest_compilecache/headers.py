@@ -26,16 +26,35 @@ the cache dir, because:
   looked up;
 * the cache dir stays what torch and the bundles expect (no 150 MB file inside every whole-dir archive).
 
-What we never do there: overwrite or delete a file (an existing header was built by torch, or by us earlier;
-it is not provably ours), follow a symlink, or write a name that is not torch's (``c`` + 51 base32 chars +
+What we never do there: follow a symlink, or write a name that is not torch's (``c`` + 51 base32 chars +
 ``.h.gch``/``.h.pch``). Only the compiled file travels: torch writes the tiny ``<hash>.h`` itself (its content
 is a single ``#include`` line) before it looks for the compiled file.
 
-A carried header that gcc will not use (another compiler build, other flags) costs what it costs today:
-gcc ignores an invalid ``.gch`` (it reports it only under ``-Winvalid-pch``) and parses the text header.
+Which headers a session used (issue 24). Not from access times: ``relatime`` (Linux's default, GitHub's
+runners) records a read only once a day and ``noatime`` never. Every process the plugin runs in wraps torch's
+``_precompile_header`` (:func:`.probe.watch_precompiled_headers`): each header torch looks up there is
+checked once by that process, with torch's own flags for it, and reported (:class:`HeaderUse`, through the
+xdist worker payload). torch's compile workers never look a header up (the parent passes its path), so
+nothing is lost there; a header the restore installed (this session's, or the Action's, named in
+``PYTEST_COMPILECACHE_RESTORED``) is named again even when no process looked it up.
 
-This module never imports torch: everything here is files and hashes. Transport is zstd (level 3, ~150 MB to
-~21 MB in about a second), streamed in both directions so memory stays bounded.
+Only a header the compiler accepts is carried or left installed. gcc's reaction to a damaged ``.gch`` is
+anything from silently ignoring it (all zeros, junk after a valid start: every kernel then parses the text
+header, and torch never rebuilds the file) to "cannot read PCH file" (truncated) or an internal compiler error
+(changed bytes): fatal for every C++ kernel on that machine, since neither torch nor gcc ever replaces an
+existing header. :func:`check` compiles a one-line file with ``-include`` of the header under torch's exact
+flags and no text header to fall back on, so only a loaded PCH compiles (about half a second for a ~150 MB
+header). A header that fails is removed under torch's build lock, and torch builds it again in the same
+process, with one note (:func:`remove_if_unchanged`). A save uploads only headers some process of the
+session checked and that have not changed since; a restore replaces a local header of the manifest's name
+that is no PCH at all (zeroed, junk) with the verified one. Partial files of a killed build under temporary
+names are never candidates: only torch's final names are. Limits: gcc loads a PCH lazily, so bytes changed
+deep inside that a one-line file never touches pass the check (the sha256 guards them in transit); a header
+looked up only by a process without the plugin (a test that spawns Python, torch's subprocess FX-compile
+mode) is not carried, since nothing checked it.
+
+This module never imports torch: everything here is files, hashes and one compiler run per check. Transport
+is zstd (level 3, ~150 MB to ~21 MB in about a second), streamed in both directions so memory stays bounded.
 PYTEST_DONT_REWRITE
 """
 
@@ -47,6 +66,7 @@ import hashlib
 import os
 import re
 import stat
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -55,10 +75,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import BinaryIO
+from typing import Callable
 from typing import Iterable
 from typing import Mapping
+from typing import Sequence
 
 from ._fs import atomic_file
+from ._fs import temporary_dir
 from ._fs import try_flock
 from .errors import HeaderError
 
@@ -67,16 +90,25 @@ if TYPE_CHECKING:
 
 __all__ = [
     "KIND",
+    "OK_VERDICTS",
     "HeaderArtifact",
     "HeaderError",
     "HeaderTransfer",
+    "HeaderUse",
+    "check",
     "compress",
     "describe",
+    "find_built",
     "find_used",
     "header_dir",
+    "header_notes",
+    "header_uses",
     "install",
+    "is_damaged_copy",
     "is_header_name",
+    "looks_complete",
     "object_key",
+    "remove_if_unchanged",
     "restore_headers",
     "save_headers",
     "session_start",
@@ -96,6 +128,12 @@ _CHUNK = 1 << 20
 ZSTD_LEVEL = 3
 MAX_SIZE = 4 << 30
 """The largest header we describe or install (a real one is ~150 MB); larger is refused, not truncated."""
+# What every complete PCH starts with: gcc's "gpch" + its format version, clang's "CPCH".
+_MAGIC = {".gch": b"gpch", ".pch": b"CPCH"}
+CHECK_TIMEOUT = 120.0
+"""Seconds :func:`check` gives the compiler (a sound ~150 MB header takes about half a second)."""
+OK_VERDICTS = ("verified", "rebuilt")
+""":attr:`HeaderUse.verdict` values of a header the compiler accepted (checked, or built again after failing)."""
 
 
 @dataclass(frozen=True)
@@ -148,41 +186,212 @@ def header_dir(tmp: str | os.PathLike[str] | None = None) -> Path:
     return Path(tmp if tmp is not None else tempfile.gettempdir()) / f"torchinductor_{user}" / "precompiled_headers"
 
 
-def find_used(directory: Path, since: float, installed: Iterable[str] = ()) -> list[Path]:
-    """The compiled headers in ``directory`` that this session's processes used, sorted by name.
+@dataclass(frozen=True)
+class HeaderUse:
+    """One header a process of this session looked up through torch, as that process reports it (plain JSON
+    in the xdist worker payload).
 
-    A header counts when it was built since ``since`` (its mtime: torch compiled it this session), read since
-    then (its atime, where the file system records reads: gcc read it for a kernel), or installed by this
-    session's restore (``installed``: names; torch found it and skipped its build). Take ``since`` from
-    :func:`time.time` before the first test, minus a second for file systems with coarse timestamps.
+    ``verdict``: ``verified`` (the compiler accepted it), ``rebuilt`` (it failed the check, was removed and
+    torch built it again, which then passed), ``damaged`` (it failed and could not be replaced) or
+    ``unchecked`` (the check could not run: no compiler, a timeout). ``size``, ``mtime_ns`` and ``ino``
+    identify the file the verdict is about: a save carries it only while the file is still that one.
+    ``note``: one line for the session's notes, or empty.
+    """
 
-    Not found: a header that was on this machine before the session and that no kernel build read (a warm
-    persistent machine): then this bundle names no header, and a fresh runner restoring it builds the header
-    once, as before. Skipped: symlinks, names that are not torch's, empty files, and headers whose build lock
-    another process holds right now (gcc writes the file in place, and a truncated PCH is a fatal error for
-    every kernel build that includes it, not a fallback). A missing dir is an empty list.
+    name: str
+    verdict: str
+    size: int = 0
+    mtime_ns: int = 0
+    ino: int = 0
+    note: str = ""
+
+    @property
+    def accepted(self) -> bool:
+        return self.verdict in OK_VERDICTS
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "verdict": self.verdict,
+            "size": self.size,
+            "mtime_ns": self.mtime_ns,
+            "ino": self.ino,
+            "note": self.note,
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> HeaderUse | None:
+        """The report, or None for anything malformed (a worker's payload is ours, but never trusted blindly)."""
+        if not isinstance(data, Mapping):
+            return None
+        name, verdict, note = data.get("name"), data.get("verdict"), data.get("note", "")
+        numbers = [data.get(key, 0) for key in ("size", "mtime_ns", "ino")]
+        if not isinstance(name, str) or not is_header_name(name) or not isinstance(verdict, str):
+            return None
+        if verdict not in (*OK_VERDICTS, "damaged", "unchecked") or not isinstance(note, str):
+            return None
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers):
+            return None
+        size, mtime_ns, ino = numbers
+        return cls(name, verdict, size, mtime_ns, ino, note.splitlines()[0][:300] if note else "")
+
+    def matches(self, info: os.stat_result) -> bool:
+        """True when ``info`` (an lstat) is the very file this verdict is about."""
+        return (info.st_size, info.st_mtime_ns, info.st_ino) == (self.size, self.mtime_ns, self.ino)
+
+
+def header_uses(reports: Iterable[object]) -> list[HeaderUse]:
+    """The valid :class:`HeaderUse` reports among ``reports`` (JSON dicts from every process), malformed ones
+    dropped."""
+    return [use for use in map(HeaderUse.from_json, reports) if use is not None]
+
+
+def header_notes(reports: Iterable[object]) -> list[str]:
+    """One note per header that some process found damaged (removed and rebuilt, or left) or could not
+    check, in name order: xdist workers that met the same header say so once."""
+    notes: dict[str, str] = {}
+    for use in header_uses(reports):
+        if use.note and use.name not in notes:
+            notes[use.name] = use.note
+    return [notes[name] for name in sorted(notes)]
+
+
+def find_used(directory: Path, uses: Iterable[object], installed: Iterable[str] = ()) -> list[Path]:
+    """The compiled headers in ``directory`` this session used and may carry, sorted by name.
+
+    ``uses``: the :class:`HeaderUse` reports (JSON) of every process of the session. A header counts when some
+    process's compiler check accepted it and the file is still the one it checked (same size, mtime, inode),
+    or when this session's restore installed or found it (``installed``: names; the bytes were checked
+    against a verified manifest, and no kernel may have needed it). Nothing here reads access times.
+
+    Skipped: symlinks, names that are not torch's, empty files, headers whose build lock another process holds
+    right now (torch is writing it in place), and a reported header that changed since its check. A missing
+    dir is an empty list.
     """
     if os.name == "nt":  # torch precompiles no header on Windows (codecache asserts it)
         return []
+    accepted: dict[str, list[HeaderUse]] = {}
+    for use in header_uses(uses):
+        if use.accepted:
+            accepted.setdefault(use.name, []).append(use)
     keep = set(installed)
     found: list[Path] = []
-    try:
-        entries = sorted(os.scandir(directory), key=lambda e: e.name)
-    except OSError:
-        return []
-    for entry in entries:
-        if not is_header_name(entry.name):
-            continue
+    for name in sorted(set(accepted) | {name for name in keep if is_header_name(name)}):
+        path = Path(directory) / name
         try:
-            info = entry.stat(follow_symlinks=False)
+            info = os.lstat(path)
         except OSError:
             continue
         if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
             continue
-        used = entry.name in keep or info.st_mtime >= since or info.st_atime >= since
-        if used and not _being_built(Path(directory), entry.name):
-            found.append(Path(entry.path))
+        if name not in keep and not any(use.matches(info) for use in accepted[name]):
+            continue  # replaced since every check of it: not the file the compiler accepted
+        if not _being_built(Path(directory), name):
+            found.append(path)
     return found
+
+
+def find_built(directory: Path, since: float) -> list[Path]:
+    """Headers whose file was written since ``since`` (mtime: recorded on every mount), for a save with no
+    process reports (the CLI's ``--headers-since``); ``since=0`` takes every header. Same skips as
+    :func:`find_used`, plus files that do not start like a PCH (:func:`looks_complete` is all such a save can
+    check: it has no compiler flags)."""
+    if os.name == "nt":
+        return []
+    try:
+        names = sorted(entry.name for entry in os.scandir(directory) if is_header_name(entry.name))
+    except OSError:
+        return []
+    found: list[Path] = []
+    for name in names:
+        path = Path(directory) / name
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISREG(info.st_mode) or info.st_size == 0 or info.st_mtime < since:
+            continue
+        if looks_complete(path) and not _being_built(Path(directory), name):
+            found.append(path)
+    return found
+
+
+def looks_complete(path: Path) -> bool:
+    """True when ``path`` starts with its compiler's PCH magic. Cheap and flag-free: it catches a zeroed or
+    junk file, not a truncated one or one damaged inside; :func:`check` does that."""
+    magic = _MAGIC.get(path.suffix, b"")
+    try:
+        with _open_regular(path) as fh:
+            return bool(magic) and fh.read(len(magic)) == magic
+    except (OSError, HeaderError):
+        return False
+
+
+def check(path: Path, command: Callable[[Path, Path], Sequence[str]], timeout: float = CHECK_TIMEOUT) -> str | None:
+    """Compile a one-line file with ``-include`` of the header at ``path``; None when the compiler accepted
+    it, else the compiler's first line about it.
+
+    ``command(source, include)`` gives the argv that compiles ``source`` with ``-include <include>`` under the
+    flags torch uses with this header (:func:`.probe.watch_precompiled_headers` builds it from torch's own
+    command line); ``-fsyntax-only -Winvalid-pch`` are added. ``include`` is a name in a private temp dir
+    whose ``.gch``/``.pch`` is a link to ``path`` and whose text header does not exist: a PCH the compiler
+    will not use (not a PCH, other flags) cannot fall back to parsing text, so every rejection is an error,
+    and so is a truncated file ("cannot read PCH file") or an internal compiler error. Raises HeaderError
+    (one line) when the check could not run at all (no compiler, a timeout): that proves nothing either way.
+    """
+    with temporary_dir("tmp") as tmp:  # ours by name: a killed check's dir is swept like our other temp dirs
+        include = Path(tmp) / "compilecache_check.h"
+        os.symlink(os.path.abspath(path), str(include) + path.suffix)
+        source = Path(tmp) / "compilecache_check.cpp"
+        source.write_text("int compilecache_check_pch;\n")
+        argv = [*command(source, include), "-fsyntax-only", "-Winvalid-pch"]
+        try:
+            done = subprocess.run(
+                argv, cwd=tmp, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise HeaderError(f"the compiler did not finish checking {path.name} in {timeout:g} s") from None
+        except OSError as exc:
+            raise HeaderError(f"cannot run {argv[0]} to check {path.name}: {exc.strerror or exc}") from None
+    if done.returncode == 0:
+        return None
+    text = done.stderr.decode("utf-8", "replace").replace(str(include) + path.suffix, path.name)
+    text = text.replace(str(include), path.name[: -len(path.suffix)]).replace(tmp + os.sep, "")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    # The line naming the header (gcc's reason for not using it), else the fatal one (a truncated file, an
+    # internal compiler error), else the first.
+    for marks in ((path.name,), ("internal compiler error", "fatal error"), ("",)):
+        picked = next((line for line in lines if any(mark in line for mark in marks)), None)
+        if picked is not None:
+            return picked[:200]
+    return f"exit status {done.returncode}"
+
+
+def remove_if_unchanged(path: Path, info: os.stat_result) -> bool:
+    """Remove the header at ``path`` when it is still the file ``info`` (an lstat) describes; True if removed.
+
+    For a header the compiler rejected: torch then builds it again (it builds whenever the file is absent).
+    Taken under torch's own build lock, without waiting: False, nothing removed, when torch holds it (it is
+    building that very file) or the file was replaced since (another process repaired it already).
+    """
+    directory = path.parent
+    if not is_header_name(path.name):
+        return False
+    with _build_lock(directory, path.name) as held:
+        if not held:
+            return False
+        try:
+            now = os.lstat(path)
+        except OSError:
+            return False
+        if not stat.S_ISREG(now.st_mode) or (now.st_size, now.st_mtime_ns, now.st_ino) != (
+            info.st_size,
+            info.st_mtime_ns,
+            info.st_ino,
+        ):
+            return False
+        os.unlink(path)
+        return True
 
 
 def describe(path: Path) -> HeaderArtifact:
@@ -242,12 +451,14 @@ def compress(path: Path, dest: BinaryIO, expected: HeaderArtifact | None = None)
 def install(artifact: HeaderArtifact, compressed: BinaryIO, directory: Path) -> bool:
     """Install one verified header from its zstd stream into ``directory``; True when a file was added.
 
-    Returns False, touching nothing, when the file is already there (torch's or ours: never overwritten) or
-    when torch holds the header's build lock right now (it is building that very file). Otherwise the stream is
-    decompressed into a temp sibling, hashed and size-checked on the way (at most ``artifact.size`` bytes are
-    ever written), and published with ``os.replace`` only when both match: a reader sees no file or the whole
-    verified file. Raises HeaderError (one line) for a bad name, a symlinked or foreign directory, a stream
-    that is not zstd, or content that is not the artifact's; the directory is then unchanged.
+    Returns False, touching nothing, when a file that may be sound is already there (torch's or ours: never
+    overwritten) or when torch holds the header's build lock right now (it is building that very file). A
+    regular file of that name that is no PCH at all (:func:`is_damaged_copy`: zeroed, junk) is replaced. The
+    stream is decompressed into a temp sibling, hashed and size-checked on the way (at most ``artifact.size``
+    bytes are ever written), and published with ``os.replace`` only when both match: a reader sees the old
+    file, or the whole verified file. Raises HeaderError (one line) for a bad name, a symlinked or foreign
+    directory, a stream that is not zstd, or content that is not the artifact's; the directory is then
+    unchanged.
     """
     if not is_header_name(artifact.name) or artifact.kind != KIND:
         raise HeaderError(f"not a precompiled-header artifact: {artifact.name!r}")
@@ -255,10 +466,10 @@ def install(artifact: HeaderArtifact, compressed: BinaryIO, directory: Path) -> 
         raise HeaderError("torch precompiles no header on Windows")
     _ensure_dir(directory)
     dest = directory / artifact.name
-    if os.path.lexists(dest):
+    if os.path.lexists(dest) and not is_damaged_copy(dest):
         return False
     with _build_lock(directory, artifact.name) as held:
-        if not held or os.path.lexists(dest):
+        if not held or (os.path.lexists(dest) and not is_damaged_copy(dest)):
             return False
         try:
             with atomic_file(dest, fsync=False) as out:
@@ -266,6 +477,17 @@ def install(artifact: HeaderArtifact, compressed: BinaryIO, directory: Path) -> 
         except OSError as exc:
             raise HeaderError(f"cannot install {artifact.name}: {exc.strerror or exc}") from None
     return True
+
+
+def is_damaged_copy(path: Path) -> bool:
+    """True when ``path`` is a regular file (never a link) that does not start like a PCH: a zeroed file, or
+    junk. Nothing cheaper than the compiler tells a truncated one from a sound one (two gcc builds of the same
+    header differ in size and bytes); the processes that look the header up check it (:func:`check`)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and not looks_complete(path)
 
 
 def verify(artifact: HeaderArtifact, compressed: BinaryIO) -> None:
@@ -303,6 +525,7 @@ class HeaderTransfer:
     artifacts: list[HeaderArtifact] = field(default_factory=list)
     transferred: list[str] = field(default_factory=list)  # names uploaded (save) or installed (restore)
     errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # restore: damaged local headers replaced
 
 
 def save_headers(
@@ -313,8 +536,15 @@ def save_headers(
     scratch: Path,
     directory: Path | None = None,
     carried: Iterable[str] = (),
+    uses: Iterable[object] | None = None,
 ) -> HeaderTransfer:
     """Controller, at session end: describe the headers the session used and upload those the store lacks.
+
+    ``uses``: every process's :class:`HeaderUse` reports: the headers uploaded are those a compiler check
+    accepted (:func:`find_used`); a header only ``installed`` (restored, named again though no process
+    looked it up) is named only when its exact content is already stored or ``carried``, never uploaded
+    unchecked. Without ``uses`` (the CLI: no process to ask), headers written since ``since``
+    (:func:`find_built`) and ``installed`` ones are carried when they start like a PCH, all it can check.
 
     ``artifacts`` are what the bundle manifest must name (``[a.to_json() for a in artifacts]``); a header that
     could not be read or uploaded is left out of it with one line in ``errors``, never failing the save.
@@ -325,11 +555,23 @@ def save_headers(
     """
     result = HeaderTransfer()
     elsewhere = set(carried)
-    for path in find_used(directory or header_dir(), since, installed):
+    target = directory or header_dir()
+    if uses is None:
+        restored = find_used(target, (), installed)
+        checked = {path.name for path in [*find_built(target, since), *restored] if looks_complete(path)}
+        candidates = sorted({*(target / name for name in checked), *restored})
+    else:
+        reports = list(uses)
+        checked = {path.name for path in find_used(target, reports)}
+        candidates = find_used(target, reports, installed)
+    for path in candidates:
         try:
             artifact = describe(path)
             key = object_key(prefix, artifact.sha256)
-            if key not in elsewhere and not any(entry.key == key for entry in store.list(key)):
+            stored = key in elsewhere or any(entry.key == key for entry in store.list(key))
+            if not stored and path.name not in checked:
+                raise HeaderError("changed since the restore installed it, and no process checked it")
+            if not stored:
                 packed = scratch / key
                 try:
                     with open(packed, "wb") as out:
@@ -366,8 +608,9 @@ def restore_headers(
         try:
             artifact = HeaderArtifact.from_json(entry)
             result.artifacts.append(artifact)
-            if os.path.lexists(target / artifact.name):
-                continue
+            damaged = is_damaged_copy(target / artifact.name)
+            if os.path.lexists(target / artifact.name) and not damaged:
+                continue  # torch's or an earlier restore's: the processes that look it up check it
             key = object_key(prefix, artifact.sha256)
             packed = scratch / key
             try:
@@ -383,6 +626,11 @@ def restore_headers(
                 with open(packed, "rb") as fh:
                     if install(artifact, fh, target):
                         result.transferred.append(artifact.name)
+                        if damaged:
+                            result.notes.append(
+                                f"precompiled header {artifact.name} was damaged (not a PCH); replaced with the "
+                                "bundle's verified copy"
+                            )
             finally:
                 with contextlib.suppress(OSError):
                     packed.unlink()

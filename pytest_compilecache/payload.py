@@ -36,6 +36,7 @@ class ProcessOutput:
     problems: dict[str, list[str]] = field(default_factory=dict)
     remote_errors: list[str] = field(default_factory=list)
     header_dir: str | None = None
+    headers: list[Any] = field(default_factory=list)  # the headers torch looked up here, each checked once
 
     @classmethod
     def collect(cls, setup: Setup, recorder: Recorder) -> ProcessOutput:
@@ -52,6 +53,7 @@ class ProcessOutput:
             output.blob = probe.save_artifacts() if setup.saving else None
             output.files = probe.used_files(setup.dir.path) if setup.dir.path else []
         output.header_dir = probe.precompiled_header_dir()
+        output.headers = probe.precompiled_headers_used()
         return output
 
     def to_json(self) -> dict[str, Any]:
@@ -64,6 +66,7 @@ class ProcessOutput:
             "problems": dict(self.problems),
             "remote_errors": list(self.remote_errors),
             "header_dir": self.header_dir,
+            "headers": list(self.headers),
         }
 
     @classmethod
@@ -78,6 +81,7 @@ class ProcessOutput:
         problems = data.get("problems")
         errors = data.get("remote_errors")
         header_dir = data.get("header_dir")
+        headers = data.get("headers")
         return cls(
             tests=tests if isinstance(tests, int) and not isinstance(tests, bool) and tests >= 0 else 0,
             records=_records(data.get("records")),
@@ -86,6 +90,7 @@ class ProcessOutput:
             problems=problems if isinstance(problems, dict) else {},
             remote_errors=[e for e in errors if isinstance(e, str)] if isinstance(errors, list) else [],
             header_dir=header_dir if isinstance(header_dir, str) else None,
+            headers=list(headers) if isinstance(headers, list) else [],  # each entry read by headers.HeaderUse
         )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -217,7 +218,8 @@ def pytest_configure(config: pytest.Config) -> None:
     explain = settings.explain  # a worker resolves the same options: its controller's argv and environment
     # Every process, from when torch (or triton) is imported: the FX-graph lookups that explain a miss, and
     # the triton cache entries a bundle carries (issue 27).
-    watch = _watch_explained if explain else _watch_unexplained
+    # A session with a cache dir also checks each precompiled header torch looks up (issue 24).
+    watch = partial(_watch, explain=explain, headers=not settings.quiet)
     when_imported("torch", watch)
     when_imported("triton", watch)
     recorder = Recorder(
@@ -234,16 +236,14 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(tests, "compilecache-tests")
 
 
-def _watch_explained() -> None:
-    from . import probe  # cost: loaded once torch is
+def _watch(*, explain: bool, headers: bool) -> None:
+    """Install probe's watches (each once per process; none imports torch or triton itself)."""
+    from . import probe  # cost: loaded once torch (or triton) is
 
-    probe.watch_graph_lookups()  # never imports torch
-    probe.watch_triton_cache()  # never imports triton
-
-
-def _watch_unexplained() -> None:
-    from . import probe  # cost: as above
-
+    if explain:
+        probe.watch_graph_lookups()
+    if headers:
+        probe.watch_precompiled_headers()
     probe.watch_triton_cache()
 
 

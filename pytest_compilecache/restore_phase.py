@@ -204,6 +204,8 @@ class RestorePhase:
             self.problems.warn(restored.warning)
         for line in restored.headers.warnings:
             self.problems.warn(line)
+        for line in restored.headers.notes:
+            self.problems.note(line)
         if self.store_trouble and not restored.warning and not restored.headers.warnings:
             self.problems.warn(f"{self.store_trouble}; nothing will be saved this session")  # the one warning
 

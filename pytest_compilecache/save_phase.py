@@ -12,6 +12,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
+from typing import Any
 
 from . import cachedir
 from . import probe
@@ -44,6 +45,7 @@ class SavePhase:
         self.blobs: dict[str, bytes] = {}
         self.files: set[str] = set()
         self.header_dirs: set[str] = set()
+        self.header_uses: list[Any] = []  # every process's checked headers (headers.HeaderUse JSON)
         self.why: SessionExplanation | None = None
         self.graphs: GraphsRecord | None = None
         self.saved: SaveResult | None = None
@@ -151,6 +153,7 @@ class SavePhase:
             header_since=self._header_since(),
             header_installed=self._restored_headers(),
             header_carried=restored.headers.carried if restored is not None else (),
+            header_uses=self.header_uses,
         )
         if policy.staged and self.saved.outcome == "saved":
             # store: github: the bundle is only in the staging dir; actions/cache's post step uploads it at job end
@@ -178,7 +181,7 @@ class SavePhase:
         from .headers import find_used
         from .headers import header_dir
 
-        used = {path.name for path in find_used(header_dir(), since, self._restored_headers())}
+        used = {path.name for path in find_used(header_dir(), self.header_uses, self._restored_headers())}
         return bool(used - set(self._restored_headers()))
 
     def _restored_headers(self) -> tuple[str, ...]:

@@ -342,6 +342,7 @@ class Controller:
         self.end.files.update(output.files)
         if output.header_dir is not None:
             self.end.header_dirs.add(output.header_dir)
+        self.end.header_uses += output.headers
 
     def finish(self, failed: bool = False) -> bool:
         """Save, trim, write reports; return True when the session must fail (hit rate, strict).
@@ -354,6 +355,11 @@ class Controller:
 
             self._take_artifacts("controller", ProcessOutput.collect(self.setup, self.recorder))
         self.start.collect_ticket()
+        if self.end.header_uses:
+            from .headers import header_notes  # cost: headers load only where torch looked a header up
+
+            for note in header_notes(self.end.header_uses):
+                self.problems.note(note)
         if self.setup.dir.path and self.end.files:
             cachedir.touch(self.setup.dir.path, sorted(self.end.files))
         for note in probe.capability_notes(remote=bool(self.settings.redis)):

@@ -146,6 +146,7 @@ class HeaderReport:
     seconds: float = 0.0
     warnings: tuple[str, ...] = ()
     carried: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # restore: a damaged local header replaced with the verified one
 
     @classmethod
     def of(cls, transfer: HeaderTransfer, seconds: float) -> HeaderReport:
@@ -156,6 +157,7 @@ class HeaderReport:
             size=sum(sizes.get(name, 0) for name in transfer.transferred),
             seconds=seconds,
             warnings=tuple(one_line(line) for line in transfer.errors),
+            notes=tuple(one_line(line) for line in transfer.notes),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -796,16 +798,19 @@ def save(
     header_installed: Iterable[str] = (),
     header_dir: Path | None = None,
     header_carried: Iterable[str] = (),
+    header_uses: Iterable[object] | None = None,
 ) -> SaveResult:
     """Pack this session's artifacts into one bundle bound to its key and lineage, put it, prune old ones.
 
     A bundle that restores would refuse (over ``max_bytes``) is not stored (``error``). Cache files whose
     names no bundle can carry are left out and listed in ``skipped``. With ``header_since`` (the session's
-    start, :func:`.headers.session_start`), the precompiled headers in ``header_dir`` (default torch's) built
-    or read since then, or named in ``header_installed`` (what the restore installed or found), are uploaded
-    once per store and named in the manifest; one that cannot be is a line in ``headers.warnings`` and left
-    out. Headers whose object key is in ``header_carried`` travel by other means (the Action's header entry):
-    named, not uploaded. Pruning keeps every artifact (:func:`.stores.base.prune`). Never raises.
+    start, :func:`.headers.session_start`), the precompiled headers in ``header_dir`` (default torch's) that
+    the session's processes looked up and checked (``header_uses``: their :class:`.headers.HeaderUse` JSON
+    reports; without them, the CLI's case, those written since ``header_since``), or named in
+    ``header_installed`` (what the restore installed or found), are uploaded once per store and named in the
+    manifest; one that cannot be is a line in ``headers.warnings`` and left out. Headers whose object key is
+    in ``header_carried`` travel by other means (the Action's header entry): named, not uploaded. Pruning
+    keeps every artifact (:func:`.stores.base.prune`). Never raises.
     """
     started = time.perf_counter()
     digest = fingerprint.digest()
@@ -825,7 +830,7 @@ def save(
             named: list[Artifact] = []
             if header_since is not None:
                 carried, named = _save_headers(
-                    store, prefix, header_since, header_installed, Path(tmp), header_dir, header_carried
+                    store, prefix, header_since, header_installed, Path(tmp), header_dir, header_carried, header_uses
                 )
             path = Path(tmp) / "bundle"
             manifest = bundle.pack(
@@ -878,11 +883,12 @@ def _save_headers(
     scratch: Path,
     directory: Path | None,
     carried: Iterable[str] = (),
+    uses: Iterable[object] | None = None,
 ) -> tuple[HeaderReport, list[Artifact]]:
     """Upload the session's headers the store lacks; return the report and the manifest entries."""
     started = time.perf_counter()
     try:
-        transfer = headers.save_headers(store, prefix, since, installed, scratch, directory, carried)
+        transfer = headers.save_headers(store, prefix, since, installed, scratch, directory, carried, uses)
     except Exception as exc:  # the bundle is worth saving without its headers
         return HeaderReport(warnings=(one_line(f"precompiled headers not saved: {type(exc).__name__}: {exc}"),)), []
     named = [Artifact(a.kind, a.name, a.sha256, a.size) for a in transfer.artifacts]

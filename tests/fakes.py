@@ -123,16 +123,27 @@ class FakeProbe:
     Installed with ``monkeypatch`` over the functions the roles call. By default this process has not loaded
     Dynamo and has compiled nothing; ``run`` plays one test whose FX-graph lookups (``GraphLookup.to_json()``
     dicts) appear in ``graph_delta`` and are counted in ``delta`` as torch's counters would.
-    ``header_dir`` is what ``precompiled_header_dir`` answers. Each replaced function keeps the real one's
+    ``header_dir`` is what ``precompiled_header_dir`` answers, ``header_uses`` what ``precompiled_headers_used``
+    does. Each replaced function keeps the real one's
     signature (tests/unit/test_fakes.py checks), so a change in probe's API shows up here first.
     """
 
-    REPLACES = ("torch_loaded", "dynamo_loaded", "mark", "delta", "graph_mark", "graph_delta", "precompiled_header_dir")
+    REPLACES = (
+        "torch_loaded",
+        "dynamo_loaded",
+        "mark",
+        "delta",
+        "graph_mark",
+        "graph_delta",
+        "precompiled_header_dir",
+        "precompiled_headers_used",
+    )
 
     def __init__(self, monkeypatch: Any) -> None:
         self.loaded = False
         self.lookups: list[dict[str, Any]] = []
         self.header_dir: str | None = None
+        self.header_uses: list[dict[str, Any]] = []
         for name in self.REPLACES:
             monkeypatch.setattr(f"pytest_compilecache.probe.{name}", getattr(self, name))
 
@@ -160,6 +171,9 @@ class FakeProbe:
 
     def precompiled_header_dir(self) -> str | None:
         return self.header_dir
+
+    def precompiled_headers_used(self) -> list[dict[str, Any]]:
+        return list(self.header_uses)
 
     def run(self, recorder: Any, nodeid: str, *graphs: Any, intended: bool = False) -> None:
         """One test through ``recorder`` (a ``session.Recorder``) that looked up ``graphs``."""

@@ -775,7 +775,7 @@ def _header_bundle(
 
     machine.mkdir(parents=True, exist_ok=True)
     for name in names or (HEADER,):
-        (machine / name).write_bytes(name.encode() * 4000)
+        (machine / name).write_bytes(b"gpch" + name.encode() * 4000)  # starts like a gcc PCH
     source = Path(plan.staging).parent / f"source-{suffix}"
     (source / "fxgraph" / "ab").mkdir(parents=True)
     (source / "fxgraph" / "ab" / "entry").write_bytes(b"graph")
@@ -833,7 +833,7 @@ def test_several_headers_one_entry_the_others_ride_in_the_bundle_entry(
     result = transfer.restore(plan, environ)
     entry = transfer.header_entry(plan, result)
     assert entry == (_object_key(plan, shas[HEADER]), shas[HEADER])  # the first by name, whatever the order
-    assert (headers.header_dir() / SECOND).read_bytes() == SECOND.encode() * 4000  # from the bundle entry
+    assert (headers.header_dir() / SECOND).read_bytes() == b"gpch" + SECOND.encode() * 4000  # from the bundle entry
     assert not (headers.header_dir() / HEADER).exists()
     assert result.headers.named == (SECOND,) and result.headers.transferred == (SECOND,)
 
@@ -869,7 +869,7 @@ def header_case(action: ModuleType, environ: dict[str, str], fingerprint: Any, t
     plan = inputs.make_plan(environ, fingerprint)
     machine = tmp_path / "machine"
     machine.mkdir()
-    (machine / HEADER).write_bytes(b"pch" * 5000)
+    (machine / HEADER).write_bytes(b"gpch" * 5000)
     artifact = headers.describe(machine / HEADER)
     return plan, machine / HEADER, artifact, _object_key(plan, artifact)
 
@@ -964,14 +964,14 @@ def test_a_header_already_in_torchs_dir_is_still_checked_before_it_is_saved(
 
     plan, source, artifact, key = header_case
     headers.header_dir().mkdir(parents=True)
-    (headers.header_dir() / HEADER).write_bytes(b"torch's own")  # never overwritten
+    (headers.header_dir() / HEADER).write_bytes(b"gpch torch's own")  # a PCH: never overwritten
     _stage(plan, plan.header_spare, key, source, content=b"forged")
     carry = transfer.carry_header(plan, key, artifact, hit=False)
     assert (carry.source, carry.carried) == ("none", False) and _staged_objects(plan.header_staging) == []
     _stage(plan, plan.header_spare, key, source)
     carry = transfer.carry_header(plan, key, artifact, hit=False)
     assert (carry.source, carry.present, carry.installed, carry.carried) == ("bundle", True, False, True)
-    assert (headers.header_dir() / HEADER).read_bytes() == b"torch's own"
+    assert (headers.header_dir() / HEADER).read_bytes() == b"gpch torch's own"
 
 
 def test_restore_and_headers_commands_tell_the_plugin_which_header_the_entry_carries(
@@ -1035,7 +1035,7 @@ def test_restore_and_headers_commands_tell_the_plugin_which_header_the_entry_car
     (Path(plan.header_staging) / f"{key}.bundle").write_bytes(saved_entry)  # actions/cache restored it
     assert action.main(["headers"], {**environ, "COMPILECACHE_HEADER_HIT": "true"}) == 0
     assert f"installed, from its actions/cache entry {key}" in capsys.readouterr().out
-    assert (headers.header_dir() / HEADER).read_bytes() == HEADER.encode() * 4000
+    assert (headers.header_dir() / HEADER).read_bytes() == b"gpch" + HEADER.encode() * 4000
     result = action_restore_result(parse_vars(Path(environ["GITHUB_ENV"]).read_text())["PYTEST_COMPILECACHE_RESTORED"])
     assert result is not None and result.headers.carried == (key,)
 

@@ -402,7 +402,7 @@ def test_precompiled_headers_travel_once_per_bucket(s3_bucket: S3Bucket, tmp_pat
     from tests.fakes import FakeLoader
 
     name = "c" + "a2b3c4d5e6f7" * 4 + "abc" + ".h.gch"
-    content = b"precompiled header " * 4096
+    content = b"gpch precompiled header " * 4096  # starts like a gcc PCH (a save with no process reports checks that)
     store = _store(s3_bucket)
     fp = Fingerprint({"torch": "2.13.0", "python": "cpython 3.11.7", "arch": "x86_64"})
     source = tmp_path / "cache-a"

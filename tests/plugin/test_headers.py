@@ -1,7 +1,7 @@
-"""torch's precompiled header, end to end with torch and gcc: carried through a store, used when valid,
-harmless when not.
+"""torch's precompiled header, end to end with torch and gcc: carried through a store when the session's
+processes checked it, never carried or left installed when gcc cannot use it (issue 24).
 
-One first machine (its own TMPDIR, run once for both halves of the test) compiles a small suite from an
+One first machine (its own TMPDIR, run once for every part of the test) compiles a small suite from an
 empty cache dir, so builds torch's precompiled header, and saves a bundle to a directory store: the header
 goes in as its own content-addressed object. Fresh machines (a new TMPDIR each, an empty cache dir):
 
@@ -12,11 +12,14 @@ goes in as its own content-addressed object. Fresh machines (a new TMPDIR each, 
   plainly in ``shared`` mode with one new kernel beside the restored ones, which gcc compiles with
   ``-include <header>``: the restored header is used (torch builds no header and gcc, asked with
   ``-Winvalid-pch``, does not reject it); one runs with ``-n 2`` in ``isolated`` mode;
-* get a header gcc will not use (garbage, or a real PCH built with other flags) under the carried one's
-  name, installed the way the product installs it (``headers.describe``, ``compress``, ``install``), with
-  no store, so every kernel is a miss that gcc compiles with ``-include <header>`` (``_bad_headers``): it
-  costs a slower compile and nothing else: gcc says so under ``-Winvalid-pch``, every test passes, results
-  are checked against eager.
+* hold the header already, built and read before the session, its times pinned as ``relatime`` leaves them
+  (no read is recorded again that day; ``noatime`` records none): the session, with ``-n 2``, still carries
+  it, since its processes report the headers torch looked up (``_found_without_access_times``);
+* hold a truncated or zeroed copy under the header's name, and a killed build's partial file
+  (``_damaged_on_the_saving_machine``): the session's check removes the damaged one, torch builds it again,
+  the tests pass, and the store receives only the sound rebuild, which a fresh runner then uses;
+* restore with a damaged copy already in torch's dir (``_damaged_on_the_restoring_machine``): a zeroed one
+  is replaced by the bundle's verified copy, a truncated one is removed by the check and rebuilt.
 
 gcc is seen through a ``g++`` shim first on PATH: same name, so torch's command lines, header names and kernel
 keys are unchanged. It logs every call and adds ``-Winvalid-pch`` to kernel builds that include a header.
@@ -27,8 +30,7 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
-import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,6 +144,9 @@ def test_new_kernel():
     torch.testing.assert_close(torch.compile(ramp)(x), ramp(x))
 """
 
+# Another: for machines restoring a store whose bundles already hold NEW_KERNEL's.
+OTHER_KERNEL = NEW_KERNEL.replace("torch.cos(x) * 3", "torch.sin(x) * 5 + 1")
+
 
 @pytest.fixture
 def machine(inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
@@ -149,8 +154,9 @@ def machine(inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: P
     suite as machine ``name`` (its own TMPDIR, an empty cache dir, the g++ shim) with ``args``;
     ``before(tmpdir)`` runs first; every test passes. ``kernels="one"`` runs only ``test_activation`` (one
     C++ kernel), for the machines that only need gcc to meet a header once; ``kernels="new"`` adds
-    ``NEW_KERNEL``'s test for this machine alone; ``isa_probes=False`` keeps the suite's setting that skips
-    torch's ISA dry-compiles (tests/torchenv.py), for the machines of ``kernels="one"``."""
+    ``NEW_KERNEL``'s test for this machine alone (``"other"``: ``OTHER_KERNEL``'s); ``isa_probes=False`` keeps
+    the suite's setting that skips torch's ISA dry-compiles (tests/torchenv.py), for the machines of
+    ``kernels="one"``."""
     shims = _shims(tmp_path)
     inner.makepyfile(test_0_probe=PROBE, test_training=TRAINING_SUITE)
 
@@ -173,7 +179,8 @@ def machine(inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: P
             monkeypatch.setenv("TORCHINDUCTOR_VEC_ISA_OK", torchenv.TORCH_SETTINGS["TORCHINDUCTOR_VEC_ISA_OK"])
         report = root / "report.json"
         select = ("-k", "probe or activation") if kernels == "one" else ()
-        new = inner.makepyfile(test_new=NEW_KERNEL) if kernels == "new" else None
+        extra = {"new": NEW_KERNEL, "other": OTHER_KERNEL}.get(kernels)
+        new = inner.makepyfile(test_new=extra) if extra is not None else None
         try:
             result = inner.runpytest_subprocess(
                 "-p", "no:randomly", f"--compile-cache-dir={root / 'cache'}", f"--compile-cache-json={report}",
@@ -183,8 +190,10 @@ def machine(inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: P
             if new is not None:
                 new.unlink()
         # TRAINING_SUITE and NEW_KERNEL check their results against eager.
-        passed = {"all": 3, "new": 4, "one": 2}[kernels]
-        result.assert_outcomes(passed=passed, deselected=1 if kernels == "one" else 0)
+        passed = {"all": 3, "new": 4, "other": 4, "one": 2}[kernels]
+        # xdist's controller does not count what its workers deselected.
+        deselected = 1 if kernels == "one" and "-n" not in args else 0
+        result.assert_outcomes(passed=passed, deselected=deselected)
         log, probe = root / "g++.log", inner.path / f"probe-{name}.json"
         return Machine(
             root=root,
@@ -200,8 +209,17 @@ def header_builds(log: str) -> list[str]:
     return [line for line in log.splitlines() if line.startswith("CALL ") and "-x c++-header" in line]
 
 
+CHECK = "compilecache_check"  # the one-line file of the plugin's header check (headers.check)
+
+
+def header_checks(log: str) -> list[str]:
+    return [line for line in log.splitlines() if line.startswith("CALL ") and CHECK in line]
+
+
 def kernel_builds_with_header(log: str) -> list[str]:
-    return [line for line in log.splitlines() if line.startswith("CALL ") and " -include " in line]
+    return [
+        line for line in log.splitlines() if line.startswith("CALL ") and " -include " in line and CHECK not in line
+    ]
 
 
 def isa_probe_builds(log: str) -> list[str]:
@@ -215,66 +233,121 @@ def isa_probe_builds(log: str) -> list[str]:
 
 
 def pch_warnings(log: str) -> list[str]:
-    return [line for line in log.splitlines() if line.startswith("STDERR ") and "Winvalid-pch" in line]
+    """gcc's complaints about a header in torch's own compiles (not in the plugin's check of it)."""
+    return [
+        line for line in log.splitlines() if line.startswith("STDERR ") and "Winvalid-pch" in line and CHECK not in line
+    ]
 
 
-def carried_headers(first: Machine, since: float) -> list[tuple[headers.HeaderArtifact, bytes]]:
-    """The headers machine ``first`` used since ``since``, described and packed (what a save uploads)."""
-    source = headers.header_dir(first.root / "tmp")
-    used = headers.find_used(source, since)
-    assert used, sorted(p.name for p in source.iterdir())
-    artifacts = []
-    for path in used:
-        artifact = headers.describe(path)
-        packed = io.BytesIO()
-        headers.compress(path, packed, artifact)
-        artifacts.append((artifact, packed.getvalue()))
-    return artifacts
+def _the_header(first: Machine) -> Path:
+    (path,) = [p for p in headers.header_dir(first.root / "tmp").iterdir() if headers.is_header_name(p.name)]
+    return path
 
 
-def damaged(artifact: headers.HeaderArtifact, how: str, work: Path) -> tuple[headers.HeaderArtifact, io.BytesIO]:
-    """A header under the carried one's name that gcc will not use, described as a manifest would name it."""
-    bad = work / artifact.name
-    if how == "garbage":
-        bad.write_bytes(os.urandom(64 << 10))
-    else:  # a real PCH, built with a macro the kernel builds do not define
-        text = work / artifact.name[: -len(".gch")]
-        text.write_text("#include <vector>\n")
-        gxx = shutil.which("g++", path=REAL_PATH)  # the real one: this build is not the machine's, not logged
-        assert gxx is not None
-        subprocess.run([gxx, "-x", "c++-header", str(text), "-o", str(bad), "-DCOMPILECACHE_OTHER_FLAGS=1"], check=True)
-    described = headers.describe(bad)  # verification passes: only gcc can tell it will not use the file
-    packed = io.BytesIO()
-    headers.compress(bad, packed, described)
-    packed.seek(0)
-    return described, packed
+def _place(tmp: Path, name: str, content: bytes) -> Path:
+    """Put ``content`` under torch's header name in the header dir of the machine whose TMPDIR is ``tmp``."""
+    directory = headers.header_dir(tmp)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / name).write_bytes(content)
+    return directory / name
 
 
-def _bad_headers(machine, first: Machine, since: float, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """A header gcc will not use costs only a slower compile."""
-    carried = carried_headers(first, since)
+def _artifact_bytes(store: Path) -> list[bytes]:
+    """The raw headers a store holds (each object is one zstd frame)."""
+    import zstandard
 
-    # One kernel is enough to see gcc refuse the header: each machine below compiles one. gcc names the first
-    # mismatch it meets: for a PCH built with other flags that may be the debug level or the macro, so only
-    # the file it rejected is checked there.
-    name = carried[0][0].name
-    for how, reason in [("garbage", "not a PCH file"), ("other-flags", name)]:
-        work = tmp_path / f"work-{how}"
-        work.mkdir()
+    local = LocalStore(store)
+    found = []
+    for entry in local.list():
+        if is_artifact_key(entry.key):
+            packed = store / f"{entry.key}.bundle"
+            found.append(zstandard.ZstdDecompressor().stream_reader(io.BytesIO(packed.read_bytes())).read())
+    return found
 
-        def carry_damaged(tmp: Path, how: str = how, work: Path = work) -> None:
-            for artifact, _ in carried:
-                bad, packed = damaged(artifact, how, work)
-                assert headers.install(bad, packed, headers.header_dir(tmp))
 
-        log = machine(
-            "fresh-" + how, "--compile-cache=shared", before=carry_damaged, kernels="one", isa_probes=False
-        ).log
-        assert kernel_builds_with_header(log), log
-        warnings = pch_warnings(log)
-        assert warnings, f"gcc was expected to reject the {how} header under -Winvalid-pch: " + log
-        assert all(name in line and reason in line for line in warnings), warnings
-        assert header_builds(log) == [], "torch never rebuilds a header whose file exists: gcc falls back alone"
+def _repaired(report: dict[str, Any], name: str) -> list[str]:
+    return [note for note in report["notes"] if name in note and "rejected by the compiler" in note]
+
+
+def _found_without_access_times(machine, first: Machine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A header built and read before the session, whose times no read changes (relatime after its first read;
+    noatime always), is carried by a session whose xdist workers compiled with it."""
+    good = _the_header(first)
+
+    def built_earlier(tmp: Path) -> None:
+        path = _place(tmp, good.name, good.read_bytes())
+        now = time.time()
+        os.utime(path, (now - 3600, now - 7200))  # built two hours ago
+        # Read once after that change (relatime records a read when atime is older than mtime or ctime, which
+        # the utime just set), before the session starts: from then on relatime records no read for a day,
+        # like noatime. The session's start (less its second of slack) comes after this read.
+        path.read_bytes()
+        time.sleep(2.5)
+
+    store = tmp_path / "store-r"
+    r = machine("r", "--compile-cache=shared", f"--compile-cache-store={store}", "-n", "2", before=built_earlier,
+                kernels="one", isa_probes=False)  # fmt: skip
+    saved = r.report["save"]
+    assert saved["outcome"] == "saved", saved
+    assert (saved["headers"]["named"], saved["headers"]["transferred"]) == (1, 1), saved
+    assert header_builds(r.log) == [] and kernel_builds_with_header(r.log), r.log
+    assert header_checks(r.log), "the worker that compiled checked the header: " + r.log
+    assert _artifact_bytes(store) == [good.read_bytes()]
+    assert r.report["warnings"] == [] and _repaired(r.report, good.name) == []
+
+
+def _damaged_on_the_saving_machine(machine, first: Machine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A truncated or zeroed header, and a killed build's partial file, never reach a fresh runner."""
+    good = _the_header(first)
+    data = good.read_bytes()
+    for how, damaged_bytes in [("truncated", data[: len(data) // 2]), ("zeroed", b"\0" * len(data))]:
+        store = tmp_path / f"store-{how}"
+
+        def damaged_here(tmp: Path, damaged_bytes: bytes = damaged_bytes) -> None:
+            _place(tmp, good.name, damaged_bytes)
+            _place(tmp, good.name + ".gpcWriteK3xQ9a", data[: 1 << 20])  # a killed build's partial file
+
+        s = machine("s-" + how, "--compile-cache=shared", f"--compile-cache-store={store}", before=damaged_here,
+                    kernels="one", isa_probes=False)  # fmt: skip
+        assert len(header_builds(s.log)) == 1, "torch was expected to build the removed header again: " + s.log
+        assert pch_warnings(s.log) == [], s.log
+        (note,) = _repaired(s.report, good.name)
+        assert "removed it and torch built it again" in note, note
+        rebuilt = (headers.header_dir(s.root / "tmp") / good.name).read_bytes()
+        assert rebuilt != damaged_bytes and rebuilt[:4] == b"gpch"
+        assert s.report["save"]["headers"]["transferred"] == 1, s.report["save"]
+        assert _artifact_bytes(store) == [rebuilt]  # the sound rebuild only: no damaged or partial file
+
+        if how == "truncated":  # a fresh runner restores it: no header build, and gcc uses it
+            f = machine("f-" + how, "--compile-cache=shared", f"--compile-cache-store={store}", kernels="new")
+            assert f.report["restore"]["headers"]["transferred"] == 1, f.report["restore"]
+            assert header_builds(f.log) == [] and pch_warnings(f.log) == [], f.log
+            assert kernel_builds_with_header(f.log), f.log
+            assert (headers.header_dir(f.root / "tmp") / good.name).read_bytes() == rebuilt
+
+
+def _damaged_on_the_restoring_machine(machine, first: Machine, store: Path) -> None:  # type: ignore[no-untyped-def]
+    """A damaged header already in torch's dir: replaced by the verified copy (zeroed) or removed by the check
+    and built again (truncated); the tests pass either way."""
+    good = _the_header(first)
+    data = good.read_bytes()
+    for how, damaged_bytes in [("zeroed", b"\0" * len(data)), ("truncated", data[: len(data) // 3])]:
+
+        def damaged_here(tmp: Path, damaged_bytes: bytes = damaged_bytes) -> None:
+            _place(tmp, good.name, damaged_bytes)
+
+        # Read-only, so that each machine's OTHER_KERNEL is a miss that gcc compiles with the header.
+        d = machine("d-" + how, "--compile-cache=shared", f"--compile-cache-store={store}", "--compile-cache-readonly",
+                    before=damaged_here, kernels="other")  # fmt: skip
+        installed = (headers.header_dir(d.root / "tmp") / good.name).read_bytes()
+        assert installed != damaged_bytes and installed[:4] == b"gpch"
+        assert pch_warnings(d.log) == [] and kernel_builds_with_header(d.log), d.log
+        if how == "zeroed":  # no PCH at all: the restore puts the verified copy in its place
+            assert installed == data and header_builds(d.log) == [], d.log
+            assert any(good.name in note and "replaced" in note for note in d.report["notes"]), d.report["notes"]
+        else:  # starts like one: the check of the first process that looks it up finds it cut short
+            assert len(header_builds(d.log)) == 1, d.log
+            assert _repaired(d.report, good.name), d.report["notes"]
 
 
 def _fresh_runners_restore_it(machine, first: Machine, store: Path) -> None:  # type: ignore[no-untyped-def]
@@ -320,17 +393,20 @@ def _fresh_runners_restore_it(machine, first: Machine, store: Path) -> None:  # 
     assert {p.name for p in installed.iterdir() if headers.is_header_name(p.name)} == set(before)
 
 
-def test_a_header_travels_and_a_bad_one_costs_only_a_slower_compile(  # type: ignore[no-untyped-def]
+def test_a_header_travels_checked_and_a_damaged_one_never_does(  # type: ignore[no-untyped-def]
     machine, tmp_path: Path, subtests: pytest.Subtests
 ) -> None:
-    # One test, so that one process runs the first machine (a cold compile and a header build) for both halves.
+    # One test, so that one process runs the first machine (a cold compile and a header build) for every part.
     store = tmp_path / "store"
-    since = headers.session_start()
     first = machine("a", "--compile-cache=shared", f"--compile-cache-store={store}")
     assert first.before == []
     assert header_builds(first.log), "machine a must build the header for this test to mean anything: " + first.log
     assert isa_probe_builds(first.log), "machine a must dry-compile torch's ISA probes: " + first.log
     with subtests.test("fresh runners restore it from the store"):
         _fresh_runners_restore_it(machine, first, store)
-    with subtests.test("a header gcc will not use: a slower compile"):
-        _bad_headers(machine, first, since, tmp_path)
+    with subtests.test("found without access times, with xdist"):
+        _found_without_access_times(machine, first, tmp_path)
+    with subtests.test("damaged on the saving machine: never carried"):
+        _damaged_on_the_saving_machine(machine, first, tmp_path)
+    with subtests.test("damaged on the restoring machine: repaired"):
+        _damaged_on_the_restoring_machine(machine, first, store)

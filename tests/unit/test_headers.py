@@ -22,11 +22,17 @@ NAME = "c" + "a2b3c4d5e6f7" * 4 + "abc" + ".h.gch"  # 1 + 51 chars, as torch's c
 OTHER = "c" + "z" * 51 + ".h.gch"
 
 
-def make_header(directory: Path, name: str = NAME, content: bytes = b"gch" * 1000) -> Path:
+def make_header(directory: Path, name: str = NAME, content: bytes = b"gpch" + b"gch" * 1000) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name
     path.write_bytes(content)
     return path
+
+
+def checked(path: Path, verdict: str = "verified") -> dict[str, object]:
+    """What a process that looked the header up and checked it reports (probe's HeaderUse JSON)."""
+    info = os.lstat(path)
+    return headers.HeaderUse(path.name, verdict, info.st_size, info.st_mtime_ns, info.st_ino).to_json()
 
 
 def packed(path: Path) -> tuple[HeaderArtifact, io.BytesIO]:
@@ -71,21 +77,45 @@ def test_header_dir_without_a_user_name(tmp_path: Path, monkeypatch: pytest.Monk
     assert headers.header_dir().parent.name == f"torchinductor_uid_{os.getuid()}"
 
 
-def test_find_used_picks_built_read_and_installed_headers(tmp_path: Path) -> None:
-    old = time.time() - 3600
-    built = make_header(tmp_path, "c" + "b" * 51 + ".h.gch")
-    read = make_header(tmp_path, "c" + "r" * 51 + ".h.gch")
+@pytest.mark.parametrize("mount", ["relatime", "noatime"])
+def test_find_used_takes_checked_and_installed_headers_and_never_reads_times(tmp_path: Path, mount: str) -> None:
+    """Which headers a session used comes from the processes' reports, not from access times: a header built
+    and read long before the session, whose atime no read changes now (relatime after its first read,
+    noatime always), is found because a process checked it; one built during the session but reported by
+    no process is not (no process of this session can vouch for it)."""
+    day_ago = time.time() - 86400
+    # relatime leaves the atime at the first read after the last write; noatime at the write itself.
+    atime = day_ago + 60 if mount == "relatime" else day_ago
+    checked_old = make_header(tmp_path, "c" + "o" * 51 + ".h.gch")
+    checked_old.read_bytes()  # read during the session: this machine's mount may record it or not...
+    os.utime(checked_old, (atime, day_ago))  # ...so pin the times as that mount leaves them
     installed = make_header(tmp_path, "c" + "i" * 51 + ".h.gch")
-    stale = make_header(tmp_path, "c" + "s" * 51 + ".h.gch")
-    os.utime(read, (time.time(), old))
-    for path in (installed, stale):
-        os.utime(path, (old, old))
+    os.utime(installed, (day_ago, day_ago))
+    unreported = make_header(tmp_path, "c" + "u" * 51 + ".h.gch")  # built now, by no process we know of
+    changed = make_header(tmp_path, "c" + "x" * 51 + ".h.gch")
+    report_of_changed = checked(changed)
+    changed.write_bytes(b"gpch rewritten since the check")
+    os.utime(changed, ns=(1, 2))  # even with old times: another size and mtime than the file checked
+    rejected = make_header(tmp_path, "c" + "r" * 51 + ".h.gch")
     (tmp_path / ("c" + "t" * 51 + ".h")).write_text("#include <x.h>\n")  # torch's text header: never carried
     (tmp_path / "locks").mkdir()
-    (tmp_path / ("c" + "e" * 51 + ".h.gch")).write_bytes(b"")  # a build in progress or failed
-    os.symlink(built, tmp_path / ("c" + "l" * 51 + ".h.gch"))
-    since = time.time() - 60
-    assert headers.find_used(tmp_path, since, installed=[installed.name]) == [built, installed, read]
+    empty = tmp_path / ("c" + "e" * 51 + ".h.gch")
+    empty.write_bytes(b"")  # a build in progress or failed
+    link = tmp_path / ("c" + "l" * 51 + ".h.gch")
+    os.symlink(checked_old, link)
+    uses = [
+        checked(checked_old),
+        checked(rejected, "damaged"),
+        report_of_changed,
+        checked(empty),
+        {**checked(checked_old), "name": link.name},
+        {"name": "../evil.h.gch", "verdict": "verified"},
+        "junk",
+    ]
+    found = headers.find_used(tmp_path, uses, installed=[installed.name, "../x"])
+    assert found == [installed, checked_old]
+    assert os.stat(checked_old).st_atime == pytest.approx(atime, abs=1)  # nothing here depended on it
+    assert unreported.exists()
 
 
 def test_find_used_skips_a_header_being_built(tmp_path: Path) -> None:
@@ -93,12 +123,43 @@ def test_find_used_skips_a_header_being_built(tmp_path: Path) -> None:
     (tmp_path / "locks").mkdir()
     with open(tmp_path / "locks" / (NAME.split(".")[0] + ".lock"), "w") as held:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # torch's FileLock while gcc writes the file in place
-        assert headers.find_used(tmp_path, 0.0) == []
-    assert headers.find_used(tmp_path, 0.0) == [path]
+        assert headers.find_used(tmp_path, [checked(path)]) == []
+    assert headers.find_used(tmp_path, [checked(path)]) == [path]
 
 
 def test_find_used_on_a_missing_dir(tmp_path: Path) -> None:
-    assert headers.find_used(tmp_path / "absent", 0.0) == []
+    assert headers.find_used(tmp_path / "absent", [], ["x"]) == []
+    assert headers.find_built(tmp_path / "absent", 0.0) == []
+
+
+def test_find_built_takes_headers_written_since_that_start_like_a_pch(tmp_path: Path) -> None:
+    """The CLI's save has no process to ask: mtime (recorded on every mount) and the PCH magic."""
+    new = make_header(tmp_path, "c" + "n" * 51 + ".h.gch")
+    old = make_header(tmp_path, "c" + "o" * 51 + ".h.gch")
+    os.utime(old, (time.time(), 1_000_000))  # read now, built long ago
+    zeroed = make_header(tmp_path, "c" + "z" * 51 + ".h.gch", content=b"\0" * 4096)
+    clang = make_header(tmp_path, "c" + "c" * 51 + ".h.pch", content=b"CPCH" + b"\0" * 64)
+    assert headers.find_built(tmp_path, time.time() - 60) == [clang, new]
+    assert headers.find_built(tmp_path, 0.0) == [clang, new, old]
+    assert zeroed.exists()
+
+
+def test_header_use_reports_are_validated_and_notes_said_once() -> None:
+    good = headers.HeaderUse(NAME, "rebuilt", 10, 20, 30, "precompiled header x rejected; rebuilt")
+    assert headers.HeaderUse.from_json(good.to_json()) == good
+    for bad in (
+        {**good.to_json(), "verdict": "fine"},
+        {**good.to_json(), "size": -1},
+        {**good.to_json(), "ino": True},
+        {**good.to_json(), "name": NAME + ".tmp"},
+        {**good.to_json(), "note": 3},
+        [NAME],
+    ):
+        assert headers.HeaderUse.from_json(bad) is None, bad
+    other = headers.HeaderUse(OTHER, "unchecked", note="precompiled header y not checked")
+    reports = [good.to_json(), {**good.to_json(), "note": "the same header, from another worker"}, other.to_json()]
+    assert headers.header_notes(reports) == [good.note, other.note]
+    assert headers.header_notes([headers.HeaderUse(NAME, "verified").to_json()]) == []
 
 
 def test_describe_hashes_the_raw_file(tmp_path: Path) -> None:
@@ -142,7 +203,7 @@ def test_manifest_entries_are_validated(change: dict[str, object], match: str) -
 
 
 def test_compress_is_zstd_and_install_round_trips(tmp_path: Path) -> None:
-    content = os.urandom(1 << 20) + b"\0" * (4 << 20)
+    content = b"gpch" + os.urandom(1 << 20) + b"\0" * (4 << 20)
     artifact, buf = packed(make_header(tmp_path / "a", content=content))
     assert zstandard.ZstdDecompressor().stream_reader(io.BytesIO(buf.getvalue())).read() == content
     assert len(buf.getvalue()) < len(content) // 2
@@ -150,7 +211,7 @@ def test_compress_is_zstd_and_install_round_trips(tmp_path: Path) -> None:
     assert headers.install(artifact, buf, dest) is True
     assert (dest / NAME).read_bytes() == content
     assert sorted(p.name for p in dest.iterdir()) == [NAME, "locks"]  # no temp file left behind
-    assert headers.find_used(dest, time.time() - 60) == [dest / NAME]
+    assert headers.find_used(dest, [], installed=[NAME]) == [dest / NAME]
 
 
 def test_compress_notices_a_file_replaced_since_describe(tmp_path: Path) -> None:
@@ -161,12 +222,25 @@ def test_compress_notices_a_file_replaced_since_describe(tmp_path: Path) -> None
         headers.compress(path, io.BytesIO(), artifact)
 
 
-def test_install_never_overwrites(tmp_path: Path) -> None:
-    artifact, buf = packed(make_header(tmp_path / "a", content=b"carried"))
+def test_install_never_overwrites_a_pch(tmp_path: Path) -> None:
+    artifact, buf = packed(make_header(tmp_path / "a", content=b"gpch carried"))
     dest = tmp_path / "hdr"
-    existing = make_header(dest, content=b"torch built this one")
+    existing = make_header(dest, content=b"gpch torch built this one")  # its size differs: gcc's builds do too
     assert headers.install(artifact, buf, dest) is False
-    assert existing.read_bytes() == b"torch built this one"
+    assert existing.read_bytes() == b"gpch torch built this one"
+
+
+@pytest.mark.parametrize("local", [b"\0" * 4096, b"", b"junk" * 100])
+def test_install_replaces_a_local_file_that_is_no_pch(tmp_path: Path, local: bytes) -> None:
+    """A zeroed file under torch's name is one gcc silently ignores forever (torch never rebuilds an existing
+    header): the verified copy replaces it, atomically."""
+    artifact, buf = packed(make_header(tmp_path / "a"))
+    dest = tmp_path / "hdr"
+    make_header(dest, content=local)
+    assert headers.is_damaged_copy(dest / NAME)
+    assert headers.install(artifact, buf, dest) is True
+    assert (dest / NAME).read_bytes() == (tmp_path / "a" / NAME).read_bytes()
+    assert sorted(p.name for p in dest.iterdir()) == [NAME, "locks"]
 
 
 def test_install_leaves_a_link_at_the_destination_alone(tmp_path: Path) -> None:
@@ -244,14 +318,14 @@ def test_save_then_restore_through_a_store(tmp_path: Path) -> None:
 
     store = LocalStore(tmp_path / "store")
     machine = headers.header_dir(tmp_path / "a")
-    content = os.urandom(1 << 16) * 8
-    make_header(machine, content=content)
+    content = b"gpch" + os.urandom(1 << 16) * 8
+    uses = [checked(make_header(machine, content=content))]
     (tmp_path / "scratch").mkdir()
-    saved = headers.save_headers(store, "pfx", time.time() - 60, [], tmp_path / "scratch", machine)
+    saved = headers.save_headers(store, "pfx", time.time() - 60, [], tmp_path / "scratch", machine, uses=uses)
     assert (saved.transferred, saved.errors) == ([NAME], [])
     key = headers.object_key("pfx", saved.artifacts[0].sha256)
     assert [entry.key for entry in store.list("pfx")] == [key]
-    again = headers.save_headers(store, "pfx", time.time() - 60, [], tmp_path / "scratch", machine)
+    again = headers.save_headers(store, "pfx", time.time() - 60, [], tmp_path / "scratch", machine, uses=uses)
     assert (again.artifacts, again.transferred) == (saved.artifacts, [])  # once per store
 
     (tmp_path / "b").mkdir()  # the fresh machine's TMPDIR
@@ -326,8 +400,176 @@ def test_save_headers_leaves_carried_keys_to_their_own_transport(tmp_path: Path)
 
     store = LocalStore(tmp_path / "store")
     machine = headers.header_dir(tmp_path / "a")
-    key = headers.object_key("pfx", headers.describe(make_header(machine)).sha256)
+    path = make_header(machine)
+    key = headers.object_key("pfx", headers.describe(path).sha256)
     (tmp_path / "scratch").mkdir()
-    saved = headers.save_headers(store, "pfx", time.time() - 60, [], tmp_path / "scratch", machine, carried=[key])
+    saved = headers.save_headers(
+        store, "pfx", time.time() - 60, [], tmp_path / "scratch", machine, carried=[key], uses=[checked(path)]
+    )
     assert ([a.name for a in saved.artifacts], saved.transferred, saved.errors) == ([NAME], [], [])
     assert store.list("pfx") == []
+
+
+def test_save_uploads_only_headers_a_process_checked(tmp_path: Path) -> None:
+    from pytest_compilecache.stores.local import LocalStore
+
+    store = LocalStore(tmp_path / "store")
+    machine = headers.header_dir(tmp_path / "a")
+    good = make_header(machine, "c" + "g" * 51 + ".h.gch")
+    bad = make_header(machine, "c" + "b" * 51 + ".h.gch", content=b"gpch" + b"\0" * 100)  # a truncated one
+    unchecked = make_header(machine, "c" + "u" * 51 + ".h.gch")  # the check could not run
+    restored = make_header(machine, "c" + "r" * 51 + ".h.gch", content=b"gpch restored")  # looked up by nobody
+    uses = [checked(good), checked(bad, "damaged"), checked(unchecked, "unchecked")]
+    (tmp_path / "scratch").mkdir()
+    saved = headers.save_headers(store, "pfx", 0.0, [restored.name], tmp_path / "scratch", machine, uses=uses)
+    assert saved.transferred == [good.name], saved
+    assert [a.name for a in saved.artifacts] == [good.name]
+    (error,) = saved.errors  # the restored one is not in the store: never uploaded unchecked
+    assert restored.name in error and "no process checked it" in error
+    key = headers.object_key("pfx", headers.describe(restored).sha256)
+    with open(tmp_path / "obj", "wb") as out:
+        headers.compress(restored, out)
+    store.put(key, tmp_path / "obj")  # the object the restore fetched it from
+    again = headers.save_headers(store, "pfx", 0.0, [restored.name], tmp_path / "scratch", machine, uses=uses)
+    assert ([a.name for a in again.artifacts], again.transferred, again.errors) == (
+        sorted([good.name, restored.name]),
+        [],
+        [],
+    )
+
+
+def test_restore_replaces_a_local_header_that_is_no_pch_with_one_note(tmp_path: Path) -> None:
+    from pytest_compilecache.stores.local import LocalStore
+
+    store = LocalStore(tmp_path / "store")
+    (tmp_path / "scratch").mkdir()
+    source = make_header(tmp_path / "a")
+    artifact = headers.describe(source)
+    with open(tmp_path / "obj", "wb") as out:
+        headers.compress(source, out)
+    store.put(headers.object_key("pfx", artifact.sha256), tmp_path / "obj")
+    fresh = headers.header_dir(tmp_path / "b")
+    make_header(fresh, content=b"\0" * artifact.size)  # zeroed in place: gcc would ignore it for good
+    result = headers.restore_headers(store, "pfx", [artifact.to_json()], tmp_path / "scratch", fresh)
+    assert (result.transferred, result.errors) == ([NAME], [])
+    (note,) = result.notes
+    assert NAME in note and "replaced" in note
+    assert (fresh / NAME).read_bytes() == source.read_bytes()
+    sound = make_header(tmp_path / "c" / "hdr", content=b"gpch another build of the same header")
+    kept = headers.restore_headers(store, "pfx", [artifact.to_json()], tmp_path / "scratch", sound.parent)
+    assert (kept.transferred, kept.notes) == ([], [])  # a PCH: the processes that look it up check it
+    assert sound.read_bytes() == b"gpch another build of the same header"
+
+
+FAKE_COMPILER = """#!/bin/sh
+# A compiler that behaves as gcc does with -include X: X.gch is used when it is a whole PCH ("gpch", "END"
+# last), rejected when it is no PCH (then X itself is read, which the check leaves absent), fatal when cut.
+while [ $# -gt 0 ]; do
+  case "$1" in -include) shift; inc=$1 ;; esac
+  echo "$1" >> "$FAKE_CC_LOG"
+  shift
+done
+head -c 4 "$inc.gch" | grep -q gpch || {
+  echo "cc1plus: warning: $inc.gch: not a PCH file [-Winvalid-pch]" >&2
+  [ -f "$inc" ] && exit 0
+  echo "<command-line>: fatal error: $inc: No such file or directory" >&2; exit 1; }
+tail -c 3 "$inc.gch" | grep -q END || { echo "<command-line>: fatal error: cannot read PCH file" >&2; exit 1; }
+exit 0
+"""
+
+
+@pytest.fixture
+def fake_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    compiler = tmp_path / "fake-g++"
+    compiler.write_text(FAKE_COMPILER)
+    compiler.chmod(0o755)
+    monkeypatch.setenv("FAKE_CC_LOG", str(tmp_path / "cc.log"))
+
+    def command(source: Path, include: Path) -> list[str]:
+        return [str(compiler), str(source), "-O3", "-include", str(include)]
+
+    return command
+
+
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        (b"gpch" + b"x" * 100 + b"END", None),
+        (b"gpch" + b"x" * 50, "cannot read PCH file"),  # truncated
+        (b"\0" * 200, f"{NAME}: not a PCH file"),  # zeroed: with a text header to fall back on, gcc says nothing
+    ],
+)
+def test_check_accepts_only_a_pch_the_compiler_loads(tmp_path: Path, fake_compiler, content: bytes, reason) -> None:  # type: ignore[no-untyped-def]
+    path = make_header(tmp_path / "hdr", content=content)
+    (tmp_path / "hdr" / NAME[: -len(".gch")]).write_text("#include <vector>\n")  # torch's text header
+    got = headers.check(path, fake_compiler)
+    assert got == reason if reason is None else reason in str(got), got
+    argv = (tmp_path / "cc.log").read_text().split()
+    assert argv[-2:] == ["-fsyntax-only", "-Winvalid-pch"] and "-O3" in argv
+    assert str(tmp_path / "hdr") not in " ".join(argv)  # a private dir: no text header there to fall back on
+    assert path.read_bytes() == content
+
+
+def test_check_that_cannot_run_proves_nothing(tmp_path: Path) -> None:
+    path = make_header(tmp_path)
+    with pytest.raises(HeaderError, match="cannot run"):
+        headers.check(path, lambda source, include: [str(tmp_path / "no-such-compiler"), str(source)])
+    with pytest.raises(HeaderError, match="did not finish"):
+        headers.check(path, lambda source, include: ["sh", "-c", "sleep 5", "sh"], timeout=0.2)
+
+
+def test_remove_if_unchanged_takes_torchs_lock_and_only_the_file_checked(tmp_path: Path) -> None:
+    path = make_header(tmp_path)
+    info = os.lstat(path)
+    (tmp_path / "locks").mkdir()
+    with open(tmp_path / "locks" / (NAME.split(".")[0] + ".lock"), "w") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # torch is building it right now
+        assert headers.remove_if_unchanged(path, info) is False
+    path.write_bytes(b"gpch repaired by another process")
+    assert headers.remove_if_unchanged(path, info) is False
+    assert headers.remove_if_unchanged(path, os.lstat(path)) is True
+    assert not path.exists()
+    assert headers.remove_if_unchanged(path, info) is False  # gone already
+
+
+@pytest.fixture(scope="module")
+def real_pch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real gcc PCH of a small header (``<vector>``), built with ``-O2 -DCHECKED=1``."""
+    import shutil
+    import subprocess
+
+    if shutil.which("g++") is None:
+        pytest.fail("g++ is needed (torch compiles C++ kernels with it)")
+    directory = tmp_path_factory.mktemp("pch")
+    text = directory / NAME[: -len(".gch")]
+    text.write_text("#include <vector>\n")
+    build = ["g++", "-O2", "-DCHECKED=1", "-x", "c++-header", str(text), "-o", str(directory / NAME)]
+    subprocess.run(build, check=True)
+    return directory / NAME
+
+
+def _gxx(*flags: str):  # type: ignore[no-untyped-def]
+    return lambda source, include: ["g++", str(source), *flags, "-include", str(include)]
+
+
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (lambda data: data, None),
+        (lambda data: data[: len(data) // 2], "cannot read PCH file"),
+        (lambda data: b"\0" * len(data), "not a PCH file"),
+        (lambda data: data[:4096] + os.urandom(len(data) - 4096), "not used because"),
+    ],
+    ids=["sound", "truncated", "zeroed", "junk-after-a-valid-start"],
+)
+def test_check_with_gcc(real_pch: Path, tmp_path: Path, damage, reason) -> None:  # type: ignore[no-untyped-def]
+    """What gcc really does with each damage, under the flags the header was built with: every one that torch's
+    kernel builds would trip on (fatal) or silently ignore (a slow compile forever) fails the check."""
+    path = make_header(tmp_path, content=damage(real_pch.read_bytes()))
+    got = headers.check(path, _gxx("-O2", "-DCHECKED=1"))
+    assert got == reason if reason is None else reason in str(got), got
+
+
+def test_check_with_gcc_under_other_flags_fails(real_pch: Path) -> None:
+    got = headers.check(real_pch, _gxx("-O0"))  # gcc would not use it for such a compile: fails, never falls back
+    assert got is not None and NAME in got

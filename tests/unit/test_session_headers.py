@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -34,11 +36,19 @@ def _own_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return runner
 
 
-def _header_built_now() -> Path:
+def _header_built_now(controller: Controller | None = None) -> Path:
+    """torch built the header this session; with ``controller``, a process looked it up and checked it."""
     directory = headers.header_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / NAME).write_bytes(b"pch" * 1000)
+    (directory / NAME).write_bytes(b"gpch" * 1000)
+    if controller is not None:
+        controller.end.header_uses.append(_checked(directory / NAME))
     return directory / NAME
+
+
+def _checked(path: Path, verdict: str = "verified", note: str = "") -> dict[str, object]:
+    info = path.lstat()
+    return headers.HeaderUse(path.name, verdict, info.st_size, info.st_mtime_ns, info.st_ino, note).to_json()
 
 
 def _saved_artifacts(store: Path) -> list[str]:
@@ -49,12 +59,12 @@ def test_a_saving_session_carries_the_header_it_built(tmp_path: Path, fake_probe
     controller = _controller(tmp_path, store=str(tmp_path / "store"))
     controller.session_start()
     assert controller.start.header_since is not None
-    _header_built_now()
+    fake_probe.header_uses = [_checked(_header_built_now())]  # this process looked it up and checked it
     fake_probe.header_dir = str(headers.header_dir())
     controller.stats.add_record(_record("t::a", miss=1))
     controller.end.files.add("x")  # something compiled
     (Path(controller.setup.dir.path or "") / "x").write_bytes(b"kernel")
-    controller.end.save()
+    controller.finish()
     assert controller.saved is not None and controller.saved.outcome == "saved", controller.saved
     assert controller.saved.headers.named == (NAME,)
     assert len(_saved_artifacts(tmp_path / "store")) == 1
@@ -113,7 +123,7 @@ def test_all_hits_still_save_when_the_session_used_a_header_the_bundle_does_not_
     controller.end.save()
     assert _outcome(controller) == "skipped"  # no header used: skipped
 
-    _header_built_now()  # torch built the header this session: the next fresh runner should not have to
+    _header_built_now(controller)  # torch built the header this session: the next fresh runner should not either
     controller.end.save()
     assert _outcome(controller) == "saved"
     assert controller.saved is not None and controller.saved.headers.named == (NAME,)
@@ -159,7 +169,7 @@ def test_after_the_actions_restore_a_header_it_could_not_install_is_new(tmp_path
     controller.stats.add_record(_record("t::a", hit=3))
     (Path(controller.setup.dir.path or "") / "x").write_bytes(b"kernel")
     controller.end.files.add("x")
-    _header_built_now()
+    _header_built_now(controller)
     controller.end.save()
     assert _outcome(controller) == "saved"
     controller.start.restored = sync.RestoreResult("partial", key="k", headers=sync.HeaderReport(named=(NAME,)))
@@ -181,7 +191,7 @@ def test_a_header_the_actions_header_entry_carries_is_named_not_uploaded(tmp_pat
     controller.stats.add_record(_record("t::a", miss=1))
     (Path(controller.setup.dir.path or "") / "x").write_bytes(b"kernel")
     controller.end.files.add("x")
-    _header_built_now()  # built again this session: used
+    _header_built_now(controller)  # built again this session: used
     controller.end.save()
     assert controller.saved is not None and controller.saved.outcome == "saved", controller.saved
     assert controller.saved.headers.named == (NAME,) and controller.saved.headers.transferred == ()
@@ -193,3 +203,34 @@ def test_a_header_the_actions_header_entry_carries_is_named_not_uploaded(tmp_pat
     controller.start.restored = other  # another header's entry: this one goes into the store as before
     controller.end.save()
     assert _saved_artifacts(tmp_path / "store") == [key]
+
+
+def test_each_worker_reports_the_headers_it_checked_and_the_controller_carries_them(tmp_path: Path) -> None:
+    """xdist: the header is found from the workers' reports, not from the file's times (pinned here as relatime
+    and noatime leave them: built and read before the session), and a damage a worker repaired is one note."""
+    controller = _controller(tmp_path, store=str(tmp_path / "store"))
+    controller.session_start()
+    path = _header_built_now()
+    os.utime(path, (time.time() - 3600, time.time() - 7200))
+    use = _checked(path)
+    repaired = {**use, "verdict": "rebuilt", "note": f"precompiled header {NAME} rejected by the compiler (x)"}
+    where = str(headers.header_dir())
+    controller.add_worker("gw0", {"tests": 1, "files": ["x"], "header_dir": where, "headers": [use]})
+    controller.add_worker("gw1", {"tests": 1, "header_dir": where, "headers": [repaired, "junk"]})
+    controller.add_worker("gw2", {"tests": 1, "headers": {"not": "a list"}})
+    (Path(controller.setup.dir.path or "") / "x").write_bytes(b"kernel")
+    controller.stats.add_record(_record("t::a", miss=1))
+    controller.finish()
+    assert controller.saved is not None and controller.saved.headers.named == (NAME,), controller.saved
+    assert _saved_artifacts(tmp_path / "store") != []
+    assert [n for n in controller.problems.notes if NAME in n] == [repaired["note"]]
+    assert controller.problems.warnings == []
+
+
+def test_a_worker_sends_the_headers_its_process_checked(tmp_path: Path, fake_probe: FakeProbe) -> None:
+    controller = _controller(tmp_path)
+    worker = Worker(
+        Setup(controller.setup.settings, controller.setup.dir, controller.setup.lease, Problems()), Recorder("gw0")
+    )
+    fake_probe.header_uses = [headers.HeaderUse(NAME, "verified", 1, 2, 3).to_json()]
+    assert worker.output()["headers"] == fake_probe.header_uses

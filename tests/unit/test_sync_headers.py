@@ -9,6 +9,7 @@ from __future__ import annotations
 import builtins
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,8 @@ from tests.unit.conftest import tree
 
 NAME = "c" + "a2b3c4d5e6f7" * 4 + "abc" + ".h.gch"
 OTHER = "c" + "z" * 51 + ".h.gch"
-CONTENT = b"precompiled header " * 4096
-OTHER_CONTENT = b"a header built for another CPU " * 2048
+CONTENT = b"gpch precompiled header " * 4096  # starts like a gcc PCH
+OTHER_CONTENT = b"gpch a header built for another CPU " * 2048
 
 pytestmark = pytest.mark.usefixtures("cache_env")
 
@@ -385,3 +386,46 @@ def test_with_the_actions_staging_dir_the_header_rides_inside_the_runs_entry(
     assert result.key == saved.key
     assert result.headers.transferred == (NAME,) and result.headers.warnings == ()
     assert (fresh / NAME).read_bytes() == CONTENT
+
+
+# ------------------------------------------------------------------------------------------ issue 24
+
+
+def _checked(path: Path, verdict: str = "verified") -> dict[str, Any]:
+    info = os.lstat(path)
+    return headers.HeaderUse(path.name, verdict, info.st_size, info.st_mtime_ns, info.st_ino).to_json()
+
+
+def test_a_save_carries_the_headers_its_processes_checked_whatever_the_mount_records(
+    tmp_path: Path, source: Path
+) -> None:
+    """A header built and read before the session (its times pinned as relatime or noatime leave them) that
+    the session's processes looked up and checked is carried; a damaged one they reported is not, and neither
+    is a partial build left under one of gcc's temporary names."""
+    store = RecordingStore()
+    hdrs = tmp_path / "headers"
+    used = _header(hdrs)
+    hour_ago = int(time.time()) - 3600
+    os.utime(used, (hour_ago, hour_ago - 3600))  # relatime: atime at its first read after the write, before now
+    truncated = _header(hdrs, OTHER, CONTENT[:999])  # built now, cut short: the check failed
+    (hdrs / f"{OTHER}.gpcWriteXyZ12").write_bytes(CONTENT)  # a killed build's partial file
+    uses = [_checked(used), _checked(truncated, "damaged")]
+    result = _save(store, source, "run-1", hdrs, header_uses=uses)
+    assert (result.headers.named, result.headers.transferred, result.headers.warnings) == ((NAME,), (NAME,), ())
+    assert [a.name for a in _manifest(store, result.key or "", tmp_path).artifacts] == [NAME]
+
+    none = _save(store, source, "run-2", hdrs, header_uses=[])  # no process looked a header up
+    assert none.headers.named == ()
+
+
+def test_a_restore_replaces_a_zeroed_local_header_with_one_note(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    store = RecordingStore()
+    machine = tmp_path / "machine-a"
+    _save(store, source, "run-1", machine, header_uses=[_checked(_header(machine))])
+    fresh = tmp_path / "machine-b"
+    _header(fresh, NAME, b"\0" * len(CONTENT))  # a crash left it zeroed: gcc would ignore it for good
+    result = _restore(store, cache_dir, fresh)
+    assert (fresh / NAME).read_bytes() == CONTENT
+    assert result.headers.transferred == (NAME,) and result.headers.warnings == ()
+    (note,) = result.headers.notes
+    assert NAME in note and "replaced" in note

@@ -1,0 +1,148 @@
+"""probe's precompiled-header watch (issue 24): every header torch looks up is checked once per process before
+a kernel uses it; a rejected one is removed and torch builds it again. torch's codecache is a stand-in module
+here, gcc a fake compiler (tests/unit/test_headers.py has the real gcc's reactions)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_compilecache import headers
+from pytest_compilecache import probe
+from tests.unit.test_headers import FAKE_COMPILER
+
+NAME = "c" + "a2b3c4d5e6f7" * 4 + "abc" + ".h"
+GOOD = b"gpch" + b"x" * 100 + b"END"
+
+
+class FakeCodecache(types.ModuleType):
+    """``torch._inductor.codecache`` with a ``_precompile_header`` that acts as torch's: a ``functools.cache``
+    that builds ``<dir>/<hash>.h.gch`` only when it is absent and returns ``<dir>/<hash>.h``."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(probe._CODECACHE)
+        self.directory = directory
+        self.builds = 0
+
+        @functools.cache
+        def _precompile_header(header: str, hashable_cmd_line: str, **compile_command: Any) -> str:
+            path = directory / NAME
+            path.write_text(f"#include <{header}>\n")
+            if not Path(str(path) + ".gch").exists():
+                self.builds += 1
+                Path(str(path) + ".gch").write_bytes(GOOD)
+            return str(path)
+
+        self._precompile_header = _precompile_header
+
+
+@pytest.fixture
+def codecache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    directory = tmp_path / "precompiled_headers"
+    directory.mkdir()
+    fake = FakeCodecache(directory)
+    monkeypatch.setitem(sys.modules, probe._CODECACHE, fake)
+    compiler = tmp_path / "fake-g++"
+    compiler.write_text(FAKE_COMPILER)
+    compiler.chmod(0o755)
+    monkeypatch.setenv("FAKE_CC_LOG", str(tmp_path / "cc.log"))
+    seen: list[dict[str, Any]] = []
+
+    def command(compile_command: dict[str, Any], source: str, include: str) -> list[str]:
+        seen.append(compile_command)
+        return [str(compiler), source, "-include", include]
+
+    monkeypatch.setattr(probe, "_header_check_command", command)
+    probe.uninstall_header_watch()
+    probe.watch_precompiled_headers()
+    yield fake
+    probe.uninstall_header_watch()
+
+
+def _look_up(fake: FakeCodecache) -> str:
+    """What ``CppCodeCache.load_async`` does: call the module-global function by name."""
+    return str(fake._precompile_header("torch/csrc/inductor/cpp_prefix.h", "g++ -O3", vec_isa="avx512"))
+
+
+def test_a_sound_header_is_checked_once_and_reported(codecache: FakeCodecache, tmp_path: Path) -> None:
+    assert probe.precompiled_headers_used() == []
+    path = _look_up(codecache)
+    assert path == str(codecache.directory / NAME)  # torch's answer, unchanged
+    assert _look_up(codecache) == path
+    (use,) = probe.precompiled_headers_used()
+    info = os.lstat(path + ".gch")
+    assert headers.HeaderUse.from_json(use) == headers.HeaderUse(
+        NAME + ".gch", "verified", info.st_size, info.st_mtime_ns, info.st_ino
+    )
+    assert (tmp_path / "cc.log").read_text().count("-fsyntax-only") == 1  # once per process
+
+
+@pytest.mark.parametrize("damage", [GOOD[:50], b"\0" * 100], ids=["truncated", "zeroed"])
+def test_a_damaged_header_is_removed_and_torch_builds_it_again(codecache: FakeCodecache, damage: bytes) -> None:
+    compiled = codecache.directory / (NAME + ".gch")
+    compiled.write_bytes(damage)  # already on the machine, under torch's name
+    _look_up(codecache)
+    assert compiled.read_bytes() == GOOD and codecache.builds == 1
+    (use,) = probe.precompiled_headers_used()
+    assert use["verdict"] == "rebuilt" and os.lstat(compiled).st_ino == use["ino"]
+    assert NAME in use["note"] and "removed it and torch built it again" in use["note"]
+
+
+def test_a_header_the_check_cannot_judge_is_left_alone_and_not_carried(
+    codecache: FakeCodecache, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(probe, "_header_check_command", lambda *args: [str(tmp_path / "no-compiler")])
+    _look_up(codecache)
+    (use,) = probe.precompiled_headers_used()
+    assert use["verdict"] == "unchecked" and "not checked" in use["note"]
+    assert (codecache.directory / (NAME + ".gch")).read_bytes() == GOOD
+    assert headers.find_used(codecache.directory, [use]) == []
+
+
+def test_our_failure_never_fails_torchs_compile(codecache: FakeCodecache, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object) -> list[str]:
+        raise RuntimeError("a torch without CppBuilder")
+
+    monkeypatch.setattr(probe, "_header_check_command", broken)
+    assert _look_up(codecache).endswith(NAME)
+    (use,) = probe.precompiled_headers_used()
+    assert use["verdict"] == "unchecked"
+
+
+def test_uninstall_puts_torchs_function_back(codecache: FakeCodecache) -> None:
+    assert codecache._precompile_header.cache_info().currsize == 0
+    torchs = getattr(codecache._precompile_header, "__wrapped__", None)
+    assert getattr(torchs, "__wrapped__", None) is not None  # ours, around torch's functools.cache
+    probe.uninstall_header_watch()
+    assert codecache._precompile_header is torchs
+
+
+def test_every_wrapper_of_a_module_is_installed_when_torch_imports_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The graph-lookup capture and the header watch both wait for torch's codecache: one import runs both (a
+    second ``sys.meta_path`` finder for the same module would never be asked)."""
+    (tmp_path / "compilecache_late_module.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    called: list[str] = []
+
+    def first() -> None:
+        called.append("graphs")
+
+    def second() -> None:
+        called.append("headers")
+
+    for install in (first, second, second):
+        probe._install_now_or_on_import("compilecache_late_module", install, pending=True)
+    monkeypatch.delitem(sys.modules, "compilecache_late_module", raising=False)
+    import compilecache_late_module  # type: ignore[import-not-found]
+
+    assert compilecache_late_module.VALUE == 1
+    assert called == ["graphs", "headers"]
