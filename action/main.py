@@ -59,13 +59,22 @@ from action.inputs import Plan  # noqa: E402
 
 
 def installed() -> str | None:
-    """Where this interpreter has pytest-compilecache installed, or None (the Action's checkout aside)."""
-    import importlib.machinery
+    """Where this interpreter has pytest-compilecache installed, or None (the Action's checkout aside).
 
-    spec = importlib.machinery.PathFinder.find_spec(
-        "pytest_compilecache", [entry for entry in sys.path if entry != CHECKOUT]
-    )
-    return None if spec is None else str(spec.origin)
+    Asks every import finder, not only the path ones: an editable install (setuptools' finder on
+    ``sys.meta_path``) is installed too; only the checkout's own entry on ``sys.path`` is left out.
+    """
+    import importlib.util
+
+    saved = sys.path[:]
+    sys.path[:] = [entry for entry in sys.path if entry != CHECKOUT]
+    try:
+        spec = importlib.util.find_spec("pytest_compilecache")
+    except (ImportError, ValueError):
+        spec = None
+    finally:
+        sys.path[:] = saved
+    return None if spec is None or spec.origin is None else str(spec.origin)
 
 
 # ---- runner files: everything goes through ghrunner (escaped)
