@@ -142,15 +142,13 @@ class RestorePhase:
     def restore_for(self, ticket: RestoreTicket) -> None:
         """In the worker that took ``ticket``: restore as a controller would, install the bundle's graph
         record for every process, and write what happened for the controller (and the other workers)."""
-        from .sync import write_handoff  # cost: as above
-
         self._restore()
         self._read_baseline()
         restored = self.restored
         fingerprint = self.setup.fingerprint_if_known()
         ticket.fulfil(
             {
-                "restored": write_handoff(restored) if restored is not None else None,
+                "restored": _result_to_ticket(restored) if restored is not None else None,
                 "store_trouble": self.store_trouble,
                 "fingerprint": fingerprint.to_json() if fingerprint is not None else None,
             }
@@ -163,10 +161,8 @@ class RestorePhase:
             return
         data = self.ticket.result() or {}
         self.ticket.remove()
-        from .sync import read_handoff  # cost: as above
-
         told = data.get("restored")
-        self.restored = read_handoff(told) if isinstance(told, str) else None
+        self.restored = _result_from_ticket(told) if isinstance(told, dict) else None
         trouble = data.get("store_trouble")
         from .ghrunner import one_line  # cost: as above
 
@@ -272,3 +268,67 @@ class RestorePhase:
                     sweep_our_temps(where)
                 except OSError:  # best effort: the next session tries again
                     pass
+
+
+def _result_to_ticket(result: RestoreResult) -> dict[str, Any]:
+    """Every field of ``result`` the controller reports (the graph record stays in the dir: the worker
+    installed it), as JSON for :class:`RestoreTicket`."""
+    headers = result.headers
+    return {
+        "outcome": result.outcome,
+        "key": result.key,
+        "size": result.size,
+        "seconds": result.seconds,
+        "message": result.message,
+        "files": result.files,
+        "artifacts": dict(result.artifacts),
+        "skipped": [list(pair) for pair in result.skipped],
+        "staged": [list(blob) for blob in result.staged],
+        "headers": {
+            "named": list(headers.named),
+            "transferred": list(headers.transferred),
+            "size": headers.size,
+            "seconds": headers.seconds,
+            "warnings": list(headers.warnings),
+            "carried": list(headers.carried),
+            "notes": list(headers.notes),
+        },
+    }
+
+
+def _result_from_ticket(data: dict[str, Any]) -> RestoreResult | None:
+    """What :func:`_result_to_ticket` wrote, in a file of this session's dir written by one of its own workers;
+    None when it is not that shape (then the session counts as one without a restore)."""
+    from .sync import HeaderReport  # cost: as above
+    from .sync import RestoreResult
+    from .sync import StagedBlob
+
+    def strings(value: Any) -> tuple[str, ...]:
+        return tuple(str(item) for item in value) if isinstance(value, list) else ()
+
+    if data.get("outcome") not in ("exact", "partial", "miss", "error"):
+        return None
+    try:
+        headers = data.get("headers") or {}
+        return RestoreResult(
+            data["outcome"],
+            key=data.get("key"),
+            size=data.get("size"),
+            seconds=float(data.get("seconds") or 0.0),
+            message=str(data.get("message") or ""),
+            files=int(data.get("files") or 0),
+            artifacts={str(k): int(v) for k, v in (data.get("artifacts") or {}).items()},
+            skipped=tuple((str(k), str(r)) for k, r in data.get("skipped") or ()),
+            staged=tuple(StagedBlob(str(n), int(s), str(h)) for n, s, h in data.get("staged") or ()),
+            headers=HeaderReport(
+                named=strings(headers.get("named")),
+                transferred=strings(headers.get("transferred")),
+                size=int(headers.get("size") or 0),
+                seconds=float(headers.get("seconds") or 0.0),
+                warnings=strings(headers.get("warnings")),
+                carried=strings(headers.get("carried")),
+                notes=strings(headers.get("notes")),
+            ),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None

@@ -213,7 +213,8 @@ class SavePhase:
         if self.setup.dir.mode != "shared" or not path or not settings.max_size:
             return
         try:
-            trimmed = cachedir.trim(path, settings.max_size, registration=self.setup.registration)
+            used = frozenset(self.files)
+            trimmed = cachedir.trim(path, settings.max_size, registration=self.setup.registration, used=used)
         except Exception as exc:
             self.problems.warn(f"could not trim the cache dir: {exc}")
             return

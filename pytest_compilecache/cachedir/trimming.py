@@ -49,8 +49,8 @@ class Trim(NamedTuple):
     deferred: int = 0
     stopped: bool = False
     recent: int = 0  # files kept although the dir is over its cap: used within MIN_AGE (or being built)
-    # Files the registered session (``trim(registration=...)``) used since it began: removed (a session longer
-    # than MIN_AGE: its next run compiles them again), and kept although the dir stays over its cap.
+    # Files the calling session used: removed (used since its registration began, a session longer than
+    # MIN_AGE: its next run compiles them again), and kept although the dir stays over its cap (``used``).
     session_files: int = 0
     session_kept: int = 0
 
@@ -108,6 +108,7 @@ def trim(
     lock_timeout: float = 60.0,
     registration: Registration | None = None,
     min_age: float | None = None,
+    used: frozenset[str] = frozenset(),
 ) -> Trim:
     """Remove least recently used cache files until ``path`` holds at most ``max_bytes`` of them.
 
@@ -127,10 +128,11 @@ def trim(
       opened without following links, and only if it is still the file scanned (same inode, modification
       and change time): a file rewritten, replaced or touched meanwhile is in use and stays.
 
-    Empty dirs go as :func:`_drop_empty_dirs` says.
+    Empty dirs go as :func:`_drop_empty_dirs` says. ``used``: the cache files (relative paths) the calling
+    session used, for :attr:`Trim.session_kept` (the files in use that keep the dir over its cap).
     """
     with lock(path, timeout=lock_timeout):
-        return _trim(path, max_bytes, now=now, registration=registration, min_age=min_age)
+        return _trim(path, max_bytes, now=now, registration=registration, min_age=min_age, used=used)
 
 
 def evict(path: str, max_bytes: int, *, registration: Registration | None = None) -> tuple[int, int]:
@@ -140,7 +142,13 @@ def evict(path: str, max_bytes: int, *, registration: Registration | None = None
 
 
 def _trim(
-    path: str, max_bytes: int, *, now: float | None, registration: Registration | None, min_age: float | None
+    path: str,
+    max_bytes: int,
+    *,
+    now: float | None,
+    registration: Registration | None,
+    min_age: float | None,
+    used: frozenset[str] = frozenset(),
 ) -> Trim:
     began = time.time() if now is None else now
     settled = began - (MIN_AGE if min_age is None else min_age)  # what changed after this may be in use
@@ -169,7 +177,7 @@ def _trim(
                 break
             if unit.used > settled or unit.changed >= began:
                 recent += len(unit.files)
-                session_kept += len(unit.files) if unit.used >= since else 0
+                session_kept += len(unit.files) if any(rel in used for rel, _ in unit.files) else 0
                 continue  # used, written or renamed in recently: someone may be using it
             if registry.live_sessions(path, excluding=own):
                 stopped = True
@@ -185,8 +193,8 @@ def _trim(
     finally:
         os.close(root_fd)
     remaining = total - freed
-    used = {"session_files": session_files, "session_kept": session_kept}
-    return Trim(kind, removed, freed, remaining, stopped=stopped, recent=recent, **used)
+    mine = {"session_files": session_files, "session_kept": session_kept}
+    return Trim(kind, removed, freed, remaining, stopped=stopped, recent=recent, **mine)
 
 
 # Nothing used or written more recently than this is trimmed: a process that does not register (torch alone)

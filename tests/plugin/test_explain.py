@@ -72,7 +72,12 @@ import sys
 def pytest_sessionfinish(session):
     codecache = sys.modules.get("torch._inductor.codecache")
     wrapped = codecache is not None and hasattr(codecache.FxGraphCache.load_with_key, "__wrapped__")
-    watching = any(type(f).__name__ == "_InstallOnImport" for f in sys.meta_path)
+    # the graph capture waiting for torch's codecache (other watches, e.g. triton's cache or the headers', may wait)
+    watching = any(
+        type(f).__name__ == "_InstallOnImport"
+        and any(getattr(i, "__name__", "") == "graph_capture_installed" for i in getattr(f, "installs", ()))
+        for f in sys.meta_path
+    )
     name = os.environ.get("PYTEST_XDIST_WORKER", "controller")
     state = {"codecache": codecache is not None, "wrapped": wrapped, "watching": watching}
     (session.config.rootpath / f"capture-{name}.json").write_text(json.dumps(state))

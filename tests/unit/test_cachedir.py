@@ -476,10 +476,14 @@ def test_a_cap_that_removes_what_this_session_used_says_so(cache: Path) -> None:
     assert cachedir.trim(str(cache), 0).session_files == 0  # no session to compare with
     # Files the session used within MIN_AGE are kept (torch may still use them): the dir stays over the cap.
     _file(cache, "fxgraph/dd/fresh", 100, time.time())
+    _file(cache, "fxgraph/ee/others", 100, time.time())  # used just now, but by another process
     with cachedir.register_session(str(cache), start=T0 + 50) as registration:
-        kept = cachedir.trim(str(cache), 0, registration=registration)
+        kept = cachedir.trim(str(cache), 0, registration=registration, used=frozenset({"fxgraph/dd/fresh"}))
     assert (kept.removed, kept.session_kept) == (0, 1)
     assert "1 file it used keep the dir at" in (kept.too_small("--compile-cache-max-size", 10) or "")
+    with cachedir.register_session(str(cache), start=T0 + 50) as registration:
+        theirs = cachedir.trim(str(cache), 0, registration=registration)  # this session used nothing
+    assert (theirs.session_kept, theirs.too_small("c", 10)) == (0, None)
 
 
 def test_a_session_run_in_process_never_trims_under_its_host(cache: Path) -> None:
