@@ -214,7 +214,9 @@ class SavePhase:
             return
         try:
             used = frozenset(self.files)
-            trimmed = cachedir.trim(path, settings.max_size, registration=self.setup.registration, used=used)
+            compiled = self.recorder.has_stats and self.stats.anything_compiled
+            registration = self.setup.registration
+            trimmed = cachedir.trim(path, settings.max_size, registration=registration, used=used, compiled=compiled)
         except Exception as exc:
             self.problems.warn(f"could not trim the cache dir: {exc}")
             return

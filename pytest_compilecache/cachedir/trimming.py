@@ -109,6 +109,7 @@ def trim(
     registration: Registration | None = None,
     min_age: float | None = None,
     used: frozenset[str] = frozenset(),
+    compiled: bool = False,
 ) -> Trim:
     """Remove least recently used cache files until ``path`` holds at most ``max_bytes`` of them.
 
@@ -129,10 +130,12 @@ def trim(
       and change time): a file rewritten, replaced or touched meanwhile is in use and stays.
 
     Empty dirs go as :func:`_drop_empty_dirs` says. ``used``: the cache files (relative paths) the calling
-    session used, for :attr:`Trim.session_kept` (the files in use that keep the dir over its cap).
+    session used, for :attr:`Trim.session_kept` (the files in use that keep the dir over its cap); ``compiled``:
+    it compiled, so the files used since its ``registration`` began count as its own too (torch's FX and
+    AOTAutograd entries are not in ``used``); a session that compiled nothing claims no other's files.
     """
     with lock(path, timeout=lock_timeout):
-        return _trim(path, max_bytes, now=now, registration=registration, min_age=min_age, used=used)
+        return _trim(path, max_bytes, now=now, registration=registration, min_age=min_age, used=used, compiled=compiled)
 
 
 def evict(path: str, max_bytes: int, *, registration: Registration | None = None) -> tuple[int, int]:
@@ -149,6 +152,7 @@ def _trim(
     registration: Registration | None,
     min_age: float | None,
     used: frozenset[str] = frozenset(),
+    compiled: bool = False,
 ) -> Trim:
     began = time.time() if now is None else now
     settled = began - (MIN_AGE if min_age is None else min_age)  # what changed after this may be in use
@@ -177,7 +181,8 @@ def _trim(
                 break
             if unit.used > settled or unit.changed >= began:
                 recent += len(unit.files)
-                session_kept += len(unit.files) if any(rel in used for rel, _ in unit.files) else 0
+                ours = (compiled and unit.used >= since) or any(rel in used for rel, _ in unit.files)
+                session_kept += len(unit.files) if ours else 0
                 continue  # used, written or renamed in recently: someone may be using it
             if registry.live_sessions(path, excluding=own):
                 stopped = True

@@ -484,6 +484,9 @@ def test_a_cap_that_removes_what_this_session_used_says_so(cache: Path) -> None:
     with cachedir.register_session(str(cache), start=T0 + 50) as registration:
         theirs = cachedir.trim(str(cache), 0, registration=registration)  # this session used nothing
     assert (theirs.session_kept, theirs.too_small("c", 10)) == (0, None)
+    with cachedir.register_session(str(cache), start=T0 + 50) as registration:  # it compiled: recent files count
+        compiled = cachedir.trim(str(cache), 0, registration=registration, compiled=True)
+    assert compiled.session_kept == 2
 
 
 def test_a_session_run_in_process_never_trims_under_its_host(cache: Path) -> None:
