@@ -31,16 +31,14 @@ __all__ = [
     "save",
 ]
 
-
-from .errors import BundleError
-from .errors import CompileCacheError
-from .errors import CompileCacheWarning
-from .errors import ConfigError
-from .errors import StoreError
-
 # name -> module that defines it; loaded on first attribute access (PEP 562), so that `import
 # pytest_compilecache` (which pytest does for every session through the plugin entry point) stays cheap.
 _LAZY = {
+    "BundleError": "errors",
+    "CompileCacheError": "errors",
+    "CompileCacheWarning": "errors",
+    "ConfigError": "errors",
+    "StoreError": "errors",
     "CompileCacheStats": "stats",
     "ItemRecord": "stats",
     "SessionStats": "stats",
@@ -51,6 +49,11 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from .errors import BundleError
+    from .errors import CompileCacheError
+    from .errors import CompileCacheWarning
+    from .errors import ConfigError
+    from .errors import StoreError
     from .fingerprint import Fingerprint
     from .stats import CompileCacheStats
     from .stats import ItemRecord
@@ -64,9 +67,9 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+    # Not cached here: the defining module stays the one home of the name (a test harness that unloads and
+    # reloads modules, like pytester, must not see a stale class through the package).
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
 def __dir__() -> list[str]:

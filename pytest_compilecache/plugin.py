@@ -6,8 +6,16 @@ JSON report), makes the :class:`~pytest_compilecache.session.Setup`; ``pytest_co
 process's role once - a :class:`~pytest_compilecache.session.Controller` (a plain session or the xdist
 controller) or a :class:`~pytest_compilecache.session.Worker` - and every later hook only delegates to it.
 
-A session with no option (:attr:`Settings.quiet`) loads only what records statistics (:mod:`recorder`):
-no set-up, no role, no directory touched; the role is made at the end only if a test imported torch.
+What a session pays before torch appears is kept to a minimum, because most test suites that have the
+plugin installed never import torch in most of their sessions:
+
+* With no option given anywhere (command line, ini file, environment), this module loads only the option
+  table (:mod:`options`): no settings, no recorder, no role, no directory touched.
+* Until torch is imported (or a test is marked), each test costs one hook that adds one to a counter
+  (:class:`_Counter`). When torch appears - an import hook sees it coming (:func:`when_imported`) - the
+  counter hands over to the per-test capture (:class:`_Tests`), and in a session with no option the role is
+  made at the end only if a test compiled.
+
 Printing happens here and nowhere else. Nothing here imports torch.
 PYTEST_DONT_REWRITE
 """
@@ -16,78 +24,108 @@ from __future__ import annotations
 
 import os
 import sys
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import Callable
 from typing import Sequence
 
 import pytest
 
-from .errors import ConfigError
-from .recorder import COLD
-from .recorder import COLD_UNEXPLAINED
-from .recorder import Recorder
-from .recorder import when_imported
-from .settings import OPTIONS
-from .settings import SESSION_ENV
-from .settings import Settings
-from .settings import resolve
+from .options import SESSION_ENV
+from .options import TABLE
+from .options import env_name
+from .options import ini_name
 
 if TYPE_CHECKING:
     from .problems import Classifier
+    from .recorder import Recorder
     from .recorder import Start
     from .session import Controller
     from .session import Setup
     from .session import Worker
+    from .settings import Settings
     from .stats import CompileCacheStats
 
 _MODULES = sys.modules
-_SETTINGS = pytest.StashKey[Settings]()
-_SETUP = pytest.StashKey["Setup"]()
+# Stash keys (annotated, not subscripted: a subscripted generic costs at import in every session).
+_SETTINGS: pytest.StashKey[Settings | None] = pytest.StashKey()
+_SETUP: pytest.StashKey[Setup] = pytest.StashKey()
 # The role chosen in pytest_configure (a quiet session: made at the end, if a test compiled): at most one
 # of these two is set in a process.
-_CONTROLLER = pytest.StashKey["Controller"]()
-_WORKER = pytest.StashKey["Worker"]()
-_RECORDER = pytest.StashKey[Recorder]()
-_TESTS = pytest.StashKey["_Tests"]()
-_RUNNER_OUTPUT = pytest.StashKey["_RunnerOutput"]()
+_CONTROLLER: pytest.StashKey[Controller] = pytest.StashKey()
+_WORKER: pytest.StashKey[Worker] = pytest.StashKey()
+_RECORDER: pytest.StashKey[Recorder] = pytest.StashKey()
+_COUNTER: pytest.StashKey[_Counter] = pytest.StashKey()
+_TESTS: pytest.StashKey[_Tests] = pytest.StashKey()
+_RUNNER_OUTPUT: pytest.StashKey[_RunnerOutput] = pytest.StashKey()
 
 MARKER = "compile_cache"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("compilecache", "torch.compile caches (pytest-compilecache)")
-    for option in OPTIONS:
-        dest = "compile_cache_" + option.name
-        text = f"{option.help} [ini: {option.ini}, env: {option.env}]"
-        if option.flag:
-            group.addoption(option.cli, action="store_true", default=None, dest=dest, help=text)
+    for name, flag, switch, text in TABLE:
+        dest = "compile_cache_" + name
+        described = f"{text} [ini: {ini_name(flag)}, env: {env_name(name)}]"
+        if switch:
+            group.addoption(flag, action="store_true", default=None, dest=dest, help=described)
         else:
-            group.addoption(option.cli, default=None, dest=dest, metavar="VALUE", help=text)
-        parser.addini(option.ini, help=option.help, default=None)
+            group.addoption(flag, default=None, dest=dest, metavar="VALUE", help=described)
+        parser.addini(ini_name(flag), help=text, default=None)
 
 
-def _settings(config: pytest.Config) -> Settings:
-    """The options, resolved once per process (a bad value is a usage error naming it)."""
+def _settings(config: pytest.Config) -> Settings | None:
+    """The options, resolved once per process (a bad value is a usage error naming it).
+
+    None when no option is given anywhere (command line, ini file, environment): every default, and
+    :mod:`settings` is not even loaded (:func:`_resolved` makes the default settings when they are needed).
+    """
     if _SETTINGS in config.stash:
         return config.stash[_SETTINGS]
     namespace = getattr(config, "known_args_namespace", config.option)
-
-    def cli(name: str) -> Any:
-        return getattr(namespace, "compile_cache_" + name, None)
-
-    def ini(key: str) -> Any:
-        try:
-            return config.getini(key)
-        except ValueError:
-            return None
+    cli = {name: getattr(namespace, "compile_cache_" + name, None) for name, _, _, _ in TABLE}
+    ini = {key: _ini(config, key) for key in (ini_name(flag) for _, flag, _, _ in TABLE)}
+    environ = os.environ
+    if (
+        all(value is None for value in cli.values())
+        and not any(ini.values())
+        and not any(environ.get(env_name(name)) for name, _, _, _ in TABLE)
+    ):
+        config.stash[_SETTINGS] = None
+        return None
+    # cost: only a session that gives an option loads the parsers
+    from .errors import ConfigError
+    from .settings import resolve
 
     try:
-        settings = config.stash[_SETTINGS] = resolve({o.name: cli(o.name) for o in OPTIONS}, ini)
+        settings = config.stash[_SETTINGS] = resolve(cli, ini.get)
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     return settings
+
+
+def _ini(config: pytest.Config, key: str) -> Any:
+    try:
+        return config.getini(key)
+    except ValueError:
+        return None
+
+
+def _resolved(config: pytest.Config) -> Settings:
+    """The settings, the defaults made now if no option was given (:func:`_settings` returned None)."""
+    settings = _settings(config)
+    if settings is None:
+        from .settings import resolve  # cost: as above
+
+        settings = config.stash[_SETTINGS] = resolve({}, lambda key: None, environ={})
+    return settings
+
+
+def _quiet(config: pytest.Config) -> bool:
+    """No option asks for anything before the tests (:attr:`Settings.quiet`)."""
+    settings = _settings(config)
+    return settings is None or settings.quiet
 
 
 def _setup(config: pytest.Config) -> Setup:
@@ -98,8 +136,10 @@ def _setup(config: pytest.Config) -> Setup:
     from .problems import Problems
     from .session import Setup
 
-    settings = _settings(config)
+    settings = _resolved(config)
     problems = Problems(strict=settings.strict, classify=warning_classifier(*_warning_filters(config)))
+    from .errors import ConfigError  # cost: as above
+
     try:
         setup = Setup.start(settings, _default_shared(config), inherited=_inherited(), problems=problems)
     except ConfigError as exc:
@@ -187,7 +227,7 @@ def _is_worker(config: pytest.Config) -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
-    if _settings(early_config).quiet:
+    if _quiet(early_config):
         return
     setup = _setup(early_config)
     # pytest_unconfigure never runs when pytest stops before configure (an unknown option, a broken
@@ -206,8 +246,8 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{MARKER}(mode): 'isolated' compiles this test cold in its own fresh cache dir; 'disabled' turns "
         "torch's compile caches off for it. Everything is put back afterwards.",
     )
-    settings = _settings(config)
-    if not settings.quiet:
+    quiet = _quiet(config)
+    if not quiet:
         setup = _setup(config)
         if not _is_worker(config) and getattr(config.option, "cacheclear", False):
             _keep_a_shared_dir_in_use(config, setup)
@@ -215,36 +255,60 @@ def pytest_configure(config: pytest.Config) -> None:
             from . import probe  # cost: as below
 
             probe.guard_remote_cache()  # every process: a Redis error is a warning, not a failed compile
-    explain = settings.explain  # a worker resolves the same options: its controller's argv and environment
-    # Every process, from when torch (or triton) is imported: the FX-graph lookups that explain a miss, and
-    # the triton cache entries a bundle carries (issue 27).
-    # A session with a cache dir also checks each precompiled header torch looks up (issue 24).
-    watch = partial(_watch, explain=explain, headers=not settings.quiet)
-    when_imported("torch", watch)
-    when_imported("triton", watch)
-    recorder = Recorder(
-        os.environ.get("PYTEST_XDIST_WORKER", "worker") if _is_worker(config) else "controller", explain
-    )
-    config.stash[_RECORDER] = recorder
-    if not settings.quiet:
-        _make_role(config, recorder)
+    if not _is_xdist_controller(config):  # an xdist controller runs no test itself
+        counter = config.stash[_COUNTER] = _Counter()
+        config.pluginmanager.register(counter, "compilecache-counter")
+    if not quiet:
+        _make_role(config, _recorder(config))
     if not _is_worker(config) and os.environ.get("GITHUB_ACTIONS") == "true":  # ghrunner.in_github_actions
         watcher = config.stash[_RUNNER_OUTPUT] = _RunnerOutput()
         config.pluginmanager.register(watcher, "compilecache-runner-output")
-    if not _is_xdist_controller(config):  # an xdist controller runs no test itself
-        tests = config.stash[_TESTS] = _Tests(recorder)
-        config.pluginmanager.register(tests, "compilecache-tests")
+    # Every process, from when torch (or triton) is imported: the per-test capture, the FX-graph lookups that
+    # explain a miss, the triton cache entries a bundle carries (issue 27) and, in a session with a cache
+    # dir, the check of each precompiled header torch looks up (issue 24).
+    when_imported("torch", lambda: _torch_appears(config))
+    when_imported("triton", lambda: _watch(config))
 
 
-def _watch(*, explain: bool, headers: bool) -> None:
+def _torch_appears(config: pytest.Config) -> None:
+    """torch is about to be imported (nothing of it has run yet): from now on a test may compile."""
+    _watch(config)
+    _start_tests(config)
+
+
+def _watch(config: pytest.Config) -> None:
     """Install probe's watches (each once per process; none imports torch or triton itself)."""
     from . import probe  # cost: loaded once torch (or triton) is
 
-    if explain:
+    # a worker resolves the same options: its controller's argv and environment
+    if _resolved(config).explain:
         probe.watch_graph_lookups()
-    if headers:
+    if not _quiet(config):
         probe.watch_precompiled_headers()
     probe.watch_triton_cache()
+
+
+class _OnImport:
+    """A ``sys.meta_path`` entry that calls ``then()`` when ``module`` is first imported, before it loads (one
+    string comparison per import until then; it removes itself once used and finds nothing itself)."""
+
+    def __init__(self, module: str, then: Callable[[], None]) -> None:
+        self.module, self.then = module, then
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == self.module:
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            self.then()
+
+
+def when_imported(module: str, then: Callable[[], None]) -> None:
+    """Call ``then()`` now if ``module`` is imported, else just before it is (e.g. to load :mod:`probe` and
+    install its hooks only in a session that imports torch)."""
+    if module in _MODULES:
+        then()
+    else:
+        sys.meta_path.insert(0, _OnImport(module, then))
 
 
 def _is_xdist_controller(config: pytest.Config) -> bool:
@@ -268,12 +332,27 @@ def _make_role(config: pytest.Config, recorder: Recorder) -> None:
         _controller(config, recorder)
 
 
+def _recorder(config: pytest.Config) -> Recorder:
+    """This process's recorder (made on first use), holding every test the counter has counted so far."""
+    recorder = config.stash.get(_RECORDER, None)
+    if recorder is None:
+        from .recorder import Recorder  # cost: loaded once torch appears, or in a session with options
+
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "worker") if _is_worker(config) else "controller"
+        recorder = config.stash[_RECORDER] = Recorder(worker, _resolved(config).explain)
+    counter = config.stash.get(_COUNTER, None)
+    if counter is not None and counter.tests:
+        recorder.cold_tests += counter.tests  # moved, never copied: the counter restarts from zero
+        counter.tests = 0
+    return recorder
+
+
 def _worker(config: pytest.Config, recorder: Recorder | None = None) -> Worker:
     worker = config.stash.get(_WORKER, None)
     if worker is None:
         from .session import Worker  # cost: a quiet session loads the roles only if a test compiled
 
-        worker = config.stash[_WORKER] = Worker(_setup(config), recorder or config.stash[_RECORDER])
+        worker = config.stash[_WORKER] = Worker(_setup(config), recorder or _recorder(config))
     return worker
 
 
@@ -282,9 +361,8 @@ def _controller(config: pytest.Config, recorder: Recorder | None = None) -> Cont
     if controller is None:
         from .session import Controller  # cost: as above
 
-        recorder = recorder or config.stash[_RECORDER]
         controller = config.stash[_CONTROLLER] = Controller(
-            _setup(config), recorder, xdist=_is_xdist_controller(config)
+            _setup(config), recorder or _recorder(config), xdist=_is_xdist_controller(config)
         )
     return controller
 
@@ -311,16 +389,46 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 # ---- per-test capture
-# Two plain hooks around the whole protocol (pytest_runtest_logstart before setup, logfinish after teardown),
-# on a small object registered in each process that runs tests, so that the path every test takes reads
-# attributes, not stashes. While torch is not imported that path is a dict lookup and one counter
-# (Recorder.start / finish_cold); records travel to the controller at session end.
+# Until torch is imported (or a test is marked), a test can compile nothing: one hook counts it (_Counter).
+# From then on two plain hooks surround the whole protocol (pytest_runtest_logstart before setup,
+# logfinish after teardown) on a small object (_Tests), so that the path every test takes reads attributes,
+# not stashes. Records travel to the controller at session end. Both live only in processes that run tests.
+
+
+class _Counter:
+    """Counts the tests that finish while torch is not imported: the only per-test work until then."""
+
+    def __init__(self) -> None:
+        self.tests = 0
+
+    def pytest_runtest_logfinish(self) -> None:
+        self.tests += 1
+
+
+def _start_tests(config: pytest.Config) -> _Tests | None:
+    """Hand the counting over to the per-test capture (once; None in an xdist controller, which runs no test).
+
+    Called when torch is about to be imported - maybe in the middle of a test, which then started before
+    torch was and is recorded from zero - when a test is marked, or when a test asks for its statistics.
+    """
+    tests = config.stash.get(_TESTS, None)
+    if tests is not None or _COUNTER not in config.stash:
+        return tests
+    counter = config.stash[_COUNTER]
+    config.pluginmanager.unregister(counter)
+    tests = config.stash[_TESTS] = _Tests(_recorder(config))  # _recorder takes the counter's tests over
+    tests.current = tests.cold  # the running test, if any: it began before torch could compile anything
+    config.pluginmanager.register(tests, "compilecache-tests")
+    return tests
 
 
 class _Tests:
     """This process's per-test hooks: the recorder, the marked tests and the running test's start."""
 
     def __init__(self, recorder: Recorder) -> None:
+        from .recorder import COLD  # cost: as _recorder
+        from .recorder import COLD_UNEXPLAINED
+
         self.recorder = recorder
         self.marked: dict[str, str] = {}  # node id -> "isolated" / "disabled" (pytest_collection_modifyitems)
         self.current: Start | None = None  # the running test's start, for the compile_cache_stats fixture
@@ -330,7 +438,7 @@ class _Tests:
     def pytest_runtest_logstart(self, nodeid: str) -> None:
         if self.marked or "torch" in _MODULES:
             self._start(nodeid)
-        else:  # the path of every test while torch is not imported: one lookup, one attribute
+        else:  # torch was looked up but is not imported (e.g. importorskip): one lookup, one attribute
             self.current = self.cold
 
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
@@ -369,7 +477,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     memo: dict[int, Any] = {}
     marked = {}
     for item in items:
-        mark = _closest_marker(item, memo)
+        # _closest_marker, its first step inlined: a call per test is most of this loop's cost
+        for mark in item.own_markers:
+            if mark.name == MARKER:
+                break
+        else:
+            parent = item.parent
+            if parent is None:
+                continue
+            key = id(parent)
+            mark = memo[key] if key in memo else memo.setdefault(key, _closest_marker(parent, memo))
         if mark is None:
             continue
         mode = mark.args[0] if mark.args else mark.kwargs.get("mode", "isolated")
@@ -377,7 +494,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             marked[item.nodeid] = mode
         elif _BAD_MARKER not in getattr(item, "fixturenames", [_BAD_MARKER]):
             item.fixturenames.insert(0, _BAD_MARKER)  # type: ignore[attr-defined]
-    tests = config.stash.get(_TESTS, None)
+    tests = _start_tests(config) if marked else config.stash.get(_TESTS, None)
     if tests is not None:
         tests.marked = marked
 
@@ -413,7 +530,8 @@ def compile_cache_stats(request: pytest.FixtureRequest) -> CompileCacheStats:
     ``.graphs`` lists its FX-graph lookups and ``.why`` why each miss so far missed (against the restored
     bundle's or the previous session's record): ``assert compile_cache_stats.misses == 0, compile_cache_stats.why``.
     """
-    item, tests = request.node, request.config.stash[_TESTS]
+    item, tests = request.node, _start_tests(request.config)
+    assert tests is not None  # a fixture runs in a process that runs tests
     return tests.recorder.live(item.nodeid, tests.current, item.nodeid in tests.marked)
 
 
@@ -427,7 +545,7 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     sent, config = output.get("compilecache"), node.config
     if _CONTROLLER not in config.stash and isinstance(sent, dict) and set(sent) == {"tests"}:
         # A quiet worker whose tests never imported torch: only a count, kept without loading the roles.
-        config.stash[_RECORDER].cold_tests += int(sent["tests"])
+        _recorder(config).cold_tests += int(sent["tests"])
         return
     _controller(config).add_worker(str(worker), sent)
 
@@ -437,10 +555,12 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
-    quiet = _settings(config).quiet and "torch" not in sys.modules  # nothing compiled in this process
+    if _RECORDER in config.stash:
+        _recorder(config)  # the tests the counter counted join the recorder's
+    quiet = _quiet(config) and "torch" not in sys.modules  # nothing compiled in this process
     if _is_worker(config):
         if _WORKER not in config.stash and quiet:
-            sent: dict[str, Any] = {"tests": config.stash[_RECORDER].cold_tests}
+            sent: dict[str, Any] = {"tests": _cold_tests(config)}
         else:
             sent = _worker(config).output()
         config.workeroutput["compilecache"] = sent  # type: ignore[attr-defined]
@@ -450,6 +570,15 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     failed = session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
     if _controller(config).finish(failed=failed) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _cold_tests(config: pytest.Config) -> int:
+    """The tests this process ran that cannot have compiled, without loading the recorder if there is none."""
+    recorder = config.stash.get(_RECORDER, None)
+    if recorder is not None:
+        return _recorder(config).cold_tests
+    counter = config.stash.get(_COUNTER, None)
+    return counter.tests if counter is not None else 0
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -498,12 +627,11 @@ class _RunnerOutput:
 def _github_commands(role: Controller, output: _RunnerOutput | None = None) -> None:
     """Inside a GitHub Actions job, each warning and error also becomes an annotation (escaped), after a
     line that resumes the runner's command processing if a test's output stopped it (``ghrunner.stop_tokens``)."""
-    from .ghrunner import in_github_actions  # cost: loaded only at the end of a session with something to say
-    from .ghrunner import resume_lines
+    if not (role.problems.warnings or role.problems.errors) or os.environ.get("GITHUB_ACTIONS") != "true":
+        return  # the same test as ghrunner.in_github_actions, without loading ghrunner
+    from .ghrunner import resume_lines  # cost: only inside a GitHub Actions job, with something to say
     from .ghrunner import write_command
 
-    if not in_github_actions() or not (role.problems.warnings or role.problems.errors):
-        return
     if output is not None and output.tokens:
         sys.stdout.write("".join(line + "\n" for line in resume_lines(output.tokens)))
     for message in role.problems.warnings:

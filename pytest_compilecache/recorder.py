@@ -1,8 +1,8 @@
 """Per-test statistics of one process: :class:`Recorder`, the plugin's hot path.
 
-Loaded by every session that has the plugin, so at import it loads nothing else of ours: :mod:`probe` and
-:mod:`stats` load when torch appears (or a report needs the statistics). While torch is not imported a
-test costs one dict lookup and one counter.
+Loaded by the plugin once torch appears (or in a session given an option), so at import it loads nothing
+else of ours: :mod:`probe` and :mod:`stats` load when torch is imported (or a report needs the
+statistics). While torch is not imported a test costs one dict lookup and one counter.
 PYTEST_DONT_REWRITE
 """
 
@@ -42,29 +42,6 @@ class Start(NamedTuple):
 # The start of every test that begins before torch is imported: no counters yet, no FX-graph lookups.
 COLD = Start(None, 0)
 COLD_UNEXPLAINED = Start(None, None)  # the same with explaining off
-
-
-class _OnImport:
-    """A ``sys.meta_path`` entry that calls ``then()`` when ``module`` is first imported, before it loads (one
-    string comparison per import until then; it removes itself once used and finds nothing itself)."""
-
-    def __init__(self, module: str, then: Any) -> None:
-        self.module, self.then = module, then
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
-        if name == self.module:
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
-            self.then()
-
-
-def when_imported(module: str, then: Any) -> None:
-    """Call ``then()`` now if ``module`` is imported, else just before it is (e.g. to load :mod:`probe` and
-    install its hooks only in a session that imports torch)."""
-    if module in _MODULES:
-        then()
-    else:
-        sys.meta_path.insert(0, _OnImport(module, then))
 
 
 class Recorder:

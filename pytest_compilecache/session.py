@@ -27,17 +27,16 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from . import cachedir
-from . import probe
 from ._env import EnvLease
 from .cachedir import SessionDir
 from .errors import ConfigError
+from .options import SESSION_ENV
 from .problems import Problems
 from .restore_phase import EXPLAINED_MODES
 from .restore_phase import TICKET_ENV
 from .restore_phase import RestorePhase
 from .restore_phase import RestoreTicket
 from .save_phase import SavePhase
-from .settings import SESSION_ENV
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -138,13 +137,12 @@ class Setup:
         if mode is None and not self.settings.redis:
             return
         self.lease.set({SESSION_ENV: self.dir.to_env()})
-        note = None
-        if mode in ("shared", "isolated"):
-            note = probe.point_cache_dir(self.dir.path)
-        elif mode == "disabled":
-            note = probe.point_cache_dir(None, disable=True)
-        if note:
-            self.problems.note(note)
+        if mode in ("shared", "isolated", "disabled"):
+            from . import probe  # cost: every session with a cache dir mode (a quiet one never loads it)
+
+            note = probe.point_cache_dir(self.dir.path if mode != "disabled" else None, disable=mode == "disabled")
+            if note:
+                self.problems.note(note)
         if self.settings.redis:
             self._enable_redis(self.settings.redis)
 
@@ -166,7 +164,10 @@ class Setup:
         """Keep the Redis errors of torch's remote caches in this process so far (:func:`probe.guard_remote_cache`
         switched them off and recorded them) in :attr:`remote_errors`: workers send them to the controller,
         which warns once for the whole session (:meth:`warn_remote_errors`)."""
-        self.remote_errors += probe.remote_cache_errors()
+        if self.redis_on:  # the guard that records them is installed only then (plugin.pytest_configure)
+            from . import probe  # cost: only with Redis
+
+            self.remote_errors += probe.remote_cache_errors()
 
     def warn_remote_errors(self) -> None:
         """One warning when torch's Redis remote caches failed in any process of the session: the compiles
@@ -248,7 +249,10 @@ class Setup:
         pytest's cleanup stack when the session stops before configure (a usage error, a broken conftest)."""
         self.release()
         self.lease.restore()
-        probe.put_back_config()
+        if self.dir.mode is not None:  # only _export changed torch's config (through probe)
+            from . import probe  # cost: loaded by _export already
+
+            probe.put_back_config()
 
 
 class Worker:
@@ -362,8 +366,11 @@ class Controller:
                 self.problems.note(note)
         if self.setup.dir.path and self.end.files:
             cachedir.touch(self.setup.dir.path, sorted(self.end.files))
-        for note in probe.capability_notes(remote=bool(self.settings.redis)):
-            self.problems.note(note)
+        if "torch" in sys.modules:  # probe.capability_notes says nothing for a session that never imported torch
+            from . import probe  # cost: loaded once torch is
+
+            for note in probe.capability_notes(remote=bool(self.settings.redis)):
+                self.problems.note(note)
         self.setup.take_remote_errors()
         self.setup.warn_remote_errors()
         self.end.run()

@@ -17,6 +17,9 @@ from typing import NamedTuple
 
 from .errors import SIGNING_KEY_ENV
 from .errors import ConfigError
+from .options import TABLE
+from .options import env_name
+from .options import ini_name
 
 MODES = ("shared", "isolated", "disabled")
 REPORTS = ("short", "full", "none")
@@ -24,8 +27,6 @@ SUMMARY = ("auto", "off")
 RESTORE = ("auto", "skip")
 SWITCH = ("on", "off")
 DEFAULT_PREFIX = "compilecache-v1"
-# The controller's cache-dir decision, exported for its xdist workers (``cachedir.SessionDir.to_env``).
-SESSION_ENV = "PYTEST_COMPILECACHE_SESSION"
 
 
 def _choice(choices: tuple[str, ...]) -> Callable[[str, str], str]:
@@ -191,7 +192,7 @@ def _redis_url(option: str, value: str) -> str:
 
 
 class Option(NamedTuple):
-    """One option in its three spellings."""
+    """One option in its three spellings (from :data:`options.TABLE`), its parser and its default."""
 
     name: str  # the attribute on Settings
     cli: str
@@ -202,146 +203,39 @@ class Option(NamedTuple):
 
     @property
     def ini(self) -> str:
-        return self.cli.lstrip("-").replace("-", "_")
+        return ini_name(self.cli)
 
     @property
     def env(self) -> str:
-        return "PYTEST_COMPILECACHE_" + self.name.upper()
+        return env_name(self.name)
 
 
-OPTIONS: tuple[Option, ...] = (
-    Option(
-        "mode",
-        "--compile-cache",
-        _choice(MODES),
-        None,
-        "TorchInductor cache dir for this session: shared (persistent, reused), isolated (fresh, "
-        "removed at the end) or disabled (no caching). Unset: leave torch's configuration alone.",
-    ),
-    Option(
-        "dir",
-        "--compile-cache-dir",
-        _nonblank,
-        None,
-        "shared: the cache dir (default: inside pytest's cache dir). isolated: where the fresh dir is made.",
-    ),
-    Option("keep", "--compile-cache-keep", _flag, False, "isolated: keep the session cache dir.", flag=True),
-    Option(
-        "report",
-        "--compile-cache-report",
-        _choice(REPORTS),
-        "short",
-        "terminal report: short (one line), full (a table of compiled tests; also with -v), none.",
-    ),
-    Option("json", "--compile-cache-json", _nonblank, None, "write the statistics as JSON to this path."),
-    Option(
-        "summary",
-        "--compile-cache-summary",
-        _choice(SUMMARY),
-        "auto",
-        "auto: append Markdown to $GITHUB_STEP_SUMMARY when it is set; off: never.",
-    ),
-    Option(
-        "explain",
-        "--compile-cache-explain",
-        _switch,
-        True,
-        "on: record each FX-graph lookup's key components and say why each miss missed; off: capture nothing.",
-    ),
-    Option(
-        "min_hit_rate",
-        "--compile-cache-min-hit-rate",
-        _rate,
-        None,
-        "fail the session when the FX-graph hit rate is lower (0..1).",
-    ),
-    Option(
-        "store",
-        "--compile-cache-store",
-        _nonblank,
-        None,
-        "restore a bundle from and save one to this store: a directory, file:///path or s3://bucket/prefix.",
-    ),
-    Option("readonly", "--compile-cache-readonly", _flag, False, "restore but never save.", flag=True),
-    Option(
-        "restore",
-        "--compile-cache-restore",
-        _choice(RESTORE),
-        "auto",
-        "auto: restore from the store at start; skip: the cache dir was already restored (the Action).",
-    ),
-    Option(
-        "key_prefix",
-        "--compile-cache-key-prefix",
-        _key_prefix,
-        DEFAULT_PREFIX,
-        "first part of every bundle key; change it to start afresh.",
-    ),
-    Option(
-        "key_salt",
-        "--compile-cache-key-salt",
-        _text,
-        "",
-        "extra text mixed into the fingerprint (e.g. a model revision).",
-    ),
-    Option(
-        "run_suffix",
-        "--compile-cache-run-suffix",
-        _key_part,
-        None,
-        "last part of the saved key (default: time and process; the Action passes run id and attempt).",
-    ),
-    Option(
-        "strict",
-        "--compile-cache-strict",
-        _flag,
-        False,
-        "make store and bundle trouble fail the session instead of warning.",
-        flag=True,
-    ),
-    Option(
-        "keep_bundles",
-        "--compile-cache-keep-bundles",
-        _count,
-        3,
-        "keep this many newest bundles per fingerprint in the store after a save.",
-    ),
-    Option(
-        "max_size",
-        "--compile-cache-max-size",
-        parse_size,
-        None,
-        "shared: cap the cache dir (e.g. 2G), evicting least recently used entries at the end.",
-    ),
-    Option(
-        "max_bundle_size",
-        "--compile-cache-max-bundle-size",
-        parse_size,
-        2 * 1024**3,
-        "refuse to download, unpack or write a bundle larger than this (e.g. 4G); default 2G.",
-    ),
-    Option(
-        "redis",
-        "--compile-cache-redis",
-        _redis_url,
-        None,
-        "turn on torch's Redis remote caches (FX graph, AOTAutograd, autotune) at this URL.",
-    ),
-    Option(
-        "s3_endpoint",
-        "--compile-cache-s3-endpoint",
-        http_url,
-        None,
-        "S3-compatible endpoint URL (default: AWS_ENDPOINT_URL or AWS).",
-    ),
-    Option(
-        "store_timeout",
-        "--compile-cache-store-timeout",
-        parse_seconds,
-        DEFAULT_STORE_TIMEOUT,
-        "seconds a restore, and a save, may wait for the store in all; then one warning (default 300).",
-    ),
-)
+# name -> (parser, default); the spellings and help are in options.TABLE, in the order pytest lists them.
+_PARSING: dict[str, tuple[Callable[[str, str], Any], Any]] = {
+    "mode": (_choice(MODES), None),
+    "dir": (_nonblank, None),
+    "keep": (_flag, False),
+    "report": (_choice(REPORTS), "short"),
+    "json": (_nonblank, None),
+    "summary": (_choice(SUMMARY), "auto"),
+    "explain": (_switch, True),
+    "min_hit_rate": (_rate, None),
+    "store": (_nonblank, None),
+    "readonly": (_flag, False),
+    "restore": (_choice(RESTORE), "auto"),
+    "key_prefix": (_key_prefix, DEFAULT_PREFIX),
+    "key_salt": (_text, ""),
+    "run_suffix": (_key_part, None),
+    "strict": (_flag, False),
+    "keep_bundles": (_count, 3),
+    "max_size": (parse_size, None),
+    "max_bundle_size": (parse_size, 2 * 1024**3),
+    "redis": (_redis_url, None),
+    "s3_endpoint": (http_url, None),
+    "store_timeout": (parse_seconds, DEFAULT_STORE_TIMEOUT),
+}
+
+OPTIONS: tuple[Option, ...] = tuple(Option(name, cli, *_PARSING[name], help, flag) for name, cli, flag, help in TABLE)
 
 
 class Settings(NamedTuple):

@@ -40,13 +40,17 @@ What this module may delete, and when (the contract every caller relies on):
 The package, one file per concern: :mod:`.layout` (the names: ours, torch's, temp names), :mod:`.owner`
 (whose dir, the one refusal rule), :mod:`.dirs` (the dir for each mode, paths torch can build in, the lock),
 :mod:`.registry` (live sessions), :mod:`.trimming` (trim, evict, touch), :mod:`.sweep` (leftovers).
-Callers import from here.
+Callers import from here (:mod:`.trimming` loads on first use).
 PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
 
-from ..settings import SESSION_ENV
+import importlib
+from typing import TYPE_CHECKING
+from typing import Any
+
+from ..options import SESSION_ENV
 from .dirs import SessionDir
 from .dirs import clear_pytest_cache_keeping
 from .dirs import decide
@@ -78,11 +82,13 @@ from .registry import register_session
 from .sweep import STALE_AFTER
 from .sweep import TORCH_TEMP_GRACE
 from .sweep import sweep_dead_writers
-from .trimming import MIN_AGE
-from .trimming import Trim
-from .trimming import evict
-from .trimming import touch
-from .trimming import trim
+
+if TYPE_CHECKING:
+    from .trimming import MIN_AGE
+    from .trimming import Trim
+    from .trimming import evict
+    from .trimming import touch
+    from .trimming import trim
 
 __all__ = [
     "GRAPHS_RECORD", "LOCK_NAME", "MIN_AGE", "OUR_NAMES", "PENDING_DIR", "SESSIONS_DIR", "SESSION_ENV", "STALE_AFTER",
@@ -92,3 +98,16 @@ __all__ = [
     "register_session", "remove", "remove_dir", "safe_temp_dir", "sweep_dead_writers", "touch", "trim",
     "unsafe_dir_reason",
 ]  # fmt: skip
+
+
+# Loaded on first use (PEP 562): a session without a size cap and without compiles never trims or touches,
+# and the session start should not pay for the module. Not cached in this namespace: the submodule stays
+# the one home of each name (a harness that unloads modules, like pytester, never sees a stale one).
+_LAZY = {"MIN_AGE": "trimming", "Trim": "trimming", "evict": "trimming", "touch": "trimming", "trim": "trimming"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import ConfigError
-from ..settings import SESSION_ENV
+from ..options import SESSION_ENV
 from .layout import DIR_NOFOLLOW
 from .layout import LOCK_NAME
 from .owner import ownership

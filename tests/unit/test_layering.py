@@ -32,7 +32,7 @@ LAYERS: list[set[str]] = [
     {"stats", "settings", "probe"},
     {"explain", "remote", "headers"},
     {"ghrunner", "_fs", "_env"},
-    {"_version", "errors"},
+    {"_version", "errors", "options"},
 ]
 ONLY = {
     "pytest": {"plugin"},
