@@ -9,7 +9,7 @@
   act, in host mode, passes on from its own environment.
 * ``actions/cache@v5`` (and its ``restore`` subpath) is the stand-in in ``stand-in/cache`` running the real
   ``@actions/cache`` from npm (``stand-in/node_modules``, installed by ``scripts/install-tools.sh``), and
-  ``actions/github-script@v8`` the one in ``stand-in/github-script`` (it runs a script as the real one does);
+  ``actions/github-script@v9`` the one in ``stand-in/github-script`` (it runs a script as the real one does);
   ``compilecache/pytest-compilecache@v1`` is a copy of this repository's Action (:func:`action_copy`), so
   workflows use it as users do, from another repository.
 
@@ -42,7 +42,7 @@ ACTION = "compilecache/pytest-compilecache@v1"
 # The files the Action needs from its repository (the whole checkout would carry .venv along).
 ACTION_FILES = ("action.yml", "action", "pytest_compilecache", "pyproject.toml", "README.md", "LICENSE")
 # GitHub's actions the jobs use, each played by a stand-in folder under STAND_IN (act's --local-repository).
-STAND_INS = {"actions/cache@v5": "cache", "actions/github-script@v8": "github-script"}
+STAND_INS = {"actions/cache@v5": "cache", "actions/github-script@v9": "github-script"}
 # A job's environment must not leak into act's jobs, which inherit act's environment in host mode.
 LEAKY_PREFIXES = ("GITHUB_", "RUNNER_", "ACTIONS_", "PYTEST_", "INPUT_", "TORCHINDUCTOR_", "TRITON_", "STATE_")
 

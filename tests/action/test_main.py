@@ -761,7 +761,7 @@ def test_action_yml_names_one_literal_workspace_relative_path_on_actions_cache_v
     # the service's URL and token) asks the service whether it answers, only when nothing was restored.
     probe = steps[ids.index("probe")]
     assert ids.index("cache-readonly") < ids.index("probe") < ids.index("restore")
-    assert probe["uses"] == "actions/github-script@v8" and probe.get("continue-on-error") is True
+    assert probe["uses"] == "actions/github-script@v9" and probe.get("continue-on-error") is True
     assert "cache-hit) == ''" in probe["if"] and "transfer == 'github'" in probe["if"]
     assert "${{" not in probe["with"]["script"]  # what it needs comes through env: no expression in code
     assert restore["env"]["COMPILECACHE_SERVICE_STATUS"] == "${{ steps.probe.outputs.status }}"

@@ -1,4 +1,4 @@
-// actions/github-script@v8's main step (src/main.ts) for the tests: `script` runs as the body of an async
+// actions/github-script@v9's main step (src/main.ts) for the tests: `script` runs as the body of an async
 // function, with @actions/core (from NODE_PATH, as the stand-in for actions/cache finds it); no octokit,
 // which the Action's script does not use.
 "use strict";
