@@ -46,10 +46,11 @@ def stage_bundles(staging: Path, inbox: Path) -> list[str]:
     return moved
 
 
-# actions/cache's client retries a lookup that fails with 500, 502, 503 or 504 five times, sleeping 3 s, then
-# 4.5-6.75 s, 6.75-10.1 s and 10.1-15.2 s (@actions/cache 5.x, cacheTwirpClient: at least 24.4 s in all) before
-# it gives up and logs "Failed to restore"; a lookup that finds nothing is one request. An actions/cache step
-# that restored nothing, found nothing and took this long was the service failing, not a miss.
+# actions/cache's client retries a lookup that fails with 500, 502, 503 or 504, or whose answer is not JSON, five
+# times, sleeping 3 s, then 4.5-6.75 s, 6.75-10.1 s and 10.1-15.2 s (@actions/cache 5.x, cacheTwirpClient: at
+# least 24.4 s in all) before it gives up and logs "Failed to restore"; a lookup that finds nothing is one request.
+# An actions/cache step that restored nothing, found nothing and took this long was the service failing, not a
+# miss. A lookup refused at once is not retried: the probe step's answer tells it (CacheSteps.refusal).
 LOOKUP_GAVE_UP_SECONDS = 20.0
 # The client downloads into RUNNER_TEMP/<random UUID>/ (cacheUtils.createTempDirectory), made only after its
 # lookup found an entry, and removes the archive but not the dir: a new one means an entry was found.
@@ -66,20 +67,25 @@ def client_dirs(temp: Path) -> list[str]:
 
 @dataclass(frozen=True)
 class CacheSteps:
-    """What action.yml's one ``actions/cache`` step (one lookup, with the client's retries) left behind.
+    """What action.yml's one ``actions/cache`` step (one lookup, with the client's retries) left behind, and
+    what the cache service answered the probe step that follows it when nothing was restored.
 
     ``outcome``: the step's outcome (``success``, ``failure``: ``continue-on-error`` keeps the job going);
     ``hit``: its ``cache-hit`` output, which actions/cache leaves unset on a miss and sets to ``false`` when
     the cache service is not configured; ``found``: the client made a download dir (its lookup found an
-    entry); ``seconds``: from the end of the plan step to the restore step, the actions/cache step's time.
-    actions/cache turns its client's errors into log lines, never a failed step, so ``found`` and
-    ``seconds`` are what tell a failed download and a failing lookup from a miss (see :meth:`trouble`).
+    entry); ``seconds``: from the end of the plan step to the restore step, the actions/cache step's time;
+    ``service``: the probe's HTTP status (``200``...), ``unreachable`` (no answer: ``detail`` names the
+    network error), ``not-asked`` (not the v2 service) or empty (no probe ran); ``detail``: the twirp
+    error's code and message. actions/cache turns its client's errors into log lines, never a failed step,
+    so these are what tell a failed download, a failing lookup and a refused one from a miss (:meth:`trouble`).
     """
 
     outcome: str = ""
     hit: str = ""
     found: bool = False
     seconds: float = 0.0
+    service: str = ""
+    detail: str = ""
 
     @classmethod
     def observe(cls, plan: Plan, environ: Mapping[str, str], now: float | None = None) -> CacheSteps:
@@ -93,14 +99,12 @@ class CacheSteps:
             hit=environ.get("COMPILECACHE_CACHE_HIT", "").strip(),
             found=bool(new_dirs),
             seconds=seconds,
+            service=environ.get("COMPILECACHE_SERVICE_STATUS", "").strip(),
+            detail=environ.get("COMPILECACHE_SERVICE_DETAIL", "").strip(),
         )
 
     def trouble(self, staged: bool) -> str | None:
-        """Why the restore failed, in words, or None (a restore, or a real miss).
-
-        Not told apart from a miss: a service that refuses at once without retries (connection refused, a 4xx,
-        a rate limit); actions/cache's log names it.
-        """
+        """Why the restore failed, in words, or None (a restore, or a real miss: the service answered)."""
         if self.outcome == "failure":
             return "the actions/cache step failed (see its log)"
         if staged:
@@ -114,7 +118,26 @@ class CacheSteps:
                 f"the cache service did not answer the lookup (actions/cache retried for {self.seconds:.0f} s and "
                 "restored nothing: see its log)"
             )
-        return None
+        return self.refusal()
+
+    def refusal(self) -> str | None:
+        """The probe's answer, when it was not the service answering: why nothing was restored, or None.
+
+        The client reads a lookup refused at once (connection refused, a 4xx, a rate limit) as no entry
+        (@actions/cache 5.x: cacheTwirpClient.ts retries only 502, 504, 500 and 503 and bodies that are not
+        JSON; cache.ts logs every other error and returns nothing); the probe asks the same service again.
+        """
+        read = "actions/cache read it as no entry"
+        if self.service == "unreachable":
+            return f"the cache service is unreachable ({self.detail or 'no answer'}); {read}"
+        if not self.service.isdigit() or int(self.service) < 400:
+            return None  # it answered (a real miss), or it was not asked
+        status, why = int(self.service), f": {self.detail}" if self.detail else ""
+        if status == 429:
+            return f"the cache service refused the lookup: rate limited (HTTP 429{why}); {read}"
+        if status < 500:
+            return f"the cache service refused the lookup (HTTP {status}{why}); {read}"
+        return f"the cache service failed (HTTP {status}{why}); {read}"
 
 
 def restore(plan: Plan, environ: Mapping[str, str]) -> RestoreResult:
@@ -317,6 +340,7 @@ def restore_markdown(plan: Plan, result: RestoreResult) -> str:
 
     Every value that did not come from this file (keys, messages, the store URL) is escaped.
     """
+    from pytest_compilecache.action_api import STAGED_MESSAGE
     from pytest_compilecache.action_api import ghrunner
     from pytest_compilecache.action_api import human_size
 
@@ -343,10 +367,7 @@ def restore_markdown(plan: Plan, result: RestoreResult) -> str:
             "; ".join(f"{key}: {why}" for key, why in result.skipped)
         )
     if plan.save and plan.transfer == "github":
-        saving = (
-            f"{md_code(plan.key)} if the tests compile something new: staged for upload at job end "
-            "(actions/cache uploads it if the job succeeds)"
-        )
+        saving = f"{md_code(plan.key)} if the tests compile something new: {md_text(STAGED_MESSAGE)}"
         if plan.save_on_failure:
             saving += (
                 "; save-on-failure cannot be honoured with store: github (actions/cache saves only when the "

@@ -296,7 +296,12 @@ class SavePolicy(NamedTuple):
     staged: bool = False
 
 
-STAGED_MESSAGE = "staged for upload at job end (actions/cache uploads it if the job succeeds)"
+# Nothing in the job learns how the upload went: actions/cache's post step runs after every step (the runner
+# queues post steps once the main steps are done), so the next run's restore is where it shows.
+STAGED_MESSAGE = (
+    "staged for upload at job end (actions/cache uploads it after the last step if the job succeeds; "
+    "the next run's restore reports the result)"
+)
 
 
 def write_handoff(result: RestoreResult, policy: SavePolicy | None = None) -> str:

@@ -8,7 +8,8 @@
   client reads (``ACTIONS_CACHE_SERVICE_V2``, ``ACTIONS_RESULTS_URL``, ``ACTIONS_RUNTIME_TOKEN``), which
   act, in host mode, passes on from its own environment.
 * ``actions/cache@v5`` (and its ``restore`` subpath) is the stand-in in ``stand-in/cache`` running the real
-  ``@actions/cache`` from npm (``stand-in/node_modules``, installed by ``scripts/install-tools.sh``);
+  ``@actions/cache`` from npm (``stand-in/node_modules``, installed by ``scripts/install-tools.sh``), and
+  ``actions/github-script@v9`` the one in ``stand-in/github-script`` (it runs a script as the real one does);
   ``compilecache/pytest-compilecache@v1`` is a copy of this repository's Action (:func:`action_copy`), so
   workflows use it as users do, from another repository.
 
@@ -40,9 +41,12 @@ STAND_IN = Path(__file__).resolve().parent / "stand-in"
 ACTION = "compilecache/pytest-compilecache@v1"
 # The files the Action needs from its repository (the whole checkout would carry .venv along).
 ACTION_FILES = ("action.yml", "action", "pytest_compilecache", "pyproject.toml", "README.md", "LICENSE")
+# GitHub's actions the jobs use, each played by a stand-in folder under STAND_IN (act's --local-repository).
+STAND_INS = {"actions/cache@v5": "cache", "actions/github-script@v9": "github-script"}
 # A job's environment must not leak into act's jobs, which inherit act's environment in host mode.
 LEAKY_PREFIXES = ("GITHUB_", "RUNNER_", "ACTIONS_", "PYTEST_", "INPUT_", "TORCHINDUCTOR_", "TRITON_", "STATE_")
 
+# Files are named by the job, and by its leg where a matrix has a `shard` (test-0, test-1: one job id).
 COLLECT = """\
       - name: Collect
         if: always()
@@ -50,11 +54,13 @@ COLLECT = """\
         env:
           STEPS: ${{ toJSON(steps) }}
           OUT: %(out)s
+          SHARD: ${{ matrix.shard }}
         run: |
           mkdir -p "$OUT"
-          printf '%%s' "$STEPS" > "$OUT/steps-$GITHUB_JOB.json"
+          name="$GITHUB_JOB${SHARD:+-$SHARD}"
+          printf '%%s' "$STEPS" > "$OUT/steps-$name.json"
           report="${{ steps.cc.outputs.report }}"
-          if [ -n "$report" ] && [ -f "$report" ]; then cp "$report" "$OUT/report-$GITHUB_JOB.json"; fi
+          if [ -n "$report" ] && [ -f "$report" ]; then cp "$report" "$OUT/report-$name.json"; fi
 """
 
 
@@ -138,59 +144,91 @@ class Act:
 
         The runtime token carries ``scopes`` (default: what GitHub gives this event, see ``scopes_for``).
         """
-        from tests.action.cache_server import scopes_for
-
         self.runs += 1
         run_id = run_id if run_id is not None else 1000 + self.runs
         out = self.root / f"out-{run_id}"
         self.write(".github/workflows/ci.yml", workflow % {"out": out})
-        event_data: dict[str, Any] = {"repository": {"default_branch": "main", "full_name": "o/r"}, **(payload or {})}
-        if event in ("push", "workflow_dispatch"):
-            event_data.setdefault("ref", ref)
-        base_ref = str(event_data.get("pull_request", {}).get("base", {}).get("ref", "main"))
-        if event == "pull_request":
-            ref = f"refs/pull/{event_data.get('number', 1)}/merge"
-        # A checkout: act copies the workspace into the job's own directory, as git sees it.
-        git = ["git", "-C", str(self.workspace), "-c", "user.name=ci", "-c", "user.email=ci@example.invalid"]
-        subprocess.run([*git, "add", "-A"], check=True)
-        subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", f"run {run_id}"], check=True)
-        event_file = self.root / f"event-{run_id}.json"
-        event_file.write_text(json.dumps(event_data))
-        token = self.server.token(scopes if scopes is not None else scopes_for(event, ref, base_ref=base_ref))
-        environ = {k: v for k, v in os.environ.items() if not k.startswith(LEAKY_PREFIXES)}
-        environ.update(
-            PATH=str(Path(sys.executable).parent) + os.pathsep + environ.get("PATH", ""),
-            NODE_PATH=str(stand_in() / "node_modules"),
-            ACTIONS_CACHE_SERVICE_V2="true",
-            ACTIONS_RESULTS_URL=self.server.url,
-            ACTIONS_RUNTIME_TOKEN=token,
-            **torchenv.TORCH_SETTINGS,  # the suite's torch settings (tests/torchenv.py)
-            **(env or {}),
-        )
-        argv = [
-            act_binary(),
+        result = play(
+            self.root,
+            self.workspace / ".github" / "workflows" / "ci.yml",
             event,
-            "-W",
-            str(self.workspace / ".github" / "workflows" / "ci.yml"),
-            "-e",
-            str(event_file),
-            "-P",
-            "ubuntu-latest=-self-hosted",
-            "--no-cache-server",
-            "--action-cache-path",
-            str(self.root / "act-cache"),
-            "--local-repository",
-            f"actions/cache@v5={STAND_IN / 'cache'}",
-            "--local-repository",
-            f"{ACTION}={self.action}",
-            "--env",
-            f"GITHUB_RUN_ID={run_id}",
-            "--concurrent-jobs",
-            "2",
-        ]
-        result = subprocess.run(
-            argv, cwd=self.workspace, env=environ, capture_output=True, text=True, timeout=900, check=False
+            server=self.server,
+            ref=ref,
+            payload=payload,
+            scopes=scopes,
+            run_id=run_id,
+            actions={ACTION: self.action},
+            env=env,
         )
         out.mkdir(parents=True, exist_ok=True)
         (out / "act.log").write_text(result.stdout + result.stderr)
         return Run(result.returncode, result.stdout + result.stderr, out)
+
+
+def play(
+    root: Path,
+    workflow: Path,
+    event: str,
+    *,
+    server: CacheServer,
+    run_id: int,
+    actions: Mapping[str, Path],
+    ref: str = "refs/heads/main",
+    payload: Mapping[str, Any] | None = None,
+    scopes: list[dict[str, Any]] | None = None,
+    env: Mapping[str, str] | None = None,
+    python: Path = Path(sys.executable),
+) -> subprocess.CompletedProcess[str]:
+    """One act run of ``workflow`` (a file in a git workspace, ``.github/workflows/`` of it) for ``event``.
+
+    Commits the workspace first (act copies the job's checkout from what git sees). The event payload names
+    the default branch ``main``; a pull request's ref is its merge ref. The runtime token carries ``scopes``
+    (default: what GitHub gives this event, :func:`~tests.action.cache_server.scopes_for`). ``actions`` are
+    mapped onto local directories, with :data:`STAND_INS`; ``env`` goes to the jobs, whose ``PATH`` starts
+    with ``python``'s folder (act in host mode runs every step with the ``python`` first on ``PATH``).
+    """
+    from tests.action.cache_server import scopes_for
+
+    workspace = workflow.parents[2]
+    event_data: dict[str, Any] = {"repository": {"default_branch": "main", "full_name": "o/r"}, **(payload or {})}
+    if event in ("push", "workflow_dispatch"):
+        event_data.setdefault("ref", ref)
+    base_ref = str(event_data.get("pull_request", {}).get("base", {}).get("ref", "main"))
+    if event == "pull_request":
+        ref = f"refs/pull/{event_data.get('number', 1)}/merge"
+    git = ["git", "-C", str(workspace), "-c", "user.name=ci", "-c", "user.email=ci@example.invalid"]
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", f"run {run_id}"], check=True)
+    event_file = root / f"event-{run_id}.json"
+    event_file.write_text(json.dumps(event_data))
+    token = server.token(scopes if scopes is not None else scopes_for(event, ref, base_ref=base_ref))
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(LEAKY_PREFIXES)}
+    environ.update(
+        PATH=str(python.parent) + os.pathsep + environ.get("PATH", ""),
+        NODE_PATH=str(stand_in() / "node_modules"),
+        ACTIONS_CACHE_SERVICE_V2="true",
+        ACTIONS_RESULTS_URL=server.results_url,
+        ACTIONS_RUNTIME_TOKEN=token,
+        **torchenv.TORCH_SETTINGS,  # the suite's torch settings (tests/torchenv.py)
+        **(env or {}),
+    )
+    argv = [
+        act_binary(),
+        event,
+        "-W",
+        str(workflow),
+        "-e",
+        str(event_file),
+        "-P",
+        "ubuntu-latest=-self-hosted",
+        "--no-cache-server",
+        "--action-cache-path",
+        str(root / "act-cache"),
+        "--env",
+        f"GITHUB_RUN_ID={run_id}",
+        "--concurrent-jobs",
+        "2",
+    ]
+    for name, directory in {**{name: STAND_IN / folder for name, folder in STAND_INS.items()}, **actions}.items():
+        argv += ["--local-repository", f"{name}={directory}"]
+    return subprocess.run(argv, cwd=workspace, env=environ, capture_output=True, text=True, timeout=900, check=False)

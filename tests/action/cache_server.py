@@ -35,7 +35,10 @@ The rules GitHub's service enforces, as far as a client can observe them:
 
 Fault injection for the tests: :attr:`CacheServer.fail_downloads` answers every blob ``GET`` with 403 (a
 download that fails after the lookup found an entry); :attr:`CacheServer.fail_lookups` answers every
-``GetCacheEntryDownloadURL`` with 500 (an outage of the service: the client retries it, then gives up).
+``GetCacheEntryDownloadURL`` with 500 (an outage of the service: the client retries it, then gives up);
+:attr:`CacheServer.refuse_lookups` answers it with that 4xx status and a twirp error at once (the client
+does not retry: it logs the error and reports no entry); :attr:`CacheServer.refuse_connections` makes
+:attr:`CacheServer.results_url` a port on 127.0.0.1 that refuses every connection (bound, never listening).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import itertools
 import json
 import re
 import secrets
+import socket
 import threading
 import time
 import urllib.parse
@@ -61,6 +65,14 @@ __all__ = ["CacheEntry", "CacheServer", "scopes_for"]
 
 TWIRP = "/twirp/github.actions.results.api.v1.CacheService/"
 READ, WRITE = 1, 2
+# The twirp error code of each HTTP status a refusal uses (twirp's spec maps codes to statuses).
+TWIRP_CODES = {
+    400: "invalid_argument",
+    401: "unauthenticated",
+    403: "permission_denied",
+    404: "bad_route",
+    429: "resource_exhausted",
+}
 # The container and account names in signed blob URLs; the SDK reads them from the path of an IP endpoint.
 ACCOUNT, CONTAINER = "devstoreaccount1", "actions-cache"
 
@@ -116,8 +128,12 @@ class CacheServer:
     def __init__(self) -> None:
         self.entries: list[CacheEntry] = []
         self.requests: list[tuple[str, str]] = []  # (method, path) in arrival order, for the tests
+        self.lookup_agents: list[str] = []  # the User-Agent of each GetCacheEntryDownloadURL, in arrival order
         self.fail_downloads = False
         self.fail_lookups = False
+        self.refuse_lookups: int | None = None  # a 4xx status for every lookup
+        self.refuse_connections = False
+        self._refusing: socket.socket | None = None
         self._secret = secrets.token_bytes(32)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -130,10 +146,23 @@ class CacheServer:
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="cache-server", daemon=True)
         self._thread.start()
 
+    @property
+    def results_url(self) -> str:
+        """What a job gets as ``ACTIONS_RESULTS_URL``: :attr:`url`, or with :attr:`refuse_connections` a port
+        that refuses connections (bound and never listening, so no other process can take it meanwhile)."""
+        if not self.refuse_connections:
+            return self.url
+        if self._refusing is None:
+            self._refusing = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self._refusing.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{self._refusing.getsockname()[1]}/"
+
     def stop(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join()
+        if self._refusing is not None:
+            self._refusing.close()
 
     def __enter__(self) -> CacheServer:
         return self
@@ -207,6 +236,9 @@ class CacheServer:
     def lookup(self, scopes: list[dict[str, Any]], body: dict[str, Any]) -> dict[str, Any]:
         if self.fail_lookups:
             raise TwirpError(500, "internal", "injected outage of the cache service")
+        if self.refuse_lookups is not None:
+            code = TWIRP_CODES.get(self.refuse_lookups, "failed_precondition")
+            raise TwirpError(self.refuse_lookups, code, "injected refusal of the cache service")
         key, version = str(body.get("key") or ""), str(body.get("version") or "")
         restore_keys = [str(k) for k in body.get("restore_keys") or []]
         entry = self.find([s["Scope"] for s in scopes if s["Permission"] & READ], key, restore_keys, version)
@@ -328,6 +360,8 @@ class _Handler(BaseHTTPRequestHandler):
             "GetCacheEntryDownloadURL": self.service.lookup,
         }
         name = path.removeprefix(TWIRP)
+        if name == "GetCacheEntryDownloadURL":
+            self.service.lookup_agents.append(self.headers.get("User-Agent", ""))
         if not path.startswith(TWIRP) or name not in methods:
             self._json(404, {"code": "bad_route", "msg": f"no handler for {path}"})
             return

@@ -86,6 +86,15 @@ def test_fails():
 """
 
 
+def job(name: str, steps: str, *, matrix: str = "") -> str:
+    """One job of a test workflow: the checkout, ``steps`` (YAML, indented as steps), then Collect.
+
+    ``matrix``: one line of ``strategy.matrix`` (``shard: [0, 1]``): Collect names each leg's files."""
+    strategy = f"    strategy:\n      matrix:\n        {matrix}\n" if matrix else ""
+    checkout = "      - uses: actions/checkout@v7\n"
+    return f"  {name}:\n    runs-on: ubuntu-latest\n{strategy}    steps:\n{checkout}{steps}{COLLECT}"
+
+
 def workflow(
     *,
     jobs: tuple[str, ...] = ("test",),
@@ -93,16 +102,10 @@ def workflow(
     uses: str = ACTION,
     tests: str = "python -m pytest -q",
     on: str = "[push, pull_request, merge_group]",
+    matrix: str = "",
 ) -> str:
     """A workflow of ``jobs`` (same steps each): the Action (``id: cc``), the tests, Collect."""
-    text = f"on: {on}\njobs:\n"
-    for job in jobs:
-        text += (
-            f"""\
-  {job}:
-    runs-on: ubuntu-latest
-    steps:
-      - uses: actions/checkout@v6
+    steps = f"""\
       - id: cc
         uses: {uses}
         with:
@@ -112,9 +115,7 @@ def workflow(
         id: tests
         run: {tests}
 """
-            + COLLECT
-        )
-    return text
+    return f"on: {on}\njobs:\n" + "".join(job(name, steps, matrix=matrix) for name in jobs)
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +153,15 @@ def fresh_runner(act: Act) -> dict[str, str]:
     path = act.root / f"tmp-{act.runs + 1}"  # the next run's number
     path.mkdir()
     return {"TMPDIR": str(path)}
+
+
+# The User-Agent of the Action's probe step (action.yml), which asks the service whether it answers.
+PROBE = "pytest-compilecache-probe"
+
+
+def client_lookups(server: CacheServer) -> int:
+    """How many lookups actions/cache's client made (the probe's question aside)."""
+    return sum(1 for agent in server.lookup_agents if agent != PROBE)
 
 
 def header_objects(server: CacheServer, key: str) -> list[str]:
@@ -195,6 +205,7 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
     # Issue 26: the plugin only staged the bundle; actions/cache's post step uploads it at job end.
     assert second.report()["save"]["outcome"] == "staged"
     assert "save: staged " in second.log and "staged for upload at job end" in shown(second.summary())
+    assert "the next run's restore reports the result" in shown(second.summary())
     assert second.report()["save"]["headers"] == {**second.report()["save"]["headers"], "named": 1, "transferred": 0}
     assert sorted(server.keys()) == sorted([out["key"], header_key, out2["key"]])
     assert header_objects(server, out2["key"]) == []  # ~21 MiB less in every later bundle entry
@@ -210,6 +221,8 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
     )
     assert_succeeded(pull)
     assert (pull.outputs()["restore-outcome"], pull.outputs()["matched-key"]) == ("partial", out2["key"])
+    # Where the second push's upload shows: the next restore names the run whose entry it found.
+    assert "(the newest saved: run 1002 attempt 1)" in shown(pull.summary())
     assert totals(pull)["misses"] == 0
     assert f"installed, from its actions/cache entry {header_key}" in pull.log
     assert "nothing: save: auto restores only on pull_request" in shown(pull.summary())
@@ -261,8 +274,42 @@ def test_an_outage_of_the_lookup_is_an_error_and_lifts_min_hit_rate(act: Act, se
     assert "error: the cache service did not answer the lookup" in summary
     assert "min-hit-rate 0.9 not applied: the restore failed" in summary
     assert run.log.count("::warning title=compile cache::the cache service did not answer the lookup") == 1
-    lookups = [path for method, path in server.requests if path.endswith("GetCacheEntryDownloadURL")]
-    assert len(lookups) == 5, lookups  # one lookup, with the client's 5 attempts; no lookup-only step
+    # One lookup, with the client's 5 attempts (no lookup-only step), and the probe's one question.
+    assert client_lookups(server) == 5 and server.lookup_agents.count(PROBE) == 1, server.lookup_agents
+
+
+@pytest.mark.parametrize(
+    ("fault", "said"),
+    [
+        ("connection refused", "the cache service is unreachable (ECONNREFUSED)"),
+        (403, "the cache service refused the lookup (HTTP 403: permission_denied: injected refusal"),
+        (404, "the cache service refused the lookup (HTTP 404: bad_route: injected refusal"),
+        (429, "the cache service refused the lookup: rate limited (HTTP 429: resource_exhausted"),
+    ],
+)
+def test_a_lookup_refused_at_once_is_an_error_not_a_miss(
+    act: Act, server: CacheServer, fault: int | str, said: str
+) -> None:
+    """Issue 26: a service that refuses at once (no retries: actions/cache's client logs the error and reports no
+    entry, outputs and files exactly as a miss) is told from a miss by the Action's probe step, which asks the
+    service once: outcome ``error``, one warning, ``min-hit-rate`` not applied, the job green."""
+    act.write("test_models.py", MATMUL_SUITE)
+    if fault == "connection refused":
+        server.refuse_connections = True
+    else:
+        server.refuse_lookups = int(fault)
+    run = act.run(workflow(with_='          min-hit-rate: "0.9"'), "push")
+    assert run.returncode == 0, run.log[-6000:]
+    steps = run.steps()
+    assert (steps["cc"]["outcome"], steps["tests"]["outcome"]) == ("success", "success")
+    assert run.outputs()["restore-outcome"] == "error"
+    assert "Failed to restore" in run.log  # actions/cache's own line: it saw the refusal and said "no entry"
+    summary = shown(run.summary())
+    assert f"error: {said}" in summary and "min-hit-rate 0.9 not applied: the restore failed" in summary
+    warnings = [line for line in run.log.splitlines() if "::warning title=compile cache::" in line]
+    assert len(warnings) == 1 and said in warnings[0], warnings
+    if fault != "connection refused":  # one lookup, not retried, and one question
+        assert client_lookups(server) == 1 and server.lookup_agents.count(PROBE) == 1, server.lookup_agents
 
 
 def test_two_jobs_with_one_fingerprint_keep_their_own_lineage(act: Act, server: CacheServer) -> None:
@@ -308,6 +355,8 @@ def test_a_job_whose_tests_fail(act: Act, server: CacheServer) -> None:
     steps = run.steps()
     assert (steps["cc"]["outcome"], steps["tests"]["outcome"]) == ("success", "failure")
     assert run.outputs()["restore-outcome"] == "miss"
+    # Nothing restored, so the probe asked the service, which answered: a miss stays a miss (issue 26).
+    assert (client_lookups(server), server.lookup_agents.count(PROBE)) == (1, 1), server.lookup_agents
     assert totals(run)["misses"] >= 2  # the plugin reported despite the failure
     assert "Run Post Restore the compile cache (actions/cache, saved at job end)" in run.log
     save = run.report()["save"]
@@ -333,19 +382,7 @@ runs:
       run: python -m pytest -q
 """,
     )
-    steps = (
-        """\
-on: [push]
-jobs:
-  test:
-    runs-on: ubuntu-latest
-    steps:
-      - uses: actions/checkout@v6
-      - id: cc
-        uses: ./.github/actions/tests
-"""
-        + COLLECT
-    )
+    steps = "on: [push]\njobs:\n" + job("test", "      - id: cc\n        uses: ./.github/actions/tests\n")
     run = act.run(steps, "push")
     assert run.returncode == 0, run.log[-6000:]
     keys = server.keys()
@@ -414,35 +451,9 @@ def test_cross():
     torch.testing.assert_close(torch.compile(lambda a, b: a.t() @ b)(x, w), x.t() @ w)
 """
 
-MATRIX_WORKFLOW = """\
-on: [push]
-jobs:
-  test:
-    runs-on: ubuntu-latest
-    strategy:
-      matrix:
-        shard: [0, 1]
-    steps:
-      - uses: actions/checkout@v6
-      - id: cc
-        uses: <ACTION>
-        with:
-          install: "false"
-      - name: Tests
-        id: tests
-        run: python -m pytest -q test_leg${{ matrix.shard }}.py
-      - name: Collect
-        if: always()
-        shell: bash
-        env:
-          STEPS: ${{ toJSON(steps) }}
-          OUT: %(out)s
-          LEG: test-${{ matrix.shard }}
-        run: |
-          mkdir -p "$OUT"
-          printf '%%s' "$STEPS" > "$OUT/steps-$LEG.json"
-          cp "${{ steps.cc.outputs.report }}" "$OUT/report-$LEG.json"
-""".replace("<ACTION>", ACTION)
+MATRIX_WORKFLOW = workflow(
+    on="[push]", matrix="shard: [0, 1]", tests="python -m pytest -q test_leg${{ matrix.shard }}.py"
+)
 
 
 def test_two_matrix_legs_keep_their_own_lineage_over_two_pushes(act: Act, server: CacheServer) -> None:

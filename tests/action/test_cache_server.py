@@ -141,3 +141,31 @@ def test_an_outage_of_the_lookup_can_be_injected(server: CacheServer) -> None:
     assert (status, body["code"]) == (500, "internal")
     server.fail_lookups = False
     assert lookup(server, MAIN, "k-1", []) == "k-1"
+
+
+@pytest.mark.parametrize(
+    ("status", "code"), [(403, "permission_denied"), (404, "bad_route"), (429, "resource_exhausted")]
+)
+def test_a_refusal_of_the_lookup_can_be_injected(server: CacheServer, status: int, code: str) -> None:
+    import sys
+
+    save(server, MAIN, "k-1")
+    server.refuse_lookups = status
+    refused = rpc(server, server.token(MAIN), "GetCacheEntryDownloadURL", {"key": "k-1", "version": "v1"})
+    assert (refused[0], refused[1]["code"]) == (status, code)
+    server.refuse_lookups = None
+    assert lookup(server, MAIN, "k-1", []) == "k-1"
+    agent = f"Python-urllib/{sys.version_info[0]}.{sys.version_info[1]}"
+    assert server.lookup_agents == [agent, agent]  # every lookup's User-Agent, in order
+
+
+def test_refused_connections_can_be_injected(server: CacheServer) -> None:
+    import socket
+
+    assert server.results_url == server.url
+    server.refuse_connections = True
+    url = server.results_url
+    assert url != server.url and url == server.results_url  # one port, held while the server lives
+    port = int(url.rstrip("/").rsplit(":", 1)[1])
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5)

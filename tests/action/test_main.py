@@ -364,6 +364,10 @@ def test_restore_markdown(action: ModuleType, environ: dict[str, str], fingerpri
     assert "partial: `k-1`, 4.0 KiB in 0.2 s, 3 files" in text
     # Issue 26: staged, not "saved": actions/cache's post step uploads it, and only if the job succeeds.
     assert f"`{plan.key}` if the tests compile something new: staged for upload at job end (actions/cache" in text
+    # ... after the last step: nothing in this job learns how it went; the next run's restore says what it found.
+    assert "uploads it after the last step if the job succeeds; the next run's restore reports the result" in shown(
+        text
+    )
     assert "| lineage | `compilecache-v1-test` |" not in text and "| lineage | `compilecache-v1-test` (" in text
     environ["GITHUB_EVENT_NAME"] = "pull_request"
     text = transfer.restore_markdown(inputs.make_plan(environ, fingerprint), RestoreResult("miss", message="a|b"))
@@ -540,6 +544,18 @@ def test_restore_command_warns_and_succeeds_on_trouble(
         # Issue 26: a lookup that failed until the client gave up (5 tries, at least 24 s) is not a miss.
         (transfer.CacheSteps("success", seconds=31.0), False, "did not answer the lookup"),
         (transfer.CacheSteps("success", seconds=31.0, found=True), True, None),  # a slow download, restored
+        # Issue 26: nothing restored, and the probe step's question was refused at once (the client read the
+        # same refusal as no entry), or the service answered it (a real miss), or no probe ran.
+        (transfer.CacheSteps("success", service="unreachable", detail="ECONNREFUSED"), False, "unreachable (ECONN"),
+        (transfer.CacheSteps("success", service="unreachable"), False, "unreachable (no answer)"),
+        (transfer.CacheSteps("success", service="403", detail="permission_denied: no"), False, "(HTTP 403: permi"),
+        (transfer.CacheSteps("success", service="404"), False, "refused the lookup (HTTP 404)"),
+        (transfer.CacheSteps("success", service="429"), False, "rate limited (HTTP 429)"),
+        (transfer.CacheSteps("success", service="503", detail="unavailable"), False, "failed (HTTP 503: unav"),
+        (transfer.CacheSteps("success", service="200"), False, None),  # it answered: a real miss
+        (transfer.CacheSteps("success", service="not-asked"), False, None),  # not the v2 service: not asked
+        (transfer.CacheSteps("success", service="500", seconds=31.0), False, "did not answer the lookup"),
+        (transfer.CacheSteps("success", "false", found=True, service="403"), True, None),  # restored: no probe ran
     ],
 )
 def test_cache_steps_tell_trouble_from_a_miss(
@@ -558,6 +574,9 @@ def test_cache_steps_observe_the_clients_download_dir_and_the_time(environ: dict
     assert plan.client_dirs == ["0b5e7c1e-54a8-4b4e-9f5c-1f0b8d4c1a22"]
     observed = transfer.CacheSteps.observe(plan, {"COMPILECACHE_CACHE_OUTCOME": "success"}, now=1003.0)
     assert observed == transfer.CacheSteps("success", "", found=False, seconds=3.0)
+    probed = {"COMPILECACHE_SERVICE_STATUS": " 403\n", "COMPILECACHE_SERVICE_DETAIL": "permission_denied: no"}
+    observed = transfer.CacheSteps.observe(plan, probed, now=1003.0)
+    assert (observed.service, observed.detail) == ("403", "permission_denied: no")
     (temp / "6f1c2d3e-0a1b-4c5d-8e9f-a0b1c2d3e4f5").mkdir()  # the client's lookup found an entry
     assert transfer.CacheSteps.observe(plan, {}, now=1040.0) == transfer.CacheSteps(found=True, seconds=40.0)
 
@@ -738,6 +757,15 @@ def test_action_yml_names_one_literal_workspace_relative_path_on_actions_cache_v
     restore = next(step for step in steps if step.get("id") == "restore")
     assert {"COMPILECACHE_CACHE_OUTCOME", "COMPILECACHE_CACHE_HIT"} <= set(restore["env"])
     assert not any("lookup-only" in step.get("with", {}) for step in cache_steps)
+    # Issue 26: between the bundle's actions/cache step and restore, a node step (the only kind the runner gives
+    # the service's URL and token) asks the service whether it answers, only when nothing was restored.
+    probe = steps[ids.index("probe")]
+    assert ids.index("cache-readonly") < ids.index("probe") < ids.index("restore")
+    assert probe["uses"] == "actions/github-script@v9" and probe.get("continue-on-error") is True
+    assert "cache-hit) == ''" in probe["if"] and "transfer == 'github'" in probe["if"]
+    assert "${{" not in probe["with"]["script"]  # what it needs comes through env: no expression in code
+    assert restore["env"]["COMPILECACHE_SERVICE_STATUS"] == "${{ steps.probe.outputs.status }}"
+    assert restore["env"]["COMPILECACHE_SERVICE_DETAIL"] == "${{ steps.probe.outputs.detail }}"
 
 
 # ---- the header entry (issue 10): store: github carries each precompiled header as its own entry

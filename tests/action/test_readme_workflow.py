@@ -6,7 +6,8 @@ has that this machine does not, all provided outside the workflow text:
 
 * ``compilecache/pytest-compilecache@<the README's ref>`` is a copy of this repository's Action
   (``--local-repository``, as :mod:`tests.action.actrun` does for ``@v1``), and ``actions/cache@v5`` the
-  stand-in running the real ``@actions/cache`` client against a local cache service;
+  stand-in running the real ``@actions/cache`` client against a local cache service (with the other
+  stand-ins, :data:`tests.action.actrun.STAND_INS`);
 * ``actions/setup-python@v7`` is a stand-in that only reports the interpreter: act in host mode runs every
   step with the ``python`` first on ``PATH``. That is a fresh venv here, which sees this interpreter's
   packages (torch, pytest, xdist) through a ``.pth`` line, so the README's ``pip install`` lines find their
@@ -19,8 +20,6 @@ A push to main compiles cold and saves a bundle; a pull request then restores it
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import subprocess
 import sys
@@ -30,14 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from tests import torchenv
-from tests.action.actrun import LEAKY_PREFIXES
-from tests.action.actrun import STAND_IN
-from tests.action.actrun import act_binary
 from tests.action.actrun import action_copy
-from tests.action.actrun import stand_in
+from tests.action.actrun import play
 from tests.action.cache_server import CacheServer
-from tests.action.cache_server import scopes_for
 from tests.action.test_act import MATMUL_SUITE
 from tests.action.test_act import PYTEST_INI
 
@@ -112,52 +106,23 @@ def fresh_python(root: Path) -> Path:
 
 def run_act(root: Path, workspace: Path, server: CacheServer, event: str, payload: dict[str, object]) -> str:
     """One act run of the workspace's workflow for ``event``; returns the log (asserting success)."""
-    ref = "refs/heads/main" if event == "push" else f"refs/pull/{payload.get('number', 1)}/merge"
-    event_data = {"repository": {"default_branch": "main", "full_name": "o/r"}, **payload}
-    if event == "push":
-        event_data["ref"] = ref
-    event_file = root / f"event-{event}.json"
-    event_file.write_text(json.dumps(event_data))
-    git = ["git", "-C", str(workspace), "-c", "user.name=ci", "-c", "user.email=ci@example.invalid"]
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", event], check=True)
-    workflow = (workspace / ".github" / "workflows" / "tests.yml").read_text()
+    workflow = workspace / ".github" / "workflows" / "tests.yml"
     setup_python = root / "setup-python"
     setup_python.mkdir(exist_ok=True)
     (setup_python / "action.yml").write_text(SETUP_PYTHON_STAND_IN)
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(LEAKY_PREFIXES)}
-    environ.update(
-        PATH=str(root / "venv" / "bin") + os.pathsep + environ.get("PATH", ""),
-        NODE_PATH=str(stand_in() / "node_modules"),
-        ACTIONS_CACHE_SERVICE_V2="true",
-        ACTIONS_RESULTS_URL=server.url,
-        ACTIONS_RUNTIME_TOKEN=server.token(scopes_for(event, ref, base_ref="main")),
-        TMPDIR=str(root / f"tmp-{event}"),  # a fresh runner: no precompiled header from earlier runs
-        **torchenv.TORCH_SETTINGS,
-    )
     (root / f"tmp-{event}").mkdir()
-    argv = [
-        act_binary(),
+    result = play(
+        root,
+        workflow,
         event,
-        "-W",
-        str(workspace / ".github" / "workflows" / "tests.yml"),
-        "-e",
-        str(event_file),
-        "-P",
-        "ubuntu-latest=-self-hosted",
-        "--no-cache-server",
-        "--action-cache-path",
-        str(root / "act-cache"),
-        "--local-repository",
-        f"actions/cache@v5={STAND_IN / 'cache'}",
-        "--local-repository",
-        f"actions/setup-python@v7={setup_python}",
-        "--local-repository",
-        f"{action_ref(workflow)}={root / 'action'}",
-        "--env",
-        f"GITHUB_RUN_ID={2000 + len(list(root.glob('event-*.json')))}",
-    ]
-    result = subprocess.run(argv, cwd=workspace, env=environ, capture_output=True, text=True, timeout=900)
+        server=server,
+        run_id=2001 + len(list(root.glob("event-*.json"))),
+        actions={"actions/setup-python@v7": setup_python, action_ref(workflow.read_text()): root / "action"},
+        payload=payload,
+        # a fresh runner: no precompiled header from earlier runs
+        env={"TMPDIR": str(root / f"tmp-{event}")},
+        python=root / "venv" / "bin" / "python",
+    )
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-6000:]
     return log

@@ -179,6 +179,7 @@ CURRENT_MAJORS = {
     "actions/setup-python": 7,
     "actions/cache": 5,
     "actions/cache/restore": 5,
+    "actions/github-script": 9,
     "aws-actions/configure-aws-credentials": 6,
     "actions/upload-artifact": 7,
     "actions/download-artifact": 8,
