@@ -1192,8 +1192,10 @@ def _compiled_header(path: str) -> Path | None:
 
 
 def _check_header(path: Any, rebuild: Any, compile_command: dict[str, Any]) -> None:
-    """Check the header at ``path`` once per process; when the compiler rejects it, remove it and have torch
-    build it again (``rebuild``: torch's uncached ``_precompile_header``), then check that one."""
+    """Check the header at ``path`` once per process (and once per file across processes: a file the
+    compiler accepted before, unchanged, is not compiled against again, ``headers.VERDICTS``); when the
+    compiler rejects it, remove it and have torch build it again (``rebuild``: torch's uncached
+    ``_precompile_header``), then check that one."""
     # cost: headers loads with the first header torch looks up, not with the plugin
     from . import headers
 
@@ -1206,7 +1208,7 @@ def _check_header(path: Any, rebuild: Any, compile_command: dict[str, Any]) -> N
 
     def verdict() -> tuple[str | None, os.stat_result]:
         info = os.lstat(compiled)
-        return headers.check(compiled, command), info
+        return headers.check(compiled, command, remember=True), info  # an accepted file is checked once
 
     name = compiled.name
     try:

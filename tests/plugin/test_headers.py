@@ -108,7 +108,7 @@ REAL_PATH = os.environ["PATH"]
 
 def _machine_env(root: Path, shims: Path, label: str) -> dict[str, str]:
     """A machine's variables: its own TMPDIR, the g++ shim first on PATH and its log, the probe's label."""
-    (root / "tmp").mkdir(parents=True)
+    (root / "tmp").mkdir(parents=True, exist_ok=True)  # exists when the machine runs a second session
     real_path = REAL_PATH
     return {
         "TMPDIR": str(root / "tmp"),
@@ -294,6 +294,14 @@ def _found_without_access_times(machine, first: Machine, tmp_path: Path) -> None
     assert header_checks(r.log), "the worker that compiled checked the header: " + r.log
     assert _artifact_bytes(store) == [good.read_bytes()]
     assert r.report["warnings"] == [] and _repaired(r.report, good.name) == []
+
+    # The next session on that machine (warm, -n 2 again): the header was accepted as this very file, so no
+    # process runs the compiler on it again (the header dir's record, headers.VERDICTS), and it still counts
+    # as checked.
+    again = machine("r", "--compile-cache=shared", "-n", "2", kernels="one", isa_probes=False)
+    log = again.log[len(r.log) :]
+    assert header_checks(log) == [] and header_builds(log) == [], log
+    assert again.report["warnings"] == [] and _repaired(again.report, good.name) == [], again.report
 
 
 def _damaged_on_the_saving_machine(machine, first: Machine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

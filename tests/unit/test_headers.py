@@ -573,3 +573,81 @@ def test_check_with_gcc(real_pch: Path, tmp_path: Path, damage, reason) -> None:
 def test_check_with_gcc_under_other_flags_fails(real_pch: Path) -> None:
     got = headers.check(real_pch, _gxx("-O0"))  # gcc would not use it for such a compile: fails, never falls back
     assert got is not None and NAME in got
+
+
+SECOND_PROCESS = """
+import sys
+from pathlib import Path
+
+from pytest_compilecache import headers
+
+compiler = sys.argv[2]
+print(headers.check(Path(sys.argv[1]), lambda s, i: [compiler, str(s), "-O3", "-include", str(i)], remember=True))
+"""
+
+
+def test_an_accepted_header_costs_the_next_process_no_compiler_run(  # type: ignore[no-untyped-def]
+    tmp_path: Path, fake_compiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24: every pytest process checked every header it used, warm runs too (about 0.4 s of CPU per
+    header). The header dir's record remembers an acceptance for this very file, argv and compiler."""
+    import subprocess
+    import sys
+
+    path = make_header(tmp_path / "torchinductor_u" / "precompiled_headers", content=b"gpch" + b"x" * 100 + b"END")
+    monkeypatch.setattr(headers, "SETTLED_NS", 20_000_000, raising=False)  # absent before issue 24's record
+    time.sleep(0.05)
+    log = tmp_path / "cc.log"
+    assert headers.check(path, fake_compiler, remember=True) is None
+    calls = log.read_text()
+    compiler = fake_compiler(Path("s"), Path("i"))[0]
+    second = subprocess.run(
+        [sys.executable, "-c", SECOND_PROCESS, str(path), compiler], capture_output=True, text=True, check=True
+    )
+    assert second.stdout.strip() == "None", second.stderr
+    assert log.read_text() == calls, "the second process ran the compiler"
+    # Other flags: checked again. The same flags again: remembered too.
+    for _ in range(2):
+        assert headers.check(path, lambda s, i: [*fake_compiler(s, i), "-O0"], remember=True) is None
+    assert log.read_text().count("-O0") == 1
+    # Another compiler under the same name (an upgrade replaces the file): checked again.
+    replaced = tmp_path / "new-g++"
+    replaced.write_text(FAKE_COMPILER)
+    replaced.chmod(0o755)
+    os.replace(replaced, compiler)
+    checks = log.read_text().count("-fsyntax-only")
+    assert headers.check(path, fake_compiler, remember=True) is None
+    assert log.read_text().count("-fsyntax-only") == checks + 1
+    # Without remember (the default), the record is neither read nor written.
+    assert headers.check(path, fake_compiler) is None
+    assert log.read_text().count("-fsyntax-only") == checks + 2
+
+
+def test_a_rejection_is_never_remembered_and_a_foreign_dir_keeps_no_record(  # type: ignore[no-untyped-def]
+    tmp_path: Path, fake_compiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(headers, "SETTLED_NS", 0, raising=False)  # absent before issue 24's record
+    directory = tmp_path / "torchinductor_u" / "precompiled_headers"
+    cut = make_header(directory, content=b"gpch" + b"x" * 100)
+    time.sleep(0.05)
+    for _ in range(2):
+        assert "cannot read PCH file" in str(headers.check(cut, fake_compiler, remember=True))
+    assert not (directory / headers.VERDICTS).exists()
+    cut.unlink()
+    directory.chmod(0o777)  # others may write here: nothing they leave is trusted, nothing is written
+    sound = make_header(directory, content=b"gpch" + b"x" * 100 + b"END")
+    time.sleep(0.05)
+    for _ in range(2):
+        assert headers.check(sound, fake_compiler, remember=True) is None
+    assert not (directory / headers.VERDICTS).exists()
+    assert (tmp_path / "cc.log").read_text().count("-fsyntax-only") == 4
+
+
+def test_a_verdict_is_remembered_only_once_a_later_write_must_change_the_ctime() -> None:
+    second = 1_000_000_000
+    base = 1_700_000_000 * second + 123_456_789  # a stamp in ns: the granule is the kernel's tick
+    assert not headers._settled(base, base + 10_000_000)  # the same tick, maybe: a write would stamp the same
+    assert headers._settled(base, base + headers.SETTLED_NS + 1)
+    whole = 1_700_000_000 * second  # whole seconds (ext3, FAT): a write within 2 s may stamp the same
+    assert not headers._settled(whole, whole + second)
+    assert headers._settled(whole, whole + 2 * second + 1)
