@@ -90,6 +90,7 @@ from ._fs import atomic_file
 from ._fs import temporary_dir
 from ._fs import try_flock
 from .errors import HeaderError
+from .manifest import Artifact
 
 if TYPE_CHECKING:
     from .stores.base import Store
@@ -98,7 +99,6 @@ __all__ = [
     "KIND",
     "OK_VERDICTS",
     "VERDICTS",
-    "HeaderArtifact",
     "HeaderError",
     "HeaderTransfer",
     "HeaderUse",
@@ -107,10 +107,11 @@ __all__ = [
     "describe",
     "find_built",
     "find_used",
+    "header_artifact",
     "header_dir",
     "header_notes",
     "header_uses",
-    "install",
+    "install_header",
     "is_damaged_copy",
     "is_header_name",
     "looks_complete",
@@ -119,7 +120,7 @@ __all__ = [
     "restore_headers",
     "save_headers",
     "session_start",
-    "verify",
+    "verify_header_copy",
 ]
 
 KIND = "precompiled_header"
@@ -143,31 +144,21 @@ OK_VERDICTS = ("verified", "rebuilt")
 """:attr:`HeaderUse.verdict` values of a header the compiler accepted (checked, or built again after failing)."""
 
 
-@dataclass(frozen=True)
-class HeaderArtifact:
-    """One compiled header as a bundle manifest names it: ``{kind, name, sha256, size}`` (of the raw file)."""
-
-    name: str
-    sha256: str
-    size: int
-    kind: str = KIND
-
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "sha256": self.sha256, "size": self.size}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> HeaderArtifact:
-        """Validate a manifest entry; raise HeaderError naming what is wrong (never trust a manifest's shape)."""
-        kind, name, digest, size = data.get("kind"), data.get("name"), data.get("sha256"), data.get("size")
-        if kind != KIND:
-            raise HeaderError(f"not a {KIND} artifact: kind={kind!r}")
-        if not isinstance(name, str) or not is_header_name(name):
-            raise HeaderError(f"not a precompiled-header name: {name!r}")
-        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
-            raise HeaderError(f"bad sha256 for {name}: {digest!r}")
-        if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_SIZE:
-            raise HeaderError(f"bad size for {name}: {size!r}")
-        return cls(name=name, sha256=digest, size=size)
+def header_artifact(data: Artifact | Mapping[str, Any]) -> Artifact:
+    """A bundle manifest's artifact entry (a :class:`.manifest.Artifact`, or its JSON) checked as a precompiled
+    header: torch's name, a sha256, a size up to :data:`MAX_SIZE`. Raises HeaderError naming what is wrong: a
+    signed manifest says which bytes to fetch, not that its entries have a header's shape."""
+    fields: Mapping[str, Any] = data.to_json() if isinstance(data, Artifact) else data
+    kind, name, digest, size = (fields.get(key) for key in ("kind", "name", "sha256", "size"))
+    if kind != KIND:
+        raise HeaderError(f"not a {KIND} artifact: kind={kind!r}")
+    if not isinstance(name, str) or not is_header_name(name):
+        raise HeaderError(f"not a precompiled-header name: {name!r}")
+    if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+        raise HeaderError(f"bad sha256 for {name}: {digest!r}")
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_SIZE:
+        raise HeaderError(f"bad size for {name}: {size!r}")
+    return Artifact(kind=KIND, name=name, sha256=digest, size=size)
 
 
 def is_header_name(name: str) -> bool:
@@ -587,7 +578,7 @@ def remove_if_unchanged(path: Path, info: os.stat_result) -> bool:
         return True
 
 
-def describe(path: Path) -> HeaderArtifact:
+def describe(path: Path) -> Artifact:
     """Hash one header file (streamed) into its manifest entry; HeaderError when it cannot be read."""
     if not is_header_name(path.name):
         raise HeaderError(f"not a precompiled-header name: {path.name!r}")
@@ -604,7 +595,7 @@ def describe(path: Path) -> HeaderArtifact:
         raise HeaderError(f"cannot read {path}: {exc.strerror or exc}") from None
     if size == 0:
         raise HeaderError(f"{path.name} is empty")
-    return HeaderArtifact(name=path.name, sha256=digest.hexdigest(), size=size)
+    return Artifact(kind=KIND, name=path.name, sha256=digest.hexdigest(), size=size)
 
 
 def packed_bound(size: int) -> int:
@@ -613,7 +604,7 @@ def packed_bound(size: int) -> int:
     return size + size // 64 + (1 << 16)
 
 
-def compress(path: Path, dest: BinaryIO, expected: HeaderArtifact | None = None) -> int:
+def compress(path: Path, dest: BinaryIO, expected: Artifact | None = None) -> int:
     """Stream ``path`` as one zstd frame (level 3) into ``dest``; return the compressed byte count.
 
     With ``expected``, the bytes read are hashed on the way and HeaderError is raised when they are not the
@@ -641,7 +632,7 @@ def compress(path: Path, dest: BinaryIO, expected: HeaderArtifact | None = None)
     return int(written)
 
 
-def install(artifact: HeaderArtifact, compressed: BinaryIO, directory: Path) -> bool:
+def install_header(artifact: Artifact, compressed: BinaryIO, directory: Path) -> bool:
     """Install one verified header from its zstd stream into ``directory``; True when a file was added.
 
     Returns False, touching nothing, when a file that may be sound is already there (torch's or ours: never
@@ -683,11 +674,11 @@ def is_damaged_copy(path: Path) -> bool:
     return stat.S_ISREG(info.st_mode) and not looks_complete(path)
 
 
-def verify(artifact: HeaderArtifact, compressed: BinaryIO) -> None:
+def verify_header_copy(artifact: Artifact, compressed: BinaryIO) -> None:
     """Check that a zstd stream holds exactly ``artifact`` (size and sha256) without writing it anywhere.
 
     For a header object that is about to be stored again under its content key (the Action's header entry,
-    saved by ``actions/cache`` from a file this run did not install from); :func:`install` verifies on its
+    saved by ``actions/cache`` from a file this run did not install from); :func:`install_header` verifies on its
     own. Raises HeaderError (one line) when the stream is not zstd or its content is not the artifact's.
     """
     with open(os.devnull, "wb") as sink:
@@ -715,7 +706,7 @@ def object_key(prefix: str, sha256: str) -> str:
 class HeaderTransfer:
     """What :func:`save_headers` or :func:`restore_headers` did, for the report; ``errors`` are warning lines."""
 
-    artifacts: list[HeaderArtifact] = field(default_factory=list)
+    artifacts: list[Artifact] = field(default_factory=list)
     transferred: list[str] = field(default_factory=list)  # names uploaded (save) or installed (restore)
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # restore: damaged local headers replaced
@@ -781,11 +772,12 @@ def save_headers(
 
 
 def restore_headers(
-    store: Store, prefix: str, entries: Iterable[Mapping[str, Any]], scratch: Path, directory: Path | None = None
+    store: Store, prefix: str, entries: Iterable[Artifact], scratch: Path, directory: Path | None = None
 ) -> HeaderTransfer:
     """Controller, at session start, before any test: install the headers a verified manifest names.
 
-    ``entries`` are the manifest's artifacts (other kinds are ignored); the manifest must already be verified
+    ``entries`` are the manifest's artifacts (other kinds are ignored; each header's entry is checked with
+    :func:`header_artifact`); the manifest must already be verified
     (checksums, signature), since its sha256 is what every downloaded byte is checked against. A header
     already present is not downloaded. Every failure (a bad entry, a store miss, content that does not match)
     is one line in ``errors`` and leaves the header dir as it was: torch then builds the header itself.
@@ -796,10 +788,10 @@ def restore_headers(
     result = HeaderTransfer()
     target = directory or header_dir()
     for entry in entries:
-        if entry.get("kind") != KIND:
+        if entry.kind != KIND:
             continue
         try:
-            artifact = HeaderArtifact.from_json(entry)
+            artifact = header_artifact(entry)
             result.artifacts.append(artifact)
             damaged = is_damaged_copy(target / artifact.name)
             if os.path.lexists(target / artifact.name) and not damaged:
@@ -817,7 +809,7 @@ def restore_headers(
                 if not store.get(key, packed, limit=packed_bound(artifact.size)):
                     raise HeaderError(f"{key} is not in the store")
                 with open(packed, "rb") as fh:
-                    if install(artifact, fh, target):
+                    if install_header(artifact, fh, target):
                         result.transferred.append(artifact.name)
                         if damaged:
                             result.notes.append(
@@ -828,7 +820,7 @@ def restore_headers(
                 with contextlib.suppress(OSError):
                     packed.unlink()
         except Exception as exc:  # infrastructure trouble: torch builds the header as it would without us
-            result.errors.append(f"precompiled header {entry.get('name')!r} not restored: {_one_line(exc)}")
+            result.errors.append(f"precompiled header {entry.name!r} not restored: {_one_line(exc)}")
     return result
 
 
@@ -921,7 +913,7 @@ def _lock_name(name: str) -> str:
     return name.split(".", 1)[0] + ".lock"
 
 
-def _copy_verified(artifact: HeaderArtifact, compressed: BinaryIO, out: BinaryIO) -> None:
+def _copy_verified(artifact: Artifact, compressed: BinaryIO, out: BinaryIO) -> None:
     import zstandard
 
     digest = hashlib.sha256()

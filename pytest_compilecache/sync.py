@@ -532,15 +532,14 @@ def restore(
 
 
 def _restore_headers(
-    store: Store, prefix: str, named: Iterable[Any], scratch: Path, directory: Path | None
+    store: Store, prefix: str, named: Iterable[Artifact], scratch: Path, directory: Path | None
 ) -> HeaderReport:
     """Install the headers a verified manifest names; any trouble is a warning line, never an exception."""
     if not named:
         return HeaderReport()  # most bundles (GPU-only suites, torch 2.7): no import, no work
     started = time.perf_counter()
     try:
-        entries = [{"kind": a.kind, "name": a.name, "sha256": a.sha256, "size": a.size} for a in named]
-        transfer = headers.restore_headers(store, prefix, entries, scratch, directory)
+        transfer = headers.restore_headers(store, prefix, named, scratch, directory)
     except Exception as exc:  # e.g. zstandard missing: the bundle is installed, torch builds the headers
         return HeaderReport(warnings=(one_line(f"precompiled headers not restored: {type(exc).__name__}: {exc}"),))
     return HeaderReport.of(transfer, time.perf_counter() - started)
@@ -891,5 +890,4 @@ def _save_headers(
         transfer = headers.save_headers(store, prefix, since, installed, scratch, directory, carried, uses)
     except Exception as exc:  # the bundle is worth saving without its headers
         return HeaderReport(warnings=(one_line(f"precompiled headers not saved: {type(exc).__name__}: {exc}"),)), []
-    named = [Artifact(a.kind, a.name, a.sha256, a.size) for a in transfer.artifacts]
-    return HeaderReport.of(transfer, time.perf_counter() - started), named
+    return HeaderReport.of(transfer, time.perf_counter() - started), list(transfer.artifacts)

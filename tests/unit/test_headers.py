@@ -9,14 +9,15 @@ import io
 import os
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import zstandard
 
 from pytest_compilecache import headers
-from pytest_compilecache.headers import HeaderArtifact
 from pytest_compilecache.headers import HeaderError
+from pytest_compilecache.manifest import Artifact
 
 NAME = "c" + "a2b3c4d5e6f7" * 4 + "abc" + ".h.gch"  # 1 + 51 chars, as torch's code_hash names it
 OTHER = "c" + "z" * 51 + ".h.gch"
@@ -35,7 +36,7 @@ def checked(path: Path, verdict: str = "verified") -> dict[str, object]:
     return headers.HeaderUse(path.name, verdict, info.st_size, info.st_mtime_ns, info.st_ino).to_json()
 
 
-def packed(path: Path) -> tuple[HeaderArtifact, io.BytesIO]:
+def packed(path: Path) -> tuple[Artifact, io.BytesIO]:
     artifact = headers.describe(path)
     buf = io.BytesIO()
     headers.compress(path, buf, artifact)
@@ -165,14 +166,14 @@ def test_header_use_reports_are_validated_and_notes_said_once() -> None:
 def test_describe_hashes_the_raw_file(tmp_path: Path) -> None:
     content = os.urandom(3 << 20)
     artifact = headers.describe(make_header(tmp_path, content=content))
-    assert artifact == HeaderArtifact(name=NAME, sha256=hashlib.sha256(content).hexdigest(), size=len(content))
+    assert artifact == Artifact(headers.KIND, NAME, hashlib.sha256(content).hexdigest(), len(content))
     assert artifact.to_json() == {
         "kind": "precompiled_header",
         "name": NAME,
         "sha256": artifact.sha256,
         "size": len(content),
     }
-    assert HeaderArtifact.from_json(artifact.to_json()) == artifact
+    assert headers.header_artifact(artifact.to_json()) == headers.header_artifact(artifact) == artifact
 
 
 def test_describe_refuses_links_and_foreign_names(tmp_path: Path) -> None:
@@ -199,7 +200,9 @@ def test_describe_refuses_links_and_foreign_names(tmp_path: Path) -> None:
 def test_manifest_entries_are_validated(change: dict[str, object], match: str) -> None:
     entry = {"kind": "precompiled_header", "name": NAME, "sha256": "0" * 64, "size": 12, **change}
     with pytest.raises(HeaderError, match=match):
-        HeaderArtifact.from_json(entry)
+        headers.header_artifact(entry)
+    with pytest.raises(HeaderError, match=match):
+        headers.header_artifact(Artifact(**entry))  # type: ignore[arg-type]
 
 
 def test_compress_is_zstd_and_install_round_trips(tmp_path: Path) -> None:
@@ -208,7 +211,7 @@ def test_compress_is_zstd_and_install_round_trips(tmp_path: Path) -> None:
     assert zstandard.ZstdDecompressor().stream_reader(io.BytesIO(buf.getvalue())).read() == content
     assert len(buf.getvalue()) < len(content) // 2
     dest = headers.header_dir(tmp_path)  # the TMPDIR exists; torch's dirs under it do not yet
-    assert headers.install(artifact, buf, dest) is True
+    assert headers.install_header(artifact, buf, dest) is True
     assert (dest / NAME).read_bytes() == content
     assert sorted(p.name for p in dest.iterdir()) == [NAME, "locks"]  # no temp file left behind
     assert headers.find_used(dest, [], installed=[NAME]) == [dest / NAME]
@@ -226,7 +229,7 @@ def test_install_never_overwrites_a_pch(tmp_path: Path) -> None:
     artifact, buf = packed(make_header(tmp_path / "a", content=b"gpch carried"))
     dest = tmp_path / "hdr"
     existing = make_header(dest, content=b"gpch torch built this one")  # its size differs: gcc's builds do too
-    assert headers.install(artifact, buf, dest) is False
+    assert headers.install_header(artifact, buf, dest) is False
     assert existing.read_bytes() == b"gpch torch built this one"
 
 
@@ -238,7 +241,7 @@ def test_install_replaces_a_local_file_that_is_no_pch(tmp_path: Path, local: byt
     dest = tmp_path / "hdr"
     make_header(dest, content=local)
     assert headers.is_damaged_copy(dest / NAME)
-    assert headers.install(artifact, buf, dest) is True
+    assert headers.install_header(artifact, buf, dest) is True
     assert (dest / NAME).read_bytes() == (tmp_path / "a" / NAME).read_bytes()
     assert sorted(p.name for p in dest.iterdir()) == [NAME, "locks"]
 
@@ -248,23 +251,23 @@ def test_install_leaves_a_link_at_the_destination_alone(tmp_path: Path) -> None:
     dest = tmp_path / "hdr"
     dest.mkdir()
     os.symlink(tmp_path / "target", dest / NAME)
-    assert headers.install(artifact, buf, dest) is False
+    assert headers.install_header(artifact, buf, dest) is False
     assert not (tmp_path / "target").exists()
 
 
 @pytest.mark.parametrize(
     "damage, match",
     [
-        (lambda a: HeaderArtifact(a.name, "0" * 64, a.size), "does not match"),
-        (lambda a: HeaderArtifact(a.name, a.sha256, a.size - 1), "more bytes than"),
-        (lambda a: HeaderArtifact(a.name, a.sha256, a.size + 1), "does not match"),
+        (lambda a: Artifact(a.kind, a.name, "0" * 64, a.size), "does not match"),
+        (lambda a: Artifact(a.kind, a.name, a.sha256, a.size - 1), "more bytes than"),
+        (lambda a: Artifact(a.kind, a.name, a.sha256, a.size + 1), "does not match"),
     ],
 )
 def test_install_refuses_content_that_is_not_the_manifests(tmp_path: Path, damage, match: str) -> None:  # type: ignore[no-untyped-def]
     artifact, buf = packed(make_header(tmp_path / "a"))
     dest = tmp_path / "hdr"
     with pytest.raises(HeaderError, match=match):
-        headers.install(damage(artifact), buf, dest)
+        headers.install_header(damage(artifact), buf, dest)
     assert sorted(p.name for p in dest.iterdir()) == ["locks"]
 
 
@@ -272,7 +275,7 @@ def test_install_refuses_a_stream_that_is_not_zstd(tmp_path: Path) -> None:
     artifact = headers.describe(make_header(tmp_path / "a"))
     dest = tmp_path / "hdr"
     with pytest.raises(HeaderError, match="not a zstd stream"):
-        headers.install(artifact, io.BytesIO(b"raw bytes, not zstd" * 100), dest)
+        headers.install_header(artifact, io.BytesIO(b"raw bytes, not zstd" * 100), dest)
     assert not (dest / NAME).exists()
 
 
@@ -282,14 +285,14 @@ def test_install_refuses_a_symlinked_header_dir(tmp_path: Path) -> None:
     (tmp_path / "torchinductor_u").mkdir()
     os.symlink(tmp_path / "elsewhere", tmp_path / "torchinductor_u" / "precompiled_headers")
     with pytest.raises(HeaderError, match="not a plain directory"):
-        headers.install(artifact, buf, tmp_path / "torchinductor_u" / "precompiled_headers")
+        headers.install_header(artifact, buf, tmp_path / "torchinductor_u" / "precompiled_headers")
     assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
 def test_install_refuses_foreign_names(tmp_path: Path) -> None:
     artifact, buf = packed(make_header(tmp_path / "a"))
     with pytest.raises(HeaderError, match="not a precompiled-header artifact"):
-        headers.install(HeaderArtifact("evil.so", artifact.sha256, artifact.size), buf, tmp_path / "hdr")
+        headers.install_header(Artifact(headers.KIND, "evil.so", artifact.sha256, artifact.size), buf, tmp_path / "hdr")
     assert not (tmp_path / "hdr").exists()
 
 
@@ -299,9 +302,9 @@ def test_install_skips_a_header_torch_is_building(tmp_path: Path) -> None:
     (dest / "locks").mkdir(parents=True)
     with open(dest / "locks" / (NAME.split(".")[0] + ".lock"), "w") as held:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # what torch's FileLock does while it builds the header
-        assert headers.install(artifact, buf, dest) is False
+        assert headers.install_header(artifact, buf, dest) is False
     assert not (dest / NAME).exists()
-    assert headers.install(artifact, buf, dest) is True
+    assert headers.install_header(artifact, buf, dest) is True
 
 
 def test_object_keys_are_content_addressed_and_store_safe() -> None:
@@ -330,7 +333,7 @@ def test_save_then_restore_through_a_store(tmp_path: Path) -> None:
 
     (tmp_path / "b").mkdir()  # the fresh machine's TMPDIR
     fresh = headers.header_dir(tmp_path / "b")
-    entries = [a.to_json() for a in saved.artifacts] + [{"kind": "cpp-so", "name": "x.so"}]
+    entries = [*saved.artifacts, Artifact("cpp-so", "x.so", "0" * 64, 1)]
     restored = headers.restore_headers(store, "pfx", entries, tmp_path / "scratch", fresh)
     assert (restored.transferred, restored.errors) == ([NAME], [])
     assert (fresh / NAME).read_bytes() == content
@@ -347,14 +350,14 @@ def test_restore_problems_are_warning_lines_and_change_nothing(tmp_path: Path) -
     artifact, buf = packed(make_header(tmp_path / "a"))
     (tmp_path / "b").mkdir()
     fresh = headers.header_dir(tmp_path / "b")
-    missing = headers.restore_headers(store, "pfx", [artifact.to_json()], tmp_path / "scratch", fresh)
+    missing = headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh)
     assert missing.transferred == [] and len(missing.errors) == 1 and "not in the store" in missing.errors[0]
     other = tmp_path / "other.zst"
     other.write_bytes(zstandard.ZstdCompressor().compress(b"tampered"))
     store.put(headers.object_key("pfx", artifact.sha256), other)
-    tampered = headers.restore_headers(store, "pfx", [artifact.to_json()], tmp_path / "scratch", fresh)
+    tampered = headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh)
     assert tampered.transferred == [] and "does not match" in tampered.errors[0]
-    bad = headers.restore_headers(store, "pfx", [{**artifact.to_json(), "name": "../x.h.gch"}], tmp_path, fresh)
+    bad = headers.restore_headers(store, "pfx", [replace(artifact, name="../x.h.gch")], tmp_path, fresh)
     assert "not a precompiled-header name" in bad.errors[0]
     assert not (fresh / NAME).exists()
 
@@ -378,7 +381,7 @@ def test_a_header_object_larger_than_its_header_can_pack_is_never_downloaded(tmp
     store.get = get  # type: ignore[method-assign]
     (tmp_path / "b").mkdir()
     fresh = headers.header_dir(tmp_path / "b")
-    result = headers.restore_headers(store, "pfx", [artifact.to_json()], tmp_path / "scratch", fresh)
+    result = headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh)
     assert result.transferred == [] and "more than a" in result.errors[0], result.errors
     assert fetched == []  # refused from its listed size, before a byte moved
     assert list((tmp_path / "scratch").iterdir()) == []
@@ -386,12 +389,12 @@ def test_a_header_object_larger_than_its_header_can_pack_is_never_downloaded(tmp
 
 def test_verify_checks_a_stream_without_writing_it(tmp_path: Path) -> None:
     artifact, buf = packed(make_header(tmp_path / "a"))
-    headers.verify(artifact, buf)  # the header's own bytes: no error
+    headers.verify_header_copy(artifact, buf)  # the header's own bytes: no error
     other, other_buf = packed(make_header(tmp_path / "b", content=b"other" * 100))
     with pytest.raises(HeaderError, match="does not match"):
-        headers.verify(artifact, other_buf)
+        headers.verify_header_copy(artifact, other_buf)
     with pytest.raises(HeaderError, match="not a zstd stream"):
-        headers.verify(artifact, io.BytesIO(b"plain bytes"))
+        headers.verify_header_copy(artifact, io.BytesIO(b"plain bytes"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
 
 
@@ -450,13 +453,13 @@ def test_restore_replaces_a_local_header_that_is_no_pch_with_one_note(tmp_path: 
     store.put(headers.object_key("pfx", artifact.sha256), tmp_path / "obj")
     fresh = headers.header_dir(tmp_path / "b")
     make_header(fresh, content=b"\0" * artifact.size)  # zeroed in place: gcc would ignore it for good
-    result = headers.restore_headers(store, "pfx", [artifact.to_json()], tmp_path / "scratch", fresh)
+    result = headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh)
     assert (result.transferred, result.errors) == ([NAME], [])
     (note,) = result.notes
     assert NAME in note and "replaced" in note
     assert (fresh / NAME).read_bytes() == source.read_bytes()
     sound = make_header(tmp_path / "c" / "hdr", content=b"gpch another build of the same header")
-    kept = headers.restore_headers(store, "pfx", [artifact.to_json()], tmp_path / "scratch", sound.parent)
+    kept = headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", sound.parent)
     assert (kept.transferred, kept.notes) == ([], [])  # a PCH: the processes that look it up check it
     assert sound.read_bytes() == b"gpch another build of the same header"
 
