@@ -275,7 +275,12 @@ class Worker:
         ticket = self.ticket
         if ticket is None:
             return
-        lock = ticket.take(wait=wait)
+        lock = ticket.take(wait=False)
+        if lock is None and wait:
+            # Another worker is restoring: import what this worker's first compile needs meanwhile (the
+            # tests imported torch), instead of waiting idle and paying the import after (issue 25).
+            probe.import_compiler()
+            lock = ticket.take(wait=True)
         if lock is None:
             return  # another worker restores: wait for it before the first test
         try:
