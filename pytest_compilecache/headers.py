@@ -83,6 +83,7 @@ from typing import Any
 from typing import BinaryIO
 from typing import Callable
 from typing import Iterable
+from typing import Iterator
 from typing import Mapping
 from typing import Sequence
 
@@ -346,6 +347,9 @@ def check(
     ``remember``: use the header dir's record of accepted headers (:data:`VERDICTS`, issue 24). A header the
     record says this very file was accepted by this very check (same argv, same compiler binary) is accepted
     without running the compiler; an acceptance is added to the record. Rejections are never remembered.
+    Processes that check the same file at once (xdist workers meeting a header just restored) take turns
+    (a lock on the header file itself), so the later ones find the first one's verdict instead of running
+    the compiler again.
     """
     with temporary_dir("tmp") as tmp:  # ours by name: a killed check's dir is swept like our other temp dirs
         include = Path(tmp) / "compilecache_check.h"
@@ -354,19 +358,20 @@ def check(
         source.write_text("int compilecache_check_pch;\n")
         argv = [*command(source, include), "-fsyntax-only", "-Winvalid-pch"]
         record = _Verdicts.of(path, argv, tmp) if remember else None
-        if record is not None and record.accepted():
-            return None
-        try:
-            done = subprocess.run(
-                argv, cwd=tmp, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False
-            )
-        except subprocess.TimeoutExpired:
-            raise HeaderError(f"the compiler did not finish checking {path.name} in {timeout:g} s") from None
-        except OSError as exc:
-            raise HeaderError(f"cannot run {argv[0]} to check {path.name}: {exc.strerror or exc}") from None
+        with _one_check_at_a_time(path if record is not None else None):
+            if record is not None and record.accepted():
+                return None
+            try:
+                done = subprocess.run(
+                    argv, cwd=tmp, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False
+                )
+            except subprocess.TimeoutExpired:
+                raise HeaderError(f"the compiler did not finish checking {path.name} in {timeout:g} s") from None
+            except OSError as exc:
+                raise HeaderError(f"cannot run {argv[0]} to check {path.name}: {exc.strerror or exc}") from None
+            if done.returncode == 0 and record is not None:
+                record.add()  # before the next process in line reads the record
     if done.returncode == 0:
-        if record is not None:
-            record.add()
         return None
     text = done.stderr.decode("utf-8", "replace").replace(str(include) + path.suffix, path.name)
     text = text.replace(str(include), path.name[: -len(path.suffix)]).replace(tmp + os.sep, "")
@@ -402,6 +407,27 @@ _VERDICTS_MAX_CHECKS = 8  # per header: the argv/compiler pairs it was accepted 
 SETTLED_NS = 50_000_000
 # Variables gcc (and clang) read that can change what a compile with -include does.
 _COMPILER_ENV = ("CPATH", "CPLUS_INCLUDE_PATH", "C_INCLUDE_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH")
+
+
+@contextlib.contextmanager
+def _one_check_at_a_time(path: Path | None) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the header file itself while it is checked (nothing when ``path`` is
+    None or cannot be opened): no file of ours is made for it, torch never locks the compiled file (its
+    build lock is a separate file), and a header replaced meanwhile is a new file, checked on its own."""
+    import fcntl  # POSIX only, like torch's precompiled headers
+
+    fd = -1
+    if path is not None:
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX)  # a check takes at most CHECK_TIMEOUT; a dead holder lets go
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _file_identity(info: os.stat_result) -> list[int]:
@@ -463,22 +489,32 @@ class _Verdicts:
 
     @classmethod
     def of(cls, path: Path, argv: Sequence[str], tmp: str) -> _Verdicts | None:
-        """None when no record can be used: a dir whose ownership is not proved, a compiler not found."""
+        """None when no record can be used: a dir whose ownership is not proved, a compiler not found.
+
+        A file changed less than :data:`SETTLED_NS` ago (torch has just built it) is given the rest of that
+        time first, so that the verdict about to be reached can be remembered (a few ms, once per file).
+        """
         directory = path.parent
         compiler = _compiler_identity(argv[0]) if argv else None
         if compiler is None or not is_header_name(path.name) or not _owned_dir(directory):
             return None
-        try:
-            info = os.lstat(path)
-        except OSError:
-            return None
+        for _ in range(2):
+            start_ns = time.time_ns()  # before the lstat: a write after it must stamp another ctime
+            try:
+                info = os.lstat(path)
+            except OSError:
+                return None
+            young = SETTLED_NS - (start_ns - info.st_ctime_ns)
+            if _settled(info.st_ctime_ns, start_ns) or not 0 < young <= SETTLED_NS:
+                break  # settled, or a coarse file system's stamp: not worth waiting for
+            time.sleep(young / 1e9 + 0.001)
         if not stat.S_ISREG(info.st_mode):
             return None
         # The check's private dir differs on every run: the key is the argv with it replaced.
         words = [word.replace(tmp, "<check>") for word in argv]
         env = [os.environ.get(name) for name in _COMPILER_ENV]
         key = hashlib.sha256(json.dumps([words, compiler, env]).encode("utf-8", "replace")).hexdigest()
-        return cls(directory, path.name, _file_identity(info), key, time.time_ns())
+        return cls(directory, path.name, _file_identity(info), key, start_ns)
 
     def accepted(self) -> bool:
         """True when the record says this very file was accepted by this very check before."""

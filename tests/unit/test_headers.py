@@ -654,3 +654,43 @@ def test_a_verdict_is_remembered_only_once_a_later_write_must_change_the_ctime()
     whole = 1_700_000_000 * second  # whole seconds (ext3, FAT): a write within 2 s may stamp the same
     assert not headers._settled(whole, whole + second)
     assert headers._settled(whole, whole + 2 * second + 1)
+
+
+SLOW_COMPILER = FAKE_COMPILER.replace("while [ $# -gt 0 ]; do", "sleep 0.5\nwhile [ $# -gt 0 ]; do", 1)
+
+
+def test_processes_checking_one_header_at_once_run_the_compiler_once(tmp_path: Path) -> None:
+    """Issue 25: xdist workers of a fresh runner meet the header the restore installed at the same moment;
+    the later ones wait for the first one's verdict instead of running the compiler again."""
+    import subprocess
+    import sys
+
+    compiler = tmp_path / "slow-g++"
+    compiler.write_text(SLOW_COMPILER)
+    compiler.chmod(0o755)
+    path = make_header(tmp_path / "torchinductor_u" / "precompiled_headers", content=b"gpch" + b"x" * 100 + b"END")
+    time.sleep(0.1)  # installed a moment before the workers look it up
+    log = tmp_path / "cc.log"
+    env = {**os.environ, "FAKE_CC_LOG": str(log)}
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", SECOND_PROCESS, str(path), str(compiler)],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        for _ in range(3)
+    ]
+    outputs = [worker.communicate(timeout=60) for worker in workers]
+    assert [out.strip() for out, _ in outputs] == ["None"] * 3, outputs
+    assert log.read_text().count("-fsyntax-only") == 1
+
+
+def test_a_header_built_a_moment_ago_is_remembered_by_its_first_check(tmp_path: Path, fake_compiler) -> None:  # type: ignore[no-untyped-def]
+    """torch checks the header it has just built within milliseconds: the check waits the few ms the file
+    needs to settle (SETTLED_NS), so that its verdict can be remembered for the next processes."""
+    path = make_header(tmp_path / "torchinductor_u" / "precompiled_headers", content=b"gpch" + b"x" * 100 + b"END")
+    for _ in range(3):
+        assert headers.check(path, fake_compiler, remember=True) is None
+    assert (tmp_path / "cc.log").read_text().count("-fsyntax-only") == 1
