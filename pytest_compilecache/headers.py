@@ -117,7 +117,9 @@ __all__ = [
     "is_header_name",
     "looks_complete",
     "object_key",
+    "Reservation",
     "remove_if_unchanged",
+    "reserve_headers",
     "restore_headers",
     "save_headers",
     "session_start",
@@ -689,14 +691,84 @@ def install_header(artifact: Artifact, compressed: BinaryIO, directory: Path) ->
     if os.path.lexists(dest) and not is_damaged_copy(dest):
         return False
     with _build_lock(directory, artifact.name) as held:
-        if not held or (os.path.lexists(dest) and not is_damaged_copy(dest)):
-            return False
-        try:
-            with atomic_file(dest, fsync=False) as out:
-                _copy_verified(artifact, compressed, out)
-        except OSError as exc:
-            raise HeaderError(f"cannot install {artifact.name}: {exc.strerror or exc}") from None
+        return held and _install_locked(artifact, compressed, dest)
+
+
+def _install_locked(artifact: Artifact, compressed: BinaryIO, dest: Path) -> bool:
+    """:func:`install_header`'s work, under torch's build lock for the header (held by the caller)."""
+    if os.path.lexists(dest) and not is_damaged_copy(dest):
+        return False
+    try:
+        with atomic_file(dest, fsync=False) as out:
+            _copy_verified(artifact, compressed, out)
+    except OSError as exc:
+        raise HeaderError(f"cannot install {artifact.name}: {exc.strerror or exc}") from None
     return True
+
+
+class Reservation:
+    """torch's build locks of the headers a restore is about to install, held until each is in place.
+
+    Taken before the install starts (:func:`reserve_headers`), so that the restore can go on in the
+    background (issue 25): any process, this one included, whose compile looks such a header up meanwhile
+    waits in torch's own lock (``_worker_compile_cpp``), then finds the installed file and builds nothing.
+    The locks are ``flock``s: a process that forks meanwhile would hold them on in its child, so a child
+    closes its copies at once (``os.register_at_fork``), and a process that dies lets go of them.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.held: dict[str, int] = {}  # header name -> fd of its build lock, held
+
+    def release(self, name: str | None = None) -> None:
+        """Let go of ``name``'s lock (every lock when None); idempotent."""
+        for key in [name] if name is not None else list(self.held):
+            fd = self.held.pop(key, None) if key is not None else None
+            if fd is not None:
+                _RESERVED.discard(fd)
+                os.close(fd)  # the flock goes with the last fd of the open file
+
+
+_RESERVED: set[int] = set()  # every held reservation fd of this process, closed in a forked child
+_FORK_HOOK: list[bool] = []
+
+
+def _close_reserved_in_child() -> None:
+    for fd in list(_RESERVED):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _RESERVED.clear()
+
+
+def reserve_headers(entries: Iterable[Artifact], directory: Path | None = None) -> Reservation:
+    """Take torch's build lock, without waiting, of every header among ``entries`` that a restore will
+    install into ``directory`` (default: torch's): absent, or a damaged copy (:func:`is_damaged_copy`).
+
+    A header whose lock torch holds (it is building it) or that cannot be locked is not reserved: the
+    restore then installs it, or not, as :func:`install_header` decides. Never raises; pass the result to
+    :func:`restore_headers`, which releases each lock once its header is in place (or failed).
+    """
+    target = directory or header_dir()
+    reservation = Reservation(target)
+    if os.name == "nt":
+        return reservation
+    if not _FORK_HOOK:
+        os.register_at_fork(after_in_child=_close_reserved_in_child)
+        _FORK_HOOK.append(True)
+    for entry in entries:
+        try:
+            artifact = header_artifact(entry)
+            _ensure_dir(target)
+            dest = target / artifact.name
+            if os.path.lexists(dest) and not is_damaged_copy(dest) or artifact.name in reservation.held:
+                continue
+            fd = _take_build_lock(target, artifact.name)
+        except HeaderError:
+            continue  # restore_headers says what is wrong with it
+        if fd is not None:
+            reservation.held[artifact.name] = fd
+            _RESERVED.add(fd)
+    return reservation
 
 
 def is_damaged_copy(path: Path) -> bool:
@@ -808,7 +880,12 @@ def save_headers(
 
 
 def restore_headers(
-    store: Store, prefix: str, entries: Iterable[Artifact], scratch: Path, directory: Path | None = None
+    store: Store,
+    prefix: str,
+    entries: Iterable[Artifact],
+    scratch: Path,
+    directory: Path | None = None,
+    reservation: Reservation | None = None,
 ) -> HeaderTransfer:
     """Controller, at session start, before any test: install the headers a verified manifest names.
 
@@ -820,9 +897,22 @@ def restore_headers(
     ``transferred`` lists the installed names; ``artifacts`` every valid entry, installed or already present:
     pass ``[a.name for a in result.artifacts]`` to :func:`find_used` as ``installed`` at session end, so the
     next bundle names them again even though no kernel build read them.
+
+    ``reservation`` (:func:`reserve_headers`, same ``directory``): the headers whose build lock it holds are
+    installed under it, and each lock is let go once its header is in place or failed; all are let go on
+    return, whatever happens.
     """
+    try:
+        return _restore_headers(store, prefix, entries, scratch, directory or header_dir(), reservation)
+    finally:
+        if reservation is not None:
+            reservation.release()
+
+
+def _restore_headers(
+    store: Store, prefix: str, entries: Iterable[Artifact], scratch: Path, target: Path, reservation: Reservation | None
+) -> HeaderTransfer:
     result = HeaderTransfer()
-    target = directory or header_dir()
     for entry in entries:
         if entry.kind != KIND:
             continue
@@ -845,7 +935,12 @@ def restore_headers(
                 if not store.get(key, packed, limit=packed_bound(artifact.size)):
                     raise HeaderError(f"{key} is not in the store")
                 with open(packed, "rb") as fh:
-                    if install_header(artifact, fh, target):
+                    reserved = reservation is not None and artifact.name in reservation.held
+                    if (
+                        _install_locked(artifact, fh, target / artifact.name)
+                        if reserved
+                        else install_header(artifact, fh, target)
+                    ):
                         result.transferred.append(artifact.name)
                         if damaged:
                             result.notes.append(
@@ -857,6 +952,9 @@ def restore_headers(
                     packed.unlink()
         except Exception as exc:  # infrastructure trouble: torch builds the header as it would without us
             result.errors.append(f"precompiled header {entry.name!r} not restored: {_one_line(exc)}")
+        finally:
+            if reservation is not None:
+                reservation.release(entry.name)  # in place, or failed: torch may look it up (or build it)
     return result
 
 
@@ -906,8 +1004,18 @@ def _build_lock(directory: Path, name: str):  # type: ignore[no-untyped-def]
 
     Yields False when torch holds it: torch is building this very header and will publish it itself.
     """
-    import fcntl  # POSIX only, like torch's precompiled headers
+    fd = _take_build_lock(directory, name)
+    if fd is None:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        os.close(fd)  # drops the flock: no other fd of ours refers to this open file
 
+
+def _take_build_lock(directory: Path, name: str) -> int | None:
+    """The fd of torch's build lock for ``name``, flocked without waiting; None when another holds it."""
     locks = directory / "locks"
     try:
         os.makedirs(locks, exist_ok=True)
@@ -915,19 +1023,14 @@ def _build_lock(directory: Path, name: str):  # type: ignore[no-untyped-def]
     except OSError as exc:
         raise HeaderError(f"cannot lock {name}: {exc.strerror or exc}") from None
     try:
-        try:
-            taken = try_flock(fd)
-        except OSError as exc:
-            raise HeaderError(f"cannot lock {name}: {exc.strerror or exc}") from None
-        if not taken:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
+        taken = try_flock(fd)
+    except OSError as exc:
         os.close(fd)
+        raise HeaderError(f"cannot lock {name}: {exc.strerror or exc}") from None
+    if not taken:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _being_built(directory: Path, name: str) -> bool:

@@ -258,6 +258,7 @@ class Worker:
         self.setup = setup
         self.recorder = recorder
         self.ticket: RestoreTicket | None = None  # the controller's restore, until served
+        self.restore: RestorePhase | None = None  # this worker's restore for the controller, if it took the ticket
 
     def session_start(self) -> None:
         """Follow the controller's dir; take its restore ticket if no other worker has (then restore now)."""
@@ -285,13 +286,16 @@ class Worker:
             return  # another worker restores: wait for it before the first test
         try:
             if ticket.result() is None:
-                RestorePhase(self.setup, self.recorder).restore_for(ticket)
+                self.restore = RestorePhase(self.setup, self.recorder)
+                self.restore.restore_for(ticket)
         finally:
             lock.release()
         self.ticket = None
 
     def output(self) -> dict[str, Any]:
         """The payload for the controller (:class:`ProcessOutput` as JSON, sent through ``workeroutput``)."""
+        if self.restore is not None:
+            self.restore.finish_headers()  # the worker that restored: its headers' report, in the ticket too
         self.setup.take_remote_errors()
         from .payload import ProcessOutput  # cost: at the end, in each worker
 
@@ -355,6 +359,7 @@ class Controller:
         ``failed``: the tests failed (the Action's save policy may then skip the save).
         """
         self.end.tests_failed = failed
+        self.start.finish_headers()  # a plain session's restore installed its headers in the background
         if not self.workers and "torch" in sys.modules:  # a plain session whose tests imported torch
             from .payload import ProcessOutput  # cost: only a session that may have compiled
 

@@ -18,6 +18,7 @@ import zstandard
 from pytest_compilecache import headers
 from pytest_compilecache.headers import HeaderError
 from pytest_compilecache.manifest import Artifact
+from pytest_compilecache.stores.local import LocalStore
 
 NAME = "c" + "a2b3c4d5e6f7" * 4 + "abc" + ".h.gch"  # 1 + 51 chars, as torch's code_hash names it
 OTHER = "c" + "z" * 51 + ".h.gch"
@@ -694,3 +695,81 @@ def test_a_header_built_a_moment_ago_is_remembered_by_its_first_check(tmp_path: 
     for _ in range(3):
         assert headers.check(path, fake_compiler, remember=True) is None
     assert (tmp_path / "cc.log").read_text().count("-fsyntax-only") == 1
+
+
+def _stored_header(tmp_path: Path) -> tuple[LocalStore, Artifact, bytes]:
+    """A store holding one header object (as a save put it there) and that header's manifest entry."""
+
+    store = LocalStore(tmp_path / "store")
+    content = b"gpch" + os.urandom(1 << 16) * 8
+    uses = [checked(make_header(headers.header_dir(tmp_path / "a"), content=content))]
+    (tmp_path / "scratch").mkdir()
+    saved = headers.save_headers(
+        store, "pfx", time.time() - 60, [], tmp_path / "scratch", headers.header_dir(tmp_path / "a"), uses=uses
+    )
+    return store, saved.artifacts[0], content
+
+
+def test_a_compile_that_looks_a_reserved_header_up_waits_for_its_install(tmp_path: Path) -> None:
+    """Issue 25: the restore installs the headers in the background while the tests start. torch's build
+    lock, taken first (reserve_headers), holds any compile that looks the header up (torch's
+    _worker_compile_cpp: FileLock, then "build unless the file exists") until the verified file is in place."""
+    import threading
+
+    from filelock import FileLock
+
+    store, artifact, content = _stored_header(tmp_path)
+    (tmp_path / "b").mkdir()
+    fresh = headers.header_dir(tmp_path / "b")
+    reservation = headers.reserve_headers([artifact], fresh)
+    assert list(reservation.held) == [NAME]
+    seen: list[bool] = []
+
+    def torch_looks_it_up() -> None:
+        with FileLock(str(fresh / "locks" / (NAME.split(".")[0] + ".lock")), timeout=30):
+            seen.append((fresh / NAME).exists())  # torch builds the header only when this is False
+
+    torch = threading.Thread(target=torch_looks_it_up)
+    torch.start()
+    time.sleep(0.3)
+    assert seen == [] and not (fresh / NAME).exists()  # waiting in torch's own lock
+    restored = headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh, reservation)
+    torch.join(30)
+    assert seen == [True] and (restored.transferred, restored.errors) == ([NAME], [])
+    assert (fresh / NAME).read_bytes() == content and reservation.held == {}
+    assert not headers._being_built(fresh, NAME)  # let go
+    # Nothing left to install: nothing reserved.
+    assert headers.reserve_headers([artifact], fresh).held == {}
+
+
+def test_a_reservation_is_never_held_on_by_a_forked_child(tmp_path: Path) -> None:
+    """A test that forks (a DataLoader worker) while the install runs must not keep torch's build lock
+    held after the install lets go: every later compile of the machine would wait for that child."""
+    store, artifact, _ = _stored_header(tmp_path)
+    (tmp_path / "b").mkdir()
+    fresh = headers.header_dir(tmp_path / "b")
+    reservation = headers.reserve_headers([artifact], fresh)
+    child = os.fork()
+    if child == 0:  # the child lives on, doing nothing of ours
+        time.sleep(3)
+        os._exit(0)
+    try:
+        time.sleep(0.2)
+        headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh, reservation)
+        assert not headers._being_built(fresh, NAME), "the forked child still holds torch's build lock"
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+
+
+def test_a_failed_install_lets_go_of_the_reservation(tmp_path: Path) -> None:
+    from pytest_compilecache.stores.local import LocalStore
+
+    _, artifact, _ = _stored_header(tmp_path)
+    (tmp_path / "b").mkdir()
+    fresh = headers.header_dir(tmp_path / "b")
+    reservation = headers.reserve_headers([artifact], fresh)
+    empty = LocalStore(tmp_path / "empty")
+    failed = headers.restore_headers(empty, "pfx", [artifact], tmp_path / "scratch", fresh, reservation)
+    assert "not in the store" in failed.errors[0] and reservation.held == {}
+    assert not headers._being_built(fresh, NAME) and not (fresh / NAME).exists()  # torch builds it
