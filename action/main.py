@@ -247,11 +247,11 @@ def cmd_headers(environ: Mapping[str, str]) -> int:
 
 
 def _headers(plan: Plan, state: Mapping[str, Any], environ: Mapping[str, str]) -> None:
-    from pytest_compilecache.action_api import HeaderArtifact
     from pytest_compilecache.action_api import ghrunner
+    from pytest_compilecache.action_api import header_artifact
     from pytest_compilecache.action_api import human_size
 
-    key, artifact = str(state["key"]), HeaderArtifact.from_json(state["artifact"])
+    key, artifact = str(state["key"]), header_artifact(state["artifact"])
     hit = environ.get("COMPILECACHE_HEADER_HIT", "").strip() == "true"
     carry = transfer.carry_header(plan, key, artifact, hit)
     for line in carry.warnings:

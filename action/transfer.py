@@ -25,7 +25,7 @@ from action.inputs import SAVING_EVENTS
 from action.inputs import Plan
 
 if TYPE_CHECKING:
-    from pytest_compilecache.action_api import HeaderArtifact
+    from pytest_compilecache.action_api import Artifact
     from pytest_compilecache.action_api import RestoreResult
 
 
@@ -187,7 +187,7 @@ def restore(plan: Plan, environ: Mapping[str, str]) -> RestoreResult:
         shutil.rmtree(plan.inbox, ignore_errors=True)
 
 
-def header_entry(plan: Plan, result: RestoreResult) -> tuple[str, HeaderArtifact] | None:
+def header_entry(plan: Plan, result: RestoreResult) -> tuple[str, Artifact] | None:
     """The header that travels as its own ``actions/cache`` entry, and that entry's key; None when none does.
 
     ``store: github`` only, after a restore: the first (by name, then sha256) of the precompiled headers the
@@ -203,17 +203,13 @@ def header_entry(plan: Plan, result: RestoreResult) -> tuple[str, HeaderArtifact
     for artifact in result.named_artifacts:
         if artifact.kind == api.HEADER_KIND:
             try:
-                valid.append(api.HeaderArtifact.from_json(_artifact_json(artifact)))
+                valid.append(api.header_artifact(artifact))
             except api.HeaderError:
                 continue  # restore_headers reports it
     if not valid:
         return None
     chosen = min(valid, key=lambda artifact: (artifact.name, artifact.sha256))
     return api.header_object_key(plan.prefix, chosen.sha256), chosen
-
-
-def _artifact_json(artifact: Any) -> dict[str, Any]:
-    return {"kind": artifact.kind, "name": artifact.name, "sha256": artifact.sha256, "size": artifact.size}
 
 
 def split_headers(plan: Plan, store: Any, result: RestoreResult) -> RestoreResult:
@@ -226,13 +222,13 @@ def split_headers(plan: Plan, store: Any, result: RestoreResult) -> RestoreResul
     from pytest_compilecache import action_api as api
 
     entry = header_entry(plan, result)
-    named = [_artifact_json(artifact) for artifact in result.named_artifacts]
+    named = list(result.named_artifacts)
     if not named:
         return result
     started = time.perf_counter()
     scratch = Path(plan.inbox) / ".headers"
     scratch.mkdir(parents=True, exist_ok=True)
-    others = [item for item in named if entry is None or item.get("sha256") != entry[1].sha256]
+    others = [item for item in named if entry is None or item.sha256 != entry[1].sha256]
     try:
         transfer = api.restore_headers(store, plan.prefix, others, scratch)
         if entry is not None:
@@ -263,19 +259,17 @@ class HeaderCarry:
     warnings: tuple[str, ...] = ()
 
 
-def carry_header(
-    plan: Plan, key: str, artifact: HeaderArtifact, hit: bool, directory: Path | None = None
-) -> HeaderCarry:
+def carry_header(plan: Plan, key: str, artifact: Artifact, hit: bool, directory: Path | None = None) -> HeaderCarry:
     """Verify and install the header the bundle's manifest names, from its own entry or the bundle's copy.
 
     ``hit``: actions/cache restored the header entry (its exact key) into ``plan.header_staging``. Every
-    byte is checked against the verified manifest's sha256 (:func:`pytest_compilecache.headers.install`, or
-    :func:`~pytest_compilecache.headers.verify` where the header is already in torch's dir). The entry's copy
-    comes first; when it is missing (evicted, never saved) or bad, the bundle entry's copy: on a saving run
-    whose header entry missed, that one is moved into the staging dir, so that actions/cache's post step
-    saves it under the exact key; otherwise (nothing will save it) the used object is removed. Neither: one
-    warning; torch builds the header, and this run's plugin writes it into its bundle (not ``carried``), from
-    which the next saving run saves the header entry. Never raises.
+    byte is checked against the verified manifest's sha256 (:func:`pytest_compilecache.headers.install_header`,
+    or :func:`~pytest_compilecache.headers.verify_header_copy` where the header is already in torch's dir).
+    The entry's copy comes first; when it is missing (evicted, never saved) or bad, the bundle entry's copy:
+    on a saving run whose header entry missed, that one is moved into the staging dir, so that actions/cache's
+    post step saves it under the exact key; otherwise (nothing will save it) the used object is removed.
+    Neither: one warning; torch builds the header, and this run's plugin writes it into its bundle (not
+    ``carried``), from which the next saving run saves the header entry. Never raises.
     """
     import time
 
@@ -294,7 +288,7 @@ def carry_header(
                 installed = api.install_header(artifact, fh, target)
                 if not installed:  # already in torch's dir (or torch is building it): check the bytes anyway
                     fh.seek(0)
-                    api.verify_header(artifact, fh)
+                    api.verify_header_copy(artifact, fh)
             if plan.save and not hit:  # actions/cache's post step saves the staged object under the exact key
                 if source == "bundle":
                     staged.parent.mkdir(parents=True, exist_ok=True)

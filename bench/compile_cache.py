@@ -57,6 +57,7 @@ from typing import Any
 import zstandard
 
 from pytest_compilecache import headers
+from pytest_compilecache.manifest import Artifact
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -159,7 +160,7 @@ def make_shims(tmp: Path) -> Path:
     return shims
 
 
-def carry_headers(machine: Path, objects: Path, since: float) -> tuple[list[headers.HeaderArtifact], dict[str, Any]]:
+def carry_headers(machine: Path, objects: Path, since: float) -> tuple[list[Artifact], dict[str, Any]]:
     """Upload the headers the cold run used on ``machine`` as content-addressed objects (once each)."""
     started = time.perf_counter()
     artifacts = []
@@ -181,7 +182,7 @@ def carry_headers(machine: Path, objects: Path, since: float) -> tuple[list[head
     return artifacts, info
 
 
-def install_headers(artifacts: list[headers.HeaderArtifact], objects: Path, fresh: Path) -> dict[str, Any]:
+def install_headers(artifacts: list[Artifact], objects: Path, fresh: Path) -> dict[str, Any]:
     """Download each object (a local copy stands in for the transfer) and install it under ``fresh``."""
     started = time.perf_counter()
     downloads = fresh / "downloads"
@@ -192,7 +193,7 @@ def install_headers(artifacts: list[headers.HeaderArtifact], objects: Path, fres
     downloaded = time.perf_counter()
     for artifact in artifacts:
         with open(downloads / headers.object_key("bench", artifact.sha256), "rb") as fh:
-            headers.install(artifact, fh, headers.header_dir(fresh))
+            headers.install_header(artifact, fh, headers.header_dir(fresh))
     shutil.rmtree(downloads)
     return {"download_s": downloaded - started, "install_s": time.perf_counter() - downloaded}
 

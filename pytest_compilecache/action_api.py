@@ -22,14 +22,15 @@ from .fingerprint import handover as handover_fingerprint
 from .fingerprint import make_key
 from .fingerprint import restore_prefix
 from .headers import KIND as HEADER_KIND
-from .headers import HeaderArtifact
 from .headers import HeaderTransfer
+from .headers import header_artifact
 from .headers import header_dir
-from .headers import install as install_header
+from .headers import install_header
 from .headers import object_key as header_object_key
 from .headers import packed_bound as header_packed_bound
 from .headers import restore_headers
-from .headers import verify as verify_header
+from .headers import verify_header_copy
+from .manifest import Artifact
 from .probe import point_cache_dir
 from .report import human_size
 from .settings import DEFAULT_PREFIX
@@ -64,7 +65,7 @@ __all__ = [
     "OPTIONS",
     "ConfigError",
     "Fingerprint",
-    "HeaderArtifact",
+    "Artifact",
     "HeaderError",
     "HeaderReport",
     "HeaderTransfer",
@@ -74,6 +75,7 @@ __all__ = [
     "from_environment",
     "ghrunner",
     "handover_fingerprint",
+    "header_artifact",
     "header_dir",
     "header_object_key",
     "header_packed_bound",
@@ -87,5 +89,5 @@ __all__ = [
     "restore_headers",
     "restore_outputs",
     "restore_prefix",
-    "verify_header",
+    "verify_header_copy",
 ]

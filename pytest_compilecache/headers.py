@@ -45,7 +45,11 @@ header, and torch never rebuilds the file) to "cannot read PCH file" (truncated)
 existing header. :func:`check` compiles a one-line file with ``-include`` of the header under torch's exact
 flags and no text header to fall back on, so only a loaded PCH compiles (about half a second for a ~150 MB
 header). A header that fails is removed under torch's build lock, and torch builds it again in the same
-process, with one note (:func:`remove_if_unchanged`). A save uploads only headers some process of the
+process, with one note (:func:`remove_if_unchanged`). An accepted header is remembered in a small record
+beside it (:data:`VERDICTS`), keyed by the file's identity (device, inode, size, mtime, ctime), the check's
+argv and the compiler binary: the next process that looks up that very file runs no compiler, so warm runs
+and every xdist worker after the first pay nothing; any change to the file or the check means a new check.
+A save uploads only headers some process of the
 session checked and that have not changed since; a restore replaces a local header of the manifest's name
 that is no PCH at all (zeroed, junk) with the verified one. Partial files of a killed build under temporary
 names are never candidates: only torch's final names are. Limits: gcc loads a PCH lazily, so bytes changed
@@ -63,8 +67,10 @@ from __future__ import annotations
 import contextlib
 import getpass
 import hashlib
+import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import tempfile
@@ -77,6 +83,7 @@ from typing import Any
 from typing import BinaryIO
 from typing import Callable
 from typing import Iterable
+from typing import Iterator
 from typing import Mapping
 from typing import Sequence
 
@@ -84,6 +91,7 @@ from ._fs import atomic_file
 from ._fs import temporary_dir
 from ._fs import try_flock
 from .errors import HeaderError
+from .manifest import Artifact
 
 if TYPE_CHECKING:
     from .stores.base import Store
@@ -91,7 +99,7 @@ if TYPE_CHECKING:
 __all__ = [
     "KIND",
     "OK_VERDICTS",
-    "HeaderArtifact",
+    "VERDICTS",
     "HeaderError",
     "HeaderTransfer",
     "HeaderUse",
@@ -100,19 +108,22 @@ __all__ = [
     "describe",
     "find_built",
     "find_used",
+    "header_artifact",
     "header_dir",
     "header_notes",
     "header_uses",
-    "install",
+    "install_header",
     "is_damaged_copy",
     "is_header_name",
     "looks_complete",
     "object_key",
+    "Reservation",
     "remove_if_unchanged",
+    "reserve_headers",
     "restore_headers",
     "save_headers",
     "session_start",
-    "verify",
+    "verify_header_copy",
 ]
 
 KIND = "precompiled_header"
@@ -136,31 +147,21 @@ OK_VERDICTS = ("verified", "rebuilt")
 """:attr:`HeaderUse.verdict` values of a header the compiler accepted (checked, or built again after failing)."""
 
 
-@dataclass(frozen=True)
-class HeaderArtifact:
-    """One compiled header as a bundle manifest names it: ``{kind, name, sha256, size}`` (of the raw file)."""
-
-    name: str
-    sha256: str
-    size: int
-    kind: str = KIND
-
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "sha256": self.sha256, "size": self.size}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> HeaderArtifact:
-        """Validate a manifest entry; raise HeaderError naming what is wrong (never trust a manifest's shape)."""
-        kind, name, digest, size = data.get("kind"), data.get("name"), data.get("sha256"), data.get("size")
-        if kind != KIND:
-            raise HeaderError(f"not a {KIND} artifact: kind={kind!r}")
-        if not isinstance(name, str) or not is_header_name(name):
-            raise HeaderError(f"not a precompiled-header name: {name!r}")
-        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
-            raise HeaderError(f"bad sha256 for {name}: {digest!r}")
-        if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_SIZE:
-            raise HeaderError(f"bad size for {name}: {size!r}")
-        return cls(name=name, sha256=digest, size=size)
+def header_artifact(data: Artifact | Mapping[str, Any]) -> Artifact:
+    """A bundle manifest's artifact entry (a :class:`.manifest.Artifact`, or its JSON) checked as a precompiled
+    header: torch's name, a sha256, a size up to :data:`MAX_SIZE`. Raises HeaderError naming what is wrong: a
+    signed manifest says which bytes to fetch, not that its entries have a header's shape."""
+    fields: Mapping[str, Any] = data.to_json() if isinstance(data, Artifact) else data
+    kind, name, digest, size = (fields.get(key) for key in ("kind", "name", "sha256", "size"))
+    if kind != KIND:
+        raise HeaderError(f"not a {KIND} artifact: kind={kind!r}")
+    if not isinstance(name, str) or not is_header_name(name):
+        raise HeaderError(f"not a precompiled-header name: {name!r}")
+    if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+        raise HeaderError(f"bad sha256 for {name}: {digest!r}")
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_SIZE:
+        raise HeaderError(f"bad size for {name}: {size!r}")
+    return Artifact(kind=KIND, name=name, sha256=digest, size=size)
 
 
 def is_header_name(name: str) -> bool:
@@ -327,7 +328,13 @@ def looks_complete(path: Path) -> bool:
         return False
 
 
-def check(path: Path, command: Callable[[Path, Path], Sequence[str]], timeout: float = CHECK_TIMEOUT) -> str | None:
+def check(
+    path: Path,
+    command: Callable[[Path, Path], Sequence[str]],
+    timeout: float = CHECK_TIMEOUT,
+    *,
+    remember: bool = False,
+) -> str | None:
     """Compile a one-line file with ``-include`` of the header at ``path``; None when the compiler accepted
     it, else the compiler's first line about it.
 
@@ -338,6 +345,13 @@ def check(path: Path, command: Callable[[Path, Path], Sequence[str]], timeout: f
     will not use (not a PCH, other flags) cannot fall back to parsing text, so every rejection is an error,
     and so is a truncated file ("cannot read PCH file") or an internal compiler error. Raises HeaderError
     (one line) when the check could not run at all (no compiler, a timeout): that proves nothing either way.
+
+    ``remember``: use the header dir's record of accepted headers (:data:`VERDICTS`, issue 24). A header the
+    record says this very file was accepted by this very check (same argv, same compiler binary) is accepted
+    without running the compiler; an acceptance is added to the record. Rejections are never remembered.
+    Processes that check the same file at once (xdist workers meeting a header just restored) take turns
+    (a lock on the header file itself), so the later ones find the first one's verdict instead of running
+    the compiler again.
     """
     with temporary_dir("tmp") as tmp:  # ours by name: a killed check's dir is swept like our other temp dirs
         include = Path(tmp) / "compilecache_check.h"
@@ -345,14 +359,20 @@ def check(path: Path, command: Callable[[Path, Path], Sequence[str]], timeout: f
         source = Path(tmp) / "compilecache_check.cpp"
         source.write_text("int compilecache_check_pch;\n")
         argv = [*command(source, include), "-fsyntax-only", "-Winvalid-pch"]
-        try:
-            done = subprocess.run(
-                argv, cwd=tmp, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False
-            )
-        except subprocess.TimeoutExpired:
-            raise HeaderError(f"the compiler did not finish checking {path.name} in {timeout:g} s") from None
-        except OSError as exc:
-            raise HeaderError(f"cannot run {argv[0]} to check {path.name}: {exc.strerror or exc}") from None
+        record = _Verdicts.of(path, argv, tmp) if remember else None
+        with _one_check_at_a_time(path if record is not None else None):
+            if record is not None and record.accepted():
+                return None
+            try:
+                done = subprocess.run(
+                    argv, cwd=tmp, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False
+                )
+            except subprocess.TimeoutExpired:
+                raise HeaderError(f"the compiler did not finish checking {path.name} in {timeout:g} s") from None
+            except OSError as exc:
+                raise HeaderError(f"cannot run {argv[0]} to check {path.name}: {exc.strerror or exc}") from None
+            if done.returncode == 0 and record is not None:
+                record.add()  # before the next process in line reads the record
     if done.returncode == 0:
         return None
     text = done.stderr.decode("utf-8", "replace").replace(str(include) + path.suffix, path.name)
@@ -365,6 +385,208 @@ def check(path: Path, command: Callable[[Path, Path], Sequence[str]], timeout: f
         if picked is not None:
             return picked[:200]
     return f"exit status {done.returncode}"
+
+
+VERDICTS = ".compilecache-verdicts.json"
+"""The record of headers the compiler accepted, kept in torch's header dir beside them (:func:`check`)."""
+# Where the record lives, and why there. Beside the headers it describes, not in the session's cache dir:
+# a header is a file of torch's header dir (per TMPDIR and user), shared by every cache dir, every mode
+# (isolated sessions too) and the Action's split restore/save; the record lives and dies with those files
+# (a fresh runner has neither). Ownership is proved before the record is read or written (_owned_dir):
+# the header dir and its parent are plain dirs of this user that no one else may write to, and the
+# record is a regular file of this user, never followed through a link. The name is ours (torch's names are
+# "c" + base32 hashes, and torch never lists the dir: it opens names it computes), so it is never a file
+# torch could mean; it stays small (one entry per header still present, a few checks each).
+_VERDICTS_MAX_BYTES = 1 << 16
+_VERDICTS_MAX_HEADERS = 64
+_VERDICTS_MAX_CHECKS = 8  # per header: the argv/compiler pairs it was accepted under
+# A file whose ctime is this close to the check's start is checked but not remembered (git's "racily clean"
+# entries, the same cure): file systems stamp times from a coarse clock, one kernel tick (1-10 ms) on ext4,
+# xfs, btrfs or tmpfs, so a write in the same tick as the recorded ctime would leave it unchanged. Where the
+# stamps are coarser (whole seconds: ext3, FAT's two), twice the stamp's own granule is waited for instead
+# (_settled). So a header is remembered by the first check that starts this long after its last change: a
+# header torch has just built, or a restore has just installed, is remembered by the next process.
+SETTLED_NS = 50_000_000
+# Variables gcc (and clang) read that can change what a compile with -include does.
+_COMPILER_ENV = ("CPATH", "CPLUS_INCLUDE_PATH", "C_INCLUDE_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH")
+
+
+@contextlib.contextmanager
+def _one_check_at_a_time(path: Path | None) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the header file itself while it is checked (nothing when ``path`` is
+    None or cannot be opened): no file of ours is made for it, torch never locks the compiled file (its
+    build lock is a separate file), and a header replaced meanwhile is a new file, checked on its own."""
+    import fcntl  # POSIX only, like torch's precompiled headers
+
+    fd = -1
+    if path is not None:
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX)  # a check takes at most CHECK_TIMEOUT; a dead holder lets go
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _file_identity(info: os.stat_result) -> list[int]:
+    """What says "this very file, unchanged": device, inode, size, mtime and ctime (ns). The ctime is the one
+    a user process cannot set (``utime`` sets only atime and mtime; every write, chmod or rename moves ctime
+    to now), so a header rewritten in place with its size and mtime put back still reads as changed."""
+    return [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+
+
+def _settled(ctime_ns: int, start_ns: int) -> bool:
+    """True when a write after ``start_ns`` must stamp a ctime other than ``ctime_ns`` (see SETTLED_NS)."""
+    granule = 1
+    while granule < 1_000_000_000 and ctime_ns % (granule * 10) == 0:
+        granule *= 10  # stamps in whole ms, s: the file system's granule (or, rarely, a round time)
+    return start_ns - ctime_ns > max(SETTLED_NS, 2 * granule)
+
+
+def _compiler_identity(program: str) -> list[Any] | None:
+    """The binary ``program`` runs as (looked up on PATH, as ``subprocess`` does), links resolved, with its
+    identity; None when it cannot be found. An upgrade of the compiler replaces that file (new inode, ctime)."""
+    found = shutil.which(program)
+    if found is None:
+        return None
+    real = os.path.realpath(found)
+    try:
+        info = os.stat(real)
+    except OSError:
+        return None
+    return [real, *_file_identity(info)]
+
+
+def _owned_dir(directory: Path) -> bool:
+    """The header dir and its parent are plain dirs (no links) of this user that no other user can write to
+    (group-writable only for the user's own primary group: a umask of 002 with per-user groups)."""
+    getuid = getattr(os, "getuid", None)
+    if getuid is None:
+        return False
+    for path in (directory, directory.parent):
+        try:
+            info = os.lstat(path)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != getuid() or info.st_mode & stat.S_IWOTH:
+            return False
+        if info.st_mode & stat.S_IWGRP and info.st_gid != os.getgid():
+            return False
+    return True
+
+
+@dataclass
+class _Verdicts:
+    """One check's view of the header dir's record: this header's file identity and this check's key."""
+
+    directory: Path
+    name: str
+    file: list[int]
+    key: str
+    start_ns: int
+
+    @classmethod
+    def of(cls, path: Path, argv: Sequence[str], tmp: str) -> _Verdicts | None:
+        """None when no record can be used: a dir whose ownership is not proved, a compiler not found.
+
+        A file changed less than :data:`SETTLED_NS` ago (torch has just built it) is given the rest of that
+        time first, so that the verdict about to be reached can be remembered (a few ms, once per file).
+        """
+        directory = path.parent
+        compiler = _compiler_identity(argv[0]) if argv else None
+        if compiler is None or not is_header_name(path.name) or not _owned_dir(directory):
+            return None
+        for _ in range(2):
+            start_ns = time.time_ns()  # before the lstat: a write after it must stamp another ctime
+            try:
+                info = os.lstat(path)
+            except OSError:
+                return None
+            young = SETTLED_NS - (start_ns - info.st_ctime_ns)
+            if _settled(info.st_ctime_ns, start_ns) or not 0 < young <= SETTLED_NS:
+                break  # settled, or a coarse file system's stamp: not worth waiting for
+            time.sleep(young / 1e9 + 0.001)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        # The check's private dir differs on every run: the key is the argv with it replaced.
+        words = [word.replace(tmp, "<check>") for word in argv]
+        env = [os.environ.get(name) for name in _COMPILER_ENV]
+        key = hashlib.sha256(json.dumps([words, compiler, env]).encode("utf-8", "replace")).hexdigest()
+        return cls(directory, path.name, _file_identity(info), key, start_ns)
+
+    def accepted(self) -> bool:
+        """True when the record says this very file was accepted by this very check before."""
+        entry = _read_verdicts(self.directory).get(self.name)
+        return entry is not None and entry["file"] == self.file and self.key in entry["checks"]
+
+    def add(self) -> None:
+        """Remember that the compiler accepted this file, if it is still the file checked and settled.
+
+        Best effort: a record that cannot be written costs a check next time, nothing else. Entries of headers
+        gone or changed since are dropped on the way (the record is bounded by what the dir holds). Two
+        processes adding at once may lose one's entry: that process's header is checked once more later.
+        """
+        path = self.directory / self.name
+        try:
+            now = os.lstat(path)
+        except OSError:
+            return
+        if _file_identity(now) != self.file or not _settled(now.st_ctime_ns, self.start_ns):
+            return
+        recorded = _read_verdicts(self.directory)
+        entries: dict[str, dict[str, Any]] = {}
+        for name, entry in recorded.items():
+            try:
+                if name != self.name and _file_identity(os.lstat(self.directory / name)) == entry["file"]:
+                    entries[name] = entry
+            except OSError:
+                continue  # gone: torch removed it, or we did (rejected)
+        old = recorded.get(self.name)
+        checks = old["checks"] if old is not None and old["file"] == self.file else []
+        checks = [key for key in checks if key != self.key][-(_VERDICTS_MAX_CHECKS - 1) :] + [self.key]
+        entries[self.name] = {"file": self.file, "checks": checks}
+        kept = dict(list(entries.items())[-_VERDICTS_MAX_HEADERS:])
+        data = json.dumps({"version": 1, "accepted": kept}, sort_keys=True).encode()
+        if len(data) > _VERDICTS_MAX_BYTES or not _owned_dir(self.directory):
+            return
+        with contextlib.suppress(OSError), atomic_file(self.directory / VERDICTS, fsync=False, mode=0o600) as out:
+            out.write(data)
+
+
+def _read_verdicts(directory: Path) -> dict[str, dict[str, Any]]:
+    """The record's entries (name -> ``{"file": [5 ints], "checks": [sha256 hex, ...]}``); an empty record for
+    anything missing, foreign (a link, another user's, not a regular file), too large or malformed."""
+    try:
+        fd = os.open(directory / VERDICTS, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return {}
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_size > _VERDICTS_MAX_BYTES:
+            return {}
+        data = json.loads(os.read(fd, _VERDICTS_MAX_BYTES + 1))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    finally:
+        os.close(fd)
+    accepted = data.get("accepted") if isinstance(data, dict) and data.get("version") == 1 else None
+    if not isinstance(accepted, dict):
+        return {}
+    entries: dict[str, dict[str, Any]] = {}
+    for name, entry in accepted.items():
+        if not isinstance(name, str) or not is_header_name(name) or not isinstance(entry, dict):
+            continue
+        file, checks = entry.get("file"), entry.get("checks")
+        if not (isinstance(file, list) and len(file) == 5 and all(type(n) is int for n in file)):
+            continue
+        if not (isinstance(checks, list) and all(isinstance(c, str) and _SHA256.fullmatch(c) for c in checks)):
+            continue
+        entries[name] = {"file": file, "checks": checks[-_VERDICTS_MAX_CHECKS:]}
+    return entries
 
 
 def remove_if_unchanged(path: Path, info: os.stat_result) -> bool:
@@ -394,7 +616,7 @@ def remove_if_unchanged(path: Path, info: os.stat_result) -> bool:
         return True
 
 
-def describe(path: Path) -> HeaderArtifact:
+def describe(path: Path) -> Artifact:
     """Hash one header file (streamed) into its manifest entry; HeaderError when it cannot be read."""
     if not is_header_name(path.name):
         raise HeaderError(f"not a precompiled-header name: {path.name!r}")
@@ -411,7 +633,7 @@ def describe(path: Path) -> HeaderArtifact:
         raise HeaderError(f"cannot read {path}: {exc.strerror or exc}") from None
     if size == 0:
         raise HeaderError(f"{path.name} is empty")
-    return HeaderArtifact(name=path.name, sha256=digest.hexdigest(), size=size)
+    return Artifact(kind=KIND, name=path.name, sha256=digest.hexdigest(), size=size)
 
 
 def packed_bound(size: int) -> int:
@@ -420,7 +642,7 @@ def packed_bound(size: int) -> int:
     return size + size // 64 + (1 << 16)
 
 
-def compress(path: Path, dest: BinaryIO, expected: HeaderArtifact | None = None) -> int:
+def compress(path: Path, dest: BinaryIO, expected: Artifact | None = None) -> int:
     """Stream ``path`` as one zstd frame (level 3) into ``dest``; return the compressed byte count.
 
     With ``expected``, the bytes read are hashed on the way and HeaderError is raised when they are not the
@@ -448,7 +670,7 @@ def compress(path: Path, dest: BinaryIO, expected: HeaderArtifact | None = None)
     return int(written)
 
 
-def install(artifact: HeaderArtifact, compressed: BinaryIO, directory: Path) -> bool:
+def install_header(artifact: Artifact, compressed: BinaryIO, directory: Path) -> bool:
     """Install one verified header from its zstd stream into ``directory``; True when a file was added.
 
     Returns False, touching nothing, when a file that may be sound is already there (torch's or ours: never
@@ -469,14 +691,84 @@ def install(artifact: HeaderArtifact, compressed: BinaryIO, directory: Path) -> 
     if os.path.lexists(dest) and not is_damaged_copy(dest):
         return False
     with _build_lock(directory, artifact.name) as held:
-        if not held or (os.path.lexists(dest) and not is_damaged_copy(dest)):
-            return False
-        try:
-            with atomic_file(dest, fsync=False) as out:
-                _copy_verified(artifact, compressed, out)
-        except OSError as exc:
-            raise HeaderError(f"cannot install {artifact.name}: {exc.strerror or exc}") from None
+        return held and _install_locked(artifact, compressed, dest)
+
+
+def _install_locked(artifact: Artifact, compressed: BinaryIO, dest: Path) -> bool:
+    """:func:`install_header`'s work, under torch's build lock for the header (held by the caller)."""
+    if os.path.lexists(dest) and not is_damaged_copy(dest):
+        return False
+    try:
+        with atomic_file(dest, fsync=False) as out:
+            _copy_verified(artifact, compressed, out)
+    except OSError as exc:
+        raise HeaderError(f"cannot install {artifact.name}: {exc.strerror or exc}") from None
     return True
+
+
+class Reservation:
+    """torch's build locks of the headers a restore is about to install, held until each is in place.
+
+    Taken before the install starts (:func:`reserve_headers`), so that the restore can go on in the
+    background (issue 25): any process, this one included, whose compile looks such a header up meanwhile
+    waits in torch's own lock (``_worker_compile_cpp``), then finds the installed file and builds nothing.
+    The locks are ``flock``s: a process that forks meanwhile would hold them on in its child, so a child
+    closes its copies at once (``os.register_at_fork``), and a process that dies lets go of them.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.held: dict[str, int] = {}  # header name -> fd of its build lock, held
+
+    def release(self, name: str | None = None) -> None:
+        """Let go of ``name``'s lock (every lock when None); idempotent."""
+        for key in [name] if name is not None else list(self.held):
+            fd = self.held.pop(key, None) if key is not None else None
+            if fd is not None:
+                _RESERVED.discard(fd)
+                os.close(fd)  # the flock goes with the last fd of the open file
+
+
+_RESERVED: set[int] = set()  # every held reservation fd of this process, closed in a forked child
+_FORK_HOOK: list[bool] = []
+
+
+def _close_reserved_in_child() -> None:
+    for fd in list(_RESERVED):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _RESERVED.clear()
+
+
+def reserve_headers(entries: Iterable[Artifact], directory: Path | None = None) -> Reservation:
+    """Take torch's build lock, without waiting, of every header among ``entries`` that a restore will
+    install into ``directory`` (default: torch's): absent, or a damaged copy (:func:`is_damaged_copy`).
+
+    A header whose lock torch holds (it is building it) or that cannot be locked is not reserved: the
+    restore then installs it, or not, as :func:`install_header` decides. Never raises; pass the result to
+    :func:`restore_headers`, which releases each lock once its header is in place (or failed).
+    """
+    target = directory or header_dir()
+    reservation = Reservation(target)
+    if os.name == "nt":
+        return reservation
+    if not _FORK_HOOK:
+        os.register_at_fork(after_in_child=_close_reserved_in_child)
+        _FORK_HOOK.append(True)
+    for entry in entries:
+        try:
+            artifact = header_artifact(entry)
+            _ensure_dir(target)
+            dest = target / artifact.name
+            if os.path.lexists(dest) and not is_damaged_copy(dest) or artifact.name in reservation.held:
+                continue
+            fd = _take_build_lock(target, artifact.name)
+        except HeaderError:
+            continue  # restore_headers says what is wrong with it
+        if fd is not None:
+            reservation.held[artifact.name] = fd
+            _RESERVED.add(fd)
+    return reservation
 
 
 def is_damaged_copy(path: Path) -> bool:
@@ -490,11 +782,11 @@ def is_damaged_copy(path: Path) -> bool:
     return stat.S_ISREG(info.st_mode) and not looks_complete(path)
 
 
-def verify(artifact: HeaderArtifact, compressed: BinaryIO) -> None:
+def verify_header_copy(artifact: Artifact, compressed: BinaryIO) -> None:
     """Check that a zstd stream holds exactly ``artifact`` (size and sha256) without writing it anywhere.
 
     For a header object that is about to be stored again under its content key (the Action's header entry,
-    saved by ``actions/cache`` from a file this run did not install from); :func:`install` verifies on its
+    saved by ``actions/cache`` from a file this run did not install from); :func:`install_header` verifies on its
     own. Raises HeaderError (one line) when the stream is not zstd or its content is not the artifact's.
     """
     with open(os.devnull, "wb") as sink:
@@ -522,7 +814,7 @@ def object_key(prefix: str, sha256: str) -> str:
 class HeaderTransfer:
     """What :func:`save_headers` or :func:`restore_headers` did, for the report; ``errors`` are warning lines."""
 
-    artifacts: list[HeaderArtifact] = field(default_factory=list)
+    artifacts: list[Artifact] = field(default_factory=list)
     transferred: list[str] = field(default_factory=list)  # names uploaded (save) or installed (restore)
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # restore: damaged local headers replaced
@@ -588,25 +880,44 @@ def save_headers(
 
 
 def restore_headers(
-    store: Store, prefix: str, entries: Iterable[Mapping[str, Any]], scratch: Path, directory: Path | None = None
+    store: Store,
+    prefix: str,
+    entries: Iterable[Artifact],
+    scratch: Path,
+    directory: Path | None = None,
+    reservation: Reservation | None = None,
 ) -> HeaderTransfer:
     """Controller, at session start, before any test: install the headers a verified manifest names.
 
-    ``entries`` are the manifest's artifacts (other kinds are ignored); the manifest must already be verified
+    ``entries`` are the manifest's artifacts (other kinds are ignored; each header's entry is checked with
+    :func:`header_artifact`); the manifest must already be verified
     (checksums, signature), since its sha256 is what every downloaded byte is checked against. A header
     already present is not downloaded. Every failure (a bad entry, a store miss, content that does not match)
     is one line in ``errors`` and leaves the header dir as it was: torch then builds the header itself.
     ``transferred`` lists the installed names; ``artifacts`` every valid entry, installed or already present:
     pass ``[a.name for a in result.artifacts]`` to :func:`find_used` as ``installed`` at session end, so the
     next bundle names them again even though no kernel build read them.
+
+    ``reservation`` (:func:`reserve_headers`, same ``directory``): the headers whose build lock it holds are
+    installed under it, and each lock is let go once its header is in place or failed; all are let go on
+    return, whatever happens.
     """
+    try:
+        return _restore_headers(store, prefix, entries, scratch, directory or header_dir(), reservation)
+    finally:
+        if reservation is not None:
+            reservation.release()
+
+
+def _restore_headers(
+    store: Store, prefix: str, entries: Iterable[Artifact], scratch: Path, target: Path, reservation: Reservation | None
+) -> HeaderTransfer:
     result = HeaderTransfer()
-    target = directory or header_dir()
     for entry in entries:
-        if entry.get("kind") != KIND:
+        if entry.kind != KIND:
             continue
         try:
-            artifact = HeaderArtifact.from_json(entry)
+            artifact = header_artifact(entry)
             result.artifacts.append(artifact)
             damaged = is_damaged_copy(target / artifact.name)
             if os.path.lexists(target / artifact.name) and not damaged:
@@ -624,7 +935,12 @@ def restore_headers(
                 if not store.get(key, packed, limit=packed_bound(artifact.size)):
                     raise HeaderError(f"{key} is not in the store")
                 with open(packed, "rb") as fh:
-                    if install(artifact, fh, target):
+                    reserved = reservation is not None and artifact.name in reservation.held
+                    if (
+                        _install_locked(artifact, fh, target / artifact.name)
+                        if reserved
+                        else install_header(artifact, fh, target)
+                    ):
                         result.transferred.append(artifact.name)
                         if damaged:
                             result.notes.append(
@@ -635,7 +951,10 @@ def restore_headers(
                 with contextlib.suppress(OSError):
                     packed.unlink()
         except Exception as exc:  # infrastructure trouble: torch builds the header as it would without us
-            result.errors.append(f"precompiled header {entry.get('name')!r} not restored: {_one_line(exc)}")
+            result.errors.append(f"precompiled header {entry.name!r} not restored: {_one_line(exc)}")
+        finally:
+            if reservation is not None:
+                reservation.release(entry.name)  # in place, or failed: torch may look it up (or build it)
     return result
 
 
@@ -685,8 +1004,18 @@ def _build_lock(directory: Path, name: str):  # type: ignore[no-untyped-def]
 
     Yields False when torch holds it: torch is building this very header and will publish it itself.
     """
-    import fcntl  # POSIX only, like torch's precompiled headers
+    fd = _take_build_lock(directory, name)
+    if fd is None:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        os.close(fd)  # drops the flock: no other fd of ours refers to this open file
 
+
+def _take_build_lock(directory: Path, name: str) -> int | None:
+    """The fd of torch's build lock for ``name``, flocked without waiting; None when another holds it."""
     locks = directory / "locks"
     try:
         os.makedirs(locks, exist_ok=True)
@@ -694,19 +1023,14 @@ def _build_lock(directory: Path, name: str):  # type: ignore[no-untyped-def]
     except OSError as exc:
         raise HeaderError(f"cannot lock {name}: {exc.strerror or exc}") from None
     try:
-        try:
-            taken = try_flock(fd)
-        except OSError as exc:
-            raise HeaderError(f"cannot lock {name}: {exc.strerror or exc}") from None
-        if not taken:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
+        taken = try_flock(fd)
+    except OSError as exc:
         os.close(fd)
+        raise HeaderError(f"cannot lock {name}: {exc.strerror or exc}") from None
+    if not taken:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _being_built(directory: Path, name: str) -> bool:
@@ -728,7 +1052,7 @@ def _lock_name(name: str) -> str:
     return name.split(".", 1)[0] + ".lock"
 
 
-def _copy_verified(artifact: HeaderArtifact, compressed: BinaryIO, out: BinaryIO) -> None:
+def _copy_verified(artifact: Artifact, compressed: BinaryIO, out: BinaryIO) -> None:
     import zstandard
 
     digest = hashlib.sha256()

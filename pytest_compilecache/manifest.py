@@ -95,6 +95,12 @@ class Artifact:
     sha256: str
     size: int
 
+    def to_json(self) -> dict[str, Any]:
+        """Its entry in the manifest's ``artifacts``: ``{kind, name, sha256, size}``. Read back (validated) only
+        with the whole manifest (:meth:`Manifest.from_json_bytes`); a kind's own shape is its module's to check
+        (:func:`.headers.header_artifact`)."""
+        return {"kind": self.kind, "name": self.name, "sha256": self.sha256, "size": self.size}
+
 
 @dataclass(frozen=True)
 class Manifest:
@@ -132,7 +138,7 @@ class Manifest:
             "torch_version": self.torch_version,
             "created": self.created,
             "members": [{"path": m.path, "size": m.size, "sha256": m.sha256} for m in self.members],
-            "artifacts": [{"kind": a.kind, "name": a.name, "sha256": a.sha256, "size": a.size} for a in self.artifacts],
+            "artifacts": [artifact.to_json() for artifact in self.artifacts],
             "graphs": self.graphs,
             "stats": self.stats,
             "payload_size": self.payload_size,

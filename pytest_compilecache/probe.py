@@ -48,6 +48,29 @@ def dynamo_loaded() -> bool:
     return "torch._dynamo.utils" in sys.modules
 
 
+def import_compiler() -> bool:
+    """Import torch's compiler (``torch._inductor.codecache``, which brings dynamo and inductor) now, in a
+    process whose tests already imported torch; True when it is imported. Never imports torch itself.
+
+    For an xdist worker that would otherwise sit idle while another worker restores the session's bundle
+    (issue 25): the first ``torch.compile`` pays this import anyway (about 1.5 s of CPU), and the hash of
+    torch's sources every FX-graph key includes (0.2 s), so both are done while waiting. Nothing in the
+    import reads the cache dir's entries; torch fixes its precompiled-header dir from TMPDIR, which the
+    worker already has.
+    """
+    if not torch_loaded():
+        return False
+    try:
+        codecache = importlib.import_module(_CODECACHE)
+        # The hash of torch's own sources that every FX-graph key includes (cached for the process).
+        torch_key = getattr(codecache, "torch_key", None)
+        if callable(torch_key):
+            torch_key()
+    except Exception:  # a torch that cannot compile here: its first compile will say why
+        return False
+    return True
+
+
 # --------------------------------------------------------------------------- per-phase measurement
 
 
@@ -1192,8 +1215,10 @@ def _compiled_header(path: str) -> Path | None:
 
 
 def _check_header(path: Any, rebuild: Any, compile_command: dict[str, Any]) -> None:
-    """Check the header at ``path`` once per process; when the compiler rejects it, remove it and have torch
-    build it again (``rebuild``: torch's uncached ``_precompile_header``), then check that one."""
+    """Check the header at ``path`` once per process (and once per file across processes: a file the
+    compiler accepted before, unchanged, is not compiled against again, ``headers.VERDICTS``); when the
+    compiler rejects it, remove it and have torch build it again (``rebuild``: torch's uncached
+    ``_precompile_header``), then check that one."""
     # cost: headers loads with the first header torch looks up, not with the plugin
     from . import headers
 
@@ -1206,7 +1231,7 @@ def _check_header(path: Any, rebuild: Any, compile_command: dict[str, Any]) -> N
 
     def verdict() -> tuple[str | None, os.stat_result]:
         info = os.lstat(compiled)
-        return headers.check(compiled, command), info
+        return headers.check(compiled, command, remember=True), info  # an accepted file is checked once
 
     name = compiled.name
     try:

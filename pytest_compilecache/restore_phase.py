@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from .explain import GraphsRecord
     from .recorder import Recorder
     from .session import Setup
+    from .stores.timed import TimedStore
+    from .sync import HeaderInstall
     from .sync import RestoreResult
 
 # Modes whose cache dir keeps FX graphs, so that a miss can be compared with an earlier run's lookups.
@@ -118,6 +120,9 @@ class RestorePhase:
         self.header_since: float | None = None
         self.baseline: GraphsRecord | None = None
         self.compared_with = ""
+        self._headers: HeaderInstall | None = None  # the restored bundle's headers, being installed
+        self._store: TimedStore | None = None
+        self._served: RestoreTicket | None = None
 
     def run(self) -> None:
         self.setup.ensure_dir()
@@ -141,9 +146,17 @@ class RestorePhase:
 
     def restore_for(self, ticket: RestoreTicket) -> None:
         """In the worker that took ``ticket``: restore as a controller would, install the bundle's graph
-        record for every process, and write what happened for the controller (and the other workers)."""
+        record for every process, and write what happened for the controller (and the other workers).
+
+        The bundle's precompiled headers are still being installed when this returns (the other workers may
+        start their tests meanwhile; torch's own lock holds any compile that looks such a header up):
+        :meth:`finish_headers` at the worker's end completes the ticket."""
         self._restore()
         self._read_baseline()
+        self._served = ticket
+        self._fulfil(ticket)
+
+    def _fulfil(self, ticket: RestoreTicket) -> None:
         restored = self.restored
         fingerprint = self.setup.fingerprint_if_known()
         ticket.fulfil(
@@ -153,6 +166,29 @@ class RestorePhase:
                 "fingerprint": fingerprint.to_json() if fingerprint is not None else None,
             }
         )
+
+    def finish_headers(self) -> None:
+        """Wait for the restored bundle's headers to be in place (:class:`.sync.HeaderInstall`) and add what
+        happened to the restore's result and the session's problems; in the worker that restored for its
+        controller, write the ticket again. Call before the result is read at the session's end."""
+        install, self._headers = self._headers, None
+        if install is None or self.restored is None:
+            return
+        from dataclasses import replace  # cost: as above
+
+        report = install.finish()
+        self.restored = replace(self.restored, headers=report)
+        for line in report.warnings:
+            self.problems.warn(line)
+        for line in report.notes:
+            self.problems.note(line)
+        store = self._store
+        if store is not None and store.exhausted and self.store_trouble is None:
+            self.store_trouble = store.trouble  # the headers spent the store's whole budget: it is stalling
+            if not report.warnings:
+                self.problems.warn(f"{self.store_trouble}; nothing will be saved this session")
+        if self._served is not None:
+            self._fulfil(self._served)
 
     def collect_ticket(self) -> None:
         """At the end, in the controller: what the worker that took the ticket restored (nothing when no
@@ -182,6 +218,7 @@ class RestorePhase:
         except Exception as exc:  # a store or fingerprint that cannot even be set up: infrastructure trouble
             restored = sync.RestoreResult("error", message=f"restore skipped: {type(exc).__name__}: {exc}")
         else:
+            self._store = store
             restored = sync.restore(
                 store,
                 prefix=settings.key_prefix,
@@ -189,7 +226,10 @@ class RestorePhase:
                 cache_dir=self.setup.dir.path or "",
                 signing_key=settings.signing_key,
                 max_bytes=settings.max_bundle_size,
+                headers=False,  # installed in the background, below
             )
+            if restored.outcome in ("exact", "partial") and restored.named_artifacts:
+                self._headers = sync.HeaderInstall(store, settings.key_prefix, restored.named_artifacts)
             # A restore that failed on the store skips the save (it would wait again), and so does one whose
             # store spent the whole budget on the side (explaining a miss, fetching headers): it is stalling.
             # A store error met only while explaining a miss is part of the miss's message, not a failure.

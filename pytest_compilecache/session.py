@@ -262,6 +262,7 @@ class Worker:
         self.setup = setup
         self.recorder = recorder
         self.ticket: RestoreTicket | None = None  # the controller's restore, until served
+        self.restore: RestorePhase | None = None  # this worker's restore for the controller, if it took the ticket
 
     def session_start(self) -> None:
         """Follow the controller's dir; take its restore ticket if no other worker has (then restore now)."""
@@ -279,18 +280,26 @@ class Worker:
         ticket = self.ticket
         if ticket is None:
             return
-        lock = ticket.take(wait=wait)
+        lock = ticket.take(wait=False)
+        if lock is None and wait:
+            # Another worker is restoring: import what this worker's first compile needs meanwhile (the
+            # tests imported torch), instead of waiting idle and paying the import after (issue 25).
+            probe.import_compiler()
+            lock = ticket.take(wait=True)
         if lock is None:
             return  # another worker restores: wait for it before the first test
         try:
             if ticket.result() is None:
-                RestorePhase(self.setup, self.recorder).restore_for(ticket)
+                self.restore = RestorePhase(self.setup, self.recorder)
+                self.restore.restore_for(ticket)
         finally:
             lock.release()
         self.ticket = None
 
     def output(self) -> dict[str, Any]:
         """The payload for the controller (:class:`ProcessOutput` as JSON, sent through ``workeroutput``)."""
+        if self.restore is not None:
+            self.restore.finish_headers()  # the worker that restored: its headers' report, in the ticket too
         self.setup.take_remote_errors()
         from .payload import ProcessOutput  # cost: at the end, in each worker
 
@@ -354,6 +363,7 @@ class Controller:
         ``failed``: the tests failed (the Action's save policy may then skip the save).
         """
         self.end.tests_failed = failed
+        self.start.finish_headers()  # a plain session's restore installed its headers in the background
         if not self.workers and "torch" in sys.modules:  # a plain session whose tests imported torch
             from .payload import ProcessOutput  # cost: only a session that may have compiled
 

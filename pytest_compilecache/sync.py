@@ -537,18 +537,58 @@ def restore(
 
 
 def _restore_headers(
-    store: Store, prefix: str, named: Iterable[Any], scratch: Path, directory: Path | None
+    store: Store,
+    prefix: str,
+    named: Iterable[Artifact],
+    scratch: Path,
+    directory: Path | None,
+    reservation: headers.Reservation | None = None,
 ) -> HeaderReport:
     """Install the headers a verified manifest names; any trouble is a warning line, never an exception."""
     if not named:
         return HeaderReport()  # most bundles (GPU-only suites, torch 2.7): no import, no work
     started = time.perf_counter()
     try:
-        entries = [{"kind": a.kind, "name": a.name, "sha256": a.sha256, "size": a.size} for a in named]
-        transfer = headers.restore_headers(store, prefix, entries, scratch, directory)
+        transfer = headers.restore_headers(store, prefix, named, scratch, directory, reservation)
     except Exception as exc:  # e.g. zstandard missing: the bundle is installed, torch builds the headers
         return HeaderReport(warnings=(one_line(f"precompiled headers not restored: {type(exc).__name__}: {exc}"),))
     return HeaderReport.of(transfer, time.perf_counter() - started)
+
+
+class HeaderInstall:
+    """The precompiled headers a restored bundle names, installed in the background (issue 25).
+
+    After ``restore(..., headers=False)``: torch's build lock of every header to install is taken now
+    (:func:`.headers.reserve_headers`), then a thread downloads and installs them while the caller goes on
+    (an xdist worker lets the others start their tests; a plain session collects). Any process whose compile
+    looks such a header up meanwhile waits in torch's own lock until it is in place, and builds nothing.
+    :meth:`finish` waits for the thread and returns what :func:`restore` would have put in ``headers``.
+    """
+
+    def __init__(self, store: Store, prefix: str, named: Iterable[Artifact], directory: Path | None = None) -> None:
+        import threading  # cost: only a session that restores headers
+
+        self._named = tuple(named)
+        self._report = HeaderReport()
+        self._reservation = headers.reserve_headers(self._named, directory)
+        self._thread = threading.Thread(
+            target=self._run, args=(store, prefix, directory), name="compilecache-headers", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, store: Store, prefix: str, directory: Path | None) -> None:
+        try:
+            with temporary_dir("restore") as tmp:
+                self._report = _restore_headers(store, prefix, self._named, Path(tmp), directory, self._reservation)
+        except Exception as exc:  # the scratch dir: torch builds the headers as it would without us
+            self._report = HeaderReport(warnings=(one_line(f"precompiled headers not restored: {exc}"),))
+        finally:
+            self._reservation.release()
+
+    def finish(self) -> HeaderReport:
+        """Wait for the install (bounded by the store's own time limit) and say what it did."""
+        self._thread.join()
+        return self._report
 
 
 def _candidates(store: Store, lineage: str, exact_key: str | None) -> list[Candidate]:
@@ -896,5 +936,4 @@ def _save_headers(
         transfer = headers.save_headers(store, prefix, since, installed, scratch, directory, carried, uses)
     except Exception as exc:  # the bundle is worth saving without its headers
         return HeaderReport(warnings=(one_line(f"precompiled headers not saved: {type(exc).__name__}: {exc}"),)), []
-    named = [Artifact(a.kind, a.name, a.sha256, a.size) for a in transfer.artifacts]
-    return HeaderReport.of(transfer, time.perf_counter() - started), named
+    return HeaderReport.of(transfer, time.perf_counter() - started), list(transfer.artifacts)

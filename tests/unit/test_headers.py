@@ -9,14 +9,16 @@ import io
 import os
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import zstandard
 
 from pytest_compilecache import headers
-from pytest_compilecache.headers import HeaderArtifact
 from pytest_compilecache.headers import HeaderError
+from pytest_compilecache.manifest import Artifact
+from pytest_compilecache.stores.local import LocalStore
 
 NAME = "c" + "a2b3c4d5e6f7" * 4 + "abc" + ".h.gch"  # 1 + 51 chars, as torch's code_hash names it
 OTHER = "c" + "z" * 51 + ".h.gch"
@@ -35,7 +37,7 @@ def checked(path: Path, verdict: str = "verified") -> dict[str, object]:
     return headers.HeaderUse(path.name, verdict, info.st_size, info.st_mtime_ns, info.st_ino).to_json()
 
 
-def packed(path: Path) -> tuple[HeaderArtifact, io.BytesIO]:
+def packed(path: Path) -> tuple[Artifact, io.BytesIO]:
     artifact = headers.describe(path)
     buf = io.BytesIO()
     headers.compress(path, buf, artifact)
@@ -165,14 +167,14 @@ def test_header_use_reports_are_validated_and_notes_said_once() -> None:
 def test_describe_hashes_the_raw_file(tmp_path: Path) -> None:
     content = os.urandom(3 << 20)
     artifact = headers.describe(make_header(tmp_path, content=content))
-    assert artifact == HeaderArtifact(name=NAME, sha256=hashlib.sha256(content).hexdigest(), size=len(content))
+    assert artifact == Artifact(headers.KIND, NAME, hashlib.sha256(content).hexdigest(), len(content))
     assert artifact.to_json() == {
         "kind": "precompiled_header",
         "name": NAME,
         "sha256": artifact.sha256,
         "size": len(content),
     }
-    assert HeaderArtifact.from_json(artifact.to_json()) == artifact
+    assert headers.header_artifact(artifact.to_json()) == headers.header_artifact(artifact) == artifact
 
 
 def test_describe_refuses_links_and_foreign_names(tmp_path: Path) -> None:
@@ -199,7 +201,9 @@ def test_describe_refuses_links_and_foreign_names(tmp_path: Path) -> None:
 def test_manifest_entries_are_validated(change: dict[str, object], match: str) -> None:
     entry = {"kind": "precompiled_header", "name": NAME, "sha256": "0" * 64, "size": 12, **change}
     with pytest.raises(HeaderError, match=match):
-        HeaderArtifact.from_json(entry)
+        headers.header_artifact(entry)
+    with pytest.raises(HeaderError, match=match):
+        headers.header_artifact(Artifact(**entry))  # type: ignore[arg-type]
 
 
 def test_compress_is_zstd_and_install_round_trips(tmp_path: Path) -> None:
@@ -208,7 +212,7 @@ def test_compress_is_zstd_and_install_round_trips(tmp_path: Path) -> None:
     assert zstandard.ZstdDecompressor().stream_reader(io.BytesIO(buf.getvalue())).read() == content
     assert len(buf.getvalue()) < len(content) // 2
     dest = headers.header_dir(tmp_path)  # the TMPDIR exists; torch's dirs under it do not yet
-    assert headers.install(artifact, buf, dest) is True
+    assert headers.install_header(artifact, buf, dest) is True
     assert (dest / NAME).read_bytes() == content
     assert sorted(p.name for p in dest.iterdir()) == [NAME, "locks"]  # no temp file left behind
     assert headers.find_used(dest, [], installed=[NAME]) == [dest / NAME]
@@ -226,7 +230,7 @@ def test_install_never_overwrites_a_pch(tmp_path: Path) -> None:
     artifact, buf = packed(make_header(tmp_path / "a", content=b"gpch carried"))
     dest = tmp_path / "hdr"
     existing = make_header(dest, content=b"gpch torch built this one")  # its size differs: gcc's builds do too
-    assert headers.install(artifact, buf, dest) is False
+    assert headers.install_header(artifact, buf, dest) is False
     assert existing.read_bytes() == b"gpch torch built this one"
 
 
@@ -238,7 +242,7 @@ def test_install_replaces_a_local_file_that_is_no_pch(tmp_path: Path, local: byt
     dest = tmp_path / "hdr"
     make_header(dest, content=local)
     assert headers.is_damaged_copy(dest / NAME)
-    assert headers.install(artifact, buf, dest) is True
+    assert headers.install_header(artifact, buf, dest) is True
     assert (dest / NAME).read_bytes() == (tmp_path / "a" / NAME).read_bytes()
     assert sorted(p.name for p in dest.iterdir()) == [NAME, "locks"]
 
@@ -248,23 +252,23 @@ def test_install_leaves_a_link_at_the_destination_alone(tmp_path: Path) -> None:
     dest = tmp_path / "hdr"
     dest.mkdir()
     os.symlink(tmp_path / "target", dest / NAME)
-    assert headers.install(artifact, buf, dest) is False
+    assert headers.install_header(artifact, buf, dest) is False
     assert not (tmp_path / "target").exists()
 
 
 @pytest.mark.parametrize(
     "damage, match",
     [
-        (lambda a: HeaderArtifact(a.name, "0" * 64, a.size), "does not match"),
-        (lambda a: HeaderArtifact(a.name, a.sha256, a.size - 1), "more bytes than"),
-        (lambda a: HeaderArtifact(a.name, a.sha256, a.size + 1), "does not match"),
+        (lambda a: Artifact(a.kind, a.name, "0" * 64, a.size), "does not match"),
+        (lambda a: Artifact(a.kind, a.name, a.sha256, a.size - 1), "more bytes than"),
+        (lambda a: Artifact(a.kind, a.name, a.sha256, a.size + 1), "does not match"),
     ],
 )
 def test_install_refuses_content_that_is_not_the_manifests(tmp_path: Path, damage, match: str) -> None:  # type: ignore[no-untyped-def]
     artifact, buf = packed(make_header(tmp_path / "a"))
     dest = tmp_path / "hdr"
     with pytest.raises(HeaderError, match=match):
-        headers.install(damage(artifact), buf, dest)
+        headers.install_header(damage(artifact), buf, dest)
     assert sorted(p.name for p in dest.iterdir()) == ["locks"]
 
 
@@ -272,7 +276,7 @@ def test_install_refuses_a_stream_that_is_not_zstd(tmp_path: Path) -> None:
     artifact = headers.describe(make_header(tmp_path / "a"))
     dest = tmp_path / "hdr"
     with pytest.raises(HeaderError, match="not a zstd stream"):
-        headers.install(artifact, io.BytesIO(b"raw bytes, not zstd" * 100), dest)
+        headers.install_header(artifact, io.BytesIO(b"raw bytes, not zstd" * 100), dest)
     assert not (dest / NAME).exists()
 
 
@@ -282,14 +286,14 @@ def test_install_refuses_a_symlinked_header_dir(tmp_path: Path) -> None:
     (tmp_path / "torchinductor_u").mkdir()
     os.symlink(tmp_path / "elsewhere", tmp_path / "torchinductor_u" / "precompiled_headers")
     with pytest.raises(HeaderError, match="not a plain directory"):
-        headers.install(artifact, buf, tmp_path / "torchinductor_u" / "precompiled_headers")
+        headers.install_header(artifact, buf, tmp_path / "torchinductor_u" / "precompiled_headers")
     assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
 def test_install_refuses_foreign_names(tmp_path: Path) -> None:
     artifact, buf = packed(make_header(tmp_path / "a"))
     with pytest.raises(HeaderError, match="not a precompiled-header artifact"):
-        headers.install(HeaderArtifact("evil.so", artifact.sha256, artifact.size), buf, tmp_path / "hdr")
+        headers.install_header(Artifact(headers.KIND, "evil.so", artifact.sha256, artifact.size), buf, tmp_path / "hdr")
     assert not (tmp_path / "hdr").exists()
 
 
@@ -299,9 +303,9 @@ def test_install_skips_a_header_torch_is_building(tmp_path: Path) -> None:
     (dest / "locks").mkdir(parents=True)
     with open(dest / "locks" / (NAME.split(".")[0] + ".lock"), "w") as held:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # what torch's FileLock does while it builds the header
-        assert headers.install(artifact, buf, dest) is False
+        assert headers.install_header(artifact, buf, dest) is False
     assert not (dest / NAME).exists()
-    assert headers.install(artifact, buf, dest) is True
+    assert headers.install_header(artifact, buf, dest) is True
 
 
 def test_object_keys_are_content_addressed_and_store_safe() -> None:
@@ -330,7 +334,7 @@ def test_save_then_restore_through_a_store(tmp_path: Path) -> None:
 
     (tmp_path / "b").mkdir()  # the fresh machine's TMPDIR
     fresh = headers.header_dir(tmp_path / "b")
-    entries = [a.to_json() for a in saved.artifacts] + [{"kind": "cpp-so", "name": "x.so"}]
+    entries = [*saved.artifacts, Artifact("cpp-so", "x.so", "0" * 64, 1)]
     restored = headers.restore_headers(store, "pfx", entries, tmp_path / "scratch", fresh)
     assert (restored.transferred, restored.errors) == ([NAME], [])
     assert (fresh / NAME).read_bytes() == content
@@ -347,14 +351,14 @@ def test_restore_problems_are_warning_lines_and_change_nothing(tmp_path: Path) -
     artifact, buf = packed(make_header(tmp_path / "a"))
     (tmp_path / "b").mkdir()
     fresh = headers.header_dir(tmp_path / "b")
-    missing = headers.restore_headers(store, "pfx", [artifact.to_json()], tmp_path / "scratch", fresh)
+    missing = headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh)
     assert missing.transferred == [] and len(missing.errors) == 1 and "not in the store" in missing.errors[0]
     other = tmp_path / "other.zst"
     other.write_bytes(zstandard.ZstdCompressor().compress(b"tampered"))
     store.put(headers.object_key("pfx", artifact.sha256), other)
-    tampered = headers.restore_headers(store, "pfx", [artifact.to_json()], tmp_path / "scratch", fresh)
+    tampered = headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh)
     assert tampered.transferred == [] and "does not match" in tampered.errors[0]
-    bad = headers.restore_headers(store, "pfx", [{**artifact.to_json(), "name": "../x.h.gch"}], tmp_path, fresh)
+    bad = headers.restore_headers(store, "pfx", [replace(artifact, name="../x.h.gch")], tmp_path, fresh)
     assert "not a precompiled-header name" in bad.errors[0]
     assert not (fresh / NAME).exists()
 
@@ -378,7 +382,7 @@ def test_a_header_object_larger_than_its_header_can_pack_is_never_downloaded(tmp
     store.get = get  # type: ignore[method-assign]
     (tmp_path / "b").mkdir()
     fresh = headers.header_dir(tmp_path / "b")
-    result = headers.restore_headers(store, "pfx", [artifact.to_json()], tmp_path / "scratch", fresh)
+    result = headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh)
     assert result.transferred == [] and "more than a" in result.errors[0], result.errors
     assert fetched == []  # refused from its listed size, before a byte moved
     assert list((tmp_path / "scratch").iterdir()) == []
@@ -386,12 +390,12 @@ def test_a_header_object_larger_than_its_header_can_pack_is_never_downloaded(tmp
 
 def test_verify_checks_a_stream_without_writing_it(tmp_path: Path) -> None:
     artifact, buf = packed(make_header(tmp_path / "a"))
-    headers.verify(artifact, buf)  # the header's own bytes: no error
+    headers.verify_header_copy(artifact, buf)  # the header's own bytes: no error
     other, other_buf = packed(make_header(tmp_path / "b", content=b"other" * 100))
     with pytest.raises(HeaderError, match="does not match"):
-        headers.verify(artifact, other_buf)
+        headers.verify_header_copy(artifact, other_buf)
     with pytest.raises(HeaderError, match="not a zstd stream"):
-        headers.verify(artifact, io.BytesIO(b"plain bytes"))
+        headers.verify_header_copy(artifact, io.BytesIO(b"plain bytes"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
 
 
@@ -450,13 +454,13 @@ def test_restore_replaces_a_local_header_that_is_no_pch_with_one_note(tmp_path: 
     store.put(headers.object_key("pfx", artifact.sha256), tmp_path / "obj")
     fresh = headers.header_dir(tmp_path / "b")
     make_header(fresh, content=b"\0" * artifact.size)  # zeroed in place: gcc would ignore it for good
-    result = headers.restore_headers(store, "pfx", [artifact.to_json()], tmp_path / "scratch", fresh)
+    result = headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh)
     assert (result.transferred, result.errors) == ([NAME], [])
     (note,) = result.notes
     assert NAME in note and "replaced" in note
     assert (fresh / NAME).read_bytes() == source.read_bytes()
     sound = make_header(tmp_path / "c" / "hdr", content=b"gpch another build of the same header")
-    kept = headers.restore_headers(store, "pfx", [artifact.to_json()], tmp_path / "scratch", sound.parent)
+    kept = headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", sound.parent)
     assert (kept.transferred, kept.notes) == ([], [])  # a PCH: the processes that look it up check it
     assert sound.read_bytes() == b"gpch another build of the same header"
 
@@ -573,3 +577,199 @@ def test_check_with_gcc(real_pch: Path, tmp_path: Path, damage, reason) -> None:
 def test_check_with_gcc_under_other_flags_fails(real_pch: Path) -> None:
     got = headers.check(real_pch, _gxx("-O0"))  # gcc would not use it for such a compile: fails, never falls back
     assert got is not None and NAME in got
+
+
+SECOND_PROCESS = """
+import sys
+from pathlib import Path
+
+from pytest_compilecache import headers
+
+compiler = sys.argv[2]
+print(headers.check(Path(sys.argv[1]), lambda s, i: [compiler, str(s), "-O3", "-include", str(i)], remember=True))
+"""
+
+
+def test_an_accepted_header_costs_the_next_process_no_compiler_run(  # type: ignore[no-untyped-def]
+    tmp_path: Path, fake_compiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24: every pytest process checked every header it used, warm runs too (about 0.4 s of CPU per
+    header). The header dir's record remembers an acceptance for this very file, argv and compiler."""
+    import subprocess
+    import sys
+
+    path = make_header(tmp_path / "torchinductor_u" / "precompiled_headers", content=b"gpch" + b"x" * 100 + b"END")
+    monkeypatch.setattr(headers, "SETTLED_NS", 20_000_000, raising=False)  # absent before issue 24's record
+    time.sleep(0.05)
+    log = tmp_path / "cc.log"
+    assert headers.check(path, fake_compiler, remember=True) is None
+    calls = log.read_text()
+    compiler = fake_compiler(Path("s"), Path("i"))[0]
+    second = subprocess.run(
+        [sys.executable, "-c", SECOND_PROCESS, str(path), compiler], capture_output=True, text=True, check=True
+    )
+    assert second.stdout.strip() == "None", second.stderr
+    assert log.read_text() == calls, "the second process ran the compiler"
+    # Other flags: checked again. The same flags again: remembered too.
+    for _ in range(2):
+        assert headers.check(path, lambda s, i: [*fake_compiler(s, i), "-O0"], remember=True) is None
+    assert log.read_text().count("-O0") == 1
+    # Another compiler under the same name (an upgrade replaces the file): checked again.
+    replaced = tmp_path / "new-g++"
+    replaced.write_text(FAKE_COMPILER)
+    replaced.chmod(0o755)
+    os.replace(replaced, compiler)
+    checks = log.read_text().count("-fsyntax-only")
+    assert headers.check(path, fake_compiler, remember=True) is None
+    assert log.read_text().count("-fsyntax-only") == checks + 1
+    # Without remember (the default), the record is neither read nor written.
+    assert headers.check(path, fake_compiler) is None
+    assert log.read_text().count("-fsyntax-only") == checks + 2
+
+
+def test_a_rejection_is_never_remembered_and_a_foreign_dir_keeps_no_record(  # type: ignore[no-untyped-def]
+    tmp_path: Path, fake_compiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(headers, "SETTLED_NS", 0, raising=False)  # absent before issue 24's record
+    directory = tmp_path / "torchinductor_u" / "precompiled_headers"
+    cut = make_header(directory, content=b"gpch" + b"x" * 100)
+    time.sleep(0.05)
+    for _ in range(2):
+        assert "cannot read PCH file" in str(headers.check(cut, fake_compiler, remember=True))
+    assert not (directory / headers.VERDICTS).exists()
+    cut.unlink()
+    directory.chmod(0o777)  # others may write here: nothing they leave is trusted, nothing is written
+    sound = make_header(directory, content=b"gpch" + b"x" * 100 + b"END")
+    time.sleep(0.05)
+    for _ in range(2):
+        assert headers.check(sound, fake_compiler, remember=True) is None
+    assert not (directory / headers.VERDICTS).exists()
+    assert (tmp_path / "cc.log").read_text().count("-fsyntax-only") == 4
+
+
+def test_a_verdict_is_remembered_only_once_a_later_write_must_change_the_ctime() -> None:
+    second = 1_000_000_000
+    base = 1_700_000_000 * second + 123_456_789  # a stamp in ns: the granule is the kernel's tick
+    assert not headers._settled(base, base + 10_000_000)  # the same tick, maybe: a write would stamp the same
+    assert headers._settled(base, base + headers.SETTLED_NS + 1)
+    whole = 1_700_000_000 * second  # whole seconds (ext3, FAT): a write within 2 s may stamp the same
+    assert not headers._settled(whole, whole + second)
+    assert headers._settled(whole, whole + 2 * second + 1)
+
+
+SLOW_COMPILER = FAKE_COMPILER.replace("while [ $# -gt 0 ]; do", "sleep 0.5\nwhile [ $# -gt 0 ]; do", 1)
+
+
+def test_processes_checking_one_header_at_once_run_the_compiler_once(tmp_path: Path) -> None:
+    """Issue 25: xdist workers of a fresh runner meet the header the restore installed at the same moment;
+    the later ones wait for the first one's verdict instead of running the compiler again."""
+    import subprocess
+    import sys
+
+    compiler = tmp_path / "slow-g++"
+    compiler.write_text(SLOW_COMPILER)
+    compiler.chmod(0o755)
+    path = make_header(tmp_path / "torchinductor_u" / "precompiled_headers", content=b"gpch" + b"x" * 100 + b"END")
+    time.sleep(0.1)  # installed a moment before the workers look it up
+    log = tmp_path / "cc.log"
+    env = {**os.environ, "FAKE_CC_LOG": str(log)}
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", SECOND_PROCESS, str(path), str(compiler)],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        for _ in range(3)
+    ]
+    outputs = [worker.communicate(timeout=60) for worker in workers]
+    assert [out.strip() for out, _ in outputs] == ["None"] * 3, outputs
+    assert log.read_text().count("-fsyntax-only") == 1
+
+
+def test_a_header_built_a_moment_ago_is_remembered_by_its_first_check(tmp_path: Path, fake_compiler) -> None:  # type: ignore[no-untyped-def]
+    """torch checks the header it has just built within milliseconds: the check waits the few ms the file
+    needs to settle (SETTLED_NS), so that its verdict can be remembered for the next processes."""
+    path = make_header(tmp_path / "torchinductor_u" / "precompiled_headers", content=b"gpch" + b"x" * 100 + b"END")
+    for _ in range(3):
+        assert headers.check(path, fake_compiler, remember=True) is None
+    assert (tmp_path / "cc.log").read_text().count("-fsyntax-only") == 1
+
+
+def _stored_header(tmp_path: Path) -> tuple[LocalStore, Artifact, bytes]:
+    """A store holding one header object (as a save put it there) and that header's manifest entry."""
+
+    store = LocalStore(tmp_path / "store")
+    content = b"gpch" + os.urandom(1 << 16) * 8
+    uses = [checked(make_header(headers.header_dir(tmp_path / "a"), content=content))]
+    (tmp_path / "scratch").mkdir()
+    saved = headers.save_headers(
+        store, "pfx", time.time() - 60, [], tmp_path / "scratch", headers.header_dir(tmp_path / "a"), uses=uses
+    )
+    return store, saved.artifacts[0], content
+
+
+def test_a_compile_that_looks_a_reserved_header_up_waits_for_its_install(tmp_path: Path) -> None:
+    """Issue 25: the restore installs the headers in the background while the tests start. torch's build
+    lock, taken first (reserve_headers), holds any compile that looks the header up (torch's
+    _worker_compile_cpp: FileLock, then "build unless the file exists") until the verified file is in place."""
+    import threading
+
+    from filelock import FileLock
+
+    store, artifact, content = _stored_header(tmp_path)
+    (tmp_path / "b").mkdir()
+    fresh = headers.header_dir(tmp_path / "b")
+    reservation = headers.reserve_headers([artifact], fresh)
+    assert list(reservation.held) == [NAME]
+    seen: list[bool] = []
+
+    def torch_looks_it_up() -> None:
+        with FileLock(str(fresh / "locks" / (NAME.split(".")[0] + ".lock")), timeout=30):
+            seen.append((fresh / NAME).exists())  # torch builds the header only when this is False
+
+    torch = threading.Thread(target=torch_looks_it_up)
+    torch.start()
+    time.sleep(0.3)
+    assert seen == [] and not (fresh / NAME).exists()  # waiting in torch's own lock
+    restored = headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh, reservation)
+    torch.join(30)
+    assert seen == [True] and (restored.transferred, restored.errors) == ([NAME], [])
+    assert (fresh / NAME).read_bytes() == content and reservation.held == {}
+    assert not headers._being_built(fresh, NAME)  # let go
+    # Nothing left to install: nothing reserved.
+    assert headers.reserve_headers([artifact], fresh).held == {}
+
+
+def test_a_reservation_is_never_held_on_by_a_forked_child(tmp_path: Path) -> None:
+    """A test that forks (a DataLoader worker) while the install runs must not keep torch's build lock
+    held after the install lets go: every later compile of the machine would wait for that child."""
+    store, artifact, _ = _stored_header(tmp_path)
+    (tmp_path / "b").mkdir()
+    fresh = headers.header_dir(tmp_path / "b")
+    reservation = headers.reserve_headers([artifact], fresh)
+    child = os.fork()
+    if child == 0:  # the child lives on, doing nothing of ours
+        time.sleep(3)
+        os._exit(0)
+    try:
+        time.sleep(0.2)
+        headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh, reservation)
+        assert not headers._being_built(fresh, NAME), "the forked child still holds torch's build lock"
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+
+
+def test_a_failed_install_lets_go_of_the_reservation(tmp_path: Path) -> None:
+    from pytest_compilecache.stores.local import LocalStore
+
+    _, artifact, _ = _stored_header(tmp_path)
+    (tmp_path / "b").mkdir()
+    fresh = headers.header_dir(tmp_path / "b")
+    reservation = headers.reserve_headers([artifact], fresh)
+    empty = LocalStore(tmp_path / "empty")
+    failed = headers.restore_headers(empty, "pfx", [artifact], tmp_path / "scratch", fresh, reservation)
+    assert "not in the store" in failed.errors[0] and reservation.held == {}
+    assert not headers._being_built(fresh, NAME) and not (fresh / NAME).exists()  # torch builds it

@@ -27,10 +27,11 @@ LAYERS: list[set[str]] = [
     {"sync"},
     {"bundle"},
     {"container", "install", "stores", "fingerprint"},
-    {"manifest", "cachedir"},
+    {"cachedir"},
     {"report", "problems"},
     {"stats", "settings", "probe"},
     {"explain", "remote", "headers"},
+    {"manifest"},
     {"ghrunner", "_fs", "_env"},
     {"_version", "errors", "options"},
 ]

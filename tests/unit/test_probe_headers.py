@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -146,3 +147,117 @@ def test_every_wrapper_of_a_module_is_installed_when_torch_imports_it(
 
     assert compilecache_late_module.VALUE == 1
     assert called == ["graphs", "headers"]
+
+
+# --------------------------------------------------------------------------- verdicts across processes
+
+
+def _next_process(fake: FakeCodecache) -> None:
+    """What a new pytest process (the next session, another xdist worker) starts from: torch's cache empty,
+    nothing checked yet in this process; only files on disk carry over."""
+    probe.uninstall_header_watch()
+    fake._precompile_header.cache_clear()
+    probe.watch_precompiled_headers()
+
+
+def _checks(tmp_path: Path) -> int:
+    log = tmp_path / "cc.log"
+    return log.read_text().count("-fsyntax-only") if log.exists() else 0
+
+
+@pytest.fixture
+def settled(codecache: FakeCodecache, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """torch's header, built a moment ago and settled (its ctime older than the record's margin)."""
+    compiled = codecache.directory / (NAME + ".gch")
+    compiled.write_bytes(GOOD)
+    monkeypatch.setattr(headers, "SETTLED_NS", 20_000_000, raising=False)  # absent before issue 24's record
+    time.sleep(0.05)
+    return compiled
+
+
+def test_an_accepted_header_is_not_checked_again_by_the_next_process(
+    codecache: FakeCodecache, settled: Path, tmp_path: Path
+) -> None:
+    _look_up(codecache)
+    assert _checks(tmp_path) == 1 and (codecache.directory / headers.VERDICTS).is_file()
+    for _ in range(2):
+        _next_process(codecache)
+        _look_up(codecache)
+        (use,) = probe.precompiled_headers_used()
+        assert use["verdict"] == "verified" and use["ino"] == os.lstat(settled).st_ino  # still carried
+    assert _checks(tmp_path) == 1, "the compiler ran again for a file it had accepted"
+    assert codecache.builds == 0
+
+
+def test_a_header_damaged_in_place_after_its_acceptance_is_checked_again_and_removed(
+    codecache: FakeCodecache, settled: Path, tmp_path: Path
+) -> None:
+    _look_up(codecache)
+    _next_process(codecache)
+    _look_up(codecache)
+    assert _checks(tmp_path) == 1  # accepted before: not checked
+    before = os.lstat(settled)
+    with open(settled, "r+b") as fh:  # damaged in place: same inode, same size, mtime put back
+        fh.seek(-3, os.SEEK_END)
+        fh.write(b"XYZ")  # the fake compiler's "cannot read PCH file"
+    os.utime(settled, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.lstat(settled)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+    _next_process(codecache)
+    _look_up(codecache)
+    assert _checks(tmp_path) == 3  # checked (rejected), then torch's rebuild checked
+    (use,) = probe.precompiled_headers_used()
+    assert use["verdict"] == "rebuilt" and "cannot read PCH file" in use["note"], use
+    assert settled.read_bytes() == GOOD and codecache.builds == 1
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda record, good: record.write_bytes(good[: len(good) // 2]),
+        lambda record, good: record.write_bytes(b"\0" * len(good)),
+        lambda record, good: record.write_text('{"version": 1, "accepted": {"' + NAME + '.gch": {"file": "x"}}}'),
+        lambda record, good: record.write_text('{"version": 1, "accepted": [1, 2]}'),
+        lambda record, good: record.write_bytes(good.replace(b'"checks": ["', b'"checks": ["0')),
+        lambda record, good: record.write_text("[" * 60000),
+    ],
+    ids=["truncated", "zeroed", "bad-entry", "bad-shape", "bad-key", "deep"],
+)
+def test_a_damaged_record_is_ignored(codecache: FakeCodecache, settled: Path, tmp_path: Path, damage) -> None:  # type: ignore[no-untyped-def]
+    _look_up(codecache)
+    _next_process(codecache)
+    _look_up(codecache)
+    assert _checks(tmp_path) == 1  # the sound record spared the check
+    record = codecache.directory / headers.VERDICTS
+    good = record.read_bytes()
+    damage(record, good)
+    _next_process(codecache)
+    _look_up(codecache)
+    assert _checks(tmp_path) == 2  # nothing to trust: checked, no crash
+    (use,) = probe.precompiled_headers_used()
+    assert use["verdict"] == "verified" and settled.read_bytes() == GOOD
+    assert record.read_bytes() == good  # written again, whole
+
+
+def test_a_record_of_another_file_or_through_a_link_is_never_trusted(
+    codecache: FakeCodecache, settled: Path, tmp_path: Path
+) -> None:
+    _look_up(codecache)
+    _next_process(codecache)
+    _look_up(codecache)
+    assert _checks(tmp_path) == 1
+    record = codecache.directory / headers.VERDICTS
+    elsewhere = tmp_path / "record.json"
+    record.rename(elsewhere)
+    record.symlink_to(elsewhere)  # a link: never followed
+    _next_process(codecache)
+    _look_up(codecache)
+    assert _checks(tmp_path) == 2
+    # The header replaced by another file (torch's rebuild, a restore): a new inode and ctime.
+    os.replace(elsewhere, record)
+    replacement = tmp_path / "replacement"
+    replacement.write_bytes(GOOD)
+    os.replace(replacement, settled)
+    _next_process(codecache)
+    _look_up(codecache)
+    assert _checks(tmp_path) == 3

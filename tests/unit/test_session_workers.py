@@ -1,0 +1,84 @@
+"""session.Worker and the xdist restore ticket (issue 25): the worker that takes the ticket restores; the
+others do, while they wait, what their first compile would do anyway. No compile, no subprocess of pytest."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_compilecache import probe
+from pytest_compilecache.recorder import Recorder
+from pytest_compilecache.restore_phase import RestoreTicket
+from pytest_compilecache.session import Worker
+
+
+def _ticket(tmp_path: Path) -> RestoreTicket:
+    return RestoreTicket(str(tmp_path / ".compilecache-restore-1-abcdef.json"))
+
+
+def _restoring_elsewhere(ticket: RestoreTicket, done: threading.Event, events: list[str]) -> threading.Thread:
+    """Another worker: holds the ticket's lock until ``done`` (or 10 s), then writes its result and lets go."""
+    taken = threading.Event()
+
+    def run() -> None:
+        lock = ticket.take(wait=True)
+        assert lock is not None
+        taken.set()
+        done.wait(10)
+        events.append("restored")
+        ticket.fulfil({"restored": None, "store_trouble": None, "fingerprint": None})
+        lock.release()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert taken.wait(10)
+    return thread
+
+
+def test_a_waiting_worker_imports_the_compiler_while_another_restores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before issue 25's change the waiting worker sat idle, then paid torch's compiler import (about 1.5 s
+    of CPU) in its first test, after the restore: now it imports it while it waits."""
+    ticket, done, events = _ticket(tmp_path), threading.Event(), []
+
+    def import_compiler() -> bool:
+        events.append("compiler imported")
+        done.set()  # the restore ends only once this worker used the wait
+        return True
+
+    monkeypatch.setattr(probe, "import_compiler", import_compiler, raising=False)
+    other = _restoring_elsewhere(ticket, done, events)
+    worker = Worker(setup=None, recorder=Recorder("gw1", explain=False))  # type: ignore[arg-type]
+    worker.ticket = ticket
+    started = time.monotonic()
+    worker.before_tests()
+    other.join()
+    assert events == ["compiler imported", "restored"]
+    assert time.monotonic() - started < 5 and worker.ticket is None
+    # A worker that comes to its first test after the restore ended has nothing to wait for: no early import.
+    late = Worker(setup=None, recorder=Recorder("gw2", explain=False))
+    late.ticket = ticket
+    late.before_tests()
+    assert events == ["compiler imported", "restored"] and late.ticket is None
+
+
+def test_import_compiler_never_imports_torch() -> None:
+    code = "import sys; from pytest_compilecache import probe; print(probe.import_compiler(), 'torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert done.stdout.split() == ["False", "False"], done.stderr
+
+
+@pytest.mark.slow
+def test_import_compiler_imports_what_the_first_compile_needs() -> None:
+    code = (
+        "import sys, torch; from pytest_compilecache import probe; "
+        "print(probe.import_compiler(), 'torch._inductor.codecache' in sys.modules, 'torch._dynamo' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    assert done.stdout.split()[-3:] == ["True", "True", "True"], done.stderr
