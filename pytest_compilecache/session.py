@@ -284,6 +284,8 @@ class Worker:
         if lock is None and wait:
             # Another worker is restoring: import what this worker's first compile needs meanwhile (the
             # tests imported torch), instead of waiting idle and paying the import after (issue 25).
+            from . import probe  # cost: only a worker that waits for another's restore
+
             probe.import_compiler()
             lock = ticket.take(wait=True)
         if lock is None:
