@@ -21,7 +21,6 @@ import functools
 import hashlib
 import os
 import re
-import secrets
 import shutil
 import socket
 import stat
@@ -50,7 +49,8 @@ TempKind = Literal["staging", "save", "restore", "tmp"]
 DEFAULT_MAX_AGE = 3600.0
 MAX_AGE_ALIVE = 24 * 3600.0
 
-_TEMP = re.compile(
+# A string: ``re`` compiles it on first use (a session that never sweeps never pays for it).
+_TEMP = (
     r"^(?P<lead>.*?)compilecache-(?P<kind>staging|save|restore|tmp)-(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]{1,10})"
     r"-(?P<time>[0-9]{1,12})-(?P<rand>[0-9a-z]{8})(?:\.tmp)?$"
 )
@@ -78,7 +78,9 @@ def host_tag() -> str:
 def temp_name(kind: TempKind, lead: str = "") -> str:
     """A fresh, unique name for a temp entry of ``kind``, owned by this process (see the module docstring)."""
     suffix = ".tmp" if kind == "tmp" else ""
-    rand = "".join(secrets.choice("0123456789abcdefghijklmnopqrstuvwxyz") for _ in range(8))
+    # Unique, not secret: os.urandom directly (``secrets`` would load hmac and random's SystemRandom in every
+    # session with a cache dir); the slight modulo bias does not matter for uniqueness.
+    rand = "".join("0123456789abcdefghijklmnopqrstuvwxyz"[byte % 36] for byte in os.urandom(8))
     return f"{lead}compilecache-{kind}-{host_tag()}-{os.getpid()}-{int(time.time())}-{rand}{suffix}"
 
 
@@ -93,7 +95,7 @@ class TempName(NamedTuple):
 
 def parse_temp_name(name: str) -> TempName | None:
     """The owner encoded in ``name``, or None when it is not a name :func:`temp_name` made."""
-    match = _TEMP.fullmatch(name)
+    match = re.fullmatch(_TEMP, name)
     if match is None:
         return None
     return TempName(match["kind"], match["host"], int(match["pid"]), float(match["time"]))

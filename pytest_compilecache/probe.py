@@ -215,7 +215,7 @@ def _metrics(utils: Any) -> list[Any]:
     return list(get()) if get is not None else []
 
 
-_ATTEMPT = re.compile(r"(\d+)/(\d+)")
+_ATTEMPT = r"(\d+)/(\d+)"  # compiled by ``re`` on first use, not at import
 
 
 def _us(record: Any, names: tuple[str, ...]) -> float:
@@ -234,7 +234,7 @@ def _add_metric(out: dict[str, Any], record: Any) -> None:
     else:
         out["frames"] += 1
         out["compile_seconds"] += frame_seconds or 0.0
-        match = _ATTEMPT.search(str(getattr(record, "compile_id", "") or ""))
+        match = re.search(_ATTEMPT, str(getattr(record, "compile_id", "") or ""))
         if getattr(record, "recompile_reason", None) or (match and int(match.group(2)) > 0):
             out["recompiles"] += 1
     remote = out["remote"]

@@ -99,7 +99,8 @@ def _count(option: str, value: str) -> int:
     return count
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])i?)?b?\s*$", re.IGNORECASE)
+# Patterns are strings: ``re`` compiles each on first use (compiled at import, every session would pay).
+_SIZE = r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])i?)?b?\s*$"
 
 
 MAX_SIZE = 1024**5  # 1 PiB: larger is a typo, not a cache
@@ -107,7 +108,7 @@ MAX_SIZE = 1024**5  # 1 PiB: larger is a typo, not a cache
 
 def parse_size(option: str, value: str) -> int:
     """Parse ``500M``, ``2G``, ``1.5GiB`` or a plain byte count."""
-    match = _SIZE.match(value)
+    match = re.match(_SIZE, value, re.IGNORECASE)
     if not match:
         raise ConfigError(f"{option}: expected a size like 500M or 2G, got {value!r}")
     number, unit = match.groups()
@@ -117,12 +118,12 @@ def parse_size(option: str, value: str) -> int:
     return int(scaled)
 
 
-_KEY_PART = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+_KEY_PART = r"^[A-Za-z0-9._-]{1,200}$"
 
 
 def _key_part(option: str, value: str) -> str:
     value = value.strip()
-    if not _KEY_PART.match(value):
+    if not re.match(_KEY_PART, value):
         raise ConfigError(f"{option}: use 1-200 characters from A-Z a-z 0-9 . _ -, got {value!r}")
     return value
 
