@@ -79,6 +79,8 @@ class Setup:
     registration: cachedir.Registration | None = field(default=None, repr=False)
     # Redis errors met by torch's remote caches (this process's; a controller's also its workers')
     remote_errors: list[str] = field(default_factory=list, repr=False)
+    # probe.point_cache_dir ran (it may have changed torch's config, which close puts back)
+    _torch_config: bool = field(default=False, repr=False)
 
     @classmethod
     def start(cls, settings: Settings, default_shared: Path, *, inherited: str | None, problems: Problems) -> Setup:
@@ -137,9 +139,15 @@ class Setup:
         if mode is None and not self.settings.redis:
             return
         self.lease.set({SESSION_ENV: self.dir.to_env()})
-        if mode in ("shared", "isolated", "disabled"):
-            from . import probe  # cost: every session with a cache dir mode (a quiet one never loads it)
+        if mode in ("shared", "isolated") and "torch._inductor" not in sys.modules and self.dir.path:
+            # Before torch's compiler is imported the variables are all it will read: probe.point_cache_dir's
+            # first step, without loading probe in a session that may never import torch.
+            path = self.dir.path
+            self.lease.set({"TORCHINDUCTOR_CACHE_DIR": path, "TRITON_CACHE_DIR": os.path.join(path, "triton")})
+        elif mode in ("shared", "isolated", "disabled"):
+            from . import probe  # cost: torch's compiler is imported already, or caching is disabled
 
+            self._torch_config = True
             note = probe.point_cache_dir(self.dir.path if mode != "disabled" else None, disable=mode == "disabled")
             if note:
                 self.problems.note(note)
@@ -164,9 +172,8 @@ class Setup:
         """Keep the Redis errors of torch's remote caches in this process so far (:func:`probe.guard_remote_cache`
         switched them off and recorded them) in :attr:`remote_errors`: workers send them to the controller,
         which warns once for the whole session (:meth:`warn_remote_errors`)."""
-        if self.redis_on:  # the guard that records them is installed only then (plugin.pytest_configure)
-            from . import probe  # cost: only with Redis
-
+        probe = sys.modules.get(f"{__package__}.probe")
+        if probe is not None:  # its guard records them: not loaded, nothing recorded (and nothing to load)
             self.remote_errors += probe.remote_cache_errors()
 
     def warn_remote_errors(self) -> None:
@@ -249,7 +256,7 @@ class Setup:
         pytest's cleanup stack when the session stops before configure (a usage error, a broken conftest)."""
         self.release()
         self.lease.restore()
-        if self.dir.mode is not None:  # only _export changed torch's config (through probe)
+        if self._torch_config:  # only _export changes torch's config (through probe.point_cache_dir)
             from . import probe  # cost: loaded by _export already
 
             probe.put_back_config()
