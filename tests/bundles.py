@@ -9,6 +9,8 @@ from typing import Any
 
 from pytest_compilecache import bundle
 from pytest_compilecache.manifest import Manifest
+from pytest_compilecache.stores.base import Store
+from pytest_compilecache.stores.base import bundles
 
 
 @dataclass(frozen=True)
@@ -31,3 +33,9 @@ def unpack(path: Path, cache_dir: Path, **checks: Any) -> Unpacked:
 
 def member_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def find_latest(store: Store, prefix: str) -> str | None:
+    """Newest bundle key starting with ``prefix`` (by modified time, ties: greatest key); None if none."""
+    entries = bundles(store, prefix)
+    return entries[0].key if entries else None

@@ -27,7 +27,6 @@ from ..settings import require_package
 from .base import ObjectTooLarge
 from .base import Store
 from .base import StoreEntry
-from .base import find_latest
 from .base import newest_first
 from .base import prune
 from .base import validate_key
@@ -44,7 +43,6 @@ __all__ = [
     "ReadOnlyStore",
     "Store",
     "StoreEntry",
-    "find_latest",
     "newest_first",
     "open_store",
     "prune",

@@ -1,4 +1,4 @@
-"""The :class:`Store` protocol every backend implements, key validation, :func:`find_latest` and :func:`prune`.
+"""The :class:`Store` protocol every backend implements, key validation, :func:`bundles` and :func:`prune`.
 
 A store moves opaque bundle files by key; it knows nothing about their content or about pytest.
 A miss is a value (``False`` / ``None`` / ``[]``), never an exception; trouble reaching or writing the
@@ -25,7 +25,6 @@ __all__ = [
     "Store",
     "StoreEntry",
     "bundles",
-    "find_latest",
     "is_artifact_key",
     "newest_first",
     "prune",
@@ -137,12 +136,6 @@ def is_artifact_key(key: str) -> bool:
 def bundles(store: Store, prefix: str) -> builtins.list[StoreEntry]:
     """The bundle entries under ``prefix``, newest first: ``store.list`` without artifact objects."""
     return [entry for entry in store.list(prefix) if not is_artifact_key(entry.key)]
-
-
-def find_latest(store: Store, prefix: str) -> str | None:
-    """Newest bundle key starting with ``prefix`` (by modified time, ties: greatest key); None if none."""
-    entries = bundles(store, prefix)
-    return entries[0].key if entries else None
 
 
 def prune(store: Store, prefix: str, keep: int) -> builtins.list[str]:

@@ -79,7 +79,7 @@ class S3Store:
 
     (DNS resolution is not covered by these timeouts.) An operation is one request, except ``get``: HEAD,
     then GET (ranged GETs in parallel above ``multipart_threshold``), plus one LIST on a miss; ``get_head``:
-    one ranged GET (plus a LIST on a miss); ``list`` and ``find_latest``: one request per 1000 objects; a
+    one ranged GET (plus a LIST on a miss); ``list`` (and so ``prune``): one request per 1000 objects; a
     multipart ``put``: one request per part.
     s3transfer's own retry of interrupted downloads is turned off (``num_download_attempts=1``) so that
     retries are botocore's alone and the bound above holds.

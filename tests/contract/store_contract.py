@@ -34,10 +34,10 @@ from pytest_compilecache import StoreError
 from pytest_compilecache.stores import ReadOnlyStore
 from pytest_compilecache.stores import Store
 from pytest_compilecache.stores import StoreEntry
-from pytest_compilecache.stores import find_latest
 from pytest_compilecache.stores import prune
 from pytest_compilecache.stores.base import ObjectTooLarge
 from pytest_compilecache.stores.base import read_head
+from tests.bundles import find_latest
 
 MakeStore = Callable[[], Store]
 SetModified = Callable[[Store, str, float], None]

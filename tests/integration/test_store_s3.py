@@ -22,9 +22,9 @@ import pytest
 from pytest_compilecache import ConfigError
 from pytest_compilecache import StoreError
 from pytest_compilecache.stores import Store
-from pytest_compilecache.stores import find_latest
 from pytest_compilecache.stores.base import ObjectTooLarge
 from pytest_compilecache.stores.s3 import S3Store
+from tests.bundles import find_latest
 from tests.contract.store_contract import StoreContract
 from tests.integration.conftest import TEST_REGION
 from tests.integration.conftest import S3Bucket

@@ -23,11 +23,11 @@ from pytest_compilecache import StoreError
 from pytest_compilecache.stores import LocalStore
 from pytest_compilecache.stores import ReadOnlyStore
 from pytest_compilecache.stores import Store
-from pytest_compilecache.stores import find_latest
 from pytest_compilecache.stores import open_store
 from pytest_compilecache.stores import validate_key
 from pytest_compilecache.stores import validate_prefix
 from pytest_compilecache.stores.base import ObjectTooLarge
+from tests.bundles import find_latest
 from tests.contract.store_contract import MakeStore
 from tests.contract.store_contract import SetModified
 from tests.contract.store_contract import StoreContract

@@ -24,9 +24,9 @@ from pytest_compilecache.fingerprint import make_key
 from pytest_compilecache.fingerprint import restore_prefix
 from pytest_compilecache.settings import DEFAULT_PREFIX
 from pytest_compilecache.stores import LocalStore
-from pytest_compilecache.stores.base import find_latest
 from pytest_compilecache.stores.base import is_artifact_key
 from pytest_compilecache.stores.base import prune
+from tests.bundles import find_latest
 from tests.fakes import FakeLoader
 from tests.fakes import MemoryStore
 from tests.unit.conftest import A100
