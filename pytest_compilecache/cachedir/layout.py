@@ -71,8 +71,10 @@ def is_temp_name(name: str) -> bool:
     """A name someone is writing under (ours or torch's ``write_atomic``), never a finished cache file."""
     # cost: _fs loads only when a cache dir of ours is inspected. Bundle staging dirs and save/restore temps
     # (swept by _fs.sweep_dead_writers) are ours too.
-    if "compilecache-" not in name and not name.endswith(".tmp") and not name.startswith(".write-test-"):
-        return False  # what every pattern below needs: no regular expression to compile or run for the rest
+    if name in OUR_NAMES or (
+        "compilecache-" not in name and not name.endswith(".tmp") and not name.startswith(".write-test-")
+    ):
+        return False  # our fixed names, or none of what every pattern below needs: no pattern compiled or run
     from .._fs import parse_temp_name
 
     return bool(parse_temp_name(name) is not None or re.fullmatch(TORCH_TEMP, name) or is_legacy_temp_name(name))
