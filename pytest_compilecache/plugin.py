@@ -266,14 +266,15 @@ def pytest_configure(config: pytest.Config) -> None:
     # Every process, from when torch (or triton) is imported: the per-test capture, the FX-graph lookups that
     # explain a miss, the triton cache entries a bundle carries (issue 27) and, in a session with a cache
     # dir, the check of each precompiled header torch looks up (issue 24).
-    when_imported("torch", lambda: _torch_appears(config))
-    when_imported("triton", lambda: _watch(config))
+    # The triton hook is installed once torch appears: triton matters only to torch's compiles.
+    when_imported("torch", lambda: _torch_appears(config), config)
 
 
 def _torch_appears(config: pytest.Config) -> None:
     """torch is about to be imported (nothing of it has run yet): from now on a test may compile."""
     _watch(config)
     _start_tests(config)
+    when_imported("triton", lambda: _watch(config), config)
 
 
 def _watch(config: pytest.Config) -> None:
@@ -302,13 +303,22 @@ class _OnImport:
             self.then()
 
 
-def when_imported(module: str, then: Callable[[], None]) -> None:
+def when_imported(module: str, then: Callable[[], None], config: pytest.Config) -> None:
     """Call ``then()`` now if ``module`` is imported, else just before it is (e.g. to load :mod:`probe` and
-    install its hooks only in a session that imports torch)."""
+    install its hooks only in a session that imports torch). The import hook goes when ``config`` is
+    cleaned up: a later session in the same process (pytester, an IDE) must not call this one's ``then``, and
+    a hook left in ``sys.meta_path`` would keep the whole session alive until the interpreter exits."""
     if module in _MODULES:
         then()
-    else:
-        sys.meta_path.insert(0, _OnImport(module, then))
+        return
+    hook = _OnImport(module, then)
+    sys.meta_path.insert(0, hook)
+
+    def forget() -> None:
+        if hook in sys.meta_path:
+            sys.meta_path.remove(hook)
+
+    config.add_cleanup(forget)
 
 
 def _is_xdist_controller(config: pytest.Config) -> bool:
