@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import re
 import warnings
-from dataclasses import dataclass
-from dataclasses import field
 from typing import Any
 from typing import Callable
 from typing import Literal
@@ -30,15 +28,29 @@ def always_show(message: str) -> Action:
     return "show"
 
 
-@dataclass
 class Problems:
-    """Notes (facts worth a line), warnings (infrastructure trouble) and errors (the session fails)."""
+    """Notes (facts worth a line), warnings (infrastructure trouble) and errors (the session fails).
 
-    strict: bool = False
-    classify: Classifier = always_show
-    notes: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
+    A plain class, not a dataclass: every session with a cache dir makes one, and making a dataclass costs
+    more at import than this whole class does in a session (``bench/overhead.py``).
+    """
+
+    def __init__(
+        self,
+        strict: bool = False,
+        classify: Classifier = always_show,
+        notes: list[str] | None = None,
+        warnings: list[str] | None = None,
+        errors: list[str] | None = None,
+    ) -> None:
+        self.strict = strict
+        self.classify = classify
+        self.notes: list[str] = notes if notes is not None else []
+        self.warnings: list[str] = warnings if warnings is not None else []
+        self.errors: list[str] = errors if errors is not None else []
+
+    def __repr__(self) -> str:
+        return f"Problems(strict={self.strict}, notes={self.notes}, warnings={self.warnings}, errors={self.errors})"
 
     def note(self, message: str) -> None:
         if message not in self.notes:

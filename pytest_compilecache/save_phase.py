@@ -9,13 +9,13 @@ PYTEST_DONT_REWRITE
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
 from . import cachedir
+from . import recorder as recording
 
 if TYPE_CHECKING:
     from .explain import GraphsRecord
@@ -76,10 +76,10 @@ class SavePhase:
         path = self.setup.dir.path
         if not self.setup.settings.explain or not path or self.setup.dir.mode not in EXPLAINED_MODES:
             return
-        if "torch._dynamo.utils" in sys.modules:  # probe.dynamo_loaded, without loading probe before torch
+        if recording.torch_loaded():  # no probe to load before torch is
             from . import probe  # cost: loaded once torch is
 
-            note = probe.graph_capture_installed()
+            note = probe.graph_capture_installed() if probe.dynamo_loaded() else None
             if note:
                 self.problems.note(note)
         if not self.recorder.has_stats:

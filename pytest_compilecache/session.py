@@ -20,13 +20,12 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from dataclasses import dataclass
-from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
 from . import cachedir
+from . import recorder as recording
 from ._env import EnvLease
 from .cachedir import SessionDir
 from .errors import ConfigError
@@ -66,21 +65,35 @@ TOUCHED_ENV = (
 )
 
 
-@dataclass
 class Setup:
-    """The decisions made once per process before torch is imported; see the module docstring."""
+    """The decisions made once per process before torch is imported; see the module docstring.
 
-    settings: Settings
-    dir: SessionDir
-    lease: EnvLease
-    problems: Problems
-    follows_controller: bool = False
-    _fingerprint: Fingerprint | None = field(default=None, repr=False)
-    registration: cachedir.Registration | None = field(default=None, repr=False)
-    # Redis errors met by torch's remote caches (this process's; a controller's also its workers')
-    remote_errors: list[str] = field(default_factory=list, repr=False)
-    # probe.point_cache_dir ran (it may have changed torch's config, which close puts back)
-    _torch_config: bool = field(default=False, repr=False)
+    A plain class, not a dataclass: making a dataclass costs every session with a cache dir more at import
+    than the rest of this class (``bench/overhead.py``).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        dir: SessionDir,
+        lease: EnvLease,
+        problems: Problems,
+        follows_controller: bool = False,
+    ) -> None:
+        self.settings = settings
+        self.dir = dir
+        self.lease = lease
+        self.problems = problems
+        self.follows_controller = follows_controller
+        self._fingerprint: Fingerprint | None = None
+        self.registration: cachedir.Registration | None = None
+        # Redis errors met by torch's remote caches (this process's; a controller's also its workers')
+        self.remote_errors: list[str] = []
+        # probe.point_cache_dir ran (it may have changed torch's config, which close puts back)
+        self._torch_config = False
+
+    def __repr__(self) -> str:
+        return f"Setup(dir={self.dir!r}, follows_controller={self.follows_controller})"
 
     @classmethod
     def start(cls, settings: Settings, default_shared: Path, *, inherited: str | None, problems: Problems) -> Setup:
@@ -373,7 +386,7 @@ class Controller:
         """
         self.end.tests_failed = failed
         self.start.finish_headers()  # a plain session's restore installed its headers in the background
-        if not self.workers and "torch" in sys.modules:  # a plain session whose tests imported torch
+        if not self.workers and recording.torch_loaded():  # a plain session whose tests imported torch
             from .payload import ProcessOutput  # cost: only a session that may have compiled
 
             self._take_artifacts("controller", ProcessOutput.collect(self.setup, self.recorder))
@@ -385,7 +398,7 @@ class Controller:
                 self.problems.note(note)
         if self.setup.dir.path and self.end.files:
             cachedir.touch(self.setup.dir.path, sorted(self.end.files))
-        if "torch" in sys.modules:  # probe.capability_notes says nothing for a session that never imported torch
+        if recording.torch_loaded():  # probe.capability_notes says nothing for a session that never imported torch
             from . import probe  # cost: loaded once torch is
 
             for note in probe.capability_notes(remote=bool(self.settings.redis)):

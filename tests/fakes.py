@@ -146,6 +146,8 @@ class FakeProbe:
         self.header_uses: list[dict[str, Any]] = []
         for name in self.REPLACES:
             monkeypatch.setattr(f"pytest_compilecache.probe.{name}", getattr(self, name))
+        # the recorder asks sys.modules itself (it must not load probe before torch): the same answer
+        monkeypatch.setattr("pytest_compilecache.recorder.torch_loaded", self.torch_loaded)
 
     def torch_loaded(self) -> bool:
         return True  # the roles take the measured path (the cold path has its own tests in test_session.py)

@@ -13,7 +13,6 @@ import re
 import socket
 import stat
 import time
-from dataclasses import dataclass
 from typing import Iterator
 from typing import NamedTuple
 
@@ -26,14 +25,20 @@ _SERIAL = itertools.count()
 _OWN: dict[str, Registration] = {}  # this process's live registrations, by marker path
 
 
-@dataclass
 class Registration:
-    """A live session's mark in a cache dir: a file holding an ``flock`` until :meth:`close` (or death)."""
+    """A live session's mark in a cache dir: a file holding an ``flock`` until :meth:`close` (or death).
 
-    path: str
-    marker: str
-    start: float
-    fd: int | None
+    A plain class, not a dataclass: every session with a shared dir makes one (a dataclass costs at import).
+    """
+
+    def __init__(self, path: str, marker: str, start: float, fd: int | None) -> None:
+        self.path = path
+        self.marker = marker
+        self.start = start
+        self.fd = fd
+
+    def __repr__(self) -> str:
+        return f"Registration(path={self.path!r}, marker={self.marker!r}, start={self.start}, fd={self.fd})"
 
     def close(self) -> None:
         """Withdraw the registration (idempotent): unlink the marker, then release the lock."""
