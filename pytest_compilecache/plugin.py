@@ -422,10 +422,11 @@ def _start_tests(config: pytest.Config) -> _Tests | None:
     torch was and is recorded from zero - when a test is marked, or when a test asks for its statistics.
     """
     tests = config.stash.get(_TESTS, None)
-    if tests is not None or _COUNTER not in config.stash:
+    if tests is not None or _is_xdist_controller(config):
         return tests
-    counter = config.stash[_COUNTER]
-    config.pluginmanager.unregister(counter)
+    counter = config.stash.get(_COUNTER, None)
+    if counter is not None:
+        config.pluginmanager.unregister(counter)
     tests = config.stash[_TESTS] = _Tests(_recorder(config))  # _recorder takes the counter's tests over
     tests.current = tests.cold  # the running test, if any: it began before torch could compile anything
     config.pluginmanager.register(tests, "compilecache-tests")
@@ -554,8 +555,12 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     worker = output.get("workerid") or getattr(getattr(node, "gateway", None), "id", "?")
     sent, config = output.get("compilecache"), node.config
     if _CONTROLLER not in config.stash and isinstance(sent, dict) and set(sent) == {"tests"}:
-        # A quiet worker whose tests never imported torch: only a count, kept without loading the roles.
-        _recorder(config).cold_tests += int(sent["tests"])
+        # A quiet worker whose tests never imported torch: only a count, kept without loading the roles (in a
+        # counter that is not registered: the controller runs no test; _recorder takes it over if needed).
+        counter = config.stash.get(_COUNTER, None)
+        if counter is None:
+            counter = config.stash[_COUNTER] = _Counter()
+        counter.tests += int(sent["tests"])
         return
     _controller(config).add_worker(str(worker), sent)
 

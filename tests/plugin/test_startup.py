@@ -243,6 +243,61 @@ def test_session_without_torch_never_imports_it(inner: pytest.Pytester, dist: tu
     assert seen == {f"torch-imported-{p}.txt": "False" for p in processes}
 
 
+def test_a_session_with_no_option_loads_only_the_option_table(inner: pytest.Pytester, dist: tuple[str, ...]) -> None:
+    """Issue 23: no option, no torch: of the plugin, each process loads only what pytest needs to list the
+    options (the controller and every xdist worker)."""
+    inner.makepyfile(test_suite=TRIVIAL_SUITE)
+    inner.makeconftest(
+        """
+        import os
+        import sys
+
+        import pytest
+
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_unconfigure(config):
+            process = os.environ.get("PYTEST_XDIST_WORKER", "controller")
+            ours = sorted(name for name in sys.modules if name.startswith("pytest_compilecache"))
+            (config.rootpath / f"ours-{process}.txt").write_text(" ".join(ours))
+        """
+    )
+
+    result = inner.runpytest_subprocess("-p", "no:cacheprovider", *dist, timeout=300)
+
+    assert result.ret == 0, result.stdout.str()
+    seen = {p.name: p.read_text().split() for p in inner.path.glob("ours-*.txt")}
+    expected = ["pytest_compilecache", "pytest_compilecache._version", "pytest_compilecache.options"]
+    processes = ["controller", "gw0", "gw1"] if dist else ["controller"]
+    assert seen == {f"ours-{p}.txt": [*expected, "pytest_compilecache.plugin"] for p in processes}
+
+
+# Five tests; the third imports torch (without compiling), as a lazily importing suite would.
+TORCH_MIDWAY = """
+import pytest
+
+
+@pytest.mark.parametrize("i", range(5))
+def test_five(i):
+    if i == 2:
+        import torch
+
+        assert torch.ones(1).sum().item() == 1.0
+"""
+
+
+def test_every_test_is_counted_when_torch_appears_midway(inner: pytest.Pytester, dist: tuple[str, ...]) -> None:
+    """Tests before torch are counted by the counter, the one during which it appears and those after by
+    the per-test capture that takes over: five tests, once each, serially and in each xdist worker."""
+    inner.makepyfile(test_midway=TORCH_MIDWAY)
+
+    run = run_inner(inner, *dist)
+
+    assert run.ret == 0, run.output
+    check_report(run.data)
+    assert (run.totals["tests"], run.totals["compiled_tests"]) == (5, 0)
+
+
 def test_invalid_marker_mode_is_an_error(inner: pytest.Pytester, dist: tuple[str, ...]) -> None:
     inner.makepyfile(
         test_suite="""
