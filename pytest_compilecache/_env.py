@@ -14,6 +14,16 @@ from typing import Iterator
 from typing import Mapping
 from typing import MutableMapping
 
+# The variables that point torch's compile caches (and triton's) at a directory.
+CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+TRITON_ENV = "TRITON_CACHE_DIR"
+
+
+def cache_dir_env(cache_dir: str) -> dict[str, str]:
+    """What makes torch use ``cache_dir``: all it reads before it is imported (after, see
+    ``probe.point_cache_dir``)."""
+    return {CACHE_ENV: cache_dir, TRITON_ENV: os.path.join(cache_dir, "triton")}
+
 
 class EnvLease:
     """Remembers the values of ``names`` now; :meth:`restore` puts exactly those values back.

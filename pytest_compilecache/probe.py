@@ -27,8 +27,10 @@ from typing import Any
 from typing import Iterator
 from typing import NamedTuple
 
-CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
-TRITON_ENV = "TRITON_CACHE_DIR"
+from ._env import CACHE_ENV
+from ._env import TRITON_ENV
+from ._env import cache_dir_env
+
 DISABLE_ENV = "TORCHINDUCTOR_FORCE_DISABLE_CACHES"
 
 # Environment variables that turn torch's remote caches on (set before torch is imported).
@@ -338,8 +340,7 @@ def point_cache_dir(cache_dir: str | None, *, disable: bool = False) -> str | No
     precompile cache, precompiled headers), which the note names.
     """
     if cache_dir is not None:
-        os.environ[CACHE_ENV] = cache_dir
-        os.environ[TRITON_ENV] = os.path.join(cache_dir, "triton")
+        os.environ.update(cache_dir_env(cache_dir))
     if disable:
         os.environ[DISABLE_ENV] = "1"
     if "torch._inductor" not in sys.modules:
@@ -416,8 +417,7 @@ def isolated_compile(disable: bool = False) -> Iterator[str]:
     collect_used_modules()
     torch._dynamo.reset()
     _clear_inductor_caches()
-    os.environ[CACHE_ENV] = tmp
-    os.environ[TRITON_ENV] = os.path.join(tmp, "triton")
+    os.environ.update(cache_dir_env(tmp))
     try:
         with inductor_config.patch(force_disable_caches=disable, fx_graph_remote_cache=False):
             yield tmp

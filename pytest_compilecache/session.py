@@ -27,6 +27,7 @@ from typing import Any
 from . import cachedir
 from . import recorder as recording
 from ._env import EnvLease
+from ._env import cache_dir_env
 from .cachedir import SessionDir
 from .errors import ConfigError
 from .options import SESSION_ENV
@@ -155,8 +156,7 @@ class Setup:
         if mode in ("shared", "isolated") and "torch._inductor" not in sys.modules and self.dir.path:
             # Before torch's compiler is imported the variables are all it will read: probe.point_cache_dir's
             # first step, without loading probe in a session that may never import torch.
-            path = self.dir.path
-            self.lease.set({"TORCHINDUCTOR_CACHE_DIR": path, "TRITON_CACHE_DIR": os.path.join(path, "triton")})
+            self.lease.set(cache_dir_env(self.dir.path))
         elif mode in ("shared", "isolated", "disabled"):
             from . import probe  # cost: torch's compiler is imported already, or caching is disabled
 

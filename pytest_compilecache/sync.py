@@ -60,6 +60,7 @@ from typing import TypeVar
 from . import bundle
 from . import headers
 from . import probe
+from ._env import CACHE_ENV
 from ._fs import temporary_dir
 from .bundle import DEFAULT_MAX_BYTES
 from .bundle import CacheDirError
@@ -83,7 +84,6 @@ from .manifest import BLOB_NAME
 from .manifest import BLOBS_DIR
 from .manifest import Artifact
 from .manifest import Manifest
-from .probe import CACHE_ENV
 from .stores.base import NoPartialReads
 from .stores.base import ObjectTooLarge
 from .stores.base import Store

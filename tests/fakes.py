@@ -15,7 +15,7 @@ from typing import Any
 from typing import Mapping
 
 from pytest_compilecache import StoreError
-from pytest_compilecache.probe import CACHE_ENV
+from pytest_compilecache._env import CACHE_ENV
 from pytest_compilecache.stores import ObjectTooLarge
 from pytest_compilecache.stores import StoreEntry
 from pytest_compilecache.stores import newest_first

@@ -92,12 +92,9 @@ class LocalStore:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 with atomic_file(dest) as writer:
                     self._copy(reader if limit is None else _Bounded(reader, limit, key), writer)
-        except FileNotFoundError as exc:
-            if exc.filename is not None and Path(exc.filename) == src:
-                return False
-            raise StoreError(f"cannot get {key} from {self.location}: {_why(exc)}") from exc
         except OSError as exc:
-            raise StoreError(f"cannot get {key} from {self.location}: {_why(exc)}") from exc
+            self._miss_or_raise(key, src, exc)
+            return False
         return True
 
     def get_head(self, key: str, limit: int) -> bytes | None:
@@ -107,12 +104,16 @@ class LocalStore:
         try:
             with _open_object(src) as reader:
                 return reader.read(limit)
-        except FileNotFoundError as exc:
-            if exc.filename is not None and Path(exc.filename) == src:
-                return None
-            raise StoreError(f"cannot get {key} from {self.location}: {_why(exc)}") from exc
         except OSError as exc:
-            raise StoreError(f"cannot get {key} from {self.location}: {_why(exc)}") from exc
+            self._miss_or_raise(key, src, exc)
+            return None
+
+    def _miss_or_raise(self, key: str, src: Path, exc: OSError) -> None:
+        """Return when ``exc`` says the object ``src`` itself does not exist (a miss); raise StoreError for
+        anything else (a missing parent of the destination, a link, permissions...)."""
+        if isinstance(exc, FileNotFoundError) and exc.filename is not None and Path(exc.filename) == src:
+            return
+        raise StoreError(f"cannot get {key} from {self.location}: {_why(exc)}") from exc
 
     def put(self, key: str, src: Path) -> None:
         """Copy ``src`` in as ``key`` (temp sibling in ``root`` + ``os.replace``); StoreError on failure."""

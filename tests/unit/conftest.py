@@ -9,9 +9,9 @@ from typing import Mapping
 
 import pytest
 
+from pytest_compilecache._env import CACHE_ENV
 from pytest_compilecache.fingerprint import Fingerprint
 from pytest_compilecache.fingerprint import device_facts
-from pytest_compilecache.probe import CACHE_ENV
 from pytest_compilecache.probe import device_facts as probe_device_facts
 from tests import devices
 from tests.fakes import FakeProbe

@@ -21,6 +21,7 @@ import torch._dynamo.utils
 import torch._inductor.utils
 
 from pytest_compilecache import probe
+from pytest_compilecache._env import CACHE_ENV
 from tests import torchenv
 
 
@@ -81,7 +82,7 @@ def test_missing_clear_caches_is_a_note_not_a_crash(monkeypatch: pytest.MonkeyPa
     assert probe.capabilities()["clear_caches"] is False
     assert any("clear in-memory kernels" in note for note in probe.capability_notes())
     with probe.isolated_compile() as tmp:
-        assert os.environ[probe.CACHE_ENV] == tmp
+        assert os.environ[CACHE_ENV] == tmp
 
 
 def test_clear_caches_uses_whichever_name_this_torch_has(monkeypatch: pytest.MonkeyPatch) -> None:
