@@ -63,6 +63,32 @@ _RUNNER_OUTPUT: pytest.StashKey[_RunnerOutput] = pytest.StashKey()
 MARKER = "compile_cache"
 
 
+class _OwnModules:
+    """A ``sys.meta_path`` finder for this package's own submodules: Python's path finder, ahead of pytest's
+    assertion-rewriting import hook.
+
+    pytest hands every module of a plugin's distribution to that hook. Ours opt out of rewriting (each
+    docstring says ``PYTEST_DONT_REWRITE``), yet the hook still loads each one through its own cache: it reads
+    and hashes the source and unmarshals its own pyc from the open file, about 2M instructions per module
+    (a session with a cache dir loads about 18); with ``PYTHONDONTWRITEBYTECODE`` set, as in many CI images, it
+    writes no pyc and parses and compiles every module in every session. Here they load from the pycs pip
+    wrote at install, as any other library does. Holds nothing of a session, so it stays for the process.
+    """
+
+    prefix = __name__.rpartition(".")[0] + "."
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if path is None or not name.startswith(self.prefix):
+            return None
+        from importlib.machinery import PathFinder  # loaded by importlib itself: costs a dict lookup
+
+        return PathFinder.find_spec(name, path)
+
+
+if not any(type(finder).__name__ == "_OwnModules" for finder in sys.meta_path):  # once per process
+    sys.meta_path.insert(0, _OwnModules())
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("compilecache", "torch.compile caches (pytest-compilecache)")
     for name, flag, switch, text in TABLE:

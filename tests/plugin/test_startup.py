@@ -272,6 +272,60 @@ def test_a_session_with_no_option_loads_only_the_option_table(inner: pytest.Pyte
     assert seen == {f"ours-{p}.txt": [*expected, "pytest_compilecache.plugin"] for p in processes}
 
 
+def test_the_plugins_own_modules_load_without_pytests_rewriting_hook(
+    inner: pytest.Pytester, dist: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23: pytest hands every module of a plugin's distribution to its assertion-rewriting hook, which
+    costs each of ours (all PYTEST_DONT_REWRITE) about 2M instructions, and with PYTHONDONTWRITEBYTECODE a
+    parse and a compile in every session. The modules a session with a cache dir loads after the plugin come
+    from Python's own loader (those pytest imported to find the plugin necessarily went through the hook)."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    # What pytest does for a plugin installed from a wheel (an editable install, as here, lists no files, and
+    # pytest then hands over only the entry point's module), done by a plugin loaded before ours.
+    inner.makepyfile(
+        test_suite=TRIVIAL_SUITE, mark_ours='import pytest\n\npytest.register_assert_rewrite("pytest_compilecache")\n'
+    )
+    inner.makeconftest(
+        """
+        import os
+        import sys
+
+        import pytest
+
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_unconfigure(config):
+            process = os.environ.get("PYTEST_XDIST_WORKER", "controller")
+            loaders = sorted(
+                f"{name}={type(module.__loader__).__name__}"
+                for name, module in list(sys.modules.items())
+                if name.startswith("pytest_compilecache")
+            )
+            (config.rootpath / f"loaders-{process}.txt").write_text(" ".join(loaders))
+        """
+    )
+
+    result = inner.runpytest_subprocess(
+        "-p",
+        "mark_ours",
+        "-p",
+        "no:cacheprovider",
+        "--compile-cache=shared",
+        f"--compile-cache-dir={inner.path / 'cc'}",
+        *dist,
+    )
+
+    assert result.ret == 0, result.stdout.str()
+    processes = ["controller", "gw0", "gw1"] if dist else ["controller"]
+    before_plugin = {"pytest_compilecache", "pytest_compilecache._version", "pytest_compilecache.options"}
+    for process in processes:
+        loaders = dict(pair.split("=") for pair in (inner.path / f"loaders-{process}.txt").read_text().split())
+        assert {"pytest_compilecache.session", "pytest_compilecache.settings"} <= set(loaders), loaders
+        by_hook = {name for name, loader in loaders.items() if loader == "AssertionRewritingHook"}
+        assert by_hook <= before_plugin | {"pytest_compilecache.plugin"}, (process, by_hook)
+        assert {loaders[name] for name in set(loaders) - by_hook} == {"SourceFileLoader"}, loaders
+
+
 # Five tests; the third imports torch (without compiling), as a lazily importing suite would.
 TORCH_MIDWAY = """
 import pytest
