@@ -20,6 +20,8 @@ denominator, so the plugin's fixed cost shows most) or files of 100 tests each (
 fresh venv, and measures with that venv: the plugin as users install it, not an editable checkout.
 Targets (instructions, single file, wheel): installed at most +1%, active at most +2%.
 
+``--no-bytecode`` runs everything with ``PYTHONDONTWRITEBYTECODE=1``, as many CI images set it.
+
 ``--instructions`` counts instructions under valgrind instead (one run per variant and suite size, sizes
 ``--tests``, +50, +100...; the median over the sizes is the figure to compare, see render_instructions).
 """
@@ -42,6 +44,9 @@ from pathlib import Path
 from typing import Any
 
 VARIANTS = ("baseline", "installed", "active")
+# --no-bytecode: every run with PYTHONDONTWRITEBYTECODE=1, as in many CI images (pytest then writes none of the
+# pycs of its assertion-rewriting hook, and rewrites every module it handles in every session).
+NO_BYTECODE = False
 TARGET_PERCENT = 2.0
 TESTS_PER_FILE = 100
 
@@ -120,7 +125,7 @@ def clean_env(flag: Path) -> dict[str, str]:
         if not name.startswith(("PYTEST_", "TORCHINDUCTOR_", "TRITON_")) and name != "PYTHONWARNINGS"
     }
     env["BENCH_TORCH_FLAG"] = str(flag)
-    env["PYTHONDONTWRITEBYTECODE"] = "0"
+    env["PYTHONDONTWRITEBYTECODE"] = "1" if NO_BYTECODE else "0"
     return env
 
 
@@ -308,7 +313,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--wheel", action="store_true", help="measure a wheel built from this checkout, in a fresh venv"
     )
+    parser.add_argument(
+        "--no-bytecode",
+        action="store_true",
+        help="run everything with PYTHONDONTWRITEBYTECODE=1, as many CI images set it",
+    )
     args = parser.parse_args(argv)
+    global NO_BYTECODE
+    NO_BYTECODE = args.no_bytecode
     if args.wheel:
         args.python = wheel_python(Path(tempfile.mkdtemp(prefix="compilecache-bench-wheel-")), args.python)
     if args.instructions:

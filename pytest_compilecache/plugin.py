@@ -65,15 +65,7 @@ MARKER = "compile_cache"
 
 class _OwnModules:
     """A ``sys.meta_path`` finder for this package's own submodules: Python's path finder, ahead of pytest's
-    assertion-rewriting import hook.
-
-    pytest hands every module of a plugin's distribution to that hook. Ours opt out of rewriting (each
-    docstring says ``PYTEST_DONT_REWRITE``), yet the hook still loads each one through its own cache: it reads
-    and hashes the source and unmarshals its own pyc from the open file, about 2M instructions per module
-    (a session with a cache dir loads about 18); with ``PYTHONDONTWRITEBYTECODE`` set, as in many CI images, it
-    writes no pyc and parses and compiles every module in every session. Here they load from the pycs pip
-    wrote at install, as any other library does. Holds nothing of a session, so it stays for the process.
-    """
+    assertion-rewriting import hook (:func:`_load_own_modules_plainly`)."""
 
     prefix = __name__.rpartition(".")[0] + "."
 
@@ -85,8 +77,28 @@ class _OwnModules:
         return PathFinder.find_spec(name, path)
 
 
-if not any(type(finder).__name__ == "_OwnModules" for finder in sys.meta_path):  # once per process
-    sys.meta_path.insert(0, _OwnModules())
+def _load_own_modules_plainly(config: pytest.Config) -> None:
+    """From now until ``config`` is cleaned up, this package's modules load as any library's do.
+
+    pytest hands every module of a plugin's distribution to its assertion-rewriting hook. Ours opt out of
+    rewriting (each docstring says ``PYTEST_DONT_REWRITE``), yet the hook still loads each one through its own
+    cache: it reads and hashes the source and unmarshals its own pyc from the open file, about 2M instructions
+    per module (a session with a cache dir loads about 18); with ``PYTHONDONTWRITEBYTECODE`` set, as in many CI
+    images, it writes no pyc and parses and compiles every module in every session. Called where a session
+    starts loading them (an option is given, or torch appears), not at import: a session with no option loads
+    nothing more, and a finder left in ``sys.meta_path`` would keep this module (and through it every module)
+    alive into the interpreter's shutdown, whose garbage collections then cost more than the finder saves.
+    """
+    if any(isinstance(finder, _OwnModules) for finder in sys.meta_path):
+        return
+    finder = _OwnModules()
+    sys.meta_path.insert(0, finder)
+
+    def forget() -> None:
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+
+    config.add_cleanup(forget)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -121,6 +133,7 @@ def _settings(config: pytest.Config) -> Settings | None:
         config.stash[_SETTINGS] = None
         return None
     # cost: only a session that gives an option loads the parsers
+    _load_own_modules_plainly(config)
     from .errors import ConfigError
     from .settings import resolve
 
@@ -298,6 +311,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _torch_appears(config: pytest.Config) -> None:
     """torch is about to be imported (nothing of it has run yet): from now on a test may compile."""
+    _load_own_modules_plainly(config)
     _watch(config)
     _start_tests(config)
     when_imported("triton", lambda: _watch(config), config)
