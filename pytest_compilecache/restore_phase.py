@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from filelock import BaseFileLock
 
     from .explain import GraphsRecord
+    from .manifest import Artifact
     from .recorder import Recorder
     from .session import Setup
     from .stores.timed import TimedStore
@@ -219,6 +220,19 @@ class RestorePhase:
             restored = sync.RestoreResult("error", message=f"restore skipped: {type(exc).__name__}: {exc}")
         else:
             self._store = store
+
+            def install_headers(named: tuple[Artifact, ...]) -> None:
+                # Before the bundle's blobs load (which imports torch): the install overlaps that import, and
+                # torch's build lock of each header, held until it is in place, keeps any compile waiting.
+                if self._headers is not None:  # one bundle is installed per restore
+                    return
+                try:
+                    self._headers = sync.HeaderInstall(store, settings.key_prefix, named)
+                except Exception as exc:  # e.g. torch's lock dir cannot be made: torch builds the headers
+                    from .ghrunner import one_line  # cost: only to warn
+
+                    self.problems.warn(one_line(f"precompiled headers not restored: {type(exc).__name__}: {exc}"))
+
             restored = sync.restore(
                 store,
                 prefix=settings.key_prefix,
@@ -226,10 +240,9 @@ class RestorePhase:
                 cache_dir=self.setup.dir.path or "",
                 signing_key=settings.signing_key,
                 max_bytes=settings.max_bundle_size,
-                headers=False,  # installed in the background, below
+                headers=False,  # installed in the background, from install_headers
+                on_installed=install_headers,
             )
-            if restored.outcome in ("exact", "partial") and restored.named_artifacts:
-                self._headers = sync.HeaderInstall(store, settings.key_prefix, restored.named_artifacts)
             # A restore that failed on the store skips the save (it would wait again), and so does one whose
             # store spent the whole budget on the side (explaining a miss, fetching headers): it is stalling.
             # A store error met only while explaining a miss is part of the miss's message, not a failure.

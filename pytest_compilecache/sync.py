@@ -419,6 +419,7 @@ def restore(
     headers: bool = True,
     header_dir: Path | None = None,
     stage_blobs: bool = False,
+    on_installed: Callable[[tuple[Artifact, ...]], None] | None = None,
 ) -> RestoreResult:
     """Restore the best bundle into ``cache_dir``: ``exact_key`` if present, else the newest of this lineage.
 
@@ -436,6 +437,10 @@ def restore(
     for the process that runs the tests to load with :func:`load_staged` (the Action's restore step, which
     would otherwise pay a torch import of its own). Staged blobs older than :data:`STAGED_MAX_AGE` (left by
     a job whose tests never ran) are removed first.
+
+    ``on_installed`` is called with the artifacts the verified manifest names (its precompiled headers) as
+    soon as the bundle is installed, before its blobs are loaded, which imports torch: the plugin starts the
+    headers' install there (:class:`HeaderInstall`, with ``headers=False``), so that it overlaps that import.
     """
     started = time.perf_counter()
     lineage = restore_prefix(prefix, fingerprint.digest())
@@ -506,6 +511,8 @@ def restore(
                     except BundleError as exc:  # e.g. a dir where a file goes: the cache dir is as it was
                         skipped.append((key, one_line(str(exc), 500)))
                         continue
+                    if on_installed is not None and verified.manifest.artifacts:
+                        on_installed(tuple(verified.manifest.artifacts))
                     if stage_blobs:
                         artifacts, staged = {}, _staged_blobs(verified.manifest)
                     else:

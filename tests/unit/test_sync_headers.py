@@ -221,6 +221,30 @@ def test_restore_with_headers_off_installs_none(tmp_path: Path, source: Path, ca
     assert _artifact_key() not in store.gets
 
 
+def test_on_installed_names_the_headers_before_any_blob_loads(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+    """Issue 24/25: the plugin starts the headers' install from ``on_installed``, so it must come once the
+    bundle is installed and before the blobs load (which imports torch): the install overlaps that import."""
+    store = RecordingStore()
+    _header(tmp_path / "a")
+    _save(store, source, "run-1", tmp_path / "a")
+    events: list[str] = []
+    loader = FakeLoader()
+
+    def load(blob: bytes) -> Any:
+        events.append("load")
+        return loader(blob)
+
+    def installed(named: tuple[Any, ...]) -> None:
+        assert (cache_dir / next(iter(CACHE_FILES))).is_file()  # the bundle's files are in place already
+        events.append("installed " + ",".join(artifact.name for artifact in named))
+
+    result = _restore(store, cache_dir, tmp_path / "b", headers=False, load=load, on_installed=installed)
+
+    assert result.outcome == "partial", result.message
+    assert events[0] == f"installed {NAME}" and events[1:] == ["load"] * len(BLOBS)
+    assert not (tmp_path / "b").exists()  # headers=False: the caller installs them
+
+
 def test_a_tampered_header_is_refused_with_one_warning_and_the_restore_succeeds(
     tmp_path: Path, source: Path, cache_dir: Path
 ) -> None:
