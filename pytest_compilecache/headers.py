@@ -1047,6 +1047,18 @@ def _being_built(directory: Path, name: str) -> bool:
         os.close(fd)  # closing drops the probe's own lock, if it got one
 
 
+def wait_while_built(path: Path, timeout: float = CHECK_TIMEOUT) -> bool:
+    """Wait while torch's build lock of header ``path`` is held (torch building it, or a restore installing
+    it: :class:`Reservation`), polling, at most ``timeout`` seconds; True when ``path`` is then a regular file."""
+    deadline = time.monotonic() + timeout
+    while _being_built(path.parent, path.name) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def _lock_name(name: str) -> str:
     # torch: os.path.join(_HEADER_LOCK_DIR, f"{header_hash}.lock"); header_hash is the name before ".h".
     return name.split(".", 1)[0] + ".lock"

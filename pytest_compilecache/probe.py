@@ -1144,6 +1144,7 @@ def precompiled_header_dir() -> str | None:
 
 _header_watch: str | None = None  # None: not tried yet; "" installed; otherwise why not
 _header_uses: dict[str, dict[str, Any]] = {}  # header name -> its HeaderUse JSON, for this process
+_early_checks: list[Path] = []  # headers this process's restore installs, to check early (check_headers_early)
 
 
 def watch_precompiled_headers() -> None:
@@ -1159,6 +1160,40 @@ def watch_precompiled_headers() -> None:
 def precompiled_headers_used() -> list[dict[str, Any]]:
     """The headers torch looked up in this process so far, each checked once (``headers.HeaderUse`` JSON)."""
     return [dict(use) for use in _header_uses.values()]
+
+
+def check_headers_early(paths: list[Path]) -> None:
+    """Headers this process's restore is installing (torch's header dir, its compiled ``.gch``/``.pch``).
+
+    At torch's first header look-up in this process they are checked in a thread, under the flags of that
+    look-up, while torch works out which header it wants (it preprocesses the header and hashes the result:
+    about as long as the check), and each acceptance goes into the header dir's record
+    (:data:`.headers.VERDICTS`). The look-up's own check, after torch has answered, then finds the verdict (or
+    waits for it: checks of one file take turns) instead of running the compiler on the critical path. A
+    rejection is not remembered, so a damaged header is still found, removed and rebuilt by that check.
+    Never imports torch."""
+    _early_checks[:] = [Path(path) for path in paths]
+
+
+def _start_early_checks(compile_command: dict[str, Any]) -> None:
+    """Check the headers :func:`check_headers_early` named, in a thread, each once installed (best effort)."""
+    import threading  # cost: only in a process that restored headers
+
+    paths = list(_early_checks)
+    _early_checks.clear()
+
+    def run() -> None:
+        from . import headers
+
+        def command(source: Path, include: Path) -> list[str]:
+            return _header_check_command(compile_command, str(source), str(include))
+
+        for path in paths:
+            with contextlib.suppress(Exception):  # advisory: the look-up's own check decides
+                if headers.wait_while_built(path) and path.name not in _header_uses:
+                    headers.check(path, command, remember=True)
+
+    threading.Thread(target=run, name="compilecache-header-check", daemon=True).start()
 
 
 def _install_header_watch() -> None:
@@ -1179,6 +1214,9 @@ def _install_header_watch() -> None:
         return
 
     def _precompile_header(header: Any, hashable_cmd_line: Any, **compile_command: Any) -> Any:
+        if _early_checks:  # torch pops from compile_command: the thread gets its own copy
+            with contextlib.suppress(Exception):
+                _start_early_checks(dict(compile_command))
         path = original(header, hashable_cmd_line, **compile_command)
         with contextlib.suppress(Exception):  # a failure of ours never fails torch's compile
             _check_header(

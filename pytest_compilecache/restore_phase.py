@@ -228,6 +228,12 @@ class RestorePhase:
                     return
                 try:
                     self._headers = sync.HeaderInstall(store, settings.key_prefix, named)
+                    from . import probe  # cost: loaded by sync already
+                    from .headers import header_dir
+                    from .headers import is_header_name
+
+                    # checked while torch works out which header it wants, off the first compile's path
+                    probe.check_headers_early([header_dir() / a.name for a in named if is_header_name(a.name)])
                 except Exception as exc:  # e.g. torch's lock dir cannot be made: torch builds the headers
                     from .ghrunner import one_line  # cost: only to warn
 

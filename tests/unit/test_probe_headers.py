@@ -261,3 +261,56 @@ def test_a_record_of_another_file_or_through_a_link_is_never_trusted(
     _next_process(codecache)
     _look_up(codecache)
     assert _checks(tmp_path) == 3
+
+
+# ---- a restored header is checked while torch works out which header it wants (issues 24, 25)
+
+
+def _wait_for_check(tmp_path: Path, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if _checks(tmp_path):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_a_restored_header_is_checked_while_torch_preprocesses(
+    codecache: FakeCodecache, settled: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check of a header this process restored runs beside torch's own look-up (which preprocesses the
+    header first, about as long as the check), not after it: torch's stand-in here waits for the compiler
+    to have run before it answers, which only an early check can satisfy; the look-up's own check then
+    finds the verdict, so the compiler runs once."""
+    torchs = codecache._precompile_header
+    seen: list[bool] = []
+
+    @functools.cache
+    def slow(header: str, hashable_cmd_line: str, **compile_command: Any) -> str:
+        compile_command.pop("extra_flags", None)  # torch pops from what it was given
+        seen.append(_wait_for_check(tmp_path))
+        return str(torchs(header, hashable_cmd_line, **compile_command))
+
+    monkeypatch.setattr(codecache, "_precompile_header", slow)
+    probe.uninstall_header_watch()
+    probe.watch_precompiled_headers()
+    probe.check_headers_early([settled])
+
+    codecache._precompile_header("torch/csrc/inductor/cpp_prefix.h", "g++ -O3", vec_isa="avx512", extra_flags="x")
+
+    assert seen == [True]
+    (use,) = probe.precompiled_headers_used()
+    assert use["verdict"] == "verified" and _checks(tmp_path) == 1
+    assert probe._early_checks == []  # asked once per restore
+
+
+def test_a_damaged_restored_header_is_still_removed_and_rebuilt(
+    codecache: FakeCodecache, settled: Path, tmp_path: Path
+) -> None:
+    """The early check only remembers acceptances: a header the compiler rejects is judged again by the
+    look-up's own check, which removes it and has torch build it again, as without the early check."""
+    settled.write_bytes(GOOD[:50])
+    probe.check_headers_early([settled])
+    _look_up(codecache)
+    (use,) = probe.precompiled_headers_used()
+    assert use["verdict"] == "rebuilt" and settled.read_bytes() == GOOD and codecache.builds == 1
