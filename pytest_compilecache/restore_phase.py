@@ -273,6 +273,12 @@ class RestorePhase:
 
         told = sync.read_handoff(os.environ.get(sync.HANDOFF_ENV))
         self.restored = told
+        if told is not None and told.headers.named:
+            from . import probe  # cost: loaded by sync already
+            from .headers import header_dir
+
+            # the headers the Action's restore step installed: checked early, as a restore of ours does
+            probe.check_headers_early([header_dir() / name for name in told.headers.named])
         if told is None or not told.staged or not self.setup.dir.path:
             return
         self.restored = sync.load_staged(told, self.setup.dir.path)
