@@ -1241,6 +1241,7 @@ def uninstall_header_watch() -> None:
         setattr(codecache, "_precompile_header", original)  # noqa: B010
     _header_watch = None
     _header_uses.clear()
+    _early_checks.clear()
 
 
 def _compiled_header(path: str) -> Path | None:
