@@ -24,6 +24,7 @@ import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+from typing import Iterable
 from typing import Iterator
 from typing import NamedTuple
 
@@ -1162,8 +1163,9 @@ def precompiled_headers_used() -> list[dict[str, Any]]:
     return [dict(use) for use in _header_uses.values()]
 
 
-def check_headers_early(paths: list[Path]) -> None:
-    """Headers this process's restore is installing (torch's header dir, its compiled ``.gch``/``.pch``).
+def check_headers_early(names: Iterable[str], directory: Path | None = None) -> None:
+    """Headers a restore is installing (or installed) for this process: their compiled ``.gch``/``.pch``
+    names, in ``directory`` (default: torch's header dir for this process, :func:`.headers.header_dir`).
 
     At torch's first header look-up in this process they are checked in a thread, under the flags of that
     look-up, while torch works out which header it wants (it preprocesses the header and hashes the result:
@@ -1171,8 +1173,11 @@ def check_headers_early(paths: list[Path]) -> None:
     (:data:`.headers.VERDICTS`). The look-up's own check, after torch has answered, then finds the verdict (or
     waits for it: checks of one file take turns) instead of running the compiler on the critical path. A
     rejection is not remembered, so a damaged header is still found, removed and rebuilt by that check.
-    Never imports torch."""
-    _early_checks[:] = [Path(path) for path in paths]
+    Never imports torch; a name torch could not give a header is ignored."""
+    from . import headers  # cost: only in a process that restored headers
+
+    target = directory or headers.header_dir()
+    _early_checks[:] = [target / name for name in names if headers.is_header_name(name)]
 
 
 def _start_early_checks(compile_command: dict[str, Any]) -> None:

@@ -228,12 +228,6 @@ class RestorePhase:
                     return
                 try:
                     self._headers = sync.HeaderInstall(store, settings.key_prefix, named)
-                    from . import probe  # cost: loaded by sync already
-                    from .headers import header_dir
-                    from .headers import is_header_name
-
-                    # checked while torch works out which header it wants, off the first compile's path
-                    probe.check_headers_early([header_dir() / a.name for a in named if is_header_name(a.name)])
                 except Exception as exc:  # e.g. torch's lock dir cannot be made: torch builds the headers
                     from .ghrunner import one_line  # cost: only to warn
 
@@ -275,10 +269,9 @@ class RestorePhase:
         self.restored = told
         if told is not None and told.headers.named:
             from . import probe  # cost: loaded by sync already
-            from .headers import header_dir
 
             # the headers the Action's restore step installed: checked early, as a restore of ours does
-            probe.check_headers_early([header_dir() / name for name in told.headers.named])
+            probe.check_headers_early(told.headers.named)
         if told is None or not told.staged or not self.setup.dir.path:
             return
         self.restored = sync.load_staged(told, self.setup.dir.path)

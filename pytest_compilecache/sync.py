@@ -568,7 +568,8 @@ class HeaderInstall:
     After ``restore(..., headers=False)``: torch's build lock of every header to install is taken now
     (:func:`.headers.reserve_headers`), then a thread downloads and installs them while the caller goes on
     (an xdist worker lets the others start their tests; a plain session collects). Any process whose compile
-    looks such a header up meanwhile waits in torch's own lock until it is in place, and builds nothing.
+    looks such a header up meanwhile waits in torch's own lock until it is in place, and builds nothing; this
+    process checks them beside its first header look-up (:func:`.probe.check_headers_early`).
     :meth:`finish` waits for the thread and returns what :func:`restore` would have put in ``headers``.
     """
 
@@ -578,6 +579,8 @@ class HeaderInstall:
         self._named = tuple(named)
         self._report = HeaderReport()
         self._reservation = headers.reserve_headers(self._named, directory)
+        # checked while torch works out which header it wants, off the first compile's path
+        probe.check_headers_early([artifact.name for artifact in self._named], self._reservation.directory)
         self._thread = threading.Thread(
             target=self._run, args=(store, prefix, directory), name="compilecache-headers", daemon=True
         )

@@ -294,7 +294,7 @@ def test_a_restored_header_is_checked_while_torch_preprocesses(
     monkeypatch.setattr(codecache, "_precompile_header", slow)
     probe.uninstall_header_watch()
     probe.watch_precompiled_headers()
-    probe.check_headers_early([settled])
+    probe.check_headers_early([settled.name], settled.parent)
 
     codecache._precompile_header("torch/csrc/inductor/cpp_prefix.h", "g++ -O3", vec_isa="avx512", extra_flags="x")
 
@@ -310,7 +310,7 @@ def test_a_damaged_restored_header_is_still_removed_and_rebuilt(
     """The early check only remembers acceptances: a header the compiler rejects is judged again by the
     look-up's own check, which removes it and has torch build it again, as without the early check."""
     settled.write_bytes(GOOD[:50])
-    probe.check_headers_early([settled])
+    probe.check_headers_early([settled.name], settled.parent)
     _look_up(codecache)
     (use,) = probe.precompiled_headers_used()
     assert use["verdict"] == "rebuilt" and settled.read_bytes() == GOOD and codecache.builds == 1
