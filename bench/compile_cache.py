@@ -19,9 +19,13 @@ holds) unless something put it there first, as the plugin's restore does with th
   a content-addressed object, download, install into torch's header dir under the new TMPDIR): a
   cross-check of the product's path, with the time of each step
 
-``--workers N`` (default 2; 0 turns it off) adds an xdist twin of every timed scenario (``warm -n2``,
-``restored-fresh -n2``...), run in the same rotation and reported against the warm run of the same
-parallelism: the README's CI example runs ``pytest -n 2``.
+``--workers N`` (default 2; 0 turns it off) adds an xdist twin of the cold run and of every timed scenario
+(``cold -n2``, ``warm -n2``, ``restored-fresh -n2``...), run in the same rotation and reported against the warm
+run of the same parallelism: the README's CI example runs ``pytest -n 2``. The twins form their own lineage, as
+that CI does (a push run with ``-n 2`` saves, a pull request run with ``-n 2`` restores): ``cold -n2`` saves the
+bundle and fills the dir that ``warm -n2`` and ``restored-fresh -n2`` reuse. Which graphs a worker compiles
+depends on the tests before it in that worker (automatic dynamic shapes), so a serial run's bundle restored into
+``-n 2`` misses the graphs only a parallel run compiles (the report's ``why`` names each).
 
 ``--rounds N`` repeats warm, restored, restored-fresh, restored-fresh+headers and wholedir N times in a
 rotating order (load drifting on a shared machine then touches all of them alike) and reports the median.
@@ -235,69 +239,86 @@ def misses(data: dict[str, Any]) -> str:
     return f"{totals.get('hits', '-')}/{totals.get('misses', '-')}"
 
 
-def scenarios(suite: Path, tmp: Path, rounds: int, megacache: bool, workers: int = 0) -> dict[str, Any]:
-    store, cold_dir, objects = tmp / "store", tmp / "cold-dir", tmp / "objects"
-    machine = tmp / "machine-a"
+def lineage(suite: Path, tmp: Path, dist: tuple[str, ...], extra: dict[str, Any]) -> dict[str, Any]:
+    """One CI lineage run with ``dist`` (``()`` or ``("-n", "2")``): a cold run on its own machine saves a bundle to
+    its own store; returns the cold run and the timed scenarios that reuse its dir, bundle and headers, all with
+    the same ``dist``. ``extra`` receives sizes and transfer times.
+
+    Each parallelism gets its own lineage, as in the README's CI example (a push run with ``-n 2`` saves, a pull
+    request run with ``-n 2`` restores): which graphs a worker compiles depends on the tests before it in that
+    worker (automatic dynamic shapes), so a serial run's bundle restored into ``-n 2`` misses the graphs that only
+    parallel runs compile, which a warm dir used with ``-n 2`` holds.
+    """
+    label = "-".join(arg.lstrip("-") for arg in dist) or "serial"
+    store, cold_dir, objects = tmp / f"store-{label}", tmp / f"cold-dir-{label}", tmp / f"objects-{label}"
+    machine = tmp / f"machine-{label}"
     machine.mkdir()
     objects.mkdir()
-    out: dict[str, Any] = {"eager": [run_pytest(suite, tmp, env={"TORCH_COMPILE_DISABLE": "1"})]}
     since = headers.session_start()
-    out["cold"] = [
-        run_pytest(
-            suite,
-            tmp,
-            "--compile-cache=shared",
-            f"--compile-cache-dir={cold_dir}",
-            f"--compile-cache-store={store}",
-            machine=machine,
-        )
-    ]
+    cold = run_pytest(
+        suite,
+        tmp,
+        "--compile-cache=shared",
+        f"--compile-cache-dir={cold_dir}",
+        f"--compile-cache-store={store}",
+        *dist,
+        machine=machine,
+    )
     bundle_path = newest_bundle(store)
-    whole = tmp / "whole.tar.zst"
+    whole = tmp / f"whole-{label}.tar.zst"
     started = time.perf_counter()
     whole_size = archive(cold_dir, whole)
     archive_s = time.perf_counter() - started
     artifacts, carried = carry_headers(machine, objects, since)
-    extra: dict[str, Any] = {"bundle": bundle_path.stat().st_size, "wholedir": whole_size, "wholedir_pack_s": archive_s}
-    extra["headers"] = carried
+    extra.update(bundle=bundle_path.stat().st_size, bundle_path=bundle_path, wholedir=whole_size)
+    extra.update(wholedir_pack_s=archive_s, headers=carried, wholedir_unpack_s=[])
     extra["headers"]["installs"] = []
-    extra["wholedir_unpack_s"] = []
-    restore_args = ("--compile-cache=isolated", f"--compile-cache-store={store}", "--compile-cache-readonly")
+    restore_args = ("--compile-cache=isolated", f"--compile-cache-store={store}", "--compile-cache-readonly", *dist)
 
-    def warm(*dist: str) -> tuple[float, dict[str, Any]]:
-        return run_pytest(
-            suite, tmp, "--compile-cache=shared", f"--compile-cache-dir={cold_dir}", *dist, machine=machine
-        )
+    def warm() -> tuple[float, dict[str, Any]]:
+        shared = ("--compile-cache=shared", f"--compile-cache-dir={cold_dir}")
+        return run_pytest(suite, tmp, *shared, *dist, machine=machine)
 
-    def restored(*dist: str) -> tuple[float, dict[str, Any]]:
-        return run_pytest(suite, tmp, *restore_args, *dist, machine=machine)
+    def restored() -> tuple[float, dict[str, Any]]:
+        return run_pytest(suite, tmp, *restore_args, machine=machine)
 
-    def restored_fresh(*dist: str) -> tuple[float, dict[str, Any]]:
-        return run_pytest(suite, tmp, *restore_args, *dist)
+    def restored_fresh() -> tuple[float, dict[str, Any]]:
+        return run_pytest(suite, tmp, *restore_args)
 
-    def restored_fresh_headers(*dist: str) -> tuple[float, dict[str, Any]]:
+    def restored_fresh_headers() -> tuple[float, dict[str, Any]]:
         fresh = Path(tempfile.mkdtemp(prefix="tmpdir-", dir=tmp))
         extra["headers"]["installs"].append(install_headers(artifacts, objects, fresh))
-        return run_pytest(suite, tmp, *restore_args, *dist, machine=fresh)
+        return run_pytest(suite, tmp, *restore_args, machine=fresh)
 
-    def wholedir(*dist: str) -> tuple[float, dict[str, Any]]:
+    def wholedir() -> tuple[float, dict[str, Any]]:
         target = Path(tempfile.mkdtemp(prefix="whole-dir-", dir=tmp))
         started = time.perf_counter()
         unarchive(whole, target)
         extra["wholedir_unpack_s"].append(time.perf_counter() - started)
         return run_pytest(suite, tmp, "--compile-cache=shared", f"--compile-cache-dir={target}", *dist)
 
-    serial = {
+    return {
+        "cold": cold,
         "warm": warm,
         "restored": restored,
         "restored-fresh": restored_fresh,
         "restored-fresh+headers": restored_fresh_headers,
         "wholedir": wholedir,
     }
-    timed: dict[str, Any] = dict(serial)
+
+
+def scenarios(suite: Path, tmp: Path, rounds: int, megacache: bool, workers: int = 0) -> dict[str, Any]:
+    out: dict[str, Any] = {"eager": [run_pytest(suite, tmp, env={"TORCH_COMPILE_DISABLE": "1"})]}
+    extra: dict[str, Any] = {}
+    lineages: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {"": ((), extra)}
     if workers:
-        for name, fn in serial.items():
-            timed[f"{name} -n{workers}"] = lambda fn=fn: fn("-n", str(workers))
+        lineages[f" -n{workers}"] = (("-n", str(workers)), {})
+        extra["parallel"] = lineages[f" -n{workers}"][1]
+    timed: dict[str, Any] = {}
+    for suffix, (dist, into) in lineages.items():
+        found = lineage(suite, tmp, dist, into)
+        out[f"cold{suffix}"] = [found.pop("cold")]
+        timed.update({f"{name}{suffix}": fn for name, fn in found.items()})
     names = list(timed)
     for index in range(rounds):
         order = names[index % len(names) :] + names[: index % len(names)]
@@ -305,8 +326,10 @@ def scenarios(suite: Path, tmp: Path, rounds: int, megacache: bool, workers: int
             out.setdefault(name, []).append(timed[name]())
     if megacache:
         mega_dir = tmp / "mega-dir"
-        load_blobs_only(bundle_path, mega_dir)
+        load_blobs_only(extra["bundle_path"], mega_dir)
         out["megacache"] = [run_pytest(suite, tmp, "--compile-cache=shared", f"--compile-cache-dir={mega_dir}")]
+    for into in (extra, extra.get("parallel", {})):
+        into.pop("bundle_path", None)
     out["_extra"] = extra
     return out
 
@@ -428,6 +451,12 @@ def main() -> int:
         f"whole-dir archive {extra['wholedir'] / 1024:.0f} KiB (zstd-10): pack {extra['wholedir_pack_s']:.2f} s, "
         f"unpack {median(extra['wholedir_unpack_s']):.2f} s"
     )
+    if "parallel" in extra:
+        parallel = extra["parallel"]
+        print(
+            f"-n{args.workers} lineage: bundle {parallel['bundle'] / 1024:.0f} KiB, whole-dir archive "
+            f"{parallel['wholedir'] / 1024:.0f} KiB"
+        )
     if args.trace_compiler:
         print("compiler calls in the last run of each scenario: kind count/seconds")
         for name, info in summary.items():
