@@ -7,12 +7,19 @@ Every test here starts act and runs real jobs (a compiled suite: two tiny matmul
 
 from __future__ import annotations
 
+import hashlib
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pytest_compilecache import headers
+from tests import torchenv
 from tests.action.actrun import ACTION
 from tests.action.actrun import COLLECT
 from tests.action.actrun import Act
@@ -155,6 +162,23 @@ def fresh_runner(act: Act) -> dict[str, str]:
     return {"TMPDIR": str(path)}
 
 
+def runner_with_a_header_built_earlier(act: Act) -> tuple[dict[str, str], Path]:
+    """The next run's environment (its own TMPDIR) on a runner that already holds torch's precompiled header,
+    and that header: an earlier process (no job of this workflow) built it, then it was read once, its times
+    pinned as ``relatime`` then leaves them for a day (a read after the last change is recorded once, then no
+    more; ``noatime`` records none). The job's processes must find it by asking torch, not by access times."""
+    env = fresh_runner(act)
+    tmp = Path(env["TMPDIR"])
+    code = "import torch\nx = torch.randn(8)\ntorch.compile(lambda a: torch.sin(a) + a)(x)\n"
+    earlier = {**torchenv.inner_env(), "TMPDIR": str(tmp), "TORCHINDUCTOR_CACHE_DIR": str(act.root / "earlier")}
+    subprocess.run([sys.executable, "-c", code], env=earlier, check=True, timeout=300, capture_output=True)
+    (header,) = [path for path in headers.header_dir(tmp).iterdir() if headers.is_header_name(path.name)]
+    now = time.time()
+    os.utime(header, (now - 3600, now - 7200))  # built two hours ago, read an hour ago: before the job starts
+    header.read_bytes()  # relatime records no read after this one (atime newer than mtime); noatime none at all
+    return env, header
+
+
 # The User-Agent of the Action's probe step (action.yml), which asks the service whether it answers.
 PROBE = "pytest-compilecache-probe"
 
@@ -175,8 +199,11 @@ def header_objects(server: CacheServer, key: str) -> list[str]:
 def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, server: CacheServer) -> None:
     """One lineage through the events that matter (one test: every job costs a torch import and act)."""
     # push to the default branch: a miss, compile, the plugin writes a bundle, actions/cache's post step saves it.
-    # Every run is a fresh runner (its own TMPDIR): torch's precompiled header is not there to start with.
-    first = act.run(workflow(), "push", env=fresh_runner(act))
+    # Every run is a runner of its own (its own TMPDIR). This first one already holds torch's precompiled header
+    # (built before the job, its times as relatime leaves them: issue 24); the later ones start without one.
+    env, built_earlier = runner_with_a_header_built_earlier(act)
+    pinned = built_earlier.stat()
+    first = act.run(workflow(), "push", env=env)
     assert_succeeded(first)
     out = first.outputs()
     assert out["restore-outcome"] == "miss"
@@ -191,6 +218,9 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
     (header,) = header_objects(server, out["key"])
     header_key = header[: -len(".bundle")]
     assert header_key.startswith("compilecache-v1-test-artifact-")
+    # The header it carries is the one built before the job, which torch used as it was (not rebuilt).
+    assert header_key.endswith(hashlib.sha256(built_earlier.read_bytes()).hexdigest())
+    assert (built_earlier.stat().st_mtime_ns, built_earlier.stat().st_ino) == (pinned.st_mtime_ns, pinned.st_ino)
 
     # push again, one new test: the newest entry of the lineage (partial: another run's key). Issue 10: the
     # restore names the header entry's key; it misses, so the header comes from the bundle entry's copy and
