@@ -35,6 +35,11 @@ def test_the_demos_restored_run_is_a_fresh_machine(tmp_path: Path) -> None:
     assert restored["restore"]["outcome"] == "partial", restored["restore"]
     hits = restored["totals"]["hits"]
     assert restored["totals"]["misses"] == 0 and hits == cold["totals"]["misses"], restored["totals"]
+    # Every graph the cold run looked up is found again, layer by layer (this file is in the compat subset:
+    # CI checks it on the oldest and newest torch too).
+    assert cold["totals"]["frames"] > 0, cold["totals"]
+    assert restored["totals"]["fxgraph"]["hit"] == cold["totals"]["fxgraph"]["miss"] > 0, restored["totals"]
+    assert restored["totals"]["aotautograd"]["hit"] == cold["totals"]["aotautograd"]["miss"], restored["totals"]
     headers = restored["restore"]["headers"]
     assert headers["transferred"] == headers["named"], headers
     assert f"restored: {hits} hits, 0 misses (100%)" in proc.stdout, proc.stdout[-2000:]
