@@ -412,7 +412,7 @@ def main() -> int:
     print(f"load average: {load[0]:.1f} before, {load_after[0]:.1f} after")
     print(
         f"{'scenario':<23} {'median s':>8} {'x warm':>7} {'min s':>7} {'max s':>7} {'cpu s':>7} {'cpu x warm':>10}"
-        "  hits/misses"
+        "  hits/misses (each run)"
     )
     summary = {}
     for name, runs in results.items():
@@ -427,11 +427,12 @@ def main() -> int:
             "cpu_seconds": [round(data["_cpu"], 3) for _, data in runs],
             "cpu_ratio_to_warm": round(cpu / warm_cpu, 3),
             "totals": runs[-1][1].get("totals"),
+            "misses": [(data.get("totals") or {}).get("misses") for _, data in runs],
             "compiler": runs[-1][1].get("_trace"),
         }
         print(
             f"{name:<23} {mid:8.2f} {mid / warm:7.2f} {min(times):7.2f} {max(times):7.2f} {cpu:7.2f} "
-            f"{cpu / warm_cpu:10.2f}  {misses(runs[-1][1])}"
+            f"{cpu / warm_cpu:10.2f}  {' '.join(misses(data) for _, data in runs)}"
         )
     restores = [(r[1].get("restore") or {}).get("seconds", 0.0) for r in results["restored-fresh"]]
     save = results["cold"][0][1].get("save") or {}
