@@ -8,10 +8,8 @@ Every test here starts act and runs real jobs (a compiled suite: two tiny matmul
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ from tests.action.actrun import action_copy
 from tests.action.cache_server import CacheServer
 from tests.action.cache_server import scopes_for
 from tests.markdown import shown
+from tests.plugin.helpers import settle_as_relatime_leaves_it
 
 pytestmark = [pytest.mark.action, pytest.mark.slow]
 
@@ -164,18 +163,16 @@ def fresh_runner(act: Act) -> dict[str, str]:
 
 def runner_with_a_header_built_earlier(act: Act) -> tuple[dict[str, str], Path]:
     """The next run's environment (its own TMPDIR) on a runner that already holds torch's precompiled header,
-    and that header: an earlier process (no job of this workflow) built it, then it was read once, its times
-    pinned as ``relatime`` then leaves them for a day (a read after the last change is recorded once, then no
-    more; ``noatime`` records none). The job's processes must find it by asking torch, not by access times."""
+    and that header: an earlier process (no job of this workflow) built it, and its times are as ``relatime``
+    leaves them (:func:`~tests.plugin.helpers.settle_as_relatime_leaves_it`). The job's processes must find it
+    by asking torch, not by access times."""
     env = fresh_runner(act)
     tmp = Path(env["TMPDIR"])
     code = "import torch\nx = torch.randn(8)\ntorch.compile(lambda a: torch.sin(a) + a)(x)\n"
     earlier = {**torchenv.inner_env(), "TMPDIR": str(tmp), "TORCHINDUCTOR_CACHE_DIR": str(act.root / "earlier")}
     subprocess.run([sys.executable, "-c", code], env=earlier, check=True, timeout=300, capture_output=True)
     (header,) = [path for path in headers.header_dir(tmp).iterdir() if headers.is_header_name(path.name)]
-    now = time.time()
-    os.utime(header, (now - 3600, now - 7200))  # built two hours ago, read an hour ago: before the job starts
-    header.read_bytes()  # relatime records no read after this one (atime newer than mtime); noatime none at all
+    settle_as_relatime_leaves_it(header)  # act and the Action's first steps take seconds before pytest starts
     return env, header
 
 

@@ -44,6 +44,7 @@ from pytest_compilecache.stores import LocalStore
 from pytest_compilecache.stores.base import is_artifact_key
 from tests import torchenv
 from tests.plugin.helpers import TRAINING_SUITE
+from tests.plugin.helpers import settle_as_relatime_leaves_it
 
 
 def torch_builds_precompiled_headers() -> bool:
@@ -276,14 +277,8 @@ def _found_without_access_times(machine, first: Machine, tmp_path: Path) -> None
     good = _the_header(first)
 
     def built_earlier(tmp: Path) -> None:
-        path = _place(tmp, good.name, good.read_bytes())
-        now = time.time()
-        os.utime(path, (now - 3600, now - 7200))  # built two hours ago
-        # Read once after that change (relatime records a read when atime is older than mtime or ctime, which
-        # the utime just set), before the session starts: from then on relatime records no read for a day,
-        # like noatime. The session's start (less its second of slack) comes after this read.
-        path.read_bytes()
-        time.sleep(2.5)
+        settle_as_relatime_leaves_it(_place(tmp, good.name, good.read_bytes()))
+        time.sleep(2.5)  # the session's start, less its second of slack, comes after that read
 
     store = tmp_path / "store-r"
     r = machine("r", "--compile-cache=shared", f"--compile-cache-store={store}", "-n", "2", before=built_earlier,
