@@ -239,10 +239,12 @@ def misses(data: dict[str, Any]) -> str:
     return f"{totals.get('hits', '-')}/{totals.get('misses', '-')}"
 
 
-def lineage(suite: Path, tmp: Path, dist: tuple[str, ...], extra: dict[str, Any]) -> dict[str, Any]:
+def lineage(
+    suite: Path, tmp: Path, dist: tuple[str, ...], extra: dict[str, Any]
+) -> tuple[tuple[float, dict[str, Any]], Path, dict[str, Any]]:
     """One CI lineage run with ``dist`` (``()`` or ``("-n", "2")``): a cold run on its own machine saves a bundle to
-    its own store; returns the cold run and the timed scenarios that reuse its dir, bundle and headers, all with
-    the same ``dist``. ``extra`` receives sizes and transfer times.
+    its own store; returns the cold run, its bundle and the timed scenarios that reuse its dir, bundle and
+    headers, all with the same ``dist``. ``extra`` receives sizes and transfer times.
 
     Each parallelism gets its own lineage, as in the README's CI example (a push run with ``-n 2`` saves, a pull
     request run with ``-n 2`` restores): which graphs a worker compiles depends on the tests before it in that
@@ -270,7 +272,7 @@ def lineage(suite: Path, tmp: Path, dist: tuple[str, ...], extra: dict[str, Any]
     whole_size = archive(cold_dir, whole)
     archive_s = time.perf_counter() - started
     artifacts, carried = carry_headers(machine, objects, since)
-    extra.update(bundle=bundle_path.stat().st_size, bundle_path=bundle_path, wholedir=whole_size)
+    extra.update(bundle=bundle_path.stat().st_size, wholedir=whole_size)
     extra.update(wholedir_pack_s=archive_s, headers=carried, wholedir_unpack_s=[])
     extra["headers"]["installs"] = []
     restore_args = ("--compile-cache=isolated", f"--compile-cache-store={store}", "--compile-cache-readonly", *dist)
@@ -297,14 +299,17 @@ def lineage(suite: Path, tmp: Path, dist: tuple[str, ...], extra: dict[str, Any]
         extra["wholedir_unpack_s"].append(time.perf_counter() - started)
         return run_pytest(suite, tmp, "--compile-cache=shared", f"--compile-cache-dir={target}", *dist)
 
-    return {
-        "cold": cold,
-        "warm": warm,
-        "restored": restored,
-        "restored-fresh": restored_fresh,
-        "restored-fresh+headers": restored_fresh_headers,
-        "wholedir": wholedir,
-    }
+    return (
+        cold,
+        bundle_path,
+        {
+            "warm": warm,
+            "restored": restored,
+            "restored-fresh": restored_fresh,
+            "restored-fresh+headers": restored_fresh_headers,
+            "wholedir": wholedir,
+        },
+    )
 
 
 def scenarios(suite: Path, tmp: Path, rounds: int, megacache: bool, workers: int = 0) -> dict[str, Any]:
@@ -315,9 +320,10 @@ def scenarios(suite: Path, tmp: Path, rounds: int, megacache: bool, workers: int
         lineages[f" -n{workers}"] = (("-n", str(workers)), {})
         extra["parallel"] = lineages[f" -n{workers}"][1]
     timed: dict[str, Any] = {}
+    bundles: dict[str, Path] = {}
     for suffix, (dist, into) in lineages.items():
-        found = lineage(suite, tmp, dist, into)
-        out[f"cold{suffix}"] = [found.pop("cold")]
+        cold, bundles[suffix], found = lineage(suite, tmp, dist, into)
+        out[f"cold{suffix}"] = [cold]
         timed.update({f"{name}{suffix}": fn for name, fn in found.items()})
     names = list(timed)
     for index in range(rounds):
@@ -326,10 +332,8 @@ def scenarios(suite: Path, tmp: Path, rounds: int, megacache: bool, workers: int
             out.setdefault(name, []).append(timed[name]())
     if megacache:
         mega_dir = tmp / "mega-dir"
-        load_blobs_only(extra["bundle_path"], mega_dir)
+        load_blobs_only(bundles[""], mega_dir)
         out["megacache"] = [run_pytest(suite, tmp, "--compile-cache=shared", f"--compile-cache-dir={mega_dir}")]
-    for into in (extra, extra.get("parallel", {})):
-        into.pop("bundle_path", None)
     out["_extra"] = extra
     return out
 
