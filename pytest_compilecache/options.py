@@ -50,6 +50,14 @@ TABLE: tuple[tuple[str, str, bool, str], ...] = (
         "on: record each FX-graph lookup's key components and say why each miss missed; off: capture nothing.",
     ),
     (
+        "pgo",
+        "--compile-cache-pgo",
+        False,
+        "on: keep torch's profile of which input sizes vary (automatic dynamic shapes) in the cache dir and its "
+        "bundles, so that every process compiles the same graphs whatever the test order (xdist); off: torch "
+        "decides in each process (the default).",
+    ),
+    (
         "min_hit_rate",
         "--compile-cache-min-hit-rate",
         False,

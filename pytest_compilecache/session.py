@@ -63,7 +63,13 @@ TOUCHED_ENV = (
     "TORCHINDUCTOR_REDIS_HOST",
     "TORCHINDUCTOR_REDIS_PORT",
     TICKET_ENV,
+    "TORCH_COMPILE_JOB_ID",
 )
+
+# --compile-cache-pgo=on: torch keeps its automatic-dynamic profile (dynamo/code_state_<key>.pkl in the cache
+# dir, and in the mega-cache) only for a job id; these are the variables torch reads it from (2.7-2.15).
+PGO_ENVS = ("TORCH_COMPILE_JOB_ID", "TORCH_COMPILE_STICKY_PGO_KEY")
+PGO_JOB_ID = "pytest-compilecache"
 
 
 class Setup:
@@ -150,6 +156,8 @@ class Setup:
 
     def _export(self) -> None:
         mode = self.dir.mode
+        if self.settings.pgo and mode != "disabled":
+            self._keep_shape_profile()
         if mode is None and not self.settings.redis:
             return
         self.lease.set({SESSION_ENV: self.dir.to_env()})
@@ -166,6 +174,26 @@ class Setup:
                 self.problems.note(note)
         if self.settings.redis:
             self._enable_redis(self.settings.redis)
+
+    def _keep_shape_profile(self) -> None:
+        """``--compile-cache-pgo=on``: give torch a job id, so that it keeps the profile of which input sizes
+        varied (its automatic-dynamic PGO) in the cache dir, and records it in every process's mega-cache blob.
+
+        Without it, a function is compiled for its first input's sizes and again, with a symbolic size, when a
+        second size comes; which graphs a process compiles then depends on the tests that ran before in it, so
+        an xdist worker needs graphs that a serial run's (or another order's) bundle lacks. With the profile,
+        every process compiles the varying sizes symbolically from the first call: the same graphs in any order.
+        A job id the user set already is left alone (torch keeps the profile under it). torch reads the id at
+        import: one imported before the session is configured keeps none, and a note says so.
+        """
+        if any(os.environ.get(name) for name in PGO_ENVS):
+            return
+        if "torch.compiler.config" in sys.modules:
+            self.problems.note(
+                f"{self.settings.spelling('pgo')}: torch was imported before the session was configured, so "
+                f"it keeps no shape profile in this process (set {PGO_ENVS[0]} before importing it)"
+            )
+        self.lease.set({PGO_ENVS[0]: PGO_JOB_ID})
 
     def _enable_redis(self, url: str) -> None:
         """Turn on torch's remote caches (read at import and per compile), after checking Redis answers."""

@@ -220,6 +220,7 @@ _PARSING: dict[str, tuple[Callable[[str, str], Any], Any]] = {
     "json": (_nonblank, None),
     "summary": (_choice(SUMMARY), "auto"),
     "explain": (_switch, True),
+    "pgo": (_switch, False),
     "min_hit_rate": (_rate, None),
     "store": (_nonblank, None),
     "readonly": (_flag, False),
@@ -249,6 +250,7 @@ class Settings(NamedTuple):
     json: str | None = None
     summary: str = "auto"
     explain: bool = True
+    pgo: bool = False
     min_hit_rate: float | None = None
     store: str | None = None
     readonly: bool = False
@@ -292,6 +294,7 @@ class Settings(NamedTuple):
             and self.redis is None
             and self.json is None
             and self.restore == "auto"
+            and not self.pgo
         )
 
     @property

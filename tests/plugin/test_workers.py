@@ -96,3 +96,58 @@ def test_a_restoring_xdist_controller_never_imports_torch(
     # Every graph hit the restored cache: nothing new, nothing saved, and no ticket left in the dir.
     assert warm.data["save"]["outcome"] == "skipped", warm.data["save"]
     assert not list((inner.path / "restored").glob(".compilecache-restore-*")), "the restore ticket was left"
+
+
+# One function meets two batch sizes. In one process torch compiles it for the first size, then again with a
+# symbolic size (automatic dynamic shapes); a process that meets only the second compiles a static graph of
+# its own, which a serial run's bundle does not hold (issue 25: xdist hands tests to workers in any order).
+TWO_SIZES = """
+import torch
+
+
+def scale(x):
+    return torch.relu(x) * 2 + 1
+
+
+compiled = torch.compile(scale)
+
+
+def test_small_batch():
+    x = torch.randn(4, 16)
+    torch.testing.assert_close(compiled(x), scale(x))
+
+
+def test_large_batch():
+    x = torch.randn(8, 16)
+    torch.testing.assert_close(compiled(x), scale(x))
+"""
+
+
+@pytest.mark.slow
+def test_with_pgo_a_serial_runs_bundle_serves_a_worker_that_meets_one_size(inner: pytest.Pytester) -> None:
+    """``--compile-cache-pgo=on``: the serial run's bundle carries torch's shape profile, so an xdist worker
+    that runs only the second size compiles the symbolic graph the bundle holds, as the serial run did, and
+    hits. The control: without the option the same run compiles a static graph of its own, a miss."""
+    inner.makeconftest(ENV_CONFTEST)
+    inner.makepyfile(test_sizes=TWO_SIZES)
+    store = inner.path / "store"
+
+    def fresh(name: str, *more: str) -> list[str]:  # an empty cache dir of its own, the same store
+        return ["--compile-cache=shared", f"--compile-cache-dir={inner.path / name}", f"--compile-cache-store={store}",
+                "-p", "no:randomly", *more]  # fmt: skip
+
+    cold = run_inner(inner, *fresh("cold", "--compile-cache-pgo=on"))
+    assert cold.ret == 0, cold.output
+    assert cold.totals["misses"] == 2 and cold.data["save"]["outcome"] == "saved", (cold.totals, cold.data["save"])
+
+    one = ("--compile-cache-readonly", "-k", "large")
+    worker = run_inner(inner, *fresh("worker", "--compile-cache-pgo=on", "-n", "2", *one))
+    assert worker.ret == 0, worker.output
+    check_report(worker.data)
+    assert worker.data["restore"]["key"] == cold.data["save"]["key"], worker.data["restore"]
+    assert worker.totals["misses"] == 0 and worker.totals["hits"] == 1, worker.totals
+
+    control = run_inner(inner, *fresh("control", *one))
+    assert control.ret == 0, control.output
+    assert control.data["restore"]["key"] == cold.data["save"]["key"], control.data["restore"]
+    assert control.totals["misses"] == 1, control.totals

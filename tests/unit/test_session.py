@@ -90,6 +90,34 @@ def test_setup_leases_the_environment(tmp_path: Path, monkeypatch: pytest.Monkey
     assert "PYTEST_COMPILECACHE_SESSION" not in os.environ
 
 
+def test_pgo_gives_torch_a_job_id_unless_it_has_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--compile-cache-pgo=on: torch keeps its automatic-dynamic profile only for a job id (issue 25)."""
+    import os
+    import types
+
+    for name in session_mod.PGO_ENVS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delitem(sys.modules, "torch.compiler.config", raising=False)  # torch's config not imported yet
+    controller = _controller(tmp_path, pgo=True)
+    assert os.environ["TORCH_COMPILE_JOB_ID"] == session_mod.PGO_JOB_ID
+    assert not [note for note in controller.problems.notes if "--compile-cache-pgo" in note]
+    controller.setup.close()
+    assert "TORCH_COMPILE_JOB_ID" not in os.environ  # leased: put back at the end
+    for options in ({}, {"pgo": True, "mode": "disabled", "dir": None}):  # off (the default); no caches
+        controller = _controller(tmp_path, **options)
+        assert "TORCH_COMPILE_JOB_ID" not in os.environ
+        controller.setup.close()
+    monkeypatch.setenv("TORCH_COMPILE_STICKY_PGO_KEY", "mine")  # the user's own id: torch uses it already
+    controller = _controller(tmp_path, pgo=True)
+    assert "TORCH_COMPILE_JOB_ID" not in os.environ
+    controller.setup.close()
+    monkeypatch.delenv("TORCH_COMPILE_STICKY_PGO_KEY")
+    # torch imported before the session was configured: it read no id at import, and a note says so
+    monkeypatch.setitem(sys.modules, "torch.compiler.config", types.ModuleType("torch.compiler.config"))
+    controller = _controller(tmp_path, pgo=True)
+    assert [note for note in controller.problems.notes if "--compile-cache-pgo" in note and "imported before" in note]
+
+
 def test_hit_rate_guard(tmp_path: Path) -> None:
     controller = _controller(tmp_path, min_hit_rate=0.9)
     controller.stats.add_record(_record("t::a", hit=1, miss=1))

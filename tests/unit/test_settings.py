@@ -143,6 +143,7 @@ def test_a_bad_lower_priority_value_is_not_validated_when_overridden() -> None:
         ("restore", "never", "choose from auto, skip"),
         ("explain", "yes", "choose from on, off"),
         ("explain", "1", "choose from on, off"),
+        ("pgo", "yes", "choose from on, off"),
     ],
 )
 def test_validation_errors(name: str, raw: str, needle: str) -> None:
@@ -151,6 +152,12 @@ def test_validation_errors(name: str, raw: str, needle: str) -> None:
     assert needle in message
     cli_message = _error(cli={name: raw})
     assert cli_message.startswith(BY_NAME[name].cli + ": ")
+
+
+def test_pgo_is_off_unless_switched_on_and_then_the_session_is_not_quiet() -> None:
+    assert _resolve().pgo is False and _resolve().quiet
+    assert _resolve(env={"pgo": "on"}).pgo is True and not _resolve(env={"pgo": "on"}).quiet
+    assert _resolve(cli={"pgo": "off"}, env={"pgo": "on"}).pgo is False
 
 
 def test_explain_is_on_unless_switched_off_cli_over_ini_over_env() -> None:
