@@ -27,6 +27,11 @@ bundle and fills the dir that ``warm -n2`` and ``restored-fresh -n2`` reuse. Whi
 depends on the tests before it in that worker (automatic dynamic shapes), so a serial run's bundle restored into
 ``-n 2`` misses the graphs only a parallel run compiles (the report's ``why`` names each).
 
+``serial-bundle -n2`` is the mismatch itself, for comparison: a fresh machine restores the *serial* lineage's
+bundle into ``-n 2``. ``--pgo`` runs every scenario with ``--compile-cache-pgo=on`` (torch keeps its profile of
+which sizes vary in the cache dir and the bundles), with which each process compiles the same graphs in any
+order: then ``serial-bundle -n2`` misses nothing either.
+
 ``--rounds N`` repeats warm, restored, restored-fresh, restored-fresh+headers and wholedir N times in a
 rotating order (load drifting on a shared machine then touches all of them alike) and reports the median.
 ``--trace-compiler`` puts ``g++`` and ``openssl`` shims first on PATH (same names, so torch's command lines and
@@ -325,6 +330,10 @@ def scenarios(suite: Path, tmp: Path, rounds: int, megacache: bool, workers: int
         cold, bundles[suffix], found = lineage(suite, tmp, dist, into)
         out[f"cold{suffix}"] = [cold]
         timed.update({f"{name}{suffix}": fn for name, fn in found.items()})
+    if workers:  # the serial lineage's bundle restored into -n N on a fresh machine: the mismatch, for comparison
+        store = tmp / "store-serial"
+        serial = ("--compile-cache=isolated", f"--compile-cache-store={store}", "--compile-cache-readonly")
+        timed[f"serial-bundle -n{workers}"] = lambda: run_pytest(suite, tmp, *serial, "-n", str(workers))
     names = list(timed)
     for index in range(rounds):
         order = names[index % len(names) :] + names[: index % len(names)]
@@ -390,7 +399,10 @@ def main() -> int:
     parser.add_argument("--no-megacache", action="store_true", help="skip the mega-cache-only scenario")
     parser.add_argument("--workers", type=int, default=2, help="xdist twins of the timed scenarios (0: none)")
     parser.add_argument("--trace-compiler", action="store_true", help="count and time g++ and openssl calls")
+    parser.add_argument("--pgo", action="store_true", help="run every scenario with --compile-cache-pgo=on")
     args = parser.parse_args()
+    if args.pgo:  # every run's environment starts from this one (run_pytest)
+        os.environ["PYTEST_COMPILECACHE_PGO"] = "on"
     suite = Path(args.suite).resolve()
     load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="compilecache-bench-") as tmp_name:
@@ -412,7 +424,8 @@ def main() -> int:
         return float(run[1]["_cpu"])
 
     load_after = os.getloadavg()
-    print(f"suite: {suite}  (python {sys.version.split()[0]}, {os.cpu_count()} cpus, {args.rounds} rounds)")
+    pgo = ", --compile-cache-pgo=on" if args.pgo else ""
+    print(f"suite: {suite}  (python {sys.version.split()[0]}, {os.cpu_count()} cpus, {args.rounds} rounds{pgo})")
     print(f"load average: {load[0]:.1f} before, {load_after[0]:.1f} after")
     print(
         f"{'scenario':<23} {'median s':>8} {'x warm':>7} {'min s':>7} {'max s':>7} {'cpu s':>7} {'cpu x warm':>10}"
@@ -477,6 +490,7 @@ def main() -> int:
         payload = {
             "suite": str(suite),
             "rounds": args.rounds,
+            "pgo": args.pgo,
             "load": [load[0], load_after[0]],
             "scenarios": summary,
             "sizes_and_transfers": extra,
