@@ -49,8 +49,6 @@ process, with one note (:func:`remove_if_unchanged`). An accepted header is reme
 beside it (:data:`VERDICTS`), keyed by the file's identity (device, inode, size, mtime, ctime), the check's
 argv and the compiler binary: the next process that looks up that very file runs no compiler, so warm runs
 and every xdist worker after the first pay nothing; any change to the file or the check means a new check.
-A header a restore installs goes into that record as accepted at once: its bytes are the verified bundle's,
-which the saving machine's compiler accepted, so a fresh runner runs no compiler on it either.
 A save uploads only headers some process of the
 session checked and that have not changed since; a restore replaces a local header of the manifest's name
 that is no PCH at all (zeroed, junk) with the verified one. Partial files of a killed build under temporary
@@ -100,7 +98,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "KIND",
-    "INSTALLED",
     "OK_VERDICTS",
     "VERDICTS",
     "HeaderError",
@@ -350,9 +347,8 @@ def check(
     (one line) when the check could not run at all (no compiler, a timeout): that proves nothing either way.
 
     ``remember``: use the header dir's record of accepted headers (:data:`VERDICTS`, issue 24). A header the
-    record says this very file was accepted by this very check (same argv, same compiler binary), or was
-    installed by a restore (:data:`INSTALLED`), is accepted without running the compiler; an acceptance is
-    added to the record. Rejections are never remembered.
+    record says this very file was accepted by this very check (same argv, same compiler binary) is accepted
+    without running the compiler; an acceptance is added to the record. Rejections are never remembered.
     Processes that check the same file at once (xdist workers meeting a header just restored) take turns
     (a lock on the header file itself), so the later ones find the first one's verdict instead of running
     the compiler again.
@@ -411,9 +407,6 @@ _VERDICTS_MAX_CHECKS = 8  # per header: the argv/compiler pairs it was accepted 
 # (_settled). So a header is remembered by the first check that starts this long after its last change: a
 # header torch has just built, or a restore has just installed, is remembered by the next process.
 SETTLED_NS = 50_000_000
-INSTALLED = hashlib.sha256(b"pytest-compilecache: installed from a verified bundle").hexdigest()
-"""The record's check key for a header a restore installed (:func:`_remember_installed`): accepted under any
-check, as long as the file is the very one installed."""
 # Variables gcc (and clang) read that can change what a compile with -include does.
 _COMPILER_ENV = ("CPATH", "CPLUS_INCLUDE_PATH", "C_INCLUDE_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH")
 
@@ -528,9 +521,7 @@ class _Verdicts:
     def accepted(self) -> bool:
         """True when the record says this very file was accepted by this very check before."""
         entry = _read_verdicts(self.directory).get(self.name)
-        if entry is None or entry["file"] != self.file:
-            return False
-        return self.key in entry["checks"] or INSTALLED in entry["checks"]
+        return entry is not None and entry["file"] == self.file and self.key in entry["checks"]
 
     def add(self) -> None:
         """Remember that the compiler accepted this file, if it is still the file checked and settled.
@@ -712,33 +703,7 @@ def _install_locked(artifact: Artifact, compressed: BinaryIO, dest: Path) -> boo
             _copy_verified(artifact, compressed, out)
     except OSError as exc:
         raise HeaderError(f"cannot install {artifact.name}: {exc.strerror or exc}") from None
-    _remember_installed(dest)
     return True
-
-
-def _remember_installed(path: Path) -> None:
-    """Put the header just installed at ``path`` into the header dir's record as accepted (:data:`INSTALLED`).
-
-    Its bytes are a verified bundle's (sha256 and size against the verified manifest), and a bundle names only
-    headers the saving machine's compiler accepted (:func:`find_used`), under the same fingerprint (compiler
-    version, CPU, torch install); torch's name for a header hashes its command line and compiler version. So
-    the first process that looks it up needs no compiler run of its own (about 0.3 s of CPU on a fresh runner,
-    issue 25). What the check would still tell, another compiler build under the same version string, makes gcc
-    ignore the PCH and parse the text header: slower, never wrong. Any change to the file drops the verdict.
-    Called under the header's build lock, so a compile waiting in that lock finds the verdict; waits the
-    few ms the file needs to settle (:data:`SETTLED_NS`), and remembers nothing where the stamps are coarser
-    (the first check then runs the compiler, as before). Best effort: never raises.
-    """
-    try:
-        info = os.lstat(path)
-        young = SETTLED_NS - (time.time_ns() - info.st_ctime_ns)
-        if 0 < young <= SETTLED_NS:
-            time.sleep(young / 1e9 + 0.001)
-        start_ns = time.time_ns()
-        if stat.S_ISREG(info.st_mode) and _settled(info.st_ctime_ns, start_ns) and _owned_dir(path.parent):
-            _Verdicts(path.parent, path.name, _file_identity(info), INSTALLED, start_ns).add()
-    except OSError:
-        return
 
 
 class Reservation:

@@ -1173,8 +1173,6 @@ def check_headers_early(names: Iterable[str], directory: Path | None = None) -> 
     (:data:`.headers.VERDICTS`). The look-up's own check, after torch has answered, then finds the verdict (or
     waits for it: checks of one file take turns) instead of running the compiler on the critical path. A
     rejection is not remembered, so a damaged header is still found, removed and rebuilt by that check.
-    A header the restore itself installed is in the record already (:func:`.headers.check`): the early check
-    finds it there and runs no compiler; what remains to check is a header of that name that was there before.
     Never imports torch; a name torch could not give a header is ignored."""
     from . import headers  # cost: only in a process that restored headers
 

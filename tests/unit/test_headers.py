@@ -214,8 +214,7 @@ def test_compress_is_zstd_and_install_round_trips(tmp_path: Path) -> None:
     dest = headers.header_dir(tmp_path)  # the TMPDIR exists; torch's dirs under it do not yet
     assert headers.install_header(artifact, buf, dest) is True
     assert (dest / NAME).read_bytes() == content
-    # No temp file left behind; the record says the installed copy is accepted (no compiler run for it).
-    assert sorted(p.name for p in dest.iterdir()) == [headers.VERDICTS, NAME, "locks"]
+    assert sorted(p.name for p in dest.iterdir()) == [NAME, "locks"]  # no temp file left behind
     assert headers.find_used(dest, [], installed=[NAME]) == [dest / NAME]
 
 
@@ -245,7 +244,7 @@ def test_install_replaces_a_local_file_that_is_no_pch(tmp_path: Path, local: byt
     assert headers.is_damaged_copy(dest / NAME)
     assert headers.install_header(artifact, buf, dest) is True
     assert (dest / NAME).read_bytes() == (tmp_path / "a" / NAME).read_bytes()
-    assert sorted(p.name for p in dest.iterdir()) == [headers.VERDICTS, NAME, "locks"]
+    assert sorted(p.name for p in dest.iterdir()) == [NAME, "locks"]
 
 
 def test_install_leaves_a_link_at_the_destination_alone(tmp_path: Path) -> None:
@@ -774,31 +773,3 @@ def test_a_failed_install_lets_go_of_the_reservation(tmp_path: Path) -> None:
     failed = headers.restore_headers(empty, "pfx", [artifact], tmp_path / "scratch", fresh, reservation)
     assert "not in the store" in failed.errors[0] and reservation.held == {}
     assert not headers._being_built(fresh, NAME) and not (fresh / NAME).exists()  # torch builds it
-
-
-def test_a_restored_header_costs_no_compiler_run_until_it_changes(tmp_path: Path, fake_compiler) -> None:  # type: ignore[no-untyped-def]
-    """Issue 25: a fresh runner checked the header its restore had just installed (about 0.3 s of CPU). Its
-    bytes are the verified bundle's, which the saving machine's compiler accepted: the install records it as
-    accepted, for this very file only."""
-    store, artifact, content = _stored_header(tmp_path)
-    (tmp_path / "b").mkdir()
-    fresh = headers.header_dir(tmp_path / "b")
-    restored = headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh)
-    assert restored.transferred == [NAME]
-    path = fresh / NAME
-    log = tmp_path / "cc.log"
-    for _ in range(2):  # whatever the check's flags: torch's name for a header already hashes them
-        assert headers.check(path, fake_compiler, remember=True) is None
-        assert headers.check(path, lambda s, i: [*fake_compiler(s, i), "-O0"], remember=True) is None
-    assert not log.exists(), "the compiler ran on the header the restore installed"
-    # Changed in place (the same inode and size): no longer the installed file, so checked, and rejected.
-    with open(path, "r+b") as fh:
-        fh.write(b"gpch" + b"\0" * 8)
-    assert "cannot read PCH file" in str(headers.check(path, fake_compiler, remember=True))
-    assert log.read_text().count("-fsyntax-only") == 1
-    # A header that was already there is not the restore's: the install leaves it, and it is checked.
-    os.unlink(path)
-    local = make_header(fresh, content=content + b"END")
-    assert headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh).transferred == []
-    assert headers.check(local, fake_compiler, remember=True) is None
-    assert log.read_text().count("-fsyntax-only") == 2

@@ -200,9 +200,8 @@ def test_a_restore_installs_the_named_header_into_torchs_dir(tmp_path: Path, sou
     data = result.to_json()["headers"]
     assert (data["named"], data["transferred"], data["size"]) == (1, 1, len(CONTENT))
     assert saved.key == result.key
-    # Nothing but the header (torch's lock dir, and our record that it is accepted) lands there, and no
-    # scratch file is left anywhere.
-    assert sorted(p.name for p in fresh.iterdir()) == [headers.VERDICTS, NAME, "locks"]
+    # Nothing but the header (and torch's lock dir) lands there, and no scratch file is left anywhere.
+    assert sorted(p.name for p in fresh.iterdir()) == [NAME, "locks"]
 
     # A second restore finds it present: nothing is downloaded, it is still named (for the next save).
     store.gets.clear()
@@ -289,7 +288,7 @@ def test_a_header_built_for_another_fingerprint_is_never_fetched(tmp_path: Path,
     fresh = tmp_path / "fresh"
     result = _restore(store, cache_dir, fresh)
     assert result.key == make_key(PREFIX, H100.digest(), "run-h")
-    assert sorted(p.name for p in fresh.iterdir() if p.name not in ("locks", headers.VERDICTS)) == [NAME]
+    assert sorted(p.name for p in fresh.iterdir() if p.name != "locks") == [NAME]
     assert _artifact_key(OTHER_CONTENT) not in store.gets
     assert [key for key in store.gets if is_artifact_key(key)] == [_artifact_key(CONTENT)]
 
@@ -371,8 +370,7 @@ def test_cli_save_and_restore_carry_headers(
     key2 = [e.key for e in local.list() if e.key.endswith("-2")][0]
     assert cli.main(["restore", "--store", str(store), "--cache-dir", str(tmp_path / "c2"), "--key", key2]) == 0
     assert "installed 2 precompiled header(s)" in capsys.readouterr().err
-    landed = sorted(p.name for p in headers.header_dir().iterdir() if p.name not in ("locks", headers.VERDICTS))
-    assert landed == sorted([NAME, OTHER])
+    assert sorted(p.name for p in headers.header_dir().iterdir() if p.name != "locks") == sorted([NAME, OTHER])
     assert (headers.header_dir() / NAME).read_bytes() == CONTENT
 
 
