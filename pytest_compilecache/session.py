@@ -63,11 +63,11 @@ TOUCHED_ENV = (
     "TORCHINDUCTOR_REDIS_HOST",
     "TORCHINDUCTOR_REDIS_PORT",
     TICKET_ENV,
-    "TORCH_COMPILE_JOB_ID",
 )
 
 # --compile-cache-pgo=on: torch keeps its automatic-dynamic profile (dynamo/code_state_<key>.pkl in the cache
-# dir, and in the mega-cache) only for a job id; these are the variables torch reads it from (2.7-2.15).
+# dir, and in the mega-cache) only for a job id, read at import from TORCH_COMPILE_JOB_ID (2.7-2.15) or, from
+# 2.8 on, TORCH_COMPILE_STICKY_PGO_KEY (its alias).
 PGO_ENVS = ("TORCH_COMPILE_JOB_ID", "TORCH_COMPILE_STICKY_PGO_KEY")
 PGO_JOB_ID = "pytest-compilecache"
 
@@ -183,17 +183,19 @@ class Setup:
         second size comes; which graphs a process compiles then depends on the tests that ran before in it, so
         an xdist worker needs graphs that a serial run's (or another order's) bundle lacks. With the profile,
         every process compiles the varying sizes symbolically from the first call: the same graphs in any order.
-        A job id the user set already is left alone (torch keeps the profile under it). torch reads the id at
+        A job id the user set already is left alone (torch keeps the profile under it); one given only as the
+        newer alias is copied to ``TORCH_COMPILE_JOB_ID``, which every torch reads. torch reads the id at
         import: one imported before the session is configured keeps none, and a note says so.
         """
-        if any(os.environ.get(name) for name in PGO_ENVS):
+        job, alias = (os.environ.get(name) for name in PGO_ENVS)
+        if job:
             return
         if "torch.compiler.config" in sys.modules:
             self.problems.note(
                 f"{self.settings.spelling('pgo')}: torch was imported before the session was configured, so "
                 f"it keeps no shape profile in this process (set {PGO_ENVS[0]} before importing it)"
             )
-        self.lease.set({PGO_ENVS[0]: PGO_JOB_ID})
+        self.lease.set({PGO_ENVS[0]: alias or PGO_JOB_ID})
 
     def _enable_redis(self, url: str) -> None:
         """Turn on torch's remote caches (read at import and per compile), after checking Redis answers."""

@@ -107,10 +107,18 @@ def test_pgo_gives_torch_a_job_id_unless_it_has_one(tmp_path: Path, monkeypatch:
         controller = _controller(tmp_path, **options)
         assert "TORCH_COMPILE_JOB_ID" not in os.environ
         controller.setup.close()
-    monkeypatch.setenv("TORCH_COMPILE_STICKY_PGO_KEY", "mine")  # the user's own id: torch uses it already
+    monkeypatch.setenv("TORCH_COMPILE_JOB_ID", "mine")  # the user's own id: torch keeps the profile under it
     controller = _controller(tmp_path, pgo=True)
-    assert "TORCH_COMPILE_JOB_ID" not in os.environ
+    assert os.environ["TORCH_COMPILE_JOB_ID"] == "mine"
     controller.setup.close()
+    assert os.environ["TORCH_COMPILE_JOB_ID"] == "mine"
+    monkeypatch.delenv("TORCH_COMPILE_JOB_ID")
+    # Given as the alias only (torch 2.8+ reads it, 2.7 does not): the same id under the name every torch reads.
+    monkeypatch.setenv("TORCH_COMPILE_STICKY_PGO_KEY", "mine")
+    controller = _controller(tmp_path, pgo=True)
+    assert os.environ["TORCH_COMPILE_JOB_ID"] == "mine"
+    controller.setup.close()
+    assert "TORCH_COMPILE_JOB_ID" not in os.environ
     monkeypatch.delenv("TORCH_COMPILE_STICKY_PGO_KEY")
     # torch imported before the session was configured: it read no id at import, and a note says so
     monkeypatch.setitem(sys.modules, "torch.compiler.config", types.ModuleType("torch.compiler.config"))
