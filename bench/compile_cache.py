@@ -331,7 +331,7 @@ def scenarios(suite: Path, tmp: Path, rounds: int, megacache: bool, workers: int
         out[f"cold{suffix}"] = [cold]
         timed.update({f"{name}{suffix}": fn for name, fn in found.items()})
     if workers:  # the serial lineage's bundle restored into -n N on a fresh machine: the mismatch, for comparison
-        store = tmp / "store-serial"
+        store = bundles[""].parent  # the serial lineage's store
         serial = ("--compile-cache=isolated", f"--compile-cache-store={store}", "--compile-cache-readonly")
         timed[f"serial-bundle -n{workers}"] = lambda: run_pytest(suite, tmp, *serial, "-n", str(workers))
     names = list(timed)
