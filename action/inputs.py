@@ -182,6 +182,7 @@ class Plan:
     summary: bool
     min_hit_rate: str
     save_on_failure: bool = False  # input save-on-failure: save after failed tests too (see transfer.restored_env)
+    pgo: bool = False  # input pgo: the plugin's --compile-cache-pgo=on for the job's later steps
     event: str = ""
     fingerprint: dict[str, str] = field(default_factory=dict)
     header_staging: str = ""  # the header entry's staging dir (workspace/HEADER_STAGING)
@@ -243,6 +244,7 @@ def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
     )
     summary = _flag(environ, "summary", "true")
     save_on_failure = _flag(environ, "save-on-failure", "false")
+    pgo = _flag(environ, "pgo", "false")
     cache_dir = read(environ, "cache-dir")
     cache_dir = str(workspace / cache_dir) if cache_dir else str(temp / CACHE_DIR)
     transfer = "none" if mode != "shared" else ("github" if store == GITHUB_STORE else "direct")
@@ -267,6 +269,7 @@ def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
         json=str(temp / REPORT),
         summary=summary,
         save_on_failure=save_on_failure,
+        pgo=pgo,
         min_hit_rate=min_hit_rate,
         fingerprint=fingerprint.to_json(),
         event=environ.get("GITHUB_EVENT_NAME", ""),
@@ -303,6 +306,8 @@ def plugin_env(plan: Plan) -> dict[str, str]:
     }
     if plan.min_hit_rate:
         env["MIN_HIT_RATE"] = plan.min_hit_rate
+    if plan.pgo:  # false exports nothing: a job's own PYTEST_COMPILECACHE_PGO (or the ini) still decides
+        env["PGO"] = "on"
     if plan.transfer != "none":
         env.update(DIR=plan.cache_dir, RESTORE="skip", KEY_PREFIX=plan.prefix, RUN_SUFFIX=plan.suffix)
         if plan.salt:

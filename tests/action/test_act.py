@@ -478,16 +478,31 @@ def test_cross():
     torch.testing.assert_close(torch.compile(lambda a, b: a.t() @ b)(x, w), x.t() @ w)
 """
 
+# Input pgo, seen from the pytest step: the plugin read PYTEST_COMPILECACHE_PGO from GITHUB_ENV and gave torch
+# its job id before any test imported torch.
+PGO_SEEN = """\
+import os
+
+
+def test_the_plugin_gave_torch_a_job_id():
+    assert os.environ.get("TORCH_COMPILE_JOB_ID") == "pytest-compilecache"
+"""
+
 MATRIX_WORKFLOW = workflow(
-    on="[push]", matrix="shard: [0, 1]", tests="python -m pytest -q test_leg${{ matrix.shard }}.py"
+    on="[push]",
+    matrix="shard: [0, 1]",
+    with_='          pgo: "true"',
+    tests="python -m pytest -q test_leg${{ matrix.shard }}.py test_pgo.py",
 )
 
 
 def test_two_matrix_legs_keep_their_own_lineage_over_two_pushes(act: Act, server: CacheServer) -> None:
     """Each leg of ``strategy.matrix`` saves its own entry and restores its own: the leg reaches the key through
     the Action's ``matrix-leg`` input, whose default (``toJSON(matrix)``) act evaluates as GitHub does (it does
-    not in a composite step's ``env:``)."""
+    not in a composite step's ``env:``). With input ``pgo`` (each leg's tests see torch's job id), which every
+    bundle then carries: the second push still hits every graph."""
     act.write("test_leg0.py", MATMUL_SUITE)
+    act.write("test_pgo.py", PGO_SEEN)
     act.write("test_leg1.py", OTHER_LEG_SUITE)
     legs = ("test-0", "test-1")
     first = act.run(MATRIX_WORKFLOW, "push")

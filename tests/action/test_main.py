@@ -186,6 +186,27 @@ def test_plugin_env_for_s3(action: ModuleType, environ: dict[str, str], fingerpr
     assert "PYTEST_COMPILECACHE_KEEP_BUNDLES" not in env  # the plugin's own pruning applies
 
 
+def test_input_pgo_switches_the_plugins_option_on_and_false_leaves_it_to_the_job(
+    action: ModuleType, environ: dict[str, str], fingerprint: Any
+) -> None:
+    from pytest_compilecache.settings import resolve
+
+    def plugin_settings(env: dict[str, str]) -> Any:  # what the pytest step's plugin makes of the variables
+        return resolve({}, lambda name: None, env)
+
+    environ["INPUT_PGO"] = "true"
+    plan = inputs.make_plan(environ, fingerprint)
+    assert inputs.Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+    env = inputs.plugin_env(plan)
+    assert env["PYTEST_COMPILECACHE_PGO"] == "on"
+    assert plugin_settings(env).pgo is True
+    environ["INPUT_PGO"] = "false"  # exports nothing: the job's own PYTEST_COMPILECACHE_PGO still decides
+    env = inputs.plugin_env(inputs.make_plan(environ, fingerprint))
+    assert "PYTEST_COMPILECACHE_PGO" not in env
+    assert plugin_settings(env).pgo is False
+    assert plugin_settings({**env, "PYTEST_COMPILECACHE_PGO": "on"}).pgo is True
+
+
 @pytest.mark.parametrize("mode", ["isolated", "disabled"])
 def test_other_modes_move_nothing(action: ModuleType, environ: dict[str, str], fingerprint: Any, mode: str) -> None:
     environ["INPUT_MODE"] = mode
@@ -222,6 +243,7 @@ def test_relative_cache_dir_is_under_the_workspace(
         ("INPUT_STORE", "ftp://host/x", "input store"),
         ("INPUT_STORE", "s3://Bad_Bucket/x", "input store"),
         ("INPUT_SUMMARY", "maybe", "input summary"),
+        ("INPUT_PGO", "sometimes", "input pgo"),
         ("INPUT_SAVE", "always", "input save"),
     ],
 )
