@@ -409,6 +409,14 @@ class Controller:
             self.end.header_dirs.add(output.header_dir)
         self.end.header_uses += output.headers
 
+    def _touch_shape_profile(self) -> None:
+        """With a job id (``--compile-cache-pgo``, or the user's own), every process that compiled read torch's
+        profile for it, which torch rewrites only when it changes: mark it used, so a size cap keeps it."""
+        job_id = os.environ.get(PGO_ENVS[0])
+        compiled = self.recorder.has_stats and self.stats.anything_compiled  # through dynamo, which reads it
+        if job_id and compiled and self.setup.dir.path and self.setup.dir.mode == "shared":
+            cachedir.touch(self.setup.dir.path, cachedir.shape_profiles(self.setup.dir.path, job_id))
+
     def finish(self, failed: bool = False) -> bool:
         """Save, trim, write reports; return True when the session must fail (hit rate, strict).
 
@@ -428,6 +436,7 @@ class Controller:
                 self.problems.note(note)
         if self.setup.dir.path and self.end.files:
             cachedir.touch(self.setup.dir.path, sorted(self.end.files))
+        self._touch_shape_profile()
         if recording.torch_loaded():  # probe.capability_notes says nothing for a session that never imported torch
             from . import probe  # cost: loaded once torch is
 

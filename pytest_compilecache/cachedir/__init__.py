@@ -39,7 +39,7 @@ What this module may delete, and when (the contract every caller relies on):
 
 The package, one file per concern: :mod:`.layout` (the names: ours, torch's, temp names), :mod:`.owner`
 (whose dir, the one refusal rule), :mod:`.dirs` (the dir for each mode, paths torch can build in, the lock),
-:mod:`.registry` (live sessions), :mod:`.trimming` (trim, evict, touch), :mod:`.sweep` (leftovers).
+:mod:`.registry` (live sessions), :mod:`.trimming` (trim, evict, touch, shape_profiles), :mod:`.sweep` (leftovers).
 Callers import from here (:mod:`.trimming` loads on first use).
 PYTEST_DONT_REWRITE
 """
@@ -87,6 +87,7 @@ if TYPE_CHECKING:
     from .trimming import MIN_AGE
     from .trimming import Trim
     from .trimming import evict
+    from .trimming import shape_profiles
     from .trimming import touch
     from .trimming import trim
 
@@ -95,15 +96,18 @@ __all__ = [
     "TEMP_PREFIX", "TORCH_DIRS", "TORCH_FILES", "TORCH_TEMP_GRACE", "UNKNOWN_SESSION", "Kind", "LiveSession",
     "Ownership", "Registration", "SessionDir", "Trim", "clear_pytest_cache_keeping", "decide", "evict",
     "fallback_dir", "fresh_dir", "live_sessions", "lock", "make_dir", "ownership", "refuse_foreign",
-    "register_session", "remove", "remove_dir", "safe_temp_dir", "sweep_dead_writers", "touch", "trim",
-    "unsafe_dir_reason",
+    "register_session", "remove", "remove_dir", "safe_temp_dir", "shape_profiles", "sweep_dead_writers", "touch",
+    "trim", "unsafe_dir_reason",
 ]  # fmt: skip
 
 
 # Loaded on first use (PEP 562): a session without a size cap and without compiles never trims or touches,
 # and the session start should not pay for the module. Not cached in this namespace: the submodule stays
 # the one home of each name (a harness that unloads modules, like pytester, never sees a stale one).
-_LAZY = {"MIN_AGE": "trimming", "Trim": "trimming", "evict": "trimming", "touch": "trimming", "trim": "trimming"}
+_LAZY = {
+    "MIN_AGE": "trimming", "Trim": "trimming", "evict": "trimming", "shape_profiles": "trimming",
+    "touch": "trimming", "trim": "trimming",
+}  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

@@ -113,6 +113,8 @@ _TRITON_KEY = r"[A-Z2-7]{52}|[0-9a-f]{64}"
 _CACHE_FILE = r"[0-9a-f]{32}|[0-9a-f]{64}"
 # dynamo/: pgo.py's ``code_state_<key>.pkl``; package.py's ``<key>/entry``.
 _DYNAMO_FILE = r"code_state_[A-Za-z0-9_.\-]+\.pkl"
+# torch's characters that pgo.py replaces in a profile's name (code_state_<job id>:<rank>:<tag>.pkl).
+_PROFILE_UNSAFE = r'[<>:"/\\|?*]'
 # precompiled_headers/: codecache's ``<hash>.h`` and the compiler's ``<hash>.h.gch`` / ``.h.pch``.
 _HEADER_FILE = r"[a-z0-9]{32,64}\.h(?:\.gch|\.pch)?"
 
@@ -163,3 +165,14 @@ def torch_file(top: str, rel_parts: list[str]) -> bool:
     if top == "precompiled_headers":
         return len(rel_parts) == 1 and bool(re.fullmatch(_HEADER_FILE, name))
     return False
+
+
+def shape_profile(name: str, job_id: str) -> bool:
+    """Is ``dynamo/<name>`` torch's automatic-dynamic profile for ``job_id`` (``TORCH_COMPILE_JOB_ID``)?
+
+    torch names it ``code_state_<job id>:<rank>:<tag>.pkl`` with ``<>:"/\\|?*`` made ``_``; the rank is
+    ``None`` or a number, so another job id that merely starts with this one is not taken for it."""
+    if not re.fullmatch(_DYNAMO_FILE, name):
+        return False
+    prefix = re.sub(_PROFILE_UNSAFE, "_", f"code_state_{job_id}:")
+    return name.startswith(prefix) and bool(re.fullmatch(r"(?:None|\d+)_.*\.pkl", name[len(prefix) :]))

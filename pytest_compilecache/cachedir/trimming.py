@@ -30,6 +30,7 @@ from .layout import kernel_build
 from .layout import kernel_entry
 from .layout import kernel_key
 from .layout import parent_fd
+from .layout import shape_profile
 from .layout import torch_file
 from .layout import triton_kernel_dir
 from .owner import Kind
@@ -464,8 +465,22 @@ def _drop_empty_dirs(path: str, root_fd: int, settled: float, emptied: set[str],
 
 def touch(path: str, relpaths: list[str]) -> None:
     """Mark files as used now, so that size-capped eviction keeps what the last session needed."""
-    now = time.time()
+    now = time.time_ns()
     for rel in relpaths:
         with contextlib.suppress(OSError, NotImplementedError):
             full = os.path.join(path, rel)  # a link is marked itself, never what it points at
-            os.utime(full, (now, os.stat(full, follow_symlinks=False).st_mtime), follow_symlinks=False)
+            mtime = os.stat(full, follow_symlinks=False).st_mtime_ns  # to the nanosecond: its content's age is kept
+            os.utime(full, ns=(now, mtime), follow_symlinks=False)
+
+
+def shape_profiles(path: str, job_id: str) -> list[str]:
+    """The automatic-dynamic profiles torch keeps for ``job_id`` in the cache dir ``path`` (relative paths).
+
+    A session that compiled with a job id read its profile in every process, but torch rewrites it only when
+    it changes, and a read may leave no access time (``relatime``, ``noatime``): the session marks it used
+    itself (:func:`touch`), or a size cap would take it for the least recently used file."""
+    try:
+        names = os.listdir(os.path.join(path, "dynamo"))
+    except OSError:
+        return []
+    return [f"dynamo/{name}" for name in sorted(names) if shape_profile(name, job_id)]

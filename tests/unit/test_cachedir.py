@@ -22,6 +22,7 @@ from pytest_compilecache import _fs
 from pytest_compilecache import cachedir
 from pytest_compilecache.cachedir import LOCK_NAME
 from pytest_compilecache.cachedir import SessionDir
+from pytest_compilecache.cachedir.layout import shape_profile
 
 T0 = 1_700_000_000  # fixed epoch seconds: eviction order never depends on the clock
 
@@ -240,6 +241,34 @@ def test_touch_protects_files_from_eviction(cache: Path) -> None:
     cachedir.evict(str(cache), _dir_size(str(cache)) - 1)
     assert "fxgraph/used/by_last_session" in _files(cache)
     assert "fxgraph/unused" not in _files(cache)
+
+
+@pytest.mark.parametrize(
+    ("name", "job_id", "theirs"),
+    [
+        ("code_state_pytest-compilecache_None_.pkl", "pytest-compilecache", True),
+        ("code_state_ci_3_tagged.pkl", "ci", True),  # a distributed rank and a cache_key_tag
+        ("code_state_a_b_None_.pkl", "a:b", True),  # torch makes <>:"/\\|?* a "_"
+        ("code_state_ci_nightly_None_.pkl", "ci", False),  # another job id that starts with this one
+        ("code_state_ci_None_.pkl.lock", "ci", False),
+        ("code_state_ci_None_.pkl.tmp", "ci", False),
+        ("entry", "ci", False),
+    ],
+)
+def test_shape_profile_names_the_profile_torch_keeps_for_a_job_id(name: str, job_id: str, theirs: bool) -> None:
+    assert shape_profile(name, job_id) is theirs
+
+
+def test_a_shape_profile_marked_used_outlives_older_files_under_a_cap(cache: Path) -> None:
+    profile = _file(cache, "dynamo/code_state_ci_None_.pkl", 100, T0)  # read by every session, rewritten by none
+    _file(cache, "dynamo/code_state_other_None_.pkl", 100, T0 + 5)
+    _file(cache, "fxgraph/aa/newer", 100, T0 + 10)
+    assert cachedir.shape_profiles(str(cache), "ci") == ["dynamo/code_state_ci_None_.pkl"]
+    assert cachedir.shape_profiles(str(cache / "fxgraph"), "ci") == []  # no dynamo/ there
+    cachedir.touch(str(cache), cachedir.shape_profiles(str(cache), "ci"))
+    cachedir.evict(str(cache), _dir_size(str(cache)) - 150)
+    assert profile.is_file() and profile.stat().st_mtime == T0
+    assert {"fxgraph/aa/newer", "dynamo/code_state_other_None_.pkl"} & _files(cache) == set()
 
 
 def test_lock_is_a_file_lock_inside_the_dir(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import io
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 from typing import Iterator
@@ -124,6 +125,37 @@ def test_pgo_gives_torch_a_job_id_unless_it_has_one(tmp_path: Path, monkeypatch:
     monkeypatch.setitem(sys.modules, "torch.compiler.config", types.ModuleType("torch.compiler.config"))
     controller = _controller(tmp_path, pgo=True)
     assert [note for note in controller.problems.notes if "--compile-cache-pgo" in note and "imported before" in note]
+
+
+def test_a_session_with_a_job_id_that_compiled_marks_torchs_profile_for_it_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch rewrites its automatic-dynamic profile only when it changes, and a read may record no access time
+    (relatime, noatime): the session marks the profile of its job id used itself, or a size cap would take it for
+    the least recently used file (issue 25)."""
+    import os
+
+    for name in session_mod.PGO_ENVS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delitem(sys.modules, "torch.compiler.config", raising=False)
+    long_ago = time.time() - 86_400
+    for compiled in (False, True):
+        controller = _controller(tmp_path, pgo=True)
+        dynamo = Path(controller.setup.dir.path or "") / "dynamo"
+        dynamo.mkdir(exist_ok=True)
+        ours, other = dynamo / "code_state_pytest-compilecache_None_.pkl", dynamo / "code_state_theirs_None_.pkl"
+        for path in (ours, other):
+            path.write_bytes(b"profile")
+            os.utime(path, (long_ago, long_ago))
+        if compiled:
+            controller.stats.add_record(_record("t::a", miss=1))
+        controller.finish()
+        assert other.stat().st_atime == long_ago  # another job's profile: not this session's to mark
+        assert ours.stat().st_mtime == long_ago  # its content's age is kept
+        if compiled:
+            assert ours.stat().st_atime > long_ago + 3600
+        else:  # nothing compiled, so torch read no profile
+            assert ours.stat().st_atime == long_ago
 
 
 def test_hit_rate_guard(tmp_path: Path) -> None:
