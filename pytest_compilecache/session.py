@@ -412,10 +412,11 @@ class Controller:
     def _touch_shape_profile(self) -> None:
         """With a job id (``--compile-cache-pgo``, or the user's own), every process that compiled read torch's
         profile for it, which torch rewrites only when it changes: mark it used, so a size cap keeps it."""
-        job_id = os.environ.get(PGO_ENVS[0])
-        compiled = self.recorder.has_stats and self.stats.anything_compiled  # through dynamo, which reads it
-        if job_id and compiled and self.setup.dir.path and self.setup.dir.mode == "shared":
-            cachedir.touch(self.setup.dir.path, cachedir.shape_profiles(self.setup.dir.path, job_id))
+        job_id, path = os.environ.get(PGO_ENVS[0]), self.setup.dir.path
+        if not job_id or not path or self.setup.dir.mode != "shared" or not self.recorder.has_stats:
+            return
+        if self.stats.anything_compiled:  # through dynamo, which reads the profile
+            cachedir.touch(path, cachedir.shape_profiles(path, job_id))
 
     def finish(self, failed: bool = False) -> bool:
         """Save, trim, write reports; return True when the session must fail (hit rate, strict).
