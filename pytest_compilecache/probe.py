@@ -625,8 +625,13 @@ def load_artifacts(blob: bytes) -> dict[str, int]:
     import torch
     import torch._dynamo  # noqa: F401
     import torch._inductor.codecache  # noqa: F401
+    from torch._dynamo import config as dynamo_config
 
-    info = torch.compiler.load_cache_artifacts(blob)
+    # A blob saved with a job id (--compile-cache-pgo) holds torch's shape profile, which torch writes only where
+    # local profiles are on: with TORCH_DYNAMO_AUTOMATIC_DYNAMIC_LOCAL_PGO=0 it raises on it instead, and loses
+    # the rest of the blob. Written anyway, the profile is a file this process never reads.
+    with dynamo_config.patch(automatic_dynamic_local_pgo=True):
+        info = torch.compiler.load_cache_artifacts(blob)
     if info is None:
         raise ValueError("torch rejected the cache artifacts")
     return artifact_counts(info)

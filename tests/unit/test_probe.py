@@ -149,6 +149,45 @@ def test_mega_cache_round_trip_counts_artifacts_on_this_torch(tmp_path: Path) ->
     assert result["counts"].get("inductor", 0) >= 1, result
 
 
+# Saved with a job id (--compile-cache-pgo): the blob holds torch's shape profile; loaded where local profiles
+# are off (TORCH_DYNAMO_AUTOMATIC_DYNAMIC_LOCAL_PGO=0), where torch alone raises on it and loads nothing after.
+MEGA_CACHE_WITH_A_PROFILE = textwrap.dedent(
+    """
+    import json, os, sys
+    os.environ["TORCH_COMPILE_JOB_ID"] = "round-trip"  # read at import
+    import torch
+    from pytest_compilecache import probe
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = sys.argv[1]
+    torch.compile(lambda x: x @ x.t())(torch.randn(4, 4))
+    blob = probe.save_artifacts()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = sys.argv[2]
+    torch._dynamo.config.automatic_dynamic_local_pgo = False
+    counts = probe.load_artifacts(blob) if blob else {}
+    after = torch._dynamo.config.automatic_dynamic_local_pgo
+    profiles = sorted(os.listdir(os.path.join(sys.argv[2], "dynamo")))
+    print(json.dumps({"counts": counts, "local_pgo_after": after, "profiles": profiles}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_blob_with_a_shape_profile_loads_where_local_profiles_are_off(tmp_path: Path) -> None:
+    env = torchenv.inner_env(prefixes=("TORCHINDUCTOR_", "TRITON_", "PYTEST_", "TORCH_COMPILE_", "TORCH_DYNAMO_"))
+    out = subprocess.run(
+        [sys.executable, "-c", MEGA_CACHE_WITH_A_PROFILE, str(tmp_path / "a"), str(tmp_path / "b")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["counts"].get("pgo", 0) >= 1 and result["counts"].get("inductor", 0) >= 1, result
+    assert result["local_pgo_after"] is False  # the user's setting is back as it was
+    assert [name for name in result["profiles"] if name.endswith(".pkl")] == ["code_state_round-trip_None_.pkl"]
+
+
 class _Client:
     """Stands in for the redis client torch's backend holds: raises ``error`` from get and set."""
 
