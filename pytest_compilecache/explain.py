@@ -366,6 +366,34 @@ SAME_KEY = "same key as before: the entry was not in the cache (not saved, not r
 GUARD_MISS = "same key, but the cached graph's shape guards failed (a dynamic size outside what it covers)"
 
 
+_SYMBOL = re.compile(r"(?<![\w.])s\d+(?![\w.])")  # a size torch made symbolic: s0, s77
+
+
+def symbolic_one_side(reason: str) -> bool:
+    """Does ``reason`` (one of :func:`diff`'s input lines) show a size symbolic on one side and not on the other?
+
+    ``input 5 shape [8] -> [s77, 3, s53, s0]``; ``input 2 ('s77',) -> dtype=float32;shape=[2, 3, 16, 16];...``
+    (a symbolic size passed to the graph as an input of its own, where the other graph had a tensor)."""
+    if not reason.startswith("input ") or " -> " not in reason:
+        return False
+    before, _, after = reason.partition(" -> ")
+    return bool(_SYMBOL.search(before)) != bool(_SYMBOL.search(after))
+
+
+def order_dependent_tests(why: SessionExplanation) -> list[str]:
+    """Tests with a miss whose graph differs from the earlier one in which sizes are symbolic.
+
+    torch compiles a function for the sizes of its first call and again, with a symbolic size, once the same
+    process meets a second size; so such a miss usually comes from the tests that ran before it in that process
+    (xdist's order, a random order), which ``--compile-cache-pgo`` makes irrelevant. A test newly marked dynamic
+    looks the same: callers say "usually"."""
+    return sorted(
+        nodeid
+        for nodeid, misses in why.misses.items()
+        if nodeid not in why.never_hit and any(symbolic_one_side(r) for miss in misses for r in miss.reasons)
+    )
+
+
 def explain_miss(lookup: GraphLookup, candidates: Sequence[GraphLookup] | None) -> list[str]:
     """Why ``lookup`` missed, against the most similar of ``candidates`` (the same test's earlier lookups).
 

@@ -102,11 +102,32 @@ class SavePhase:
             self.why = why
         for nodeid, misses in (why.misses if why is not None else {}).items():
             self.stats.records[nodeid].why = misses
+        if self.why is not None:
+            self._suggest_pgo(self.why)
         if self.graphs is not None and self.setup.dir.mode == "shared":
             try:
                 save_record(Path(path), self.graphs)
             except OSError as exc:
                 self.problems.warn(f"could not keep the graph record for the next session: {exc}")
+
+    def _suggest_pgo(self, why: SessionExplanation) -> None:
+        """A note when misses differ from the earlier graphs only in which sizes torch made symbolic, which
+        depends on the order tests ran in each process, and no job id keeps torch's profile of them."""
+        if self.setup.settings.pgo or os.environ.get("TORCH_COMPILE_JOB_ID"):
+            return
+        from .explain import order_dependent_tests  # cost: loaded with explain_session_safely above
+
+        tests = order_dependent_tests(why)
+        if not tests:
+            return
+        names = ", ".join(tests[:2]) + (f" and {len(tests) - 2} more" if len(tests) > 2 else "")
+        self.problems.note(
+            f"{len(tests)} test{'s' if len(tests) != 1 else ''} ({names}) missed a graph that differs from the "
+            "earlier one in which sizes are symbolic: torch makes a size symbolic once a process meets a second "
+            "one, so this usually depends on the tests that ran before in that process (xdist's order, a random "
+            f"order); {self.setup.settings.spelling('pgo')}=on (the Action's input pgo) compiles the same graphs "
+            "in any order (see the docs' troubleshooting, item 3)"
+        )
 
     # ---- the bundle
 

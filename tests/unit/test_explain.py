@@ -415,3 +415,46 @@ def test_a_miss_with_many_differences_has_a_bounded_number_of_reasons() -> None:
     reasons = explain.diff(old, new)
     assert len(reasons) == explain.MAX_REASONS and reasons[-1] == "... and 31 more differences"
     assert reasons[0] == "input 0 shape [0, 16] -> [0, 32]"
+
+
+# ---- misses that depend on the order tests ran in (issue 25)
+
+# Reasons as diff() gave them for bench/suite's -n 2 runs: a size symbolic in one run, fixed in the other.
+ORDER_DEPENDENT = [
+    "number of graph inputs 11 -> 14",
+    "input 2 dtype=float32;shape=[2, 3, 16, 16];stride=(768, 256, 16, 1);device=cpu;requires_grad=False -> ('s77',)",
+    "input 5 shape [8] -> [s77, 3, s53, s0]",
+]
+
+
+@pytest.mark.parametrize(
+    ("reason", "one_side"),
+    [
+        ("input 5 shape [8] -> [s77, 3, s53, s0]", True),
+        ("input 5 shape [s77, 3, s53, s0] -> [8]", True),
+        ("input 0 ('s88',) -> dtype=float32;shape=[8, 4];stride=(4, 1);device=cpu;requires_grad=False", True),
+        ("input 0 shape [8, 16] -> [8, 32]", False),  # another fixed size: the test's inputs changed
+        ("input 0 shape [s0, 16] -> [s1, 16]", False),  # symbolic on both sides
+        ("input 1 dtype float32 -> float64", False),
+        ("graph code changed: a constant in graph statement 4 (s1 -> 0.43; mod.py:12)", False),  # not an input
+        ("input 0 shape [8, 16] -> [8, 16s]", False),
+    ],
+)
+def test_a_size_symbolic_on_one_side_only(reason: str, one_side: bool) -> None:
+    assert explain.symbolic_one_side(reason) is one_side
+
+
+def test_order_dependent_tests_are_those_with_such_a_miss() -> None:
+    miss = explain.MissExplanation
+    why = SessionExplanation(
+        misses={
+            "t.py::test_b": [miss("k1", ["input 0 shape [8, 16] -> [8, 32]"]), miss("k2", ORDER_DEPENDENT)],
+            "t.py::test_a": [miss("k3", ORDER_DEPENDENT)],
+            "t.py::test_new": [miss("k4", [explain.NEW_TEST])],
+            "t.py::test_shape": [miss("k5", ["input 0 shape [8, 16] -> [8, 32]"])],
+            "t.py::test_flaky": [miss("k6", ORDER_DEPENDENT)],  # flagged as never hitting: its own story
+        },
+        never_hit={"t.py::test_flaky": ("input 0", 3)},
+    )
+    assert explain.order_dependent_tests(why) == ["t.py::test_a", "t.py::test_b"]
+    assert explain.order_dependent_tests(SessionExplanation()) == []

@@ -113,6 +113,34 @@ def test_second_shared_session_says_why_and_keeps_the_record(tmp_path: Path, fak
     assert kept is not None and sorted(kept.tests) == ["t.py::test_a", "t.py::test_b", "t.py::test_new"]
 
 
+def test_a_miss_that_only_made_a_size_symbolic_suggests_pgo(
+    tmp_path: Path, fake_probe: FakeProbe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 25: which sizes torch makes symbolic depends on the tests that ran before in a process (xdist's
+    order): the report says so once and names the option, unless a job id already keeps torch's profile."""
+    monkeypatch.delenv("TORCH_COMPILE_JOB_ID", raising=False)
+
+    def pgo_notes(controller: Controller) -> list[str]:
+        return [note for note in controller.problems.notes if "--compile-cache-pgo=on" in note]
+
+    _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]), ("t.py::test_b", [lookup("kb")]))
+    symbolic = _session(
+        tmp_path, fake_probe, ("t.py::test_a", [lookup("k2", shape="[s77, 16]")]), ("t.py::test_b", [lookup("kb")])
+    )
+    (note,) = pgo_notes(symbolic)
+    assert note.startswith("1 test (t.py::test_a) missed a graph that differs from the earlier one in which sizes")
+    assert f"note: {note}" in [line for line, _ in symbolic.terminal_lines()]  # in the short report too
+    # Back to the fixed size, with the option on: torch keeps its profile already, nothing to suggest.
+    with_pgo = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k3")]), pgo=True)
+    assert pgo_notes(with_pgo) == []
+    with_pgo.setup.close()  # puts back the job id it gave torch
+    assert "TORCH_COMPILE_JOB_ID" not in os.environ
+    # Another fixed size is the test's own change: no note.
+    assert pgo_notes(_session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k4", shape="[4, 16]")]))) == []
+    monkeypatch.setenv("TORCH_COMPILE_JOB_ID", "mine")  # the user's own job id does the same as the option
+    assert pgo_notes(_session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k5", shape="[s0, 16]")]))) == []
+
+
 def test_summary_report_hides_the_explanations(tmp_path: Path, fake_probe: FakeProbe) -> None:
     _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]))
     second = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k2", shape="[4, 16]")]), report="short")
