@@ -18,6 +18,17 @@ from typing import MutableMapping
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_ENV = "TRITON_CACHE_DIR"
 
+# torch keeps its automatic-dynamic shape profile (dynamo/code_state_<key>.pkl in the cache dir, and in the
+# mega-cache) only under a job id, read at import from the first (torch 2.7-2.15) or, from 2.8 on, its alias.
+# ``--compile-cache-pgo=on`` sets the first to PGO_JOB_ID unless either is set.
+PGO_ENVS = ("TORCH_COMPILE_JOB_ID", "TORCH_COMPILE_STICKY_PGO_KEY")
+PGO_JOB_ID = "pytest-compilecache"
+
+
+def torch_job_id(environ: Mapping[str, str] = os.environ) -> str | None:
+    """The job id torch keeps a shape profile under in a process started with ``environ``, or None."""
+    return next((environ[name] for name in PGO_ENVS if environ.get(name)), None)
+
 
 def cache_dir_env(cache_dir: str) -> dict[str, str]:
     """What makes torch use ``cache_dir``: all it reads before it is imported (after, see

@@ -516,13 +516,18 @@ def _input_diff(index: str, before: str | None, after: str | None) -> list[str]:
     if before is None or after is None:
         return [f"input {index} changed"]
     old, new = _fields(before), _fields(after)
-    if not old or not new:
-        change = _change(before, after)
+    if not old or not new:  # a tensor on one side at most: e.g. a size made symbolic, passed as an input itself
+        change = _change(before, after) or _change(_brief(before, old), _brief(after, new))
         return [f"input {index} {change}" if change else f"input {index} changed"]
     out = [f"input {index} {name} {old.get(name, '-')} -> {new.get(name, '-')}" for name in _union(old, new)]
     if old.get("shape") != new.get("shape"):
         out = [line for line in out if " stride " not in line]  # a new shape implies new strides
     return out or [f"input {index} changed"]
+
+
+def _brief(value: str, fields: Mapping[str, str]) -> str:
+    """A tensor input by its dtype and shape alone (``tensor float32 [2, 3, 16, 16]``), any other as it is."""
+    return f"tensor {fields.get('dtype', '?')} {fields['shape']}" if "shape" in fields else value
 
 
 def _fields(value: str) -> dict[str, str]:

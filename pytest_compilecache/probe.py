@@ -625,16 +625,38 @@ def load_artifacts(blob: bytes) -> dict[str, int]:
     import torch
     import torch._dynamo  # noqa: F401
     import torch._inductor.codecache  # noqa: F401
-    from torch._dynamo import config as dynamo_config
 
-    # A blob saved with a job id (--compile-cache-pgo) holds torch's shape profile, which torch writes only where
-    # local profiles are on: with TORCH_DYNAMO_AUTOMATIC_DYNAMIC_LOCAL_PGO=0 it raises on it instead, and loses
-    # the rest of the blob. Written anyway, the profile is a file this process never reads.
-    with dynamo_config.patch(automatic_dynamic_local_pgo=True):
+    with _profiles_unwritten_where_unread():
         info = torch.compiler.load_cache_artifacts(blob)
     if info is None:
         raise ValueError("torch rejected the cache artifacts")
     return artifact_counts(info)
+
+
+@contextlib.contextmanager
+def _profiles_unwritten_where_unread() -> Iterator[None]:
+    """While loading a blob: where this process keeps no local shape profiles, skip writing the blob's.
+
+    A blob saved with a job id (``--compile-cache-pgo``) holds torch's automatic-dynamic profile. Where local
+    profiles are off (``TORCH_DYNAMO_AUTOMATIC_DYNAMIC_LOCAL_PGO=0``, a setting ``config.patch`` cannot
+    override) torch has no path to write it to and raises, losing the rest of the blob. Nothing in this process
+    would read the profile, so its write is skipped: torch asks ``pgo.write_local_impl`` (a module global in
+    every supported torch) for the write, and gets a stand-in for as long as the load takes."""
+    from torch._dynamo import pgo
+
+    if pgo.code_state_path("compilecache") is not None:  # local profiles on: torch writes it as usual
+        yield
+        return
+    original = pgo.write_local_impl
+
+    def unwritten(cache_key: str, pickled_code: bytes) -> tuple[str, int]:
+        return "", len(pickled_code)
+
+    pgo.write_local_impl = unwritten
+    try:
+        yield
+    finally:
+        pgo.write_local_impl = original
 
 
 def artifact_counts(info: Any) -> dict[str, int]:

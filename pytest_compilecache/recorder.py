@@ -69,6 +69,11 @@ class Recorder:
         return self._stats is not None
 
     @property
+    def anything_compiled(self) -> bool:
+        """Whether a recorded test went through Dynamo or a compile cache (without making the statistics)."""
+        return self._stats is not None and self._stats.anything_compiled
+
+    @property
     def stats(self) -> SessionStats:
         """This process's statistics (made on first use: a session that never compiles may never need them)."""
         stats = self._stats

@@ -16,6 +16,7 @@ from typing import Any
 
 from . import cachedir
 from . import recorder as recording
+from ._env import torch_job_id
 
 if TYPE_CHECKING:
     from .explain import GraphsRecord
@@ -113,7 +114,7 @@ class SavePhase:
     def _suggest_pgo(self, why: SessionExplanation) -> None:
         """A note when misses differ from the earlier graphs only in which sizes torch made symbolic, which
         depends on the order tests ran in each process, and no job id keeps torch's profile of them."""
-        if self.setup.settings.pgo or os.environ.get("TORCH_COMPILE_JOB_ID"):
+        if self.setup.settings.pgo or torch_job_id():
             return
         from .explain import order_dependent_tests  # cost: loaded with explain_session_safely above
 
@@ -237,7 +238,7 @@ class SavePhase:
             return
         try:
             used = frozenset(self.files)
-            compiled = self.recorder.has_stats and self.stats.anything_compiled
+            compiled = self.recorder.anything_compiled
             registration = self.setup.registration
             trimmed = cachedir.trim(path, settings.max_size, registration=registration, used=used, compiled=compiled)
         except Exception as exc:

@@ -26,8 +26,11 @@ from typing import Any
 
 from . import cachedir
 from . import recorder as recording
+from ._env import PGO_ENVS
+from ._env import PGO_JOB_ID
 from ._env import EnvLease
 from ._env import cache_dir_env
+from ._env import torch_job_id
 from .cachedir import SessionDir
 from .errors import ConfigError
 from .options import SESSION_ENV
@@ -64,12 +67,6 @@ TOUCHED_ENV = (
     "TORCHINDUCTOR_REDIS_PORT",
     TICKET_ENV,
 )
-
-# --compile-cache-pgo=on: torch keeps its automatic-dynamic profile (dynamo/code_state_<key>.pkl in the cache
-# dir, and in the mega-cache) only for a job id, read at import from TORCH_COMPILE_JOB_ID (2.7-2.15) or, from
-# 2.8 on, TORCH_COMPILE_STICKY_PGO_KEY (its alias).
-PGO_ENVS = ("TORCH_COMPILE_JOB_ID", "TORCH_COMPILE_STICKY_PGO_KEY")
-PGO_JOB_ID = "pytest-compilecache"
 
 
 class Setup:
@@ -412,10 +409,9 @@ class Controller:
     def _touch_shape_profile(self) -> None:
         """With a job id (``--compile-cache-pgo``, or the user's own), every process that compiled read torch's
         profile for it, which torch rewrites only when it changes: mark it used, so a size cap keeps it."""
-        job_id, path = os.environ.get(PGO_ENVS[0]), self.setup.dir.path
-        if not job_id or not path or self.setup.dir.mode != "shared" or not self.recorder.has_stats:
-            return
-        if self.stats.anything_compiled:  # through dynamo, which reads the profile
+        job_id, path = torch_job_id(), self.setup.dir.path
+        # compiled: through dynamo, which reads the profile
+        if job_id and path and self.setup.dir.mode == "shared" and self.recorder.anything_compiled:
             cachedir.touch(path, cachedir.shape_profiles(path, job_id))
 
     def finish(self, failed: bool = False) -> bool:
@@ -494,7 +490,7 @@ class Controller:
         """As :attr:`report.SessionOutcome.worth_reporting`, without loading the statistics or the renderers."""
         if self.start.restored or self.end.saved or self.problems.warnings:
             return True
-        return self.recorder.has_stats and self.stats.anything_compiled
+        return self.recorder.anything_compiled
 
     def to_json(self) -> dict[str, Any]:
         from .report import session_json  # cost: as above

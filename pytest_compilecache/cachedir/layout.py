@@ -170,8 +170,9 @@ def torch_file(top: str, rel_parts: list[str]) -> bool:
 def shape_profile(name: str, job_id: str) -> bool:
     """Is ``dynamo/<name>`` torch's automatic-dynamic profile for ``job_id`` (``TORCH_COMPILE_JOB_ID``)?
 
-    torch names it ``code_state_<job id>:<rank>:<tag>.pkl`` with ``<>:"/\\|?*`` made ``_``; the rank is
-    ``None`` or a number, so another job id that merely starts with this one is not taken for it."""
+    torch names it ``code_state_<job id>:<rank>:<tag>.pkl`` with ``<>:"/\\|?*`` made ``_``, the rank ``None``
+    or a number, so a job id that merely starts with this one (``ci-nightly`` for ``ci``) is not taken for it;
+    one that is this one plus ``_<number>`` or ``_None`` can be (that profile is then marked used too)."""
     if not re.fullmatch(_DYNAMO_FILE, name):
         return False
     prefix = re.sub(_PROFILE_UNSAFE, "_", f"code_state_{job_id}:")

@@ -234,10 +234,12 @@ def test_our_tag_does_not_make_every_file_in_the_dir_ours(tmp_path: Path) -> Non
 def test_touch_protects_files_from_eviction(cache: Path) -> None:
     _file(cache, "fxgraph/used/by_last_session", 100, T0)
     _file(cache, "fxgraph/unused", 100, T0 + 10)
+    written = int(T0) * 10**9 + 123_456_789  # a float of seconds would lose the last digits
+    os.utime(cache / "fxgraph/used/by_last_session", ns=(written, written))
     cachedir.touch(str(cache), ["fxgraph/used/by_last_session", "vanished/meanwhile"])
     stat = os.stat(cache / "fxgraph/used/by_last_session")
     assert stat.st_atime > T0 + 10
-    assert stat.st_mtime == T0  # content age is kept
+    assert stat.st_mtime_ns == written  # content age is kept, to the nanosecond
     cachedir.evict(str(cache), _dir_size(str(cache)) - 1)
     assert "fxgraph/used/by_last_session" in _files(cache)
     assert "fxgraph/unused" not in _files(cache)

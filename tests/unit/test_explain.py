@@ -444,6 +444,16 @@ def test_a_size_symbolic_on_one_side_only(reason: str, one_side: bool) -> None:
     assert explain.symbolic_one_side(reason) is one_side
 
 
+def test_a_tensor_that_became_a_symbolic_size_is_named_briefly_when_its_metadata_is_long() -> None:
+    tensor = "dtype=float32;shape=[64, 3, 224, 224];stride=(150528, 50176, 224, 1);device=cpu;requires_grad=False"
+    tensor += ";storage_offset=0;is_coalesced=None"  # over _change's 120 characters with the other side
+    old = GraphLookup("k1", "hit", {"example_inputs[2]": ("h1", tensor), "gm": ("c", None)})
+    new = GraphLookup("k2", "miss", {"example_inputs[2]": ("h2", "('s77',)"), "gm": ("c", None)})
+    (reason,) = explain.diff(old, new)
+    assert reason == "input 2 tensor float32 [64, 3, 224, 224] -> ('s77',)"
+    assert explain.symbolic_one_side(reason)
+
+
 def test_order_dependent_tests_are_those_with_such_a_miss() -> None:
     miss = explain.MissExplanation
     why = SessionExplanation(

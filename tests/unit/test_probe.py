@@ -149,24 +149,27 @@ def test_mega_cache_round_trip_counts_artifacts_on_this_torch(tmp_path: Path) ->
     assert result["counts"].get("inductor", 0) >= 1, result
 
 
-# Saved with a job id (--compile-cache-pgo): the blob holds torch's shape profile; loaded where local profiles
-# are off (TORCH_DYNAMO_AUTOMATIC_DYNAMIC_LOCAL_PGO=0), where torch alone raises on it and loads nothing after.
+# Saved with a job id (--compile-cache-pgo), the blob holds torch's shape profile even where local profiles are
+# off (TORCH_DYNAMO_AUTOMATIC_DYNAMIC_LOCAL_PGO=0, read at import and beyond config.patch's reach): torch alone
+# then raises on it while loading and writes nothing after it. argv: the blob's file, the cache dir to load
+# into, and "save" to compile and save the blob first.
 MEGA_CACHE_WITH_A_PROFILE = textwrap.dedent(
     """
     import json, os, sys
+    from pathlib import Path
     os.environ["TORCH_COMPILE_JOB_ID"] = "round-trip"  # read at import
     import torch
     from pytest_compilecache import probe
 
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = sys.argv[1]
-    torch.compile(lambda x: x @ x.t())(torch.randn(4, 4))
-    blob = probe.save_artifacts()
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = sys.argv[2]
-    torch._dynamo.config.automatic_dynamic_local_pgo = False
-    counts = probe.load_artifacts(blob) if blob else {}
-    after = torch._dynamo.config.automatic_dynamic_local_pgo
-    profiles = sorted(os.listdir(os.path.join(sys.argv[2], "dynamo")))
-    print(json.dumps({"counts": counts, "local_pgo_after": after, "profiles": profiles}))
+    blob_file, cache_dir = Path(sys.argv[1]), sys.argv[2]
+    if sys.argv[3:] == ["save"]:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(blob_file.parent / "saved")
+        torch.compile(lambda x: x @ x.t())(torch.randn(4, 4))
+        blob_file.write_bytes(probe.save_artifacts())
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+    counts = probe.load_artifacts(blob_file.read_bytes())
+    written = {name: sorted(os.listdir(os.path.join(cache_dir, name))) for name in os.listdir(cache_dir)}
+    print(json.dumps({"counts": counts, "written": written}))
     """
 )
 
@@ -174,18 +177,20 @@ MEGA_CACHE_WITH_A_PROFILE = textwrap.dedent(
 @pytest.mark.slow
 def test_a_blob_with_a_shape_profile_loads_where_local_profiles_are_off(tmp_path: Path) -> None:
     env = torchenv.inner_env(prefixes=("TORCHINDUCTOR_", "TRITON_", "PYTEST_", "TORCH_COMPILE_", "TORCH_DYNAMO_"))
-    out = subprocess.run(
-        [sys.executable, "-c", MEGA_CACHE_WITH_A_PROFILE, str(tmp_path / "a"), str(tmp_path / "b")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["counts"].get("pgo", 0) >= 1 and result["counts"].get("inductor", 0) >= 1, result
-    assert result["local_pgo_after"] is False  # the user's setting is back as it was
-    assert [name for name in result["profiles"] if name.endswith(".pkl")] == ["code_state_round-trip_None_.pkl"]
+    blob = tmp_path / "blob"
+
+    def load(cache_dir: str, *save: str, **extra: str) -> dict[str, Any]:
+        argv = [sys.executable, "-c", MEGA_CACHE_WITH_A_PROFILE, str(blob), str(tmp_path / cache_dir), *save]
+        out = subprocess.run(argv, capture_output=True, text=True, env={**env, **extra}, timeout=900)
+        assert out.returncode == 0, out.stderr
+        return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+    off = load("off", "save", TORCH_DYNAMO_AUTOMATIC_DYNAMIC_LOCAL_PGO="0")
+    assert off["counts"].get("pgo", 0) >= 1 and off["counts"].get("inductor", 0) >= 1, off
+    assert sorted(off["written"]) == ["aotautograd", "fxgraph"], off  # all but the profile, which nothing reads here
+    on = load("on")  # local profiles on (torch's default): the profile is written as usual
+    assert sorted(on["written"]) == ["aotautograd", "dynamo", "fxgraph"], on
+    assert [name for name in on["written"]["dynamo"] if name.endswith(".pkl")] == ["code_state_round-trip_None_.pkl"]
 
 
 class _Client:

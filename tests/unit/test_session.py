@@ -156,6 +156,13 @@ def test_a_session_with_a_job_id_that_compiled_marks_torchs_profile_for_it_used(
             assert ours.stat().st_atime > long_ago + 3600
         else:  # nothing compiled, so torch read no profile
             assert ours.stat().st_atime == long_ago
+        controller.setup.close()
+    # The option off, the user's own id given as the alias torch 2.8+ reads: its profile is marked.
+    monkeypatch.setenv("TORCH_COMPILE_STICKY_PGO_KEY", "theirs")
+    controller = _controller(tmp_path)
+    controller.stats.add_record(_record("t::a", miss=1))
+    controller.finish()
+    assert other.stat().st_atime > long_ago + 3600 and ours.stat().st_atime < other.stat().st_atime
 
 
 def test_hit_rate_guard(tmp_path: Path) -> None:

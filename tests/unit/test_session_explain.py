@@ -118,7 +118,8 @@ def test_a_miss_that_only_made_a_size_symbolic_suggests_pgo(
 ) -> None:
     """Issue 25: which sizes torch makes symbolic depends on the tests that ran before in a process (xdist's
     order): the report says so once and names the option, unless a job id already keeps torch's profile."""
-    monkeypatch.delenv("TORCH_COMPILE_JOB_ID", raising=False)
+    for name in ("TORCH_COMPILE_JOB_ID", "TORCH_COMPILE_STICKY_PGO_KEY"):
+        monkeypatch.delenv(name, raising=False)
 
     def pgo_notes(controller: Controller) -> list[str]:
         return [note for note in controller.problems.notes if "--compile-cache-pgo=on" in note]
@@ -137,7 +138,7 @@ def test_a_miss_that_only_made_a_size_symbolic_suggests_pgo(
     assert "TORCH_COMPILE_JOB_ID" not in os.environ
     # Another fixed size is the test's own change: no note.
     assert pgo_notes(_session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k4", shape="[4, 16]")]))) == []
-    monkeypatch.setenv("TORCH_COMPILE_JOB_ID", "mine")  # the user's own job id does the same as the option
+    monkeypatch.setenv("TORCH_COMPILE_STICKY_PGO_KEY", "mine")  # the user's own job id does what the option does
     assert pgo_notes(_session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k5", shape="[s0, 16]")]))) == []
 
 
