@@ -24,6 +24,8 @@ from pytest_compilecache import probe
 from pytest_compilecache import recorder as recorder_mod
 from pytest_compilecache import session as session_mod
 from pytest_compilecache import sync
+from pytest_compilecache._env import PGO_ENVS
+from pytest_compilecache._env import PGO_JOB_ID
 from pytest_compilecache.fingerprint import Fingerprint
 from pytest_compilecache.fingerprint import make_key
 from pytest_compilecache.fingerprint import restore_prefix
@@ -96,11 +98,11 @@ def test_pgo_gives_torch_a_job_id_unless_it_has_one(tmp_path: Path, monkeypatch:
     import os
     import types
 
-    for name in session_mod.PGO_ENVS:
+    for name in PGO_ENVS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delitem(sys.modules, "torch.compiler.config", raising=False)  # torch's config not imported yet
     controller = _controller(tmp_path, pgo=True)
-    assert os.environ["TORCH_COMPILE_JOB_ID"] == session_mod.PGO_JOB_ID
+    assert os.environ["TORCH_COMPILE_JOB_ID"] == PGO_JOB_ID
     assert not [note for note in controller.problems.notes if "--compile-cache-pgo" in note]
     controller.setup.close()
     assert "TORCH_COMPILE_JOB_ID" not in os.environ  # leased: put back at the end
@@ -135,7 +137,7 @@ def test_a_session_with_a_job_id_that_compiled_marks_torchs_profile_for_it_used(
     the least recently used file (issue 25)."""
     import os
 
-    for name in session_mod.PGO_ENVS:
+    for name in PGO_ENVS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delitem(sys.modules, "torch.compiler.config", raising=False)
     long_ago = time.time() - 86_400
