@@ -20,6 +20,10 @@ What it checks (each prints one ``ok``/``FAILED`` line; exit status 1 if any fai
    and no triton kernel or helper built in the JSON report, and no C compiler build (``cc``/``gcc``/``g++``/
    ``c++`` calls with ``-c`` or ``-o`` are logged through shims on PATH). Serially, then with ``-n 2``
    (pytest-xdist).
+4. examples on CUDA: the repository's ``examples/`` suite with torch's default device set to CUDA runs cold
+   (saving a bundle), restored on a fresh runner, then warm in that runner's dirs: every run passes, the restored
+   and warm runs hit every FX graph, and the line prints the three wall times and restored/warm. Serially, then
+   with ``-n 2``.
 
 It needs pytest-compilecache importable from this checkout and, for ``-n 2``, pytest-xdist. Nothing outside
 the work dir is written; the work dir is removed at the end unless ``--keep`` names one.
@@ -36,10 +40,12 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+CHECKS = ("fingerprint", "fork", "warm", "examples")
 COMPILERS = ("cc", "gcc", "g++", "c++", "clang", "clang++")
 
 FORK_SUITE = textwrap.dedent(
@@ -115,8 +121,9 @@ def cuda_status() -> str | None:
 
 
 class Checks:
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, keep: bool = False) -> None:
         self.work = work
+        self.keep = ["--compile-cache-keep"] if keep else []  # each session's cache dir, to look into after
         self.failed: list[str] = []
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_COMPILECACHE_", "TORCHINDUCTOR_"))}
         self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
@@ -204,17 +211,19 @@ class Checks:
                 "PATH": f"{shims}{os.pathsep}{self.env['PATH']}",
             }
             log.write_text("")
+            start = time.monotonic()
             out = self.run(
                 [
                     sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers,
                     "--compile-cache=isolated", f"--compile-cache-store={store}",
-                    f"--compile-cache-json={fresh / 'report.json'}", "--compile-cache-report=full",
+                    f"--compile-cache-json={fresh / 'report.json'}", "--compile-cache-report=full", *self.keep,
                 ],
                 env=env,
                 cwd=suite,
                 timeout=900,
             )  # fmt: skip
-            self.check(f"warm {label}: the {run} run passes", out.returncode == 0, _tail(out))
+            took = f"{time.monotonic() - start:.1f} s"
+            self.check(f"warm {label}: the {run} run passes ({took})", out.returncode == 0, _tail(out))
             if out.returncode != 0:
                 return
             reports[run] = json.loads((fresh / "report.json").read_text())
@@ -234,6 +243,48 @@ class Checks:
         self.check(f"warm {label}: no triton compile seconds (< 0.1 s)", compiling < 0.1, json.dumps(gpu))
         self.check(f"warm {label}: zero autotune seconds", gpu.get("autotune_seconds") == 0, json.dumps(gpu))
         self.check(f"warm {label}: no triton kernel or helper built", gpu.get("triton_built") == 0, json.dumps(gpu))
+
+    # ---- 4
+
+    def examples(self, workers: list[str], label: str, device: str = "cuda") -> None:
+        base = self.work / f"examples{label.replace(' ', '')}"
+        suite = base / "suite"
+        shutil.copytree(ROOT / "examples", suite, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+        conftest = suite / "conftest.py"
+        conftest.write_text(f'import torch\n\ntorch.set_default_device("{device}")\n' + conftest.read_text())
+        store = base / "store"
+        seconds: dict[str, float] = {}
+        for run, runner in (("cold", "cold"), ("restored", "fresh"), ("warm", "fresh")):
+            fresh = base / runner
+            (fresh / "tmp").mkdir(parents=True, exist_ok=True)
+            env = {**self.env, "TMPDIR": str(fresh / "tmp"), "HOME": str(fresh)}
+            report = fresh / f"{run}.json"
+            start = time.monotonic()
+            out = self.run(
+                [
+                    sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers,
+                    "--compile-cache=isolated", f"--compile-cache-store={store}", f"--compile-cache-json={report}",
+                ],
+                env=env,
+                cwd=suite,
+                timeout=900,
+            )  # fmt: skip
+            seconds[run] = time.monotonic() - start
+            self.check(f"examples on CUDA {label}: the {run} run passes", out.returncode == 0, _tail(out))
+            if out.returncode != 0:
+                return
+            totals = json.loads(report.read_text())["totals"]
+            if run != "cold":
+                self.check(
+                    f"examples on CUDA {label}: the {run} run hits every FX graph",
+                    totals["misses"] == 0 and totals["hits"] > 0,
+                    f"{totals['hits']} hits, {totals['misses']} misses",
+                )
+        print(
+            f"       examples on CUDA {label}: cold {seconds['cold']:.1f} s, restored {seconds['restored']:.1f} s, "
+            f"warm {seconds['warm']:.1f} s, restored/warm {seconds['restored'] / seconds['warm']:.2f}x",
+            flush=True,
+        )
 
     def _compiler_shims(self, base: Path) -> tuple[Path, Path]:
         """A PATH dir whose cc/gcc/g++/... log each call to ``calls.log``, then run the real compiler."""
@@ -262,6 +313,9 @@ def _tail(out: subprocess.CompletedProcess[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--keep", type=Path, help="keep everything in this dir (created; must be empty)")
+    parser.add_argument(
+        "--only", action="append", choices=CHECKS, help="run only this check (repeatable; default: all)"
+    )
     args = parser.parse_args(argv)
     why = cuda_status()
     if why is not None:
@@ -269,15 +323,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     work = args.keep or Path(tempfile.mkdtemp(prefix="gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
-    checks = Checks(work)
+    checks = Checks(work, keep=args.keep is not None)
+    chosen = set(args.only or CHECKS)
+    xdist = subprocess.run([sys.executable, "-c", "import xdist"], capture_output=True, check=False).returncode == 0
     try:
-        checks.fingerprint()
-        checks.fork()
-        checks.warm([], "serial")
-        if subprocess.run([sys.executable, "-c", "import xdist"], capture_output=True, check=False).returncode == 0:
-            checks.warm(["-n", "2"], "-n 2")
-        else:
-            checks.check("warm -n 2: pytest-xdist is installed", False, "pip install pytest-xdist")
+        if "fingerprint" in chosen:
+            checks.fingerprint()
+        if "fork" in chosen:
+            checks.fork()
+        for name, method in (("warm", checks.warm), ("examples", checks.examples)):
+            if name not in chosen:
+                continue
+            method([], "serial")
+            if xdist:
+                method(["-n", "2"], "-n 2")
+            else:
+                checks.check(f"{name} -n 2: pytest-xdist is installed", False, "pip install pytest-xdist")
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
