@@ -241,8 +241,17 @@ class Checks:
         # "zero" is below a tenth of a second in all, what loading (not compiling) a few kernels takes.
         compiling = float(gpu.get("triton_compile_seconds", 1e9))
         self.check(f"warm {label}: no triton compile seconds (< 0.1 s)", compiling < 0.1, json.dumps(gpu))
-        self.check(f"warm {label}: zero autotune seconds", gpu.get("autotune_seconds") == 0, json.dumps(gpu))
-        self.check(f"warm {label}: no triton kernel or helper built", gpu.get("triton_built") == 0, json.dumps(gpu))
+        tests = reports["warm"].get("tests", [])
+        self.check(
+            f"warm {label}: zero autotune seconds",
+            gpu.get("autotune_seconds") == 0,
+            f"{json.dumps(gpu)}; {_which(tests, 'autotune_seconds')}",
+        )
+        self.check(
+            f"warm {label}: no triton kernel or helper built",
+            gpu.get("triton_built") == 0,
+            f"{json.dumps(gpu)}; {_which(tests, 'triton_built')}",
+        )
 
     # ---- 4
 
@@ -302,6 +311,12 @@ class Checks:
             )
             shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
         return shims, log
+
+
+def _which(tests: list[dict[str, Any]], counter: str) -> str:
+    """The report's tests whose GPU ``counter`` is not zero, with their values (what a failed check names)."""
+    found = [f"{t.get('nodeid')}: {t.get('gpu', {}).get(counter)}" for t in tests if t.get("gpu", {}).get(counter)]
+    return "by " + ", ".join(found) if found else "by no test (outside them: session start or end)"
 
 
 def _tail(out: subprocess.CompletedProcess[str]) -> str:
