@@ -203,27 +203,12 @@ class Checks:
         reports = {}
         for run in ("cold", "warm"):
             fresh = base / run  # a fresh runner: no cache dir, temp dir or triton home from the cold run
-            (fresh / "tmp").mkdir(parents=True)
-            env = {
-                **self.env,
-                "TMPDIR": str(fresh / "tmp"),
-                "HOME": str(fresh),
-                "PATH": f"{shims}{os.pathsep}{self.env['PATH']}",
-            }
             log.write_text("")
-            start = time.monotonic()
-            out = self.run(
-                [
-                    sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers,
-                    "--compile-cache=isolated", f"--compile-cache-store={store}",
-                    f"--compile-cache-json={fresh / 'report.json'}", "--compile-cache-report=full", *self.keep,
-                ],
-                env=env,
-                cwd=suite,
-                timeout=900,
+            out, seconds = self.session(
+                suite, fresh, store, fresh / "report.json", [*workers, "--compile-cache-report=full"],
+                path=f"{shims}{os.pathsep}{self.env['PATH']}",
             )  # fmt: skip
-            took = f"{time.monotonic() - start:.1f} s"
-            self.check(f"warm {label}: the {run} run passes ({took})", out.returncode == 0, _tail(out))
+            self.check(f"warm {label}: the {run} run passes ({seconds:.1f} s)", out.returncode == 0, _tail(out))
             if out.returncode != 0:
                 return
             reports[run] = json.loads((fresh / "report.json").read_text())
@@ -232,11 +217,7 @@ class Checks:
                 self.check(f"warm {label}: no C compiler call on the fresh runner", not calls, "; ".join(calls[:3]))
         totals = reports["warm"]["totals"]
         gpu = totals.get("gpu", {})
-        self.check(
-            f"warm {label}: 100% FX-graph hits",
-            totals["misses"] == 0 and totals["hits"] > 0,
-            f"{totals['hits']} hits, {totals['misses']} misses",
-        )
+        self.all_hits(f"warm {label}: 100% FX-graph hits", totals)
         # torch books loading cached kernels and its wait for parallel compiles as triton_compile_time_us too:
         # "zero" is below a tenth of a second in all, what loading (not compiling) a few kernels takes.
         compiling = float(gpu.get("triton_compile_seconds", 1e9))
@@ -264,35 +245,42 @@ class Checks:
         store = base / "store"
         seconds: dict[str, float] = {}
         for run, runner in (("cold", "cold"), ("restored", "fresh"), ("warm", "fresh")):
-            fresh = base / runner
-            (fresh / "tmp").mkdir(parents=True, exist_ok=True)
-            env = {**self.env, "TMPDIR": str(fresh / "tmp"), "HOME": str(fresh)}
-            report = fresh / f"{run}.json"
-            start = time.monotonic()
-            out = self.run(
-                [
-                    sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers,
-                    "--compile-cache=isolated", f"--compile-cache-store={store}", f"--compile-cache-json={report}",
-                ],
-                env=env,
-                cwd=suite,
-                timeout=900,
-            )  # fmt: skip
-            seconds[run] = time.monotonic() - start
+            report = base / runner / f"{run}.json"
+            out, seconds[run] = self.session(suite, base / runner, store, report, workers)
             self.check(f"examples on CUDA {label}: the {run} run passes", out.returncode == 0, _tail(out))
             if out.returncode != 0:
                 return
-            totals = json.loads(report.read_text())["totals"]
             if run != "cold":
-                self.check(
-                    f"examples on CUDA {label}: the {run} run hits every FX graph",
-                    totals["misses"] == 0 and totals["hits"] > 0,
-                    f"{totals['hits']} hits, {totals['misses']} misses",
-                )
+                totals = json.loads(report.read_text())["totals"]
+                self.all_hits(f"examples on CUDA {label}: the {run} run hits every FX graph", totals)
         print(
             f"       examples on CUDA {label}: cold {seconds['cold']:.1f} s, restored {seconds['restored']:.1f} s, "
             f"warm {seconds['warm']:.1f} s, restored/warm {seconds['restored'] / seconds['warm']:.2f}x",
             flush=True,
+        )
+
+    def session(
+        self, suite: Path, runner: Path, store: Path, report: Path, args: list[str], path: str | None = None
+    ) -> tuple[subprocess.CompletedProcess[str], float]:
+        """One isolated-mode session of ``suite`` on the runner whose ``HOME`` is ``runner`` (``runner/tmp`` its
+        TMPDIR), with ``store`` and a JSON ``report``; ``path``: another PATH. Returns the result and its seconds."""
+        (runner / "tmp").mkdir(parents=True, exist_ok=True)
+        env = {**self.env, "TMPDIR": str(runner / "tmp"), "HOME": str(runner), "PATH": path or self.env["PATH"]}
+        start = time.monotonic()
+        out = self.run(
+            [
+                sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--compile-cache=isolated",
+                f"--compile-cache-store={store}", f"--compile-cache-json={report}", *self.keep, *args,
+            ],
+            env=env,
+            cwd=suite,
+            timeout=900,
+        )  # fmt: skip
+        return out, time.monotonic() - start
+
+    def all_hits(self, name: str, totals: dict[str, Any]) -> None:
+        self.check(
+            name, totals["misses"] == 0 and totals["hits"] > 0, f"{totals['hits']} hits, {totals['misses']} misses"
         )
 
     def _compiler_shims(self, base: Path) -> tuple[Path, Path]:
