@@ -1,11 +1,12 @@
 """torch's precompiled header, end to end with torch and gcc: carried through a store when the session's
 processes checked it, never carried or left installed when gcc cannot use it (issue 24).
 
-One first machine (its own TMPDIR, run once for every part of the test) compiles a small suite from an
-empty cache dir, so builds torch's precompiled header, and saves a bundle to a directory store: the header
-goes in as its own content-addressed object. Fresh machines (a new TMPDIR each, an empty cache dir):
+One first machine (its own TMPDIR, run once per suite run and shared by every test here, across xdist
+workers: :func:`first`) compiles a small suite from an empty cache dir, so builds torch's precompiled header,
+and saves a bundle to a directory store: the header goes in as its own content-addressed object. Each test
+then starts fresh machines (a new TMPDIR each, an empty cache dir) that:
 
-* restore from that store (``_fresh_runners_restore_it``): the header is in their header dir before any
+* restore from that store (``test_fresh_runners_restore_it``): the header is in their header dir before any
   compile looks it up (installed in the background under torch's own build lock, which holds such a lookup
   until it is in place), the JSON report counts it, and gcc never builds it (torch still
   preprocesses it in every process: that is how it looks the file up), nor torch's vector-ISA probes (the
@@ -15,11 +16,11 @@ goes in as its own content-addressed object. Fresh machines (a new TMPDIR each, 
   ``-Winvalid-pch``, does not reject it); one runs with ``-n 2`` in ``isolated`` mode;
 * hold the header already, built and read before the session, its times pinned as ``relatime`` leaves them
   (no read is recorded again that day; ``noatime`` records none): the session, with ``-n 2``, still carries
-  it, since its processes report the headers torch looked up (``_found_without_access_times``);
+  it, since its processes report the headers torch looked up (``test_found_without_access_times``);
 * hold a truncated or zeroed copy under the header's name, and a killed build's partial file
-  (``_damaged_on_the_saving_machine``): the session's check removes the damaged one, torch builds it again,
+  (``test_damaged_on_the_saving_machine``): the session's check removes the damaged one, torch builds it again,
   the tests pass, and the store receives only the sound rebuild, which a fresh runner then uses;
-* restore with a damaged copy already in torch's dir (``_damaged_on_the_restoring_machine``): a zeroed one
+* restore with a damaged copy already in torch's dir (``test_damaged_on_the_restoring_machine``): a zeroed one
   is replaced by the bundle's verified copy, a truncated one is removed by the check and rebuilt.
 
 gcc is seen through a ``g++`` shim first on PATH: same name, so torch's command lines, header names and kernel
@@ -28,10 +29,17 @@ keys are unchanged. It logs every call and adds ``-Winvalid-pch`` to kernel buil
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import fcntl
 import io
 import json
 import os
+import shutil
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +51,7 @@ from pytest_compilecache import headers
 from pytest_compilecache.stores import LocalStore
 from pytest_compilecache.stores.base import is_artifact_key
 from tests import torchenv
+from tests.plugin.helpers import INNER_INI
 from tests.plugin.helpers import TRAINING_SUITE
 from tests.plugin.helpers import settle_as_relatime_leaves_it
 
@@ -150,53 +159,66 @@ def test_new_kernel():
 OTHER_KERNEL = NEW_KERNEL.replace("torch.cos(x) * 3", "torch.sin(x) * 5 + 1")
 
 
-@pytest.fixture
-def machine(inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
-    """``machine(name, *args, before=None, kernels="all", isa_probes=True)``: run the probe and the training
-    suite as machine ``name`` (its own TMPDIR, an empty cache dir, the g++ shim) with ``args``;
-    ``before(tmpdir)`` runs first; every test passes. ``kernels="one"`` runs only ``test_activation`` (one
-    C++ kernel), for the machines that only need gcc to meet a header once; ``kernels="new"`` adds
-    ``NEW_KERNEL``'s test for this machine alone (``"other"``: ``OTHER_KERNEL``'s); ``isa_probes=False`` keeps
-    the suite's setting that skips torch's ISA dry-compiles (tests/torchenv.py), for the machines of
-    ``kernels="one"``."""
-    shims = _shims(tmp_path)
-    inner.makepyfile(test_0_probe=PROBE, test_training=TRAINING_SUITE)
+class Machines:
+    """Starts machine sessions: the probe and the training suite (one project, ``project/``) as machine ``name``
+    (``<root>/<name>``: its own TMPDIR and HOME, an empty cache dir, the g++ shim first on PATH), each a fresh
+    pytest process with the suite's inner environment (tests/torchenv.py)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.shims = _shims(root)
+        self.project = root / "project"
+        self.project.mkdir()
+        (self.project / "pytest.ini").write_text(INNER_INI)
+        (self.project / "test_0_probe.py").write_text(PROBE)
+        (self.project / "test_training.py").write_text(TRAINING_SUITE)
 
     def run(
+        self,
         name: str,
         *args: str,
         before: Callable[[Path], None] | None = None,
         kernels: str = "all",
         isa_probes: bool = True,
     ) -> Machine:
-        root = tmp_path / name
-        env = _machine_env(root, shims, name)
+        """Run machine ``name`` with ``args``; ``before(tmpdir)`` runs first; every test must pass.
+
+        ``kernels="one"`` runs only ``test_activation`` (one C++ kernel), for the machines that only need gcc
+        to meet a header once; ``kernels="new"`` adds ``NEW_KERNEL``'s test for this machine alone
+        (``"other"``: ``OTHER_KERNEL``'s); ``isa_probes=False`` keeps the suite's setting that skips torch's
+        ISA dry-compiles (tests/torchenv.py), for the machines of ``kernels="one"``."""
+        root = self.root / name
+        env = {**torchenv.inner_env(), **_machine_env(root, self.shims, name), "HOME": str(root), "PY_COLORS": "0"}
+        env.pop("PYTEST_ADDOPTS", None)
         if before is not None:
             before(root / "tmp")
-        for key, value in env.items():
-            monkeypatch.setenv(key, value)
         if isa_probes:  # as on a user's machine: torch dry-compiles a probe per vector ISA in an empty cache dir
-            monkeypatch.delenv("TORCHINDUCTOR_VEC_ISA_OK", raising=False)
-        else:
-            monkeypatch.setenv("TORCHINDUCTOR_VEC_ISA_OK", torchenv.TORCH_SETTINGS["TORCHINDUCTOR_VEC_ISA_OK"])
+            env.pop("TORCHINDUCTOR_VEC_ISA_OK", None)
         report = root / "report.json"
         select = ("-k", "probe or activation") if kernels == "one" else ()
         extra = {"new": NEW_KERNEL, "other": OTHER_KERNEL}.get(kernels)
-        new = inner.makepyfile(test_new=extra) if extra is not None else None
+        new = self.project / "test_new.py"
+        if extra is not None:
+            new.write_text(extra)
         try:
-            result = inner.runpytest_subprocess(
-                "-p", "no:randomly", f"--compile-cache-dir={root / 'cache'}", f"--compile-cache-json={report}",
-                *args, *select, timeout=600,
+            done = subprocess.run(
+                [sys.executable, "-m", "pytest", f"--basetemp={root / 'basetemp'}", "-p", "no:randomly",
+                 "-p", "no:cacheprovider", f"--compile-cache-dir={root / 'cache'}",
+                 f"--compile-cache-json={report}", *args, *select],
+                cwd=self.project, env=env, capture_output=True, text=True, timeout=600,
             )  # fmt: skip
         finally:
-            if new is not None:
-                new.unlink()
+            new.unlink(missing_ok=True)
+        result = pytest.RunResult(done.returncode, done.stdout.splitlines(), done.stderr.splitlines(), 0.0)
         # TRAINING_SUITE and NEW_KERNEL check their results against eager.
         passed = {"all": 3, "new": 4, "other": 4, "one": 2}[kernels]
         # xdist's controller does not count what its workers deselected.
         deselected = 1 if kernels == "one" and "-n" not in args else 0
-        result.assert_outcomes(passed=passed, deselected=deselected)
-        log, probe = root / "g++.log", inner.path / f"probe-{name}.json"
+        try:
+            result.assert_outcomes(passed=passed, deselected=deselected)
+        except AssertionError as failed:
+            raise AssertionError(f"machine {name}: {failed}\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}") from None
+        log, probe = root / "g++.log", self.project / f"probe-{name}.json"
         return Machine(
             root=root,
             log=log.read_text() if log.exists() else "",
@@ -204,7 +226,54 @@ def machine(inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: P
             before=json.loads(probe.read_text()) if probe.exists() else [],
         )
 
-    return run
+
+@pytest.fixture
+def machine(tmp_path: Path) -> Callable[..., Machine]:
+    """``machine(name, *args, ...)``: :meth:`Machines.run` for machines of this test (under ``tmp_path``)."""
+    return Machines(tmp_path).run
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (created if absent): one xdist worker at a time."""
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@dataclass
+class First:
+    """The first machine (it compiled cold, built the header and saved a bundle) and the store it saved to.
+    Shared by the tests: read it, never write under it (copy the store to save into it)."""
+
+    machine: Machine
+    store: Path
+
+    def store_copy(self, target: Path) -> Path:
+        return Path(shutil.copytree(self.store, target))
+
+
+@pytest.fixture(scope="session")
+def first(tmp_path_factory: pytest.TempPathFactory) -> First:
+    """Machine ``a``, run once per suite run: the first xdist worker to get here runs it (a cold compile, torch's
+    header and ISA-probe builds: the seconds every test here needs) under a lock in the dir that the session's
+    workers share; the others wait for it and read what it left (pytest-xdist's recipe for session data)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
+    root = shared / "headers-first"
+    done = root / "machine.json"
+    with _locked(shared / "headers-first.lock"):
+        if not done.is_file():
+            shutil.rmtree(root, ignore_errors=True)  # a worker whose run of it failed left this behind
+            root.mkdir()
+            store = root / "store"
+            a = Machines(root).run("a", "--compile-cache=shared", f"--compile-cache-store={store}")
+            done.write_text(json.dumps({**dataclasses.asdict(a), "root": str(a.root)}))
+    data = json.loads(done.read_text())
+    return First(Machine(**{**data, "root": Path(data["root"])}), root / "store")
 
 
 def header_builds(log: str) -> list[str]:
@@ -271,10 +340,10 @@ def _repaired(report: dict[str, Any], name: str) -> list[str]:
     return [note for note in report["notes"] if name in note and "rejected by the compiler" in note]
 
 
-def _found_without_access_times(machine, first: Machine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_found_without_access_times(machine: Callable[..., Machine], first: First, tmp_path: Path) -> None:
     """A header built and read before the session, whose times no read changes (relatime after its first read;
     noatime always), is carried by a session whose xdist workers compiled with it."""
-    good = _the_header(first)
+    good = _the_header(first.machine)
 
     def built_earlier(tmp: Path) -> None:
         settle_as_relatime_leaves_it(_place(tmp, good.name, good.read_bytes()))
@@ -300,66 +369,82 @@ def _found_without_access_times(machine, first: Machine, tmp_path: Path) -> None
     assert again.report["warnings"] == [] and _repaired(again.report, good.name) == [], again.report
 
 
-def _damaged_on_the_saving_machine(machine, first: Machine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("how", ["truncated", "zeroed"])
+def test_damaged_on_the_saving_machine(machine: Callable[..., Machine], first: First, tmp_path: Path, how: str) -> None:
     """A truncated or zeroed header, and a killed build's partial file, never reach a fresh runner."""
-    good = _the_header(first)
+    good = _the_header(first.machine)
     data = good.read_bytes()
-    for how, damaged_bytes in [("truncated", data[: len(data) // 2]), ("zeroed", b"\0" * len(data))]:
-        store = tmp_path / f"store-{how}"
+    damaged_bytes = {"truncated": data[: len(data) // 2], "zeroed": b"\0" * len(data)}[how]
+    store = tmp_path / f"store-{how}"
 
-        def damaged_here(tmp: Path, damaged_bytes: bytes = damaged_bytes) -> None:
-            _place(tmp, good.name, damaged_bytes)
-            _place(tmp, good.name + ".gpcWriteK3xQ9a", data[: 1 << 20])  # a killed build's partial file
+    def damaged_here(tmp: Path) -> None:
+        _place(tmp, good.name, damaged_bytes)
+        _place(tmp, good.name + ".gpcWriteK3xQ9a", data[: 1 << 20])  # a killed build's partial file
 
-        s = machine("s-" + how, "--compile-cache=shared", f"--compile-cache-store={store}", before=damaged_here,
-                    kernels="one", isa_probes=False)  # fmt: skip
-        assert len(header_builds(s.log)) == 1, "torch was expected to build the removed header again: " + s.log
-        assert pch_warnings(s.log) == [], s.log
-        (note,) = _repaired(s.report, good.name)
-        assert "removed it and torch built it again" in note, note
-        rebuilt = (headers.header_dir(s.root / "tmp") / good.name).read_bytes()
-        assert rebuilt != damaged_bytes and rebuilt[:4] == b"gpch"
-        assert s.report["save"]["headers"]["transferred"] == 1, s.report["save"]
-        assert _artifact_bytes(store) == [rebuilt]  # the sound rebuild only: no damaged or partial file
+    s = machine("s-" + how, "--compile-cache=shared", f"--compile-cache-store={store}", before=damaged_here,
+                kernels="one", isa_probes=False)  # fmt: skip
+    assert len(header_builds(s.log)) == 1, "torch was expected to build the removed header again: " + s.log
+    assert pch_warnings(s.log) == [], s.log
+    (note,) = _repaired(s.report, good.name)
+    assert "removed it and torch built it again" in note, note
+    rebuilt = (headers.header_dir(s.root / "tmp") / good.name).read_bytes()
+    assert rebuilt != damaged_bytes and rebuilt[:4] == b"gpch"
+    assert s.report["save"]["headers"]["transferred"] == 1, s.report["save"]
+    assert _artifact_bytes(store) == [rebuilt]  # the sound rebuild only: no damaged or partial file
 
-        if how == "truncated":  # a fresh runner restores it: no header build, and gcc uses it
-            f = machine("f-" + how, "--compile-cache=shared", f"--compile-cache-store={store}", kernels="new")
-            assert f.report["restore"]["headers"]["transferred"] == 1, f.report["restore"]
-            assert header_builds(f.log) == [] and pch_warnings(f.log) == [], f.log
-            assert kernel_builds_with_header(f.log), f.log
-            assert (headers.header_dir(f.root / "tmp") / good.name).read_bytes() == rebuilt
+    if how == "truncated":  # a fresh runner restores it: no header build, and gcc uses it
+        f = machine("f-" + how, "--compile-cache=shared", f"--compile-cache-store={store}", kernels="new")
+        assert f.report["restore"]["headers"]["transferred"] == 1, f.report["restore"]
+        assert header_builds(f.log) == [] and pch_warnings(f.log) == [], f.log
+        assert kernel_builds_with_header(f.log), f.log
+        assert (headers.header_dir(f.root / "tmp") / good.name).read_bytes() == rebuilt
 
 
-def _damaged_on_the_restoring_machine(machine, first: Machine, store: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("how", ["zeroed", "truncated"])
+def test_damaged_on_the_restoring_machine(
+    machine: Callable[..., Machine], first: First, tmp_path: Path, how: str
+) -> None:
     """A damaged header already in torch's dir: replaced by the verified copy (zeroed) or removed by the check
     and built again (truncated); the tests pass either way."""
-    good = _the_header(first)
+    good = _the_header(first.machine)
     data = good.read_bytes()
-    for how, damaged_bytes in [("zeroed", b"\0" * len(data)), ("truncated", data[: len(data) // 3])]:
+    damaged_bytes = {"zeroed": b"\0" * len(data), "truncated": data[: len(data) // 3]}[how]
+    store = first.store_copy(tmp_path / "store")
 
-        def damaged_here(tmp: Path, damaged_bytes: bytes = damaged_bytes) -> None:
-            _place(tmp, good.name, damaged_bytes)
+    def damaged_here(tmp: Path) -> None:
+        _place(tmp, good.name, damaged_bytes)
 
-        # Read-only, so that each machine's OTHER_KERNEL is a miss that gcc compiles with the header.
-        d = machine("d-" + how, "--compile-cache=shared", f"--compile-cache-store={store}", "--compile-cache-readonly",
-                    before=damaged_here, kernels="other")  # fmt: skip
-        installed = (headers.header_dir(d.root / "tmp") / good.name).read_bytes()
-        assert installed != damaged_bytes and installed[:4] == b"gpch"
-        assert pch_warnings(d.log) == [] and kernel_builds_with_header(d.log), d.log
-        if how == "zeroed":  # no PCH at all: the restore puts the verified copy in its place
-            assert installed == data and header_builds(d.log) == [], d.log
-            assert any(good.name in note and "replaced" in note for note in d.report["notes"]), d.report["notes"]
-        else:  # starts like one: the check of the first process that looks it up finds it cut short
-            assert len(header_builds(d.log)) == 1, d.log
-            assert _repaired(d.report, good.name), d.report["notes"]
+    # Read-only, so that OTHER_KERNEL is a miss that gcc compiles with the header.
+    d = machine("d-" + how, "--compile-cache=shared", f"--compile-cache-store={store}", "--compile-cache-readonly",
+                before=damaged_here, kernels="other")  # fmt: skip
+    installed = (headers.header_dir(d.root / "tmp") / good.name).read_bytes()
+    assert installed != damaged_bytes and installed[:4] == b"gpch"
+    assert pch_warnings(d.log) == [] and kernel_builds_with_header(d.log), d.log
+    if how == "zeroed":  # no PCH at all: the restore puts the verified copy in its place
+        assert installed == data and header_builds(d.log) == [], d.log
+        assert any(good.name in note and "replaced" in note for note in d.report["notes"]), d.report["notes"]
+    else:  # starts like one: the check of the first process that looks it up finds it cut short
+        assert len(header_builds(d.log)) == 1, d.log
+        assert _repaired(d.report, good.name), d.report["notes"]
 
 
-def _fresh_runners_restore_it(machine, first: Machine, store: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_first_machine_builds_the_header(first: First) -> None:
+    """What every other test here stands on: machine ``a`` started without a header, built it, and ran torch's
+    ISA probes (a user's machine with an empty cache dir)."""
+    assert first.machine.before == []
+    log = first.machine.log
+    assert header_builds(log), "machine a must build the header for this test to mean anything: " + log
+    assert isa_probe_builds(log), "machine a must dry-compile torch's ISA probes: " + log
+
+
+def test_fresh_runners_restore_it(machine: Callable[..., Machine], first: First, tmp_path: Path) -> None:
     """Fresh machines restore the header from the store before their first compile and never build it."""
-    saved = first.report["save"]
+    store = first.store_copy(tmp_path / "store")
+    a = first.machine
+    saved = a.report["save"]
     assert saved["outcome"] == "saved", saved
     assert saved["headers"]["named"] >= 1 and saved["headers"]["transferred"] == saved["headers"]["named"]
-    built = sorted(p.name for p in headers.header_dir(first.root / "tmp").iterdir() if headers.is_header_name(p.name))
+    built = sorted(p.name for p in headers.header_dir(a.root / "tmp").iterdir() if headers.is_header_name(p.name))
     artifacts = [e.key for e in LocalStore(store).list() if is_artifact_key(e.key)]
     assert len(artifacts) == saved["headers"]["named"]
 
@@ -397,22 +482,3 @@ def _fresh_runners_restore_it(machine, first: Machine, store: Path) -> None:  # 
     assert isa_probe_builds(log) == [], log
     installed = headers.header_dir(c.root / "tmp")
     assert {p.name for p in installed.iterdir() if headers.is_header_name(p.name)} == set(built)
-
-
-def test_a_header_travels_checked_and_a_damaged_one_never_does(  # type: ignore[no-untyped-def]
-    machine, tmp_path: Path, subtests: pytest.Subtests
-) -> None:
-    # One test, so that one process runs the first machine (a cold compile and a header build) for every part.
-    store = tmp_path / "store"
-    first = machine("a", "--compile-cache=shared", f"--compile-cache-store={store}")
-    assert first.before == []
-    assert header_builds(first.log), "machine a must build the header for this test to mean anything: " + first.log
-    assert isa_probe_builds(first.log), "machine a must dry-compile torch's ISA probes: " + first.log
-    with subtests.test("fresh runners restore it from the store"):
-        _fresh_runners_restore_it(machine, first, store)
-    with subtests.test("found without access times, with xdist"):
-        _found_without_access_times(machine, first, tmp_path)
-    with subtests.test("damaged on the saving machine: never carried"):
-        _damaged_on_the_saving_machine(machine, first, tmp_path)
-    with subtests.test("damaged on the restoring machine: repaired"):
-        _damaged_on_the_restoring_machine(machine, first, store)
