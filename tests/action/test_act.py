@@ -85,6 +85,14 @@ def test_gram():
     torch.testing.assert_close(torch.compile(lambda a: a.t() @ a)(x), x.t() @ x)
 """
 
+# A suite that never imports torch: for the scenarios about the restore alone (what the job does after a failed
+# restore is proved by the outage test's compiled suite; here the job's pytest step costs no torch import).
+PLAIN_SUITE = """\
+
+def test_plain():
+    assert sorted([2, 1]) == [1, 2]
+"""
+
 FAILING_TEST = """\
 
 def test_fails():
@@ -320,7 +328,7 @@ def test_a_lookup_refused_at_once_is_an_error_not_a_miss(
     """Issue 26: a service that refuses at once (no retries: actions/cache's client logs the error and reports no
     entry, outputs and files exactly as a miss) is told from a miss by the Action's probe step, which asks the
     service once: outcome ``error``, one warning, ``min-hit-rate`` not applied, the job green."""
-    act.write("test_models.py", MATMUL_SUITE)
+    act.write("test_models.py", PLAIN_SUITE)
     if fault == "connection refused":
         server.refuse_connections = True
     else:
