@@ -24,6 +24,10 @@ TRITON_ENV = "TRITON_CACHE_DIR"
 PGO_ENVS = ("TORCH_COMPILE_JOB_ID", "TORCH_COMPILE_STICKY_PGO_KEY")
 PGO_JOB_ID = "pytest-compilecache"
 
+# Where an xdist controller tells its workers which restore ticket to serve (a path in the session dir,
+# :class:`.cachedir.ticket.RestoreTicket`).
+TICKET_ENV = "PYTEST_COMPILECACHE_RESTORE_TICKET"
+
 
 def torch_job_id(environ: Mapping[str, str] = os.environ) -> str | None:
     """The job id torch keeps a shape profile under in a process started with ``environ``, or None."""

@@ -78,13 +78,13 @@ import time
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
-from typing import TYPE_CHECKING
 from typing import Any
 from typing import BinaryIO
 from typing import Callable
 from typing import Iterable
 from typing import Iterator
 from typing import Mapping
+from typing import Protocol
 from typing import Sequence
 
 from ._fs import atomic_file
@@ -93,8 +93,22 @@ from ._fs import try_flock
 from .errors import HeaderError
 from .manifest import Artifact
 
-if TYPE_CHECKING:
-    from .stores.base import Store
+
+class _Listed(Protocol):
+    @property
+    def key(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+
+
+class Store(Protocol):
+    """What carrying headers needs of a store (:class:`.stores.base.Store` is one): named here, so that the
+    headers, which the probe uses, depend on no store module."""
+
+    def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool: ...
+    def put(self, key: str, src: Path) -> None: ...
+    def list(self, prefix: str = "") -> Sequence[_Listed]: ...
+
 
 __all__ = [
     "KIND",

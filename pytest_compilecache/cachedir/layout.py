@@ -19,6 +19,9 @@ GRAPHS_RECORD = ".compilecache-graphs.json"
 # PENDING_DIR: a restored bundle's mega-cache blobs, installed there by a restore in another process (the
 # Action's restore step) for the next pytest session to load into torch and remove (sync.load_staged).
 PENDING_DIR = ".compilecache-pending"
+# TICKET_PREFIX: an xdist controller's restore ticket, ``<prefix><pid>-<random>.json`` and its ``.lock``
+# (:mod:`.ticket`); removed by the controller at the end, swept when that controller is dead.
+TICKET_PREFIX = ".compilecache-restore-"
 OUR_NAMES = frozenset({"CACHEDIR.TAG", ".gitignore", LOCK_NAME, SESSIONS_DIR, GRAPHS_RECORD, PENDING_DIR})
 
 # torch 2.6-2.15: every name ``torch/_inductor`` (codecache, cpp_builder, runtime/*, autoheuristic,

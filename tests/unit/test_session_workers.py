@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from pytest_compilecache import probe
+from pytest_compilecache.cachedir.ticket import RestoreTicket
 from pytest_compilecache.recorder import Recorder
-from pytest_compilecache.restore_phase import RestoreTicket
 from pytest_compilecache.session import Worker
 
 
@@ -54,7 +54,7 @@ def test_a_waiting_worker_imports_the_compiler_while_another_restores(
 
     monkeypatch.setattr(probe, "import_compiler", import_compiler, raising=False)
     other = _restoring_elsewhere(ticket, done, events)
-    worker = Worker(setup=None, recorder=Recorder("gw1", explain=False))  # type: ignore[arg-type]
+    worker = Worker(context=None, recorder=Recorder("gw1", explain=False))  # type: ignore[arg-type]
     worker.ticket = ticket
     started = time.monotonic()
     worker.before_tests()
@@ -62,7 +62,7 @@ def test_a_waiting_worker_imports_the_compiler_while_another_restores(
     assert events == ["compiler imported", "restored"]
     assert time.monotonic() - started < 5 and worker.ticket is None
     # A worker that comes to its first test after the restore ended has nothing to wait for: no early import.
-    late = Worker(setup=None, recorder=Recorder("gw2", explain=False))
+    late = Worker(context=None, recorder=Recorder("gw2", explain=False))
     late.ticket = ticket
     late.before_tests()
     assert events == ["compiler imported", "restored"] and late.ticket is None
