@@ -18,7 +18,6 @@ import os
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
-from typing import Any
 
 from ._env import TICKET_ENV
 from .cachedir.ticket import RestoreTicket
@@ -107,7 +106,7 @@ class RestorePhase:
         fingerprint = self.context.fingerprint_if_known()
         ticket.fulfil(
             {
-                "restored": _result_to_ticket(restored) if restored is not None else None,
+                "restored": restored.encode() if restored is not None else None,
                 "store_trouble": self.store_trouble,
                 "fingerprint": fingerprint.to_json() if fingerprint is not None else None,
             }
@@ -143,8 +142,9 @@ class RestorePhase:
             return
         data = self.ticket.result() or {}
         self.ticket.remove()
-        told = data.get("restored")
-        self.restored = _result_from_ticket(told) if isinstance(told, dict) else None
+        from .sync import RestoreResult  # cost: as above
+
+        self.restored = RestoreResult.decode(data.get("restored"))
         trouble = data.get("store_trouble")
         from .ghrunner import one_line  # cost: as above
 
@@ -178,8 +178,7 @@ class RestorePhase:
 
                     self.problems.warn(one_line(f"precompiled headers not restored: {type(exc).__name__}: {exc}"))
 
-            restored = sync.restore(
-                store,
+            request = sync.RestoreRequest(
                 prefix=settings.key_prefix,
                 fingerprint=fingerprint,
                 cache_dir=self.context.dir.path or "",
@@ -188,6 +187,7 @@ class RestorePhase:
                 headers=False,  # installed in the background, from install_headers
                 on_installed=install_headers,
             )
+            restored = sync.restore_bundle(store, request)
             # A restore that failed on the store skips the save (it would wait again), and so does one whose
             # store spent the whole budget on the side (explaining a miss, fetching headers): it is stalling.
             # A store error met only while explaining a miss is part of the miss's message, not a failure.
@@ -271,67 +271,3 @@ class RestorePhase:
                     sweep_our_temps(where)
                 except OSError:  # best effort: the next session tries again
                     pass
-
-
-def _result_to_ticket(result: RestoreResult) -> dict[str, Any]:
-    """Every field of ``result`` the controller reports (the graph record stays in the dir: the worker
-    installed it), as JSON for :class:`RestoreTicket`."""
-    headers = result.headers
-    return {
-        "outcome": result.outcome,
-        "key": result.key,
-        "size": result.size,
-        "seconds": result.seconds,
-        "message": result.message,
-        "files": result.files,
-        "artifacts": dict(result.artifacts),
-        "skipped": [list(pair) for pair in result.skipped],
-        "staged": [list(blob) for blob in result.staged],
-        "headers": {
-            "named": list(headers.named),
-            "transferred": list(headers.transferred),
-            "size": headers.size,
-            "seconds": headers.seconds,
-            "warnings": list(headers.warnings),
-            "carried": list(headers.carried),
-            "notes": list(headers.notes),
-        },
-    }
-
-
-def _result_from_ticket(data: dict[str, Any]) -> RestoreResult | None:
-    """What :func:`_result_to_ticket` wrote, in a file of this session's dir written by one of its own workers;
-    None when it is not that shape (then the session counts as one without a restore)."""
-    from .sync import HeaderReport  # cost: as above
-    from .sync import RestoreResult
-    from .sync import StagedBlob
-
-    def strings(value: Any) -> tuple[str, ...]:
-        return tuple(str(item) for item in value) if isinstance(value, list) else ()
-
-    if data.get("outcome") not in ("exact", "partial", "miss", "error"):
-        return None
-    try:
-        headers = data.get("headers") or {}
-        return RestoreResult(
-            data["outcome"],
-            key=data.get("key"),
-            size=data.get("size"),
-            seconds=float(data.get("seconds") or 0.0),
-            message=str(data.get("message") or ""),
-            files=int(data.get("files") or 0),
-            artifacts={str(k): int(v) for k, v in (data.get("artifacts") or {}).items()},
-            skipped=tuple((str(k), str(r)) for k, r in data.get("skipped") or ()),
-            staged=tuple(StagedBlob(str(n), int(s), str(h)) for n, s, h in data.get("staged") or ()),
-            headers=HeaderReport(
-                named=strings(headers.get("named")),
-                transferred=strings(headers.get("transferred")),
-                size=int(headers.get("size") or 0),
-                seconds=float(headers.get("seconds") or 0.0),
-                warnings=strings(headers.get("warnings")),
-                carried=strings(headers.get("carried")),
-                notes=strings(headers.get("notes")),
-            ),
-        )
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None

@@ -156,8 +156,7 @@ class SavePhase:
             self.problems.warn(f"save skipped: {type(exc).__name__}: {exc}")
             return None
         installed = self._restored_headers(restored)
-        saved = sync.save(
-            store,
+        request = sync.SaveRequest(
             prefix=settings.key_prefix,
             fingerprint=fingerprint,
             suffix=settings.run_suffix or default_suffix(),
@@ -174,6 +173,7 @@ class SavePhase:
             header_carried=result.headers.carried if result is not None else (),
             header_uses=list(gathered.header_uses),
         )
+        saved = sync.save_bundle(store, request)
         if self._policy().staged and saved.outcome == "saved":
             # store: github: the bundle is only in the staging dir; actions/cache's post step uploads it at job end
             # (if the job succeeds), and may fail or be skipped: never say "saved" for what is not stored yet.

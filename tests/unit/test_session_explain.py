@@ -212,11 +212,11 @@ def test_isolated_without_a_bundle_explains_nothing_but_saves_the_record(
 ) -> None:
     saved: dict[str, Any] = {}
 
-    def save(store: Any, **kwargs: Any) -> sync.SaveResult:
-        saved.update(kwargs)
+    def save(store: Any, request: sync.SaveRequest) -> sync.SaveResult:
+        saved.update(vars(request))
         return sync.SaveResult("saved", key="k")
 
-    monkeypatch.setattr(sync, "save", save)
+    monkeypatch.setattr(sync, "save_bundle", save)
     controller = _session(
         tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]), mode="isolated", store=f"file://{tmp_path / 'store'}"
     )

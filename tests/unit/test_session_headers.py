@@ -158,7 +158,7 @@ def test_restore_warns_once_per_header_that_did_not_come(tmp_path: Path, monkeyp
     def fake_restore(*args: object, **kwargs: object) -> sync.RestoreResult:
         return sync.RestoreResult("partial", key="k", headers=sync.HeaderReport(warnings=lines))
 
-    monkeypatch.setattr(sync, "restore", fake_restore)
+    monkeypatch.setattr(sync, "restore_bundle", fake_restore)
     controller.session_start()
     assert controller.problems.warnings == list(lines)
     restored = controller.start.finish().result
