@@ -74,7 +74,7 @@ class RestorePhase:
         self._sweep()
         if self.context.saving:
             # cost: headers, sync and stores load only in a session with a store
-            from .headers import session_start
+            from .pch import session_start
 
             self.header_since = session_start()
         if self.context.settings.restore == "skip":

@@ -228,8 +228,8 @@ class SavePhase:
         if restored.header_since is None or restored.result is None:
             return False
         # cost: headers load only in a saving session
-        from .headers import find_used
-        from .headers import header_dir
+        from .pch import find_used
+        from .pch import header_dir
 
         installed = self._restored_headers(restored)
         used = {path.name for path in find_used(header_dir(), gathered.header_uses, installed)}
@@ -242,13 +242,13 @@ class SavePhase:
     def _header_since(self, restored: Restored, gathered: Gathered) -> float | None:
         """The ``since`` for carrying headers, or None (carry none) when torch keeps them elsewhere.
 
-        ``headers.header_dir()`` mirrors torch's path without importing torch; a process whose torch reports
+        ``pch.header_dir()`` mirrors torch's path without importing torch; a process whose torch reports
         another dir (a torch that moved it, a test that changed TMPDIR before importing torch) would make
         us carry the wrong files, so then nothing is carried and a note says why.
         """
         if restored.header_since is None:
             return None
-        from .headers import header_dir  # cost: as above
+        from .pch import header_dir  # cost: as above
 
         expected = str(header_dir())
         others = sorted(d for d in gathered.header_dirs if d != expected)

@@ -155,7 +155,7 @@ class Controller:
             self._outputs.append(("controller", ProcessOutput.collect(self.context, self.recorder)))
         gathered = Gathered.fold(self._outputs)
         if gathered.header_uses:
-            from .headers import header_notes  # cost: headers load only where torch looked a header up
+            from .pch import header_notes  # cost: headers load only where torch looked a header up
 
             for note in header_notes(gathered.header_uses):
                 self.problems.note(note)

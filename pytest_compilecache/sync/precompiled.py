@@ -1,6 +1,6 @@
 """The precompiled headers' part of a restore and a save, as :class:`.results.HeaderReport` lines.
 
-Precompiled headers (:mod:`..headers`) travel beside the bundle, not in it: a save uploads each header the
+Precompiled headers (:mod:`..pch`) travel beside the bundle, not in it: a save uploads each header the
 session used once per store (``<prefix>-artifact-<sha256>``) and its manifest names them; a restore, after
 the bundle is verified and installed, installs the named ones into torch's header dir, inline
 (:func:`restore_precompiled`) or in the background (:class:`HeaderInstall`). A header that cannot be carried
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from typing import Iterable
 
-from .. import headers
+from .. import pch
 from .._fs import temporary_dir
 from ..ghrunner import one_line
 from ..manifest import Artifact
@@ -29,14 +29,14 @@ def restore_precompiled(
     named: Iterable[Artifact],
     scratch: Path,
     directory: Path | None,
-    reservation: headers.Reservation | None = None,
+    reservation: pch.Reservation | None = None,
 ) -> HeaderReport:
     """Install the headers a verified manifest names; any trouble is a warning line, never an exception."""
     if not named:
         return HeaderReport()  # most bundles (GPU-only suites, torch 2.7): no import, no work
     started = time.perf_counter()
     try:
-        transfer = headers.restore_headers(store, prefix, named, scratch, directory, reservation)
+        transfer = pch.restore_headers(store, prefix, named, scratch, directory, reservation)
     except Exception as exc:  # e.g. zstandard missing: the bundle is installed, torch builds the headers
         return HeaderReport(warnings=(one_line(f"precompiled headers not restored: {type(exc).__name__}: {exc}"),))
     return HeaderReport.of(transfer, time.perf_counter() - started)
@@ -55,7 +55,7 @@ def save_precompiled(
     """Upload the session's headers the store lacks; return the report and the manifest entries."""
     started = time.perf_counter()
     try:
-        transfer = headers.save_headers(store, prefix, since, installed, scratch, directory, carried, uses)
+        transfer = pch.save_headers(store, prefix, since, installed, scratch, directory, carried, uses)
     except Exception as exc:  # the bundle is worth saving without its headers
         return HeaderReport(warnings=(one_line(f"precompiled headers not saved: {type(exc).__name__}: {exc}"),)), []
     return HeaderReport.of(transfer, time.perf_counter() - started), list(transfer.artifacts)
@@ -65,7 +65,7 @@ class HeaderInstall:
     """The precompiled headers a restored bundle names, installed in the background (issue 25).
 
     After ``restore(..., headers=False)``: torch's build lock of every header to install is taken now
-    (:func:`.headers.reserve_headers`), then a thread downloads and installs them while the caller goes on
+    (:func:`..pch.reserve_headers`), then a thread downloads and installs them while the caller goes on
     (an xdist worker lets the others start their tests; a plain session collects). Any process whose compile
     looks such a header up meanwhile waits in torch's own lock until it is in place, and builds nothing; this
     process checks them beside its first header look-up (:func:`.probe.check_headers_early`).
@@ -79,7 +79,7 @@ class HeaderInstall:
 
         self._named = tuple(named)
         self._report = HeaderReport()
-        self._reservation = headers.reserve_headers(self._named, directory)
+        self._reservation = pch.reserve_headers(self._named, directory)
         # checked while torch works out which header it wants, off the first compile's path
         probe.check_headers_early([artifact.name for artifact in self._named], self._reservation.directory)
         self._thread = threading.Thread(

@@ -29,8 +29,8 @@ from ..ghrunner import one_line
 from ..manifest import BLOB_NAME
 
 if TYPE_CHECKING:
-    from ..headers import HeaderTransfer
     from ..manifest import Artifact
+    from ..pch import HeaderTransfer
 
 RestoreOutcome = Literal["exact", "partial", "miss", "error"]
 SaveOutcome = Literal["saved", "staged", "skipped", "error"]
@@ -95,7 +95,7 @@ class HeaderReport:
     def decode(cls, data: object) -> HeaderReport:
         """What :meth:`encode` wrote, each field checked (a field that is not its shape is left empty); also
         the hand-off's older shape, a list of the header names alone."""
-        from ..headers import is_header_name  # cost: only a result that crossed a process boundary
+        from ..pch import is_header_name  # cost: only a result that crossed a process boundary
 
         if isinstance(data, list):
             data = {"named": data}

@@ -803,7 +803,7 @@ def test_fresh_dir_defaults_to_a_temp_dir_torch_can_build_in(tmp_path: Path, mon
 
 
 def test_try_flock_tells_a_held_lock_from_a_free_one(tmp_path: Path) -> None:
-    """The one non-blocking flock probe (registrations here, torch's header build locks in headers.py)."""
+    """The one non-blocking flock probe (registrations here, torch's header build locks in pch.locks)."""
     from pytest_compilecache._fs import try_flock
 
     path = tmp_path / "lock"

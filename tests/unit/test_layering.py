@@ -33,7 +33,7 @@ LAYERS: list[set[str]] = [
     {"cachedir"},
     {"report", "problems"},
     {"stats", "settings", "probe"},
-    {"explain", "remote", "headers"},
+    {"explain", "remote", "pch"},
     {"manifest"},
     {"ghrunner", "_fs", "_env"},
     {"_version", "errors", "options"},

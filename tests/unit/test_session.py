@@ -644,7 +644,7 @@ def test_headers_the_actions_restore_installed_are_checked_early(
 ) -> None:
     """Issues 24, 25: what the Action's restore step installed is checked beside torch's first header look-up,
     as a restore of the session's own is (probe.check_headers_early), in torch's header dir of this process."""
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch
     from pytest_compilecache import probe
 
     name = "c" + "a2b3c4d5e6f7" * 4 + "abc" + ".h.gch"
@@ -654,4 +654,4 @@ def test_headers_the_actions_restore_installed_are_checked_early(
 
     controller.session_start()
 
-    assert probe._early_checks == [headers.header_dir() / name]  # a name torch could not give is dropped
+    assert probe._early_checks == [pch.header_dir() / name]  # a name torch could not give is dropped

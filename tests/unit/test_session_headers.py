@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_compilecache import headers
+from pytest_compilecache import pch
 from pytest_compilecache import sync
 from pytest_compilecache.context import SessionContext
 from pytest_compilecache.payload import Gathered
@@ -33,7 +33,7 @@ NAME = "c" + "a2b3c4d5e6f7" * 4 + "abc" + ".h.gch"
 
 @pytest.fixture(autouse=True)
 def _own_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """This test's TMPDIR, so torch's header dir (headers.header_dir()) is private to it."""
+    """This test's TMPDIR, so torch's header dir (pch.header_dir()) is private to it."""
     runner = tmp_path / "runner-tmp"
     runner.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(runner))
@@ -42,7 +42,7 @@ def _own_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _header_built_now() -> Path:
     """torch built the header this session."""
-    directory = headers.header_dir()
+    directory = pch.header_dir()
     directory.mkdir(parents=True, exist_ok=True)
     (directory / NAME).write_bytes(b"gpch" * 1000)
     return directory / NAME
@@ -55,7 +55,7 @@ def _used(*uses: dict[str, object], files: tuple[str, ...] = ("x",)) -> Gathered
 
 def _checked(path: Path, verdict: str = "verified", note: str = "") -> dict[str, object]:
     info = path.lstat()
-    return headers.HeaderUse(path.name, verdict, info.st_size, info.st_mtime_ns, info.st_ino, note).to_json()
+    return pch.HeaderUse(path.name, verdict, info.st_size, info.st_mtime_ns, info.st_ino, note).to_json()
 
 
 def _saved_artifacts(store: Path) -> list[str]:
@@ -69,7 +69,7 @@ def test_a_saving_session_carries_the_header_it_built(
     controller.session_start()
     assert controller.start.finish().header_since is not None
     fake_probe.header_uses = [_checked(_header_built_now())]  # this process looked it up and checked it
-    fake_probe.header_dir = str(headers.header_dir())
+    fake_probe.header_dir = str(pch.header_dir())
     controller.stats.add_record(_record("t::a", miss=1))
     _compiled(monkeypatch, fake_probe, "x")  # something compiled
     (Path(controller.context.dir.path or "") / "x").write_bytes(b"kernel")
@@ -102,7 +102,7 @@ def test_a_worker_whose_torch_keeps_headers_elsewhere_means_no_headers_and_a_not
     controller.session_start()
     _header_built_now()
     controller.add_worker("gw0", {"tests": 1, "files": ["x"], "header_dir": str(tmp_path / "moved")})
-    controller.add_worker("gw1", {"tests": 1, "header_dir": str(headers.header_dir())})
+    controller.add_worker("gw1", {"tests": 1, "header_dir": str(pch.header_dir())})
     (Path(controller.context.dir.path or "") / "x").write_bytes(b"kernel")
     controller.stats.add_record(_record("t::a", miss=1))
     saved = SavePhase(controller.context, controller.recorder).save(
@@ -196,7 +196,7 @@ def test_a_header_the_actions_header_entry_carries_is_named_not_uploaded(tmp_pat
     from pytest_compilecache.sync import read_handoff as action_restore_result
 
     path = _header_built_now()
-    key = headers.object_key("compilecache-v1", headers.describe(path).sha256)
+    key = pch.object_key("compilecache-v1", pch.describe(path).sha256)
     value = json.dumps({"outcome": "partial", "key": "k", "headers": [], "header_key": key})
     restored = action_restore_result(value)
     assert restored is not None and restored.headers.carried == (key,)
@@ -210,7 +210,7 @@ def test_a_header_the_actions_header_entry_carries_is_named_not_uploaded(tmp_pat
     assert saved.headers.named == (NAME,) and saved.headers.transferred == ()
     assert _saved_artifacts(tmp_path / "store") == []  # the bundle names it; the header entry has it
 
-    elsewhere = headers.object_key("compilecache-v1", "0" * 64)
+    elsewhere = pch.object_key("compilecache-v1", "0" * 64)
     other = action_restore_result(json.dumps({"outcome": "partial", "key": "k", "header_key": elsewhere}))
     assert other is not None
     _save(controller, other, used)  # another header's entry: this one goes into the store as before
@@ -226,7 +226,7 @@ def test_each_worker_reports_the_headers_it_checked_and_the_controller_carries_t
     os.utime(path, (time.time() - 3600, time.time() - 7200))
     use = _checked(path)
     repaired = {**use, "verdict": "rebuilt", "note": f"precompiled header {NAME} rejected by the compiler (x)"}
-    where = str(headers.header_dir())
+    where = str(pch.header_dir())
     controller.add_worker("gw0", {"tests": 1, "files": ["x"], "header_dir": where, "headers": [use]})
     controller.add_worker("gw1", {"tests": 1, "header_dir": where, "headers": [repaired, "junk"]})
     controller.add_worker("gw2", {"tests": 1, "headers": {"not": "a list"}})
@@ -246,5 +246,5 @@ def test_a_worker_sends_the_headers_its_process_checked(tmp_path: Path, fake_pro
         SessionContext(controller.context.settings, controller.context.dir, controller.context.lease, Problems()),
         Recorder("gw0"),
     )
-    fake_probe.header_uses = [headers.HeaderUse(NAME, "verified", 1, 2, 3).to_json()]
+    fake_probe.header_uses = [pch.HeaderUse(NAME, "verified", 1, 2, 3).to_json()]
     assert worker.output()["headers"] == fake_probe.header_uses
