@@ -1,10 +1,11 @@
 """The xdist restore ticket: one session's restore, handed by its controller to whichever worker takes it first.
 
-``<cache dir>/.compilecache-restore-<pid>-<random>.json`` (``<pid>``: the controller's) holds what the restoring
-worker reported once it restored (:meth:`RestoreTicket.fulfil`); its ``.lock`` sibling is held while one does, so
+``<cache dir>/.compilecache-ticket-<host>-<pid>-<time>-<random>`` (a temp name of the controller's,
+:func:`.._fs.temp_name`) holds what the restoring worker reported once it restored (:meth:`RestoreTicket.fulfil`); its ``.lock`` sibling is held while one does, so
 the others wait (:meth:`RestoreTicket.take`). A worker that dies mid-restore releases the lock with its process,
-and the next worker restores. The controller removes both files at the end; those of a controller that died are
-swept as leftovers (:mod:`.sweep`), and their names are ours for the ownership check (:mod:`.layout`).
+and the next worker restores. The controller removes both files at the end. Their names are our temp names, so the
+ownership check knows them as ours (a torch dir holding them is still torch's) and the leftovers of a controller
+that died are swept like any temp file of a dead owner (:mod:`.sweep`).
 
 What the file holds is plain JSON the phases write and read (:mod:`.restore_phase` with the result codec of
 :mod:`.sync`); nothing here knows its fields.
@@ -20,7 +21,6 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from .._env import TICKET_ENV
-from .layout import TICKET_PREFIX
 
 if TYPE_CHECKING:
     from filelock import BaseFileLock
@@ -34,18 +34,22 @@ class RestoreTicket:
 
     @classmethod
     def new(cls, cache_dir: str) -> RestoreTicket:
-        import secrets  # cost: only an xdist controller with a store
+        from .._fs import temp_name  # cost: only an xdist controller with a store
 
-        return cls(os.path.join(cache_dir, f"{TICKET_PREFIX}{os.getpid()}-{secrets.token_hex(6)}.json"))
+        return cls(os.path.join(cache_dir, temp_name("ticket", lead=".")))
 
     @classmethod
     def from_env(cls, cache_dir: str | None) -> RestoreTicket | None:
-        """The controller's ticket, when it is a file name in this session's dir (nothing else is trusted)."""
+        """The controller's ticket, when it is a ticket's name in this session's dir (nothing else is trusted)."""
+        from .._fs import parse_temp_name  # cost: only an xdist worker of a session with a store
+
         value = os.environ.get(TICKET_ENV, "")
         if not value or not cache_dir or os.path.dirname(value) != cache_dir:
             return None
         name = os.path.basename(value)
-        return cls(value) if name.startswith(TICKET_PREFIX) and name.endswith(".json") else None
+        owner = parse_temp_name(name)
+        ok = owner is not None and owner.kind == "ticket" and name.startswith(".") and not name.endswith(".lock")
+        return cls(value) if ok else None
 
     def take(self, *, wait: bool) -> BaseFileLock | None:
         """The ticket's lock, held (release it when done); None when another process holds it and ``wait``
