@@ -91,6 +91,8 @@ class ProcessOutput:
     remote_errors: list[str] = field(default_factory=list)
     header_dir: str | None = None
     headers: list[Any] = field(default_factory=list)  # the headers torch looked up here, each checked once
+    # an xdist worker that restored for its controller: what the ticket holds (RestorePhase.report)
+    restore: dict[str, Any] | None = None
 
     @classmethod
     def collect(cls, context: SessionContext, recorder: Recorder) -> ProcessOutput:
@@ -123,6 +125,7 @@ class ProcessOutput:
             "remote_errors": list(self.remote_errors),
             "header_dir": self.header_dir,
             "headers": list(self.headers),
+            "restore": self.restore,
         }
 
     @classmethod
@@ -138,6 +141,7 @@ class ProcessOutput:
         errors = data.get("remote_errors")
         header_dir = data.get("header_dir")
         headers = data.get("headers")
+        restore = data.get("restore")
         return cls(
             tests=tests if isinstance(tests, int) and not isinstance(tests, bool) and tests >= 0 else 0,
             records=_records(data.get("records")),
@@ -146,7 +150,8 @@ class ProcessOutput:
             problems=problems if isinstance(problems, dict) else {},
             remote_errors=[e for e in errors if isinstance(e, str)] if isinstance(errors, list) else [],
             header_dir=header_dir if isinstance(header_dir, str) else None,
-            headers=list(headers) if isinstance(headers, list) else [],  # each entry read by headers.HeaderUse
+            headers=list(headers) if isinstance(headers, list) else [],  # each entry read by pch.HeaderUse
+            restore=restore if isinstance(restore, dict) else None,  # each field read by RestorePhase
         )
 
 

@@ -18,6 +18,9 @@ import os
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
+from typing import Any
+from typing import Iterable
+from typing import Mapping
 
 from ._env import TICKET_ENV
 from .cachedir.ticket import RestoreTicket
@@ -58,12 +61,13 @@ class RestorePhase:
         self._served: RestoreTicket | None = None
         self._finished: Restored | None = None
 
-    def finish(self) -> Restored:
+    def finish(self, reported: Iterable[Mapping[str, Any]] = ()) -> Restored:
         """Wait for what is still going on (the headers' install, the worker that took the ticket) and return
-        what the session's start found. Idempotent: the value is made once."""
+        what the session's start found. ``reported``: what workers that restored sent in their payload
+        (:meth:`report`), read when the ticket could not be (a full disk). Idempotent: the value is made once."""
         if self._finished is None:
             self.finish_headers()
-            self.collect_ticket()
+            self.collect_ticket(reported)
             self._finished = Restored(
                 self.restored, self.store_trouble, self.header_since, self.baseline, self.compared_with
             )
@@ -96,21 +100,28 @@ class RestorePhase:
         The bundle's precompiled headers are still being installed when this returns (the other workers may
         start their tests meanwhile; torch's own lock holds any compile that looks such a header up):
         :meth:`finish_headers` at the worker's end completes the ticket."""
+        self._served = ticket  # from now on the controller says what happened (_tell), not this worker
         self._restore()
         self._read_baseline(self.restored)
-        self._served = ticket
         self._fulfil(ticket)
 
-    def _fulfil(self, ticket: RestoreTicket) -> None:
+    def report(self) -> dict[str, Any]:
+        """What this worker's restore for its controller did, as the ticket holds it (plain JSON)."""
         restored = self.restored
         fingerprint = self.context.fingerprint_if_known()
-        ticket.fulfil(
-            {
-                "restored": restored.encode() if restored is not None else None,
-                "store_trouble": self.store_trouble,
-                "fingerprint": fingerprint.to_json() if fingerprint is not None else None,
-            }
-        )
+        return {
+            "restored": restored.encode() if restored is not None else None,
+            "store_trouble": self.store_trouble,
+            "fingerprint": fingerprint.to_json() if fingerprint is not None else None,
+        }
+
+    def _fulfil(self, ticket: RestoreTicket) -> None:
+        try:
+            ticket.fulfil(self.report())
+        except OSError:
+            # A full or read-only dir: the other workers find no result and restore themselves (and meet the
+            # same trouble); the controller reads this one from the worker's payload (report()).
+            pass
 
     def finish_headers(self) -> None:
         """Wait for the restored bundle's headers to be in place (:class:`.sync.HeaderInstall`) and add what
@@ -123,24 +134,27 @@ class RestorePhase:
 
         report = install.finish()
         self.restored = replace(self.restored, headers=report)
+        store = self._store
+        stalled = store is not None and store.exhausted and self.store_trouble is None
+        if stalled and store is not None:
+            self.store_trouble = store.trouble  # the headers spent the store's whole budget: it is stalling
+        if self._served is not None:
+            self._fulfil(self._served)  # the controller tells it all
+            return
         for line in report.warnings:
             self.problems.warn(line)
         for line in report.notes:
             self.problems.note(line)
-        store = self._store
-        if store is not None and store.exhausted and self.store_trouble is None:
-            self.store_trouble = store.trouble  # the headers spent the store's whole budget: it is stalling
-            if not report.warnings:
-                self.problems.warn(f"{self.store_trouble}; nothing will be saved this session")
-        if self._served is not None:
-            self._fulfil(self._served)
+        if stalled and not report.warnings:
+            self.problems.warn(f"{self.store_trouble}; nothing will be saved this session")
 
-    def collect_ticket(self) -> None:
-        """At the end, in the controller: what the worker that took the ticket restored (nothing when no
-        worker did: then the session counts as one without a restore), then the explanation baseline."""
+    def collect_ticket(self, reported: Iterable[Mapping[str, Any]] = ()) -> None:
+        """At the end, in the controller: what the worker that took the ticket restored (the ticket, else what
+        such a worker sent; nothing when no worker did: then the session counts as one without a restore),
+        said once (:meth:`_tell`), then the explanation baseline."""
         if self.ticket is None:
             return
-        data = self.ticket.result() or {}
+        data = self.ticket.result() or next(iter(reported), None) or {}
         self.ticket.remove()
         from .sync import RestoreResult  # cost: as above
 
@@ -152,6 +166,7 @@ class RestorePhase:
         facts = data.get("fingerprint")
         if isinstance(facts, dict) and all(isinstance(v, str) for v in facts.values()):
             self.context.adopt_fingerprint(facts)
+        self._tell()
         self._read_baseline(self.restored)
 
     def _restore(self) -> None:
@@ -165,6 +180,7 @@ class RestorePhase:
             restored = sync.RestoreResult("error", message=f"restore skipped: {type(exc).__name__}: {exc}")
         else:
             self._store = store
+            unready: list[str] = []
 
             def install_headers(named: tuple[Artifact, ...]) -> None:
                 # Before the bundle's blobs load (which imports torch): the install overlaps that import, and
@@ -176,7 +192,7 @@ class RestorePhase:
                 except Exception as exc:  # e.g. torch's lock dir cannot be made: torch builds the headers
                     from .ghrunner import one_line  # cost: only to warn
 
-                    self.problems.warn(one_line(f"precompiled headers not restored: {type(exc).__name__}: {exc}"))
+                    unready.append(one_line(f"precompiled headers not restored: {type(exc).__name__}: {exc}"))
 
             request = sync.RestoreRequest(
                 prefix=settings.key_prefix,
@@ -188,12 +204,27 @@ class RestorePhase:
                 on_installed=install_headers,
             )
             restored = sync.restore_bundle(store, request)
+            if unready:
+                from dataclasses import replace  # cost: as above
+
+                headers = replace(restored.headers, warnings=(*restored.headers.warnings, *unready))
+                restored = replace(restored, headers=headers)
             # A restore that failed on the store skips the save (it would wait again), and so does one whose
             # store spent the whole budget on the side (explaining a miss, fetching headers): it is stalling.
             # A store error met only while explaining a miss is part of the miss's message, not a failure.
             if restored.outcome == "error" or store.exhausted:
                 self.store_trouble = store.trouble
         self.restored = restored
+        if self._served is None:
+            self._tell()
+
+    def _tell(self) -> None:
+        """Say what the restore found, once per session: where it restored, or, under xdist, in the controller
+        from the ticket (never in the worker that restored: workers that restored one after another, or one
+        that died after writing the ticket, make the one warning a serial session makes)."""
+        restored = self.restored
+        if restored is None:
+            return
         if restored.warning:
             self.problems.warn(restored.warning)
         for line in restored.headers.warnings:

@@ -69,30 +69,43 @@ class Worker:
         ticket = self.ticket
         if ticket is None:
             return
-        lock = ticket.take(wait=False)
-        if lock is None and wait:
-            # Another worker is restoring: import what this worker's first compile needs meanwhile (the
-            # tests imported torch), instead of waiting idle and paying the import after (issue 25).
-            from . import probe  # cost: only a worker that waits for another's restore
+        try:
+            lock = ticket.take(wait=False)
+            if lock is None and wait:
+                # Another worker is restoring: import what this worker's first compile needs meanwhile (the
+                # tests imported torch), instead of waiting idle and paying the import after.
+                from . import probe  # cost: only a worker that waits for another's restore
 
-            probe.import_compiler()
-            lock = ticket.take(wait=True)
+                probe.import_compiler()
+                lock = ticket.take(wait=True)
+        except OSError:
+            # The ticket's lock cannot be made (a full disk, a read-only dir): restore as a serial session
+            # would, without taking turns; the controller reads the result from this worker's payload.
+            self._restore(ticket)
+            return
         if lock is None:
             return  # another worker restores: wait for it before the first test
         try:
             if ticket.result() is None:
-                self.restore = RestorePhase(self.context, self.recorder)
-                self.restore.restore_for(ticket)
+                self._restore(ticket)
         finally:
             lock.release()
         self.ticket = None
+
+    def _restore(self, ticket: RestoreTicket) -> None:
+        self.ticket = None
+        self.restore = RestorePhase(self.context, self.recorder)
+        self.restore.restore_for(ticket)
 
     def output(self) -> dict[str, Any]:
         """The payload for the controller (:class:`ProcessOutput` as JSON, sent through ``workeroutput``)."""
         if self.restore is not None:
             self.restore.finish_headers()  # the worker that restored: its headers' report, in the ticket too
         self.context.take_remote_errors()
-        return ProcessOutput.collect(self.context, self.recorder).to_json()
+        output = ProcessOutput.collect(self.context, self.recorder)
+        if self.restore is not None:
+            output.restore = self.restore.report()
+        return output.to_json()
 
 
 class Controller:
@@ -150,7 +163,8 @@ class Controller:
         """
         # A plain session's restore installed its headers in the background; an xdist controller's worker
         # restored for it (the ticket): wait for the one, read the other.
-        self._restored = self.start.finish()
+        reported = [output.restore for _, output in self._outputs if output is not None and output.restore]
+        self._restored = self.start.finish(reported)
         if not self.workers and recording.torch_loaded():  # a plain session whose tests imported torch
             self._outputs.append(("controller", ProcessOutput.collect(self.context, self.recorder)))
         gathered = Gathered.fold(self._outputs)

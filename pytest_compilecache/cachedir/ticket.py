@@ -1,11 +1,12 @@
 """The xdist restore ticket: one session's restore, handed by its controller to whichever worker takes it first.
 
 ``<cache dir>/.compilecache-ticket-<host>-<pid>-<time>-<random>`` (a temp name of the controller's,
-:func:`.._fs.temp_name`) holds what the restoring worker reported once it restored (:meth:`RestoreTicket.fulfil`); its ``.lock`` sibling is held while one does, so
-the others wait (:meth:`RestoreTicket.take`). A worker that dies mid-restore releases the lock with its process,
-and the next worker restores. The controller removes both files at the end. Their names are our temp names, so the
-ownership check knows them as ours (a torch dir holding them is still torch's) and the leftovers of a controller
-that died are swept like any temp file of a dead owner (:mod:`.sweep`).
+:func:`.._fs.temp_name`) holds what the restoring worker reported once it restored (:meth:`RestoreTicket.fulfil`);
+its ``.lock`` sibling is held while one does, so the others wait (:meth:`RestoreTicket.take`). A worker that dies
+mid-restore releases the lock with its process, and the next worker restores. The controller removes both files
+at the end. Their names are our temp names, so the ownership check knows them as ours (a torch dir holding them
+is still torch's) and the leftovers of a controller that died are swept like any temp file of a dead owner
+(:mod:`.sweep`).
 
 What the file holds is plain JSON the phases write and read (:mod:`.restore_phase` with the result codec of
 :mod:`.sync`); nothing here knows its fields.
