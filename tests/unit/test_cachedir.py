@@ -1049,11 +1049,6 @@ def test_a_trim_that_keeps_only_recent_files_says_why(cache: Path) -> None:
 # ---- the xdist restore ticket in the cache dir (issue 44, finding 1)
 
 
-def _dead_pid() -> int:
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    return int(done.stdout)
-
-
 def test_a_restore_ticket_leaves_a_torch_dir_torchs(tmp_path: Path) -> None:
     """A second session on a dir torch filled, while the first one's workers restore, was refused: the ticket's
     files were no name the ownership check knew."""
