@@ -115,16 +115,22 @@ class Reservation:
     """
 
     def __init__(self, directory: Path) -> None:
+        import threading  # cost: only a restore that reserves headers
+
         self.directory = directory
         self.held: dict[str, int] = {}  # header name -> fd of its build lock, held
+        # Held while a header is installed under its reserved lock, and to let go of locks from another thread
+        # (giving up on a slow download): a lock is never let go in the middle of an install.
+        self.guard = threading.RLock()
 
     def release(self, name: str | None = None) -> None:
         """Let go of ``name``'s lock (every lock when None); idempotent."""
-        for key in [name] if name is not None else list(self.held):
-            fd = self.held.pop(key, None) if key is not None else None
-            if fd is not None:
-                _RESERVED.discard(fd)
-                os.close(fd)  # the flock goes with the last fd of the open file
+        with self.guard:
+            for key in [name] if name is not None else list(self.held):
+                fd = self.held.pop(key, None) if key is not None else None
+                if fd is not None:
+                    _RESERVED.discard(fd)
+                    os.close(fd)  # the flock goes with the last fd of the open file
 
 
 _RESERVED: set[int] = set()  # every held reservation fd of this process, closed in a forked child

@@ -278,7 +278,10 @@ def _restore_headers(
                     raise HeaderError(f"{key} is {listed[0]} bytes: more than a {artifact.size}-byte header packs to")
                 if not store.get(key, packed, limit=packed_bound(artifact.size)):
                     raise HeaderError(f"{key} is not in the store")
-                with open(packed, "rb") as fh:
+                guard = reservation.guard if reservation is not None else contextlib.nullcontext()
+                with open(packed, "rb") as fh, guard:
+                    # Still reserved, or let go meanwhile (the install gave up waiting for the download, and
+                    # torch may be building the header itself): then as any install, under torch's lock.
                     reserved = reservation is not None and artifact.name in reservation.held
                     if (
                         install_locked(artifact, fh, target / artifact.name)

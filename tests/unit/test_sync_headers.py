@@ -9,6 +9,7 @@ from __future__ import annotations
 import builtins
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -453,3 +454,50 @@ def test_a_restore_replaces_a_zeroed_local_header_with_one_note(tmp_path: Path, 
     assert result.headers.transferred == (NAME,) and result.headers.warnings == ()
     (note,) = result.headers.notes
     assert NAME in note and "replaced" in note
+
+
+class _StalledHeaderStore(MemoryStore):
+    """Serves everything at once but a header object, which it holds until ``go`` (a store serving it one byte
+    every 5 s, as in issue 44's recipe)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+
+    def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
+        if is_artifact_key(key):
+            self.go.wait(30)
+        return super().get(key, dest, limit=limit)
+
+
+def test_the_background_install_lets_torch_build_a_header_well_before_torch_gives_up_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 44, finding 3, with torch's lock timeout scaled down to 4 s: the reservation held torch's build lock
+    of the header until the download ended (up to the whole store budget, which may be a day), and torch gave
+    up waiting for it: ``InductorError: Timeout: The file lock ... could not be acquired``, the test failed."""
+    import filelock
+
+    monkeypatch.setenv("TORCHINDUCTOR_FILE_LOCK_TIMEOUT", "4")
+    monkeypatch.setattr("pytest_compilecache.probe.check_headers_early", lambda names, directory=None: None)
+    machine, fresh = tmp_path / "machine", tmp_path / "fresh"
+    artifact = pch.describe(_header(machine))
+    store = _StalledHeaderStore()
+    packed = tmp_path / "packed"
+    with open(packed, "wb") as out:
+        pch.compress(machine / NAME, out)
+    store.put(_artifact_key(), packed)
+
+    install = sync.HeaderInstall(store, PREFIX, [artifact], fresh)
+    try:
+        assert NAME in install._reservation.held  # torch's lock is taken before the download starts
+        # torch: its build lock, waited for as long as TORCHINDUCTOR_FILE_LOCK_TIMEOUT says, then it builds
+        with filelock.FileLock(str(fresh / "locks" / pch.locks.lock_name(NAME)), timeout=4):
+            (fresh / NAME).write_bytes(b"gpch torch built it")
+    finally:
+        store.go.set()
+    report = install.finish()
+    assert (fresh / NAME).read_bytes() == b"gpch torch built it"  # never replaced by the late download
+    assert report.transferred == ()
+    [warning] = report.warnings
+    assert warning.startswith(f"precompiled header {NAME} not restored within 2 s") and "torch built it" in warning
