@@ -213,6 +213,11 @@ class SavePhase:
         if restored.store_trouble is not None:
             # The store failed or stalled at the restore: one warning said so; a save would wait again.
             return "the store failed at the restore; nothing saved"
+        if gathered.silent:
+            # A worker died: its graphs and its mega-cache blob are not in this session's bundle, which the next
+            # run would restore as the newest, replacing the coverage this one restored (and failing a hit-rate
+            # floor on a green run).
+            return f"workers that sent no statistics ({', '.join(gathered.silent)}): nothing saved"
         if self._policy().only_when_passed and tests_failed:
             # The Action's one policy for every store (actions/cache's): a red run saves nothing by default.
             return "the tests failed: nothing saved (input save-on-failure)"

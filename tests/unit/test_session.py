@@ -655,3 +655,22 @@ def test_headers_the_actions_restore_installed_are_checked_early(
     controller.session_start()
 
     assert probe._early_checks == [pch.header_dir() / name]  # a name torch could not give is dropped
+
+
+def test_a_session_that_lost_a_workers_statistics_saves_nothing(tmp_path: Path) -> None:
+    """Issue 44, finding 4: a session whose xdist worker died saved a smaller bundle that lacked that worker's
+    graphs; the next (green) run restored it as the newest and failed its hit-rate floor."""
+    settings = Settings(mode="shared", dir=str(tmp_path / "cache"), store=str(tmp_path / "store"))
+    context = SessionContext.start(settings, tmp_path / "default", inherited=None, problems=Problems())
+    (tmp_path / "cache" / "kernel.so").write_bytes(b"kernel")
+    context._fingerprint = FP
+    _OPEN.append(context)
+    controller = Controller(context, Recorder("controller"), xdist=True)
+    controller.session_start()
+    controller.add_worker("gw0", None)  # killed: sent nothing
+    controller.add_worker("gw1", {"tests": 1, "files": ["kernel.so"], "blob": b"gw1's mega-cache"})
+    controller.stats.add_record(_record("t::a", miss=1))
+    controller.finish()
+    saved = _saved(controller)
+    assert saved.outcome == "skipped" and "gw0" in saved.message, saved
+    assert not (tmp_path / "store").exists() or not list((tmp_path / "store").iterdir())
