@@ -74,6 +74,7 @@ from __future__ import annotations
 from ..errors import HeaderError
 from .check import OK_VERDICTS
 from .check import HeaderUse
+from .check import after_compile_error
 from .check import check
 from .check import find_built
 from .check import find_used
@@ -116,6 +117,7 @@ __all__ = [
     "OK_VERDICTS",
     "Reservation",
     "SETTLED_NS",
+    "after_compile_error",
     "Store",
     "VERDICTS",
     "ZSTD_LEVEL",
