@@ -289,7 +289,8 @@ class RestorePhase:
     def _sweep(self) -> None:
         """Remove the bundle temps (staging dirs, save/restore dirs) whose owner is gone: in the cache dir,
         and in the temp dir when this session moves bundles. torch's own temp files in the cache dir are
-        swept when the session registers (:meth:`.context.SessionContext.start`)."""
+        swept when the session registers (:meth:`.context.SessionContext.start`). With a store, also what a
+        killed header install left in torch's header dir."""
         places = [self.context.dir.path, tempfile.gettempdir() if self.context.settings.store else None]
         if not any(places):
             return
@@ -302,3 +303,11 @@ class RestorePhase:
                     sweep_our_temps(where)
                 except OSError:  # best effort: the next session tries again
                     pass
+        if self.context.settings.store:
+            # A session killed while it installed a precompiled header left the partial file in torch's dir.
+            from .pch import sweep_leftovers  # cost: as above
+
+            try:
+                sweep_leftovers()
+            except OSError:
+                pass

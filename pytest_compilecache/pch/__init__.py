@@ -103,6 +103,7 @@ from .transfer import compress
 from .transfer import install_header
 from .transfer import restore_headers
 from .transfer import save_headers
+from .transfer import sweep_leftovers
 from .transfer import verify_header_copy
 from .verdicts import SETTLED_NS
 from .verdicts import VERDICTS
@@ -141,6 +142,7 @@ __all__ = [
     "restore_headers",
     "save_headers",
     "session_start",
+    "sweep_leftovers",
     "verify_header_copy",
     "wait_while_built",
 ]
