@@ -106,14 +106,19 @@ class RestorePhase:
         self._fulfil(ticket)
 
     def report(self) -> dict[str, Any]:
-        """What this worker's restore for its controller did, as the ticket holds it (plain JSON)."""
+        """What this worker's restore for its controller did, as the ticket holds it (plain JSON values)."""
+        import json  # cost: only the worker that restored for its controller
+
         restored = self.restored
         fingerprint = self.context.fingerprint_if_known()
-        return {
+        data = {
             "restored": restored.encode() if restored is not None else None,
             "store_trouble": self.store_trouble,
             "fingerprint": fingerprint.to_json() if fingerprint is not None else None,
         }
+        # Plain JSON values only: execnet (workeroutput) refuses str subclasses such as torch's TorchVersion.
+        plain: dict[str, Any] = json.loads(json.dumps(data))
+        return plain
 
     def _fulfil(self, ticket: RestoreTicket) -> None:
         try:
