@@ -159,7 +159,8 @@ class Controller:
     def finish(self, failed: bool = False) -> bool:
         """Save, trim, write reports; return True when the session must fail (hit rate, strict).
 
-        ``failed``: the tests failed (the Action's save policy may then skip the save).
+        ``failed``: the tests failed (the Action's save policy may then skip the save). KeyboardInterrupt
+        (Ctrl-C during the save) passes through, with the dir's registration withdrawn; no report is written.
         """
         # A plain session's restore installed its headers in the background; an xdist controller's worker
         # restored for it (the ticket): wait for the one, read the other.
@@ -183,8 +184,10 @@ class Controller:
                 self.problems.note(note)
         self.context.take_remote_errors()
         self.context.warn_remote_errors()
-        self._saved = SavePhase(self.context, self.recorder).run(self._restored, gathered, tests_failed=failed)
-        self.context.release()  # done with the dir: other sessions may trim it now
+        try:
+            self._saved = SavePhase(self.context, self.recorder).run(self._restored, gathered, tests_failed=failed)
+        finally:  # Ctrl-C mid-save too: every write of the save is atomic, nothing partial is left
+            self.context.release()  # done with the dir: other sessions may trim it now
         self._write_reports()
         if not self.settings.keep:
             cachedir.remove(self.context.dir)
