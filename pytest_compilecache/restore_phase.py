@@ -25,12 +25,12 @@ from typing import Mapping
 from ._env import TICKET_ENV
 from .cachedir.ticket import RestoreTicket
 from .context import EXPLAINED_MODES
-from .payload import Restored
 
 if TYPE_CHECKING:
     from .context import SessionContext
     from .explain import GraphsRecord
     from .manifest import Artifact
+    from .payload import Restored
     from .recorder import Recorder
     from .stores.timed import TimedStore
     from .sync import HeaderInstall
@@ -66,6 +66,8 @@ class RestorePhase:
         what the session's start found. ``reported``: what workers that restored sent in their payload
         (:meth:`report`), read when the ticket could not be (a full disk). Idempotent: the value is made once."""
         if self._finished is None:
+            from .payload import Restored  # cost: at the end
+
             self.finish_headers()
             self.collect_ticket(reported)
             self._finished = Restored(
