@@ -22,12 +22,12 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
-from typing import BinaryIO
 from urllib.parse import urlsplit
 
 from .._version import __version__
 from ..errors import ConfigError
 from ..errors import StoreError
+from .base import BoundedFile
 from .base import ObjectTooLarge
 from .base import StoreEntry
 from .base import newest_first
@@ -192,7 +192,7 @@ class S3Store:
             raise ObjectTooLarge(f"{what} is {size} bytes, more than {limit}")
         pinned = {"IfMatch": etag} if etag else {}
         with open(tmp, "r+b") as fh:
-            bounded = _BoundedFile(fh, limit, what)
+            bounded = BoundedFile(fh, limit, what)
             if size == 0:
                 return  # a Range on an empty object is 416; nothing to fetch
             if size < self.multipart_threshold or not etag:
@@ -398,28 +398,6 @@ class _Connection:
             return "access denied" if code == "AccessDenied" else "access denied or credentials rejected (HTTP 403)"
         message = _first_line(error.get("Message") or exc)
         return f"{code or 'error'} (HTTP {status}): {message}"
-
-
-class _BoundedFile:
-    """A seekable file for s3transfer's writes (ranged parts land at their offsets) that refuses any byte
-    past ``limit``: :class:`ObjectTooLarge`, which fails the transfer."""
-
-    def __init__(self, fh: BinaryIO, limit: int, what: str) -> None:
-        self.fh, self.limit, self.what = fh, limit, what
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        return self.fh.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self.fh.tell()
-
-    def write(self, data: bytes) -> int:
-        if self.fh.tell() + len(data) > self.limit:
-            raise ObjectTooLarge(f"{self.what} is more than {self.limit} bytes")
-        return self.fh.write(data)
 
 
 def _boto_errors() -> tuple[type[BaseException], ...]:
