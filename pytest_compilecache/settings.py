@@ -157,12 +157,16 @@ def http_url(option: str, value: str) -> str:
 
 
 def require_package(option: str, module: str, extra: str) -> None:
-    """The one rule for an option that needs an optional package (boto3 for ``s3://``, redis for
+    """The one rule for an option that needs an optional package (a store backend's SDK, redis for
     ``--compile-cache-redis``): missing, it is a ConfigError naming ``option`` at start-up, not a warning later.
     Looks the package up without importing it."""
     import importlib.util  # cost: only an option that needs a package looks
 
-    if importlib.util.find_spec(module) is None:
+    try:
+        found = importlib.util.find_spec(module)  # a dotted name imports its parents: "google", "google.cloud"
+    except (ImportError, ValueError):  # a parent package missing, or one set to None in sys.modules
+        found = None
+    if found is None:
         raise ConfigError(f"{option}: needs the {module!r} package (pip install 'pytest-compilecache[{extra}]')")
 
 

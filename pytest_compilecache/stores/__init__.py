@@ -82,16 +82,17 @@ def _local(path: Path, url: str) -> LocalStore:
 
 
 def _remote(backend: Backend, url: str, options: dict[str, Any]) -> Store:
-    """The store of ``backend`` at ``url``: its packages looked up (a missing one is a ConfigError naming
-    the extra), then its module imported and its ``from_url`` called, which checks the URL and reads the
-    backend's own options (URL query, its environment variables) without touching the network."""
-    for module in backend.requires:
-        require_package(OPTION, module, backend.extra)
+    """The store of ``backend`` at ``url``: its module imported (which imports no SDK) and its ``from_url``
+    called, which checks the URL and reads the backend's own options (URL query, its environment variables)
+    without touching the network; then its packages looked up: a missing one is a ConfigError naming the
+    extra. So a malformed URL is named as such whether or not the extra is installed."""
     try:
         factory = getattr(importlib.import_module(backend.module), backend.factory)
     except ImportError as exc:
         raise ConfigError(f"{OPTION}: {backend.example} support is not available ({exc})") from exc
     store: Store = factory.from_url(url, **options)
+    for module in backend.requires:
+        require_package(OPTION, module, backend.extra)
     return store
 
 

@@ -199,14 +199,18 @@ def parse_bucket_url(
         problem = f"{parts.netloc!r} is not a valid {name} name"
     elif parts.fragment:
         problem = "fragments are not supported"
-    elif any(key not in query or not value for key, value in given) or len({k for k, _ in given}) < len(given):
-        allowed = f"only {', '.join(f'{key}=...' for key in query)}, once" if query else "none"
-        problem = f"unsupported query {parts.query!r} ({allowed})"
+    elif any(key not in query for key, _ in given):
+        # The keys only: a value may be a secret (a SAS's sig=...).
+        keys = ", ".join(sorted({key or "(empty)" for key, _ in given if key not in query}))
+        allowed = f"only {', '.join(query)}" if query else "none"
+        problem = f"unsupported query key {keys} (allowed: {allowed})"
+    elif any(not value for _, value in given) or len({key for key, _ in given}) < len(given):
+        problem = f"each of {', '.join(query)} once, with a value"
     elif prefix and any(segment in ("", ".", "..") for segment in prefix.split("/")):
         problem = f"the prefix {parts.path!r} has an empty, '.' or '..' segment"
     if problem:
-        # The query is left out of the message: whatever it holds, it is not repeated into a log.
-        shown = url.split("?", 1)[0]
+        # Credentials and the query are left out of the message: whatever they hold is not repeated into a log.
+        shown = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
         raise ConfigError(
             f"{OPTION}: {shown!r} is not a valid {scheme}:// URL ({problem}); expected {scheme}://{name}[/prefix]"
         )
