@@ -120,25 +120,29 @@ class AzureStore:
     def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
         """Download bundle ``key`` to ``dest`` (a temp sibling replaced onto it); ``False`` on a miss.
 
-        The blob's properties are read first: over ``limit`` it is :class:`ObjectTooLarge` before any byte
-        of it moves; then the download is pinned to that ETag, into a file that refuses any byte past
-        ``limit`` all the same. A missing container is a StoreError (Azure says which is missing).
+        The client pins every chunk after the first to the first one's ETag, so a blob replaced during a
+        download is a StoreError, never a file mixing two versions. With ``limit``, the blob's properties
+        are read first: over ``limit`` it is :class:`ObjectTooLarge` before any byte of it moves; then the
+        download is pinned to that ETag (``If-Match``), into a file that refuses any byte past ``limit``
+        all the same. A missing container is a StoreError (Azure says which is missing, even on a HEAD).
         """
         from azure.core import MatchConditions
 
-        blob = self._blob(key)
+        name = self._name(key)
         dest = Path(dest)
+        what = f"{key} in {self.location}"
         with temp_sibling(dest) as tmp:
             try:
-                properties = blob.get_blob_properties(**self._call())
-                size = int(properties.size)
-                if limit is not None and size > limit:
-                    raise ObjectTooLarge(f"{key} in {self.location} is {size} bytes, more than {limit}")
-                download = blob.download_blob(
-                    etag=properties.etag, match_condition=MatchConditions.IfNotModified, **self._call()
-                )
+                blob = self._blob(name)
+                pinned: dict[str, Any] = {}
+                if limit is not None:
+                    properties = blob.get_blob_properties(**self._call())
+                    if int(properties.size) > limit:
+                        raise ObjectTooLarge(f"{what} is {properties.size} bytes, more than {limit}")
+                    pinned = {"etag": properties.etag, "match_condition": MatchConditions.IfNotModified}
+                download = blob.download_blob(**pinned, **self._call())
                 with open(tmp, "r+b") as fh:
-                    download.readinto(BoundedFile(fh, size if limit is None else limit, f"{key} in {self.location}"))
+                    download.readinto(fh if limit is None else BoundedFile(fh, limit, what))
             except _azure_errors() as exc:
                 if _is_missing_blob(exc):
                     return False
@@ -149,9 +153,9 @@ class AzureStore:
     def get_head(self, key: str, limit: int) -> bytes | None:
         """The first ``limit`` bytes of bundle ``key`` (see :func:`.base.read_head`): one ranged GET; None
         when there is no such blob (a missing container is a StoreError, as for :meth:`get`)."""
-        blob = self._blob(key)
+        name = self._name(key)
         try:
-            data = blob.download_blob(offset=0, length=limit, **self._call()).readall()
+            data = self._blob(name).download_blob(offset=0, length=limit, **self._call()).readall()
         except _azure_errors() as exc:
             if _error_code(exc) == "InvalidRange":  # an empty blob has no byte 0
                 return b""
@@ -163,12 +167,12 @@ class AzureStore:
     def put(self, key: str, src: Path) -> None:
         """Upload ``src`` as bundle ``key``, replacing any previous one: a block blob, committed whole, so
         readers see the old blob or the new one, never part of one."""
-        blob = self._blob(key)
-        try:
-            with open(src, "rb") as fh:
-                blob.upload_blob(fh, overwrite=True, validate_content=True, **self._call())
-        except _azure_errors() as exc:
-            raise self._error(exc, f"put {key}") from exc
+        name = self._name(key)
+        with open(src, "rb") as fh:  # a missing source is the caller's OSError, not the store's trouble
+            try:
+                self._blob(name).upload_blob(fh, overwrite=True, validate_content=True, **self._call())
+            except _azure_errors() as exc:
+                raise self._error(exc, f"put {key}") from exc
 
     def list(self, prefix: str = "") -> builtins.list[StoreEntry]:
         """Every bundle whose key starts with ``prefix``, newest first; blobs under the store prefix that are
@@ -192,9 +196,9 @@ class AzureStore:
 
     def delete(self, key: str) -> None:
         """Delete bundle ``key``; a missing key is fine, a missing container is a StoreError."""
-        blob = self._blob(key)
+        name = self._name(key)
         try:
-            blob.delete_blob(**self._call())
+            self._blob(name).delete_blob(**self._call())
         except _azure_errors() as exc:
             if not _is_missing_blob(exc):
                 raise self._error(exc, f"delete {key}") from exc
@@ -214,9 +218,13 @@ class AzureStore:
                     "user_agent": f"pytest-compilecache/{__version__}",
                 }
                 if self._connection_string:
-                    self._client = ContainerClient.from_connection_string(
-                        self._connection_string, self.container, **settings
-                    )
+                    try:
+                        self._client = ContainerClient.from_connection_string(
+                            self._connection_string, self.container, **settings
+                        )
+                    except ValueError:  # the client's words may quote the string: ours name it only
+                        unusable = f"{CONNECTION_STRING_ENV} is not a usable connection string"
+                        raise StoreError(f"{self.location}: {unusable}") from None
                 elif self.account_url:
                     from azure.identity import DefaultAzureCredential
 
@@ -229,8 +237,12 @@ class AzureStore:
                     )
             return self._client
 
-    def _blob(self, key: str) -> Any:
-        return self._container().get_blob_client(f"{self._base}{validate_key(key)}{SUFFIX}")
+    def _name(self, key: str) -> str:
+        return f"{self._base}{validate_key(key)}{SUFFIX}"
+
+    def _blob(self, name: str) -> Any:
+        """Called inside each operation's ``try``: the client is made on first use."""
+        return self._container().get_blob_client(name)
 
     def _call(self) -> dict[str, Any]:
         """Per-request keywords: the read timeout bounds each socket read of a request."""

@@ -90,21 +90,27 @@ class GCSStore:
     def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
         """Download bundle ``key`` to ``dest`` (a temp sibling replaced onto it); ``False`` on a miss.
 
-        The object's metadata is read first: over ``limit`` it is :class:`ObjectTooLarge` before any byte of
-        it moves; then the download is pinned to that generation, into a file that refuses any byte past
-        ``limit`` all the same. A missing bucket is a StoreError, not a miss (confirmed with one listing).
+        One GET, checked by the client against the object's CRC32C. With ``limit``, the object's metadata
+        is read first: over ``limit`` it is :class:`ObjectTooLarge` before any byte of it moves; then the
+        GET is pinned to that generation (GCS answers 412 if it was replaced meanwhile), into a file that
+        refuses any byte past ``limit`` all the same (an emulator may not pin). A missing bucket is a
+        StoreError, not a miss (confirmed with one listing).
         """
-        blob = self._blob(key)
+        name = self._name(key)
         dest = Path(dest)
+        what = f"{key} in {self.location}"
         with temp_sibling(dest) as tmp:
             try:
-                blob.reload(**self._call())
-                size, generation = int(blob.size or 0), blob.generation
-                if limit is not None and size > limit:
-                    raise ObjectTooLarge(f"{key} in {self.location} is {size} bytes, more than {limit}")
+                blob = self._blob(name)
+                pinned: dict[str, Any] = {}
+                if limit is not None:
+                    blob.reload(**self._call())
+                    if int(blob.size or 0) > limit:
+                        raise ObjectTooLarge(f"{what} is {blob.size} bytes, more than {limit}")
+                    pinned["if_generation_match"] = blob.generation
                 with open(tmp, "r+b") as fh:
-                    target = BoundedFile(fh, size if limit is None else limit, f"{key} in {self.location}")
-                    blob.download_to_file(target, if_generation_match=generation, **self._call())
+                    target = fh if limit is None else BoundedFile(fh, limit, what)
+                    blob.download_to_file(target, **pinned, **self._call())
             except _gcs_errors() as exc:
                 if _is_not_found(exc):
                     self._check_bucket("get (confirming a miss)")
@@ -118,10 +124,10 @@ class GCSStore:
         when there is no such object (a missing bucket is a StoreError, as for :meth:`get`)."""
         from google.api_core.exceptions import RequestRangeNotSatisfiable
 
-        blob = self._blob(key)
+        name = self._name(key)
         try:
             try:
-                data = blob.download_as_bytes(start=0, end=limit - 1, checksum=None, **self._call())
+                data = self._blob(name).download_as_bytes(start=0, end=limit - 1, checksum=None, **self._call())
             except RequestRangeNotSatisfiable:  # an empty object has no byte 0
                 return b""
             return bytes(data[:limit])  # a server that ignores Range sends it all: keep the head
@@ -134,9 +140,9 @@ class GCSStore:
     def put(self, key: str, src: Path) -> None:
         """Upload ``src`` as bundle ``key``, replacing any previous one; readers see the old object or the
         new one, never part of one. Checked by GCS against the CRC32C the client computes."""
-        blob = self._blob(key)
+        name = self._name(key)
         try:
-            blob.upload_from_filename(str(src), checksum="crc32c", **self._call())
+            self._blob(name).upload_from_filename(str(src), checksum="crc32c", **self._call())
         except _gcs_errors() as exc:
             raise self._error(exc, f"put {key}") from exc
 
@@ -162,9 +168,9 @@ class GCSStore:
 
     def delete(self, key: str) -> None:
         """Delete bundle ``key``; a missing key is fine, a missing bucket is a StoreError."""
-        blob = self._blob(key)
+        name = self._name(key)
         try:
-            blob.delete(**self._call())
+            self._blob(name).delete(**self._call())
         except _gcs_errors() as exc:
             if _is_not_found(exc):
                 self._check_bucket("delete (confirming a miss)")
@@ -182,21 +188,29 @@ class GCSStore:
                 from google.cloud import storage
 
                 info = ClientInfo(user_agent=f"pytest-compilecache/{__version__}")  # type: ignore[no-untyped-call]
-                self._client = storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT"), client_info=info)
+                client = storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT"), client_info=info)
+                # google-cloud-storage 3.x fetches each bucket's metadata for its telemetry in a background
+                # thread: a request (and permission, storage.buckets.get) we never asked for, outside the store's
+                # timeout and retry budget. Its cache off means no fetch (the client checks it before each one).
+                if getattr(client, "_bucket_metadata_cache", None) is not None:
+                    client._bucket_metadata_cache = None
+                self._client = client
             return self._client
 
-    def _blob(self, key: str) -> Any:
-        name = f"{self._base}{validate_key(key)}{SUFFIX}"
+    def _name(self, key: str) -> str:
+        return f"{self._base}{validate_key(key)}{SUFFIX}"
+
+    def _blob(self, name: str) -> Any:
+        """Called inside each operation's ``try``: making the client looks credentials up, whose failure is
+        a StoreError like any other trouble."""
         return self._client_().bucket(self.bucket).blob(name)
 
     def _call(self) -> dict[str, Any]:
         """The keyword arguments that bound every request: timeouts and the retry deadline."""
         from google.cloud.storage.retry import DEFAULT_RETRY
 
-        return {
-            "timeout": (self.connect_timeout, self.read_timeout),
-            "retry": DEFAULT_RETRY.with_timeout(self.retry_deadline),
-        }
+        retry = DEFAULT_RETRY.with_timeout(self.retry_deadline) if self.retry_deadline else None  # 0: one attempt
+        return {"timeout": (self.connect_timeout, self.read_timeout), "retry": retry}
 
     def _check_bucket(self, action: str) -> None:
         """Raise StoreError if the bucket is missing: a 404 on an object means a miss only when the bucket is

@@ -48,8 +48,9 @@ def test_extra_for_names_the_extra_a_store_needs(url: str, extra: str | None) ->
 def test_every_row_names_a_module_a_factory_and_an_extra_that_exist() -> None:
     if sys.version_info < (3, 11):
         pytest.skip("tomllib is Python 3.11+")
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
