@@ -110,10 +110,10 @@ class _Process:
         self._log.flush()
         return self.log_path.read_text(errors="replace")[-limit:]
 
-    def stop(self) -> None:
-        """Terminate, wait (kill after 10 s), close the log. Idempotent."""
+    def stop(self, kill: bool = False) -> None:
+        """Terminate (or kill), wait (kill after 10 s), close the log. Idempotent."""
         if self._proc.poll() is None:
-            self._proc.terminate()
+            self._proc.kill() if kill else self._proc.terminate()
             try:
                 self._proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -262,7 +262,8 @@ class AzuriteServer(_Handle):
         )
 
     def stop(self) -> None:
-        self._proc.stop()
+        # Killed: on SIGTERM Azurite waits for its clients' pooled keep-alive connections to close (seconds).
+        self._proc.stop(kill=True)
         self._tmp.cleanup()
 
 

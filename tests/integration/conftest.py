@@ -135,6 +135,7 @@ class CloudBucket:
 def gcs_emulator() -> Iterator[GCSEmulator]:
     """One gcp-storage-emulator process for the session (in memory)."""
     with start_gcs_emulator() as server:
+        _load_client_modules("gcs", server.endpoint_url)
         yield server
 
 
@@ -142,7 +143,26 @@ def gcs_emulator() -> Iterator[GCSEmulator]:
 def azurite() -> Iterator[AzuriteServer]:
     """One Azurite (blob service) process for the session (in memory)."""
     with start_azurite() as server:
+        _load_client_modules("azure", server.connection_string)
         yield server
+
+
+def _load_client_modules(cloud: str, where: str) -> None:
+    """One request with the cloud's client, so that every module it loads lazily (its HTTP transport, the
+    parts of requests it uses) is loaded once for the session, before any test's pytester snapshots
+    sys.modules: pytester drops the modules a test loaded, and loading them again makes new classes that the
+    objects kept from the first load (requests' cookie jars) are no instances of."""
+    if cloud == "gcs":
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        options = {"api_endpoint": where}
+        client = storage.Client(project="test", credentials=AnonymousCredentials(), client_options=options)
+        list(client.list_buckets())
+    else:
+        from azure.storage.blob import BlobServiceClient
+
+        list(BlobServiceClient.from_connection_string(where).list_containers())
 
 
 def _clear_cloud_env(monkeypatch: pytest.MonkeyPatch) -> None:
