@@ -157,7 +157,8 @@ def _load_client_modules(cloud: str, where: str) -> None:
         from google.cloud import storage
 
         options = {"api_endpoint": where}
-        client = storage.Client(project="test", credentials=AnonymousCredentials(), client_options=options)
+        anonymous = AnonymousCredentials()  # type: ignore[no-untyped-call]
+        client = storage.Client(project="test", credentials=anonymous, client_options=options)
         list(client.list_buckets())
     else:
         from azure.storage.blob import BlobServiceClient
