@@ -1,4 +1,5 @@
-"""Real server processes for integration tests, all bound to 127.0.0.1 on free ports.
+"""Real server processes for integration tests, all bound to 127.0.0.1 on free ports: moto's S3,
+redis-server, gcp-storage-emulator (GCS) and Azurite (Azure Blob).
 
 Every ``start_*`` helper returns a handle whose ``stop()`` terminates the process and waits for it,
 so no ``ResourceWarning`` for a still-running child reaches ``filterwarnings = error``. The handles
