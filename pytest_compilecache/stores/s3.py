@@ -16,13 +16,11 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
-import re
 import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
-from urllib.parse import urlsplit
 
 from .._version import __version__
 from ..errors import ConfigError
@@ -31,6 +29,7 @@ from .base import BoundedFile
 from .base import ObjectTooLarge
 from .base import StoreEntry
 from .base import newest_first
+from .base import parse_bucket_url
 from .base import validate_key
 from .base import validate_prefix
 
@@ -45,7 +44,7 @@ MiB = 1024 * 1024
 SUFFIX = ".bundle"
 OPTION = "--compile-cache-store"
 # S3's bucket naming rules (3-63 chars, lower case, digits, dots, hyphens), without the rarer exclusions.
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_BUCKET = r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"
 # Error codes that mean "these credentials are not accepted", as opposed to "not allowed to do this".
 _BAD_CREDENTIALS = {
     "InvalidAccessKeyId",
@@ -122,24 +121,11 @@ class S3Store:
         """Build a store from ``s3://bucket[/prefix]``; ``options`` are the keyword arguments of ``__init__``.
 
         Raises ConfigError naming ``--compile-cache-store`` for anything but a plain bucket and prefix
-        (no credentials, port, query or fragment in the URL; no empty, ``.`` or ``..`` prefix segments).
+        (no credentials, port, query or fragment in the URL; no empty, ``.`` or ``..`` prefix segments),
+        without repeating credentials or a query (:func:`.base.parse_bucket_url`).
         """
-        parts = urlsplit(url)
-        prefix = parts.path.strip("/")
-        problem = None
-        if parts.scheme != "s3":
-            problem = "the scheme must be s3://"
-        elif parts.username or parts.password or parts.port or ":" in parts.netloc:
-            problem = "credentials and ports do not belong in the URL (use the AWS environment or profile)"
-        elif not _BUCKET.fullmatch(parts.netloc):
-            problem = f"{parts.netloc!r} is not a valid bucket name"
-        elif parts.query or parts.fragment:
-            problem = "query strings and fragments are not supported"
-        elif prefix and any(segment in ("", ".", "..") for segment in prefix.split("/")):
-            problem = f"the prefix {parts.path!r} has an empty, '.' or '..' segment"
-        if problem:
-            raise ConfigError(f"{OPTION}: {url!r} is not a valid S3 URL ({problem}); expected s3://bucket[/prefix]")
-        return cls(parts.netloc, prefix, **options)
+        bucket, prefix, _ = parse_bucket_url(url, "s3", "bucket", _BUCKET)
+        return cls(bucket, prefix, **options)
 
     def __repr__(self) -> str:
         return f"S3Store({self.location!r}, endpoint_url={self.endpoint_url!r})"

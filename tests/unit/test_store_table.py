@@ -111,6 +111,8 @@ def test_malformed_urls_fail_at_start_naming_the_option(url: str) -> None:
 @pytest.mark.parametrize(
     "url",
     [
+        "s3://AKIAEXAMPLE:hunter2@bucket/x",
+        "s3://bucket/x?X-Amz-Signature=hunter2",
         "gs://user:hunter2@bucket/x",
         "az://user:hunter2@container/x",
         "az://container/x?sig=hunter2",
