@@ -51,6 +51,7 @@ ACCOUNT_NAME_ENV = "AZURE_STORAGE_ACCOUNT_NAME"
 # Container names: 3-63 lower case letters, digits and single hyphens, starting and ending with a letter or digit.
 _CONTAINER = r"(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]"
 _ACCOUNT = r"[a-z0-9]{3,24}"
+_PARALLEL = 4  # blocks moved at once by a big upload or download (the client's chunks: 4 MiB and up)
 _MISSING_CONTAINER = {"ContainerNotFound", "ContainerBeingDeleted"}
 _BAD_CREDENTIALS = {"AuthenticationFailed", "InvalidAuthenticationInfo", "NoAuthenticationInformation"}
 
@@ -140,7 +141,7 @@ class AzureStore:
                     if int(properties.size) > limit:
                         raise ObjectTooLarge(f"{what} is {properties.size} bytes, more than {limit}")
                     pinned = {"etag": properties.etag, "match_condition": MatchConditions.IfNotModified}
-                download = blob.download_blob(**pinned, **self._call())
+                download = blob.download_blob(max_concurrency=_PARALLEL, **pinned, **self._call())
                 with open(tmp, "r+b") as fh:
                     download.readinto(fh if limit is None else BoundedFile(fh, limit, what))
             except _azure_errors() as exc:
@@ -170,7 +171,8 @@ class AzureStore:
         name = self._name(key)
         with open(src, "rb") as fh:  # a missing source is the caller's OSError, not the store's trouble
             try:
-                self._blob(name).upload_blob(fh, overwrite=True, validate_content=True, **self._call())
+                blob = self._blob(name)
+                blob.upload_blob(fh, overwrite=True, validate_content=True, max_concurrency=_PARALLEL, **self._call())
             except _azure_errors() as exc:
                 raise self._error(exc, f"put {key}") from exc
 
