@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pytest_compilecache"
 # Top to bottom; a module imports only from layers strictly below its own (a package's submodules share
 # its layer and may import each other).
 LAYERS: list[set[str]] = [
-    {"__main__"},
+    {"__main__", "_entry"},
     {"plugin", "cli", "action_api"},
     {"session"},
     {"save_phase"},
@@ -33,7 +33,7 @@ LAYERS: list[set[str]] = [
     {"explain", "remote", "headers"},
     {"manifest"},
     {"ghrunner", "_fs", "_env"},
-    {"_version", "errors", "options"},
+    {"_version", "errors", "options", "_loader"},
 ]
 ONLY = {
     "pytest": {"plugin"},
