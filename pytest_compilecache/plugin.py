@@ -298,15 +298,28 @@ def _torch_appears(config: pytest.Config) -> None:
 
 
 def _watch(config: pytest.Config) -> None:
-    """Install probe's watches (each once per process; none imports torch or triton itself)."""
+    """Install probe's watches (each once per process; none imports torch or triton itself). A watch still
+    waiting for its module when the session ends leaves with it: torch may only have been looked up
+    (``importlib.util.find_spec``), and a later ``torch.compile`` in the same process (a notebook, a second
+    ``pytest.main``) must not be checked and captured outside any session."""
     from . import probe  # cost: loaded once torch (or triton) is
 
+    before = set(map(id, sys.meta_path))
     # a worker resolves the same options: its controller's argv and environment
     if _resolved(config).explain:
         probe.watch_graph_lookups()
     if not _quiet(config):
         probe.watch_precompiled_headers()
     probe.watch_triton_cache()
+    added = [finder for finder in sys.meta_path if id(finder) not in before]
+
+    def forget() -> None:
+        for finder in added:
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
+
+    if added:
+        config.add_cleanup(forget)
 
 
 def _is_xdist_controller(config: pytest.Config) -> bool:

@@ -481,3 +481,47 @@ def test_annotations_resume_after_a_test_stopped_the_runners_commands(
         resume = lines.index(f"::{token}::")
         assert stop < resume < warning, run.output
         assert lines.count(f"::{token}::") == 1
+
+
+def test_import_hooks_leave_with_the_session_when_torch_was_only_looked_up(
+    inner: pytest.Pytester, dist: tuple[str, ...]
+) -> None:
+    """A test that only looks torch up (``find_spec``) wakes the plugin's watches, which then wait for torch's
+    modules; when the session ends none of the plugin's finders may stay in ``sys.meta_path`` (each process,
+    checked at its exit, after every cleanup)."""
+    inner.makepyfile(
+        test_suite="""
+        import importlib.util
+
+
+        def test_looks_torch_up():
+            assert importlib.util.find_spec("torch") is not None
+        """
+    )
+    inner.makeconftest(
+        """
+        import atexit
+        import os
+        import sys
+        from pathlib import Path
+
+        here = Path(__file__).parent
+        process = os.environ.get("PYTEST_XDIST_WORKER", "controller")
+
+
+        def record():
+            finders = [f"{type(f).__module__}.{type(f).__name__}" for f in sys.meta_path]
+            ours = [name for name in finders if name.startswith("pytest_compilecache")]
+            (here / f"finders-{process}.txt").write_text(f"{'torch' in sys.modules} {ours}")
+
+
+        atexit.register(record)
+        """
+    )
+
+    result = inner.runpytest_subprocess("-p", "no:cacheprovider", "--compile-cache=shared", *dist)
+
+    assert result.ret == 0, result.stdout.str()
+    seen = {p.name: p.read_text() for p in inner.path.glob("finders-*.txt")}
+    processes = ["controller", "gw0", "gw1"] if dist else ["controller"]
+    assert seen == {f"finders-{p}.txt": "False []" for p in processes}
