@@ -2,7 +2,7 @@
 
 The first hook that runs (``pytest_load_initial_conftests``, before any conftest can import torch)
 resolves the settings and, when they ask for anything before the tests (a cache dir, a store, Redis, a
-JSON report), makes the :class:`~pytest_compilecache.session.Setup`; ``pytest_configure`` then chooses the
+JSON report), makes the :class:`~pytest_compilecache.context.SessionContext`; ``pytest_configure`` then chooses the
 process's role once - a :class:`~pytest_compilecache.session.Controller` (a plain session or the xdist
 controller) or a :class:`~pytest_compilecache.session.Worker` - and every later hook only delegates to it.
 
@@ -39,12 +39,12 @@ from .options import env_name
 from .options import ini_name
 
 if TYPE_CHECKING:
+    from .context import SessionContext
     from .ghrunner import StopTokenWatch
     from .problems import Classifier
     from .recorder import Recorder
     from .recorder import Start
     from .session import Controller
-    from .session import Setup
     from .session import Worker
     from .settings import Settings
     from .stats import CompileCacheStats
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 _MODULES = sys.modules
 # Stash keys (annotated, not subscripted: a subscripted generic costs at import in every session).
 _SETTINGS: pytest.StashKey[Settings | None] = pytest.StashKey()
-_SETUP: pytest.StashKey[Setup] = pytest.StashKey()
+_SETUP: pytest.StashKey[SessionContext] = pytest.StashKey()
 # The role chosen in pytest_configure (a quiet session: made at the end, if a test compiled): at most one
 # of these two is set in a process.
 _CONTROLLER: pytest.StashKey[Controller] = pytest.StashKey()
@@ -144,20 +144,20 @@ def _quiet(config: pytest.Config) -> bool:
     return settings is None or settings.quiet
 
 
-def _setup(config: pytest.Config) -> Setup:
+def _setup(config: pytest.Config) -> SessionContext:
     """Decide the cache dir and export it, once per process, before anything imports torch."""
     if _SETUP in config.stash:
         return config.stash[_SETUP]
     # cost: a quiet session makes its set-up only at the end, and only if a test compiled
+    from .context import SessionContext
     from .problems import Problems
-    from .session import Setup
 
     settings = _resolved(config)
     problems = Problems(strict=settings.strict, classify=warning_classifier(*_warning_filters(config)))
     from .errors import ConfigError  # cost: as above
 
     try:
-        setup = Setup.start(settings, _default_shared(config), inherited=_inherited(), problems=problems)
+        setup = SessionContext.start(settings, _default_shared(config), inherited=_inherited(), problems=problems)
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[_SETUP] = setup
@@ -215,7 +215,7 @@ def _default_shared(config: pytest.Config) -> Path:
     return base / "d" / "compilecache"
 
 
-def _keep_a_shared_dir_in_use(config: pytest.Config, setup: Setup) -> None:
+def _keep_a_shared_dir_in_use(config: pytest.Config, setup: SessionContext) -> None:
     """``--cache-clear`` removes pytest's cache dir, and the default shared dir inside it. While another
     session uses that dir, keep it: clear the rest of pytest's cache here (its ``v/`` and ``d/`` entries,
     what ``Cache.clear_cache`` removes), tell pytest not to, and say so. Runs before pytest's cache

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pytest_compilecache import headers
+from pytest_compilecache import pch as headers
 from tests import torchenv
 from tests.action.actrun import ACTION
 from tests.action.actrun import COLLECT

@@ -631,14 +631,15 @@ def test_restore_tells_the_plugin_and_lifts_min_hit_rate_after_trouble(
     environ.update(COMPILECACHE_PLAN=plan_file, COMPILECACHE_CACHE_OUTCOME="failure")
     assert action.main(["restore"], environ) == 0
     env = parse_vars(Path(environ["GITHUB_ENV"]).read_text())
-    assert json.loads(env["PYTEST_COMPILECACHE_RESTORED"]) == {
+    told = json.loads(env["PYTEST_COMPILECACHE_RESTORED"])  # RestoreResult.encode() and the save policy
+    assert {name: told[name] for name in ("outcome", "key", "message", "save_when", "save_staged")} == {
         "outcome": "error",
         "key": None,
         "message": "the actions/cache step failed (see its log)",
-        "headers": [],
         "save_when": "passed",  # issue 26: the save policy, and that the plugin's save is only staged
         "save_staged": True,
     }
+    assert told["headers"]["named"] == []
     assert env["PYTEST_COMPILECACHE_MIN_HIT_RATE"] == ""  # the later line wins in GITHUB_ENV
     assert resolve({}, lambda name: None, env).min_hit_rate is None
 
@@ -819,7 +820,7 @@ def _header_bundle(
 ) -> tuple[str, dict[str, Any]]:
     """What the plugin of an earlier run wrote into the staging dir: a bundle naming the headers in ``machine``
     (one, or ``names``), with their objects beside it unless ``carried``. Returns the key and headers' sha256."""
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
     from pytest_compilecache import sync
     from pytest_compilecache.stores import open_store
 
@@ -848,7 +849,7 @@ def _header_bundle(
 
 
 def _object_key(plan: Any, artifact: Any) -> str:
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
 
     return headers.object_key(plan.prefix, artifact.sha256)
 
@@ -860,7 +861,7 @@ def _staged_objects(directory: str) -> list[str]:
 def test_restore_names_the_header_entry_and_keeps_the_bundle_entrys_copy(
     action: ModuleType, environ: dict[str, str], fingerprint: Any, tmp_path: Path, runner_tmp: Path
 ) -> None:
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
 
     plan = inputs.make_plan(environ, fingerprint)
     _, shas = _header_bundle(fingerprint, plan, tmp_path / "machine", "10-1")  # an entry saved before issue 10
@@ -876,7 +877,7 @@ def test_restore_names_the_header_entry_and_keeps_the_bundle_entrys_copy(
 def test_several_headers_one_entry_the_others_ride_in_the_bundle_entry(
     action: ModuleType, environ: dict[str, str], fingerprint: Any, tmp_path: Path, runner_tmp: Path
 ) -> None:
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
 
     plan = inputs.make_plan(environ, fingerprint)
     _, shas = _header_bundle(fingerprint, plan, tmp_path / "machine", "10-1", names=(SECOND, HEADER))
@@ -914,7 +915,7 @@ def _stage(plan: Any, directory: str, key: str, path: Path, content: bytes | Non
 @pytest.fixture
 def header_case(action: ModuleType, environ: dict[str, str], fingerprint: Any, tmp_path: Path, runner_tmp: Path) -> Any:
     """A plan, the header torch built on an earlier machine, its manifest entry and entry key."""
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
 
     plan = inputs.make_plan(environ, fingerprint)
     machine = tmp_path / "machine"
@@ -925,7 +926,7 @@ def header_case(action: ModuleType, environ: dict[str, str], fingerprint: Any, t
 
 
 def test_header_entry_hit_installs_and_is_carried(action: ModuleType, header_case: Any) -> None:
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
 
     plan, source, artifact, key = header_case
     _stage(plan, plan.header_staging, key, source)
@@ -946,7 +947,7 @@ def test_a_read_only_run_installs_the_bundle_entrys_copy_and_keeps_nothing(
 ) -> None:
     from dataclasses import replace
 
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
 
     plan, source, artifact, key = header_case
     plan = replace(plan, save=False)
@@ -960,7 +961,7 @@ def test_a_read_only_run_installs_the_bundle_entrys_copy_and_keeps_nothing(
 def test_header_entry_miss_installs_the_bundle_entrys_copy_and_stages_it_for_saving(
     action: ModuleType, header_case: Any
 ) -> None:
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
 
     plan, source, artifact, key = header_case
     _stage(plan, plan.header_spare, key, source)
@@ -972,7 +973,7 @@ def test_header_entry_miss_installs_the_bundle_entrys_copy_and_stages_it_for_sav
 
 
 def test_a_bad_header_entry_falls_back_to_the_bundle_entrys_copy(action: ModuleType, header_case: Any) -> None:
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
 
     plan, source, artifact, key = header_case
     _stage(plan, plan.header_staging, key, source, content=b"not the header")
@@ -987,7 +988,7 @@ def test_a_bad_header_entry_falls_back_to_the_bundle_entrys_copy(action: ModuleT
 
 
 def test_an_evicted_header_entry_is_one_warning_and_torch_builds_it(action: ModuleType, header_case: Any) -> None:
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
 
     plan, _, artifact, key = header_case
     carry = transfer.carry_header(plan, key, artifact, hit=False)
@@ -997,7 +998,7 @@ def test_an_evicted_header_entry_is_one_warning_and_torch_builds_it(action: Modu
 
 
 def test_a_bad_bundle_entry_copy_is_never_staged_for_saving(action: ModuleType, header_case: Any) -> None:
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
 
     plan, source, artifact, key = header_case
     _stage(plan, plan.header_spare, key, source, content=b"pch" * 4999 + b"pcX")
@@ -1010,7 +1011,7 @@ def test_a_bad_bundle_entry_copy_is_never_staged_for_saving(action: ModuleType, 
 def test_a_header_already_in_torchs_dir_is_still_checked_before_it_is_saved(
     action: ModuleType, header_case: Any
 ) -> None:
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
 
     plan, source, artifact, key = header_case
     headers.header_dir().mkdir(parents=True)
@@ -1037,7 +1038,7 @@ def test_restore_and_headers_commands_tell_the_plugin_which_header_the_entry_car
     (and saves it as the header entry); the plugin's next bundle names it without carrying it; the second run
     gets it from the header entry."""
     import pytest_compilecache.action_api
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
     from pytest_compilecache.sync import read_handoff as action_restore_result
 
     monkeypatch.setattr(pytest_compilecache.action_api, "collect_fingerprint", lambda salt="": fingerprint)
@@ -1048,7 +1049,7 @@ def test_restore_and_headers_commands_tell_the_plugin_which_header_the_entry_car
     assert action.main(["restore"], environ) == 0
     assert parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["header-key"] == key
     restored = json.loads(parse_vars(Path(environ["GITHUB_ENV"]).read_text())["PYTEST_COMPILECACHE_RESTORED"])
-    assert restored["headers"] == [] and "header_key" not in restored
+    assert restored["headers"]["named"] == [] and restored["headers"]["carried"] == []
 
     # The header entry's actions/cache step missed (cache-hit empty): the bundle entry's copy is used.
     assert action.main(["headers"], environ) == 0
