@@ -81596,6 +81596,14 @@ var require_python = __commonJS({
     function interpreter(environ) {
       return (environ["INPUT_PYTHON"] || "").trim() || "python";
     }
+    function readReply(file) {
+      try {
+        const reply = JSON.parse(fs.readFileSync(file, "utf8"));
+        return reply && typeof reply === "object" ? reply : {};
+      } catch {
+        return {};
+      }
+    }
     function runPython(command, { environ = process.env, extra = {}, spawn = childProcess.spawn } = {}) {
       const dir = fs.mkdtempSync(path.join(environ.RUNNER_TEMP || os.tmpdir(), "compilecache-js-"));
       const replyFile = path.join(dir, "reply.json");
@@ -81607,12 +81615,7 @@ var require_python = __commonJS({
         const done = (code) => {
           if (settled) return;
           settled = true;
-          let reply = {};
-          try {
-            reply = JSON.parse(fs.readFileSync(replyFile, "utf8"));
-          } catch {
-            reply = {};
-          }
+          const reply = readReply(replyFile);
           fs.rmSync(dir, { recursive: true, force: true });
           resolve({ code, reply });
         };
