@@ -1,6 +1,6 @@
 """The Action end to end, the way a runner runs it: nektos/act, the real ``@actions/cache`` client (bundled in the
 Action's action/js/dist), a local cache service with GitHub's rules (see :mod:`tests.action.actrun` and
-:mod:`tests.action.cache_server`). Every healthy run shows no warning annotation (:func:`annotations`).
+:mod:`tests.action.cache_server`). Every healthy run shows no warning annotation (:func:`shown_annotations`).
 
 Every test here starts act and runs real jobs (a compiled suite: two tiny matmul models); they are marked
 ``action`` and ``slow``: ``pytest -m action`` selects them.
@@ -186,7 +186,7 @@ def runner_with_a_header_built_earlier(act: Act) -> tuple[dict[str, str], Path]:
     return env, header
 
 
-def annotations(run: Any) -> list[str]:
+def shown_annotations(run: Any) -> list[str]:
     """The warning and error annotations of the run: every workflow command ``::warning``/``::error`` in its log
     (act echoes each step's output lines; GitHub would show each as a yellow or red annotation)."""
     return [line for line in run.log.splitlines() if re.search(r"::(warning|error)[ :]", line)]
@@ -219,7 +219,7 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
     # Issue 42: the post step says what it saved, in the log and the job summary; a miss shows no annotation.
     assert f"save: bundle entry {out['key']}: saved (" in first.log
     assert f"| bundle entry | saved: `{out['key']}`" in first.summary()
-    assert annotations(first) == []
+    assert shown_annotations(first) == []
     # The first run of a fingerprint: no header entry yet, so the header object rides in the bundle entry.
     assert first.report()["save"]["headers"]["named"] == 1
     (header,) = header_objects(server, out["key"])
@@ -242,7 +242,7 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
     # Issue 42: the post step uploads both entries and says so: the real result, not a promise.
     assert f"| bundle entry | saved: `{out2['key']}`" in second.summary()
     assert f"| header entry | saved: `{header_key}`" in second.summary()
-    assert annotations(second) == []
+    assert shown_annotations(second) == []
     assert second.report()["save"]["headers"] == {**second.report()["save"]["headers"], "named": 1, "transferred": 0}
     assert sorted(server.keys()) == sorted([out["key"], header_key, out2["key"]])
     assert header_objects(server, out2["key"]) == []  # ~21 MiB less in every later bundle entry
@@ -263,7 +263,7 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
     assert totals(pull)["misses"] == 0
     assert f"installed, from its cache entry {header_key}" in pull.log
     assert "nothing: save: auto restores only on pull_request" in shown(pull.summary())
-    assert annotations(pull) == [] and "torch.compile cache: save" not in pull.log
+    assert shown_annotations(pull) == [] and "torch.compile cache: save" not in pull.log
     assert sorted(server.keys()) == sorted([out["key"], header_key, out2["key"]])
 
     # merge_group (fix 3): restore only, though its token could write its temporary queue branch.
@@ -278,7 +278,7 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
     assert_succeeded(merge)
     assert merge.outputs()["restore-outcome"] == "partial"
     assert "merge_group runs never save" in shown(merge.summary())
-    assert annotations(merge) == []
+    assert shown_annotations(merge) == []
 
     # A download that fails after the lookup found the entry (fix 7): error, not miss; and fix 9:
     # min-hit-rate does not fail the job after the failed restore, though every graph compiles cold.
@@ -294,7 +294,7 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
     assert failed.outputs()["restore-outcome"] == "error"
     # Issue 42: the client's own reason, from its log, in the summary and the one annotation.
     assert "error: the cache client restored nothing: Failed to restore: " in shown(failed.summary())
-    (warning,) = annotations(failed)
+    (warning,) = shown_annotations(failed)
     assert "the cache client restored nothing: Failed to restore: " in warning
     assert failed.steps()["tests"]["outcome"] == "success"
     assert totals(failed)["misses"] >= 2 and totals(failed)["hits"] == 0
@@ -325,7 +325,7 @@ def test_an_outage_of_the_lookup_is_an_error_and_lifts_min_hit_rate_and_a_refuse
     key = run.outputs()["key"]
     assert "| bundle entry | failed: Failed to reserve cache: " in summary and "(429) Too Many Requests" in summary
     assert server.keys() == [] and "Job succeeded" in run.log
-    restore_warning, save_warning = annotations(run)
+    restore_warning, save_warning = shown_annotations(run)
     assert "::warning title=compile cache::the cache client restored nothing: " in restore_warning
     assert f"::warning title=compile cache::save bundle entry {key}: failed: " in save_warning
 
@@ -359,7 +359,7 @@ def test_a_lookup_refused_at_once_is_an_error_not_a_miss(
     summary = shown(run.summary())
     assert "error: the cache client restored nothing: Failed to restore: " in summary and said in summary
     assert "min-hit-rate 0.9 not applied: the restore failed" in summary
-    (warning,) = annotations(run)
+    (warning,) = shown_annotations(run)
     assert warning.count("::warning title=compile cache::the cache client restored nothing") == 1 and said in warning
     if fault != "connection refused":  # one lookup, not retried
         assert len(server.lookup_agents) == 1, server.lookup_agents
@@ -386,7 +386,7 @@ def test_two_jobs_with_one_fingerprint_keep_their_own_lineage(act: Act, server: 
     for job in ("unit", "models"):
         assert totals(second, job)["misses"] == 0 and totals(second, job)["hits"] >= 2
         assert second.report(job)["save"]["outcome"] == "skipped"
-    assert annotations(second) == [] and "Path Validation Error" not in second.log
+    assert shown_annotations(second) == [] and "Path Validation Error" not in second.log
     for job in ("unit", "models"):
         key = second.outputs(job)["key"]
         assert f"save: bundle entry {key}: not needed: " in second.log
@@ -411,7 +411,7 @@ def test_a_red_job_saves_only_with_save_on_failure_and_the_next_push_restores_it
     assert totals(opted)["misses"] >= 2  # the plugin reported despite the failure
     key = opted.outputs()["key"]
     assert server.keys() == [key] and f"| bundle entry | saved: `{key}`" in opted.summary()
-    assert annotations(opted) == []
+    assert shown_annotations(opted) == []
 
     act.write("test_more.py", ANOTHER_GRAPH)  # one new graph: something the red job could save
     red = act.run(workflow(), "push")
