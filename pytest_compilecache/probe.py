@@ -1201,7 +1201,7 @@ def check_headers_early(names: Iterable[str], directory: Path | None = None) -> 
     waits for it: checks of one file take turns) instead of running the compiler on the critical path. A
     rejection is not remembered, so a damaged header is still found, removed and rebuilt by that check.
     Never imports torch; a name torch could not give a header is ignored."""
-    from . import headers  # cost: only in a process that restored headers
+    from . import pch as headers  # cost: only in a process that restored headers
 
     target = directory or headers.header_dir()
     _early_checks[:] = [target / name for name in names if headers.is_header_name(name)]
@@ -1215,7 +1215,7 @@ def _start_early_checks(compile_command: dict[str, Any]) -> None:
     _early_checks.clear()
 
     def run() -> None:
-        from . import headers
+        from . import pch as headers
 
         def command(source: Path, include: Path) -> list[str]:
             return _header_check_command(compile_command, str(source), str(include))
@@ -1291,7 +1291,7 @@ def _check_header(path: Any, rebuild: Any, compile_command: dict[str, Any]) -> N
     compiler rejects it, remove it and have torch build it again (``rebuild``: torch's uncached
     ``_precompile_header``), then check that one."""
     # cost: headers loads with the first header torch looks up, not with the plugin
-    from . import headers
+    from . import pch as headers
 
     compiled = _compiled_header(str(path)) if isinstance(path, str) else None
     if compiled is None or compiled.name in _header_uses:
