@@ -2,10 +2,11 @@
 
 Imports flow one way, down the layers below; no module imports a name from the package root (it only
 re-exports); only ``plugin`` imports pytest, only ``probe`` torch, only ``stores`` boto3 and the Google and
-Azure SDKs (each in its own backend, lazily), only ``remote`` and ``probe`` (which guards torch's Redis backend) redis. Imports under ``if TYPE_CHECKING:`` are arrows of
-the graph too (a type named from a layer above is a dependency on it): they follow the same layers, and
-only the rules about third-party packages (which such an import never loads) skip them. A new module must
-be given its layer here, so the layering cannot drift unnoticed.
+Azure SDKs (each in its own backend, lazily), only ``remote`` and ``probe`` (which guards torch's Redis
+backend) redis. Imports under ``if TYPE_CHECKING:`` are arrows of the graph too (a type named from a layer
+above is a dependency on it): they follow the same layers, and only the rules about third-party packages
+(which such an import never loads) skip them. A new module must be given its layer here, so the layering
+cannot drift unnoticed.
 """
 
 from __future__ import annotations

@@ -492,7 +492,7 @@ def test_the_background_install_lets_torch_build_a_header_well_before_torch_give
     try:
         assert NAME in install._reservation.held  # torch's lock is taken before the download starts
         # torch: its build lock, waited for as long as TORCHINDUCTOR_FILE_LOCK_TIMEOUT says, then it builds
-        with filelock.FileLock(str(fresh / "locks" / pch.locks.lock_name(NAME)), timeout=4):
+        with filelock.FileLock(str(fresh / "locks" / pch.names.lock_name(NAME)), timeout=4):
             (fresh / NAME).write_bytes(b"gpch torch built it")
     finally:
         store.go.set()
