@@ -201,3 +201,24 @@ def test_a_new_backend_is_one_row(monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(open_store("mem://x/y"), FakeStore) and calls == [("mem://x/y", {})]
     assert table.extra_for("mem://x/y") == "mem"
     assert "mem://name/prefix" in table.expected()
+
+
+def test_building_cloud_stores_imports_no_sdk() -> None:
+    """The SDKs load at a store's first call, not when the table is read or a store is built (a fresh
+    interpreter: this one has them loaded already). Looking an SDK up imports its namespace parents
+    (``google``, ``google.cloud``, ``azure``, ``azure.storage``), which hold no code of their own."""
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from pytest_compilecache.stores.table import extra_for\n"
+        "from pytest_compilecache.stores import open_store\n"
+        "assert extra_for('gs://b/p') == 'gcs'\n"
+        "open_store('s3://bucket/p'), open_store('gs://bucket/p'), open_store('az://container/p?account=acct')\n"
+        "parents = {'google', 'google.cloud', 'azure', 'azure.storage'}\n"
+        "sdks = ('boto3', 'botocore', 's3transfer', 'google', 'azure', 'requests')\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in sdks and m not in parents)\n"
+        "print(loaded)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]", result.stdout
