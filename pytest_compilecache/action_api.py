@@ -41,7 +41,6 @@ from .settings import read_signing_key
 from .stores import open_store
 from .stores.timed import TimedStore
 from .sync import HANDOFF_ENV
-from .sync import STAGED_MESSAGE
 from .sync import HeaderReport
 from .sync import RestoreResult
 from .sync import SavePolicy
@@ -55,7 +54,6 @@ __all__ = [
     "DEFAULT_PREFIX",
     "HANDOFF_ENV",
     "SIGNING_KEY_ENV",
-    "STAGED_MESSAGE",
     "SavePolicy",
     "read_handoff",
     "refuse_foreign",

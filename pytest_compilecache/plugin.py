@@ -27,11 +27,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
-from typing import Callable
 from typing import Sequence
 
 import pytest
 
+from ._loader import load_plainly
+from ._loader import when_imported
 from .options import SESSION_ENV
 from .options import TABLE
 from .options import env_name
@@ -39,6 +40,7 @@ from .options import ini_name
 
 if TYPE_CHECKING:
     from .context import SessionContext
+    from .ghrunner import StopTokenWatch
     from .problems import Classifier
     from .recorder import Recorder
     from .recorder import Start
@@ -58,47 +60,22 @@ _WORKER: pytest.StashKey[Worker] = pytest.StashKey()
 _RECORDER: pytest.StashKey[Recorder] = pytest.StashKey()
 _COUNTER: pytest.StashKey[_Counter] = pytest.StashKey()
 _TESTS: pytest.StashKey[_Tests] = pytest.StashKey()
-_RUNNER_OUTPUT: pytest.StashKey[_RunnerOutput] = pytest.StashKey()
+_RUNNER_OUTPUT: pytest.StashKey[StopTokenWatch] = pytest.StashKey()
 
 MARKER = "compile_cache"
 
 
-class _OwnModules:
-    """A ``sys.meta_path`` finder for this package's own submodules: Python's path finder, ahead of pytest's
-    assertion-rewriting import hook (:func:`_load_own_modules_plainly`)."""
-
-    prefix = __name__.rpartition(".")[0] + "."
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if path is None or not name.startswith(self.prefix):
-            return None
-        from importlib.machinery import PathFinder  # loaded by importlib itself: costs a dict lookup
-
-        return PathFinder.find_spec(name, path)
+_PLAIN: pytest.StashKey[bool] = pytest.StashKey()
 
 
 def _load_own_modules_plainly(config: pytest.Config) -> None:
-    """From now until ``config`` is cleaned up, this package's modules load as any library's do.
-
-    pytest hands every module of a plugin's distribution to its assertion-rewriting hook. Ours opt out of
-    rewriting (each docstring says ``PYTEST_DONT_REWRITE``), yet the hook still loads each one through its own
-    cache: it reads and hashes the source and unmarshals its own pyc from the open file, about 2M instructions
-    per module (a session with a cache dir loads about 18); with ``PYTHONDONTWRITEBYTECODE`` set, as in many CI
-    images, it writes no pyc and parses and compiles every module in every session. Called where a session
-    starts loading them (an option is given, or torch appears), not at import: a session with no option loads
-    nothing more, and a finder left in ``sys.meta_path`` would keep this module (and through it every module)
-    alive into the interpreter's shutdown, whose garbage collections then cost more than the finder saves.
-    """
-    if any(isinstance(finder, _OwnModules) for finder in sys.meta_path):
+    """Until ``config`` is cleaned up, this package's modules load as any library's do
+    (:mod:`~pytest_compilecache._loader`). The entry point put the finder in place already; this takes it out
+    at the session's cleanup, and puts it back for a later session in the same process."""
+    if config.stash.get(_PLAIN, False):
         return
-    finder = _OwnModules()
-    sys.meta_path.insert(0, finder)
-
-    def forget() -> None:
-        if finder in sys.meta_path:
-            sys.meta_path.remove(finder)
-
-    config.add_cleanup(forget)
+    config.stash[_PLAIN] = True
+    config.add_cleanup(load_plainly())
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -276,6 +253,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    _load_own_modules_plainly(config)  # the entry point's finder leaves with the session
     if _inherited() is not None:
         # The controller already honoured --cache-clear; a worker clearing .pytest_cache/d again would
         # delete the restored shared dir, possibly while another worker compiles into it.
@@ -300,13 +278,15 @@ def pytest_configure(config: pytest.Config) -> None:
     if not quiet:
         _make_role(config, _recorder(config))
     if not _is_worker(config) and os.environ.get("GITHUB_ACTIONS") == "true":  # ghrunner.in_github_actions
-        watcher = config.stash[_RUNNER_OUTPUT] = _RunnerOutput()
+        from .ghrunner import StopTokenWatch  # cost: only inside a GitHub Actions job
+
+        watcher = config.stash[_RUNNER_OUTPUT] = StopTokenWatch()
         config.pluginmanager.register(watcher, "compilecache-runner-output")
     # Every process, from when torch (or triton) is imported: the per-test capture, the FX-graph lookups that
     # explain a miss, the triton cache entries a bundle carries (issue 27) and, in a session with a cache
     # dir, the check of each precompiled header torch looks up (issue 24).
     # The triton hook is installed once torch appears: triton matters only to torch's compiles.
-    when_imported("torch", lambda: _torch_appears(config), config)
+    when_imported("torch", lambda: _torch_appears(config), config.add_cleanup)
 
 
 def _torch_appears(config: pytest.Config) -> None:
@@ -314,51 +294,32 @@ def _torch_appears(config: pytest.Config) -> None:
     _load_own_modules_plainly(config)
     _watch(config)
     _start_tests(config)
-    when_imported("triton", lambda: _watch(config), config)
+    when_imported("triton", lambda: _watch(config), config.add_cleanup)
 
 
 def _watch(config: pytest.Config) -> None:
-    """Install probe's watches (each once per process; none imports torch or triton itself)."""
+    """Install probe's watches (each once per process; none imports torch or triton itself). A watch still
+    waiting for its module when the session ends leaves with it: torch may only have been looked up
+    (``importlib.util.find_spec``), and a later ``torch.compile`` in the same process (a notebook, a second
+    ``pytest.main``) must not be checked and captured outside any session."""
     from . import probe  # cost: loaded once torch (or triton) is
 
+    before = set(map(id, sys.meta_path))
     # a worker resolves the same options: its controller's argv and environment
     if _resolved(config).explain:
         probe.watch_graph_lookups()
     if not _quiet(config):
         probe.watch_precompiled_headers()
     probe.watch_triton_cache()
-
-
-class _OnImport:
-    """A ``sys.meta_path`` entry that calls ``then()`` when ``module`` is first imported, before it loads (one
-    string comparison per import until then; it removes itself once used and finds nothing itself)."""
-
-    def __init__(self, module: str, then: Callable[[], None]) -> None:
-        self.module, self.then = module, then
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
-        if name == self.module:
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
-            self.then()
-
-
-def when_imported(module: str, then: Callable[[], None], config: pytest.Config) -> None:
-    """Call ``then()`` now if ``module`` is imported, else just before it is (e.g. to load :mod:`probe` and
-    install its hooks only in a session that imports torch). The import hook goes when ``config`` is
-    cleaned up: a later session in the same process (pytester, an IDE) must not call this one's ``then``, and
-    a hook left in ``sys.meta_path`` would keep the whole session alive until the interpreter exits."""
-    if module in _MODULES:
-        then()
-        return
-    hook = _OnImport(module, then)
-    sys.meta_path.insert(0, hook)
+    added = [finder for finder in sys.meta_path if id(finder) not in before]
 
     def forget() -> None:
-        if hook in sys.meta_path:
-            sys.meta_path.remove(hook)
+        for finder in added:
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
 
-    config.add_cleanup(forget)
+    if added:
+        config.add_cleanup(forget)
 
 
 def _is_xdist_controller(config: pytest.Config) -> bool:
@@ -655,50 +616,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     _github_commands(controller, config.stash.get(_RUNNER_OUTPUT, None))
 
 
-class _RunnerOutput:
-    """Inside a GitHub Actions job (controller only): the ``stop-commands`` tokens in what pytest prints
-    before the plugins' summaries (each test's captured output and failure text, collection errors,
-    warnings; under xdist the workers' reports and warnings arrive here too). A failing test that printed
-    ``::stop-commands::T`` would otherwise turn every annotation after it into plain text. Output written
-    live (``-s``, live logs) is not seen."""
-
-    def __init__(self) -> None:
-        self.tokens: list[str] = []
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self._scan(report)
-
-    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
-        self._scan(report)
-
-    def pytest_warning_recorded(self, warning_message: Any) -> None:
-        self._add(str(warning_message.message))  # the warnings summary comes before ours too
-
-    def _scan(self, report: pytest.TestReport | pytest.CollectReport) -> None:
-        for _, content in report.sections:
-            self._add(content)
-        if report.longrepr is not None:
-            self._add(report.longreprtext)
-
-    def _add(self, text: str) -> None:
-        from .ghrunner import stop_tokens  # cost: only inside a GitHub Actions job
-
-        self.tokens += [token for token in stop_tokens(text) if token not in self.tokens]
-
-
-def _github_commands(role: Controller, output: _RunnerOutput | None = None) -> None:
-    """Inside a GitHub Actions job, each warning and error also becomes an annotation (escaped), after a
-    line that resumes the runner's command processing if a test's output stopped it (``ghrunner.stop_tokens``)."""
+def _github_commands(role: Controller, output: StopTokenWatch | None = None) -> None:
+    """Inside a GitHub Actions job, each warning and error also becomes an annotation (``ghrunner.annotate``)."""
     if not (role.problems.warnings or role.problems.errors) or os.environ.get("GITHUB_ACTIONS") != "true":
         return  # the same test as ghrunner.in_github_actions, without loading ghrunner
-    from .ghrunner import resume_lines  # cost: only inside a GitHub Actions job, with something to say
-    from .ghrunner import write_command
+    from .ghrunner import annotate  # cost: only inside a GitHub Actions job, with something to say
 
-    if output is not None and output.tokens:
-        sys.stdout.write("".join(line + "\n" for line in resume_lines(output.tokens)))
-    for message in role.problems.warnings:
-        if message in role.problems.errors:
-            continue  # one annotation per problem: the error below
-        write_command(sys.stdout, "warning", message, title="compile cache")
-    for message in role.problems.errors:
-        write_command(sys.stdout, "error", message, title="compile cache")
+    annotate(sys.stdout, role.problems.warnings, role.problems.errors, output.tokens if output else [])

@@ -1,11 +1,12 @@
 """The documented shape of the package, checked from its source (ARCHITECTURE.md, "Rules the shape enforces").
 
 Imports flow one way, down the layers below; no module imports a name from the package root (it only
-re-exports); only ``plugin`` imports pytest, only ``probe`` torch, only ``stores.s3`` boto3, only ``remote``
-and ``probe`` (which guards torch's Redis backend) redis. Imports under ``if TYPE_CHECKING:`` are arrows of
-the graph too (a type named from a layer above is a dependency on it): they follow the same layers, and
-only the rules about third-party packages (which such an import never loads) skip them. A new module must
-be given its layer here, so the layering cannot drift unnoticed.
+re-exports); only ``plugin`` imports pytest, only ``probe`` torch, only ``stores`` boto3 and the Google and
+Azure SDKs (each in its own backend, lazily), only ``remote`` and ``probe`` (which guards torch's Redis
+backend) redis. Imports under ``if TYPE_CHECKING:`` are arrows of the graph too (a type named from a layer
+above is a dependency on it): they follow the same layers, and only the rules about third-party packages
+(which such an import never loads) skip them. A new module must be given its layer here, so the layering
+cannot drift unnoticed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pytest_compilecache"
 # Top to bottom; a module imports only from layers strictly below its own (a package's submodules share
 # its layer and may import each other).
 LAYERS: list[set[str]] = [
-    {"__main__"},
+    {"__main__", "_entry"},
     {"plugin", "cli", "action_api"},
     {"session"},
     {"save_phase", "restore_phase"},
@@ -36,13 +37,15 @@ LAYERS: list[set[str]] = [
     {"explain", "remote", "pch"},
     {"manifest"},
     {"ghrunner", "_fs", "_env"},
-    {"_version", "errors", "options"},
+    {"_version", "errors", "options", "_loader"},
 ]
 ONLY = {
     "pytest": {"plugin"},
     "_pytest": {"plugin"},
     "torch": {"probe"},
     "boto3": {"stores"},
+    "google": {"stores"},  # stores/gcs.py, lazily
+    "azure": {"stores"},  # stores/azure.py, lazily
     "redis": {"remote", "probe"},
 }
 
