@@ -198,3 +198,25 @@ def test_a_rootdir_with_a_space_still_compiles(inner: pytest.Pytester) -> None:
     assert list(Path(cache_dir).glob("*/*.so")), "no C++ kernel was built in the fallback dir"
     default = project / ".pytest_cache" / "d" / "compilecache"
     assert f"compile cache: shared:{cache_dir} (the default dir {default} contains a space" in result.stdout
+
+
+def test_a_dead_controllers_restore_ticket_neither_blocks_nor_stays(inner: pytest.Pytester) -> None:
+    """Issue 44, finding 1: the ticket files a SIGKILLed xdist controller left in a dir torch filled made every
+    later session on it exit 4 ("is not a compile cache"), until someone deleted them."""
+    from pytest_compilecache import _fs
+
+    cache = inner.path / "torch-made"
+    (cache / "fxgraph").mkdir(parents=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    name = _fs.temp_name("ticket", lead=".")
+    owner = _fs.parse_temp_name(name)
+    assert owner is not None
+    ticket = cache / name.replace(f"-{owner.pid}-", f"-{int(dead.stdout)}-")
+    older = cache / ".compilecache-restore-123-0123456789ab.json"  # as 0.3.0.dev named it: ours, swept by age
+    for path in (ticket, Path(f"{ticket}.lock"), older, Path(f"{older}.lock")):
+        path.write_text("{}")
+    inner.makepyfile(test_x=TRIVIAL)
+    result = inner.runpytest_subprocess("-p", "no:cacheprovider", f"--compile-cache-dir={cache}", timeout=120)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    assert not ticket.exists() and not Path(f"{ticket}.lock").exists()
+    assert older.exists()  # young: its controller may still be running
