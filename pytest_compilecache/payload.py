@@ -46,7 +46,7 @@ class Restored(NamedTuple):
 class Gathered(NamedTuple):
     """Every process's artifacts, folded by the controller (:meth:`fold`): the mega-cache blobs by process
     name, the cache files used, where each process's torch keeps precompiled headers, the headers they
-    checked (:class:`.headers.HeaderUse` JSON), and the xdist workers that sent nothing (they died)."""
+    checked (:class:`.pch.HeaderUse` JSON), and the xdist workers that sent nothing (they died)."""
 
     blobs: Mapping[str, bytes] = {}
     files: frozenset[str] = frozenset()

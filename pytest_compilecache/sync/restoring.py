@@ -138,7 +138,7 @@ def restore_bundle(store: Store, request: RestoreRequest) -> RestoreResult:
     nothing; a candidate that fails is skipped and the next newest tried (at most ``max_candidates``).
     Mega-cache blobs are loaded through ``request.load`` with ``TORCHINDUCTOR_CACHE_DIR`` pointing at the
     cache dir. Then, with ``request.headers``, the precompiled headers the verified manifest names are fetched
-    (``<prefix>-artifact-<sha256>``), checked against its sha256 and installed (:mod:`.headers`).
+    (``<prefix>-artifact-<sha256>``), checked against its sha256 and installed (:mod:`..pch`).
 
     With ``stage_blobs`` nothing here imports torch: the blobs are installed with the files, all or nothing,
     into ``<cache_dir>/.compilecache-pending/`` (``result.staged`` names them, ``result.artifacts`` is empty).

@@ -49,7 +49,7 @@ class StagedBlob(NamedTuple):
 
 @dataclass(frozen=True)
 class HeaderReport:
-    """The precompiled headers a restore or save carried (see :mod:`.headers`).
+    """The precompiled headers a restore or save carried (see :mod:`..pch`).
 
     ``named``: the headers the bundle's manifest names (restore: every valid entry, installed or already
     present; pass them to the save as ``installed``); ``transferred``: those installed (restore) or uploaded

@@ -38,9 +38,9 @@ class SaveRequest:
     ``blobs``: each process's mega-cache blob by name; ``files``: the cache files (relative to ``cache_dir``)
     the session used; ``stats``: the session's totals for the manifest; ``keep``: bundles of the lineage
     kept after pruning; ``graphs``: the graph record the next run explains its misses against.
-    ``header_since`` (the session's start, :func:`.headers.session_start`; None: carry no precompiled
+    ``header_since`` (the session's start, :func:`..pch.session_start`; None: carry no precompiled
     header): the headers in ``header_dir`` (default torch's) that the session's processes looked up and
-    checked (``header_uses``: their :class:`.headers.HeaderUse` JSON reports; without them, the CLI's case,
+    checked (``header_uses``: their :class:`..pch.HeaderUse` JSON reports; without them, the CLI's case,
     those written since ``header_since``), or named in ``header_installed`` (what the restore installed or
     found), are uploaded once per store and named in the manifest. Headers whose object key is in
     ``header_carried`` travel by other means (the Action's header entry): named, not uploaded.
