@@ -30,6 +30,7 @@ from .pch import install_header
 from .pch import object_key as header_object_key
 from .pch import packed_bound as header_packed_bound
 from .pch import restore_headers
+from .pch import sweep_leftovers as sweep_header_leftovers
 from .pch import verify_header_copy
 from .probe import point_cache_dir
 from .report import human_size
@@ -87,5 +88,6 @@ __all__ = [
     "restore_headers",
     "restore_outputs",
     "restore_prefix",
+    "sweep_header_leftovers",
     "verify_header_copy",
 ]

@@ -584,7 +584,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if _CONTROLLER not in config.stash and quiet:
         return  # no option, no compile, no worker that compiled: nothing to report
     failed = session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
-    if _controller(config).finish(failed=failed) and session.exitstatus == pytest.ExitCode.OK:
+    try:
+        must_fail = _controller(config).finish(failed=failed)
+    except KeyboardInterrupt:  # Ctrl-C during the save: pytest's Interrupted, not a traceback
+        pytest.exit(
+            "KeyboardInterrupt: the compile cache stopped its save; nothing was saved",
+            returncode=pytest.ExitCode.INTERRUPTED,
+        )
+    if must_fail and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

@@ -1261,7 +1261,31 @@ def _install_header_watch() -> None:
         if hasattr(original, name):
             setattr(_precompile_header, name, getattr(original, name))
     setattr(codecache, "_precompile_header", _precompile_header)  # noqa: B010 (a module typed as ModuleType)
+    compile_cpp = getattr(codecache, "_worker_compile_cpp", None)
+    if callable(compile_cpp) and getattr(compile_cpp, "__wrapped__", None) is None:
+        _worker_compile_cpp.__wrapped__ = compile_cpp  # type: ignore[attr-defined]
+        setattr(codecache, "_worker_compile_cpp", _worker_compile_cpp)  # noqa: B010
     _header_watch = ""
+
+
+def _worker_compile_cpp(lock_path: str, cpp_builders: Any) -> None:
+    """torch's ``codecache._worker_compile_cpp(lock_path, cpp_builders)`` (2.8-2.15), which builds a kernel in
+    this process or in a compile worker (this function is pickled there by name): a failure whose compiler
+    complains about a precompiled header it names drops that header's verdict and removes it
+    (:func:`.pch.after_compile_error`), so that the next look-up checks it and torch builds it again."""
+    codecache = sys.modules.get(_CODECACHE) or importlib.import_module(_CODECACHE)
+    current = getattr(codecache, "_worker_compile_cpp", None)
+    original = getattr(current, "__wrapped__", current)  # a compile worker: torch's own, never wrapped there
+    try:
+        original(lock_path, cpp_builders)  # type: ignore[misc]
+    except Exception as exc:
+        with contextlib.suppress(Exception):  # a failure of ours never hides torch's
+            from . import pch
+
+            where = precompiled_header_dir()
+            for use in pch.after_compile_error(str(exc), Path(where) if where else None):
+                _header_uses[use.name] = use.to_json()
+        raise
 
 
 def uninstall_header_watch() -> None:
@@ -1271,6 +1295,9 @@ def uninstall_header_watch() -> None:
     original = getattr(getattr(codecache, "_precompile_header", None), "__wrapped__", None)
     if codecache is not None and original is not None and getattr(original, "__wrapped__", None) is not None:
         setattr(codecache, "_precompile_header", original)  # noqa: B010
+    compile_cpp = getattr(getattr(codecache, "_worker_compile_cpp", None), "__wrapped__", None)
+    if codecache is not None and compile_cpp is not None:
+        setattr(codecache, "_worker_compile_cpp", compile_cpp)  # noqa: B010
     _header_watch = None
     _header_uses.clear()
     _early_checks.clear()

@@ -25,12 +25,12 @@ from typing import Mapping
 from ._env import TICKET_ENV
 from .cachedir.ticket import RestoreTicket
 from .context import EXPLAINED_MODES
-from .payload import Restored
 
 if TYPE_CHECKING:
     from .context import SessionContext
     from .explain import GraphsRecord
     from .manifest import Artifact
+    from .payload import Restored
     from .recorder import Recorder
     from .stores.timed import TimedStore
     from .sync import HeaderInstall
@@ -66,6 +66,8 @@ class RestorePhase:
         what the session's start found. ``reported``: what workers that restored sent in their payload
         (:meth:`report`), read when the ticket could not be (a full disk). Idempotent: the value is made once."""
         if self._finished is None:
+            from .payload import Restored  # cost: at the end
+
             self.finish_headers()
             self.collect_ticket(reported)
             self._finished = Restored(
@@ -106,14 +108,19 @@ class RestorePhase:
         self._fulfil(ticket)
 
     def report(self) -> dict[str, Any]:
-        """What this worker's restore for its controller did, as the ticket holds it (plain JSON)."""
+        """What this worker's restore for its controller did, as the ticket holds it (plain JSON values)."""
+        import json  # cost: only the worker that restored for its controller
+
         restored = self.restored
         fingerprint = self.context.fingerprint_if_known()
-        return {
+        data = {
             "restored": restored.encode() if restored is not None else None,
             "store_trouble": self.store_trouble,
             "fingerprint": fingerprint.to_json() if fingerprint is not None else None,
         }
+        # Plain JSON values only: execnet (workeroutput) refuses str subclasses such as torch's TorchVersion.
+        plain: dict[str, Any] = json.loads(json.dumps(data))
+        return plain
 
     def _fulfil(self, ticket: RestoreTicket) -> None:
         try:
@@ -289,7 +296,8 @@ class RestorePhase:
     def _sweep(self) -> None:
         """Remove the bundle temps (staging dirs, save/restore dirs) whose owner is gone: in the cache dir,
         and in the temp dir when this session moves bundles. torch's own temp files in the cache dir are
-        swept when the session registers (:meth:`.context.SessionContext.start`)."""
+        swept when the session registers (:meth:`.context.SessionContext.start`). With a store, also what a
+        killed header install left in torch's header dir."""
         places = [self.context.dir.path, tempfile.gettempdir() if self.context.settings.store else None]
         if not any(places):
             return
@@ -302,3 +310,11 @@ class RestorePhase:
                     sweep_our_temps(where)
                 except OSError:  # best effort: the next session tries again
                     pass
+        if self.context.settings.store:
+            # A session killed while it installed a precompiled header left the partial file in torch's dir.
+            from .pch import sweep_leftovers  # cost: as above
+
+            try:
+                sweep_leftovers()
+            except OSError:
+                pass

@@ -20,13 +20,13 @@ from . import cachedir
 from . import recorder as recording
 from ._env import torch_job_id
 from .context import EXPLAINED_MODES
-from .payload import Gathered
-from .payload import Restored
 
 if TYPE_CHECKING:
     from .context import SessionContext
     from .explain import GraphsRecord
     from .explain import SessionExplanation
+    from .payload import Gathered
+    from .payload import Restored
     from .recorder import Recorder
     from .stats import SessionStats
     from .sync import SavePolicy

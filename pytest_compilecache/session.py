@@ -29,15 +29,14 @@ from ._env import torch_job_id
 from .cachedir.ticket import RestoreTicket
 from .context import EXPLAINED_MODES
 from .context import SessionContext
-from .payload import Gathered
-from .payload import ProcessOutput
-from .payload import Restored
 from .restore_phase import RestorePhase
 from .save_phase import Saved
 from .save_phase import SavePhase
 from .settings import Settings
 
 if TYPE_CHECKING:
+    from .payload import ProcessOutput
+    from .payload import Restored
     from .recorder import Recorder
     from .report import SessionOutcome
     from .stats import SessionStats
@@ -102,6 +101,8 @@ class Worker:
         if self.restore is not None:
             self.restore.finish_headers()  # the worker that restored: its headers' report, in the ticket too
         self.context.take_remote_errors()
+        from .payload import ProcessOutput  # cost: at the end, in each worker
+
         output = ProcessOutput.collect(self.context, self.recorder)
         if self.restore is not None:
             output.restore = self.restore.report()
@@ -119,7 +120,7 @@ class Controller:
         self.start = RestorePhase(context, recorder, delegate=xdist)
         self.workers: list[str] = []
         self._outputs: list[tuple[str, ProcessOutput | None]] = []  # each process's, folded at the end
-        self._restored = Restored()  # what the start found (RestorePhase.finish), once the session ends
+        self._restored: Restored | None = None  # what the start found (RestorePhase.finish), at the end
         self._saved = Saved()  # what the end did (SavePhase.run)
 
     @property
@@ -137,6 +138,8 @@ class Controller:
     def add_worker(self, worker: str, sent: Any) -> None:
         """Merge what a worker sent; a worker that sent nothing (it crashed) is listed, not fatal."""
         self.workers.append(worker)
+        from .payload import ProcessOutput  # cost: at the end, in the controller of workers
+
         output = ProcessOutput.from_json(sent)
         self._outputs.append((worker, output))
         if output is None:
@@ -159,12 +162,16 @@ class Controller:
     def finish(self, failed: bool = False) -> bool:
         """Save, trim, write reports; return True when the session must fail (hit rate, strict).
 
-        ``failed``: the tests failed (the Action's save policy may then skip the save).
+        ``failed``: the tests failed (the Action's save policy may then skip the save). KeyboardInterrupt
+        (Ctrl-C during the save) passes through, with the dir's registration withdrawn; no report is written.
         """
         # A plain session's restore installed its headers in the background; an xdist controller's worker
         # restored for it (the ticket): wait for the one, read the other.
         reported = [output.restore for _, output in self._outputs if output is not None and output.restore]
         self._restored = self.start.finish(reported)
+        from .payload import Gathered  # cost: at the end
+        from .payload import ProcessOutput
+
         if not self.workers and recording.torch_loaded():  # a plain session whose tests imported torch
             self._outputs.append(("controller", ProcessOutput.collect(self.context, self.recorder)))
         gathered = Gathered.fold(self._outputs)
@@ -183,8 +190,10 @@ class Controller:
                 self.problems.note(note)
         self.context.take_remote_errors()
         self.context.warn_remote_errors()
-        self._saved = SavePhase(self.context, self.recorder).run(self._restored, gathered, tests_failed=failed)
-        self.context.release()  # done with the dir: other sessions may trim it now
+        try:
+            self._saved = SavePhase(self.context, self.recorder).run(self._restored, gathered, tests_failed=failed)
+        finally:  # Ctrl-C mid-save too: every write of the save is atomic, nothing partial is left
+            self.context.release()  # done with the dir: other sessions may trim it now
         self._write_reports()
         if not self.settings.keep:
             cachedir.remove(self.context.dir)
@@ -219,7 +228,7 @@ class Controller:
             mode=self.context.dir.mode,
             cache_dir=self.context.dir.path,
             where=self.context.dir.describe(),
-            restored=self._restored.result,
+            restored=self._restored.result if self._restored is not None else None,
             saved=self._saved.result,
             notes=tuple(self.problems.notes),
             warnings=tuple(self.problems.warnings),
@@ -230,7 +239,7 @@ class Controller:
 
     def _worth_reporting(self) -> bool:
         """As :attr:`report.SessionOutcome.worth_reporting`, without loading the statistics or the renderers."""
-        if self._restored.result or self._saved.result or self.problems.warnings:
+        if (self._restored is not None and self._restored.result) or self._saved.result or self.problems.warnings:
             return True
         return self.recorder.anything_compiled
 

@@ -74,6 +74,7 @@ from __future__ import annotations
 from ..errors import HeaderError
 from .check import OK_VERDICTS
 from .check import HeaderUse
+from .check import after_compile_error
 from .check import check
 from .check import find_built
 from .check import find_used
@@ -102,6 +103,7 @@ from .transfer import compress
 from .transfer import install_header
 from .transfer import restore_headers
 from .transfer import save_headers
+from .transfer import sweep_leftovers
 from .transfer import verify_header_copy
 from .verdicts import SETTLED_NS
 from .verdicts import VERDICTS
@@ -116,6 +118,7 @@ __all__ = [
     "OK_VERDICTS",
     "Reservation",
     "SETTLED_NS",
+    "after_compile_error",
     "Store",
     "VERDICTS",
     "ZSTD_LEVEL",
@@ -139,6 +142,7 @@ __all__ = [
     "restore_headers",
     "save_headers",
     "session_start",
+    "sweep_leftovers",
     "verify_header_copy",
     "wait_while_built",
 ]

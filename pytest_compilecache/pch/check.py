@@ -7,6 +7,7 @@ PYTEST_DONT_REWRITE
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 from dataclasses import dataclass
@@ -22,10 +23,12 @@ from ..errors import HeaderError
 from .locks import being_built
 from .locks import build_lock
 from .names import CHECK_TIMEOUT
+from .names import header_dir
 from .names import is_header_name
 from .names import looks_complete
 from .verdicts import _one_check_at_a_time
 from .verdicts import _Verdicts
+from .verdicts import forget
 
 OK_VERDICTS = ("verified", "rebuilt")
 """:attr:`HeaderUse.verdict` values of a header the compiler accepted (checked, or built again after failing)."""
@@ -245,3 +248,41 @@ def find_built(directory: Path, since: float) -> list[Path]:
         if looks_complete(path) and not being_built(Path(directory), name):
             found.append(path)
     return found
+
+
+# What a compiler says when it cannot use a PCH it was given: gcc's "while reading precompiled header", "cannot
+# read PCH file", "one or more PCH files were found, but they were invalid"; clang's "PCH file ... corrupt".
+_PCH_TROUBLE = r"precompiled header|\bPCH\b"
+# torch's header names in a compile command (``-include <dir>/<hash>.h``) or a compiler's output (``<hash>.h.gch``).
+_NAMED = r"(c[a-z2-7]{51})\.h\b"
+
+
+def after_compile_error(text: str, directory: Path | None = None) -> list[HeaderUse]:
+    """A kernel compile failed with ``text`` (torch's ``CppCompileError``: the command, then the compiler's
+    output): when the compiler complains about a precompiled header, each of torch's headers in ``directory``
+    (default: torch's) that the text names loses its verdict (:data:`.verdicts.VERDICTS`: its next look-up
+    checks it again) and is removed under torch's build lock (a later compile of this process then parses
+    the text header, as the compiler does without a PCH, and the next process's torch builds it again).
+    Returns each such header's report (:class:`HeaderUse`, ``unchecked``: never carried, with its note). Never
+    raises; a text that names no header, or whose compiler did not
+    complain about one, changes nothing."""
+    if not re.search(_PCH_TROUBLE, text, re.IGNORECASE):
+        return []
+    target = directory or header_dir()
+    complaint = next((line.strip() for line in text.splitlines() if re.search(_PCH_TROUBLE, line, re.I)), "")
+    notes: list[HeaderUse] = []
+    for stem in sorted(set(re.findall(_NAMED, text))):
+        for suffix in (".gch", ".pch"):
+            path = target / f"{stem}.h{suffix}"
+            try:
+                info = os.lstat(path)
+                if not stat.S_ISREG(info.st_mode):
+                    continue
+                forget(target, path.name)
+                removed = remove_if_unchanged(path, info)
+            except (OSError, HeaderError):
+                continue
+            what = f"precompiled header {path.name} made a kernel compile fail ({complaint[:200]})"
+            note = f"{what}; removed it: torch builds it again" if removed else f"{what}; it is checked again"
+            notes.append(HeaderUse(path.name, "unchecked", note=note))
+    return notes

@@ -308,3 +308,16 @@ def _restore_headers(
 def _one_line(exc: BaseException) -> str:
     text = str(exc).splitlines()[0] if str(exc) else ""
     return f"{type(exc).__name__}: {text}" if not isinstance(exc, HeaderError) else text
+
+
+def sweep_leftovers(directory: Path | None = None) -> list[str]:
+    """Remove what killed installs left in torch's header dir (``directory``, default torch's): partial headers
+    and records under our temp names whose writer is provably gone (:func:`.._fs.sweep_our_temps`); only in a
+    dir whose ownership is proved (this user's, no one else may write to it). The names removed."""
+    from .._fs import sweep_our_temps  # cost: only a session that moves bundles
+    from .verdicts import _owned_dir
+
+    target = directory or header_dir()
+    if not _owned_dir(target):
+        return []
+    return sweep_our_temps(target)

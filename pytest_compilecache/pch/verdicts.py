@@ -222,3 +222,16 @@ def _read_verdicts(directory: Path) -> dict[str, dict[str, Any]]:
             continue
         entries[name] = {"file": file, "checks": checks[-_VERDICTS_MAX_CHECKS:]}
     return entries
+
+
+def forget(directory: Path, name: str) -> bool:
+    """Drop header ``name`` from the record in ``directory`` (its next look-up checks it again); True when the
+    record held it. Best effort, with the ownership checks of every write of the record."""
+    recorded = _read_verdicts(directory)
+    if name not in recorded or not _owned_dir(directory):
+        return False
+    kept = {other: entry for other, entry in recorded.items() if other != name}
+    data = json.dumps({"version": 1, "accepted": kept}, sort_keys=True).encode()
+    with contextlib.suppress(OSError), atomic_file(directory / VERDICTS, fsync=False, mode=0o600) as out:
+        out.write(data)
+    return True

@@ -1098,3 +1098,17 @@ def test_an_older_versions_ticket_is_ours_and_swept_by_age(tmp_path: Path) -> No
     assert cachedir.sweep_dead_writers(str(cache)) == 0  # young: its controller may live
     assert cachedir.sweep_dead_writers(str(cache), now=time.time() + 2 * cachedir.STALE_AFTER) == 2
     assert os.listdir(cache) == ["fxgraph"]
+
+
+def test_an_unusable_default_dir_is_named_as_the_default_not_as_an_option_the_user_never_gave(tmp_path: Path) -> None:
+    """Issue 44 (also): a read-only default dir's usage error named --compile-cache-dir."""
+    blocked = tmp_path / "file"
+    blocked.write_text("not a dir")
+    with pytest.raises(ConfigError) as raised:
+        cachedir.decide("shared", None, blocked / "d" / "compilecache")
+    message = str(raised.value)
+    assert not message.startswith("--compile-cache-dir:"), message
+    assert message.startswith(f"the default compile cache dir {blocked / 'd' / 'compilecache'}"), message
+    assert "choose another with --compile-cache-dir" in message
+    with pytest.raises(ConfigError, match="^--compile-cache-dir: "):  # given: named as given
+        cachedir.decide("shared", str(blocked / "x"), tmp_path / "default")

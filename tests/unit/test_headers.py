@@ -773,3 +773,78 @@ def test_a_failed_install_lets_go_of_the_reservation(tmp_path: Path) -> None:
     failed = pch.restore_headers(empty, "pfx", [artifact], tmp_path / "scratch", fresh, reservation)
     assert "not in the store" in failed.errors[0] and reservation.held == {}
     assert not pch.locks.being_built(fresh, NAME) and not (fresh / NAME).exists()  # torch builds it
+
+
+def test_a_compile_failure_naming_a_header_drops_its_verdict_and_removes_it(  # type: ignore[no-untyped-def]
+    tmp_path: Path, fake_compiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 44, finding 5: a damaged header whose record still matched (forged here; corruption that leaves the
+    metadata alone does the same) was never checked again, and every kernel compile failed, session after
+    session, with no note. A compile failure that names it drops its verdict, and removes a file the compiler
+    could not read: later kernels of the process parse the text header, the next session's torch builds it."""
+    import json
+
+    monkeypatch.setattr(pch.verdicts, "SETTLED_NS", 0, raising=False)
+    directory = tmp_path / "torchinductor_u" / "precompiled_headers"
+    path = make_header(directory, content=b"gpch" + b"x" * 100 + b"END")
+    time.sleep(0.05)
+    assert pch.check(path, fake_compiler, remember=True) is None
+    with open(path, "r+b") as fh:  # cut in place: the same inode
+        fh.truncate(50)
+    record = json.loads((directory / pch.VERDICTS).read_text())
+    info = os.lstat(path)
+    record["accepted"][path.name]["file"] = [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+    (directory / pch.VERDICTS).write_text(json.dumps(record))  # forged: it describes the cut file
+    checks = (tmp_path / "cc.log").read_text().count("-fsyntax-only")
+    assert pch.check(path, fake_compiler, remember=True) is None  # the record vouches for the damaged file
+    assert (tmp_path / "cc.log").read_text().count("-fsyntax-only") == checks
+
+    # torch's CppCompileError: the command (which names the header's text file in -include), then gcc's output
+    command = f"g++ /c/k.cpp -O3 -include {directory}/{path.name[: -len('.gch')]} -c -o /c/k.o"
+    unrelated = f"C++ compile error\n\nCommand:\n{command}\n\nOutput:\n/c/k.cpp:3:1: error: expected ';'"
+    assert pch.after_compile_error(unrelated, directory) == []  # the kernel's own error: the header is fine
+    assert path.name in json.loads((directory / pch.VERDICTS).read_text())["accepted"]
+    text = f"C++ compile error\n\nCommand:\n{command}\n\nOutput:\ncc1plus: error: while reading precompiled header: x"
+    [use] = pch.after_compile_error(text, directory)
+    assert (use.name, use.verdict) == (path.name, "unchecked") and "removed" in use.note
+    assert pch.find_used(directory, [use.to_json()]) == []  # never carried
+    assert not path.exists()
+    assert path.name not in json.loads((directory / pch.VERDICTS).read_text())["accepted"]
+
+
+def test_torchs_failed_kernel_compile_reaches_the_cure_in_the_process_that_compiles(  # type: ignore[no-untyped-def]
+    tmp_path: Path, fake_compiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe wraps ``codecache._worker_compile_cpp`` (called by its module-global name, in this process or,
+    pickled by name, in a compile worker): torch's error passes through unchanged, after the cure."""
+    import sys
+
+    from pytest_compilecache import probe
+    from tests.unit.test_probe_headers import NAME as TEXT_HEADER
+    from tests.unit.test_probe_headers import FakeCodecache
+
+    directory = tmp_path / "precompiled_headers"
+    directory.mkdir()
+    fake = FakeCodecache(directory)
+    fake._HEADER_DIR = str(directory)  # type: ignore[attr-defined]
+    output = "cc1plus: error: while reading precompiled header: No such file or directory"
+
+    def _worker_compile_cpp(lock_path: str, cpp_builders: object) -> None:
+        raise RuntimeError(f"C++ compile error\n\nCommand:\ng++ k.cpp -include {directory / TEXT_HEADER}\n\n{output}")
+
+    fake._worker_compile_cpp = _worker_compile_cpp  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, probe._CODECACHE, fake)
+    monkeypatch.setattr(probe, "_header_check_command", lambda cc, s, i: fake_compiler(Path(s), Path(i)))
+    probe.uninstall_header_watch()
+    probe.watch_precompiled_headers()
+    try:
+        fake._precompile_header("torch/csrc/inductor/cpp_prefix.h", "g++ -O3")  # looked up and checked: sound
+        assert (directory / (TEXT_HEADER + ".gch")).exists()
+        with pytest.raises(RuntimeError, match="while reading precompiled header"):
+            fake._worker_compile_cpp("k.lock", ())
+        assert not (directory / (TEXT_HEADER + ".gch")).exists()
+        (use,) = probe.precompiled_headers_used()
+        assert use["verdict"] == "unchecked" and "made a kernel compile fail" in use["note"], use
+    finally:
+        probe.uninstall_header_watch()
+    assert fake._worker_compile_cpp is _worker_compile_cpp

@@ -248,3 +248,26 @@ def test_a_worker_sends_the_headers_its_process_checked(tmp_path: Path, fake_pro
     )
     fake_probe.header_uses = [pch.HeaderUse(NAME, "verified", 1, 2, 3).to_json()]
     assert worker.output()["headers"] == fake_probe.header_uses
+
+
+def test_a_session_with_a_store_sweeps_what_a_killed_header_install_left_in_torchs_dir(tmp_path: Path) -> None:
+    """Issue 44, finding 6: a session SIGKILLed while its background install wrote a header left the partial
+    file (up to ~150 MB) under a temp name in torch's header dir, and no later session removed it."""
+    import subprocess
+    import sys
+
+    from pytest_compilecache import _fs
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    directory = _header_built_now().parent
+    name = _fs.temp_name("tmp", lead=f".{NAME}.")
+    owner = _fs.parse_temp_name(name)
+    assert owner is not None
+    leftover = directory / name.replace(f"-{owner.pid}-", f"-{int(dead.stdout)}-")
+    leftover.write_bytes(b"gpch half a header")
+    live = directory / _fs.temp_name("tmp", lead=f".{NAME}.")  # this process's: an install going on
+    live.write_bytes(b"gpch")
+    controller = _controller(tmp_path, store=str(tmp_path / "store"))
+    controller.session_start()
+    assert not leftover.exists()
+    assert live.exists() and (directory / NAME).exists()  # torch's header and a live writer's file stay

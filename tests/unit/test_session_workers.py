@@ -138,3 +138,31 @@ def test_a_full_disk_during_an_xdist_restore_is_the_serial_sessions_one_warning(
     assert len(calls) == 3  # serial, then each worker that could not take turns
     assert warned["xdist"] == warned["serial"]
     assert len(warned["serial"]) == 1 and warned["serial"][0].startswith("restore failed: [Errno 28]")
+
+
+def test_what_a_restoring_worker_sends_its_controller_is_plain_for_execnet(tmp_path: Path) -> None:
+    """The worker's payload carries its restore's report; execnet refuses str subclasses (torch's TorchVersion
+    in the fingerprint's facts), which crashed the worker at its end."""
+    import execnet
+
+    from pytest_compilecache import sync
+    from pytest_compilecache.context import SessionContext
+    from pytest_compilecache.fingerprint import Fingerprint
+    from pytest_compilecache.problems import Problems
+    from pytest_compilecache.restore_phase import RestorePhase
+    from pytest_compilecache.settings import Settings
+
+    class TorchVersion(str):
+        pass
+
+    settings = Settings(mode="shared", dir=str(tmp_path / "cache"), store=str(tmp_path / "store"))
+    context = SessionContext.start(settings, tmp_path / "default", inherited=None, problems=Problems())
+    try:
+        context._fingerprint = Fingerprint({"torch": TorchVersion("2.13.0"), "python": "cpython 3.11"})
+        phase = RestorePhase(context, Recorder("gw0"))
+        phase.restored = sync.RestoreResult("miss", key=TorchVersion("k"))
+        report = phase.report()
+        execnet.dumps(report)
+        assert report["fingerprint"]["torch"] == "2.13.0"
+    finally:
+        context.close()
