@@ -1272,7 +1272,9 @@ def test_no_bundle_is_not_needed_and_says_why(
     plan = _saving_plan(action, environ, monkeypatch, fingerprint)
     if report is not None:
         Path(plan.json).write_text(json.dumps(report))
-    assert upload.plan_uploads(plan) == ([], [upload.Saved("bundle", plan.key, "not needed", why)])
+    uploads, (skipped,) = upload.plan_uploads(plan)
+    assert uploads == [] and (skipped.what, skipped.key, skipped.outcome) == ("bundle", plan.key, "not needed")
+    assert why in skipped.why
 
 
 def test_a_staged_bundle_that_vanished_is_a_failure(
