@@ -260,36 +260,8 @@ def markdown(
 
     Always at most ``limit`` bytes of UTF-8 (GitHub's limit is in bytes): the long lists are cut first.
     """
-    fx, aot, remote = stats.total("fxgraph"), stats.total("aotautograd"), stats.total("remote")
     compiled = stats.compiled
-    head = [
-        f"### torch.compile cache: {percent(hit_rate(fx['hit'], fx['miss']))} hit rate",
-        "",
-        f"{_plural(fx['hit'], 'FX-graph hit')}, {_plural(fx['miss'], 'miss')}, {_plural(fx['bypass'], 'bypass')}; "
-        f"{len(compiled)} of {stats.tests} tests compiled, {stats.compile_seconds:.1f} s compiling "
-        f"({md_code(where)}).",
-        "",
-        "| layer | hit | miss | bypass | guard miss |",
-        "|---|---:|---:|---:|---:|",
-        f"| FX graph | {fx['hit']} | {fx['miss']} | {fx['bypass']} | - |",
-        f"| AOTAutograd | {aot['hit']} | {aot['miss']} | {aot['bypass']} | {aot['guard_miss']} |",
-    ]
-    if any(remote.values()):
-        head.append(f"| remote FX graph | {remote['fx_hit']} | {remote['fx_miss']} | - | - |")
-        head.append(f"| remote AOTAutograd | {remote['aot_hit']} | {remote['aot_miss']} | - | - |")
-    head.append("")
-    for kind, info in (("restore", restore), ("save", save)):
-        if info:
-            head.append(f"- {md_text(transfer_line(kind, info))}")
-    if stats.silent_workers:
-        head.append(f"- workers that sent no statistics: {md_text(', '.join(stats.silent_workers))}")
-    gpu_parts = _gpu_parts(stats)
-    if gpu_parts:
-        head.append(f"- GPU: {md_text(', '.join(gpu_parts))}")
-    still = gpu_still_compiled_text(stats)
-    if still:
-        head.append(f"- **GPU work despite FX hits**: {md_text(still)}")
-    head.append("")
+    head = _markdown_head(stats, where, restore, save)
     slowest = [
         f"| {r.compile_seconds:.2f} | {r.fxgraph['hit']} | {r.fxgraph['miss']} | {r.frames} | {md_code(r.nodeid)} |"
         for r in compiled
@@ -332,6 +304,42 @@ def markdown(
         text += f"\n<details><summary>{title} ({len(rows)})</summary>\n\n{header}\n"
         text += "\n".join(body) + "\n\n</details>\n"
     return _truncate(text + why_section, limit)
+
+
+def _markdown_head(
+    stats: SessionStats, where: str, restore: Mapping[str, Any] | None, save: Mapping[str, Any] | None
+) -> list[str]:
+    """The step summary's headline, its table per layer and its one-line facts (transfers, workers, GPU)."""
+    fx, aot, remote = stats.total("fxgraph"), stats.total("aotautograd"), stats.total("remote")
+    head = [
+        f"### torch.compile cache: {percent(hit_rate(fx['hit'], fx['miss']))} hit rate",
+        "",
+        f"{_plural(fx['hit'], 'FX-graph hit')}, {_plural(fx['miss'], 'miss')}, {_plural(fx['bypass'], 'bypass')}; "
+        f"{len(stats.compiled)} of {stats.tests} tests compiled, {stats.compile_seconds:.1f} s compiling "
+        f"({md_code(where)}).",
+        "",
+        "| layer | hit | miss | bypass | guard miss |",
+        "|---|---:|---:|---:|---:|",
+        f"| FX graph | {fx['hit']} | {fx['miss']} | {fx['bypass']} | - |",
+        f"| AOTAutograd | {aot['hit']} | {aot['miss']} | {aot['bypass']} | {aot['guard_miss']} |",
+    ]
+    if any(remote.values()):
+        head.append(f"| remote FX graph | {remote['fx_hit']} | {remote['fx_miss']} | - | - |")
+        head.append(f"| remote AOTAutograd | {remote['aot_hit']} | {remote['aot_miss']} | - | - |")
+    head.append("")
+    for kind, info in (("restore", restore), ("save", save)):
+        if info:
+            head.append(f"- {md_text(transfer_line(kind, info))}")
+    if stats.silent_workers:
+        head.append(f"- workers that sent no statistics: {md_text(', '.join(stats.silent_workers))}")
+    gpu_parts = _gpu_parts(stats)
+    if gpu_parts:
+        head.append(f"- GPU: {md_text(', '.join(gpu_parts))}")
+    still = gpu_still_compiled_text(stats)
+    if still:
+        head.append(f"- **GPU work despite FX hits**: {md_text(still)}")
+    head.append("")
+    return head
 
 
 def _size(text: str) -> int:

@@ -16,6 +16,7 @@ from pytest_compilecache import explain
 from pytest_compilecache.explain import GraphLookup
 from pytest_compilecache.explain import GraphsRecord
 from pytest_compilecache.explain import SessionExplanation
+from pytest_compilecache.explain import lookup as explain_lookup
 
 CODE = """GraphModule()
 
@@ -39,7 +40,7 @@ def _tensor(shape: str, dtype: str = "float32", grad: bool = False, stride: str 
 
 def _h(value: object) -> str:
     """A stand-in for torch's component hash: equal values, equal hashes."""
-    return explain._short(repr(value)) + "abcdefghijklmnopqrstuvwxyz"
+    return explain_lookup._short(repr(value)) + "abcdefghijklmnopqrstuvwxyz"
 
 
 def _lines(
@@ -75,7 +76,7 @@ DEFAULTS = {"debug": "False", "max_autotune": "False", "epilogue_fusion": "True"
 
 def _lookup(outcome: str = "miss", *, torch_version: str = "2.13.0", **kw: Any) -> GraphLookup:
     lines = _lines(**kw)
-    key = "f" + explain._short("\n".join(lines))
+    key = "f" + explain_lookup._short("\n".join(lines))
     return explain.lookup_from_torch(
         key,
         outcome,
@@ -185,7 +186,7 @@ def test_a_structural_code_change_is_not_called_a_constant() -> None:
     old = _lookup("hit")
     new = _lookup()
     code = CODE.format(c="2.0").replace("relu", "sigmoid")
-    new.components["gm"] = (_h(code)[:12], explain._code_signature(code))
+    new.components["gm"] = (_h(code)[:12], explain_lookup._code_signature(code))
     new.key = "f-other"
     assert explain.diff(old, new) == [
         "graph code changed: 2 statements differ (2 changed); first at statement 2: sigmoid = aten.sigmoid.default(mul)"
@@ -358,7 +359,7 @@ def test_a_record_from_before_counts_the_same_statements() -> None:
     old = _code_lookup(CODE.format(c="2.0").replace("GraphModule()", "<lambda>()"))
     new = _code_lookup(CODE.format(c="3.0").replace("GraphModule()", "<lambda>()"))
     sig = (old.value("gm") or "").split("\n")[0]
-    old.components["gm"] = (old.components["gm"][0], f"{explain._LEGACY_HEADER} {sig}")  # what 448f063 wrote
+    old.components["gm"] = (old.components["gm"][0], f"{explain_lookup._LEGACY_HEADER} {sig}")  # what 448f063 wrote
     assert explain.diff(old, new) == ["graph code changed: a constant in graph statement 1"]
 
 

@@ -33,7 +33,7 @@ LAYERS: list[set[str]] = [
     {"explain", "remote", "headers"},
     {"manifest"},
     {"ghrunner", "_fs", "_env"},
-    {"_version", "errors", "options"},
+    {"_version", "errors", "options", "record_fields"},
 ]
 ONLY = {
     "pytest": {"plugin"},

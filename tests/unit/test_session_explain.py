@@ -17,6 +17,7 @@ import pytest
 from pytest_compilecache import explain
 from pytest_compilecache import sync
 from pytest_compilecache.explain import GraphLookup
+from pytest_compilecache.explain import compare
 from pytest_compilecache.problems import Problems
 from pytest_compilecache.recorder import Recorder
 from pytest_compilecache.session import Controller
@@ -347,7 +348,7 @@ def test_any_error_while_explaining_is_one_warning_and_the_session_goes_on(
     def broken(*args: object) -> list[str]:
         raise RuntimeError("a bug met on a hostile record")
 
-    monkeypatch.setattr(explain, "diff", broken)
+    monkeypatch.setattr(compare, "diff", broken)  # where explaining a test finds it
     start_controller = _controller(tmp_path)
     start_controller.session_start()
     start = start_controller.recorder.start()

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from pytest_compilecache.stats import AOT_FIELDS
-from pytest_compilecache.stats import FX_FIELDS
-from pytest_compilecache.stats import REMOTE_FIELDS
+from pytest_compilecache.record_fields import AOT_FIELDS
+from pytest_compilecache.record_fields import FX_FIELDS
+from pytest_compilecache.record_fields import REMOTE_FIELDS
 from pytest_compilecache.stats import ItemRecord
 from pytest_compilecache.stats import SessionStats
 from pytest_compilecache.stats import hit_rate
