@@ -64,6 +64,7 @@ from .lookup import VALUES_PER_LOOKUP as VALUES_PER_LOOKUP
 from .lookup import Code as Code
 from .lookup import GraphLookup as GraphLookup
 from .lookup import lookup_from_torch as lookup_from_torch
+from .session import CAME_BACK as CAME_BACK
 from .session import SessionExplanation as SessionExplanation
 from .session import explain_session as explain_session
 from .session import explain_session_safely as explain_session_safely

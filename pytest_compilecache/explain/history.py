@@ -54,10 +54,16 @@ class Streak:
         return Streak(what, 1, (old, new))
 
     @property
+    def came_back(self) -> bool:
+        """The last run's value is one an earlier run of the streak had: an edit and its revert, most often."""
+        return len(self.seen) >= 3 and self.seen[-1] in self.seen[:-2]
+
+    @property
     def evident(self) -> bool:
-        """True when no single edit explains it: many changes in a row, or a value that came back."""
-        back = len(self.seen) >= 3 and self.seen[-1] in self.seen[:-2]
-        return self.changes >= NEVER_HIT_CHANGES or (self.changes >= 2 and back)
+        """True when no edit explains it: a new value in each of many runs in a row. A value that comes back
+        is what an edit and its revert look like (issue 41): values that change by themselves (unseeded random
+        numbers, timestamps, temp paths) do not repeat."""
+        return self.changes >= NEVER_HIT_CHANGES and len(set(self.seen)) == len(self.seen)
 
 
 NO_STREAK = Streak("", 0)

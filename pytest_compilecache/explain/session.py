@@ -109,7 +109,23 @@ def explain_session(
         record.volatile[nodeid] = streak
         if streak.evident:
             out.never_hit[nodeid] = (streak.what, streak.changes + 1)
+        elif streak.came_back:
+            _say_it_came_back(explained, streak.what)
     return out, record
+
+
+CAME_BACK = (
+    "back to the value of an earlier run: that graph was compiled then but is not in this cache (a bundle holds "
+    "the graphs its own run used); it hits from the next run on"
+)
+
+
+def _say_it_came_back(explained: list[MissExplanation], what: str) -> None:
+    """Add :data:`CAME_BACK` to the miss whose constant came back (an edit and its revert, issue 41)."""
+    for miss in explained:
+        if any(reason.startswith("graph code changed: " + what) for reason in miss.reasons):
+            miss.reasons.append(CAME_BACK)
+            return
 
 
 def _forward_only(lookups: Sequence[GraphLookup]) -> bool:

@@ -222,7 +222,9 @@ def test_never_hits_needs_evidence_that_one_edit_cannot_give() -> None:
     edit = [[_lookup(c="4.0")], [_lookup(c="4.25")], [_lookup("hit", c="4.25")], [_lookup("hit", c="4.25")]]
     assert explain.never_hits(edit) is None
     back = [[_lookup(c=c)] for c in ("4.0", "4.25", "4.0")]
-    assert explain.never_hits(back) == "a constant in graph statement 1"  # changing back and forth
+    assert explain.never_hits(back) is None  # an edit and its revert (issue 41): not a test that never hits
+    back_and_forth = [[_lookup(c=c)] for c in ("4.0", "4.25", "4.0", "4.25", "4.0")]
+    assert explain.never_hits(back_and_forth) is None  # values that repeat are edits, not random numbers
     other = [[_lookup(c="1.0")], [_lookup(c="2.0")], [_lookup(c="2.0", inputs=("8, 32",))], [_lookup(c="3.0")]]
     assert explain.never_hits(other) is None  # the streak broke
     # Another statement changing starts a new streak: the evidence is per statement.
@@ -230,6 +232,17 @@ def test_never_hits_needs_evidence_that_one_edit_cannot_give() -> None:
     assert streak.then(("a constant in graph statement 2", "c", "d")) == explain.Streak(
         "a constant in graph statement 2", 1, ("c", "d")
     )
+
+
+def test_an_edit_and_its_revert_says_what_changed_and_why_it_missed() -> None:
+    """Issue 41, finding 3: bundles made with 1.5, 2.0, then 1.5 again. The third run's miss is the revert
+    (``2.0 -> 1.5``), its graph absent from the bundle the second run made: said as such, not "can never hit"."""
+    _, record = explain.explain_session({"t::a": [_lookup(c="1.5")]}, None)
+    _, record = explain.explain_session({"t::a": [_lookup(c="2.0")]}, record, "bundle")
+    third, _ = explain.explain_session({"t::a": [_lookup(c="1.5")]}, record, "bundle")
+    assert third.never_hit == {}
+    [miss] = third.misses["t::a"]
+    assert miss.reasons == ["graph code changed: a constant in graph statement 1 (2.0 -> 1.5)", explain.CAME_BACK]
 
 
 def test_never_hits_ignores_other_changes_and_runs_that_hit() -> None:
