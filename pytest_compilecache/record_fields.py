@@ -29,13 +29,16 @@ GPU_SECONDS = ("triton_compile_seconds", "autotune_seconds")
 GPU_SIGNALS = ("triton_bundle_files", "triton_built", "autotune_benchmarks", "autotune_seconds")
 
 # Whole numbers summed over a test's phases and over a session's tests: frames Dynamo compiled, how many of them
-# were recompiles of a frame compiled before.
-COUNTS = ("frames", "recompiles")
+# were recompiles of a frame compiled before, graph breaks torch counted.
+COUNTS = ("frames", "recompiles", "graph_breaks")
 SECONDS = ("compile_seconds",)
-# Distinct texts, in order of first appearance: the FX-graph cache's bypass reasons.
-TEXTS = ("bypass_reasons",)
-# Distinct entries (plain dicts with a ``count``; equal but for their count, they merge).
-ENTRIES: tuple[str, ...] = ()
+# Distinct texts, in order of first appearance: the FX-graph cache's bypass reasons, torch's graph-break reasons.
+TEXTS = ("bypass_reasons", "graph_break_reasons")
+# Distinct entries (plain dicts with a ``count``; equal but for their count, they merge): each recompile with
+# torch's guard-failure reason (``function``, ``reason``, ``first``: the test that compiled the frame first in that
+# process, "" when unknown), and each frame that hit torch's recompile limit and so runs uncompiled from then on
+# (``function``, ``limit``, ``reason``: the last guard failure).
+ENTRIES = ("recompiled", "limit_hit")
 MAX_TEXTS = 20  # distinct texts or entries kept per test and field: the rest add no new reason
 TEXT_CHARS = 300
 

@@ -59,8 +59,12 @@ class ItemRecord:
     gpu: dict[str, float] = field(default_factory=lambda: _gpu())
     frames: int = 0
     recompiles: int = 0
+    graph_breaks: int = 0
     compile_seconds: float = 0.0
     bypass_reasons: list[str] = field(default_factory=list)
+    graph_break_reasons: list[str] = field(default_factory=list)
+    recompiled: list[dict[str, Any]] = field(default_factory=list)
+    limit_hit: list[dict[str, Any]] = field(default_factory=list)
     # Every FX-graph lookup of this test with its key's components, capped; and, once the controller compared
     # them with an earlier run, why each miss missed.
     graphs: list[GraphLookup] = field(default_factory=list)
@@ -70,7 +74,7 @@ class ItemRecord:
     def compiled(self) -> bool:
         """True when anything went through Dynamo or a compile cache during this test."""
         lookups = sum(self.fxgraph.values()) + sum(self.aotautograd.values())
-        return bool(self.frames or lookups or self.compile_seconds or self.used_gpu)
+        return bool(self.frames or lookups or self.compile_seconds or self.used_gpu or self.limit_hit)
 
     @property
     def used_gpu(self) -> bool:
@@ -120,13 +124,14 @@ class ItemRecord:
                 with contextlib.suppress(ValueError):  # a malformed lookup from a worker is dropped, not fatal
                     self.graphs.append(graph if isinstance(graph, GraphLookup) else GraphLookup.from_json(graph))
         for item in why:
-            if isinstance(item, Mapping) and isinstance(item.get("key"), str):
-                self.why.append(MissExplanation(item["key"], [str(r) for r in item.get("reasons", ())]))
+            with contextlib.suppress(ValueError):  # a malformed explanation is dropped, not fatal
+                self.why.append(item if isinstance(item, MissExplanation) else MissExplanation.from_json(item))
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"nodeid": self.nodeid, "worker": self.worker}
         out.update({group: dict(getattr(self, group)) for group in COUNT_GROUPS})
-        out["gpu"] = _gpu_json(self.gpu)
+        if self.used_gpu:  # no all-zero block on CPU (issue 41); a reader takes a missing block as zeros
+            out["gpu"] = _gpu_json(self.gpu)
         out.update({name: getattr(self, name) for name in COUNTS})
         out.update({name: round(getattr(self, name), 4) for name in SECONDS})
         out.update({name: list(getattr(self, name)) for name in TEXTS})
@@ -231,7 +236,8 @@ class SessionStats:
         rate = self.hit_rate
         out: dict[str, Any] = {"tests": self.tests, "compiled_tests": len(self.compiled)}
         out.update({group: self.total(group) for group in COUNT_GROUPS})
-        out["gpu"] = _gpu_json(self.gpu_total())
+        if self.used_gpu:  # as in ItemRecord.to_json
+            out["gpu"] = _gpu_json(self.gpu_total())
         out.update({name: int(self.sum(name)) for name in COUNTS})
         out.update(
             {
@@ -329,6 +335,29 @@ class CompileCacheStats:
     @property
     def bypass_reasons(self) -> list[str]:
         return self.snapshot().bypass_reasons
+
+    @property
+    def graph_breaks(self) -> int:
+        """Graph breaks torch counted so far; ``graph_break_reasons`` says why (its distinct reasons)."""
+        return self.snapshot().graph_breaks
+
+    @property
+    def graph_break_reasons(self) -> list[str]:
+        return self.snapshot().graph_break_reasons
+
+    @property
+    def recompiled(self) -> list[dict[str, Any]]:
+        """Each recompile so far: ``{"function", "reason", "first", "count"}`` (torch's guard-failure reason; the
+        test that compiled the frame first)."""
+        return self.snapshot().recompiled
+
+    @property
+    def limit_hit(self) -> list[dict[str, Any]]:
+        """Frames that hit torch's recompile limit so far (they run uncompiled from then on)::
+
+        assert not compile_cache_stats.limit_hit, compile_cache_stats.limit_hit
+        """
+        return self.snapshot().limit_hit
 
     @property
     def misses(self) -> int:

@@ -29,6 +29,7 @@ from .compare import constant_what as constant_what
 from .compare import diff as diff
 from .compare import explain_miss as explain_miss
 from .compare import explain_test as explain_test
+from .compare import merged as merged
 from .compare import most_similar as most_similar
 from .compare import similarity as similarity
 from .compare import symbolic_one_side as symbolic_one_side

@@ -287,15 +287,42 @@ def _structure_detail(old: Code, new: Code) -> str:
 # --------------------------------------------------------------------------- one test, many lookups
 
 
+def merged(misses: Sequence[MissExplanation]) -> list[str]:
+    """One text per distinct set of reasons of a test's misses, naming the graphs that share it:
+    ``gelu (t.py:12), 2 graphs (inputs [4]; [8]): graph code changed: a constant in graph statement 6 (1.75 -> 2.0)``
+    (each shape's graph missed for the same reason: said once)."""
+    groups: dict[tuple[str, ...], list[MissExplanation]] = {}
+    for miss in misses:
+        groups.setdefault(tuple(miss.reasons), []).append(miss)
+    out = []
+    for reasons, group in groups.items():
+        functions = ", ".join(dict.fromkeys(m.function for m in group if m.function))
+        inputs = "; ".join(dict.fromkeys(m.inputs for m in group if m.inputs))
+        which = f"{len(group)} graphs" + (f" (inputs {inputs})" if inputs else "") if len(group) > 1 else ""
+        which = which or (f"inputs {inputs}" if inputs and functions else "")  # a lone graph: with its function
+        head = ", ".join(part for part in (functions, which) if part)
+        out.append(f"{head}: {'; '.join(reasons)}" if head else "; ".join(reasons))
+    return out
+
+
 @dataclass
 class MissExplanation:
-    """Why one missed lookup of a test missed."""
+    """Why one missed lookup of a test missed, and which graph it was: the compiled ``function``
+    (:attr:`GraphLookup.function`) and the shapes of its tensor ``inputs`` (:attr:`GraphLookup.inputs`), "" unknown."""
 
     key: str
     reasons: list[str]
+    function: str = ""
+    inputs: str = ""
+
+    @classmethod
+    def of(cls, lookup: GraphLookup, reasons: list[str]) -> MissExplanation:
+        return cls(lookup.key, reasons, lookup.function, lookup.inputs)
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "reasons": list(self.reasons)}
+        out: dict[str, Any] = {"key": self.key, "reasons": list(self.reasons)}
+        out.update({name: value for name, value in (("function", self.function), ("inputs", self.inputs)) if value})
+        return out
 
     @classmethod
     def from_json(cls, data: Any) -> MissExplanation:
@@ -305,7 +332,8 @@ class MissExplanation:
         reasons = data.get("reasons", [])
         if not isinstance(reasons, list):
             raise ValueError(f"reasons must be a list: {reasons!r:.80}")
-        return cls(data["key"], [str(reason) for reason in reasons])
+        function, inputs = (str(data.get(name) or "")[:300] for name in ("function", "inputs"))
+        return cls(data["key"], [str(reason) for reason in reasons], function, inputs)
 
 
 def explain_test(current: Sequence[GraphLookup], previous: Sequence[GraphLookup] | None) -> list[MissExplanation]:
@@ -318,7 +346,7 @@ def explain_test(current: Sequence[GraphLookup], previous: Sequence[GraphLookup]
     if not misses:
         return []
     if previous is None:
-        return [MissExplanation(m.key, [NEW_TEST]) for m in misses]
+        return [MissExplanation.of(m, [NEW_TEST]) for m in misses]
     keys = {lookup.key for lookup in current}
     left = [p for p in previous if p.key not in keys]
     out = []
@@ -327,10 +355,10 @@ def explain_test(current: Sequence[GraphLookup], previous: Sequence[GraphLookup]
         if best is None:
             same_key = any(p.key == miss.key for p in previous)
             reason = (GUARD_MISS if miss.outcome == GUARD else SAME_KEY) if same_key else NEW_GRAPH
-            out.append(MissExplanation(miss.key, [reason]))
+            out.append(MissExplanation.of(miss, [reason]))
             continue
         left.remove(best)
-        out.append(MissExplanation(miss.key, diff(best, miss)))
+        out.append(MissExplanation.of(miss, diff(best, miss)))
     return out
 
 

@@ -29,6 +29,7 @@ MAX_COMPONENTS = 200_000
 MAX_GRAPH_LINES = 400  # graph code longer than this keeps its hash, not its per-line signature
 CODE_TEXT_CHARS = 1500  # statement text kept per graph, from its start, to say what changed (issue 29.11)
 STATEMENT_CHARS = 100  # one statement's text at most, in the record and in every reason
+FUNCTION_CHARS = 200  # a compiled function's name and file:line, at most
 MAX_REASONS = 10  # reasons per miss, the last one counting the rest
 
 GUARD = "guard_miss"  # the key was in the cache, its guards rejected this call (torch 2.13+ says so)
@@ -65,6 +66,15 @@ class GraphLookup:
     key: str
     outcome: str
     components: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+    # The compiled function whose graph this is, as torch's logs name it: ``gelu (tests/test_ops.py:12)``;
+    # "" when unknown (a record written before the field, or a torch that does not say).
+    function: str = ""
+
+    @property
+    def inputs(self) -> str:
+        """The shapes of the graph's tensor inputs: ``[8, 16], [16]`` ("" when none is known)."""
+        shapes = [_shape(value) for name, (_, value) in self.components.items() if name.startswith(INPUT + "[")]
+        return ", ".join(shape for shape in shapes if shape)
 
     @property
     def kind(self) -> tuple[str | None, str | None]:
@@ -80,7 +90,10 @@ class GraphLookup:
         comps: dict[str, Any] = {}
         for name, (digest, value) in self.components.items():
             comps[name] = digest if value is None else [digest, value]
-        return {"k": self.key, "o": self.outcome, "c": comps}
+        out: dict[str, Any] = {"k": self.key, "o": self.outcome, "c": comps}
+        if self.function:
+            out["f"] = self.function
+        return out
 
     @classmethod
     def from_json(cls, data: Any) -> GraphLookup:
@@ -98,7 +111,9 @@ class GraphLookup:
                 components[str(name)] = (entry[0], entry[1])
             else:
                 raise ValueError(f"graph lookup: bad component {name!r}")
-        return cls(key=key, outcome=str(outcome), components=components)
+        function = data.get("f", "")
+        function = function[:FUNCTION_CHARS] if isinstance(function, str) else ""
+        return cls(key=key, outcome=str(outcome), components=components, function=function)
 
 
 def lookup_from_torch(
@@ -183,6 +198,14 @@ def _parse(line: object) -> tuple[str, str, str | None, str] | None:
         return None
     attr, opened, index = head.partition("[")
     return line[1:end][:HASH_CHARS], attr, index[:-1] if opened else None, text.removeprefix(" ")
+
+
+def _shape(value: str | None) -> str:
+    """``dtype=float32;shape=[8, 16];...`` -> ``[8, 16]``; "" for an input that is not a tensor (or unknown)."""
+    for part in (value or "").split(";"):
+        if part.startswith("shape="):
+            return part[len("shape=") :][:60]
+    return ""
 
 
 def _readable(text: str) -> str | None:

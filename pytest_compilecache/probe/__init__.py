@@ -5,6 +5,7 @@ and each use is guarded: a missing attribute means "not available on this torch"
 
 * :mod:`.hooks` -- is torch loaded; wrapping a torch module the moment it is imported (every module below uses it)
 * :mod:`.counters` -- per-test counters and compilation metrics (:func:`mark`, :func:`delta`)
+* :mod:`.dynamo` -- Dynamo's own costs: recompiles and their reasons, the recompile limit, graph breaks
 * :mod:`.graphs` -- every FX-graph lookup with its key's components (the miss explanations' input)
 * :mod:`.pch` -- torch's precompiled headers, each checked at its first look-up
 * :mod:`.triton` -- triton cache entries opened and built
@@ -33,11 +34,13 @@ if TYPE_CHECKING:
     from .config import put_back_config as put_back_config
     from .counters import AUTOTUNE_COUNTERS as AUTOTUNE_COUNTERS
     from .counters import AUTOTUNE_METRICS as AUTOTUNE_METRICS
+    from .counters import FIRST_COMPILES as FIRST_COMPILES
     from .counters import TRITON_COMPILE_METRICS as TRITON_COMPILE_METRICS
     from .counters import ZERO as ZERO
     from .counters import Mark as Mark
     from .counters import delta as delta
     from .counters import mark as mark
+    from .dynamo import fail_on_recompile_limit as fail_on_recompile_limit
     from .facts import CHILD_TIMEOUT as CHILD_TIMEOUT
     from .facts import Devices as Devices
     from .facts import capabilities as capabilities
@@ -84,6 +87,8 @@ _WHERE = {
     "point_cache_dir": "config",
     "put_back_config": "config",
     "AUTOTUNE_COUNTERS": "counters",
+    "FIRST_COMPILES": "counters",
+    "fail_on_recompile_limit": "dynamo",
     "AUTOTUNE_METRICS": "counters",
     "Mark": "counters",
     "TRITON_COMPILE_METRICS": "counters",

@@ -12,6 +12,7 @@ from typing import Any
 from ..record_fields import AOT_FIELDS
 from ..record_fields import FX_FIELDS
 from ..record_fields import empty_delta
+from . import dynamo
 from .hooks import dynamo_loaded
 from .hooks import torch_loaded
 from .triton import triton_built
@@ -59,6 +60,7 @@ def _prepare() -> None:
         logger.addFilter(_tap)
         if logger.getEffectiveLevel() > logging.INFO:
             logger.setLevel(logging.INFO)
+        dynamo.tap_limit_warnings()
     if not _limit_raised and dynamo_loaded():
         from torch._dynamo import utils
 
@@ -69,19 +71,23 @@ def _prepare() -> None:
 
 
 class Mark:
-    """Counters and metric position at the start of a phase; ``triton``: triton cache entries written so far."""
+    """Counters and metric position at the start of a phase; ``triton``: triton cache entries written so far;
+    ``limits``: recompile-limit warnings so far."""
 
-    __slots__ = ("counters", "metrics", "reasons", "triton")
+    __slots__ = ("counters", "limits", "metrics", "reasons", "triton")
 
-    def __init__(self, counters: dict[str, dict[str, int]], metrics: int, reasons: int, triton: int = 0) -> None:
+    def __init__(
+        self, counters: dict[str, dict[str, int]], metrics: int, reasons: int, triton: int = 0, limits: int = 0
+    ) -> None:
         self.counters = counters
         self.metrics = metrics
         self.reasons = reasons
         self.triton = triton
+        self.limits = limits
 
 
 ZERO = _EMPTY = Mark({}, 0, 0)  # before torch is imported: every counter at zero
-_GROUPS = ("inductor", "aot_autograd")
+_GROUPS = ("inductor", "aot_autograd", dynamo.GRAPH_BREAKS)
 
 
 def mark() -> Mark:
@@ -91,11 +97,11 @@ def mark() -> Mark:
     _prepare()
     reasons = len(_tap.reasons) if _tap else 0
     if not dynamo_loaded():
-        return Mark({}, 0, reasons, len(triton_built))
+        return Mark({}, 0, reasons, len(triton_built), dynamo.limit_mark())
     from torch._dynamo import utils
 
     counters = {group: dict(utils.counters[group]) for group in _GROUPS if group in utils.counters}
-    return Mark(counters, len(_metrics(utils)), reasons, len(triton_built))
+    return Mark(counters, _metrics_count(utils), reasons, len(triton_built), dynamo.limit_mark())
 
 
 def delta(start: Mark) -> dict[str, Any]:
@@ -124,6 +130,16 @@ def delta(start: Mark) -> dict[str, Any]:
     out["aotautograd"] = {k: moved("aot_autograd", f"autograd_cache_{k}") for k in AOT_FIELDS}
     for record in new:
         _add_metric(out, record)
+    if utils.counters.get(dynamo.GRAPH_BREAKS):
+        before = start.counters.get(dynamo.GRAPH_BREAKS, {})
+        out["graph_breaks"], reasons = dynamo.graph_breaks(before, dict(utils.counters[dynamo.GRAPH_BREAKS]))
+        if reasons:
+            out["graph_break_reasons"] = reasons
+    limit_hit = dynamo.limit_hits(start.limits)
+    if limit_hit:
+        out["limit_hit"] = limit_hit
+    if "recompiled" in out:
+        _name_unnamed(out["recompiled"], new, limit_hit)
     if _tap is not None:
         out["bypass_reasons"] = sorted(set(_tap.reasons[start.reasons :]))
     return out
@@ -149,7 +165,34 @@ def _metrics(utils: Any) -> list[Any]:
     return list(get()) if get is not None else []
 
 
+def _metrics_count(utils: Any) -> int:
+    """How many records :func:`_metrics` would return, without copying them (every test's start asks)."""
+    get = getattr(utils, "get_compilation_metrics", None)
+    return len(get()) if get is not None else 0
+
+
 _ATTEMPT = r"(\d+)/(\d+)"  # compiled by ``re`` on first use, not at import
+# The functions whose frames a delta compiled for the first time: not a statistic, but what the recorder needs to
+# name the earlier test that compiled a frame a later test recompiled (it takes the key out of the delta).
+FIRST_COMPILES = "first_compiles"
+
+
+def _name_unnamed(recompiled: list[dict[str, Any]], records: list[Any], limit_hit: list[dict[str, str]]) -> None:
+    """A compile that failed (the one that hit the recompile limit: torch records it without ``co_name``) takes
+    its function from a record of the same frame, else from the limit warning of the same test."""
+    frames = {_frame(record): dynamo.record_function(record) for record in records if getattr(record, "co_name", None)}
+    for entry in recompiled:
+        frame = entry.pop(_FRAME, None)
+        if not entry["function"]:
+            hits = {hit["function"] for hit in limit_hit}
+            entry["function"] = frames.get(frame) or (hits.pop() if len(hits) == 1 else "")
+
+
+def _frame(record: Any) -> str:
+    return str(getattr(record, "compile_id", "") or "").partition("/")[0]
+
+
+_FRAME = "frame"  # an entry's frame id, until _name_unnamed has read it
 
 
 def _us(record: Any, names: tuple[str, ...]) -> float:
@@ -169,8 +212,14 @@ def _add_metric(out: dict[str, Any], record: Any) -> None:
         out["frames"] += 1
         out["compile_seconds"] += frame_seconds or 0.0
         match = re.search(_ATTEMPT, str(getattr(record, "compile_id", "") or ""))
-        if getattr(record, "recompile_reason", None) or (match and int(match.group(2)) > 0):
+        reason = getattr(record, "recompile_reason", None)
+        if reason or (match and int(match.group(2)) > 0):
             out["recompiles"] += 1
+            entry = {"function": dynamo.record_function(record), "reason": dynamo.guard_failure(reason)}
+            entry[_FRAME] = _frame(record)
+            out.setdefault("recompiled", []).append(entry)
+        elif match:  # the frame's first compile: the recorder remembers which test paid it
+            out.setdefault(FIRST_COMPILES, []).append(dynamo.record_function(record))
     remote = out["remote"]
     remote["fx_hit"] += getattr(record, "inductor_fx_remote_cache_hit_count", 0) or 0
     remote["fx_miss"] += getattr(record, "inductor_fx_remote_cache_miss_count", 0) or 0

@@ -9,6 +9,7 @@ import contextlib
 import sys
 from typing import Any
 
+from . import dynamo
 from .hooks import CODECACHE
 from .hooks import install_now_or_on_import
 
@@ -75,7 +76,14 @@ def _record_lookup(key: Any, debug_lines: Any, result: Any) -> None:
     if state == "miss" and info.get("cache_status_detailed") == "guard_miss":
         state = "guard_miss"  # the entry exists; its symbolic-shape guards failed (torch 2.13+ says so)
     lookup = lookup_from_torch(key, state, debug_lines, defaults=_inductor_defaults(), values=_torch_values())
-    _lookups.append(lookup.to_json())
+    data = lookup.to_json()
+    compiling = dynamo.compile_id()
+    if compiling is not None:  # named at the test's end, once the frame's compile is recorded (graph_delta)
+        data[_COMPILE_ID] = compiling
+    _lookups.append(data)
+
+
+_COMPILE_ID = "i"  # a lookup's compile id until graph_delta names its function (``f``, GraphLookup.function)
 
 
 _defaults: dict[str, str] | None = None
@@ -123,7 +131,23 @@ def graph_mark() -> int:
 def graph_delta(start: int) -> list[dict[str, Any]]:
     """The lookups (``GraphLookup.to_json`` dicts) made since ``graph_mark()`` returned ``start``."""
     graph_capture_installed()
-    return list(_lookups[start:]) if start <= len(_lookups) else list(_lookups)
+    found = list(_lookups[start:]) if start <= len(_lookups) else list(_lookups)
+    if any(_COMPILE_ID in lookup for lookup in found):
+        _name_functions(found)
+    return found
+
+
+def _name_functions(lookups: list[dict[str, Any]]) -> None:
+    """Name the compiled function of each lookup (``f``) from torch's record of its frame's compile."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    get = getattr(utils, "get_compilation_metrics", None)
+    ids = {str(lookup[_COMPILE_ID]) for lookup in lookups if _COMPILE_ID in lookup}
+    names = dynamo.functions_of(ids, list(get())) if callable(get) else {}
+    for lookup in lookups:
+        name = names.get(str(lookup.get(_COMPILE_ID)))
+        if name:  # else kept for a later call (GraphLookup.from_json reads no "i")
+            lookup["f"] = name
+            del lookup[_COMPILE_ID]
 
 
 def uninstall_graph_capture() -> None:

@@ -30,7 +30,7 @@ LAYERS: list[set[str]] = [
     {"cachedir"},
     {"report", "problems"},
     {"stats", "settings", "probe"},
-    {"explain", "remote", "headers"},
+    {"explain", "remote", "headers", "dynamo_costs"},
     {"manifest"},
     {"ghrunner", "_fs", "_env"},
     {"_version", "errors", "options", "record_fields"},
