@@ -43,13 +43,21 @@ MAX_TEXTS = 20  # distinct texts or entries kept per test and field: the rest ad
 TEXT_CHARS = 300
 
 
-def empty_delta() -> dict[str, Any]:
-    """A delta with every field at zero: the shape :func:`probe.delta` fills in and ``ItemRecord.add`` reads."""
+def _zero() -> dict[str, Any]:
     out: dict[str, Any] = {group: dict.fromkeys(fields, 0) for group, fields in COUNT_GROUPS.items()}
     out["gpu"] = {**dict.fromkeys(GPU_COUNTS, 0), **dict.fromkeys(GPU_SECONDS, 0.0)}
     out.update(dict.fromkeys(COUNTS, 0))
     out.update(dict.fromkeys(SECONDS, 0.0))
     return out
+
+
+_ZERO = _zero()
+
+
+def empty_delta() -> dict[str, Any]:
+    """A delta with every field at zero: the shape :func:`probe.delta` fills in and ``ItemRecord.add`` reads
+    (a copy of one made at import: every test's end asks for one)."""
+    return {name: dict(value) if type(value) is dict else value for name, value in _ZERO.items()}
 
 
 def counts(fields: tuple[str, ...], data: Mapping[str, Any] | None = None) -> dict[str, int]:
