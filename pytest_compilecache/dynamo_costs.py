@@ -24,7 +24,10 @@ if TYPE_CHECKING:
 SHORT_ROWS = 3  # tests named in the short report before "and N more"
 TOP_ROWS = 10  # offenders listed in the full report and the JSON report's ``top``
 UNCOMPILED = "ran uncompiled"
-UNCOMPILED_NOTE = "every later call of it in this process ran uncompiled: the tests passed without compiled code"
+UNCOMPILED_NOTE = (
+    "from then on torch runs it uncompiled in this process, and tests pass without testing compiled code "
+    "(--compile-cache-fail-on-eager-fallback fails them instead)"
+)
 
 
 def _plural(count: int, word: str) -> str:

@@ -94,7 +94,7 @@ def test_reason(nodeid: str, why: SessionExplanation | None) -> str:
     texts = merged(why.misses.get(nodeid, []))
     if not texts:
         return "no reason recorded (its graphs were not captured)"
-    return texts[0] + (f" (and {len(texts) - 1} more reasons)" if len(texts) > 1 else "")
+    return texts[0] + (f" (and {_plural(len(texts) - 1, 'other reason')})" if len(texts) > 1 else "")
 
 
 def miss_lines(

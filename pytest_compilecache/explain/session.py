@@ -121,11 +121,11 @@ CAME_BACK = (
 
 
 def _say_it_came_back(explained: list[MissExplanation], what: str) -> None:
-    """Add :data:`CAME_BACK` to the miss whose constant came back (an edit and its revert, issue 41)."""
+    """Add :data:`CAME_BACK` to each miss whose constant came back (an edit and its revert, issue 41): every graph
+    of the test that holds it (one per shape) says the same, and is said once."""
     for miss in explained:
         if any(reason.startswith("graph code changed: " + what) for reason in miss.reasons):
             miss.reasons.append(CAME_BACK)
-            return
 
 
 def _forward_only(lookups: Sequence[GraphLookup]) -> bool:

@@ -186,7 +186,7 @@ def test_identical_reasons_of_one_tests_graphs_are_said_once_with_the_function_a
     ]
     stats = _stats(_record("t.py::test_gelu", miss=3))
     assert report.miss_lines(stats, why, None)[0] == (
-        f"missed: t.py::test_gelu: {fn}, 2 graphs (inputs [4, 8]; [8, 8]): {reason} (and 1 more reasons)"
+        f"missed: t.py::test_gelu: {fn}, 2 graphs (inputs [4, 8]; [8, 8]): {reason} (and 1 other reason)"
     )
     assert shown(report.why_markdown(why, 10_000)).count(reason) == 1
 
