@@ -264,6 +264,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "torch's compile caches off for it. Everything is put back afterwards.",
     )
     quiet = _quiet(config)
+    settings = _settings(config)  # None: no option given (settings not even loaded)
+    if settings is not None and settings.fail_on_eager_fallback:
+        from . import probe  # cost: only with the option
+
+        config.add_cleanup(probe.fail_on_recompile_limit())  # set once torch's Dynamo config is imported
     if not quiet:
         setup = _setup(config)
         if not _is_worker(config) and getattr(config.option, "cacheclear", False):
@@ -593,6 +598,17 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         )
     if must_fail and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    _keep_last_report(config)
+
+
+def _keep_last_report(config: pytest.Config) -> None:
+    """This session's full report, in pytest's cache: ``python -m pytest_compilecache report`` prints it later
+    without a rerun, which would hit what this run compiled (issue 41). Not without pytest's cache provider."""
+    cache = getattr(config, "cache", None)
+    if cache is not None:
+        from .report import LAST_REPORT_KEY  # cost: loaded by the controller's finish already
+
+        cache.set(LAST_REPORT_KEY, _controller(config).to_json())
 
 
 def _cold_tests(config: pytest.Config) -> int:

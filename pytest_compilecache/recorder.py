@@ -62,6 +62,8 @@ class Recorder:
         self.baseline_dir: str | None = None
         self._baseline: GraphsRecord | None = None
         self._baseline_read = False
+        # function -> the test whose frame compiled it first in this process: a later recompile names it
+        self._first_compiled: dict[str, str] = {}
 
     @property
     def has_stats(self) -> bool:
@@ -109,19 +111,30 @@ class Recorder:
     def finish(self, nodeid: str, start: Start, intended: bool = False) -> None:
         """Record the test that began at ``start``; ``intended``: marked isolated/disabled, so its misses are
         by design and its graphs are neither kept nor explained."""
-        self.record(nodeid, self._delta(start, intended))
+        self.record(nodeid, self._delta(nodeid, start, intended))
 
-    @staticmethod
-    def _delta(start: Start, intended: bool) -> dict[str, Any]:
+    def _delta(self, nodeid: str, start: Start, intended: bool) -> dict[str, Any]:
         from . import probe  # cost: as above
 
         delta = probe.delta(start.mark if start.mark is not None else probe.ZERO)
+        if probe.FIRST_COMPILES in delta or "recompiled" in delta:  # only a test that compiled a frame
+            self._name_first_compilers(nodeid, delta)
         if start.graphs is None:  # explaining is off
             return delta
         graphs = probe.graph_delta(start.graphs)
         if graphs and not intended:
             delta["graphs"] = graphs
         return delta
+
+    def _name_first_compilers(self, nodeid: str, delta: dict[str, Any]) -> None:
+        """Remember the functions this test compiled first; name, in each recompile, the test that compiled its
+        frame first (in this process: each xdist worker compiles for itself)."""
+        from . import probe  # cost: as above
+
+        for function in delta.pop(probe.FIRST_COMPILES, ()):
+            self._first_compiled.setdefault(function, nodeid)
+        for entry in delta.get("recompiled", ()):
+            entry["first"] = self._first_compiled.get(entry.get("function", ""), "")
 
     def record(self, nodeid: str, delta: Mapping[str, Any]) -> None:
         """Count one finished test and keep its record when it compiled."""
@@ -145,7 +158,7 @@ class Recorder:
         if start is None:
             return CompileCacheStats(nodeid, dict)
         explain = self._why if self.explain and not intended else None
-        return CompileCacheStats(nodeid, lambda: self._delta(start, intended), explain)
+        return CompileCacheStats(nodeid, lambda: self._delta(nodeid, start, intended), explain)
 
     def _why(self, record: ItemRecord) -> list[MissExplanation]:
         baseline = self.baseline()

@@ -33,11 +33,12 @@ LAYERS: list[set[str]] = [
     {"container", "install", "stores", "fingerprint"},
     {"cachedir"},
     {"report", "problems"},
+    {"dynamo_costs"},
     {"stats", "settings", "probe"},
     {"explain", "remote", "pch"},
     {"manifest"},
     {"ghrunner", "_fs", "_env"},
-    {"_version", "errors", "options", "_loader"},
+    {"_version", "errors", "options", "_loader", "record_fields"},
 ]
 ONLY = {
     "pytest": {"plugin"},
