@@ -417,10 +417,16 @@ def test_install_command(action: ModuleType, environ: dict[str, str]) -> None:
     argv = inputs.install_command(environ, python="/py", has_pip=lambda python: True)
     assert argv is not None
     assert argv[:4] == ["/py", "-m", "pip", "install"] and argv[-1] == "/actions/pytest-compilecache"
-    environ["INPUT_STORE"] = "s3://bucket/x"
-    assert (inputs.install_command(environ, python="/py", has_pip=lambda python: True) or [""])[-1] == (
-        "/actions/pytest-compilecache[s3]"
-    )
+    for store, extra in [
+        ("s3://bucket/x", "[s3]"),
+        ("gs://bucket/x", "[gcs]"),
+        ("az://box/x", "[azure]"),
+        ("github", ""),
+    ]:
+        environ["INPUT_STORE"] = store
+        assert (inputs.install_command(environ, python="/py", has_pip=lambda python: True) or [""])[-1] == (
+            "/actions/pytest-compilecache" + extra
+        )
     environ["INPUT_INSTALL"] = "false"
     assert inputs.install_command(environ) is None
 
