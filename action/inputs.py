@@ -347,13 +347,18 @@ def install_command(
     has_pip: Callable[[str], bool] = _has_pip,
     which: Callable[[str], str | None] = shutil.which,
 ) -> list[str] | None:
-    """``pip install <action path>[s3]`` (``uv pip install --python`` where the venv has no pip, as uv
-    makes them), or None with ``install: false``. Raises InputError when neither can install."""
+    """``pip install <action path>[<extra>]``, the extra the store's backend needs (``s3``, ``gcs``, ``azure``;
+    ``uv pip install --python`` where the venv has no pip, as uv makes them), or None with ``install: false``.
+    Raises InputError when neither can install."""
     if not _flag(environ, "install", "true"):
         return None
     target = required(environ, "GITHUB_ACTION_PATH")
-    if read(environ, "store").lower().startswith("s3://"):
-        target += "[s3]"
+    # The checkout's own store table (stdlib only): which extra the store's backend needs, if any.
+    from pytest_compilecache.stores.table import extra_for
+
+    extra = extra_for(read(environ, "store"))
+    if extra:
+        target += f"[{extra}]"
     if has_pip(python):
         return [python, "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off", target]
     uv = which("uv")

@@ -14,7 +14,7 @@ the median wall time, both as a ratio of medians on/off and as the median of eac
 (the two runs of a round share the machine's load). Each run must pass and say what it did: the JSON
 report of an ``on`` run lists graphs, an ``off`` run's none. A timer (this file, loaded with
 ``-p explain_overhead`` in both variants; it only wraps, the plugin does the work) also measures in place
-the seconds an ``on`` run spends in the per-lookup capture (``probe._record_lookup``), reading the earlier
+the seconds an ``on`` run spends in the per-lookup capture (``probe.graphs._record_lookup``), reading the earlier
 record (``restore_phase.RestorePhase._read_baseline``) and explaining at the end (``save_phase.SavePhase.explain``),
 as a share of the run's CPU time: the number that noise on a shared machine does not blur. Target: within 2%.
 """
@@ -44,7 +44,7 @@ def micro(iterations: int) -> dict[str, Any]:
     from torch._inductor.codecache import FxGraphCache
 
     from pytest_compilecache import explain
-    from pytest_compilecache import probe
+    from pytest_compilecache.probe import graphs
 
     original = FxGraphCache.__dict__["load_with_key"].__func__
     seen: list[tuple[str, list[str], float]] = []
@@ -64,7 +64,7 @@ def micro(iterations: int) -> dict[str, Any]:
     with torch.no_grad():
         torch.compile(lambda x: (x * 2.0).relu().sum(0))(torch.randn(8, 16))  # a hit: the warm-run lookup
     key, lines, hit_seconds = seen[-1]
-    defaults = probe._inductor_defaults()
+    defaults = graphs._inductor_defaults()
     start = time.perf_counter()
     for _ in range(iterations):
         explain.lookup_from_torch(key, "hit", lines, defaults=defaults, values={"torch_version": "x"}).to_json()
@@ -171,11 +171,11 @@ def pytest_configure(config: Any) -> None:
     """Wrap the two places the plugin spends time on explanations; the plugin itself is unchanged."""
     if not os.environ.get(TIMINGS_ENV):
         return
-    from pytest_compilecache import probe
     from pytest_compilecache import restore_phase
     from pytest_compilecache import save_phase
+    from pytest_compilecache.probe import graphs
 
-    probe._record_lookup = _timed("capture", probe._record_lookup)  # the capture calls it through the module
+    graphs._record_lookup = _timed("capture", graphs._record_lookup)  # the capture calls it through the module
     end: Any = save_phase.SavePhase
     end.explain = _timed("explain", end.explain)
     start: Any = restore_phase.RestorePhase

@@ -317,14 +317,17 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     Any input that is not such a report (unreadable, not JSON, nested too deep, a number out of range, a
     field of the wrong type) is a ConfigError: one ``error:`` line and exit 2, never a traceback or exit 1."""
+    kept = not args.json_report  # the last session's report, kept in pytest's cache (issue 41)
+    args.json_report = args.json_report or report.LAST_REPORT_PATH
     try:
         data = json.loads(Path(args.json_report).read_text())
     except OSError as exc:
-        raise ConfigError(f"cannot read {args.json_report}: {exc.strerror or exc}") from None
+        hint = " (no session kept a report here: run pytest in this directory first)" if kept else ""
+        raise ConfigError(f"cannot read {args.json_report}: {exc.strerror or exc}{hint}") from None
     except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
         raise ConfigError(f"{args.json_report} is not JSON: {type(exc).__name__}: {exc}") from None
     try:
-        text = _render_report(data)
+        text = report.full_text(data) if args.text or (kept and not args.summary) else _render_report(data)
     except Exception as exc:  # whatever the input makes the renderer raise (OverflowError for 1e999...): its shape
         why = f"{type(exc).__name__}: {exc}"
         raise ConfigError(f"{args.json_report} is not a --compile-cache-json report ({why})") from None
@@ -499,8 +502,9 @@ def _bundle_commands(sub: Any) -> None:
     p.add_argument("--keep", type=_positive, default=3)
     p.set_defaults(func=cmd_prune)
 
-    p = sub.add_parser("report", help="render a --compile-cache-json file as Markdown")
-    p.add_argument("json_report")
+    p = sub.add_parser("report", help="the last session's full report, or a --compile-cache-json file as Markdown")
+    p.add_argument("json_report", nargs="?", help="default: the last session's report (pytest's cache, as text)")
+    p.add_argument("--text", action="store_true", help="the terminal's full report instead of Markdown")
     p.add_argument("--summary", action="store_true", help="append to $GITHUB_STEP_SUMMARY")
     p.set_defaults(func=cmd_report)
 

@@ -72,6 +72,13 @@ TABLE: tuple[tuple[str, str, bool, str], ...] = (
     ),
     ("readonly", "--compile-cache-readonly", True, "restore but never save."),
     (
+        "fail_on_eager_fallback",
+        "--compile-cache-fail-on-eager-fallback",
+        True,
+        "fail a test whose compiled function hits torch's recompile limit (torch would run it uncompiled from "
+        "then on, and the test pass without testing compiled code): torch's fail_on_recompile_limit_hit.",
+    ),
+    (
         "restore",
         "--compile-cache-restore",
         False,

@@ -42,8 +42,8 @@ if TYPE_CHECKING:
     from .context import SessionContext
     from .ghrunner import StopTokenWatch
     from .problems import Classifier
+    from .recorder import PerTestHooks
     from .recorder import Recorder
-    from .recorder import Start
     from .session import Controller
     from .session import Worker
     from .settings import Settings
@@ -59,7 +59,7 @@ _CONTROLLER: pytest.StashKey[Controller] = pytest.StashKey()
 _WORKER: pytest.StashKey[Worker] = pytest.StashKey()
 _RECORDER: pytest.StashKey[Recorder] = pytest.StashKey()
 _COUNTER: pytest.StashKey[_Counter] = pytest.StashKey()
-_TESTS: pytest.StashKey[_Tests] = pytest.StashKey()
+_TESTS: pytest.StashKey[PerTestHooks] = pytest.StashKey()
 _RUNNER_OUTPUT: pytest.StashKey[StopTokenWatch] = pytest.StashKey()
 
 MARKER = "compile_cache"
@@ -264,6 +264,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "torch's compile caches off for it. Everything is put back afterwards.",
     )
     quiet = _quiet(config)
+    settings = _settings(config)  # None: no option given (settings not even loaded)
+    if settings is not None and settings.fail_on_eager_fallback:
+        from . import probe  # cost: only with the option
+
+        config.add_cleanup(probe.fail_on_recompile_limit())  # set once torch's Dynamo config is imported
     if not quiet:
         setup = _setup(config)
         if not _is_worker(config) and getattr(config.option, "cacheclear", False):
@@ -416,7 +421,7 @@ class _Counter:
         self.tests += 1
 
 
-def _start_tests(config: pytest.Config) -> _Tests | None:
+def _start_tests(config: pytest.Config) -> PerTestHooks | None:
     """Hand the counting over to the per-test capture (once; None in an xdist controller, which runs no test).
 
     Called when torch is about to be imported - maybe in the middle of a test, which then started before
@@ -428,56 +433,12 @@ def _start_tests(config: pytest.Config) -> _Tests | None:
     counter = config.stash.get(_COUNTER, None)
     if counter is not None:
         config.pluginmanager.unregister(counter)
-    tests = config.stash[_TESTS] = _Tests(_recorder(config))  # _recorder takes the counter's tests over
+    from .recorder import PerTestHooks
+
+    tests = config.stash[_TESTS] = PerTestHooks(_recorder(config))  # _recorder takes the counter's tests over
     tests.current = tests.cold  # the running test, if any: it began before torch could compile anything
     config.pluginmanager.register(tests, "compilecache-tests")
     return tests
-
-
-class _Tests:
-    """This process's per-test hooks: the recorder, the marked tests and the running test's start."""
-
-    def __init__(self, recorder: Recorder) -> None:
-        from .recorder import COLD  # cost: as _recorder
-        from .recorder import COLD_UNEXPLAINED
-
-        self.recorder = recorder
-        self.marked: dict[str, str] = {}  # node id -> "isolated" / "disabled" (pytest_collection_modifyitems)
-        self.current: Start | None = None  # the running test's start, for the compile_cache_stats fixture
-        self.isolation: Any = None  # the running marked test's isolation (a context manager), entered
-        self.cold = COLD if recorder.explain else COLD_UNEXPLAINED  # Recorder.start before torch is imported
-
-    def pytest_runtest_logstart(self, nodeid: str) -> None:
-        if self.marked or "torch" in _MODULES:
-            self._start(nodeid)
-        else:  # torch was looked up but is not imported (e.g. importorskip): one lookup, one attribute
-            self.current = self.cold
-
-    def pytest_runtest_logfinish(self, nodeid: str) -> None:
-        if self.current is self.cold and self.isolation is None and "torch" not in _MODULES:
-            self.recorder.cold_tests += 1  # Recorder.finish_cold, inlined: the test cannot have compiled
-        else:
-            self._finish(nodeid)
-
-    def _start(self, nodeid: str) -> None:
-        mode = self.marked.get(nodeid) if self.marked else None
-        if mode is not None:
-            from . import probe  # cost: only for a marked test
-
-            self.isolation = probe.isolated_compile(disable=mode == "disabled")
-            self.isolation.__enter__()
-        self.current = self.recorder.start()
-
-    def _finish(self, nodeid: str) -> None:
-        start, recorder, isolation = self.current, self.recorder, self.isolation
-        if start is None:
-            return
-        self.current = None
-        if isolation is not None:
-            self.isolation = None
-            isolation.__exit__(None, None, None)
-        if isolation is not None or not recorder.finish_cold(start):
-            recorder.finish(nodeid, start, intended=isolation is not None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -593,6 +554,17 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         )
     if must_fail and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    _keep_last_report(config)
+
+
+def _keep_last_report(config: pytest.Config) -> None:
+    """This session's full report, in pytest's cache: ``python -m pytest_compilecache report`` prints it later
+    without a rerun, which would hit what this run compiled (issue 41). Not without pytest's cache provider."""
+    cache = getattr(config, "cache", None)
+    if cache is not None:
+        from .report import LAST_REPORT_KEY  # cost: loaded by the controller's finish already
+
+        cache.set(LAST_REPORT_KEY, _controller(config).to_json())
 
 
 def _cold_tests(config: pytest.Config) -> int:

@@ -62,6 +62,8 @@ class Recorder:
         self.baseline_dir: str | None = None
         self._baseline: GraphsRecord | None = None
         self._baseline_read = False
+        # function -> the test whose frame compiled it first in this process: a later recompile names it
+        self._first_compiled: dict[str, str] = {}
 
     @property
     def has_stats(self) -> bool:
@@ -109,19 +111,30 @@ class Recorder:
     def finish(self, nodeid: str, start: Start, intended: bool = False) -> None:
         """Record the test that began at ``start``; ``intended``: marked isolated/disabled, so its misses are
         by design and its graphs are neither kept nor explained."""
-        self.record(nodeid, self._delta(start, intended))
+        self.record(nodeid, self._delta(nodeid, start, intended))
 
-    @staticmethod
-    def _delta(start: Start, intended: bool) -> dict[str, Any]:
+    def _delta(self, nodeid: str, start: Start, intended: bool) -> dict[str, Any]:
         from . import probe  # cost: as above
 
         delta = probe.delta(start.mark if start.mark is not None else probe.ZERO)
+        if probe.FIRST_COMPILES in delta or "recompiled" in delta:  # only a test that compiled a frame
+            self._name_first_compilers(nodeid, delta)
         if start.graphs is None:  # explaining is off
             return delta
         graphs = probe.graph_delta(start.graphs)
         if graphs and not intended:
             delta["graphs"] = graphs
         return delta
+
+    def _name_first_compilers(self, nodeid: str, delta: dict[str, Any]) -> None:
+        """Remember the functions this test compiled first; name, in each recompile, the test that compiled its
+        frame first (in this process: each xdist worker compiles for itself)."""
+        from . import probe  # cost: as above
+
+        for function in delta.pop(probe.FIRST_COMPILES, ()):
+            self._first_compiled.setdefault(function, nodeid)
+        for entry in delta.get("recompiled", ()):
+            entry["first"] = self._first_compiled.get(entry.get("function", ""), "")
 
     def record(self, nodeid: str, delta: Mapping[str, Any]) -> None:
         """Count one finished test and keep its record when it compiled."""
@@ -145,7 +158,7 @@ class Recorder:
         if start is None:
             return CompileCacheStats(nodeid, dict)
         explain = self._why if self.explain and not intended else None
-        return CompileCacheStats(nodeid, lambda: self._delta(start, intended), explain)
+        return CompileCacheStats(nodeid, lambda: self._delta(nodeid, start, intended), explain)
 
     def _why(self, record: ItemRecord) -> list[MissExplanation]:
         baseline = self.baseline()
@@ -172,3 +185,48 @@ class Recorder:
 
     def set_baseline(self, record: GraphsRecord | None) -> None:
         self._baseline, self._baseline_read = record, True
+
+
+class PerTestHooks:
+    """This process's per-test hooks (a pytest plugin object, registered once torch appears, a test is marked or
+    a test asks for its statistics): the recorder, the marked tests and the running test's start. Until torch is
+    imported a test costs one lookup and one attribute here."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.marked: dict[str, str] = {}  # node id -> "isolated" / "disabled" (pytest_collection_modifyitems)
+        self.current: Start | None = None  # the running test's start, for the compile_cache_stats fixture
+        self.isolation: Any = None  # the running marked test's isolation (a context manager), entered
+        self.cold = COLD if recorder.explain else COLD_UNEXPLAINED  # Recorder.start before torch is imported
+
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        if self.marked or "torch" in _MODULES:
+            self._start(nodeid)
+        else:  # torch was looked up but is not imported (e.g. importorskip): one lookup, one attribute
+            self.current = self.cold
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        if self.current is self.cold and self.isolation is None and "torch" not in _MODULES:
+            self.recorder.cold_tests += 1  # Recorder.finish_cold, inlined: the test cannot have compiled
+        else:
+            self._finish(nodeid)
+
+    def _start(self, nodeid: str) -> None:
+        mode = self.marked.get(nodeid) if self.marked else None
+        if mode is not None:
+            from . import probe  # cost: only for a marked test
+
+            self.isolation = probe.isolated_compile(disable=mode == "disabled")
+            self.isolation.__enter__()
+        self.current = self.recorder.start()
+
+    def _finish(self, nodeid: str) -> None:
+        start, recorder, isolation = self.current, self.recorder, self.isolation
+        if start is None:
+            return
+        self.current = None
+        if isolation is not None:
+            self.isolation = None
+            isolation.__exit__(None, None, None)
+        if isolation is not None or not recorder.finish_cold(start):
+            recorder.finish(nodeid, start, intended=isolation is not None)

@@ -16,6 +16,7 @@ from typing import Any
 from typing import Mapping
 from typing import Protocol
 
+from . import dynamo_costs
 from .ghrunner import md_code
 from .ghrunner import md_text
 from .ghrunner import one_line
@@ -67,25 +68,49 @@ def summary_line(stats: SessionStats, where: str) -> str:
     if remote["fx_hit"] or remote["fx_miss"]:
         parts.append(f"remote {remote['fx_hit']} hit/{remote['fx_miss']} miss")
     parts.append(f"{stats.compile_seconds:.1f} s compiling")
+    parts.extend(dynamo_costs.headline(stats))
     parts.extend(_gpu_parts(stats))
     parts.append(f"dir {where}")
     return "compile cache: " + ", ".join(parts)
 
 
-def miss_hint(stats: SessionStats, why: SessionExplanation | None, json_path: str | None) -> str | None:
-    """For the short report: where the reasons for this session's misses are (None without misses).
+MISS_ROWS = 3  # tests named in the short report before "and N more"
+# Where the last session's report is kept (pytest's cache, ``config.cache.set``): ``python -m pytest_compilecache
+# report`` reads it back, so a run's reasons stay readable without a rerun (a rerun hits what the run compiled).
+LAST_REPORT_KEY = "compilecache/last-report"
+LAST_REPORT_PATH = ".pytest_cache/v/" + LAST_REPORT_KEY
+FULL_REPORT = "python -m pytest_compilecache report"
 
-    The short report has no room for them, and rerunning to see them may hit: so the hint names the JSON
-    report first when one was written, and the options that show them next time.
-    """
-    if not stats.total("fxgraph")["miss"]:
-        return None
-    explained = why is not None and bool(why.misses or why.never_hit)
-    what, field = ("reasons for the misses", "why") if explained else ("tests that missed", "tests")
-    shown = "-v or --compile-cache-report=full"
-    if json_path:
-        return one_line(f'{what}: see "{field}" in {json_path} (on the terminal: {shown})', 500)
-    return f"{what}: shown with {shown}, and in the JSON report (--compile-cache-json=PATH)"
+
+def test_reason(nodeid: str, why: SessionExplanation | None) -> str:
+    """Why ``nodeid`` missed, on one line: its never-hit flag, or its misses' reasons merged (the first, then
+    how many more); what was not compared says so."""
+    if why is None or not why.compared_with:
+        return "no earlier run of this cache to compare with"
+    if nodeid in why.never_hit:
+        return never_hit_text(*why.never_hit[nodeid])
+    from .explain import merged  # cost: only a session with misses to name
+
+    texts = merged(why.misses.get(nodeid, []))
+    if not texts:
+        return "no reason recorded (its graphs were not captured)"
+    return texts[0] + (f" (and {_plural(len(texts) - 1, 'other reason')})" if len(texts) > 1 else "")
+
+
+def miss_lines(
+    stats: SessionStats, why: SessionExplanation | None, json_path: str | None, limit: int = MISS_ROWS
+) -> list[str]:
+    """For the short report: each test that missed with its one-line reason (a few, then "and N more"), and
+    where the full report is. A rerun to see the reasons would hit what this run compiled (issue 41): the
+    report of this run stays readable through :data:`FULL_REPORT` (and the JSON report, when written)."""
+    missed = sorted((r for r in stats.records.values() if r.fxgraph["miss"]), key=lambda r: (-r.misses, r.nodeid))
+    if not missed:
+        return []
+    lines = [one_line(f"missed: {r.nodeid}: {test_reason(r.nodeid, why)}", 600) for r in missed[:limit]]
+    more = f"... and {len(missed) - limit} more tests missed; " if len(missed) > limit else ""
+    where = f', "why" in {json_path}' if json_path else ""
+    lines.append(one_line(f"{more}full report: {FULL_REPORT} (or -v, --compile-cache-report=full{where})", 600))
+    return lines
 
 
 # ---- the GPU layers below the FX graph (issue 27)
@@ -169,16 +194,27 @@ def gpu_markdown_rows(stats: SessionStats) -> list[str]:
     ]
 
 
+# A restore that restored something, in words, when its report has no ``description`` (an older report, the
+# Action's hand-off): ``partial`` is actions/cache's word for a key matched by prefix, not an incomplete restore.
+_RESTORED = {
+    "exact": "restored the bundle of the exact key asked for",
+    "partial": "restored the newest bundle of this fingerprint",
+}
+
+
 def transfer_line(kind: str, info: Mapping[str, Any]) -> str:
     """One line about a restore or save, e.g. ``save: saved compilecache-v1-ab12-... (4.1 MiB, 0.3 s)``.
 
-    A restore that restored something says so in words (its ``description``), not as actions/cache's
+    A restore that restored something says so in words (its ``description``), never as actions/cache's
     ``exact``/``partial``: ``restore: restored the newest bundle of this fingerprint (run 5001, attempt 1):
-    compilecache-v1-ab12-5001-1 (4.1 MiB, 0.30 s)``; a report without a description keeps the outcome.
+    compilecache-v1-ab12-5001-1 (4.1 MiB, 0.30 s)``. The precompiled headers that travel beside the bundle (a
+    store object of their own, often larger than it) are named too: ``; precompiled headers: 1 uploaded (21.0 MiB,
+    0.80 s)``.
     """
     outcome = info.get("outcome", "?")
-    described = kind == "restore" and outcome in ("exact", "partial") and info.get("description")
-    if described:
+    restored = kind == "restore" and outcome in _RESTORED
+    if restored:
+        described = info.get("description") or _RESTORED[str(outcome)]
         bits = [f"{kind}: {one_line(str(described), 300)}" + (":" if info.get("key") else "")]
     else:
         bits = [f"{kind}: {outcome}"]
@@ -188,7 +224,22 @@ def transfer_line(kind: str, info: Mapping[str, Any]) -> str:
         bits.append(f"({human_size(info.get('size'))}, {float(info.get('seconds') or 0):.2f} s)")
     if info.get("message"):
         bits.append("- " + one_line(str(info["message"])))  # may come from the environment (the Action's restore)
-    return " ".join(bits)
+    return " ".join(bits) + _headers_part(kind, info.get("headers"))
+
+
+def _headers_part(kind: str, headers: Any) -> str:
+    """``; precompiled headers: 1 uploaded (21.0 MiB, 0.80 s)``, or how many were named but already there."""
+    if not isinstance(headers, Mapping):
+        return ""
+    named, moved = int(headers.get("named") or 0), int(headers.get("transferred") or 0)
+    if moved:
+        verb = "installed" if kind == "restore" else "uploaded"
+        size = human_size(int(headers.get("size") or 0))
+        return f"; precompiled headers: {moved} {verb} ({size}, {float(headers.get('seconds') or 0):.2f} s)"
+    if named:
+        where = "already in place" if kind == "restore" else "already in the store"
+        return f"; precompiled headers: {named} named, {where}"
+    return ""
 
 
 def table_lines(stats: SessionStats, limit: int | None = TABLE_ROWS) -> list[str]:
@@ -207,6 +258,9 @@ def table_lines(stats: SessionStats, limit: int | None = TABLE_ROWS) -> list[str
     hidden = len(stats.compiled) - len(rows)
     if hidden > 0:
         lines.append(f"... and {hidden} more (see --compile-cache-json)")
+    idle = stats.tests - len(stats.compiled)
+    if idle > 0:  # said, not dropped silently (issue 41)
+        lines.append(f"({_plural(idle, 'other test')} compiled nothing: not listed)")
     reasons = sorted({reason for r in stats.compiled for reason in r.bypass_reasons})
     for reason in reasons[:5]:
         lines.append(f"bypass: {one_line(reason, 300)}")
@@ -240,6 +294,7 @@ def to_json(
         "notes": list(notes or []),
         "tests": [_test_json(r) for r in sorted(stats.records.values(), key=lambda r: r.nodeid) if r.compiled],
         "why": why_json(why) if why is not None else None,
+        "dynamo": dynamo_costs.to_json(stats),
     }
 
 
@@ -260,36 +315,8 @@ def markdown(
 
     Always at most ``limit`` bytes of UTF-8 (GitHub's limit is in bytes): the long lists are cut first.
     """
-    fx, aot, remote = stats.total("fxgraph"), stats.total("aotautograd"), stats.total("remote")
     compiled = stats.compiled
-    head = [
-        f"### torch.compile cache: {percent(hit_rate(fx['hit'], fx['miss']))} hit rate",
-        "",
-        f"{_plural(fx['hit'], 'FX-graph hit')}, {_plural(fx['miss'], 'miss')}, {_plural(fx['bypass'], 'bypass')}; "
-        f"{len(compiled)} of {stats.tests} tests compiled, {stats.compile_seconds:.1f} s compiling "
-        f"({md_code(where)}).",
-        "",
-        "| layer | hit | miss | bypass | guard miss |",
-        "|---|---:|---:|---:|---:|",
-        f"| FX graph | {fx['hit']} | {fx['miss']} | {fx['bypass']} | - |",
-        f"| AOTAutograd | {aot['hit']} | {aot['miss']} | {aot['bypass']} | {aot['guard_miss']} |",
-    ]
-    if any(remote.values()):
-        head.append(f"| remote FX graph | {remote['fx_hit']} | {remote['fx_miss']} | - | - |")
-        head.append(f"| remote AOTAutograd | {remote['aot_hit']} | {remote['aot_miss']} | - | - |")
-    head.append("")
-    for kind, info in (("restore", restore), ("save", save)):
-        if info:
-            head.append(f"- {md_text(transfer_line(kind, info))}")
-    if stats.silent_workers:
-        head.append(f"- workers that sent no statistics: {md_text(', '.join(stats.silent_workers))}")
-    gpu_parts = _gpu_parts(stats)
-    if gpu_parts:
-        head.append(f"- GPU: {md_text(', '.join(gpu_parts))}")
-    still = gpu_still_compiled_text(stats)
-    if still:
-        head.append(f"- **GPU work despite FX hits**: {md_text(still)}")
-    head.append("")
+    head = _markdown_head(stats, where, restore, save)
     slowest = [
         f"| {r.compile_seconds:.2f} | {r.fxgraph['hit']} | {r.fxgraph['miss']} | {r.frames} | {md_code(r.nodeid)} |"
         for r in compiled
@@ -303,6 +330,7 @@ def markdown(
     text = "\n".join(head)
     budget = limit - _size(text) - 600
     why_section = why_markdown(why, min(WHY_MARKDOWN_BYTES, budget // 3)) if why is not None else ""
+    why_section += dynamo_costs.markdown(stats, min(WHY_MARKDOWN_BYTES, (budget - _size(why_section)) // 3))
     budget -= _size(why_section)
     sections = [
         (
@@ -332,6 +360,43 @@ def markdown(
         text += f"\n<details><summary>{title} ({len(rows)})</summary>\n\n{header}\n"
         text += "\n".join(body) + "\n\n</details>\n"
     return _truncate(text + why_section, limit)
+
+
+def _markdown_head(
+    stats: SessionStats, where: str, restore: Mapping[str, Any] | None, save: Mapping[str, Any] | None
+) -> list[str]:
+    """The step summary's headline, its table per layer and its one-line facts (transfers, workers, GPU)."""
+    fx, aot, remote = stats.total("fxgraph"), stats.total("aotautograd"), stats.total("remote")
+    head = [
+        f"### torch.compile cache: {percent(hit_rate(fx['hit'], fx['miss']))} hit rate",
+        "",
+        f"{_plural(fx['hit'], 'FX-graph hit')}, {_plural(fx['miss'], 'miss')}, {_plural(fx['bypass'], 'bypass')}; "
+        f"{len(stats.compiled)} of {stats.tests} tests compiled, {stats.compile_seconds:.1f} s compiling "
+        f"({md_code(where)}).",
+        "",
+        "| layer | hit | miss | bypass | guard miss |",
+        "|---|---:|---:|---:|---:|",
+        f"| FX graph | {fx['hit']} | {fx['miss']} | {fx['bypass']} | - |",
+        f"| AOTAutograd | {aot['hit']} | {aot['miss']} | {aot['bypass']} | {aot['guard_miss']} |",
+    ]
+    if any(remote.values()):
+        head.append(f"| remote FX graph | {remote['fx_hit']} | {remote['fx_miss']} | - | - |")
+        head.append(f"| remote AOTAutograd | {remote['aot_hit']} | {remote['aot_miss']} | - | - |")
+    head.append("")
+    for kind, info in (("restore", restore), ("save", save)):
+        if info:
+            head.append(f"- {md_text(transfer_line(kind, info))}")
+    if stats.silent_workers:
+        head.append(f"- workers that sent no statistics: {md_text(', '.join(stats.silent_workers))}")
+    gpu_parts = _gpu_parts(stats)
+    if gpu_parts:
+        head.append(f"- GPU: {md_text(', '.join(gpu_parts))}")
+    still = gpu_still_compiled_text(stats)
+    if still:
+        head.append(f"- **GPU work despite FX hits**: {md_text(still)}")
+    head.extend(dynamo_costs.uncompiled_markdown(stats))
+    head.append("")
+    return head
 
 
 def _size(text: str) -> int:
@@ -365,10 +430,12 @@ def never_hit_text(what: str, runs: int) -> str:
 
 def _why_rows(why: SessionExplanation) -> list[tuple[str, bool, str]]:
     """(nodeid, never hits, text) per row: never-hit tests first, then each explained miss."""
+    from .explain import merged  # cost: loaded with the explanations already
+
     rows = [(nodeid, True, never_hit_text(*flag)) for nodeid, flag in sorted(why.never_hit.items())]
     for nodeid in sorted(why.misses):
-        if nodeid not in why.never_hit:
-            rows.extend((nodeid, False, "; ".join(miss.reasons)) for miss in why.misses[nodeid])
+        if nodeid not in why.never_hit:  # identical reasons of several graphs (one per shape) said once
+            rows.extend((nodeid, False, text) for text in merged(why.misses[nodeid]))
     return rows
 
 
@@ -513,9 +580,10 @@ def session_lines(outcome: SessionOutcome, *, report: str, verbose: bool = False
     if report != "none" and outcome.worth_reporting:
         full = verbose or report == "full"
         lines.append((summary_line(outcome.stats, outcome.where), {}))
-        hint = None if full else miss_hint(outcome.stats, outcome.why, outcome.json_path)
-        if hint:
-            lines.append((hint, {}))
+        if not full:
+            lines.extend((line, {}) for line in miss_lines(outcome.stats, outcome.why, outcome.json_path))
+        uncompiled = dynamo_costs.uncompiled_lines(outcome.stats, None if full else dynamo_costs.SHORT_ROWS)
+        lines.extend((line, {"yellow": True}) for line in uncompiled)
         lines.extend((transfer_line(kind, info), {}) for kind, info in outcome.transfers())
         lines.extend((line, {"yellow": True}) for line in gpu_lines(outcome.stats))  # issue 27
         if outcome.stats.silent_workers:
@@ -525,7 +593,56 @@ def session_lines(outcome: SessionOutcome, *, report: str, verbose: bool = False
             lines.extend((line, {}) for line in table_lines(outcome.stats))
             if outcome.why is not None:
                 lines.extend((line, {}) for line in why_lines(outcome.why))
+            lines.extend((line, {}) for line in dynamo_costs.full_lines(outcome.stats))
         lines.extend((f"note: {note}", {}) for note in outcome.notes)
     lines.extend((f"CompileCacheWarning: {message}", {"yellow": True}) for message in outcome.warnings)
     lines.extend((f"compile cache FAILED: {message}", {"red": True, "bold": True}) for message in outcome.errors)
     return lines
+
+
+# ---- a session's report read back (the last one kept, or a --compile-cache-json file)
+
+
+class _Recorded:
+    """A restore or save as a JSON report recorded it: the :class:`Transfer` the renderers take."""
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self._data = dict(data)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+def outcome_from_json(data: Any) -> SessionOutcome:
+    """The :class:`SessionOutcome` a JSON report (:func:`session_json`) describes; raises (ValueError, TypeError,
+    KeyError...) on anything of another shape: a caller reading a file says it is not a report of ours."""
+    from .explain import SessionExplanation  # cost: only when a report is read back
+
+    tests = data["totals"]["tests"]
+    if type(tests) is not int or tests < 0:
+        raise ValueError(f"totals.tests must be a whole number >= 0, not {str(tests)[:40]}")
+    stats = SessionStats(tests=tests, silent_workers=[str(w) for w in data.get("silent_workers", [])])
+    for record in data.get("tests", []):
+        stats.add_record(ItemRecord.from_json(record))
+    restore, save = data.get("restore"), data.get("save")
+    if not all(part is None or isinstance(part, Mapping) for part in (restore, save)):
+        raise TypeError("restore and save must be objects")
+    texts = {name: tuple(str(line) for line in data.get(name, [])) for name in ("notes", "warnings")}
+    return SessionOutcome(
+        stats=stats,
+        mode=data.get("mode"),
+        cache_dir=data.get("cache_dir"),
+        where=f"{data['mode']}:{data.get('cache_dir')}" if data.get("mode") else "not managed by the plugin",
+        restored=_Recorded(restore) if restore else None,
+        saved=_Recorded(save) if save else None,
+        notes=texts["notes"],
+        warnings=texts["warnings"],
+        why=SessionExplanation.from_json(data["why"]) if data.get("why") is not None else None,
+    )
+
+
+def full_text(data: Any) -> str:
+    """The terminal's full report (``--compile-cache-report=full``) of a JSON report, as text: what ``python -m
+    pytest_compilecache report`` prints for the last session, without rerunning it (a rerun would hit)."""
+    lines = session_lines(outcome_from_json(data), report="full")
+    return "\n".join(text for text, _ in lines) or "compile cache: nothing compiled in that session"

@@ -228,6 +228,7 @@ _PARSING: dict[str, tuple[Callable[[str, str], Any], Any]] = {
     "min_hit_rate": (_rate, None),
     "store": (_nonblank, None),
     "readonly": (_flag, False),
+    "fail_on_eager_fallback": (_flag, False),
     "restore": (_choice(RESTORE), "auto"),
     "key_prefix": (_key_prefix, DEFAULT_PREFIX),
     "key_salt": (_text, ""),
@@ -263,6 +264,7 @@ class Settings(NamedTuple):
     min_hit_rate: float | None = None
     store: str | None = None
     readonly: bool = False
+    fail_on_eager_fallback: bool = False
     restore: str = "auto"
     key_prefix: str = DEFAULT_PREFIX
     key_salt: str = ""

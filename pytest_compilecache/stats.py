@@ -19,24 +19,23 @@ if TYPE_CHECKING:  # imported where a record has graphs: a session that never co
     from .explain import GraphLookup
     from .explain import MissExplanation
 
-FX_FIELDS = ("hit", "miss", "bypass")
-AOT_FIELDS = ("hit", "miss", "bypass", "guard_miss")
-REMOTE_FIELDS = ("fx_hit", "fx_miss", "aot_hit", "aot_miss")
-# The GPU layers below the FX graph (issue 27): triton kernel files written from FX entries' triton bundles,
-# triton cache entries built (kernels compiled, helper libraries built: new to triton's cache), autotuning
-# benchmarks torch counted (an FX hit replays its entry's counts), and seconds spent compiling triton kernels
-# and autotuning (measured, never replayed).
-GPU_COUNTS = ("triton_bundle_files", "triton_built", "autotune_benchmarks")
-GPU_SECONDS = ("triton_compile_seconds", "autotune_seconds")
-# What shows the GPU layers were in play. Not triton_compile_seconds alone: torch also books its wait for
-# parallel C++ compiles there (``async_compile.wait``), so CPU sessions have it too.
-GPU_SIGNALS = ("triton_bundle_files", "triton_built", "autotune_benchmarks", "autotune_seconds")
+from .record_fields import AOT_FIELDS
+from .record_fields import COUNT_GROUPS
+from .record_fields import COUNTS
+from .record_fields import ENTRIES
+from .record_fields import FX_FIELDS
+from .record_fields import GPU_SECONDS
+from .record_fields import GPU_SIGNALS
+from .record_fields import REMOTE_FIELDS
+from .record_fields import SECONDS
+from .record_fields import TEXTS
+from .record_fields import counts as _counts
+from .record_fields import gpu as _gpu
+from .record_fields import gpu_json as _gpu_json
+from .record_fields import merge_entries
+from .record_fields import merge_texts
+
 MAX_GRAPHS = 64  # lookups kept per test: a test that compiles more is rare, and the rest add no reason
-
-
-def _counts(fields: tuple[str, ...], data: Mapping[str, Any] | None = None) -> dict[str, int]:
-    data = data or {}
-    return {name: int(data.get(name, 0) or 0) for name in fields}
 
 
 def _add(into: dict[str, int], other: Mapping[str, int]) -> None:
@@ -48,9 +47,8 @@ def _add(into: dict[str, int], other: Mapping[str, int]) -> None:
 class ItemRecord:
     """What one test item compiled, summed over its setup, call and teardown phases.
 
-    ``fxgraph`` and ``aotautograd`` hold torch's cache lookup outcomes; ``remote`` the subset of those
-    lookups that went to a remote (Redis) cache, when torch reports it (2.11+); ``gpu`` the GPU layers
-    (:data:`GPU_COUNTS` and :data:`GPU_SECONDS`, all zero on CPU).
+    Its statistics are the fields :mod:`.record_fields` lists (``fxgraph``, ``aotautograd``, ``remote``, ``gpu``,
+    the counts, seconds, texts and entries there); ``graphs`` and ``why`` are the miss explanations' part.
     """
 
     nodeid: str
@@ -61,10 +59,14 @@ class ItemRecord:
     gpu: dict[str, float] = field(default_factory=lambda: _gpu())
     frames: int = 0
     recompiles: int = 0
+    graph_breaks: int = 0
     compile_seconds: float = 0.0
     bypass_reasons: list[str] = field(default_factory=list)
-    # Every FX-graph lookup of this test with its key's components (issue 12), capped; and, once the
-    # controller compared them with an earlier run, why each miss missed.
+    graph_break_reasons: list[str] = field(default_factory=list)
+    recompiled: list[dict[str, Any]] = field(default_factory=list)
+    limit_hit: list[dict[str, Any]] = field(default_factory=list)
+    # Every FX-graph lookup of this test with its key's components, capped; and, once the controller compared
+    # them with an earlier run, why each miss missed.
     graphs: list[GraphLookup] = field(default_factory=list)
     why: list[MissExplanation] = field(default_factory=list)
 
@@ -72,7 +74,7 @@ class ItemRecord:
     def compiled(self) -> bool:
         """True when anything went through Dynamo or a compile cache during this test."""
         lookups = sum(self.fxgraph.values()) + sum(self.aotautograd.values())
-        return bool(self.frames or lookups or self.compile_seconds or self.used_gpu)
+        return bool(self.frames or lookups or self.compile_seconds or self.used_gpu or self.limit_hit)
 
     @property
     def used_gpu(self) -> bool:
@@ -95,17 +97,18 @@ class ItemRecord:
 
     def add(self, delta: Mapping[str, Any]) -> None:
         """Add one phase's delta (a dict shaped like :meth:`to_json`) to this record."""
-        _add(self.fxgraph, _counts(FX_FIELDS, delta.get("fxgraph")))
-        _add(self.aotautograd, _counts(AOT_FIELDS, delta.get("aotautograd")))
-        _add(self.remote, _counts(REMOTE_FIELDS, delta.get("remote")))
+        for group, fields in COUNT_GROUPS.items():
+            _add(getattr(self, group), _counts(fields, delta.get(group)))
         for name, value in _gpu(delta.get("gpu")).items():
             self.gpu[name] += value
-        self.frames += int(delta.get("frames", 0))
-        self.recompiles += int(delta.get("recompiles", 0))
-        self.compile_seconds += float(delta.get("compile_seconds", 0.0))
-        for reason in delta.get("bypass_reasons", ()):
-            if reason not in self.bypass_reasons:
-                self.bypass_reasons.append(reason)
+        for name in COUNTS:
+            setattr(self, name, getattr(self, name) + int(delta.get(name, 0) or 0))
+        for name in SECONDS:
+            setattr(self, name, getattr(self, name) + float(delta.get(name, 0.0) or 0.0))
+        for name in TEXTS:
+            merge_texts(getattr(self, name), delta.get(name))
+        for name in ENTRIES:
+            merge_entries(getattr(self, name), delta.get(name))
         graphs, why = delta.get("graphs"), delta.get("why")
         if graphs or why:
             # The JSON report has a count in "graphs" (its reader, ``cli report``, comes through here): no lookups.
@@ -121,41 +124,27 @@ class ItemRecord:
                 with contextlib.suppress(ValueError):  # a malformed lookup from a worker is dropped, not fatal
                     self.graphs.append(graph if isinstance(graph, GraphLookup) else GraphLookup.from_json(graph))
         for item in why:
-            if isinstance(item, Mapping) and isinstance(item.get("key"), str):
-                self.why.append(MissExplanation(item["key"], [str(r) for r in item.get("reasons", ())]))
+            with contextlib.suppress(ValueError):  # a malformed explanation is dropped, not fatal
+                self.why.append(item if isinstance(item, MissExplanation) else MissExplanation.from_json(item))
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "nodeid": self.nodeid,
-            "worker": self.worker,
-            "fxgraph": dict(self.fxgraph),
-            "aotautograd": dict(self.aotautograd),
-            "remote": dict(self.remote),
-            "gpu": _gpu_json(self.gpu),
-            "frames": self.frames,
-            "recompiles": self.recompiles,
-            "compile_seconds": round(self.compile_seconds, 4),
-            "bypass_reasons": list(self.bypass_reasons),
-            "graphs": [g.to_json() for g in self.graphs],
-            "why": [w.to_json() for w in self.why],
-        }
+        out: dict[str, Any] = {"nodeid": self.nodeid, "worker": self.worker}
+        out.update({group: dict(getattr(self, group)) for group in COUNT_GROUPS})
+        if self.used_gpu:  # no all-zero block on CPU (issue 41); a reader takes a missing block as zeros
+            out["gpu"] = _gpu_json(self.gpu)
+        out.update({name: getattr(self, name) for name in COUNTS})
+        out.update({name: round(getattr(self, name), 4) for name in SECONDS})
+        out.update({name: list(getattr(self, name)) for name in TEXTS})
+        out.update({name: [dict(entry) for entry in getattr(self, name)] for name in ENTRIES})
+        out["graphs"] = [g.to_json() for g in self.graphs]
+        out["why"] = [w.to_json() for w in self.why]
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ItemRecord:
         record = cls(nodeid=str(data["nodeid"]), worker=str(data.get("worker", "controller")))
         record.add(data)
         return record
-
-
-def _gpu(data: Mapping[str, Any] | None = None) -> dict[str, float]:
-    data = data if isinstance(data, Mapping) else {}
-    out: dict[str, float] = {name: int(data.get(name, 0) or 0) for name in GPU_COUNTS}
-    out.update({name: float(data.get(name, 0.0) or 0.0) for name in GPU_SECONDS})
-    return out
-
-
-def _gpu_json(gpu: Mapping[str, float]) -> dict[str, Any]:
-    return {**{name: int(gpu[name]) for name in GPU_COUNTS}, **{name: round(gpu[name], 4) for name in GPU_SECONDS}}
 
 
 def hit_rate(hits: int, misses: int) -> float | None:
@@ -187,11 +176,14 @@ class SessionStats:
         return sorted(items, key=lambda r: (-r.compile_seconds, r.nodeid))
 
     def total(self, layer: str) -> dict[str, int]:
-        fields = {"fxgraph": FX_FIELDS, "aotautograd": AOT_FIELDS, "remote": REMOTE_FIELDS}[layer]
-        out = _counts(fields)
+        out = _counts(COUNT_GROUPS[layer])
         for record in self.records.values():
             _add(out, getattr(record, layer))
         return out
+
+    def sum(self, name: str) -> float:
+        """One of :data:`.record_fields.COUNTS` or ``SECONDS`` summed over the session's tests."""
+        return float(sum(getattr(record, name) for record in self.records.values()))
 
     @property
     def hits(self) -> int:
@@ -242,20 +234,20 @@ class SessionStats:
 
     def totals_json(self) -> dict[str, Any]:
         rate = self.hit_rate
-        return {
-            "tests": self.tests,
-            "compiled_tests": len(self.compiled),
-            "fxgraph": self.total("fxgraph"),
-            "aotautograd": self.total("aotautograd"),
-            "remote": self.total("remote"),
-            "gpu": _gpu_json(self.gpu_total()),
-            "frames": sum(r.frames for r in self.records.values()),
-            "recompiles": sum(r.recompiles for r in self.records.values()),
-            "hits": self.hits,
-            "misses": self.misses,
-            "hit_rate": None if rate is None else round(rate, 4),
-            "compile_seconds": round(self.compile_seconds, 3),
-        }
+        out: dict[str, Any] = {"tests": self.tests, "compiled_tests": len(self.compiled)}
+        out.update({group: self.total(group) for group in COUNT_GROUPS})
+        if self.used_gpu:  # as in ItemRecord.to_json
+            out["gpu"] = _gpu_json(self.gpu_total())
+        out.update({name: int(self.sum(name)) for name in COUNTS})
+        out.update(
+            {
+                "hits": self.hits,
+                "misses": self.misses,
+                "hit_rate": None if rate is None else round(rate, 4),
+                "compile_seconds": round(self.compile_seconds, 3),
+            }
+        )
+        return out
 
 
 class CompileCacheStats:
@@ -343,6 +335,29 @@ class CompileCacheStats:
     @property
     def bypass_reasons(self) -> list[str]:
         return self.snapshot().bypass_reasons
+
+    @property
+    def graph_breaks(self) -> int:
+        """Graph breaks torch counted so far; ``graph_break_reasons`` says why (its distinct reasons)."""
+        return self.snapshot().graph_breaks
+
+    @property
+    def graph_break_reasons(self) -> list[str]:
+        return self.snapshot().graph_break_reasons
+
+    @property
+    def recompiled(self) -> list[dict[str, Any]]:
+        """Each recompile so far: ``{"function", "reason", "first", "count"}`` (torch's guard-failure reason; the
+        test that compiled the frame first)."""
+        return self.snapshot().recompiled
+
+    @property
+    def limit_hit(self) -> list[dict[str, Any]]:
+        """Frames that hit torch's recompile limit so far (they run uncompiled from then on)::
+
+        assert not compile_cache_stats.limit_hit, compile_cache_stats.limit_hit
+        """
+        return self.snapshot().limit_hit
 
     @property
     def misses(self) -> int:

@@ -140,7 +140,7 @@ def newest_first(entries: builtins.list[StoreEntry]) -> builtins.list[StoreEntry
 def is_artifact_key(key: str) -> bool:
     """True for a content-addressed artifact object (``<prefix>-artifact-<sha256>``), which is not a bundle.
 
-    Artifacts (torch's precompiled headers, :mod:`~pytest_compilecache.headers`) share the key prefix with
+    Artifacts (torch's precompiled headers, :mod:`~pytest_compilecache.pch`) share the key prefix with
     the bundles that name them; everything that picks or counts bundles by a prefix skips them.
     """
     return bool(_ARTIFACT_KEY.fullmatch(key))

@@ -33,8 +33,8 @@ class SavePolicy(NamedTuple):
 # Nothing in the job learns how the upload went: actions/cache's post step runs after every step (the runner
 # queues post steps once the main steps are done), so the next run's restore is where it shows.
 STAGED_MESSAGE = (
-    "staged for upload at job end (actions/cache uploads it after the last step if the job succeeds; "
-    "the next run's restore reports the result)"
+    "staged for upload at job end (the Action's post step uploads it and reports the result in the job "
+    "summary's save section)"
 )
 
 

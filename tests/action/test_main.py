@@ -417,10 +417,16 @@ def test_install_command(action: ModuleType, environ: dict[str, str]) -> None:
     argv = inputs.install_command(environ, python="/py", has_pip=lambda python: True)
     assert argv is not None
     assert argv[:4] == ["/py", "-m", "pip", "install"] and argv[-1] == "/actions/pytest-compilecache"
-    environ["INPUT_STORE"] = "s3://bucket/x"
-    assert (inputs.install_command(environ, python="/py", has_pip=lambda python: True) or [""])[-1] == (
-        "/actions/pytest-compilecache[s3]"
-    )
+    for store, extra in [
+        ("s3://bucket/x", "[s3]"),
+        ("gs://bucket/x", "[gcs]"),
+        ("az://box/x", "[azure]"),
+        ("github", ""),
+    ]:
+        environ["INPUT_STORE"] = store
+        assert (inputs.install_command(environ, python="/py", has_pip=lambda python: True) or [""])[-1] == (
+            "/actions/pytest-compilecache" + extra
+        )
     environ["INPUT_INSTALL"] = "false"
     assert inputs.install_command(environ) is None
 
@@ -1272,7 +1278,9 @@ def test_no_bundle_is_not_needed_and_says_why(
     plan = _saving_plan(action, environ, monkeypatch, fingerprint)
     if report is not None:
         Path(plan.json).write_text(json.dumps(report))
-    assert upload.plan_uploads(plan) == ([], [upload.Saved("bundle", plan.key, "not needed", why)])
+    uploads, (skipped,) = upload.plan_uploads(plan)
+    assert uploads == [] and (skipped.what, skipped.key, skipped.outcome) == ("bundle", plan.key, "not needed")
+    assert why in skipped.why
 
 
 def test_a_staged_bundle_that_vanished_is_a_failure(

@@ -198,6 +198,7 @@ _TOP = {
     "warnings": list,
     "tests": list,
     "why": (dict, type(None)),
+    "dynamo": dict,
 }
 _TOTALS = {
     "tests": int,
@@ -207,6 +208,7 @@ _TOTALS = {
     "remote": dict,
     "frames": int,
     "recompiles": int,
+    "graph_breaks": int,
     "hits": int,
     "misses": int,
     "hit_rate": (float, int, type(None)),
@@ -220,8 +222,12 @@ _TEST = {
     "remote": dict,
     "frames": int,
     "recompiles": int,
+    "graph_breaks": int,
     "compile_seconds": _NUMBER,
     "bypass_reasons": list,
+    "graph_break_reasons": list,
+    "recompiled": list,
+    "limit_hit": list,
     "graphs": int,
     "why": list,
 }
@@ -260,7 +266,8 @@ def check_report(data: Mapping[str, Any]) -> None:
     for layer, fields in _COUNTS.items():
         assert totals[layer] == {f: sum(t[layer][f] for t in data["tests"]) for f in fields}, layer
     assert totals["frames"] == sum(t["frames"] for t in data["tests"])
-    assert totals["recompiles"] == sum(t["recompiles"] for t in data["tests"])
+    assert totals["recompiles"] == sum(t["recompiles"] for t in data["tests"]) == data["dynamo"]["recompiles"]
+    assert totals["graph_breaks"] == sum(t["graph_breaks"] for t in data["tests"]) == data["dynamo"]["graph_breaks"]
     assert (totals["hits"], totals["misses"]) == (totals["fxgraph"]["hit"], totals["fxgraph"]["miss"])
     lookups = totals["hits"] + totals["misses"]
     expected_rate = round(totals["hits"] / lookups, 4) if lookups else None

@@ -136,9 +136,12 @@ def test_explain_off_captures_nothing_and_the_next_session_says_why_each_test_mi
     second.result.stdout.fnmatch_lines_random(
         [
             "why tests missed (compared with the previous session):",
-            "why test_suite.py::test_random: graph code changed: a constant in graph statement * (0.* -> 0.*)",
-            "why test_suite.py::test_project: input 0 shape [[]8, 4] -> [[]32, 4]",
-            "why test_new.py::test_new: new test",
+            # each names the compiled function and its graph's input shapes (issue 41)
+            "why test_suite.py::test_random: scaled (test_suite.py:*), inputs [[]8, 2], [[]8, 4], [[]4, 2]: "
+            "graph code changed: a constant in graph statement * (0.* -> 0.*)",
+            "why test_suite.py::test_project: project (test_suite.py:*), inputs [[]32, 4], [[]4, 2]: "
+            "input 0 shape [[]8, 4] -> [[]32, 4]",
+            "why test_new.py::test_new: <lambda> (test_new.py:*), inputs [[]5, 5]: new test",
         ]
     )
     assert "test_same" not in second.output.split("why tests missed")[1]  # it hit: nothing to explain

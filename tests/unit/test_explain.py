@@ -16,6 +16,7 @@ from pytest_compilecache import explain
 from pytest_compilecache.explain import GraphLookup
 from pytest_compilecache.explain import GraphsRecord
 from pytest_compilecache.explain import SessionExplanation
+from pytest_compilecache.explain import lookup as explain_lookup
 
 CODE = """GraphModule()
 
@@ -39,7 +40,7 @@ def _tensor(shape: str, dtype: str = "float32", grad: bool = False, stride: str 
 
 def _h(value: object) -> str:
     """A stand-in for torch's component hash: equal values, equal hashes."""
-    return explain._short(repr(value)) + "abcdefghijklmnopqrstuvwxyz"
+    return explain_lookup._short(repr(value)) + "abcdefghijklmnopqrstuvwxyz"
 
 
 def _lines(
@@ -75,7 +76,7 @@ DEFAULTS = {"debug": "False", "max_autotune": "False", "epilogue_fusion": "True"
 
 def _lookup(outcome: str = "miss", *, torch_version: str = "2.13.0", **kw: Any) -> GraphLookup:
     lines = _lines(**kw)
-    key = "f" + explain._short("\n".join(lines))
+    key = "f" + explain_lookup._short("\n".join(lines))
     return explain.lookup_from_torch(
         key,
         outcome,
@@ -185,7 +186,7 @@ def test_a_structural_code_change_is_not_called_a_constant() -> None:
     old = _lookup("hit")
     new = _lookup()
     code = CODE.format(c="2.0").replace("relu", "sigmoid")
-    new.components["gm"] = (_h(code)[:12], explain._code_signature(code))
+    new.components["gm"] = (_h(code)[:12], explain_lookup._code_signature(code))
     new.key = "f-other"
     assert explain.diff(old, new) == [
         "graph code changed: 2 statements differ (2 changed); first at statement 2: sigmoid = aten.sigmoid.default(mul)"
@@ -221,7 +222,9 @@ def test_never_hits_needs_evidence_that_one_edit_cannot_give() -> None:
     edit = [[_lookup(c="4.0")], [_lookup(c="4.25")], [_lookup("hit", c="4.25")], [_lookup("hit", c="4.25")]]
     assert explain.never_hits(edit) is None
     back = [[_lookup(c=c)] for c in ("4.0", "4.25", "4.0")]
-    assert explain.never_hits(back) == "a constant in graph statement 1"  # changing back and forth
+    assert explain.never_hits(back) is None  # an edit and its revert (issue 41): not a test that never hits
+    back_and_forth = [[_lookup(c=c)] for c in ("4.0", "4.25", "4.0", "4.25", "4.0")]
+    assert explain.never_hits(back_and_forth) is None  # values that repeat are edits, not random numbers
     other = [[_lookup(c="1.0")], [_lookup(c="2.0")], [_lookup(c="2.0", inputs=("8, 32",))], [_lookup(c="3.0")]]
     assert explain.never_hits(other) is None  # the streak broke
     # Another statement changing starts a new streak: the evidence is per statement.
@@ -229,6 +232,17 @@ def test_never_hits_needs_evidence_that_one_edit_cannot_give() -> None:
     assert streak.then(("a constant in graph statement 2", "c", "d")) == explain.Streak(
         "a constant in graph statement 2", 1, ("c", "d")
     )
+
+
+def test_an_edit_and_its_revert_says_what_changed_and_why_it_missed() -> None:
+    """Issue 41, finding 3: bundles made with 1.5, 2.0, then 1.5 again. The third run's miss is the revert
+    (``2.0 -> 1.5``), its graph absent from the bundle the second run made: said as such, not "can never hit"."""
+    _, record = explain.explain_session({"t::a": [_lookup(c="1.5")]}, None)
+    _, record = explain.explain_session({"t::a": [_lookup(c="2.0")]}, record, "bundle")
+    third, _ = explain.explain_session({"t::a": [_lookup(c="1.5")]}, record, "bundle")
+    assert third.never_hit == {}
+    [miss] = third.misses["t::a"]
+    assert miss.reasons == ["graph code changed: a constant in graph statement 1 (2.0 -> 1.5)", explain.CAME_BACK]
 
 
 def test_never_hits_ignores_other_changes_and_runs_that_hit() -> None:
@@ -358,7 +372,7 @@ def test_a_record_from_before_counts_the_same_statements() -> None:
     old = _code_lookup(CODE.format(c="2.0").replace("GraphModule()", "<lambda>()"))
     new = _code_lookup(CODE.format(c="3.0").replace("GraphModule()", "<lambda>()"))
     sig = (old.value("gm") or "").split("\n")[0]
-    old.components["gm"] = (old.components["gm"][0], f"{explain._LEGACY_HEADER} {sig}")  # what 448f063 wrote
+    old.components["gm"] = (old.components["gm"][0], f"{explain_lookup._LEGACY_HEADER} {sig}")  # what 448f063 wrote
     assert explain.diff(old, new) == ["graph code changed: a constant in graph statement 1"]
 
 

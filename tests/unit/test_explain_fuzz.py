@@ -21,6 +21,7 @@ from pytest_compilecache import report
 from pytest_compilecache.explain import GraphLookup
 from pytest_compilecache.explain import GraphsRecord
 from pytest_compilecache.explain import SessionExplanation
+from pytest_compilecache.explain import lookup as explain_lookup
 
 # Override for a longer campaign: COMPILECACHE_FUZZ_SEED=7 COMPILECACHE_FUZZ_CASES=20000 pytest this file.
 SEED = int(os.environ.get("COMPILECACHE_FUZZ_SEED", "20261124"))
@@ -91,7 +92,7 @@ def _component(rng: random.Random) -> Any:
 def _lookup(rng: random.Random) -> Any:
     comps = {rng.choice(NAMES): _component(rng) for _ in range(rng.randrange(12))}
     if rng.random() < 0.7:
-        comps["gm"] = ["g" + str(rng.randrange(3)), explain._code_signature(CODE.format(c=rng.random())) or ""]
+        comps["gm"] = ["g" + str(rng.randrange(3)), explain_lookup._code_signature(CODE.format(c=rng.random())) or ""]
     if rng.random() < 0.7:
         comps["fx_kwargs[is_backward]"] = ["b", rng.choice(["False", "True", "x"])]
         comps["fx_kwargs[is_inference]"] = ["i", rng.choice(["False", "True"])]

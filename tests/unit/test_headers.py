@@ -820,6 +820,8 @@ def test_torchs_failed_kernel_compile_reaches_the_cure_in_the_process_that_compi
     import sys
 
     from pytest_compilecache import probe
+    from pytest_compilecache.probe import hooks
+    from pytest_compilecache.probe import pch as probe_pch
     from tests.unit.test_probe_headers import NAME as TEXT_HEADER
     from tests.unit.test_probe_headers import FakeCodecache
 
@@ -833,8 +835,8 @@ def test_torchs_failed_kernel_compile_reaches_the_cure_in_the_process_that_compi
         raise RuntimeError(f"C++ compile error\n\nCommand:\ng++ k.cpp -include {directory / TEXT_HEADER}\n\n{output}")
 
     fake._worker_compile_cpp = _worker_compile_cpp  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, probe._CODECACHE, fake)
-    monkeypatch.setattr(probe, "_header_check_command", lambda cc, s, i: fake_compiler(Path(s), Path(i)))
+    monkeypatch.setitem(sys.modules, hooks.CODECACHE, fake)
+    monkeypatch.setattr(probe_pch, "_header_check_command", lambda cc, s, i: fake_compiler(Path(s), Path(i)))
     probe.uninstall_header_watch()
     probe.watch_precompiled_headers()
     try:

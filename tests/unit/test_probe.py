@@ -22,6 +22,8 @@ import torch._inductor.utils
 
 from pytest_compilecache import probe
 from pytest_compilecache._env import CACHE_ENV
+from pytest_compilecache.probe import config as probe_config
+from pytest_compilecache.probe import facts as probe_facts
 from tests import torchenv
 
 
@@ -52,7 +54,7 @@ def test_artifact_counts_reads_both_cacheinfo_shapes() -> None:
 
 def test_every_capability_has_a_note() -> None:
     found = probe.capabilities()
-    assert set(found) == set(probe._MISSING) | set(probe._MISSING_REMOTE)
+    assert set(found) == set(probe_facts._MISSING) | set(probe_facts._MISSING_REMOTE)
     assert all(isinstance(value, bool) for value in found.values())
 
 
@@ -66,7 +68,7 @@ def test_notes_name_exactly_what_is_missing_here() -> None:
     assert found["remote_aot_counts"] == probe.remote_counts_available()
     local = probe.capability_notes(remote=False)
     assert set(local) <= set(notes)
-    assert not [note for note in local for text in probe._MISSING_REMOTE.values() if text in note]
+    assert not [note for note in local for text in probe_facts._MISSING_REMOTE.values() if text in note]
 
 
 def test_missing_mega_cache_is_a_note_and_no_blob(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,7 +92,7 @@ def test_clear_caches_uses_whichever_name_this_torch_has(monkeypatch: pytest.Mon
     # torch 2.7 has only clear_inductor_caches; 2.8+ has clear_caches (and the old name as an alias).
     monkeypatch.delattr(torch._inductor.utils, "clear_caches", raising=False)
     monkeypatch.setattr(torch._inductor.utils, "clear_inductor_caches", lambda: calls.append("old"), raising=False)
-    assert probe._clear_inductor_caches() is True
+    assert probe_config._clear_inductor_caches() is True
     assert calls == ["old"]
 
 
@@ -276,10 +278,10 @@ def test_a_disabled_session_leaves_torch_caching_as_it_found_it(monkeypatch: pyt
     else:  # torch 2.7: the module attribute it computed at import
         monkeypatch.setattr(config, "force_disable_caches", True)
     assert config.force_disable_caches is True
-    monkeypatch.setitem(probe._config_before, probe._READ_AT_IMPORT, True)  # what point_cache_dir records
+    monkeypatch.setitem(probe_config._config_before, probe_config._READ_AT_IMPORT, True)  # what point_cache_dir records
     probe.put_back_config()  # after the lease removed the variable
     assert config.force_disable_caches is False
-    assert probe._config_before == {}
+    assert probe_config._config_before == {}
 
     # Torch imported before the session: point_cache_dir assigned the value; it is assigned back.
     note = probe.point_cache_dir(None, disable=True)
@@ -343,7 +345,7 @@ def test_a_cpu_build_spawns_no_child(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_failing_child_is_an_unknown_gpu_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
     _looks_like_a_cuda_build_with_one_gpu(monkeypatch)
-    monkeypatch.setattr(probe, "_CHILD", "import sys; sys.exit('cuInit failed: 999')")
+    monkeypatch.setattr(probe_facts, "_CHILD", "import sys; sys.exit('cuInit failed: 999')")
     facts = probe.device_facts()
     assert facts["gpus"] == [{"name": "unknown (RuntimeError)", "capability": "?.?", "sms": 0}]
     assert facts["triton_key"] == "unknown"
@@ -509,7 +511,8 @@ def test_the_triton_key_fact_hashes_the_key_torch_uses() -> None:
     import importlib.util
 
     if importlib.util.find_spec("triton") is None:
-        assert probe._safe(probe._triton_key).startswith("unknown (")  # no triton: recorded as unknown, no crash
+        # no triton: recorded as unknown, no crash
+        assert probe_facts._safe(probe_facts._triton_key).startswith("unknown (")
         return
     import torch._inductor.codecache as codecache
 
@@ -519,7 +522,7 @@ def test_the_triton_key_fact_hashes_the_key_torch_uses() -> None:
         from triton.compiler.compiler import triton_key
 
         key = triton_key()
-    assert probe._triton_key() == hashlib.sha256(str(key).encode()).hexdigest()[:16]
+    assert probe_facts._triton_key() == hashlib.sha256(str(key).encode()).hexdigest()[:16]
 
 
 def test_triton_entries_this_process_built_are_counted_per_test(triton_cache: Any) -> None:

@@ -16,6 +16,8 @@ from typing import Iterator
 import pytest
 
 from pytest_compilecache import probe
+from pytest_compilecache.probe import graphs
+from pytest_compilecache.probe import hooks
 
 LINES = [
     "[aaaa] gm: def forward(self, x):\n    return (x * 2.0,)",
@@ -105,11 +107,11 @@ def test_watch_installs_the_capture_when_the_codecache_is_imported(
         "        return None, {'cache_state': 'miss'}\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(probe, "_CODECACHE", "fake_inductor_pkg.codecache")
-    monkeypatch.setattr(probe, "graph_capture_installed", lambda: installed.append(True))
+    monkeypatch.setattr(graphs, "CODECACHE", "fake_inductor_pkg.codecache")
+    monkeypatch.setattr(graphs, "graph_capture_installed", lambda: installed.append(True))
     installed: list[bool] = []
     # The plugin running this very session watches for torch's real codecache: leave its finder out.
-    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, probe._InstallOnImport)])
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, hooks._InstallOnImport)])
     before = list(sys.meta_path)
     probe.watch_graph_lookups()
     probe.watch_graph_lookups()  # twice: one finder only

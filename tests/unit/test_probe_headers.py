@@ -16,6 +16,8 @@ import pytest
 
 from pytest_compilecache import pch
 from pytest_compilecache import probe
+from pytest_compilecache.probe import hooks
+from pytest_compilecache.probe import pch as probe_pch
 from tests.unit.test_headers import FAKE_COMPILER
 
 NAME = "c" + "a2b3c4d5e6f7" * 4 + "abc" + ".h"
@@ -27,7 +29,7 @@ class FakeCodecache(types.ModuleType):
     that builds ``<dir>/<hash>.h.gch`` only when it is absent and returns ``<dir>/<hash>.h``."""
 
     def __init__(self, directory: Path) -> None:
-        super().__init__(probe._CODECACHE)
+        super().__init__(hooks.CODECACHE)
         self.directory = directory
         self.builds = 0
 
@@ -48,7 +50,7 @@ def codecache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[
     directory = tmp_path / "precompiled_headers"
     directory.mkdir()
     fake = FakeCodecache(directory)
-    monkeypatch.setitem(sys.modules, probe._CODECACHE, fake)
+    monkeypatch.setitem(sys.modules, hooks.CODECACHE, fake)
     compiler = tmp_path / "fake-g++"
     compiler.write_text(FAKE_COMPILER)
     compiler.chmod(0o755)
@@ -59,7 +61,7 @@ def codecache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[
         seen.append(compile_command)
         return [str(compiler), source, "-include", include]
 
-    monkeypatch.setattr(probe, "_header_check_command", command)
+    monkeypatch.setattr(probe_pch, "_header_check_command", command)
     probe.uninstall_header_watch()
     probe.watch_precompiled_headers()
     yield fake
@@ -98,7 +100,7 @@ def test_a_damaged_header_is_removed_and_torch_builds_it_again(codecache: FakeCo
 def test_a_header_the_check_cannot_judge_is_left_alone_and_not_carried(
     codecache: FakeCodecache, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(probe, "_header_check_command", lambda *args: [str(tmp_path / "no-compiler")])
+    monkeypatch.setattr(probe_pch, "_header_check_command", lambda *args: [str(tmp_path / "no-compiler")])
     _look_up(codecache)
     (use,) = probe.precompiled_headers_used()
     assert use["verdict"] == "unchecked" and "not checked" in use["note"]
@@ -110,7 +112,7 @@ def test_our_failure_never_fails_torchs_compile(codecache: FakeCodecache, monkey
     def broken(*args: object) -> list[str]:
         raise RuntimeError("a torch without CppBuilder")
 
-    monkeypatch.setattr(probe, "_header_check_command", broken)
+    monkeypatch.setattr(probe_pch, "_header_check_command", broken)
     assert _look_up(codecache).endswith(NAME)
     (use,) = probe.precompiled_headers_used()
     assert use["verdict"] == "unchecked"
@@ -141,7 +143,7 @@ def test_every_wrapper_of_a_module_is_installed_when_torch_imports_it(
         called.append("headers")
 
     for install in (first, second, second):
-        probe._install_now_or_on_import("compilecache_late_module", install, pending=True)
+        hooks.install_now_or_on_import("compilecache_late_module", install, pending=True)
     monkeypatch.delitem(sys.modules, "compilecache_late_module", raising=False)
     import compilecache_late_module  # type: ignore[import-not-found]
 
@@ -301,7 +303,7 @@ def test_a_restored_header_is_checked_while_torch_preprocesses(
     assert seen == [True]
     (use,) = probe.precompiled_headers_used()
     assert use["verdict"] == "verified" and _checks(tmp_path) == 1
-    assert probe._early_checks == []  # asked once per restore
+    assert probe_pch._early_checks == []  # asked once per restore
 
 
 def test_a_damaged_restored_header_is_still_removed_and_rebuilt(

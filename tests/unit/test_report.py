@@ -79,9 +79,27 @@ def test_human_size(size: float | None, text: str) -> None:
 
 def test_transfer_lines() -> None:
     info = {"outcome": "partial", "key": "compilecache-v1-ab12-7", "size": 4 * 1024**2, "seconds": 0.3}
-    assert report.transfer_line("restore", info) == "restore: partial compilecache-v1-ab12-7 (4.0 MiB, 0.30 s)"
+    # Issue 41, finding 4: a report without a description (an older one, the Action's hand-off) still says in
+    # words what was restored: "partial" read as an incomplete restore.
+    assert report.transfer_line("restore", info) == (
+        "restore: restored the newest bundle of this fingerprint: compilecache-v1-ab12-7 (4.0 MiB, 0.30 s)"
+    )
     assert report.transfer_line("restore", {"outcome": "miss", "message": "no bundle"}) == "restore: miss - no bundle"
     assert report.transfer_line("save", {}) == "save: ?"
+
+
+def test_transfer_lines_name_the_precompiled_headers_that_travelled_beside_the_bundle() -> None:
+    """Issue 41, finding 4: the save and restore lines left out the 21 MB header object that also went to the store."""
+    headers = {"named": 1, "transferred": 1, "size": 21 * 1024**2, "seconds": 0.8, "warnings": []}
+    saved = {"outcome": "saved", "key": "k", "size": 4 * 1024**2, "seconds": 0.3, "headers": headers}
+    assert report.transfer_line("save", saved) == (
+        "save: saved k (4.0 MiB, 0.30 s); precompiled headers: 1 uploaded (21.0 MiB, 0.80 s)"
+    )
+    restored = {"outcome": "exact", "key": "k", "size": 4 * 1024**2, "seconds": 0.3, "headers": headers}
+    assert report.transfer_line("restore", restored).endswith("; precompiled headers: 1 installed (21.0 MiB, 0.80 s)")
+    there = {**saved, "headers": {**headers, "transferred": 0, "size": 0}}
+    assert report.transfer_line("save", there).endswith("; precompiled headers: 1 named, already in the store")
+    assert "precompiled" not in report.transfer_line("save", {**saved, "headers": {"named": 0, "transferred": 0}})
 
 
 NEWEST = "restored the newest bundle of this fingerprint"
@@ -113,26 +131,64 @@ def test_a_restore_says_in_words_what_it_restored(outcome: str, key: str, words:
     assert report.transfer_line("restore", missed) == "restore: miss - no bundle"  # a miss says so, with why
 
 
-def test_the_short_report_says_where_the_reasons_for_misses_are() -> None:
-    """Issue 29: the one-line report gave no hint where the reasons for its misses were."""
+def test_the_short_report_names_each_test_that_missed_with_its_reason() -> None:
+    """Issue 41, finding 1: the short report named no test ("reasons: shown with -v"), and a rerun with -v hit the
+    now-warm cache. It names each test that missed with its one-line reason, a few, then how many more, and
+    where this run's full report stays readable."""
     from pytest_compilecache.explain import MissExplanation
     from pytest_compilecache.explain import SessionExplanation
 
-    missed = _stats(_record("t.py::a", miss=1))
-    why = SessionExplanation(misses={"t.py::a": [MissExplanation("k", ["input 0 shape [8] -> [16]"])]})
-    assert report.miss_hint(missed, why, "out/r.json") == (
-        'reasons for the misses: see "why" in out/r.json (on the terminal: -v or --compile-cache-report=full)'
+    missed = _stats(*[_record(f"t.py::test_{i}", miss=1 + (i == 2)) for i in range(5)])
+    why = SessionExplanation(
+        misses={f"t.py::test_{i}": [MissExplanation("k", [f"input 0 shape [8] -> [{i}]"])] for i in range(5)},
+        compared_with="bundle",
     )
-    assert report.miss_hint(missed, why, None) == (
-        "reasons for the misses: shown with -v or --compile-cache-report=full, "
-        "and in the JSON report (--compile-cache-json=PATH)"
+    assert report.miss_lines(missed, why, None) == [
+        "missed: t.py::test_2: input 0 shape [8] -> [2]",  # most misses first
+        "missed: t.py::test_0: input 0 shape [8] -> [0]",
+        "missed: t.py::test_1: input 0 shape [8] -> [1]",
+        "... and 2 more tests missed; full report: python -m pytest_compilecache report "
+        "(or -v, --compile-cache-report=full)",
+    ]
+    assert report.miss_lines(missed, why, "out/r.json")[-1].endswith(', "why" in out/r.json)')
+    # Nothing compared (a first run, explaining off): the tests are still named, and why there is no reason.
+    first = report.miss_lines(_stats(_record("t.py::a", miss=1)), None, None)
+    assert first[0] == "missed: t.py::a: no earlier run of this cache to compare with"
+    assert report.miss_lines(_stats(_record("t.py::a", hit=3)), why, "r.json") == []  # no misses, no lines
+    outcome = report.SessionOutcome(stats=missed, mode="shared", cache_dir="/c", where="shared:/c", why=why)
+    short = [line for line, _ in report.session_lines(outcome, report="short")]
+    assert short[1] == "missed: t.py::test_2: input 0 shape [8] -> [2]"  # right under the summary line
+    full = [line for line, _ in report.session_lines(outcome, report="full")]
+    assert not any(line.startswith("missed:") for line in full)  # the full report has every reason already
+
+
+def test_identical_reasons_of_one_tests_graphs_are_said_once_with_the_function_and_shapes() -> None:
+    """Issue 41, finding 2: the same reason printed twice (once per shape's graph), naming no function or shape."""
+    from pytest_compilecache.explain import MissExplanation
+    from pytest_compilecache.explain import SessionExplanation
+
+    reason = "graph code changed: a constant in graph statement 6 (1.75 -> 2.0)"
+    fn = "gelu (tests/test_ops.py:12)"
+    why = SessionExplanation(
+        misses={
+            "t.py::test_gelu": [
+                MissExplanation("k1", [reason], fn, "[4, 8]"),
+                MissExplanation("k2", [reason], fn, "[8, 8]"),
+                MissExplanation("k3", ["input 0 dtype float32 -> float16"], fn, "[8, 8]"),
+            ]
+        },
+        compared_with="bundle",
     )
-    # Nothing compared (a first run, explaining off): the full report still lists the tests that missed.
-    assert report.miss_hint(missed, None, None) == (
-        "tests that missed: shown with -v or --compile-cache-report=full, and in the JSON report "
-        "(--compile-cache-json=PATH)"
+    lines = report.why_lines(why)
+    assert lines[1:] == [
+        f"why t.py::test_gelu: {fn}, 2 graphs (inputs [4, 8]; [8, 8]): {reason}",
+        f"why t.py::test_gelu: {fn}, inputs [8, 8]: input 0 dtype float32 -> float16",
+    ]
+    stats = _stats(_record("t.py::test_gelu", miss=3))
+    assert report.miss_lines(stats, why, None)[0] == (
+        f"missed: t.py::test_gelu: {fn}, 2 graphs (inputs [4, 8]; [8, 8]): {reason} (and 1 other reason)"
     )
-    assert report.miss_hint(_stats(_record("t.py::a", hit=3)), why, "r.json") is None  # no misses, no hint
+    assert shown(report.why_markdown(why, 10_000)).count(reason) == 1
 
 
 def test_table_is_slowest_first_with_header_and_recompiles() -> None:
@@ -145,7 +201,9 @@ def test_table_is_slowest_first_with_header_and_recompiles() -> None:
     assert lines[0].split() == ["seconds", "fx", "hit/miss/byp", "aot", "hit/miss", "frames", "test"]
     assert lines[1].split() == ["3.25", "0/2/1", "0/0", "4", "t.py::slow", "(2", "recompiles)"]
     assert lines[2].split() == ["0.50", "1/0/0", "0/0", "0", "t.py::fast"]
-    assert len(lines) == 3
+    # Issue 41, finding 4: a test that compiled nothing is not dropped without a word.
+    assert lines[3] == "(1 other test compiled nothing: not listed)"
+    assert len(lines) == 4
 
 
 def test_table_of_nothing_is_empty() -> None:
@@ -198,6 +256,7 @@ def test_json_report() -> None:
         "notes",
         "tests",
         "why",
+        "dynamo",
     ]
     assert data["why"] is None  # nothing compared
     assert data["version"] == report.JSON_VERSION == 1
@@ -343,6 +402,18 @@ def test_all_hits_that_still_autotuned_say_so_plainly() -> None:
     assert "| 1.50 | 2.25 | 0 | 0 | 3 | `t.py::test_mm` |" in text
     tests = {t["nodeid"]: t for t in report.to_json(stats, mode="shared", cache_dir="/p")["tests"]}
     assert tests["t.py::test_mm"]["gpu"]["autotune_seconds"] == 2.25
+
+
+def test_the_json_report_of_a_cpu_session_carries_no_all_zero_gpu_block() -> None:
+    """Issue 41, finding 4: CPU runs carried ``"gpu": {...all zeros...}`` per test and in the totals."""
+    cpu = _record("t.py::cpu", miss=1, gpu={"triton_compile_seconds": 0.0003})  # torch's C++ wait, not GPU work
+    data = report.to_json(_stats(cpu), mode="shared", cache_dir="/c")
+    assert "gpu" not in data["totals"] and "gpu" not in data["tests"][0]
+    gpu = _record("t.py::gpu", hit=1, gpu={"autotune_seconds": 0.5})
+    data = report.to_json(_stats(cpu, gpu), mode="shared", cache_dir="/c")
+    assert data["totals"]["gpu"]["autotune_seconds"] == 0.5
+    assert [("gpu" in test) for test in data["tests"]] == [False, True]
+    assert ItemRecord.from_json(data["tests"][0]).gpu["autotune_seconds"] == 0  # a missing block reads as zeros
 
 
 def test_cpu_sessions_show_no_gpu_lines() -> None:

@@ -644,17 +644,17 @@ def test_headers_the_actions_restore_installed_are_checked_early(
 ) -> None:
     """Issues 24, 25: what the Action's restore step installed is checked beside torch's first header look-up,
     as a restore of the session's own is (probe.check_headers_early), in torch's header dir of this process."""
-    from pytest_compilecache import pch
-    from pytest_compilecache import probe
+    from pytest_compilecache import pch as headers
+    from pytest_compilecache.probe import pch
 
     name = "c" + "a2b3c4d5e6f7" * 4 + "abc" + ".h.gch"
-    monkeypatch.setattr(probe, "_early_checks", [])
+    monkeypatch.setattr(pch, "_early_checks", [])
     monkeypatch.setenv(HANDOFF_ENV, json.dumps({"outcome": "partial", "key": "k", "headers": [name, "../evil"]}))
     controller = _controller(tmp_path, restore="skip")
 
     controller.session_start()
 
-    assert probe._early_checks == [pch.header_dir() / name]  # a name torch could not give is dropped
+    assert pch._early_checks == [headers.header_dir() / name]  # a name torch could not give is dropped
 
 
 def test_a_session_that_lost_a_workers_statistics_saves_nothing(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from pytest_compilecache import explain
 from pytest_compilecache import sync
 from pytest_compilecache.context import SessionContext
 from pytest_compilecache.explain import GraphLookup
+from pytest_compilecache.explain import compare
 from pytest_compilecache.problems import Problems
 from pytest_compilecache.recorder import Recorder
 from pytest_compilecache.save_phase import SavePhase
@@ -112,9 +113,10 @@ def test_second_shared_session_says_why_and_keeps_the_record(tmp_path: Path, fak
     assert reasons == [["input 0 shape [8, 16] -> [8, 32]"]]
     data = second.to_json()
     assert data["why"]["compared_with"] == "previous session"
-    assert data["why"]["misses"]["t.py::test_new"] == [{"key": "kn", "reasons": ["new test"]}]
+    assert data["why"]["misses"]["t.py::test_new"] == [{"key": "kn", "reasons": ["new test"], "inputs": "[8, 16]"}]
     test_a = next(t for t in data["tests"] if t["nodeid"] == "t.py::test_a")
-    assert test_a["graphs"] == 1 and test_a["why"] == [{"key": "k2", "reasons": ["input 0 shape [8, 16] -> [8, 32]"]}]
+    assert test_a["graphs"] == 1
+    assert test_a["why"] == [{"key": "k2", "reasons": ["input 0 shape [8, 16] -> [8, 32]"], "inputs": "[8, 32]"}]
     lines = [line for line, _ in second.terminal_lines()]
     assert "why tests missed (compared with the previous session):" in lines
     assert "why t.py::test_a: input 0 shape [8, 16] -> [8, 32]" in lines
@@ -158,11 +160,13 @@ def test_summary_report_hides_the_explanations(tmp_path: Path, fake_probe: FakeP
     assert _why(second).misses
     assert not any(line.startswith("why") for line, _ in second.terminal_lines())
     assert any(line.startswith("why") for line, _ in second.terminal_lines(verbose=True))
-    # ...but says where they are (issue 29), once, right under the summary line; the full report needs no hint.
+    # ...but names the test with its one-line reason (issues 29, 41), right under the summary line, and where the
+    # full report is; the full report needs neither.
     short = [line for line, _ in second.terminal_lines()]
     assert short[0].startswith("compile cache: 0 hits, 1 miss")
-    assert short[1].startswith("reasons for the misses: shown with -v or --compile-cache-report=full")
-    assert not any(line.startswith("reasons for") for line, _ in second.terminal_lines(verbose=True))
+    assert short[1] == "missed: t.py::test_a: input 0 shape [8, 16] -> [4, 16]"
+    assert short[2].startswith("full report: python -m pytest_compilecache report")
+    assert not any(line.startswith(("missed:", "full report")) for line, _ in second.terminal_lines(verbose=True))
 
 
 def test_a_restored_bundles_record_is_the_baseline_for_every_process(tmp_path: Path, fake_probe: FakeProbe) -> None:
@@ -368,7 +372,7 @@ def test_any_error_while_explaining_is_one_warning_and_the_session_goes_on(
     def broken(*args: object) -> list[str]:
         raise RuntimeError("a bug met on a hostile record")
 
-    monkeypatch.setattr(explain, "diff", broken)
+    monkeypatch.setattr(compare, "diff", broken)  # where explaining a test finds it
     start_controller = _controller(tmp_path)
     start_controller.session_start()
     start = start_controller.recorder.start()

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from pytest_compilecache.stats import AOT_FIELDS
-from pytest_compilecache.stats import FX_FIELDS
-from pytest_compilecache.stats import REMOTE_FIELDS
+from pytest_compilecache.record_fields import AOT_FIELDS
+from pytest_compilecache.record_fields import FX_FIELDS
+from pytest_compilecache.record_fields import REMOTE_FIELDS
 from pytest_compilecache.stats import ItemRecord
 from pytest_compilecache.stats import SessionStats
 from pytest_compilecache.stats import hit_rate
@@ -97,14 +97,40 @@ def test_json_round_trip_through_real_json() -> None:
         "fxgraph",
         "aotautograd",
         "remote",
-        "gpu",
         "frames",
         "recompiles",
+        "graph_breaks",
         "compile_seconds",
         "bypass_reasons",
+        "graph_break_reasons",
+        "recompiled",
+        "limit_hit",
         "graphs",
         "why",
-    }
+    }  # no "gpu": this record used none (issue 41)
+
+
+def test_every_field_of_the_schema_is_recorded_round_tripped_and_shown_live() -> None:
+    """The per-test record's fields live in one place (record_fields): the record, its JSON, probe's empty delta
+    and the live fixture all follow it, so a new field cannot be forgotten in one of them."""
+    from pytest_compilecache import record_fields
+    from pytest_compilecache.stats import CompileCacheStats
+
+    names = [*record_fields.COUNT_GROUPS, "gpu", *record_fields.COUNTS, *record_fields.SECONDS]
+    names += [*record_fields.TEXTS, *record_fields.ENTRIES]
+    delta: dict[str, Any] = {**record_fields.empty_delta(), "graph_break_reasons": ["a"], "bypass_reasons": ["b"]}
+    delta.update(recompiled=[{"function": "f (t.py:1)", "reason": "r", "first": ""}], limit_hit=[{"function": "g"}])
+    delta.update(gpu={"autotune_seconds": 1.0}, frames=2, graph_breaks=1)
+    record = ItemRecord("t.py::test")
+    record.add(delta)
+    live = CompileCacheStats("t.py::test", lambda: delta)
+    for name in names:
+        assert hasattr(record, name), name
+        assert name in record.to_json(), name
+        assert getattr(live, name) == getattr(record, name), name
+    assert set(record_fields.empty_delta()) <= set(names)
+    assert ItemRecord.from_json(record.to_json()) == record
+    assert record.recompiled == [{"function": "f (t.py:1)", "reason": "r", "first": "", "count": 1}]
 
 
 def test_to_json_rounds_seconds_and_copies() -> None:

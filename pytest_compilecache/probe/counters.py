@@ -1,0 +1,234 @@
+"""torch's per-phase counters and compilation metrics: :func:`mark` at a test's start, :func:`delta` at its end.
+
+PYTEST_DONT_REWRITE
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+from typing import Any
+
+from ..record_fields import AOT_FIELDS
+from ..record_fields import FX_FIELDS
+from ..record_fields import empty_delta
+from . import dynamo
+from .hooks import dynamo_loaded
+from .hooks import torch_loaded
+from .triton import triton_built
+
+# --------------------------------------------------------------------------- per-phase measurement
+
+
+class _BypassTap(logging.Filter):
+    """Captures torch's FX-graph cache bypass reasons without changing what the user's logging shows.
+
+    torch logs the reason at INFO ("Bypassing FX Graph Cache because '%s'"). We lower the logger's level
+    so the record is created, keep the reason, and drop the record unless the user's configuration would
+    have shown it anyway.
+    """
+
+    def __init__(self, user_level: int) -> None:
+        super().__init__()
+        self.user_level = user_level
+        self.reasons: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg, args = record.msg, record.args
+        if isinstance(msg, str) and msg.startswith("Bypassing FX Graph Cache") and isinstance(args, tuple) and args:
+            self.reasons.append(str(args[0])[:200])
+        return record.levelno >= self.user_level
+
+
+_tap: _BypassTap | None = None
+
+
+_limit_raised = False
+
+
+def _prepare() -> None:
+    """Once per process: tap bypass reasons once torch is imported, keep every metric once Dynamo is.
+
+    The tap must be in place before the first compile of a test, and ``import torch`` does not import
+    Dynamo (torch 2.7-2.15): waiting for Dynamo would lose the reasons of the test that first compiles.
+    """
+    global _tap, _limit_raised
+    if _tap is None and torch_loaded():
+        # torch configures its loggers while `import torch` runs: set ours after that, not before.
+        logger = logging.getLogger("torch._inductor.codecache")
+        _tap = _BypassTap(logger.getEffectiveLevel())
+        logger.addFilter(_tap)
+        if logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)
+        dynamo.tap_limit_warnings()
+    if not _limit_raised and dynamo_loaded():
+        from torch._dynamo import utils
+
+        if hasattr(utils, "set_compilation_metrics_limit"):
+            # The default deque keeps 64 records; a suite compiles far more frames than that.
+            utils.set_compilation_metrics_limit(10**6)
+        _limit_raised = True
+
+
+class Mark:
+    """Counters and metric position at the start of a phase; ``triton``: triton cache entries written so far;
+    ``limits``: recompile-limit warnings so far."""
+
+    __slots__ = ("counters", "limits", "metrics", "reasons", "triton")
+
+    def __init__(
+        self, counters: dict[str, dict[str, int]], metrics: int, reasons: int, triton: int = 0, limits: int = 0
+    ) -> None:
+        self.counters = counters
+        self.metrics = metrics
+        self.reasons = reasons
+        self.triton = triton
+        self.limits = limits
+
+
+ZERO = _EMPTY = Mark({}, 0, 0)  # before torch is imported: every counter at zero
+_GROUPS = ("inductor", "aot_autograd", dynamo.GRAPH_BREAKS)
+
+
+def mark() -> Mark:
+    """Cheap snapshot; before torch's Dynamo is imported there are no counters yet (they start at zero)."""
+    if not torch_loaded():
+        return _EMPTY
+    _prepare()
+    reasons = len(_tap.reasons) if _tap else 0
+    if not dynamo_loaded():
+        return Mark({}, 0, reasons, len(triton_built), dynamo.limit_mark())
+    from torch._dynamo import utils
+
+    counters = {group: dict(utils.counters[group]) for group in _GROUPS if group in utils.counters}
+    return Mark(counters, _metrics_count(utils), reasons, len(triton_built), dynamo.limit_mark())
+
+
+def delta(start: Mark) -> dict[str, Any]:
+    """What compiled since ``start``, shaped like ``ItemRecord.to_json`` (counts clamped at zero).
+
+    Counter deltas are clamped because a test may call ``counters.clear()``; metrics after a
+    ``clear_compilation_metrics()`` by the test are counted from the start of the list.
+    """
+    if not dynamo_loaded():
+        return {}
+    _prepare()
+    from torch._dynamo import utils
+
+    def moved(group: str, name: str) -> int:
+        now = utils.counters[group].get(name, 0) if group in utils.counters else 0
+        return max(0, now - start.counters.get(group, {}).get(name, 0))
+
+    new = _metrics_since(utils, start.metrics)
+    out = empty_delta()
+    gpu = out["gpu"]
+    gpu["triton_bundle_files"] = moved("inductor", "triton_bundler_read_and_emit_kernel")
+    gpu["triton_built"] = max(0, len(triton_built) - start.triton)
+    gpu["autotune_benchmarks"] = sum(moved("inductor", name) for name in AUTOTUNE_COUNTERS)
+    out["fxgraph"] = {k: moved("inductor", f"fxgraph_cache_{k}") for k in FX_FIELDS}
+    out["aotautograd"] = {k: moved("aot_autograd", f"autograd_cache_{k}") for k in AOT_FIELDS}
+    for record in new:
+        _add_metric(out, record)
+    if utils.counters.get(dynamo.GRAPH_BREAKS):
+        before = start.counters.get(dynamo.GRAPH_BREAKS, {})
+        out["graph_breaks"], reasons = dynamo.graph_breaks(before, dict(utils.counters[dynamo.GRAPH_BREAKS]))
+        if reasons:
+            out["graph_break_reasons"] = reasons
+    limit_hit = dynamo.limit_hits(start.limits)
+    if limit_hit:
+        out["limit_hit"] = limit_hit
+    if "recompiled" in out:
+        _name_unnamed(out["recompiled"], new, limit_hit)
+    if _tap is not None:
+        out["bypass_reasons"] = sorted(set(_tap.reasons[start.reasons :]))
+    return out
+
+
+# torch's counters of autotuning benchmarks: max-autotune's choice between GEMM templates (2.7-2.15); runtime
+# coordinate-descent tuning, pad_mm's padded-or-not and combo kernels (later releases, e.g. 2.13; not 2.7.1).
+# An FX-graph hit adds the counts its entry recorded at compile time (codecache: ``counters["inductor"] +=
+# graph.counter_deltas``), so a count alone does not prove a benchmark ran now: the seconds do (``dynamo_timed``
+# columns, measured only while it runs).
+AUTOTUNE_COUNTERS = ("select_algorithm_autotune", "coordesc_tuning_bench", "pad_mm_bench", "combo_autotune_bench")
+# CompilationMetrics columns (2.7-2.15) summed into the GPU seconds: triton's compile (async_compile's precompile
+# and wait), autotuning at compile time (select_algorithm, benchmark fusion) and at the first call (runtime
+# benchmarks of a kernel's configs, recorded as an ``is_runtime`` record after the call; torch 2.7.1 declares the
+# column but does not fill it: its first-call autotuning is not measured).
+TRITON_COMPILE_METRICS = ("triton_compile_time_us",)
+AUTOTUNE_METRICS = ("compile_time_autotune_time_us", "runtime_triton_autotune_time_us")
+
+
+def _metrics_since(utils: Any, start: int) -> list[Any]:
+    """The records after the first ``start`` (all of them after a ``clear_compilation_metrics()`` by the test),
+    without copying the earlier ones: a test that compiled nothing costs no walk through the session's records."""
+    get = getattr(utils, "get_compilation_metrics", None)
+    if get is None:
+        return []
+    records = get()
+    count = len(records)
+    if count == start:
+        return []
+    return list(itertools.islice(records, start, None)) if count > start else list(records)
+
+
+def _metrics_count(utils: Any) -> int:
+    """How many records :func:`_metrics` would return, without copying them (every test's start asks)."""
+    get = getattr(utils, "get_compilation_metrics", None)
+    return len(get()) if get is not None else 0
+
+
+_ATTEMPT = r"(\d+)/(\d+)"  # compiled by ``re`` on first use, not at import
+# The functions whose frames a delta compiled for the first time: not a statistic, but what the recorder needs to
+# name the earlier test that compiled a frame a later test recompiled (it takes the key out of the delta).
+FIRST_COMPILES = "first_compiles"
+
+
+def _name_unnamed(recompiled: list[dict[str, Any]], records: list[Any], limit_hit: list[dict[str, str]]) -> None:
+    """A compile that failed (the one that hit the recompile limit: torch records it without ``co_name``) takes
+    its function from a record of the same frame, else from the limit warning of the same test."""
+    frames = {_frame(record): dynamo.record_function(record) for record in records if getattr(record, "co_name", None)}
+    for entry in recompiled:
+        frame = entry.pop(_FRAME, None)
+        if not entry["function"]:
+            hits = {hit["function"] for hit in limit_hit}
+            entry["function"] = frames.get(frame) or (hits.pop() if len(hits) == 1 else "")
+
+
+def _frame(record: Any) -> str:
+    return str(getattr(record, "compile_id", "") or "").partition("/")[0]
+
+
+_FRAME = "frame"  # an entry's frame id, until _name_unnamed has read it
+
+
+def _us(record: Any, names: tuple[str, ...]) -> float:
+    return sum(int(getattr(record, name, 0) or 0) for name in names) / 1e6
+
+
+def _add_metric(out: dict[str, Any], record: Any) -> None:
+    gpu = out["gpu"]
+    gpu["triton_compile_seconds"] += _us(record, TRITON_COMPILE_METRICS)
+    gpu["autotune_seconds"] += _us(record, AUTOTUNE_METRICS)
+    frame_seconds = getattr(record, "entire_frame_compile_time_s", None)
+    backward_us = getattr(record, "backward_cumulative_compile_time_us", None)
+    if getattr(record, "is_runtime", False) or (frame_seconds is None and backward_us):
+        # A lazily compiled backward: its own record, under its forward's compile id. Not a frame.
+        out["compile_seconds"] += (backward_us or 0) / 1e6
+    else:
+        out["frames"] += 1
+        out["compile_seconds"] += frame_seconds or 0.0
+        match = re.search(_ATTEMPT, str(getattr(record, "compile_id", "") or ""))
+        reason = getattr(record, "recompile_reason", None)
+        if reason or (match and int(match.group(2)) > 0):
+            out["recompiles"] += 1
+            entry = {"function": dynamo.record_function(record), "reason": dynamo.guard_failure(reason)}
+            entry[_FRAME] = _frame(record)
+            out.setdefault("recompiled", []).append(entry)
+        elif match:  # the frame's first compile: the recorder remembers which test paid it
+            out.setdefault(FIRST_COMPILES, []).append(dynamo.record_function(record))
+    remote = out["remote"]
+    remote["fx_hit"] += getattr(record, "inductor_fx_remote_cache_hit_count", 0) or 0
+    remote["fx_miss"] += getattr(record, "inductor_fx_remote_cache_miss_count", 0) or 0
+    remote["aot_hit"] += getattr(record, "aotautograd_remote_cache_hit_count", 0) or 0
+    remote["aot_miss"] += getattr(record, "aotautograd_remote_cache_miss_count", 0) or 0

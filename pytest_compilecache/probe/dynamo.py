@@ -1,0 +1,179 @@
+"""Dynamo's own costs, per test: which function a compile was for, each recompile with torch's guard-failure
+reason, frames that hit torch's recompile limit (they run uncompiled from then on), graph breaks with torch's
+reasons. torch's logs (``TORCH_LOGS=recompiles,graph_breaks``) say the same per process; this ties them to a test.
+
+Read from what torch keeps anyway: ``CompilationMetrics`` (``compile_id``, ``co_name``, ``co_filename``,
+``co_firstlineno``, ``recompile_reason``: 2.7-2.15), ``counters["graph_break"]`` (reason -> count, 2.6-2.15) and
+the warning ``torch._dynamo hit config.<limit> (<value>)`` that ``convert_frame`` logs once per frame when it gives
+up (2.7-2.15). Each read is guarded: a field this torch lacks is an empty value, never an error.
+PYTEST_DONT_REWRITE
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import sys
+from typing import Any
+from typing import Callable
+
+from ..record_fields import TEXT_CHARS
+from .hooks import install_now_or_on_import
+
+GRAPH_BREAKS = "graph_break"  # torch's counter group: reason -> count
+_CONVERT_FRAME = "torch._dynamo.convert_frame"
+_DYNAMO_CONFIG = "torch._dynamo.config"
+_LIMIT_MESSAGE = "torch._dynamo hit config."
+_COMPILE_ID = r"\A\s*\d+/\d+:\s*"  # "0/1: " before torch's guard-failure reason
+_TORCH_FUNCTION = r"\A'(?P<name>.*)' \((?P<file>.*):(?P<line>\d+)\)\Z"  # how convert_frame names a function
+
+
+def function_text(name: Any, filename: Any, line: Any) -> str:
+    """``gelu (tests/test_ops.py:12)``: a code object's name and where it starts, the path relative to the
+    working directory when it is under it (as a user reads their own tests), else as torch gives it."""
+    path = str(filename or "?")
+    with contextlib.suppress(ValueError):
+        relative = os.path.relpath(path)
+        if not relative.startswith(".."):
+            path = relative
+    return f"{name} ({path}:{line})"[:TEXT_CHARS]
+
+
+def one_line(text: Any) -> str:
+    """torch's reason on one line: its first, spaces collapsed, bounded."""
+    first = str(text or "").strip().split("\n", 1)[0]
+    return " ".join(first.split())[:TEXT_CHARS]
+
+
+def guard_failure(reason: Any) -> str:
+    """``0/0: tensor 'x' size mismatch at index 0. expected 4, actual 8`` -> without the compile id, one line."""
+    return one_line(re.sub(_COMPILE_ID, "", str(reason or "")))
+
+
+def compile_id() -> str | None:
+    """The compile id (``"3/1"``) of the frame Dynamo is compiling now, None outside a compile."""
+    guards = sys.modules.get("torch._guards")
+    current = getattr(getattr(guards, "CompileContext", None), "current_compile_id", None)
+    found = current() if callable(current) else None
+    return None if found is None else str(found)
+
+
+def record_function(record: Any) -> str:
+    """The function a ``CompilationMetrics`` record compiled, "" when it does not say."""
+    name = getattr(record, "co_name", None)
+    if not name:
+        return ""
+    return function_text(name, getattr(record, "co_filename", None), getattr(record, "co_firstlineno", None))
+
+
+def functions_of(ids: set[str], records: list[Any]) -> dict[str, str]:
+    """compile id -> :func:`record_function` for the ``ids`` among ``records`` (the newest first, as the ids
+    asked for are those of the test that just ran)."""
+    found: dict[str, str] = {}
+    for record in reversed(records):
+        key = str(getattr(record, "compile_id", "") or "")
+        if key in ids and key not in found:
+            found[key] = record_function(record)
+            if len(found) == len(ids):
+                break
+    return found
+
+
+# --------------------------------------------------------------------------- graph breaks
+
+
+def graph_break_reason(key: Any) -> str:
+    """A ``counters["graph_break"]`` key on one line: its first line and, where torch adds one, its explanation
+    (``Failed to trace builtin operator: Dynamo does not know how to trace builtin operator `print` ...``)."""
+    lines = [line.strip() for line in str(key).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    explained = next((line[len("Explanation:") :].strip() for line in lines if line.startswith("Explanation:")), "")
+    return one_line(f"{lines[0]}: {explained}" if explained else lines[0])
+
+
+def graph_breaks(before: dict[str, int], now: dict[str, int]) -> tuple[int, list[str]]:
+    """Graph breaks between two snapshots of ``counters["graph_break"]``: how many, and their distinct reasons."""
+    count = 0
+    reasons: list[str] = []
+    for key, value in now.items():
+        moved = value - before.get(key, 0)
+        if moved > 0:
+            count += moved
+            reason = graph_break_reason(key)
+            if reason and reason not in reasons:
+                reasons.append(reason)
+    return count, reasons
+
+
+# --------------------------------------------------------------------------- the recompile limit
+
+
+class _LimitTap(logging.Filter):
+    """Keeps each ``torch._dynamo hit config.<limit>`` warning of ``convert_frame`` as a plain entry; lets every
+    record through (the user still sees torch's warning)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hits: list[dict[str, str]] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        with contextlib.suppress(Exception):  # a message of another shape is not ours to read
+            msg, args = record.msg, record.args
+            if isinstance(msg, str) and msg.startswith(_LIMIT_MESSAGE) and isinstance(args, tuple) and len(args) >= 3:
+                self.hits.append(_limit_entry(args))
+        return True
+
+
+def _limit_entry(args: tuple[Any, ...]) -> dict[str, str]:
+    """``(limit_type, value, "'fn' (file:line)", last reason, ...)`` -> ``{"function", "limit", "reason"}``."""
+    match = re.match(_TORCH_FUNCTION, str(args[2]))
+    function = function_text(match["name"], match["file"], match["line"]) if match else one_line(args[2])
+    return {
+        "function": function,
+        "limit": f"{args[0]} = {args[1]}",
+        "reason": guard_failure(args[3] if len(args) > 3 else ""),
+    }
+
+
+_limit_tap: _LimitTap | None = None
+
+
+def tap_limit_warnings() -> None:
+    """Once torch is imported: keep every "hit the recompile limit" warning from now on (once per process)."""
+    global _limit_tap
+    if _limit_tap is None:
+        _limit_tap = _LimitTap()
+        logging.getLogger(_CONVERT_FRAME).addFilter(_limit_tap)
+
+
+def limit_mark() -> int:
+    return len(_limit_tap.hits) if _limit_tap is not None else 0
+
+
+def limit_hits(start: int) -> list[dict[str, str]]:
+    """The frames that hit the recompile limit since :func:`limit_mark` returned ``start``."""
+    return [dict(hit) for hit in _limit_tap.hits[start:]] if _limit_tap is not None else []
+
+
+def fail_on_recompile_limit() -> Callable[[], None]:
+    """Make a frame that hits the recompile limit fail its test (torch raises ``FailOnRecompileLimitHit``)
+    instead of running uncompiled: torch's own ``fail_on_recompile_limit_hit`` (2.7-2.15), set now if Dynamo's
+    config is imported, else as soon as it is. Returns the function that puts torch's value back."""
+    before: list[Any] = []
+
+    def install() -> None:
+        config: Any = sys.modules.get(_DYNAMO_CONFIG)
+        if config is not None and not before and hasattr(config, "fail_on_recompile_limit_hit"):
+            before.append(config.fail_on_recompile_limit_hit)
+            config.fail_on_recompile_limit_hit = True
+
+    def put_back() -> None:
+        config: Any = sys.modules.get(_DYNAMO_CONFIG)
+        if config is not None and before:
+            config.fail_on_recompile_limit_hit = before.pop()
+
+    install_now_or_on_import(_DYNAMO_CONFIG, install, pending=True)
+    return put_back

@@ -1,0 +1,74 @@
+"""When torch is loaded, and wrapping a torch module the moment it is imported: what every probe module shares.
+
+Imports nothing of torch.
+PYTEST_DONT_REWRITE
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any
+
+
+def torch_loaded() -> bool:
+    """True once the session imported torch; the plugin never imports it on its own in a plain session."""
+    return "torch" in sys.modules
+
+
+def dynamo_loaded() -> bool:
+    return "torch._dynamo.utils" in sys.modules
+
+
+CODECACHE = "torch._inductor.codecache"
+
+
+class _InstallOnImport:
+    """A ``sys.meta_path`` entry that calls ``install`` right after torch imports module ``module``.
+
+    torch imports ``torch._inductor.codecache`` (and ``remote_cache``) lazily, at the first compile,
+    inside a test; without this the first test's lookups would pass before we could wrap anything. It
+    answers only for that one module name (one string comparison per import otherwise) and removes itself
+    once used.
+    """
+
+    def __init__(self, module: str, install: Any) -> None:
+        self.module = module
+        self.installs = [install]  # one entry per module: the first finder to answer is the only one asked
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != self.module:
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        import importlib.util
+
+        spec = importlib.util.find_spec(name)
+        loader = getattr(spec, "loader", None)
+        exec_module = getattr(loader, "exec_module", None)
+        if spec is None or exec_module is None:
+            return spec
+
+        installs = self.installs
+
+        def exec_and_install(module: Any) -> None:
+            exec_module(module)
+            for install in installs:
+                with contextlib.suppress(Exception):
+                    install()
+
+        loader.exec_module = exec_and_install  # type: ignore[union-attr]
+        return spec
+
+
+def install_now_or_on_import(module: str, install: Any, *, pending: bool) -> None:
+    if module in sys.modules:
+        install()
+        return
+    if not pending:
+        return
+    hook = next((f for f in sys.meta_path if isinstance(f, _InstallOnImport) and f.module == module), None)
+    if hook is None:
+        sys.meta_path.insert(0, _InstallOnImport(module, install))
+    elif install not in hook.installs:
+        hook.installs.append(install)  # another wrapper of the same module (graph lookups, headers)
