@@ -27,7 +27,7 @@ from typing import Mapping
 
 GITHUB_STORE = "github"
 ENV_PREFIX = "PYTEST_COMPILECACHE_"
-# The same name as pytest_compilecache.errors.SIGNING_KEY_ENV (a test checks): spelled here because the install
+# The same name as pytest_compilecache._env.SIGNING_KEY_ENV (a test checks): spelled here because the install
 # step runs before the package is importable.
 SIGNING_KEY_ENV = ENV_PREFIX + "SIGNING_KEY"
 RESTORED_ENV = ENV_PREFIX + "RESTORED"

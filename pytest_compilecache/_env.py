@@ -1,4 +1,11 @@
-"""One way to borrow environment variables and give them back exactly as they were.
+"""Every environment variable the package reads or sets, named once, and one way to borrow them.
+
+The names below are the registry: ours (``PYTEST_COMPILECACHE_*``; each option also has one, spelled by
+``options.env_name``), torch's and triton's, and the compiler's. A module that needs a name imports it from
+here; :data:`TOUCHED` (what a session may set for torch, all put back at its end) is derived from them. A
+store backend's own variables (``AZURE_STORAGE_*``, ``STORAGE_EMULATOR_HOST``, boto3's) belong to its row of
+``stores.table`` and its module. A leaf: imports nothing of ours.
+
 
 Every place that swaps variables torch reads (the session's cache dir and remote-cache switches, a
 test's isolated compile, loading mega-cache blobs into a given dir) leases them here, so that a pytest
@@ -14,9 +21,37 @@ from typing import Iterator
 from typing import Mapping
 from typing import MutableMapping
 
+# ---- ours
+ENV_PREFIX = "PYTEST_COMPILECACHE_"
+# The controller's cache-dir decision, exported for its xdist workers (``cachedir.SessionDir.to_env``).
+SESSION_ENV = ENV_PREFIX + "SESSION"
+# Where an xdist controller tells its workers which restore ticket to serve (a path in the session dir,
+# :class:`.cachedir.ticket.RestoreTicket`).
+TICKET_ENV = ENV_PREFIX + "RESTORE_TICKET"
+# The Action's restore step tells the pytest session what it restored (``sync.handoff``).
+HANDOFF_ENV = ENV_PREFIX + "RESTORED"
+# A fingerprint computed once and handed to later processes (``fingerprint.collect``).
+FINGERPRINT_ENV = ENV_PREFIX + "FINGERPRINT"
+# The bundle signing key (read only by ``settings.read_signing_key``); never logged.
+SIGNING_KEY_ENV = ENV_PREFIX + "SIGNING_KEY"
+# The CLI's defaults for the key's salt and prefix (the plugin reads them as its options' variables).
+KEY_SALT_ENV = ENV_PREFIX + "KEY_SALT"
+KEY_PREFIX_ENV = ENV_PREFIX + "KEY_PREFIX"
+
+# ---- torch's and triton's
 # The variables that point torch's compile caches (and triton's) at a directory.
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_ENV = "TRITON_CACHE_DIR"
+# Every cache off; torch 2.8+ also reads the second spelling.
+DISABLE_ENV = "TORCHINDUCTOR_FORCE_DISABLE_CACHES"
+DISABLE_ENVS = (DISABLE_ENV, "TORCH_COMPILE_FORCE_DISABLE_CACHES")
+# The switches of torch's remote caches and where its Redis is (set before torch is imported).
+REMOTE_SWITCHES = (
+    "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE",
+    "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE",
+    "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE",
+)
+REDIS_ENVS = ("TORCHINDUCTOR_REDIS_URL", "TORCHINDUCTOR_REDIS_HOST", "TORCHINDUCTOR_REDIS_PORT")
 
 # torch keeps its automatic-dynamic shape profile (dynamo/code_state_<key>.pkl in the cache dir, and in the
 # mega-cache) only under a job id, read at import from the first (torch 2.7-2.15) or, from 2.8 on, its alias.
@@ -29,6 +64,12 @@ PGO_JOB_ID = "pytest-compilecache"
 FILE_LOCK_TIMEOUT_ENV = "TORCHINDUCTOR_FILE_LOCK_TIMEOUT"
 TORCH_FILE_LOCK_TIMEOUT = 600.0
 
+# ---- the compiler's: variables gcc (and clang) read that can change what a compile with -include does.
+COMPILER_ENVS = ("CPATH", "CPLUS_INCLUDE_PATH", "C_INCLUDE_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH")
+
+# Every variable a session may set for torch and its workers; the session's lease puts them all back.
+TOUCHED = (CACHE_ENV, TRITON_ENV, DISABLE_ENV, SESSION_ENV, *REMOTE_SWITCHES, *REDIS_ENVS, TICKET_ENV)
+
 
 def torch_lock_timeout(environ: Mapping[str, str] = os.environ) -> float:
     """Seconds torch in a process started with ``environ`` waits for a file lock before it gives up."""
@@ -37,11 +78,6 @@ def torch_lock_timeout(environ: Mapping[str, str] = os.environ) -> float:
     except ValueError:
         return TORCH_FILE_LOCK_TIMEOUT
     return value if 0 < value < float("inf") else TORCH_FILE_LOCK_TIMEOUT
-
-
-# Where an xdist controller tells its workers which restore ticket to serve (a path in the session dir,
-# :class:`.cachedir.ticket.RestoreTicket`).
-TICKET_ENV = "PYTEST_COMPILECACHE_RESTORE_TICKET"
 
 
 def torch_job_id(environ: Mapping[str, str] = os.environ) -> str | None:

@@ -11,8 +11,8 @@ PYTEST_DONT_REWRITE
 from __future__ import annotations
 
 from . import ghrunner
+from ._env import SIGNING_KEY_ENV
 from .cachedir import refuse_foreign
-from .errors import SIGNING_KEY_ENV
 from .errors import ConfigError
 from .errors import HeaderError
 from .explain import install_restored as keep_graph_record

@@ -34,6 +34,8 @@ from . import cachedir
 from . import ghrunner
 from . import report
 from . import sync
+from ._env import KEY_PREFIX_ENV
+from ._env import KEY_SALT_ENV
 from ._fs import atomic_file
 from ._fs import report_target
 from ._version import __version__
@@ -404,7 +406,7 @@ def _fp_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--salt",
         type=str.strip,  # as the plugin's settings read it: one salt, one fingerprint
-        default=os.environ.get("PYTEST_COMPILECACHE_KEY_SALT", "").strip(),
+        default=os.environ.get(KEY_SALT_ENV, "").strip(),
         help="key salt",
     )
     p.add_argument("--device-facts", help="JSON file of recorded device facts (instead of asking the GPUs)")
@@ -414,7 +416,7 @@ def _store_args(p: argparse.ArgumentParser, prefix: bool = True) -> None:
     """The options of a command that talks to a store."""
     p.add_argument("--store", required=True, help="directory, file:///path or s3://bucket/prefix")
     if prefix:
-        p.add_argument("--prefix", default=os.environ.get("PYTEST_COMPILECACHE_KEY_PREFIX", DEFAULT_PREFIX))
+        p.add_argument("--prefix", default=os.environ.get(KEY_PREFIX_ENV, DEFAULT_PREFIX))
     p.add_argument("--strict", action="store_true", help="exit 1 on store or bundle trouble")
     p.add_argument("--s3-endpoint", help="S3-compatible endpoint URL (default: $PYTEST_COMPILECACHE_S3_ENDPOINT)")
     p.add_argument(
@@ -437,7 +439,7 @@ def _key_commands(sub: Any) -> None:
 
     p = sub.add_parser("key", help="print the save key and the restore prefix")
     _fp_args(p)
-    p.add_argument("--prefix", default=os.environ.get("PYTEST_COMPILECACHE_KEY_PREFIX", DEFAULT_PREFIX))
+    p.add_argument("--prefix", default=os.environ.get(KEY_PREFIX_ENV, DEFAULT_PREFIX))
     p.add_argument("--suffix", help="run suffix (default: time and pid)")
     p.add_argument("--github-output", action="store_true", help="also append to $GITHUB_OUTPUT")
     p.set_defaults(func=cmd_key)

@@ -37,7 +37,7 @@ from typing import cast
 
 import zstandard
 
-from .errors import SIGNING_KEY_ENV
+from ._env import SIGNING_KEY_ENV
 from .errors import BundleError
 from .errors import ConfigError
 from .manifest import FORMAT_VERSION

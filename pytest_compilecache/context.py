@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING
 from . import cachedir
 from ._env import PGO_ENVS
 from ._env import PGO_JOB_ID
-from ._env import TICKET_ENV
+from ._env import REMOTE_SWITCHES
+from ._env import SESSION_ENV
+from ._env import TOUCHED
 from ._env import EnvLease
 from ._env import cache_dir_env
 from .cachedir import SessionDir
 from .errors import ConfigError
-from .options import SESSION_ENV
 from .problems import Problems
 from .settings import Settings
 
@@ -38,19 +39,7 @@ if TYPE_CHECKING:
 EXPLAINED_MODES = ("shared", "isolated")
 
 # Every variable the plugin may set for torch; the lease puts them all back at the end.
-TOUCHED_ENV = (
-    "TORCHINDUCTOR_CACHE_DIR",
-    "TRITON_CACHE_DIR",
-    "TORCHINDUCTOR_FORCE_DISABLE_CACHES",
-    SESSION_ENV,
-    "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE",
-    "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE",
-    "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE",
-    "TORCHINDUCTOR_REDIS_URL",
-    "TORCHINDUCTOR_REDIS_HOST",
-    "TORCHINDUCTOR_REDIS_PORT",
-    TICKET_ENV,
-)
+TOUCHED_ENV = TOUCHED
 
 
 class SessionContext:
@@ -192,7 +181,7 @@ class SessionContext:
 
     @property
     def redis_on(self) -> bool:
-        return bool(self.settings.redis) and bool(os.environ.get("TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE"))
+        return bool(self.settings.redis) and bool(os.environ.get(REMOTE_SWITCHES[0]))
 
     def take_remote_errors(self) -> None:
         """Keep the Redis errors of torch's remote caches in this process so far (:func:`probe.guard_remote_cache`

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 # The variable that holds the key bundles are signed and verified with; read only by settings.resolve and
 # the CLI/Action's own option reading (settings.from_environment), never anywhere else.
-SIGNING_KEY_ENV = "PYTEST_COMPILECACHE_SIGNING_KEY"
 
 
 class CompileCacheWarning(UserWarning):

@@ -27,6 +27,7 @@ from typing import Any
 from typing import Mapping
 
 from . import probe
+from ._env import FINGERPRINT_ENV
 from .errors import ConfigError
 from .manifest import FORMAT_VERSION
 
@@ -60,7 +61,7 @@ class Fingerprint:
         return cls({str(k): str(v) for k, v in data.items()})
 
 
-HANDOVER_ENV = "PYTEST_COMPILECACHE_FINGERPRINT"
+HANDOVER_ENV = FINGERPRINT_ENV
 # The facts a handed-over fingerprint must share with this process to be this process's: the same machine,
 # interpreter, torch install and salt. Facts that legitimately differ between two steps of one job (the
 # thread count from OMP_NUM_THREADS, the GPUs CUDA_VISIBLE_DEVICES leaves) are the handed-over ones.

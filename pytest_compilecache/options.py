@@ -10,9 +10,10 @@ PYTEST_DONT_REWRITE
 
 from __future__ import annotations
 
-ENV_PREFIX = "PYTEST_COMPILECACHE_"
-# The controller's cache-dir decision, exported for its xdist workers (``cachedir.SessionDir.to_env``).
-SESSION_ENV = "PYTEST_COMPILECACHE_SESSION"
+from ._env import ENV_PREFIX
+from ._env import SESSION_ENV
+
+__all__ = ["ENV_PREFIX", "SESSION_ENV", "TABLE", "env_name", "ini_name"]
 
 # (name, flag, is a switch without a value, help); ``name`` is the attribute on settings.Settings.
 TABLE: tuple[tuple[str, str, bool, str], ...] = (

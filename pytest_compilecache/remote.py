@@ -10,6 +10,9 @@ from urllib.parse import urlencode
 from urllib.parse import urlsplit
 from urllib.parse import urlunsplit
 
+from ._env import REDIS_ENVS
+from ._env import REMOTE_SWITCHES
+
 REDIS_TIMEOUT_S = 2.0  # the start-up PING
 # Each of torch's Redis calls (redis-py's defaults: no timeout before 6.x); a URL that sets its own wins.
 REDIS_OP_TIMEOUT_S = 5.0
@@ -30,13 +33,12 @@ def redis_env(url: str) -> dict[str, str]:
     for name in ("socket_timeout", "socket_connect_timeout"):
         if name not in given:
             query.append((name, str(REDIS_OP_TIMEOUT_S)))
+    redis_url, host, port = REDIS_ENVS
     return {
-        "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "1",
-        "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE": "1",
-        "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE": "1",
-        "TORCHINDUCTOR_REDIS_URL": urlunsplit(parts._replace(query=urlencode(query))),
-        "TORCHINDUCTOR_REDIS_HOST": parts.hostname or "localhost",
-        "TORCHINDUCTOR_REDIS_PORT": str(parts.port or 6379),
+        **dict.fromkeys(REMOTE_SWITCHES, "1"),
+        redis_url: urlunsplit(parts._replace(query=urlencode(query))),
+        host: parts.hostname or "localhost",
+        port: str(parts.port or 6379),
     }
 
 

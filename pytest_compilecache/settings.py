@@ -15,7 +15,7 @@ from typing import Callable
 from typing import Mapping
 from typing import NamedTuple
 
-from .errors import SIGNING_KEY_ENV
+from ._env import SIGNING_KEY_ENV
 from .errors import ConfigError
 from .options import TABLE
 from .options import env_name

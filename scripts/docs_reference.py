@@ -50,7 +50,7 @@ def shown_default(option: Any) -> str:
 
 def render_options() -> str:
     """The options reference: one row per option in ``settings.OPTIONS``, in the order pytest lists them."""
-    from pytest_compilecache.errors import SIGNING_KEY_ENV
+    from pytest_compilecache._env import SIGNING_KEY_ENV
     from pytest_compilecache.settings import OPTIONS
 
     lines = [

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
+from .._env import CACHE_ENV
 from ..errors import ConfigError
 from ..options import SESSION_ENV
 from .layout import DIR_NOFOLLOW
@@ -61,7 +62,7 @@ class SessionDir(NamedTuple):
 
     def describe(self) -> str:
         if self.mode is None:
-            return "unmanaged:" + os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torch default")
+            return "unmanaged:" + os.environ.get(CACHE_ENV, "torch default")
         return f"{self.mode}:{self.path}" if self.path else str(self.mode)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from typing import Iterator
 from typing import Sequence
 
+from .._env import COMPILER_ENVS
 from .._fs import atomic_file
 from .names import SHA256
 from .names import is_header_name
@@ -43,7 +44,7 @@ _VERDICTS_MAX_CHECKS = 8  # per header: the argv/compiler pairs it was accepted 
 # header torch has just built, or a restore has just installed, is remembered by the next process.
 SETTLED_NS = 50_000_000
 # Variables gcc (and clang) read that can change what a compile with -include does.
-_COMPILER_ENV = ("CPATH", "CPLUS_INCLUDE_PATH", "C_INCLUDE_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH")
+_COMPILER_ENV = COMPILER_ENVS
 
 
 @contextlib.contextmanager

@@ -16,20 +16,14 @@ from typing import Any
 from typing import Iterator
 
 from .._env import CACHE_ENV
+from .._env import DISABLE_ENV as DISABLE_ENV  # re-exported: probe.DISABLE_ENV
+from .._env import DISABLE_ENVS
+from .._env import REMOTE_SWITCHES as REMOTE_SWITCHES  # re-exported: probe.REMOTE_SWITCHES
 from .._env import TRITON_ENV
 from .._env import cache_dir_env
 from .hooks import CODECACHE
 from .hooks import torch_loaded
 from .megacache import collect_used_modules
-
-DISABLE_ENV = "TORCHINDUCTOR_FORCE_DISABLE_CACHES"
-
-# Environment variables that turn torch's remote caches on (set before torch is imported).
-REMOTE_SWITCHES = (
-    "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE",
-    "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE",
-    "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE",
-)
 
 
 def import_compiler() -> bool:
@@ -90,7 +84,7 @@ def point_cache_dir(cache_dir: str | None, *, disable: bool = False) -> str | No
 # before (torch already imported), or _READ_AT_IMPORT (torch not imported yet, but told by the variable).
 _config_before: dict[str, Any] = {}
 _READ_AT_IMPORT = "(force_disable_caches read from the environment at import)"
-_FORCE_DISABLE_ENVS = (DISABLE_ENV, "TORCH_COMPILE_FORCE_DISABLE_CACHES")  # torch 2.8+ reads either
+_FORCE_DISABLE_ENVS = DISABLE_ENVS
 
 
 def put_back_config() -> None:

@@ -15,10 +15,9 @@ import json
 from typing import Any
 from typing import NamedTuple
 
+from .._env import HANDOFF_ENV as HANDOFF_ENV  # re-exported: sync.HANDOFF_ENV
 from .results import RESTORE_OUTCOMES
 from .results import RestoreResult
-
-HANDOFF_ENV = "PYTEST_COMPILECACHE_RESTORED"
 
 
 class SavePolicy(NamedTuple):

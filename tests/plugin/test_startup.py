@@ -270,6 +270,7 @@ def test_a_session_with_no_option_loads_only_the_option_table(inner: pytest.Pyte
     expected = [
         "pytest_compilecache",
         "pytest_compilecache._entry",
+        "pytest_compilecache._env",
         "pytest_compilecache._loader",
         "pytest_compilecache._version",
         "pytest_compilecache.options",

@@ -12,7 +12,7 @@ from types import ModuleType
 import pytest
 import yaml
 
-from pytest_compilecache.errors import SIGNING_KEY_ENV
+from pytest_compilecache._env import SIGNING_KEY_ENV
 from pytest_compilecache.settings import OPTIONS
 
 REPO = Path(__file__).resolve().parents[2]

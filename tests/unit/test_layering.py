@@ -37,8 +37,9 @@ LAYERS: list[set[str]] = [
     {"stats", "settings", "probe"},
     {"explain", "remote", "pch"},
     {"manifest"},
-    {"ghrunner", "_fs", "_env"},
+    {"ghrunner", "_fs"},
     {"_version", "errors", "options", "_loader", "record_fields"},
+    {"_env"},
 ]
 ONLY = {
     "pytest": {"plugin"},

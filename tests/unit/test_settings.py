@@ -8,7 +8,7 @@ from typing import Mapping
 import pytest
 
 from pytest_compilecache import ConfigError
-from pytest_compilecache.errors import SIGNING_KEY_ENV
+from pytest_compilecache._env import SIGNING_KEY_ENV
 from pytest_compilecache.settings import DEFAULT_PREFIX
 from pytest_compilecache.settings import OPTIONS
 from pytest_compilecache.settings import STORE_OPTIONS
