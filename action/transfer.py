@@ -136,7 +136,7 @@ def header_entry(plan: Plan, result: RestoreResult) -> tuple[str, Artifact] | No
     """The header that travels as its own cache entry, and that entry's key; None when none does.
 
     ``store: github`` only, after a restore: the first (by name, then sha256) of the precompiled headers the
-    verified manifest names; a CPU suite names one. Any others ride in the bundle entry, as before issue 10.
+    verified manifest names; a CPU suite names one. Any others ride in the bundle entry.
     The key is exact and content-addressed (``<lineage>-artifact-<sha256>``): the post step saves it once
     and skips the upload when it exists.
     """

@@ -68,7 +68,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MISS = 0, 1, 2, 3
 # FX-graph and AOTAutograd entries, compiled kernels and ISA probes, autotune results. Sources, locks
 # and precompiled headers are regenerated, so they stay out.
 # What `save` carries from a cache dir: torch's FX and AOTAutograd entries, compiled kernels, best configs, and
-# what a fresh GPU runner would rebuild (issue 27): triton's cache entries (kernels, which torch's bundle lacks
+# what a fresh GPU runner would rebuild: triton's cache entries (kernels, which torch's bundle lacks
 # when triton bundling is off; gcc-built helpers such as cuda_utils.so; launchers) and torch's local autotuning
 # results (<cache>/cache/: max-autotune's GEMM timings). Never triton's "lock" files nor temp files ("tmp.*").
 _DIR_PATTERNS = (
@@ -319,7 +319,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     Any input that is not such a report (unreadable, not JSON, nested too deep, a number out of range, a
     field of the wrong type) is a ConfigError: one ``error:`` line and exit 2, never a traceback or exit 1."""
-    kept = not args.json_report  # the last session's report, kept in pytest's cache (issue 41)
+    kept = not args.json_report  # the last session's report, kept in pytest's cache
     args.json_report = args.json_report or report.LAST_REPORT_PATH
     try:
         data = json.loads(Path(args.json_report).read_text())
@@ -352,7 +352,7 @@ def _render_report(data: Any) -> str:
     restore, save = data.get("restore"), data.get("save")
     if not all(part is None or isinstance(part, dict) for part in (restore, save)):
         raise TypeError("restore and save must be objects")
-    # The session's explanations (issue 12): the same "Why these tests missed" section as the step summary.
+    # The session's explanations: the same "Why these tests missed" section as the step summary.
     explained = SessionExplanation.from_json(data["why"]) if data.get("why") is not None else None
     where = f"{data.get('mode')}:{data.get('cache_dir')}"
     return report.markdown(stats, where=where, restore=restore, save=save, why=explained)
@@ -361,7 +361,7 @@ def _render_report(data: Any) -> str:
 def _out(text: str = "", *, err: bool = False) -> None:
     """Print ``text`` (a line, or a block such as the report's Markdown) to stdout, or stderr with ``err``:
     the one way this module writes for a person, through :func:`.ghrunner.inert`, since a CI runner reads
-    both streams for workflow commands (issue 28.7)."""
+    both streams for workflow commands."""
     print(ghrunner.inert(text), file=sys.stderr if err else sys.stdout)
 
 

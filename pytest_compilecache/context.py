@@ -6,6 +6,8 @@ torch (leased, put back at the end), the registration in a shared dir, the store
 Both roles (:mod:`.session`) and both phases (:mod:`.restore_phase`, :mod:`.save_phase`) read it; it sits
 below them, so that they pass it down and never import the roles. Nothing here imports pytest or torch.
 Loaded lazily: fingerprint, stores, remote, probe (only once torch's compiler is imported), ghrunner, _fs.
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``.stores``, ``._fs``,
+``.probe``, ``.remote``, ``.ghrunner``, ``.fingerprint``, ``.stores.timed``.
 PYTEST_DONT_REWRITE
 """
 
@@ -88,7 +90,7 @@ class SessionContext:
         except ConfigError as exc:
             raise settings.respell(exc, "store") from None
         if settings.json and not inherited:
-            from ._fs import report_target  # cost: only a session that writes a JSON report loads _fs
+            from ._fs import report_target
 
             report_target(settings.json, settings.spelling("json"))
         if inherited:
@@ -138,7 +140,7 @@ class SessionContext:
             # first step, without loading probe in a session that may never import torch.
             self.lease.set(cache_dir_env(self.dir.path))
         elif mode in ("shared", "isolated", "disabled"):
-            from . import probe  # cost: torch's compiler is imported already, or caching is disabled
+            from . import probe
 
             self._torch_config = True
             note = probe.point_cache_dir(self.dir.path if mode != "disabled" else None, disable=mode == "disabled")
@@ -171,7 +173,7 @@ class SessionContext:
 
     def _enable_redis(self, url: str) -> None:
         """Turn on torch's remote caches (read at import and per compile), after checking Redis answers."""
-        from . import remote  # cost: a session without Redis never loads remote
+        from . import remote
 
         problem = remote.check_redis(url)
         if problem:
@@ -197,7 +199,7 @@ class SessionContext:
         errors = self.remote_errors
         if errors:
             more = f"; {len(errors)} errors in all" if len(errors) > 1 else ""
-            from .ghrunner import one_line  # cost: only when Redis failed
+            from .ghrunner import one_line
 
             self.problems.warn(
                 one_line(
@@ -223,7 +225,7 @@ class SessionContext:
     def header(self) -> str | None:
         if self.dir.mode is None and not self.settings.redis:
             return None
-        from .remote import redacted  # cost: as above
+        from .remote import redacted
 
         extra = f", redis {redacted(self.settings.redis)}" if self.settings.redis else ""
         if self.settings.redis and not self.redis_on:
@@ -243,13 +245,12 @@ class SessionContext:
         """The fingerprint a worker of this session computed (same machine, same options): the controller
         then saves without importing torch itself."""
         if self._fingerprint is None:
-            from .fingerprint import Fingerprint  # cost: as below
+            from .fingerprint import Fingerprint
 
             self._fingerprint = Fingerprint.from_json(facts)
 
     def fingerprint(self) -> Fingerprint:
         if self._fingerprint is None:
-            # cost: only a session with a store fingerprints
             from .fingerprint import collect
 
             self._fingerprint = collect(salt=self.settings.key_salt)
@@ -257,7 +258,6 @@ class SessionContext:
 
     def timed_store(self) -> TimedStore:
         """The configured store, its calls bounded in all by ``--compile-cache-store-timeout``."""
-        # cost: as above
         from .stores.timed import TimedStore
 
         settings = self.settings
@@ -272,14 +272,13 @@ class SessionContext:
         self.release()
         self.lease.restore()
         if self._torch_config:  # only _export changes torch's config (through probe.point_cache_dir)
-            from . import probe  # cost: loaded by _export already
+            from . import probe
 
             probe.put_back_config()
 
 
 def open_configured_store(settings: Settings) -> Store:
     """The store named by ``--compile-cache-store``; raises ConfigError for a malformed URL (no I/O)."""
-    # cost: stores load only in a session with a store
     from .stores import open_store
 
     return open_store(settings)

@@ -10,6 +10,7 @@ use (compute capability, SM count, the CUDA/HIP version, triton's content hash),
 in this process; ``collect(device=...)`` takes recorded device facts instead (``probe.device_facts`` of recorded
 device-property objects in tests, a ``--device-facts`` file in the CLI), so CUDA paths are tested without a GPU.
 One job computes its fingerprint once: :func:`handover` passes it to the job's later steps.
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``importlib.util``.
 PYTEST_DONT_REWRITE
 """
 
@@ -116,7 +117,7 @@ def handed_over(environ: Mapping[str, str], here: Mapping[str, str]) -> Fingerpr
 
 def _torch_path() -> str:
     """The torch install's dir, as ``probe.torch_facts()["torch_path"]`` says it, without importing torch."""
-    import importlib.util  # cost: standard library, only on a handed-over fingerprint's check
+    import importlib.util
 
     spec = importlib.util.find_spec("torch")
     origin = getattr(spec, "origin", None)

@@ -17,6 +17,7 @@ fingerprint facts, a store's error message, a test id):
   and line breaks in text that came from elsewhere; :func:`append_summary` appends a rendered block.
 
 Nothing here imports the rest of the package: the plugin, the CLI and the Action's Python all use it.
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``secrets``.
 PYTEST_DONT_REWRITE
 """
 
@@ -228,7 +229,7 @@ def append_vars(path: str | os.PathLike[str] | None, values: Mapping[str, str]) 
             raise ValueError(f"invalid GITHUB_OUTPUT/GITHUB_ENV name {name!r}")
     if not path:
         return
-    import secrets  # cost: loads hmac's tables; the plugin's first hooks import this module, few sessions write here
+    import secrets
 
     lines: list[str] = []
     for name, value in values.items():

@@ -9,6 +9,7 @@
   save and the report.
 
 Loaded lazily: probe (collecting this process's output), stats (reading records).
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``.stats``, ``.probe``.
 PYTEST_DONT_REWRITE
 """
 
@@ -99,7 +100,7 @@ class ProcessOutput:
         """This process's output. Call at most once per process: it takes the mega-cache blob (only when
         the session saves), and a second ``save_cache_artifacts`` spoils later loads (torch 2.8+). The Redis
         errors are those ``context`` has taken so far (:meth:`.SessionContext.take_remote_errors`)."""
-        from . import probe  # cost: at the end, in a process that ran tests
+        from . import probe
 
         output = cls(
             tests=recorder.stats.tests,
@@ -156,7 +157,7 @@ class ProcessOutput:
 
 
 def _records(data: Any) -> list[ItemRecord]:
-    from .stats import ItemRecord  # cost: loaded with the recorder already
+    from .stats import ItemRecord
 
     records = []
     for item in data if isinstance(data, list) else ():

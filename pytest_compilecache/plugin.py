@@ -17,6 +17,9 @@ plugin installed never import torch in most of their sessions:
   made at the end only if a test compiled.
 
 Printing happens here and nowhere else. Nothing here imports torch.
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``.errors``,
+``.settings``, ``.context``, ``.problems``, ``_pytest.config``, ``.cachedir``, ``.probe``, ``.ghrunner``,
+``.recorder``, ``.session``, ``.report``.
 PYTEST_DONT_REWRITE
 """
 
@@ -109,7 +112,6 @@ def _settings(config: pytest.Config) -> Settings | None:
     ):
         config.stash[_SETTINGS] = None
         return None
-    # cost: only a session that gives an option loads the parsers
     _load_own_modules_plainly(config)
     from .errors import ConfigError
     from .settings import resolve
@@ -132,7 +134,7 @@ def _resolved(config: pytest.Config) -> Settings:
     """The settings, the defaults made now if no option was given (:func:`_settings` returned None)."""
     settings = _settings(config)
     if settings is None:
-        from .settings import resolve  # cost: as above
+        from .settings import resolve
 
         settings = config.stash[_SETTINGS] = resolve({}, lambda key: None, environ={})
     return settings
@@ -148,13 +150,12 @@ def _setup(config: pytest.Config) -> SessionContext:
     """Decide the cache dir and export it, once per process, before anything imports torch."""
     if _SETUP in config.stash:
         return config.stash[_SETUP]
-    # cost: a quiet session makes its set-up only at the end, and only if a test compiled
     from .context import SessionContext
     from .problems import Problems
 
     settings = _resolved(config)
     problems = Problems(strict=settings.strict, classify=warning_classifier(*_warning_filters(config)))
-    from .errors import ConfigError  # cost: as above
+    from .errors import ConfigError
 
     try:
         setup = SessionContext.start(settings, _default_shared(config), inherited=_inherited(), problems=problems)
@@ -176,7 +177,7 @@ def _warning_filters(config: pytest.Config) -> tuple[list[str], list[str]]:
 
 def warning_classifier(config_filters: Sequence[str], cmdline_filters: Sequence[str]) -> Classifier:
     """How pytest's warning filters (ini ``filterwarnings`` then ``-W``) treat a CompileCacheWarning."""
-    from .problems import filter_classifier  # cost: as above
+    from .problems import filter_classifier
 
     def apply() -> None:
         # pytest's own filter parsing, so that ``module.Class`` categories resolve exactly as pytest does;
@@ -198,7 +199,7 @@ def _inherited() -> str | None:
     value = os.environ.get(SESSION_ENV)
     if not value or not os.environ.get("PYTEST_XDIST_WORKER"):
         return None
-    from .cachedir import SessionDir  # cost: only an xdist worker of a controller that exported a dir
+    from .cachedir import SessionDir
 
     return value if SessionDir.parent_pid(value) == os.getppid() else None
 
@@ -223,7 +224,7 @@ def _keep_a_shared_dir_in_use(config: pytest.Config, setup: SessionContext) -> N
     path = setup.dir.path
     if setup.dir.mode != "shared" or not path or Path(path) != _default_shared(config):
         return
-    from . import cachedir  # cost: only with --cache-clear and a shared dir
+    from . import cachedir
 
     own = setup.registration.marker if setup.registration is not None else None
     others = cachedir.clear_pytest_cache_keeping(path, excluding=own)
@@ -266,7 +267,7 @@ def pytest_configure(config: pytest.Config) -> None:
     quiet = _quiet(config)
     settings = _settings(config)  # None: no option given (settings not even loaded)
     if settings is not None and settings.fail_on_eager_fallback:
-        from . import probe  # cost: only with the option
+        from . import probe
 
         config.add_cleanup(probe.fail_on_recompile_limit())  # set once torch's Dynamo config is imported
     if not quiet:
@@ -274,7 +275,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if not _is_worker(config) and getattr(config.option, "cacheclear", False):
             _keep_a_shared_dir_in_use(config, setup)
         if setup.redis_on:
-            from . import probe  # cost: as below
+            from . import probe
 
             probe.guard_remote_cache()  # every process: a Redis error is a warning, not a failed compile
     if not _is_xdist_controller(config):  # an xdist controller runs no test itself
@@ -283,13 +284,13 @@ def pytest_configure(config: pytest.Config) -> None:
     if not quiet:
         _make_role(config, _recorder(config))
     if not _is_worker(config) and os.environ.get("GITHUB_ACTIONS") == "true":  # ghrunner.in_github_actions
-        from .ghrunner import StopTokenWatch  # cost: only inside a GitHub Actions job
+        from .ghrunner import StopTokenWatch
 
         watcher = config.stash[_RUNNER_OUTPUT] = StopTokenWatch()
         config.pluginmanager.register(watcher, "compilecache-runner-output")
     # Every process, from when torch (or triton) is imported: the per-test capture, the FX-graph lookups that
-    # explain a miss, the triton cache entries a bundle carries (issue 27) and, in a session with a cache
-    # dir, the check of each precompiled header torch looks up (issue 24).
+    # explain a miss, the triton cache entries a bundle carries and, in a session with a cache
+    # dir, the check of each precompiled header torch looks up.
     # The triton hook is installed once torch appears: triton matters only to torch's compiles.
     when_imported("torch", lambda: _torch_appears(config), config.add_cleanup)
 
@@ -307,7 +308,7 @@ def _watch(config: pytest.Config) -> None:
     waiting for its module when the session ends leaves with it: torch may only have been looked up
     (``importlib.util.find_spec``), and a later ``torch.compile`` in the same process (a notebook, a second
     ``pytest.main``) must not be checked and captured outside any session."""
-    from . import probe  # cost: loaded once torch (or triton) is
+    from . import probe
 
     before = set(map(id, sys.meta_path))
     # a worker resolves the same options: its controller's argv and environment
@@ -352,7 +353,7 @@ def _recorder(config: pytest.Config) -> Recorder:
     """This process's recorder (made on first use), holding every test the counter has counted so far."""
     recorder = config.stash.get(_RECORDER, None)
     if recorder is None:
-        from .recorder import Recorder  # cost: loaded once torch appears, or in a session with options
+        from .recorder import Recorder
 
         worker = os.environ.get("PYTEST_XDIST_WORKER", "worker") if _is_worker(config) else "controller"
         recorder = config.stash[_RECORDER] = Recorder(worker, _resolved(config).explain)
@@ -366,7 +367,7 @@ def _recorder(config: pytest.Config) -> Recorder:
 def _worker(config: pytest.Config, recorder: Recorder | None = None) -> Worker:
     worker = config.stash.get(_WORKER, None)
     if worker is None:
-        from .session import Worker  # cost: a quiet session loads the roles only if a test compiled
+        from .session import Worker
 
         worker = config.stash[_WORKER] = Worker(_setup(config), recorder or _recorder(config))
     return worker
@@ -375,7 +376,7 @@ def _worker(config: pytest.Config, recorder: Recorder | None = None) -> Worker:
 def _controller(config: pytest.Config, recorder: Recorder | None = None) -> Controller:
     controller = config.stash.get(_CONTROLLER, None)
     if controller is None:
-        from .session import Controller  # cost: as above
+        from .session import Controller
 
         controller = config.stash[_CONTROLLER] = Controller(
             _setup(config), recorder or _recorder(config), xdist=_is_xdist_controller(config)
@@ -559,10 +560,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 def _keep_last_report(config: pytest.Config) -> None:
     """This session's full report, in pytest's cache: ``python -m pytest_compilecache report`` prints it later
-    without a rerun, which would hit what this run compiled (issue 41). Not without pytest's cache provider."""
+    without a rerun, which would hit what this run compiled. Not without pytest's cache provider."""
     cache = getattr(config, "cache", None)
     if cache is not None:
-        from .report import LAST_REPORT_KEY  # cost: loaded by the controller's finish already
+        from .report import LAST_REPORT_KEY
 
         cache.set(LAST_REPORT_KEY, _controller(config).to_json())
 
@@ -592,6 +593,6 @@ def _github_commands(role: Controller, output: StopTokenWatch | None = None) -> 
     """Inside a GitHub Actions job, each warning and error also becomes an annotation (``ghrunner.annotate``)."""
     if not (role.problems.warnings or role.problems.errors) or os.environ.get("GITHUB_ACTIONS") != "true":
         return  # the same test as ghrunner.in_github_actions, without loading ghrunner
-    from .ghrunner import annotate  # cost: only inside a GitHub Actions job, with something to say
+    from .ghrunner import annotate
 
     annotate(sys.stdout, role.problems.warnings, role.problems.errors, output.tokens if output else [])

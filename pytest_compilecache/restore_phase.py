@@ -9,6 +9,8 @@ Under xdist the controller does not restore itself (that would cost it a torch i
 would wait for it): it writes no bundle, only a :class:`RestoreTicket` name into the environment, and the
 first worker to take the ticket restores while the others start up, collect, and wait for it only before
 their first test. The controller reads what that worker did at the end.
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``.payload``, ``.pch``,
+``json``, ``dataclasses``, ``.sync``, ``.ghrunner``, ``.probe``, ``.cachedir``, ``.explain``, ``._fs``.
 PYTEST_DONT_REWRITE
 """
 
@@ -66,7 +68,7 @@ class RestorePhase:
         what the session's start found. ``reported``: what workers that restored sent in their payload
         (:meth:`report`), read when the ticket could not be (a full disk). Idempotent: the value is made once."""
         if self._finished is None:
-            from .payload import Restored  # cost: at the end
+            from .payload import Restored
 
             self.finish_headers()
             self.collect_ticket(reported)
@@ -79,7 +81,6 @@ class RestorePhase:
         self.context.ensure_dir()
         self._sweep()
         if self.context.saving:
-            # cost: headers, sync and stores load only in a session with a store
             from .pch import session_start
 
             self.header_since = session_start()
@@ -109,7 +110,7 @@ class RestorePhase:
 
     def report(self) -> dict[str, Any]:
         """What this worker's restore for its controller did, as the ticket holds it (plain JSON values)."""
-        import json  # cost: only the worker that restored for its controller
+        import json
 
         restored = self.restored
         fingerprint = self.context.fingerprint_if_known()
@@ -137,7 +138,7 @@ class RestorePhase:
         install, self._headers = self._headers, None
         if install is None or self.restored is None:
             return
-        from dataclasses import replace  # cost: as above
+        from dataclasses import replace
 
         report = install.finish()
         self.restored = replace(self.restored, headers=report)
@@ -163,11 +164,11 @@ class RestorePhase:
             return
         data = self.ticket.result() or next(iter(reported), None) or {}
         self.ticket.remove()
-        from .sync import RestoreResult  # cost: as above
+        from .sync import RestoreResult
 
         self.restored = RestoreResult.decode(data.get("restored"))
         trouble = data.get("store_trouble")
-        from .ghrunner import one_line  # cost: as above
+        from .ghrunner import one_line
 
         self.store_trouble = one_line(trouble) if isinstance(trouble, str) else None
         facts = data.get("fingerprint")
@@ -177,7 +178,7 @@ class RestorePhase:
         self._read_baseline(self.restored)
 
     def _restore(self) -> None:
-        from . import sync  # cost: as above
+        from . import sync
 
         settings = self.context.settings
         try:
@@ -197,7 +198,7 @@ class RestorePhase:
                 try:
                     self._headers = sync.HeaderInstall(store, settings.key_prefix, named)
                 except Exception as exc:  # e.g. torch's lock dir cannot be made: torch builds the headers
-                    from .ghrunner import one_line  # cost: only to warn
+                    from .ghrunner import one_line
 
                     unready.append(one_line(f"precompiled headers not restored: {type(exc).__name__}: {exc}"))
 
@@ -212,7 +213,7 @@ class RestorePhase:
             )
             restored = sync.restore_bundle(store, request)
             if unready:
-                from dataclasses import replace  # cost: as above
+                from dataclasses import replace
 
                 headers = replace(restored.headers, warnings=(*restored.headers.warnings, *unready))
                 restored = replace(restored, headers=headers)
@@ -246,12 +247,12 @@ class RestorePhase:
         the mega-cache blobs its restore step installed but left for this process (that step imports no
         torch; this one will). A blob that changed or that torch rejects is one warning, and the session
         counts as one after a failed restore (cold compile, the hit-rate floor not enforced)."""
-        from . import sync  # cost: as above
+        from . import sync
 
         told = sync.read_handoff(os.environ.get(sync.HANDOFF_ENV))
         self.restored = told
         if told is not None and told.headers.named:
-            from . import probe  # cost: loaded by sync already
+            from . import probe
 
             # the headers the Action's restore step installed: checked early, as a restore of ours does
             probe.check_headers_early(told.headers.named)
@@ -275,16 +276,16 @@ class RestorePhase:
         path = self.context.dir.path
         if not self.context.settings.explain or not path or self.context.dir.mode not in EXPLAINED_MODES:
             return  # off: a restored bundle's record is not installed, nothing is compared
-        from .cachedir import GRAPHS_RECORD  # cost: only a session with a dir of ours reads a record
+        from .cachedir import GRAPHS_RECORD
 
         graphs = restored.graphs if restored is not None else None
         record: GraphsRecord | None = None
         if graphs or os.path.isfile(os.path.join(path, GRAPHS_RECORD)):
-            from .explain import read_baseline  # cost: explain loads only when there is a record to read
+            from .explain import read_baseline
 
             record, warning = read_baseline(Path(path), graphs)  # never raises: trouble is one warning
             if warning:
-                from .ghrunner import one_line  # cost: only to warn
+                from .ghrunner import one_line
 
                 self.problems.warn(one_line(warning, 500))
         # The record says whether it is a restored bundle's (installed here, by the worker that restored for an
@@ -301,7 +302,6 @@ class RestorePhase:
         places = [self.context.dir.path, tempfile.gettempdir() if self.context.settings.store else None]
         if not any(places):
             return
-        # cost: a session without a cache dir of ours never loads _fs
         from ._fs import sweep_our_temps
 
         for where in places:
@@ -312,7 +312,7 @@ class RestorePhase:
                     pass
         if self.context.settings.store:
             # A session killed while it installed a precompiled header left the partial file in torch's dir.
-            from .pch import sweep_leftovers  # cost: as above
+            from .pch import sweep_leftovers
 
             try:
                 sweep_leftovers()

@@ -5,6 +5,8 @@ It takes what the start found (:class:`.payload.Restored`) and what the processe
 explains this session's misses and keeps the graph record for the next run, saves a bundle (with the
 precompiled headers the session used) within the store's time budget, and trims a capped shared dir. Like
 the restore phase it only ever warns: the session's outcome is decided by the controller.
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``.explain``,
+``.probe``, ``.ghrunner``, ``.sync``, ``.fingerprint``, ``.pch``.
 PYTEST_DONT_REWRITE
 """
 
@@ -81,7 +83,7 @@ class SavePhase:
         if not self.context.settings.explain or not path or self.context.dir.mode not in EXPLAINED_MODES:
             return None, None
         if recording.torch_loaded():  # no probe to load before torch is
-            from . import probe  # cost: loaded once torch is
+            from . import probe
 
             note = probe.graph_capture_installed() if probe.dynamo_loaded() else None
             if note:
@@ -91,7 +93,6 @@ class SavePhase:
         current = {nodeid: r.graphs for nodeid, r in self.stats.records.items() if r.graphs}
         if not current:
             return None, None  # nothing was looked up: keep the baseline as it is for the next run
-        # cost: explain loads only when a test looked up a graph
         from .explain import explain_session_safely
         from .explain import save_record
 
@@ -99,7 +100,7 @@ class SavePhase:
         aot_misses = {nodeid: r.aotautograd["miss"] for nodeid, r in self.stats.records.items()}
         why, graphs, warning = explain_session_safely(current, baseline, restored.compared_with, aot_misses)
         if warning:  # never a failed session: one warning, and this session's graphs alone are kept
-            from .ghrunner import one_line  # cost: only to warn
+            from .ghrunner import one_line
 
             self.problems.warn(one_line(warning, 500))
         for nodeid, misses in (why.misses if why is not None else {}).items():
@@ -120,7 +121,7 @@ class SavePhase:
         depends on the order tests ran in each process, and no job id keeps torch's profile of them."""
         if self.context.settings.pgo or torch_job_id():
             return
-        from .explain import order_dependent_tests  # cost: loaded with explain_session_safely above
+        from .explain import order_dependent_tests
 
         tests = order_dependent_tests(why)
         if not tests:
@@ -141,7 +142,6 @@ class SavePhase:
     ) -> SaveResult | None:
         """Save a bundle unless there is nothing new, the store failed at the restore, or the Action's policy
         says no; return what happened (None: the store or fingerprint could not even be set up, one warning)."""
-        # cost: only a saving session loads sync
         from . import sync
         from .fingerprint import default_suffix
 
@@ -188,7 +188,7 @@ class SavePhase:
         return saved
 
     def _policy(self) -> SavePolicy:
-        from . import sync  # cost: as above
+        from . import sync
 
         told = os.environ.get(sync.HANDOFF_ENV) if self.context.settings.restore == "skip" else None
         return sync.read_save_policy(told)
@@ -229,10 +229,9 @@ class SavePhase:
         """True when this session used a precompiled header its restored bundle does not name (a bundle saved
         on a machine that already had the header names none): then a save is worth it even when every graph
         hit. After the Action's restore, its report names what it installed or found: a header it could not
-        restore (its entry evicted) and torch built again is new, so this save carries it (issue 10)."""
+        restore (its entry evicted) and torch built again is new, so this save carries it."""
         if restored.header_since is None or restored.result is None:
             return False
-        # cost: headers load only in a saving session
         from .pch import find_used
         from .pch import header_dir
 
@@ -253,7 +252,7 @@ class SavePhase:
         """
         if restored.header_since is None:
             return None
-        from .pch import header_dir  # cost: as above
+        from .pch import header_dir
 
         expected = str(header_dir())
         others = sorted(d for d in gathered.header_dirs if d != expected)

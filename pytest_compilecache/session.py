@@ -13,6 +13,8 @@
 Both roles record through a :class:`Recorder` (statistics + probe) and report trouble through one
 :class:`~pytest_compilecache.problems.Problems`. Nothing here imports pytest (the hooks in
 :mod:`plugin` pass plain values) or torch (only :mod:`probe` does, lazily).
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``.probe``,
+``.payload``, ``.pch``, ``.report``, ``.ghrunner``, ``json``, ``._fs``.
 PYTEST_DONT_REWRITE
 """
 
@@ -73,7 +75,7 @@ class Worker:
             if lock is None and wait:
                 # Another worker is restoring: import what this worker's first compile needs meanwhile (the
                 # tests imported torch), instead of waiting idle and paying the import after.
-                from . import probe  # cost: only a worker that waits for another's restore
+                from . import probe
 
                 probe.import_compiler()
                 lock = ticket.take(wait=True)
@@ -101,7 +103,7 @@ class Worker:
         if self.restore is not None:
             self.restore.finish_headers()  # the worker that restored: its headers' report, in the ticket too
         self.context.take_remote_errors()
-        from .payload import ProcessOutput  # cost: at the end, in each worker
+        from .payload import ProcessOutput
 
         output = ProcessOutput.collect(self.context, self.recorder)
         if self.restore is not None:
@@ -138,7 +140,7 @@ class Controller:
     def add_worker(self, worker: str, sent: Any) -> None:
         """Merge what a worker sent; a worker that sent nothing (it crashed) is listed, not fatal."""
         self.workers.append(worker)
-        from .payload import ProcessOutput  # cost: at the end, in the controller of workers
+        from .payload import ProcessOutput
 
         output = ProcessOutput.from_json(sent)
         self._outputs.append((worker, output))
@@ -169,14 +171,14 @@ class Controller:
         # restored for it (the ticket): wait for the one, read the other.
         reported = [output.restore for _, output in self._outputs if output is not None and output.restore]
         self._restored = self.start.finish(reported)
-        from .payload import Gathered  # cost: at the end
+        from .payload import Gathered
         from .payload import ProcessOutput
 
         if not self.workers and recording.torch_loaded():  # a plain session whose tests imported torch
             self._outputs.append(("controller", ProcessOutput.collect(self.context, self.recorder)))
         gathered = Gathered.fold(self._outputs)
         if gathered.header_uses:
-            from .pch import header_notes  # cost: headers load only where torch looked a header up
+            from .pch import header_notes
 
             for note in header_notes(gathered.header_uses):
                 self.problems.note(note)
@@ -184,7 +186,7 @@ class Controller:
             cachedir.touch(self.context.dir.path, sorted(gathered.files))
         self._touch_shape_profile()
         if recording.torch_loaded():  # probe.capability_notes says nothing for a session that never imported torch
-            from . import probe  # cost: loaded once torch is
+            from . import probe
 
             for note in probe.capability_notes(remote=bool(self.settings.redis)):
                 self.problems.note(note)
@@ -208,7 +210,7 @@ class Controller:
         rate = self.stats.hit_rate
         if rate is None or rate >= floor:
             return
-        from .report import percent  # cost: the renderers load only when there is something to render
+        from .report import percent
 
         message = f"hit rate {percent(rate)} is below --compile-cache-min-hit-rate={floor:g}"
         if restored is not None and (not restored.ok or bool(restored.skipped)) and not self.settings.strict:
@@ -221,7 +223,7 @@ class Controller:
 
     def outcome(self) -> SessionOutcome:
         """What the session did, typed, for the renderers in :mod:`report`."""
-        from .report import SessionOutcome  # cost: as above
+        from .report import SessionOutcome
 
         return SessionOutcome(
             stats=self.stats,
@@ -244,7 +246,7 @@ class Controller:
         return self.recorder.anything_compiled
 
     def to_json(self) -> dict[str, Any]:
-        from .report import session_json  # cost: as above
+        from .report import session_json
 
         return session_json(self.outcome())
 
@@ -254,13 +256,13 @@ class Controller:
         summary = self.settings.summary != "off" and bool(target)
         if not self.settings.json and not summary:
             return
-        from . import report  # cost: as above
+        from . import report
 
         outcome = self.outcome()
         if self.settings.json:
             self._write_json(Path(self.settings.json), report.session_json(outcome))
         if summary and target and outcome.worth_reporting:
-            from .ghrunner import append_summary  # cost: only a session in a CI job writes a summary
+            from .ghrunner import append_summary
 
             try:
                 append_summary(target, report.session_markdown(outcome))
@@ -268,9 +270,9 @@ class Controller:
                 self.problems.warn(f"could not append to GITHUB_STEP_SUMMARY: {exc.strerror}")
 
     def _write_json(self, path: Path, data: dict[str, Any]) -> None:
-        import json  # cost: only a session that writes a JSON report
+        import json
 
-        from ._fs import atomic_file  # cost: as above
+        from ._fs import atomic_file
 
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -284,6 +286,6 @@ class Controller:
         trouble = bool(self.problems.warnings or self.problems.errors)
         if not trouble and (self.settings.report == "none" or not self._worth_reporting()):
             return []  # nothing to say: the renderers are not even loaded
-        from .report import session_lines  # cost: as above
+        from .report import session_lines
 
         return session_lines(self.outcome(), report=self.settings.report, verbose=verbose)

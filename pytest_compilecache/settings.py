@@ -3,6 +3,8 @@
 Every option exists in three spellings: ``--compile-cache-store`` (CLI), ``compile_cache_store`` (ini) and
 ``PYTEST_COMPILECACHE_STORE`` (environment). Validation errors raise :class:`ConfigError` whose message names
 the option as the user wrote it, so pytest can report it at start-up.
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``urllib.parse``,
+``importlib.util``, ``.remote``.
 PYTEST_DONT_REWRITE
 """
 
@@ -160,7 +162,7 @@ def require_package(option: str, module: str, extra: str) -> None:
     """The one rule for an option that needs an optional package (a store backend's SDK, redis for
     ``--compile-cache-redis``): missing, it is a ConfigError naming ``option`` at start-up, not a warning later.
     Looks the package up without importing it."""
-    import importlib.util  # cost: only an option that needs a package looks
+    import importlib.util
 
     try:
         found = importlib.util.find_spec(module)  # a dotted name imports its parents: "google", "google.cloud"
@@ -175,7 +177,7 @@ def _redis_url(option: str, value: str) -> str:
     ``redis`` package must be installed (:func:`require_package`)."""
     from urllib.parse import urlsplit
 
-    from .remote import redacted  # cost: a session without Redis never loads remote
+    from .remote import redacted
 
     value = value.strip()
     try:

@@ -1,5 +1,7 @@
 """The session's dir for each mode (``shared``, ``isolated``, ``disabled``), made atomically and tagged, in a
 path torch can build in; the lock for the plugin's own writes into it.
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``.._fs``,
+``filelock``.
 PYTEST_DONT_REWRITE
 """
 
@@ -152,7 +154,7 @@ def make_dir(path: Path) -> Path:
                 shutil.rmtree(tmp, ignore_errors=True)
         elif not any(path.iterdir()):
             tag(path)
-        from .._fs import temp_name  # cost: loaded by every session with a dir anyway (its sweep)
+        from .._fs import temp_name
 
         probe = path / temp_name("tmp", lead=".")
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
@@ -250,7 +252,7 @@ def clear_pytest_cache_keeping(path: str, *, excluding: str | None) -> int:
     others = len(live_sessions(path, excluding=excluding))
     if not others:
         return 0
-    from .._fs import rmtree_at  # cost: only a --cache-clear with a live peer gets here
+    from .._fs import rmtree_at
 
     base = Path(path).parent.parent  # <cache_dir>/d/compilecache
     for prefix in ("v", "d"):  # what pytest's Cache.clear_cache removes; a link is left alone, as pytest does

@@ -2,6 +2,7 @@
 
 A leaf of the package: name tests, and :func:`parent_fd`, the walk without links that every removal takes;
 nothing of ours but :mod:`.._fs` (loaded lazily).
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``.._fs``.
 PYTEST_DONT_REWRITE
 """
 
@@ -13,7 +14,7 @@ import re
 LOCK_NAME = ".compilecache.lock"
 SESSIONS_DIR = ".compilecache-sessions"
 TEMP_PREFIX = ".compilecache-tmp-"  # what older versions' temp names start with (see _OUR_TEMP)
-# GRAPHS_RECORD: explain.RECORD_NAME, the graphs the next session explains its misses against (issue 12);
+# GRAPHS_RECORD: explain.RECORD_NAME, the graphs the next session explains its misses against;
 # ours in any dir (so an untagged torch dir that holds it is not "foreign" next time), never trimmed.
 GRAPHS_RECORD = ".compilecache-graphs.json"
 # PENDING_DIR: a restored bundle's mega-cache blobs, installed there by a restore in another process (the
@@ -71,7 +72,6 @@ def parent_fd(root_fd: int, rel: str) -> tuple[int, str] | None:
 
 def is_temp_name(name: str) -> bool:
     """A name someone is writing under (ours or torch's ``write_atomic``), never a finished cache file."""
-    # cost: _fs loads only when a cache dir of ours is inspected. Bundle staging dirs and save/restore temps
     # (swept by _fs.sweep_dead_writers) are ours too.
     if name in OUR_NAMES or (
         "compilecache-" not in name and not name.endswith(".tmp") and not name.startswith(".write-test-")

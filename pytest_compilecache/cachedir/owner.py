@@ -2,6 +2,7 @@
 
 A *foreign* dir (a project folder, ``$HOME``) is never written into as a shared cache and nothing in it is
 ever deleted: :func:`refuse_foreign` is the one rule every entry point that writes a cache dir applies.
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``.._fs``.
 PYTEST_DONT_REWRITE
 """
 
@@ -79,7 +80,7 @@ def torch_top_entry(root: Path, name: str) -> bool:
     if stat.S_ISLNK(st.st_mode):
         return False
     if stat.S_ISDIR(st.st_mode):
-        from .._fs import parse_temp_name  # cost: _fs loads only when a cache dir is inspected
+        from .._fs import parse_temp_name
 
         if name in TORCH_DIRS or name in (SESSIONS_DIR, PENDING_DIR) or parse_temp_name(name) is not None:
             return True  # a temp-named dir is ours: a restore's staging dir (left by a killed one until swept)

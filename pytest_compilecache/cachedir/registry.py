@@ -1,5 +1,6 @@
 """The live-session registry of a shared dir: each session that uses it holds an ``flock`` on a marker in
 ``.compilecache-sessions/`` for its life, so a killed session's registration is visibly dead and removed.
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``.._fs``, ``fcntl``.
 PYTEST_DONT_REWRITE
 """
 
@@ -161,7 +162,7 @@ def live_sessions(path: str, *, excluding: str | None = None) -> list[LiveSessio
             if folder is None:
                 return []
             names = os.listdir(folder)
-            from .._fs import host_tag  # cost: only a shared dir with registrations gets here
+            from .._fs import host_tag
 
             live = []
             for name in names:
@@ -187,7 +188,7 @@ def _held(folder: int, name: str, *, remove_if_dead: bool) -> bool:
     except OSError:
         return False  # gone: its owner closed it
     try:
-        from .._fs import try_flock  # cost: loaded only when a peer's registration is probed
+        from .._fs import try_flock
 
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return False  # not a marker we write: neither a session nor ours to remove

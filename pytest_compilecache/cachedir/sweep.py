@@ -1,5 +1,6 @@
 """Sweeping what killed writers left in a cache dir: temp files and dirs of dead owners (ours and torch's) and
 dead registrations, only in our or torch's dir and only by their known names.
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``.._fs``.
 PYTEST_DONT_REWRITE
 """
 
@@ -42,7 +43,7 @@ def sweep_dead_writers(path: str, *, now: float | None = None) -> int:
     kind = ownership(path).kind
     if kind not in ("ours", "torch"):
         return 0
-    from .._fs import rmtree_at  # cost: as _stale's
+    from .._fs import rmtree_at
 
     registry.live_sessions(path)  # removes dead registrations
     count = 0
@@ -88,7 +89,6 @@ def sweep_dead_writers(path: str, *, now: float | None = None) -> int:
 
 
 def _stale(name: str, st: os.stat_result, clock: float) -> bool:
-    # cost: _fs is loaded by every session with a dir of ours anyway (Controller._sweep)
     from .._fs import is_stale
     from .._fs import parse_temp_name
     from .._fs import pid_alive

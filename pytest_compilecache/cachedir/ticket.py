@@ -10,6 +10,8 @@ is still torch's) and the leftovers of a controller that died are swept like any
 
 What the file holds is plain JSON the phases write and read (:mod:`.restore_phase` with the result codec of
 :mod:`.sync`); nothing here knows its fields.
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``.._fs``,
+``filelock``.
 PYTEST_DONT_REWRITE
 """
 
@@ -35,14 +37,14 @@ class RestoreTicket:
 
     @classmethod
     def new(cls, cache_dir: str) -> RestoreTicket:
-        from .._fs import temp_name  # cost: only an xdist controller with a store
+        from .._fs import temp_name
 
         return cls(os.path.join(cache_dir, temp_name("ticket", lead=".")))
 
     @classmethod
     def from_env(cls, cache_dir: str | None) -> RestoreTicket | None:
         """The controller's ticket, when it is a ticket's name in this session's dir (nothing else is trusted)."""
-        from .._fs import parse_temp_name  # cost: only an xdist worker of a session with a store
+        from .._fs import parse_temp_name
 
         value = os.environ.get(TICKET_ENV, "")
         if not value or not cache_dir or os.path.dirname(value) != cache_dir:
@@ -56,7 +58,7 @@ class RestoreTicket:
         """The ticket's lock, held (release it when done); None when another process holds it and ``wait``
         is false. Waiting is bounded by the store's own time limit in the restoring worker. OSError when the
         lock cannot be made (a full disk, a read-only dir)."""
-        from filelock import FileLock  # cost: as above
+        from filelock import FileLock
         from filelock import Timeout
 
         lock = FileLock(self.path + ".lock", timeout=-1 if wait else 0)
@@ -77,7 +79,7 @@ class RestoreTicket:
 
     def fulfil(self, data: dict[str, Any]) -> None:
         """Write what the restore did (atomically); OSError when it cannot be written."""
-        from .._fs import atomic_file  # cost: as above
+        from .._fs import atomic_file
 
         with atomic_file(Path(self.path), fsync=False) as fh:
             fh.write(json.dumps(data).encode())

@@ -1,5 +1,7 @@
 """Trimming a shared dir to its size cap (least recently used cache files first) and sweeping what killed
 writers left; both remove only files in torch's layout, in a dir that is ours or torch's.
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``.._fs``,
+``..report``.
 PYTEST_DONT_REWRITE
 """
 
@@ -58,7 +60,7 @@ class Trim(NamedTuple):
     def too_small(self, option: str, cap: int) -> str | None:
         """The warning when the cap (``option`` as the user gave it, ``cap`` bytes) is smaller than what this
         session used: the trim removed files it used, or they keep the dir over the cap; None otherwise."""
-        from ..report import human_size  # cost: as describe()
+        from ..report import human_size
 
         def plural(count: int) -> str:
             return f"{count} file{'s' if count != 1 else ''}"
@@ -77,7 +79,7 @@ class Trim(NamedTuple):
 
     def describe(self) -> str | None:
         """One line for the session report, or None when there is nothing to say."""
-        from ..report import human_size  # cost: the renderers load at session end, not with the first hooks
+        from ..report import human_size
 
         from_size = human_size(self.remaining + self.freed)
         if self.kind in ("empty", "missing"):
@@ -361,7 +363,7 @@ def _remove_unit(root_fd: int, unit: _Unit) -> tuple[int, int]:
         return 0, 0
     parent, name = opened
     try:
-        from .._fs import rmtree_at  # cost: only a trim that removes a triton kernel dir gets here
+        from .._fs import rmtree_at
         from .._fs import temp_name
 
         inside = os.open(name, DIR_NOFOLLOW, dir_fd=parent)

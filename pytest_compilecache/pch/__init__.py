@@ -37,7 +37,7 @@ What we never do there: follow a symlink, or write a name that is not torch's (`
 ``.h.gch``/``.h.pch``). Only the compiled file travels: torch writes the tiny ``<hash>.h`` itself (its content
 is a single ``#include`` line) before it looks for the compiled file.
 
-Which headers a session used (issue 24). Not from access times: ``relatime`` (Linux's default, GitHub's
+Which headers a session used. Not from access times: ``relatime`` (Linux's default, GitHub's
 runners) records a read only once a day and ``noatime`` never. Every process the plugin runs in wraps torch's
 ``_precompile_header`` (:func:`.probe.watch_precompiled_headers`): each header torch looks up there is
 checked once by that process, with torch's own flags for it, and reported (:class:`HeaderUse`, through the

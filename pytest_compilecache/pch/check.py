@@ -52,7 +52,7 @@ def check(
     and so is a truncated file ("cannot read PCH file") or an internal compiler error. Raises HeaderError
     (one line) when the check could not run at all (no compiler, a timeout): that proves nothing either way.
 
-    ``remember``: use the header dir's record of accepted headers (:data:`VERDICTS`, issue 24). A header the
+    ``remember``: use the header dir's record of accepted headers (:data:`VERDICTS`). A header the
     record says this very file was accepted by this very check (same argv, same compiler binary) is accepted
     without running the compiler; an acceptance is added to the record. Rejections are never remembered.
     Processes that check the same file at once (xdist workers meeting a header just restored) take turns

@@ -1,6 +1,7 @@
 """torch's build lock of each header (``locks/<hash>.lock``, a ``filelock`` flock): taken without waiting to
 install or remove a header, held ahead of a background install (:class:`Reservation`), and torch's header dir
 made as torch would, refusing links and other users' dirs (:func:`ensure_dir`).
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``threading``.
 PYTEST_DONT_REWRITE
 """
 
@@ -108,14 +109,14 @@ class Reservation:
     """torch's build locks of the headers a restore is about to install, held until each is in place.
 
     Taken before the install starts (:func:`reserve_headers`), so that the restore can go on in the
-    background (issue 25): any process, this one included, whose compile looks such a header up meanwhile
+    background: any process, this one included, whose compile looks such a header up meanwhile
     waits in torch's own lock (``_worker_compile_cpp``), then finds the installed file and builds nothing.
     The locks are ``flock``s: a process that forks meanwhile would hold them on in its child, so a child
     closes its copies at once (``os.register_at_fork``), and a process that dies lets go of them.
     """
 
     def __init__(self, directory: Path) -> None:
-        import threading  # cost: only a restore that reserves headers
+        import threading
 
         self.directory = directory
         self.held: dict[str, int] = {}  # header name -> fd of its build lock, held

@@ -1,6 +1,8 @@
 """Carrying headers: packed as zstd, one store object per content (:func:`save_headers`), installed from a
 verified manifest into torch's header dir (:func:`restore_headers`, :func:`install_header`), every byte checked
 against the manifest's sha256 on the way. Loaded lazily: zstandard (only when a header moves).
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``zstandard``,
+``.._fs``, ``.verdicts``.
 PYTEST_DONT_REWRITE
 """
 
@@ -314,7 +316,7 @@ def sweep_leftovers(directory: Path | None = None) -> list[str]:
     """Remove what killed installs left in torch's header dir (``directory``, default torch's): partial headers
     and records under our temp names whose writer is provably gone (:func:`.._fs.sweep_our_temps`); only in a
     dir whose ownership is proved (this user's, no one else may write to it). The names removed."""
-    from .._fs import sweep_our_temps  # cost: only a session that moves bundles
+    from .._fs import sweep_our_temps
     from .verdicts import _owned_dir
 
     target = directory or header_dir()

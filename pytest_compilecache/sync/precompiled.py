@@ -5,6 +5,8 @@ session used once per store (``<prefix>-artifact-<sha256>``) and its manifest na
 the bundle is verified and installed, installs the named ones into torch's header dir, inline
 (:func:`restore_precompiled`) or in the background (:class:`HeaderInstall`). A header that cannot be carried
 is one line in ``headers.warnings`` and never changes the outcome: torch builds it, as it would without us.
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``threading``,
+``..probe``, ``dataclasses``.
 PYTEST_DONT_REWRITE
 """
 
@@ -64,7 +66,7 @@ def save_precompiled(
 
 
 class HeaderInstall:
-    """The precompiled headers a restored bundle names, installed in the background (issue 25).
+    """The precompiled headers a restored bundle names, installed in the background.
 
     After ``restore(..., headers=False)``: torch's build lock of every header to install is taken now
     (:func:`..pch.reserve_headers`), then a thread downloads and installs them while the caller goes on
@@ -80,9 +82,9 @@ class HeaderInstall:
     """
 
     def __init__(self, store: Store, prefix: str, named: Iterable[Artifact], directory: Path | None = None) -> None:
-        import threading  # cost: only a session that restores headers
+        import threading
 
-        from .. import probe  # cost: as above
+        from .. import probe
 
         self._named = tuple(named)
         self._report = HeaderReport()
@@ -116,7 +118,7 @@ class HeaderInstall:
 
     def finish(self) -> HeaderReport:
         """Wait for the install (bounded by the store's own time limit) and say what it did."""
-        from dataclasses import replace  # cost: as above
+        from dataclasses import replace
 
         self._thread.join()
         report = self._report

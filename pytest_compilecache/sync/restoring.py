@@ -291,7 +291,7 @@ def _newest_created_first(
 ) -> list[Candidate]:
     """The lineage's candidates (the store's order) ordered by the ``created`` time their authenticated
     headers carry, newest first, not by the store's modification time: an older signed bundle put back into
-    the store (pruned, then replayed by anyone who can write it) is not taken for the newest (issue 28.9).
+    the store (pruned, then replayed by anyone who can write it) is not taken for the newest.
 
     The headers of the :data:`MAX_HEADERS` newest entries by modification time are read (ranged reads, see
     :func:`_read_head_manifest`); later entries follow in the store's order. One whose header fails its

@@ -9,6 +9,7 @@ trusts nothing (anyone may set an environment variable): strings become one line
 torch's, staged entries must have their exact shape; what is not a result is None. The report's view
 (:meth:`RestoreResult.to_json`, the ``restore`` and ``save`` objects of the JSON report's format 1) is a
 projection of the same fields.
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``..pch``.
 PYTEST_DONT_REWRITE
 """
 
@@ -95,7 +96,7 @@ class HeaderReport:
     def decode(cls, data: object) -> HeaderReport:
         """What :meth:`encode` wrote, each field checked (a field that is not its shape is left empty); also
         the hand-off's older shape, a list of the header names alone."""
-        from ..pch import is_header_name  # cost: only a result that crossed a process boundary
+        from ..pch import is_header_name
 
         if isinstance(data, list):
             data = {"named": data}
@@ -173,7 +174,7 @@ class RestoreResult(_Transfer[RestoreOutcome]):
     """What a restore did (see the module docstring for the outcomes). ``skipped``: bundles that failed
     verification or could not be read, as ``(key, reason)``."""
 
-    # The restored bundle's ``graphs`` record (issue 12), read from its manifest after verification:
+    # The restored bundle's ``graphs`` record, read from its manifest after verification:
     # untrusted JSON to parse with ``explain.GraphsRecord.from_json``; None when the bundle has none.
     graphs: Mapping[str, Any] | None = field(default=None, repr=False)
     # The verified manifest's artifact entries (precompiled headers), for a caller that restored with

@@ -3,6 +3,7 @@
 The Action's restore step imports no torch: it installs a bundle's mega-cache blobs into
 ``<cache dir>/.compilecache-pending/`` (``restore(stage_blobs=True)``) and the pytest process loads them
 (:func:`load_staged`), checked against the verified manifest's sizes and SHA-256s first.
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``..probe``.
 PYTEST_DONT_REWRITE
 """
 
@@ -37,7 +38,7 @@ Loader = Callable[[bytes], Mapping[str, int]]
 
 
 def load_with_torch(blob: bytes) -> Mapping[str, int]:
-    from .. import probe  # cost: only a process that loads blobs
+    from .. import probe
 
     return probe.load_artifacts(blob)
 
