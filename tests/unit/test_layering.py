@@ -29,7 +29,7 @@ LAYERS: list[set[str]] = [
     {"container", "install", "stores", "fingerprint"},
     {"cachedir"},
     {"report", "problems"},
-    {"stats", "settings", "probe"},
+    {"stats", "settings", "probe", "miss_report"},
     {"explain", "remote", "headers", "dynamo_costs"},
     {"manifest"},
     {"ghrunner", "_fs", "_env"},
