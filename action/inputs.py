@@ -1,8 +1,8 @@
 """The Action's inputs: read, checked, and turned into one :class:`Plan` (the ``plan`` step), and the
 ``install`` step's command.
 
-Inputs arrive as ``INPUT_<NAME>`` variables (``key-prefix`` -> ``INPUT_KEY_PREFIX``): a composite action does
-not set them itself, so action.yml maps every input a step needs with ``env:``. The runner's own
+Inputs arrive as ``INPUT_<NAME>`` variables (``key-prefix`` -> ``INPUT_KEY_PREFIX``): the runner gives the node
+action ``INPUT_KEY-PREFIX``, and action/js passes it to Python with ``_`` for ``-``. The runner's own
 ``GITHUB_*`` and ``RUNNER_*`` variables say where to write and which run this is. A bad input is an
 :class:`InputError` naming it as the workflow spells it (configuration errors fail fast).
 
@@ -31,6 +31,8 @@ ENV_PREFIX = "PYTEST_COMPILECACHE_"
 # step runs before the package is importable.
 SIGNING_KEY_ENV = ENV_PREFIX + "SIGNING_KEY"
 RESTORED_ENV = ENV_PREFIX + "RESTORED"
+# Read by action.yml's post-if (``success() || failure() && env.<this> == 'true'``); see post_env.
+SAVE_ON_FAILURE_ENV = "COMPILECACHE_SAVE_ON_FAILURE"
 # Events whose runs save with ``save: auto``, and then only on the default branch: an entry saved on
 # another branch serves only that branch (and its pull requests) and evicts the default branch's
 # entries from the repository's quota (setup-gradle's default).
@@ -49,15 +51,13 @@ INBOX, CACHE_DIR, REPORT, PLAN = (
     "compilecache-report.json",
     "compilecache-plan.json",
 )
-# The staging dir actions/cache restores into and saves from, relative to GITHUB_WORKSPACE (where
-# actions/cache resolves relative paths). action.yml spells ``<STAGING>/*.bundle`` literally in both
-# actions/cache steps: the path string is hashed into the entry version, so it must be the same on
-# every runner (an absolute RUNNER_TEMP is not: self-hosted runners differ, act randomises it), and a
-# literal survives the post step's re-evaluation of ``with:``, which loses the ``steps`` context when
-# this Action is wrapped in another composite action (actions/runner#2009, #2030).
+# The staging dir the cache client restores into and saves from, relative to GITHUB_WORKSPACE (where
+# @actions/cache resolves relative paths, and the node action's working dir). The client hashes the path
+# string, ``<STAGING>/*.bundle``, into the entry version, so it must be the same on every runner (an absolute
+# RUNNER_TEMP is not: self-hosted runners differ, act randomises it). action/js gets it from the plan's reply.
 STAGING = ".compilecache-staging"
 SAVE_PATH = STAGING + "/*.bundle"
-# The header entry (store: github): each precompiled header travels as its own actions/cache entry keyed
+# The header entry (store: github): each precompiled header travels as its own cache entry keyed
 # by its content, ``<lineage>-artifact-<sha256>`` (:func:`pytest_compilecache.headers.object_key`), saved
 # once, restored by the runs whose bundle names it. Its staging dir is literal for the same reasons as
 # STAGING's and holds at most that one object, ``<key>.bundle`` (a directory store's file name, so that the
@@ -139,14 +139,14 @@ def lineage(environ: Mapping[str, str], prefix: str) -> str:
 
     Two jobs, or two legs of a matrix, with one fingerprint would otherwise race for one key (the
     loser's save is refused) and restore each other's bundles. The matrix leg is a short hash of the
-    job's ``matrix`` context (action.yml passes ``toJSON(matrix)`` as ``COMPILECACHE_MATRIX``).
+    job's ``matrix`` context (input ``matrix-leg``, whose default in action.yml is ``toJSON(matrix)``).
     """
     import hashlib
     import re
 
     job = re.sub(r"[^A-Za-z0-9._-]", "_", environ.get("GITHUB_JOB", ""))[:60]
     parts = [prefix, job] if job else [prefix]
-    matrix = (environ.get("COMPILECACHE_MATRIX") or "").strip()
+    matrix = read(environ, "matrix-leg")
     if matrix and matrix not in ("null", "{}", '""'):
         try:
             canonical = json.dumps(json.loads(matrix), sort_keys=True, separators=(",", ":"))
@@ -160,7 +160,7 @@ def lineage(environ: Mapping[str, str], prefix: str) -> str:
 class Plan:
     """What ``plan`` decided; written to ``RUNNER_TEMP/compilecache-plan.json`` for ``restore``.
 
-    ``transfer``: ``github`` (``actions/cache`` moves the bundle through ``staging``), ``direct`` (the
+    ``transfer``: ``github`` (``@actions/cache`` moves the bundle through ``staging``), ``direct`` (the
     plugin's own store: S3 or a directory) or ``none`` (mode isolated or disabled: nothing to move).
     """
 
@@ -187,10 +187,6 @@ class Plan:
     fingerprint: dict[str, str] = field(default_factory=dict)
     header_staging: str = ""  # the header entry's staging dir (workspace/HEADER_STAGING)
     header_spare: str = ""  # the bundle entry's copy of the header object (RUNNER_TEMP/HEADER_SPARE)
-    # What the restore step compares with after the actions/cache step (see transfer.CacheSteps): when the plan
-    # was written (time.time()) and the download dirs of actions/cache's client in RUNNER_TEMP then.
-    planned_at: float = 0.0
-    client_dirs: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -323,16 +319,19 @@ def plugin_env(plan: Plan) -> dict[str, str]:
 
 
 def step_outputs(plan: Plan) -> dict[str, str]:
-    return {
-        "key": plan.key,
-        "restore-prefix": plan.restore_prefix,
-        "digest": plan.digest,
-        "transfer": plan.transfer,
-        "save": str(plan.save).lower(),
-        "staging": plan.staging,
-        "cache-dir": plan.cache_dir,
-        "json": plan.json,
-    }
+    """The plan's outputs of the Action (action.yml's ``outputs``; the restore adds its own)."""
+    return {"key": plan.key, "cache-dir": plan.cache_dir, "report": plan.json}
+
+
+def post_env(plan: Plan) -> dict[str, str]:
+    """What action.yml's ``post-if`` reads: :data:`SAVE_ON_FAILURE_ENV` is ``true`` when the post step must run
+    after a failed job too (a saving ``store: github`` run with input save-on-failure); else nothing."""
+    return {SAVE_ON_FAILURE_ENV: "true"} if plan.save and plan.save_on_failure and plan.transfer == "github" else {}
+
+
+def js_plan(plan: Plan) -> dict[str, str]:
+    """What action/js needs of the plan to restore the bundle entry (the ``plan`` command's reply)."""
+    return {"transfer": plan.transfer, "key": plan.key, "restore_prefix": plan.restore_prefix, "path": SAVE_PATH}
 
 
 def _has_pip(python: str) -> bool:

@@ -1,27 +1,41 @@
-"""The pytest-compilecache Action's Python side: ``python action/main.py install|plan|restore|headers``.
+"""The pytest-compilecache Action's Python side: ``python action/main.py install|plan|restore|headers|save|saved``.
 
-``action.yml`` keeps each ``run:`` to one call of this file; this file is the sequence of each step, and the
-work lives in :mod:`action.inputs` (the inputs and the plan) and :mod:`action.transfer` (bundles and headers).
+The Action's JavaScript (action/js, run by action.yml's ``main`` and ``post``) calls each command as a
+subprocess and does only what needs the cache service: ``@actions/cache``'s ``restoreCache`` and ``saveCache``.
+It passes what the client found as JSON in ``COMPILECACHE_FOUND`` / ``COMPILECACHE_SAVES``; a command that has
+something to tell it writes one JSON object to the file ``COMPILECACHE_REPLY`` names (:func:`reply`). This file
+is the sequence of each command; the work lives in :mod:`action.inputs` (the inputs and the plan),
+:mod:`action.transfer` (restoring bundles and headers) and :mod:`action.upload` (the post step's uploads).
+
+main step:
 
 * ``install``: ``pip install`` the plugin from the Action's own checkout (input ``install``), with the
   ``s3`` extra for an S3 store; ``uv pip install --python`` where the interpreter has no pip (uv's venvs).
   With ``install: false``, warn when the installed plugin is not the Action's version.
 * ``plan``: check the inputs, decide whether this run saves, compute the fingerprint and the keys; write
-  the plan file (read by ``restore``), the step outputs (read by the ``actions/cache`` steps) and the
-  ``PYTEST_COMPILECACHE_*`` variables that configure the plugin in the job's later steps.
-* ``restore``: unpack the bundle that ``actions/cache`` put in the staging dir (``store: github``) or fetch
+  the plan file (read by every later command), the outputs ``key``, ``cache-dir``, ``report``, and the
+  ``PYTEST_COMPILECACHE_*`` variables that configure the plugin in the job's later steps. Reply: what
+  action/js restores (:func:`action.inputs.js_plan`).
+* ``restore``: unpack the bundle the cache client put in the staging dir (``store: github``) or fetch
   it from the store itself (``s3://``, a directory) into the cache dir; outputs, the restore section of the
   step summary, and the outcome for the plugin (``PYTEST_COMPILECACHE_RESTORED``, see
   :func:`action.transfer.restored_env`). It imports no torch: the plugin loads the bundle's verified
-  mega-cache blobs in the pytest process, so a job pays for one torch import, not two.
-* ``headers``: after the header entry's ``actions/cache`` step, verify and install the header from it, or
-  from the bundle entry's copy (:func:`action.transfer.carry_header`), and tell the plugin.
+  mega-cache blobs in the pytest process, so a job pays for one torch import, not two. Reply: the header
+  entry to restore, if any.
+* ``headers``: after the header entry's restore, verify and install the header from it, or from the bundle
+  entry's copy (:func:`action.transfer.carry_header`), and tell the plugin.
+
+post step:
+
+* ``save``: what to upload (:func:`action.upload.save_reply`); ``saved``: the result of each upload, in the log
+  and the job summary, and one warning if any failed (:mod:`action.upload`).
 
 Why the bundle cannot be packed here: torch's mega-cache artifacts exist only inside the pytest
 processes, so the plugin writes the new bundle at the end of the pytest step; see action/README.md.
 
-Exit codes: 0 done, including a restore that failed (one ``::warning::``, the tests compile cold);
-2 an input is invalid (one ``::error::`` naming the input: configuration errors fail fast).
+Exit codes: 0 done, including a restore or an upload that failed (one ``::warning::``, the tests compile
+cold, the job's outcome unchanged); 2 an input is invalid (one ``::error::`` naming the input: configuration
+errors fail fast).
 
 Everything this file writes for the runner goes through :mod:`pytest_compilecache.ghrunner`, escaped. The
 plugin is imported as installed; only the ``install`` step, which runs before it is, falls back to the
@@ -36,7 +50,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 from typing import Callable
@@ -52,6 +65,7 @@ if not __package__:
 
 from action import inputs  # noqa: E402
 from action import transfer  # noqa: E402
+from action import upload  # noqa: E402
 from action.inputs import RESTORED_ENV  # noqa: E402
 from action.inputs import SIGNING_KEY_ENV  # noqa: E402
 from action.inputs import InputError  # noqa: E402
@@ -85,6 +99,13 @@ def write_vars(path: str | None, values: Mapping[str, str]) -> None:
     from pytest_compilecache import ghrunner
 
     ghrunner.append_vars(path, values)
+
+
+def reply(environ: Mapping[str, str], data: Mapping[str, Any]) -> None:
+    """Tell action/js ``data``: one JSON object in the file ``COMPILECACHE_REPLY`` names (nothing when unset)."""
+    path = environ.get("COMPILECACHE_REPLY")
+    if path:
+        Path(path).write_text(json.dumps(data) + "\n", encoding="utf-8")
 
 
 def _command(name: str, message: str, title: str = "compile cache") -> None:
@@ -154,7 +175,7 @@ def cmd_plan(environ: Mapping[str, str]) -> int:
     # plan.why quotes GITHUB_REF and the event payload's default branch: one inert line
     why = ghrunner.one_line(plan.why)
     print(f"key {plan.key}; restore prefix {plan.restore_prefix}; saving: {str(plan.save).lower()} ({why})")
-    shutil.rmtree(plan.staging, ignore_errors=True)  # only what actions/cache restores may be there
+    shutil.rmtree(plan.staging, ignore_errors=True)  # only what the cache client restores may be there
     shutil.rmtree(plan.header_staging, ignore_errors=True)
     if plan.transfer != "none":
         from pytest_compilecache.action_api import ConfigError
@@ -165,27 +186,28 @@ def cmd_plan(environ: Mapping[str, str]) -> int:
         except ConfigError as exc:
             raise InputError(str(exc)) from None
         Path(plan.cache_dir).mkdir(parents=True, exist_ok=True)
-    # The last thing before the actions/cache step: what transfer.CacheSteps compares with afterwards.
-    plan.planned_at, plan.client_dirs = time.time(), transfer.client_dirs(temp)
     (temp / inputs.PLAN).write_text(json.dumps(plan.to_json(), indent=2) + "\n")
     signing_key = inputs.read(environ, "signing-key")
     from pytest_compilecache.action_api import handover_fingerprint
 
     # One fingerprint per job: pytest's save reuses this one (when it describes the same install), so steps
     # with another CUDA_VISIBLE_DEVICES or OMP_NUM_THREADS never save under a key the restores never look for.
-    env = {**inputs.plugin_env(plan), **handover_fingerprint(fingerprint)}
+    env = {**inputs.plugin_env(plan), **handover_fingerprint(fingerprint), **inputs.post_env(plan)}
     if signing_key:
         for line in signing_key.splitlines():
             if line.strip():
                 ghrunner.write_command(sys.stdout, "add-mask", line)
         env[SIGNING_KEY_ENV] = signing_key
     write_vars(environ.get("GITHUB_ENV"), env)
-    write_vars(environ.get("GITHUB_OUTPUT"), {**inputs.step_outputs(plan), "plan": str(temp / inputs.PLAN)})
+    write_vars(environ.get("GITHUB_OUTPUT"), inputs.step_outputs(plan))
+    reply(environ, inputs.js_plan(plan))
     return 0
 
 
 def _plan(environ: Mapping[str, str]) -> Plan:
-    return Plan.from_json(json.loads(Path(inputs.required(environ, "COMPILECACHE_PLAN")).read_text()))
+    """The plan the ``plan`` command wrote (RUNNER_TEMP/compilecache-plan.json)."""
+    path = Path(inputs.required(environ, "RUNNER_TEMP")) / inputs.PLAN
+    return Plan.from_json(json.loads(path.read_text(encoding="utf-8")))
 
 
 def cmd_restore(environ: Mapping[str, str]) -> int:
@@ -214,11 +236,12 @@ def cmd_restore(environ: Mapping[str, str]) -> int:
     env = transfer.restored_env(plan, result)
     entry = transfer.header_entry(plan, result)
     if entry is not None:
-        # For the header entry's actions/cache step and for ``headers``, which completes what the plugin is told.
+        # For ``headers``, which completes what the plugin is told once action/js restored the header entry.
         state = {"key": entry[0], "artifact": entry[1].to_json(), "restored": env.get(RESTORED_ENV)}
         (Path(inputs.required(environ, "RUNNER_TEMP")) / inputs.HEADER_STATE).write_text(json.dumps(state) + "\n")
-        print(f"precompiled header {entry[1].name}: actions/cache entry {entry[0]}")
-    write_vars(environ.get("GITHUB_OUTPUT"), {**outputs, "header-key": entry[0] if entry else ""})
+        print(f"precompiled header {entry[1].name}: cache entry {entry[0]}")
+        reply(environ, {"header": {"key": entry[0], "path": inputs.HEADER_PATH}})
+    write_vars(environ.get("GITHUB_OUTPUT"), outputs)
     write_vars(environ.get("GITHUB_ENV"), env)
     lifted = transfer.gate_lifted(plan, result)
     if lifted:
@@ -232,7 +255,7 @@ def cmd_restore(environ: Mapping[str, str]) -> int:
 
 
 def cmd_headers(environ: Mapping[str, str]) -> int:
-    """After the header entry's actions/cache step: install the header (:func:`action.transfer.carry_header`)
+    """After action/js restored the header entry: install the header (:func:`action.transfer.carry_header`)
     and tell the plugin which header the header entry carries (``header_key`` in ``PYTEST_COMPILECACHE_RESTORED``)."""
     plan = _plan(environ)
     path = Path(inputs.required(environ, "RUNNER_TEMP")) / inputs.HEADER_STATE
@@ -252,13 +275,16 @@ def _headers(plan: Plan, state: Mapping[str, Any], environ: Mapping[str, str]) -
     from pytest_compilecache.action_api import human_size
 
     key, artifact = str(state["key"]), header_artifact(state["artifact"])
-    hit = environ.get("COMPILECACHE_HEADER_HIT", "").strip() == "true"
+    found = transfer.Found.read(environ)
+    hit = found.matched == key
     carry = transfer.carry_header(plan, key, artifact, hit)
+    if found.problem and not hit:
+        print(ghrunner.one_line(f"precompiled header entry {key} not restored: {found.problem}"))
     for line in carry.warnings:
         _command("warning", line)
     if carry.present:
         how = "installed" if carry.installed else "already in torch's dir, checked"
-        where = f"its actions/cache entry {key}" if carry.source == "entry" else "the bundle entry"
+        where = f"its cache entry {key}" if carry.source == "entry" else "the bundle entry"
         staged = carry.source == "bundle" and carry.carried and plan.save  # the header entry missed
         saving = f"; saved as {key} at job end" if staged else ""
         line = f"precompiled header {artifact.name} ({human_size(artifact.size)}): {how}, from {where}{saving}"
@@ -281,7 +307,38 @@ def _headers(plan: Plan, state: Mapping[str, Any], environ: Mapping[str, str]) -
         restored = dataclasses.replace(restored, headers=headers)
         policy = api.read_save_policy(told)
         write_vars(environ.get("GITHUB_ENV"), {RESTORED_ENV: api.write_handoff(restored, policy)})
-    write_vars(environ.get("GITHUB_OUTPUT"), {"header-source": carry.source})
+
+
+def cmd_save(environ: Mapping[str, str]) -> int:
+    """Post step: tell action/js what to upload (:func:`action.upload.save_reply`). Never fails the job."""
+    try:
+        plan = _plan(environ)
+    except (InputError, OSError, ValueError, TypeError):
+        plan = None  # the main step stopped before its plan (an invalid input): nothing to save or say
+    try:
+        reply(environ, upload.save_reply(plan))
+    except Exception as exc:  # cache trouble never fails the job
+        _command("warning", f"save skipped: {type(exc).__name__}: {exc}")
+    return 0
+
+
+def cmd_saved(environ: Mapping[str, str]) -> int:
+    """Post step, after the uploads: the real result of each, in the log and the job summary; one warning
+    when any failed. Never fails the job."""
+    from pytest_compilecache.action_api import ghrunner
+
+    results = upload.read_results(environ)
+    for saved in results:
+        print(f"save: {ghrunner.one_line(upload.describe(saved))}")
+    failed = upload.warning(results)
+    if failed:
+        _command("warning", failed)
+    try:
+        if _plan(environ).summary:
+            ghrunner.append_summary(environ.get("GITHUB_STEP_SUMMARY"), upload.markdown(results))
+    except (InputError, OSError, ValueError) as exc:
+        _command("warning", f"could not write the step summary: {exc}")
+    return 0
 
 
 COMMANDS: dict[str, Callable[[Mapping[str, str]], int]] = {
@@ -289,6 +346,8 @@ COMMANDS: dict[str, Callable[[Mapping[str, str]], int]] = {
     "plan": cmd_plan,
     "restore": cmd_restore,
     "headers": cmd_headers,
+    "save": cmd_save,
+    "saved": cmd_saved,
 }
 
 

@@ -1,8 +1,10 @@
 """The transfer of bundles and headers: what the ``restore`` and ``headers`` steps do, and what they report.
 
-``store: github``: ``actions/cache`` moved the bundle entry into the staging dir; :func:`restore` unpacks it
-(telling a miss from trouble by what the ``actions/cache`` steps left, :class:`CacheSteps`), and the header
-entry travels by its own ``actions/cache`` step (:func:`header_entry`, :func:`carry_header`). Other stores:
+``store: github``: the Action's JavaScript (action/js) restored the bundle entry into the staging dir with
+``@actions/cache``; :func:`restore` unpacks it (telling a miss from trouble by what the client said,
+:class:`Found`), and the header entry travels as an entry of its own (:func:`header_entry`,
+:func:`carry_header`); the post step uploads what the plugin and :func:`carry_header` staged
+(:mod:`action.upload`). Other stores:
 :func:`restore` fetches from the store itself. Everything of the plugin comes from
 :mod:`pytest_compilecache.action_api` (the Action's one internal API); nothing here imports torch.
 """
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Mapping
 from action.inputs import ENV_PREFIX
 from action.inputs import RESTORED_ENV
 from action.inputs import SAVING_EVENTS
+from action.inputs import STAGING
 from action.inputs import Plan
 
 if TYPE_CHECKING:
@@ -30,9 +32,9 @@ if TYPE_CHECKING:
 
 
 def stage_bundles(staging: Path, inbox: Path) -> list[str]:
-    """Move what ``actions/cache`` restored from ``staging`` into ``inbox``; remove ``staging``.
+    """Move what the cache client restored from ``staging`` into ``inbox``; remove ``staging``.
 
-    At job end ``actions/cache`` saves ``staging/*.bundle``: only the plugin's new bundle may match then,
+    At job end the post step saves ``staging/*.bundle``: only the plugin's new bundle may match then,
     or the restored one would be saved again inside the new entry.
     """
     inbox.mkdir(parents=True, exist_ok=True)
@@ -46,98 +48,41 @@ def stage_bundles(staging: Path, inbox: Path) -> list[str]:
     return moved
 
 
-# actions/cache's client retries a lookup that fails with 500, 502, 503 or 504, or whose answer is not JSON, five
-# times, sleeping 3 s, then 4.5-6.75 s, 6.75-10.1 s and 10.1-15.2 s (@actions/cache 5.x, cacheTwirpClient: at
-# least 24.4 s in all) before it gives up and logs "Failed to restore"; a lookup that finds nothing is one request.
-# An actions/cache step that restored nothing, found nothing and took this long was the service failing, not a
-# miss. A lookup refused at once is not retried: the probe step's answer tells it (CacheSteps.refusal).
-LOOKUP_GAVE_UP_SECONDS = 20.0
-# The client downloads into RUNNER_TEMP/<random UUID>/ (cacheUtils.createTempDirectory), made only after its
-# lookup found an entry, and removes the archive but not the dir: a new one means an entry was found.
-_CLIENT_DIR = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-def client_dirs(temp: Path) -> list[str]:
-    """The download dirs of actions/cache's client in ``temp`` (RUNNER_TEMP), by name."""
-    try:
-        return sorted(entry.name for entry in temp.iterdir() if _CLIENT_DIR.fullmatch(entry.name) and entry.is_dir())
-    except OSError:
-        return []
-
-
 @dataclass(frozen=True)
-class CacheSteps:
-    """What action.yml's one ``actions/cache`` step (one lookup, with the client's retries) left behind, and
-    what the cache service answered the probe step that follows it when nothing was restored.
+class Found:
+    """What the Action's JavaScript got from ``@actions/cache`` for one entry (``COMPILECACHE_FOUND``, JSON).
 
-    ``outcome``: the step's outcome (``success``, ``failure``: ``continue-on-error`` keeps the job going);
-    ``hit``: its ``cache-hit`` output, which actions/cache leaves unset on a miss and sets to ``false`` when
-    the cache service is not configured; ``found``: the client made a download dir (its lookup found an
-    entry); ``seconds``: from the end of the plan step to the restore step, the actions/cache step's time;
-    ``service``: the probe's HTTP status (``200``...), ``unreachable`` (no answer: ``detail`` names the
-    network error), ``not-asked`` (not the v2 service) or empty (no probe ran); ``detail``: the twirp
-    error's code and message. actions/cache turns its client's errors into log lines, never a failed step,
-    so these are what tell a failed download, a failing lookup and a refused one from a miss (:meth:`trouble`).
+    ``matched``: the key the client restored, or None; ``problem``: why it restored nothing, in the client's own
+    words (the warning it logged: a refused or failed lookup, an unreachable service, a failed download), or
+    None when the service answered that there is no entry (a miss). The client never raises for these: it logs
+    them and returns as for a miss, so action/js reads its log (``captureClientLog``) and passes them here.
     """
 
-    outcome: str = ""
-    hit: str = ""
-    found: bool = False
-    seconds: float = 0.0
-    service: str = ""
-    detail: str = ""
+    matched: str | None = None
+    problem: str | None = None
 
     @classmethod
-    def observe(cls, plan: Plan, environ: Mapping[str, str], now: float | None = None) -> CacheSteps:
-        """Read the step's outcome and output (``COMPILECACHE_CACHE_*``) and what it left in RUNNER_TEMP."""
-        import time
+    def read(cls, environ: Mapping[str, str]) -> Found:
+        """From ``COMPILECACHE_FOUND``; absent: nothing restored, no problem (a miss)."""
+        import json
 
-        new_dirs = set(client_dirs(Path(plan.inbox).parent)) - set(plan.client_dirs)
-        seconds = max(0.0, (time.time() if now is None else now) - plan.planned_at) if plan.planned_at else 0.0
-        return cls(
-            outcome=environ.get("COMPILECACHE_CACHE_OUTCOME", "").strip(),
-            hit=environ.get("COMPILECACHE_CACHE_HIT", "").strip(),
-            found=bool(new_dirs),
-            seconds=seconds,
-            service=environ.get("COMPILECACHE_SERVICE_STATUS", "").strip(),
-            detail=environ.get("COMPILECACHE_SERVICE_DETAIL", "").strip(),
-        )
+        text = environ.get("COMPILECACHE_FOUND", "").strip()
+        if not text:
+            return cls()
+        try:
+            data = json.loads(text)
+            matched, problem = data.get("matched"), data.get("problem")
+        except (ValueError, AttributeError):
+            return cls(problem=f"the Action's JavaScript passed no readable result: {text[:200]!r}")
+        return cls(str(matched) if matched else None, str(problem) if problem else None)
 
     def trouble(self, staged: bool) -> str | None:
         """Why the restore failed, in words, or None (a restore, or a real miss: the service answered)."""
-        if self.outcome == "failure":
-            return "the actions/cache step failed (see its log)"
-        if staged:
-            return None
-        if self.found:
-            return "actions/cache found an entry but restored nothing (a failed download or extraction: see its log)"
-        if self.hit:
-            return f"the cache service is not available (actions/cache: cache-hit={self.hit}, nothing restored)"
-        if self.seconds >= LOOKUP_GAVE_UP_SECONDS:
-            return (
-                f"the cache service did not answer the lookup (actions/cache retried for {self.seconds:.0f} s and "
-                "restored nothing: see its log)"
-            )
-        return self.refusal()
-
-    def refusal(self) -> str | None:
-        """The probe's answer, when it was not the service answering: why nothing was restored, or None.
-
-        The client reads a lookup refused at once (connection refused, a 4xx, a rate limit) as no entry
-        (@actions/cache 5.x: cacheTwirpClient.ts retries only 502, 504, 500 and 503 and bodies that are not
-        JSON; cache.ts logs every other error and returns nothing); the probe asks the same service again.
-        """
-        read = "actions/cache read it as no entry"
-        if self.service == "unreachable":
-            return f"the cache service is unreachable ({self.detail or 'no answer'}); {read}"
-        if not self.service.isdigit() or int(self.service) < 400:
-            return None  # it answered (a real miss), or it was not asked
-        status, why = int(self.service), f": {self.detail}" if self.detail else ""
-        if status == 429:
-            return f"the cache service refused the lookup: rate limited (HTTP 429{why}); {read}"
-        if status < 500:
-            return f"the cache service refused the lookup (HTTP {status}{why}); {read}"
-        return f"the cache service failed (HTTP {status}{why}); {read}"
+        if self.problem and not staged:
+            return f"the cache client restored nothing: {self.problem}"
+        if self.matched and not staged:
+            return f"the cache client reported {self.matched} restored but left no bundle in {STAGING}"
+        return None
 
 
 def restore(plan: Plan, environ: Mapping[str, str]) -> RestoreResult:
@@ -153,11 +98,11 @@ def restore(plan: Plan, environ: Mapping[str, str]) -> RestoreResult:
         api.point_cache_dir(plan.cache_dir)  # before anything imports torch
         if plan.transfer == "github":
             staged = stage_bundles(Path(plan.staging), Path(plan.inbox))
-            trouble = CacheSteps.observe(plan, environ).trouble(bool(staged))
+            trouble = Found.read(environ).trouble(bool(staged))
             if trouble:
                 return api.RestoreResult("error", message=trouble)
             if not staged:
-                message = f"actions/cache found no entry under {plan.restore_prefix}"
+                message = f"no entry under {plan.restore_prefix}"
                 return api.RestoreResult("miss", message=message)
             store = api.open_store(plan.inbox, readonly=True)
         else:
@@ -188,11 +133,11 @@ def restore(plan: Plan, environ: Mapping[str, str]) -> RestoreResult:
 
 
 def header_entry(plan: Plan, result: RestoreResult) -> tuple[str, Artifact] | None:
-    """The header that travels as its own ``actions/cache`` entry, and that entry's key; None when none does.
+    """The header that travels as its own cache entry, and that entry's key; None when none does.
 
     ``store: github`` only, after a restore: the first (by name, then sha256) of the precompiled headers the
     verified manifest names; a CPU suite names one. Any others ride in the bundle entry, as before issue 10.
-    The key is exact and content-addressed (``<lineage>-artifact-<sha256>``): actions/cache saves it once
+    The key is exact and content-addressed (``<lineage>-artifact-<sha256>``): the post step saves it once
     and skips the upload when it exists.
     """
     from pytest_compilecache import action_api as api
@@ -247,7 +192,7 @@ class HeaderCarry:
 
     ``source``: ``entry`` (the header entry held it), ``bundle`` (the bundle entry's copy, now staged to be
     saved under the key) or ``none`` (neither: torch builds it). ``present``: the header is in torch's dir
-    now (installed, or already there); ``carried``: the header entry holds it, or will once actions/cache
+    now (installed, or already there); ``carried``: the header entry holds it, or will once the post step
     saves it at job end, so the plugin need not write it into its bundle.
     """
 
@@ -262,11 +207,11 @@ class HeaderCarry:
 def carry_header(plan: Plan, key: str, artifact: Artifact, hit: bool, directory: Path | None = None) -> HeaderCarry:
     """Verify and install the header the bundle's manifest names, from its own entry or the bundle's copy.
 
-    ``hit``: actions/cache restored the header entry (its exact key) into ``plan.header_staging``. Every
+    ``hit``: the cache client restored the header entry (its exact key) into ``plan.header_staging``. Every
     byte is checked against the verified manifest's sha256 (:func:`pytest_compilecache.headers.install_header`,
     or :func:`~pytest_compilecache.headers.verify_header_copy` where the header is already in torch's dir).
     The entry's copy comes first; when it is missing (evicted, never saved) or bad, the bundle entry's copy:
-    on a saving run whose header entry missed, that one is moved into the staging dir, so that actions/cache's
+    on a saving run whose header entry missed, that one is moved into the staging dir, so that the Action's
     post step saves it under the exact key; otherwise (nothing will save it) the used object is removed.
     Neither: one warning; torch builds the header, and this run's plugin writes it into its bundle (not
     ``carried``), from which the next saving run saves the header entry. Never raises.
@@ -289,7 +234,7 @@ def carry_header(plan: Plan, key: str, artifact: Artifact, hit: bool, directory:
                 if not installed:  # already in torch's dir (or torch is building it): check the bytes anyway
                     fh.seek(0)
                     api.verify_header_copy(artifact, fh)
-            if plan.save and not hit:  # actions/cache's post step saves the staged object under the exact key
+            if plan.save and not hit:  # the post step saves the staged object under the exact key
                 if source == "bundle":
                     staged.parent.mkdir(parents=True, exist_ok=True)
                     os.replace(spare, staged)
@@ -298,11 +243,11 @@ def carry_header(plan: Plan, key: str, artifact: Artifact, hit: bool, directory:
                     with contextlib.suppress(OSError):
                         leftover.unlink()
         except (OSError, api.HeaderError) as exc:
-            where = f"actions/cache entry {key}" if source == "entry" else "the bundle entry's copy"
+            where = f"cache entry {key}" if source == "entry" else "the bundle entry's copy"
             warnings.append(f"precompiled header {artifact.name}: {where} not used: {exc}")
             if source == "entry" and not hit:
                 with contextlib.suppress(OSError):
-                    staged.unlink()  # never let actions/cache save bytes that are not the key's
+                    staged.unlink()  # never let the post step save bytes that are not the key's
             continue
         return HeaderCarry(
             source,
@@ -314,7 +259,7 @@ def carry_header(plan: Plan, key: str, artifact: Artifact, hit: bool, directory:
         )
     if not warnings:
         warnings.append(
-            f"precompiled header {artifact.name}: no actions/cache entry {key} (evicted, or never saved) and the "
+            f"precompiled header {artifact.name}: no cache entry {key} (evicted, or never saved) and the "
             "bundle entry does not carry it; torch builds it, and this run's bundle carries it to the next"
         )
     return HeaderCarry(
@@ -334,14 +279,13 @@ def restore_markdown(plan: Plan, result: RestoreResult) -> str:
 
     Every value that did not come from this file (keys, messages, the store URL) is escaped.
     """
-    from pytest_compilecache.action_api import STAGED_MESSAGE
     from pytest_compilecache.action_api import ghrunner
     from pytest_compilecache.action_api import human_size
 
     md_code, md_text = ghrunner.md_code, ghrunner.md_text
     outcome = result.outcome
     where = {
-        "github": "GitHub Actions cache (`actions/cache`)",
+        "github": "GitHub Actions cache",
         "direct": md_code(plan.store),
         "none": f"none (mode {plan.mode})",
     }[plan.transfer]
@@ -361,12 +305,12 @@ def restore_markdown(plan: Plan, result: RestoreResult) -> str:
             "; ".join(f"{key}: {why}" for key, why in result.skipped)
         )
     if plan.save and plan.transfer == "github":
-        saving = f"{md_code(plan.key)} if the tests compile something new: {md_text(STAGED_MESSAGE)}"
-        if plan.save_on_failure:
-            saving += (
-                "; save-on-failure cannot be honoured with store: github (actions/cache saves only when the "
-                "job succeeds)"
-            )
+        saving = f"{md_code(plan.key)} if the tests compile something new, uploaded at job end by this Action"
+        saving += (
+            ", also when the job fails (input save-on-failure)"
+            if plan.save_on_failure
+            else " when the job succeeds (input save-on-failure)"
+        )
         if plan.why == "save: true" and plan.event not in SAVING_EVENTS:
             # GitHub gives untrusted triggers (pull requests from forks...) a read-only cache token.
             saving += f"; {md_text(plan.event)} runs may get a read-only cache token, and then nothing is saved"
@@ -395,8 +339,8 @@ def restore_markdown(plan: Plan, result: RestoreResult) -> str:
 def saved_by(plan: Plan, key: str) -> str | None:
     """``<run id> attempt <n>`` of the run that saved ``key`` (a key of this lineage and fingerprint), else None.
 
-    actions/cache uploads at job end, after this Action's last step, and tells nobody how it went; the next
-    run's restore is where that upload shows: the entry it restores is the newest one that was stored."""
+    The entry a restore finds is the newest one of the lineage: the run that saved it is the last whose upload
+    worked (its post step's summary said so; a later run's that failed did too)."""
     suffix = key[len(plan.restore_prefix) :] if key.startswith(plan.restore_prefix) else ""
     run, _, attempt = suffix.rpartition("-")
     return f"{run} attempt {attempt}" if run.isdigit() and attempt.isdigit() else None
@@ -419,7 +363,7 @@ def restored_env(plan: Plan, result: RestoreResult) -> dict[str, str]:
     from pytest_compilecache import action_api as api
 
     # One policy for every store (actions/cache's): no save after failed tests unless save-on-failure; with
-    # store: github the plugin only stages, and actions/cache's post step uploads at job end.
+    # store: github the plugin only stages, and the Action's post step uploads at job end (action.upload).
     policy = (
         api.SavePolicy(only_when_passed=not plan.save_on_failure, staged=plan.transfer == "github")
         if plan.save

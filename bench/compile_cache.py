@@ -65,7 +65,7 @@ from typing import Any
 
 import zstandard
 
-from pytest_compilecache import headers
+from pytest_compilecache import pch as headers
 from pytest_compilecache.manifest import Artifact
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,12 +13,19 @@ torch got imported in any run (it must not be). ``--json PATH`` writes everythin
     python bench/overhead.py [--tests 2000] [--rounds 5] [--json results.json] [--fail-above 2.0]
     python bench/overhead.py --instructions [--tests 2000] [--sizes 3]
     python bench/overhead.py --instructions --wheel          # the figure the targets are stated in
+    python bench/overhead.py --instructions --wheel --first-session   # a fresh runner's first session
 
 The project is one file of ``--tests`` parametrized cases (``--layout single``, the default: the smallest
 denominator, so the plugin's fixed cost shows most) or files of 100 tests each (``--layout files``).
 ``--wheel`` builds a wheel from this checkout and installs it, with this interpreter's pytest version, into a
 fresh venv, and measures with that venv: the plugin as users install it, not an editable checkout.
 Targets (instructions, single file, wheel): installed at most +1%, active at most +2%.
+
+``--first-session`` counts the first session after an install: pytest's assertion-rewriting hook keeps pycs
+of its own (not the ones the installer wrote) for every module it loads of a plugin's distribution, so on a
+fresh runner, and in every session with ``PYTHONDONTWRITEBYTECODE``, whatever it loads of ours is compiled
+from source. Counting a first session without this flag gives a different figure (2026-11-27: +1.65% loaded
+where the steady state gave +0.48%, before the entry point stopped loading the hooks through that hook).
 
 ``--no-bytecode`` runs everything with ``PYTHONDONTWRITEBYTECODE=1``, as many CI images set it.
 
@@ -228,20 +235,37 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def count_instructions(python: str, tests: int, layout: str = "single") -> dict[str, int]:
+def _pytest_pycs(python: str) -> list[Path]:
+    """The pycs pytest's assertion-rewriting hook wrote for the plugin's modules in ``python``'s install."""
+    where = subprocess.run(
+        [python, "-c", "import os, pytest_compilecache as p; print(os.path.dirname(p.__file__))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    return sorted(Path(where).rglob("__pycache__/*-pytest-*.pyc"))
+
+
+def count_instructions(python: str, tests: int, layout: str = "single", first: bool = False) -> dict[str, int]:
     """Instructions executed per variant under valgrind's callgrind: repeatable, whatever the load.
 
-    One run each (slow: about 250x); the numbers do not depend on what else the machine is doing.
+    One run each (slow: about 250x; the variants run side by side); the numbers do not depend on what else
+    the machine is doing. ``first``: every counted run is the first session after an install, as on a fresh
+    CI runner: the pycs pytest's rewriting hook keeps for the plugin's modules (not the ones the installer
+    wrote) are deleted first, so whatever that hook loads is parsed and compiled from source.
     """
     work = Path(tempfile.mkdtemp(prefix="compilecache-bench-ir-"))
     try:
         project = work / "project"
         make_project(project, tests, layout)
-        counts = {}
         for variant in VARIANTS:  # warm-up: write __pycache__ (assertion rewriting) outside the count
             warmup = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *variant_args(variant, work / "cache")]
             env = clean_env(project / ".torch-flag")
             subprocess.run(warmup, cwd=project, env=env, capture_output=True, check=False)
+        if first:
+            for pyc in _pytest_pycs(python):
+                pyc.unlink()
+        running = {}
         for variant in VARIANTS:
             command = [
                 "valgrind",
@@ -253,21 +277,31 @@ def count_instructions(python: str, tests: int, layout: str = "single") -> dict[
                 "-q",
                 "-p",
                 "no:cacheprovider",
-                *variant_args(variant, work / "cache"),
+                *variant_args(variant, work / f"cache-{variant}"),
             ]
             # A fixed hash seed: dict layouts (and so instruction counts) vary with it from run to run.
-            env = {**clean_env(project / ".torch-flag"), "PYTHONHASHSEED": "0"}
-            done = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, check=False)
-            match = re.search(r"Collected : (\d+)", done.stderr)
-            if done.returncode != 0 or not match:
-                sys.exit(f"{variant}: callgrind run failed:\n{done.stderr[-2000:]}")
+            # PYTHONDONTWRITEBYTECODE: with ``first``, no run leaves the pycs another would then find.
+            env = {
+                **clean_env(project / f".torch-flag-{variant}"),
+                "PYTHONHASHSEED": "0",
+                **({"PYTHONDONTWRITEBYTECODE": "1"} if first else {}),
+            }
+            running[variant] = subprocess.Popen(
+                command, cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            )
+        counts = {}
+        for variant, process in running.items():
+            _, stderr = process.communicate()
+            match = re.search(r"Collected : (\d+)", stderr)
+            if process.returncode != 0 or not match:
+                sys.exit(f"{variant}: callgrind run failed:\n{stderr[-2000:]}")
             counts[variant] = int(match.group(1))
         return counts
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def render_instructions(runs: dict[int, dict[str, int]]) -> str:
+def render_instructions(runs: dict[int, dict[str, int]], first: bool = False) -> str:
     """Per variant: the median overhead over the suite sizes counted, and each size's.
 
     One count is exact for its code and size, but where Python's cyclic garbage collector runs depends on
@@ -275,7 +309,8 @@ def render_instructions(runs: dict[int, dict[str, int]]) -> str:
     out of one run; a few sizes apart see it at different phases, and their median is what to compare.
     """
     sizes = ", ".join(map(str, runs))
-    lines = [f"plugin overhead: instructions executed (valgrind callgrind), suites of {sizes} tests"]
+    when = ", the first session after an install" if first else ""
+    lines = [f"plugin overhead: instructions executed (valgrind callgrind), suites of {sizes} tests{when}"]
     for variant in VARIANTS:
         percents = [(counts[variant] / counts["baseline"] - 1) * 100 for counts in runs.values()]
         each = ", ".join(f"{p:+.2f}%" for p in percents)
@@ -309,6 +344,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="K",
         help="with --instructions: count K suites of --tests, +50, +100... tests and report the median (default 3)",
     )
+    parser.add_argument(
+        "--first-session",
+        action="store_true",
+        help="with --instructions: count the first session after an install (no pyc of pytest's rewriting hook)",
+    )
     parser.add_argument("--layout", choices=("single", "files"), default="single", help="see above (default single)")
     parser.add_argument(
         "--wheel", action="store_true", help="measure a wheel built from this checkout, in a fresh venv"
@@ -327,8 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.sizes < 1:
             parser.error("--sizes must be at least 1")
         sizes = [args.tests + 50 * index for index in range(args.sizes)]
-        runs = {size: count_instructions(args.python, size, args.layout) for size in sizes}
-        print(render_instructions(runs))
+        runs = {size: count_instructions(args.python, size, args.layout, args.first_session) for size in sizes}
+        print(render_instructions(runs, args.first_session))
         if args.json:
             data = {"instructions": {str(size): counts for size, counts in runs.items()}}
             Path(args.json).write_text(json.dumps(data, indent=2) + "\n")

@@ -24,6 +24,25 @@ TRITON_ENV = "TRITON_CACHE_DIR"
 PGO_ENVS = ("TORCH_COMPILE_JOB_ID", "TORCH_COMPILE_STICKY_PGO_KEY")
 PGO_JOB_ID = "pytest-compilecache"
 
+# How long torch waits for a file lock (its precompiled header's build lock among them) before it fails the
+# compile: torch/_inductor/config.py's file_lock_timeout, read from this variable at import (default 600 s).
+FILE_LOCK_TIMEOUT_ENV = "TORCHINDUCTOR_FILE_LOCK_TIMEOUT"
+TORCH_FILE_LOCK_TIMEOUT = 600.0
+
+
+def torch_lock_timeout(environ: Mapping[str, str] = os.environ) -> float:
+    """Seconds torch in a process started with ``environ`` waits for a file lock before it gives up."""
+    try:
+        value = float(environ.get(FILE_LOCK_TIMEOUT_ENV) or TORCH_FILE_LOCK_TIMEOUT)
+    except ValueError:
+        return TORCH_FILE_LOCK_TIMEOUT
+    return value if 0 < value < float("inf") else TORCH_FILE_LOCK_TIMEOUT
+
+
+# Where an xdist controller tells its workers which restore ticket to serve (a path in the session dir,
+# :class:`.cachedir.ticket.RestoreTicket`).
+TICKET_ENV = "PYTEST_COMPILECACHE_RESTORE_TICKET"
+
 
 def torch_job_id(environ: Mapping[str, str] = os.environ) -> str | None:
     """The job id torch keeps a shape profile under in a process started with ``environ``, or None."""

@@ -2,10 +2,11 @@
 
 Every temp file or dir we create carries its owner in its name::
 
-    [.]<what>compilecache-<kind>-<host>-<pid>-<time>-<random>[.tmp]
+    [.]<what>compilecache-<kind>-<host>-<pid>-<time>-<random>[.tmp|.lock]
 
 ``kind`` is ``staging`` (a bundle being installed into a cache dir), ``save`` / ``restore`` (scratch dirs in
-TMPDIR) or ``tmp`` (an atomic write in progress); ``host`` is a short hash of the host name and pid
+TMPDIR), ``tmp`` (an atomic write in progress) or ``ticket`` (an xdist controller's restore ticket in its
+cache dir, and its ``.lock``, :mod:`.cachedir.ticket`); ``host`` is a short hash of the host name and pid
 namespace, ``pid`` the owner's process id and ``time`` its creation time in epoch seconds. A process killed
 by SIGKILL cannot clean up, so :func:`sweep_our_temps` removes entries of that shape whose owner is provably
 gone (same host, dead pid) or, made on another host, older than ``max_age`` (see :func:`is_stale`).
@@ -45,14 +46,14 @@ __all__ = [
     "try_flock",
 ]
 
-TempKind = Literal["staging", "save", "restore", "tmp"]
+TempKind = Literal["staging", "save", "restore", "tmp", "ticket"]
 DEFAULT_MAX_AGE = 3600.0
 MAX_AGE_ALIVE = 24 * 3600.0
 
 # A string: ``re`` compiles it on first use (a session that never sweeps never pays for it).
 _TEMP = (
-    r"^(?P<lead>.*?)compilecache-(?P<kind>staging|save|restore|tmp)-(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]{1,10})"
-    r"-(?P<time>[0-9]{1,12})-(?P<rand>[0-9a-z]{8})(?:\.tmp)?$"
+    r"^(?P<lead>.*?)compilecache-(?P<kind>staging|save|restore|tmp|ticket)-(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]{1,10})"
+    r"-(?P<time>[0-9]{1,12})-(?P<rand>[0-9a-z]{8})(?:\.tmp|\.lock)?$"
 )
 
 

@@ -3,4 +3,4 @@
 PYTEST_DONT_REWRITE
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0.dev0"

@@ -21,16 +21,17 @@ from .fingerprint import collect as collect_fingerprint
 from .fingerprint import handover as handover_fingerprint
 from .fingerprint import make_key
 from .fingerprint import restore_prefix
-from .headers import KIND as HEADER_KIND
-from .headers import HeaderTransfer
-from .headers import header_artifact
-from .headers import header_dir
-from .headers import install_header
-from .headers import object_key as header_object_key
-from .headers import packed_bound as header_packed_bound
-from .headers import restore_headers
-from .headers import verify_header_copy
 from .manifest import Artifact
+from .pch import KIND as HEADER_KIND
+from .pch import HeaderTransfer
+from .pch import header_artifact
+from .pch import header_dir
+from .pch import install_header
+from .pch import object_key as header_object_key
+from .pch import packed_bound as header_packed_bound
+from .pch import restore_headers
+from .pch import sweep_leftovers as sweep_header_leftovers
+from .pch import verify_header_copy
 from .probe import point_cache_dir
 from .report import human_size
 from .settings import DEFAULT_PREFIX
@@ -40,7 +41,6 @@ from .settings import read_signing_key
 from .stores import open_store
 from .stores.timed import TimedStore
 from .sync import HANDOFF_ENV
-from .sync import STAGED_MESSAGE
 from .sync import HeaderReport
 from .sync import RestoreResult
 from .sync import SavePolicy
@@ -54,7 +54,6 @@ __all__ = [
     "DEFAULT_PREFIX",
     "HANDOFF_ENV",
     "SIGNING_KEY_ENV",
-    "STAGED_MESSAGE",
     "SavePolicy",
     "read_handoff",
     "refuse_foreign",
@@ -89,5 +88,6 @@ __all__ = [
     "restore_headers",
     "restore_outputs",
     "restore_prefix",
+    "sweep_header_leftovers",
     "verify_header_copy",
 ]

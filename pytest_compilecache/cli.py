@@ -399,51 +399,55 @@ def _positive(value: str) -> int:
     return number
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m pytest_compilecache", description=__doc__.split("\n")[0])
-    parser.add_argument("--version", action="version", version=__version__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _fp_args(p: argparse.ArgumentParser) -> None:
+    """The options that change the fingerprint."""
+    p.add_argument(
+        "--salt",
+        type=str.strip,  # as the plugin's settings read it: one salt, one fingerprint
+        default=os.environ.get("PYTEST_COMPILECACHE_KEY_SALT", "").strip(),
+        help="key salt",
+    )
+    p.add_argument("--device-facts", help="JSON file of recorded device facts (instead of asking the GPUs)")
 
-    def fp_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--salt",
-            type=str.strip,  # as the plugin's settings read it: one salt, one fingerprint
-            default=os.environ.get("PYTEST_COMPILECACHE_KEY_SALT", "").strip(),
-            help="key salt",
-        )
-        p.add_argument("--device-facts", help="JSON file of recorded device facts (instead of asking the GPUs)")
 
-    def store_args(p: argparse.ArgumentParser, prefix: bool = True) -> None:
-        p.add_argument("--store", required=True, help="directory, file:///path or s3://bucket/prefix")
-        if prefix:
-            p.add_argument("--prefix", default=os.environ.get("PYTEST_COMPILECACHE_KEY_PREFIX", DEFAULT_PREFIX))
-        p.add_argument("--strict", action="store_true", help="exit 1 on store or bundle trouble")
-        p.add_argument("--s3-endpoint", help="S3-compatible endpoint URL (default: $PYTEST_COMPILECACHE_S3_ENDPOINT)")
-        p.add_argument(
-            "--max-bundle-size",
-            help="refuse bundles larger than this (default: $PYTEST_COMPILECACHE_MAX_BUNDLE_SIZE, else 2G)",
-        )
-        p.add_argument(
-            "--store-timeout",
-            help="seconds the command may wait for the store in all "
-            "(default: $PYTEST_COMPILECACHE_STORE_TIMEOUT, else 300)",
-        )
+def _store_args(p: argparse.ArgumentParser, prefix: bool = True) -> None:
+    """The options of a command that talks to a store."""
+    p.add_argument("--store", required=True, help="directory, file:///path or s3://bucket/prefix")
+    if prefix:
+        p.add_argument("--prefix", default=os.environ.get("PYTEST_COMPILECACHE_KEY_PREFIX", DEFAULT_PREFIX))
+    p.add_argument("--strict", action="store_true", help="exit 1 on store or bundle trouble")
+    p.add_argument("--s3-endpoint", help="S3-compatible endpoint URL (default: $PYTEST_COMPILECACHE_S3_ENDPOINT)")
+    p.add_argument(
+        "--max-bundle-size",
+        help="refuse bundles larger than this (default: $PYTEST_COMPILECACHE_MAX_BUNDLE_SIZE, else 2G)",
+    )
+    p.add_argument(
+        "--store-timeout",
+        help="seconds the command may wait for the store in all "
+        "(default: $PYTEST_COMPILECACHE_STORE_TIMEOUT, else 300)",
+    )
 
+
+def _key_commands(sub: Any) -> None:
+    """fingerprint, key: what decides reuse."""
     p = sub.add_parser("fingerprint", help="print the facts that decide reuse, and their digest")
-    fp_args(p)
+    _fp_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_fingerprint)
 
     p = sub.add_parser("key", help="print the save key and the restore prefix")
-    fp_args(p)
+    _fp_args(p)
     p.add_argument("--prefix", default=os.environ.get("PYTEST_COMPILECACHE_KEY_PREFIX", DEFAULT_PREFIX))
     p.add_argument("--suffix", help="run suffix (default: time and pid)")
     p.add_argument("--github-output", action="store_true", help="also append to $GITHUB_OUTPUT")
     p.set_defaults(func=cmd_key)
 
+
+def _store_commands(sub: Any) -> None:
+    """restore, save: a bundle in or out of a store."""
     p = sub.add_parser("restore", help="restore the best matching bundle into a cache dir")
-    fp_args(p)
-    store_args(p)
+    _fp_args(p)
+    _store_args(p)
     p.add_argument("--cache-dir", required=True)
     p.add_argument("--key", help="exact key to try first")
     p.add_argument("--json", help="write the outcome as JSON here")
@@ -458,8 +462,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_restore)
 
     p = sub.add_parser("save", help="bundle a cache dir's reusable entries and save them")
-    fp_args(p)
-    store_args(p)
+    _fp_args(p)
+    _store_args(p)
     p.add_argument("--cache-dir", required=True)
     p.add_argument("--suffix")
     p.add_argument("--keep", type=_positive, default=3)
@@ -478,19 +482,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_save)
 
+
+def _bundle_commands(sub: Any) -> None:
+    """inspect, verify, prune, report."""
     p = sub.add_parser("inspect", help="show a bundle's manifest (does not verify the payload)")
     p.add_argument("bundle")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("verify", help="verify checksums, signature and optionally the fingerprint")
-    fp_args(p)
+    _fp_args(p)
     p.add_argument("bundle")
     p.add_argument("--fingerprint", action="store_true", help="also require this machine's fingerprint")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("prune", help="keep the newest N bundles under a key prefix")
-    store_args(p, prefix=False)
+    _store_args(p, prefix=False)
     p.add_argument("--prefix", required=True)
     p.add_argument("--keep", type=_positive, default=3)
     p.set_defaults(func=cmd_prune)
@@ -500,6 +507,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text", action="store_true", help="the terminal's full report instead of Markdown")
     p.add_argument("--summary", action="store_true", help="append to $GITHUB_STEP_SUMMARY")
     p.set_defaults(func=cmd_report)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m pytest_compilecache", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=__version__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _key_commands(sub)
+    _store_commands(sub)
+    _bundle_commands(sub)
     return parser
 
 

@@ -1,9 +1,9 @@
 """What decides whether cached artifacts can be reused here, its digest, and bundle keys.
 
-A :class:`Fingerprint` is a flat, sorted mapping of facts (all strings). Its digest is the second part
-of every bundle key: ``<prefix>-<digest>-<run suffix>``. A restore looks for the exact key, then the
-newest key under ``<prefix>-<digest>-``; when that misses, :func:`explain` names the facts that differ
-from the newest bundle under ``<prefix>-``.
+A :class:`Fingerprint` is a flat, sorted mapping of facts (all strings). Its digest, over the facts and the
+bundle format, is the second part of every bundle key: ``<prefix>-<digest>-<run suffix>``. A restore looks
+for the exact key, then the newest key under ``<prefix>-<digest>-``; when that misses, :func:`explain` names
+the facts that differ from the newest bundle under ``<prefix>-``.
 
 Torch facts come from :mod:`probe` (the one torch-aware module). GPU facts are what torch's and triton's keys
 use (compute capability, SM count, the CUDA/HIP version, triton's content hash), read without initialising CUDA
@@ -28,8 +28,14 @@ from typing import Mapping
 
 from . import probe
 from .errors import ConfigError
+from .manifest import FORMAT_VERSION
 
 DIGEST_LENGTH = 16
+# The bundle format is part of every lineage, so that a format bump starts new lineages quietly: a restore
+# lists only bundles it can read, instead of reading and refusing each old one's header (up to 16 per restore)
+# until they are pruned. Format 2 was current when this rule came in: its digests stay what they were (the
+# facts alone), so the bundles already stored keep being found.
+_FORMAT_BEFORE_KEYING = 2
 
 
 @dataclass(frozen=True)
@@ -39,8 +45,11 @@ class Fingerprint:
     facts: Mapping[str, str]
 
     def digest(self) -> str:
-        """Truncated sha256 over the canonical JSON of the facts."""
+        """Truncated sha256 over the canonical JSON of the facts and the bundle format version (format 2: the
+        facts alone, as before the format was keyed)."""
         canonical = json.dumps(dict(sorted(self.facts.items())), separators=(",", ":"))
+        if FORMAT_VERSION != _FORMAT_BEFORE_KEYING:
+            canonical = f"bundle format {FORMAT_VERSION}\n{canonical}"
         return hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_LENGTH]
 
     def to_json(self) -> dict[str, str]:

@@ -24,10 +24,14 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
+from typing import Iterable
 from typing import Mapping
 from typing import TextIO
 
 __all__ = [
+    "StopTokenWatch",
+    "annotate",
     "append_summary",
     "append_vars",
     "command",
@@ -278,3 +282,46 @@ def md_code(text: str, limit: int = 500) -> str:
     fence = "`" * (longest + 1)
     pad = " " if flat.startswith("`") or flat.endswith("`") or not flat else ""
     return f"{fence}{pad}{flat}{pad}{fence}"
+
+
+class StopTokenWatch:
+    """A pytest plugin object for a GitHub Actions job (controller only): the ``stop-commands`` tokens in what
+    pytest prints before the plugins' summaries (each test's captured output and failure text, collection
+    errors, warnings; under xdist the workers' reports and warnings arrive here too). A failing test that
+    printed ``::stop-commands::T`` would otherwise turn every annotation after it into plain text. Output
+    written live (``-s``, live logs) is not seen. Its hooks take pytest's report objects, duck-typed."""
+
+    def __init__(self) -> None:
+        self.tokens: list[str] = []
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        self._scan(report)
+
+    def pytest_collectreport(self, report: Any) -> None:
+        self._scan(report)
+
+    def pytest_warning_recorded(self, warning_message: Any) -> None:
+        self._add(str(warning_message.message))  # the warnings summary comes before ours too
+
+    def _scan(self, report: Any) -> None:
+        for _, content in report.sections:
+            self._add(content)
+        if report.longrepr is not None:
+            self._add(report.longreprtext)
+
+    def _add(self, text: str) -> None:
+        self.tokens += [token for token in stop_tokens(text) if token not in self.tokens]
+
+
+def annotate(stream: TextIO, warnings: Iterable[str], errors: Iterable[str], tokens: list[str]) -> None:
+    """Each warning and error as an annotation (escaped), one per problem (an error that was also a warning
+    is annotated once, as the error), after the lines that resume the runner's command processing if a
+    test's output stopped it (:func:`resume_lines`)."""
+    errors = list(errors)
+    if tokens:
+        stream.write("".join(line + "\n" for line in resume_lines(tokens)))
+    for message in warnings:
+        if message not in errors:
+            write_command(stream, "warning", message, title="compile cache")
+    for message in errors:
+        write_command(stream, "error", message, title="compile cache")

@@ -67,7 +67,8 @@ TABLE: tuple[tuple[str, str, bool, str], ...] = (
         "store",
         "--compile-cache-store",
         False,
-        "restore a bundle from and save one to this store: a directory, file:///path or s3://bucket/prefix.",
+        "restore a bundle from and save one to this store: a directory, file:///path, s3://bucket/prefix, "
+        "gs://bucket/prefix or az://container/prefix.",
     ),
     ("readonly", "--compile-cache-readonly", True, "restore but never save."),
     (

@@ -1,8 +1,14 @@
-"""What one process of a session hands to the controller at its end: :class:`ProcessOutput`.
+"""The values passed between a session's processes and phases: what each hands on, never a shared object.
 
-An xdist worker sends it as JSON through ``workeroutput`` (:meth:`ProcessOutput.to_json`); the controller
-reads it back with :meth:`ProcessOutput.from_json`, which trusts nothing about its shape, and a plain
-session's controller collects its own the same way, so one merge serves both.
+* :class:`ProcessOutput`: what one process of a session hands to the controller at its end. An xdist worker
+  sends it as JSON through ``workeroutput`` (:meth:`ProcessOutput.to_json`); the controller reads it back
+  with :meth:`ProcessOutput.from_json`, which trusts nothing about its shape, and a plain session's
+  controller collects its own the same way, so one merge serves both.
+* :class:`Gathered`: the controller's fold of every process's output (:meth:`Gathered.fold`), for the save.
+* :class:`Restored`: what the session's start found (:meth:`.restore_phase.RestorePhase.finish`), for the
+  save and the report.
+
+Loaded lazily: probe (collecting this process's output), stats (reading records).
 PYTEST_DONT_REWRITE
 """
 
@@ -12,13 +18,61 @@ from dataclasses import dataclass
 from dataclasses import field
 from typing import TYPE_CHECKING
 from typing import Any
-
-from . import probe
-from .stats import ItemRecord
+from typing import Iterable
+from typing import Mapping
+from typing import NamedTuple
 
 if TYPE_CHECKING:
+    from .context import SessionContext
+    from .explain import GraphsRecord
     from .recorder import Recorder
-    from .session import Setup
+    from .stats import ItemRecord
+    from .sync import RestoreResult
+
+
+class Restored(NamedTuple):
+    """What the session's start found. ``result``: the restore's (None: none was attempted, or the Action
+    said nothing); ``store_trouble``: the store failed or stalled at the restore (then nothing is saved: one
+    warning, not two); ``header_since``: when the session started, for finding the precompiled headers it
+    used (None: not saving); ``baseline`` / ``compared_with``: the earlier run's graphs and what they are."""
+
+    result: RestoreResult | None = None
+    store_trouble: str | None = None
+    header_since: float | None = None
+    baseline: GraphsRecord | None = None
+    compared_with: str = ""
+
+
+class Gathered(NamedTuple):
+    """Every process's artifacts, folded by the controller (:meth:`fold`): the mega-cache blobs by process
+    name, the cache files used, where each process's torch keeps precompiled headers, the headers they
+    checked (:class:`.headers.HeaderUse` JSON), and the xdist workers that sent nothing (they died)."""
+
+    blobs: Mapping[str, bytes] = {}
+    files: frozenset[str] = frozenset()
+    header_dirs: frozenset[str] = frozenset()
+    header_uses: tuple[Any, ...] = ()
+    silent: tuple[str, ...] = ()
+
+    @classmethod
+    def fold(cls, outputs: Iterable[tuple[str, ProcessOutput | None]]) -> Gathered:
+        """One value from each process's ``(name, output)``; None: a worker that sent nothing."""
+        blobs: dict[str, bytes] = {}
+        files: set[str] = set()
+        header_dirs: set[str] = set()
+        uses: list[Any] = []
+        silent: list[str] = []
+        for name, output in outputs:
+            if output is None:
+                silent.append(name)
+                continue
+            if output.blob:
+                blobs[name] = output.blob
+            files.update(output.files)
+            if output.header_dir is not None:
+                header_dirs.add(output.header_dir)
+            uses += output.headers
+        return cls(blobs, frozenset(files), frozenset(header_dirs), tuple(uses), tuple(silent))
 
 
 @dataclass
@@ -37,21 +91,25 @@ class ProcessOutput:
     remote_errors: list[str] = field(default_factory=list)
     header_dir: str | None = None
     headers: list[Any] = field(default_factory=list)  # the headers torch looked up here, each checked once
+    # an xdist worker that restored for its controller: what the ticket holds (RestorePhase.report)
+    restore: dict[str, Any] | None = None
 
     @classmethod
-    def collect(cls, setup: Setup, recorder: Recorder) -> ProcessOutput:
+    def collect(cls, context: SessionContext, recorder: Recorder) -> ProcessOutput:
         """This process's output. Call at most once per process: it takes the mega-cache blob (only when
         the session saves), and a second ``save_cache_artifacts`` spoils later loads (torch 2.8+). The Redis
-        errors are those ``setup`` has taken so far (:meth:`Setup.take_remote_errors`)."""
+        errors are those ``context`` has taken so far (:meth:`.SessionContext.take_remote_errors`)."""
+        from . import probe  # cost: at the end, in a process that ran tests
+
         output = cls(
             tests=recorder.stats.tests,
             records=list(recorder.stats.records.values()),
-            problems=setup.problems.to_json(),
-            remote_errors=list(setup.remote_errors),
+            problems=context.problems.to_json(),
+            remote_errors=list(context.remote_errors),
         )
         if probe.dynamo_loaded():
-            output.blob = probe.save_artifacts() if setup.saving else None
-            output.files = probe.used_files(setup.dir.path) if setup.dir.path else []
+            output.blob = probe.save_artifacts() if context.saving else None
+            output.files = probe.used_files(context.dir.path) if context.dir.path else []
         output.header_dir = probe.precompiled_header_dir()
         output.headers = probe.precompiled_headers_used()
         return output
@@ -67,6 +125,7 @@ class ProcessOutput:
             "remote_errors": list(self.remote_errors),
             "header_dir": self.header_dir,
             "headers": list(self.headers),
+            "restore": self.restore,
         }
 
     @classmethod
@@ -82,6 +141,7 @@ class ProcessOutput:
         errors = data.get("remote_errors")
         header_dir = data.get("header_dir")
         headers = data.get("headers")
+        restore = data.get("restore")
         return cls(
             tests=tests if isinstance(tests, int) and not isinstance(tests, bool) and tests >= 0 else 0,
             records=_records(data.get("records")),
@@ -90,11 +150,14 @@ class ProcessOutput:
             problems=problems if isinstance(problems, dict) else {},
             remote_errors=[e for e in errors if isinstance(e, str)] if isinstance(errors, list) else [],
             header_dir=header_dir if isinstance(header_dir, str) else None,
-            headers=list(headers) if isinstance(headers, list) else [],  # each entry read by headers.HeaderUse
+            headers=list(headers) if isinstance(headers, list) else [],  # each entry read by pch.HeaderUse
+            restore=restore if isinstance(restore, dict) else None,  # each field read by RestorePhase
         )
 
 
 def _records(data: Any) -> list[ItemRecord]:
+    from .stats import ItemRecord  # cost: loaded with the recorder already
+
     records = []
     for item in data if isinstance(data, list) else ():
         try:

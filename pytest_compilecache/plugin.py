@@ -2,7 +2,7 @@
 
 The first hook that runs (``pytest_load_initial_conftests``, before any conftest can import torch)
 resolves the settings and, when they ask for anything before the tests (a cache dir, a store, Redis, a
-JSON report), makes the :class:`~pytest_compilecache.session.Setup`; ``pytest_configure`` then chooses the
+JSON report), makes the :class:`~pytest_compilecache.context.SessionContext`; ``pytest_configure`` then chooses the
 process's role once - a :class:`~pytest_compilecache.session.Controller` (a plain session or the xdist
 controller) or a :class:`~pytest_compilecache.session.Worker` - and every later hook only delegates to it.
 
@@ -27,22 +27,24 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
-from typing import Callable
 from typing import Sequence
 
 import pytest
 
+from ._loader import load_plainly
+from ._loader import when_imported
 from .options import SESSION_ENV
 from .options import TABLE
 from .options import env_name
 from .options import ini_name
 
 if TYPE_CHECKING:
+    from .context import SessionContext
+    from .ghrunner import StopTokenWatch
     from .problems import Classifier
+    from .recorder import PerTestHooks
     from .recorder import Recorder
-    from .recorder import Start
     from .session import Controller
-    from .session import Setup
     from .session import Worker
     from .settings import Settings
     from .stats import CompileCacheStats
@@ -50,55 +52,30 @@ if TYPE_CHECKING:
 _MODULES = sys.modules
 # Stash keys (annotated, not subscripted: a subscripted generic costs at import in every session).
 _SETTINGS: pytest.StashKey[Settings | None] = pytest.StashKey()
-_SETUP: pytest.StashKey[Setup] = pytest.StashKey()
+_SETUP: pytest.StashKey[SessionContext] = pytest.StashKey()
 # The role chosen in pytest_configure (a quiet session: made at the end, if a test compiled): at most one
 # of these two is set in a process.
 _CONTROLLER: pytest.StashKey[Controller] = pytest.StashKey()
 _WORKER: pytest.StashKey[Worker] = pytest.StashKey()
 _RECORDER: pytest.StashKey[Recorder] = pytest.StashKey()
 _COUNTER: pytest.StashKey[_Counter] = pytest.StashKey()
-_TESTS: pytest.StashKey[_Tests] = pytest.StashKey()
-_RUNNER_OUTPUT: pytest.StashKey[_RunnerOutput] = pytest.StashKey()
+_TESTS: pytest.StashKey[PerTestHooks] = pytest.StashKey()
+_RUNNER_OUTPUT: pytest.StashKey[StopTokenWatch] = pytest.StashKey()
 
 MARKER = "compile_cache"
 
 
-class _OwnModules:
-    """A ``sys.meta_path`` finder for this package's own submodules: Python's path finder, ahead of pytest's
-    assertion-rewriting import hook (:func:`_load_own_modules_plainly`)."""
-
-    prefix = __name__.rpartition(".")[0] + "."
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if path is None or not name.startswith(self.prefix):
-            return None
-        from importlib.machinery import PathFinder  # loaded by importlib itself: costs a dict lookup
-
-        return PathFinder.find_spec(name, path)
+_PLAIN: pytest.StashKey[bool] = pytest.StashKey()
 
 
 def _load_own_modules_plainly(config: pytest.Config) -> None:
-    """From now until ``config`` is cleaned up, this package's modules load as any library's do.
-
-    pytest hands every module of a plugin's distribution to its assertion-rewriting hook. Ours opt out of
-    rewriting (each docstring says ``PYTEST_DONT_REWRITE``), yet the hook still loads each one through its own
-    cache: it reads and hashes the source and unmarshals its own pyc from the open file, about 2M instructions
-    per module (a session with a cache dir loads about 18); with ``PYTHONDONTWRITEBYTECODE`` set, as in many CI
-    images, it writes no pyc and parses and compiles every module in every session. Called where a session
-    starts loading them (an option is given, or torch appears), not at import: a session with no option loads
-    nothing more, and a finder left in ``sys.meta_path`` would keep this module (and through it every module)
-    alive into the interpreter's shutdown, whose garbage collections then cost more than the finder saves.
-    """
-    if any(isinstance(finder, _OwnModules) for finder in sys.meta_path):
+    """Until ``config`` is cleaned up, this package's modules load as any library's do
+    (:mod:`~pytest_compilecache._loader`). The entry point put the finder in place already; this takes it out
+    at the session's cleanup, and puts it back for a later session in the same process."""
+    if config.stash.get(_PLAIN, False):
         return
-    finder = _OwnModules()
-    sys.meta_path.insert(0, finder)
-
-    def forget() -> None:
-        if finder in sys.meta_path:
-            sys.meta_path.remove(finder)
-
-    config.add_cleanup(forget)
+    config.stash[_PLAIN] = True
+    config.add_cleanup(load_plainly())
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -167,20 +144,20 @@ def _quiet(config: pytest.Config) -> bool:
     return settings is None or settings.quiet
 
 
-def _setup(config: pytest.Config) -> Setup:
+def _setup(config: pytest.Config) -> SessionContext:
     """Decide the cache dir and export it, once per process, before anything imports torch."""
     if _SETUP in config.stash:
         return config.stash[_SETUP]
     # cost: a quiet session makes its set-up only at the end, and only if a test compiled
+    from .context import SessionContext
     from .problems import Problems
-    from .session import Setup
 
     settings = _resolved(config)
     problems = Problems(strict=settings.strict, classify=warning_classifier(*_warning_filters(config)))
     from .errors import ConfigError  # cost: as above
 
     try:
-        setup = Setup.start(settings, _default_shared(config), inherited=_inherited(), problems=problems)
+        setup = SessionContext.start(settings, _default_shared(config), inherited=_inherited(), problems=problems)
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[_SETUP] = setup
@@ -238,7 +215,7 @@ def _default_shared(config: pytest.Config) -> Path:
     return base / "d" / "compilecache"
 
 
-def _keep_a_shared_dir_in_use(config: pytest.Config, setup: Setup) -> None:
+def _keep_a_shared_dir_in_use(config: pytest.Config, setup: SessionContext) -> None:
     """``--cache-clear`` removes pytest's cache dir, and the default shared dir inside it. While another
     session uses that dir, keep it: clear the rest of pytest's cache here (its ``v/`` and ``d/`` entries,
     what ``Cache.clear_cache`` removes), tell pytest not to, and say so. Runs before pytest's cache
@@ -276,6 +253,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    _load_own_modules_plainly(config)  # the entry point's finder leaves with the session
     if _inherited() is not None:
         # The controller already honoured --cache-clear; a worker clearing .pytest_cache/d again would
         # delete the restored shared dir, possibly while another worker compiles into it.
@@ -305,13 +283,15 @@ def pytest_configure(config: pytest.Config) -> None:
     if not quiet:
         _make_role(config, _recorder(config))
     if not _is_worker(config) and os.environ.get("GITHUB_ACTIONS") == "true":  # ghrunner.in_github_actions
-        watcher = config.stash[_RUNNER_OUTPUT] = _RunnerOutput()
+        from .ghrunner import StopTokenWatch  # cost: only inside a GitHub Actions job
+
+        watcher = config.stash[_RUNNER_OUTPUT] = StopTokenWatch()
         config.pluginmanager.register(watcher, "compilecache-runner-output")
     # Every process, from when torch (or triton) is imported: the per-test capture, the FX-graph lookups that
     # explain a miss, the triton cache entries a bundle carries (issue 27) and, in a session with a cache
     # dir, the check of each precompiled header torch looks up (issue 24).
     # The triton hook is installed once torch appears: triton matters only to torch's compiles.
-    when_imported("torch", lambda: _torch_appears(config), config)
+    when_imported("torch", lambda: _torch_appears(config), config.add_cleanup)
 
 
 def _torch_appears(config: pytest.Config) -> None:
@@ -319,51 +299,32 @@ def _torch_appears(config: pytest.Config) -> None:
     _load_own_modules_plainly(config)
     _watch(config)
     _start_tests(config)
-    when_imported("triton", lambda: _watch(config), config)
+    when_imported("triton", lambda: _watch(config), config.add_cleanup)
 
 
 def _watch(config: pytest.Config) -> None:
-    """Install probe's watches (each once per process; none imports torch or triton itself)."""
+    """Install probe's watches (each once per process; none imports torch or triton itself). A watch still
+    waiting for its module when the session ends leaves with it: torch may only have been looked up
+    (``importlib.util.find_spec``), and a later ``torch.compile`` in the same process (a notebook, a second
+    ``pytest.main``) must not be checked and captured outside any session."""
     from . import probe  # cost: loaded once torch (or triton) is
 
+    before = set(map(id, sys.meta_path))
     # a worker resolves the same options: its controller's argv and environment
     if _resolved(config).explain:
         probe.watch_graph_lookups()
     if not _quiet(config):
         probe.watch_precompiled_headers()
     probe.watch_triton_cache()
-
-
-class _OnImport:
-    """A ``sys.meta_path`` entry that calls ``then()`` when ``module`` is first imported, before it loads (one
-    string comparison per import until then; it removes itself once used and finds nothing itself)."""
-
-    def __init__(self, module: str, then: Callable[[], None]) -> None:
-        self.module, self.then = module, then
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
-        if name == self.module:
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
-            self.then()
-
-
-def when_imported(module: str, then: Callable[[], None], config: pytest.Config) -> None:
-    """Call ``then()`` now if ``module`` is imported, else just before it is (e.g. to load :mod:`probe` and
-    install its hooks only in a session that imports torch). The import hook goes when ``config`` is
-    cleaned up: a later session in the same process (pytester, an IDE) must not call this one's ``then``, and
-    a hook left in ``sys.meta_path`` would keep the whole session alive until the interpreter exits."""
-    if module in _MODULES:
-        then()
-        return
-    hook = _OnImport(module, then)
-    sys.meta_path.insert(0, hook)
+    added = [finder for finder in sys.meta_path if id(finder) not in before]
 
     def forget() -> None:
-        if hook in sys.meta_path:
-            sys.meta_path.remove(hook)
+        for finder in added:
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
 
-    config.add_cleanup(forget)
+    if added:
+        config.add_cleanup(forget)
 
 
 def _is_xdist_controller(config: pytest.Config) -> bool:
@@ -460,7 +421,7 @@ class _Counter:
         self.tests += 1
 
 
-def _start_tests(config: pytest.Config) -> _Tests | None:
+def _start_tests(config: pytest.Config) -> PerTestHooks | None:
     """Hand the counting over to the per-test capture (once; None in an xdist controller, which runs no test).
 
     Called when torch is about to be imported - maybe in the middle of a test, which then started before
@@ -472,56 +433,12 @@ def _start_tests(config: pytest.Config) -> _Tests | None:
     counter = config.stash.get(_COUNTER, None)
     if counter is not None:
         config.pluginmanager.unregister(counter)
-    tests = config.stash[_TESTS] = _Tests(_recorder(config))  # _recorder takes the counter's tests over
+    from .recorder import PerTestHooks
+
+    tests = config.stash[_TESTS] = PerTestHooks(_recorder(config))  # _recorder takes the counter's tests over
     tests.current = tests.cold  # the running test, if any: it began before torch could compile anything
     config.pluginmanager.register(tests, "compilecache-tests")
     return tests
-
-
-class _Tests:
-    """This process's per-test hooks: the recorder, the marked tests and the running test's start."""
-
-    def __init__(self, recorder: Recorder) -> None:
-        from .recorder import COLD  # cost: as _recorder
-        from .recorder import COLD_UNEXPLAINED
-
-        self.recorder = recorder
-        self.marked: dict[str, str] = {}  # node id -> "isolated" / "disabled" (pytest_collection_modifyitems)
-        self.current: Start | None = None  # the running test's start, for the compile_cache_stats fixture
-        self.isolation: Any = None  # the running marked test's isolation (a context manager), entered
-        self.cold = COLD if recorder.explain else COLD_UNEXPLAINED  # Recorder.start before torch is imported
-
-    def pytest_runtest_logstart(self, nodeid: str) -> None:
-        if self.marked or "torch" in _MODULES:
-            self._start(nodeid)
-        else:  # torch was looked up but is not imported (e.g. importorskip): one lookup, one attribute
-            self.current = self.cold
-
-    def pytest_runtest_logfinish(self, nodeid: str) -> None:
-        if self.current is self.cold and self.isolation is None and "torch" not in _MODULES:
-            self.recorder.cold_tests += 1  # Recorder.finish_cold, inlined: the test cannot have compiled
-        else:
-            self._finish(nodeid)
-
-    def _start(self, nodeid: str) -> None:
-        mode = self.marked.get(nodeid) if self.marked else None
-        if mode is not None:
-            from . import probe  # cost: only for a marked test
-
-            self.isolation = probe.isolated_compile(disable=mode == "disabled")
-            self.isolation.__enter__()
-        self.current = self.recorder.start()
-
-    def _finish(self, nodeid: str) -> None:
-        start, recorder, isolation = self.current, self.recorder, self.isolation
-        if start is None:
-            return
-        self.current = None
-        if isolation is not None:
-            self.isolation = None
-            isolation.__exit__(None, None, None)
-        if isolation is not None or not recorder.finish_cold(start):
-            recorder.finish(nodeid, start, intended=isolation is not None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -628,7 +545,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if _CONTROLLER not in config.stash and quiet:
         return  # no option, no compile, no worker that compiled: nothing to report
     failed = session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
-    if _controller(config).finish(failed=failed) and session.exitstatus == pytest.ExitCode.OK:
+    try:
+        must_fail = _controller(config).finish(failed=failed)
+    except KeyboardInterrupt:  # Ctrl-C during the save: pytest's Interrupted, not a traceback
+        pytest.exit(
+            "KeyboardInterrupt: the compile cache stopped its save; nothing was saved",
+            returncode=pytest.ExitCode.INTERRUPTED,
+        )
+    if must_fail and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     _keep_last_report(config)
 
@@ -664,50 +588,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     _github_commands(controller, config.stash.get(_RUNNER_OUTPUT, None))
 
 
-class _RunnerOutput:
-    """Inside a GitHub Actions job (controller only): the ``stop-commands`` tokens in what pytest prints
-    before the plugins' summaries (each test's captured output and failure text, collection errors,
-    warnings; under xdist the workers' reports and warnings arrive here too). A failing test that printed
-    ``::stop-commands::T`` would otherwise turn every annotation after it into plain text. Output written
-    live (``-s``, live logs) is not seen."""
-
-    def __init__(self) -> None:
-        self.tokens: list[str] = []
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self._scan(report)
-
-    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
-        self._scan(report)
-
-    def pytest_warning_recorded(self, warning_message: Any) -> None:
-        self._add(str(warning_message.message))  # the warnings summary comes before ours too
-
-    def _scan(self, report: pytest.TestReport | pytest.CollectReport) -> None:
-        for _, content in report.sections:
-            self._add(content)
-        if report.longrepr is not None:
-            self._add(report.longreprtext)
-
-    def _add(self, text: str) -> None:
-        from .ghrunner import stop_tokens  # cost: only inside a GitHub Actions job
-
-        self.tokens += [token for token in stop_tokens(text) if token not in self.tokens]
-
-
-def _github_commands(role: Controller, output: _RunnerOutput | None = None) -> None:
-    """Inside a GitHub Actions job, each warning and error also becomes an annotation (escaped), after a
-    line that resumes the runner's command processing if a test's output stopped it (``ghrunner.stop_tokens``)."""
+def _github_commands(role: Controller, output: StopTokenWatch | None = None) -> None:
+    """Inside a GitHub Actions job, each warning and error also becomes an annotation (``ghrunner.annotate``)."""
     if not (role.problems.warnings or role.problems.errors) or os.environ.get("GITHUB_ACTIONS") != "true":
         return  # the same test as ghrunner.in_github_actions, without loading ghrunner
-    from .ghrunner import resume_lines  # cost: only inside a GitHub Actions job, with something to say
-    from .ghrunner import write_command
+    from .ghrunner import annotate  # cost: only inside a GitHub Actions job, with something to say
 
-    if output is not None and output.tokens:
-        sys.stdout.write("".join(line + "\n" for line in resume_lines(output.tokens)))
-    for message in role.problems.warnings:
-        if message in role.problems.errors:
-            continue  # one annotation per problem: the error below
-        write_command(sys.stdout, "warning", message, title="compile cache")
-    for message in role.problems.errors:
-        write_command(sys.stdout, "error", message, title="compile cache")
+    annotate(sys.stdout, role.problems.warnings, role.problems.errors, output.tokens if output else [])

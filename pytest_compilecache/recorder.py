@@ -185,3 +185,48 @@ class Recorder:
 
     def set_baseline(self, record: GraphsRecord | None) -> None:
         self._baseline, self._baseline_read = record, True
+
+
+class PerTestHooks:
+    """This process's per-test hooks (a pytest plugin object, registered once torch appears, a test is marked or
+    a test asks for its statistics): the recorder, the marked tests and the running test's start. Until torch is
+    imported a test costs one lookup and one attribute here."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.marked: dict[str, str] = {}  # node id -> "isolated" / "disabled" (pytest_collection_modifyitems)
+        self.current: Start | None = None  # the running test's start, for the compile_cache_stats fixture
+        self.isolation: Any = None  # the running marked test's isolation (a context manager), entered
+        self.cold = COLD if recorder.explain else COLD_UNEXPLAINED  # Recorder.start before torch is imported
+
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        if self.marked or "torch" in _MODULES:
+            self._start(nodeid)
+        else:  # torch was looked up but is not imported (e.g. importorskip): one lookup, one attribute
+            self.current = self.cold
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        if self.current is self.cold and self.isolation is None and "torch" not in _MODULES:
+            self.recorder.cold_tests += 1  # Recorder.finish_cold, inlined: the test cannot have compiled
+        else:
+            self._finish(nodeid)
+
+    def _start(self, nodeid: str) -> None:
+        mode = self.marked.get(nodeid) if self.marked else None
+        if mode is not None:
+            from . import probe  # cost: only for a marked test
+
+            self.isolation = probe.isolated_compile(disable=mode == "disabled")
+            self.isolation.__enter__()
+        self.current = self.recorder.start()
+
+    def _finish(self, nodeid: str) -> None:
+        start, recorder, isolation = self.current, self.recorder, self.isolation
+        if start is None:
+            return
+        self.current = None
+        if isolation is not None:
+            self.isolation = None
+            isolation.__exit__(None, None, None)
+        if isolation is not None or not recorder.finish_cold(start):
+            recorder.finish(nodeid, start, intended=isolation is not None)

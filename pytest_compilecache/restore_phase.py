@@ -14,108 +14,43 @@ PYTEST_DONT_REWRITE
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import Iterable
+from typing import Mapping
+
+from ._env import TICKET_ENV
+from .cachedir.ticket import RestoreTicket
+from .context import EXPLAINED_MODES
 
 if TYPE_CHECKING:
-    from filelock import BaseFileLock
-
+    from .context import SessionContext
     from .explain import GraphsRecord
     from .manifest import Artifact
+    from .payload import Restored
     from .recorder import Recorder
-    from .session import Setup
     from .stores.timed import TimedStore
     from .sync import HeaderInstall
     from .sync import RestoreResult
 
-# Modes whose cache dir keeps FX graphs, so that a miss can be compared with an earlier run's lookups.
-EXPLAINED_MODES = ("shared", "isolated")
-# Where an xdist controller tells its workers which ticket to restore for (a path in the session dir).
-TICKET_ENV = "PYTEST_COMPILECACHE_RESTORE_TICKET"
-TICKET_PREFIX = ".compilecache-restore-"
-
-
-class RestoreTicket:
-    """One session's restore, handed by an xdist controller to whichever worker takes it first.
-
-    ``<cache dir>/.compilecache-restore-<pid>-<random>.json`` holds the result once a worker restored
-    (:meth:`fulfil`); its ``.lock`` sibling is held while one does, so the others wait (:meth:`take`). A
-    worker that dies mid-restore releases the lock with its process, and the next worker restores.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    @classmethod
-    def new(cls, cache_dir: str) -> RestoreTicket:
-        import secrets  # cost: only an xdist controller with a store
-
-        return cls(os.path.join(cache_dir, f"{TICKET_PREFIX}{os.getpid()}-{secrets.token_hex(6)}.json"))
-
-    @classmethod
-    def from_env(cls, cache_dir: str | None) -> RestoreTicket | None:
-        """The controller's ticket, when it is a file name in this session's dir (nothing else is trusted)."""
-        value = os.environ.get(TICKET_ENV, "")
-        if not value or not cache_dir or os.path.dirname(value) != cache_dir:
-            return None
-        name = os.path.basename(value)
-        return cls(value) if name.startswith(TICKET_PREFIX) and name.endswith(".json") else None
-
-    def take(self, *, wait: bool) -> BaseFileLock | None:
-        """The ticket's lock, held (release it when done); None when another process holds it and ``wait``
-        is false. Waiting is bounded by the store's own time limit in the restoring worker."""
-        from filelock import FileLock  # cost: as above
-        from filelock import Timeout
-
-        lock = FileLock(self.path + ".lock", timeout=-1 if wait else 0)
-        try:
-            lock.acquire()
-        except Timeout:
-            return None
-        return lock
-
-    def result(self) -> dict[str, Any] | None:
-        """What the restoring worker wrote; None when no worker restored (yet), or the file is not ours."""
-        try:
-            with open(self.path, "rb") as fh:
-                data = json.loads(fh.read(1 << 20))
-        except (OSError, ValueError, RecursionError):
-            return None
-        return data if isinstance(data, dict) else None
-
-    def fulfil(self, data: dict[str, Any]) -> None:
-        from ._fs import atomic_file  # cost: as above
-
-        with atomic_file(Path(self.path), fsync=False) as fh:
-            fh.write(json.dumps(data).encode())
-
-    def remove(self) -> None:
-        for path in (self.path, self.path + ".lock"):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-
 
 class RestorePhase:
-    """What the start of the session found; read by the save phase and the report.
+    """The start of the session: :meth:`run` before the first compile, :meth:`finish` at the end returns what
+    it found (:class:`.payload.Restored`, a frozen value the save phase and the report read).
 
-    ``restored``: the restore's result (None: no restore was attempted, or the Action said nothing);
-    ``store_trouble``: the store failed or stalled at the restore (then nothing is saved: one warning, not
-    two); ``header_since``: when the session started, for finding the headers it used (None: not saving);
-    ``baseline`` / ``compared_with``: the earlier run's graphs and what they are.
+    Between the two the restore may still be going on elsewhere: the bundle's precompiled headers install in
+    a background thread, and under xdist a worker restores for the controller (:class:`RestoreTicket`).
     """
 
-    def __init__(self, setup: Setup, recorder: Recorder, *, delegate: bool = False) -> None:
-        self.setup = setup
+    def __init__(self, context: SessionContext, recorder: Recorder, *, delegate: bool = False) -> None:
+        self.context = context
         self.recorder = recorder
         self.delegate = delegate  # an xdist controller: a worker restores (RestoreTicket)
         self.ticket: RestoreTicket | None = None
-        self.problems = setup.problems
+        self.problems = context.problems
         self.restored: RestoreResult | None = None
         self.store_trouble: str | None = None
         self.header_since: float | None = None
@@ -124,24 +59,39 @@ class RestorePhase:
         self._headers: HeaderInstall | None = None  # the restored bundle's headers, being installed
         self._store: TimedStore | None = None
         self._served: RestoreTicket | None = None
+        self._finished: Restored | None = None
+
+    def finish(self, reported: Iterable[Mapping[str, Any]] = ()) -> Restored:
+        """Wait for what is still going on (the headers' install, the worker that took the ticket) and return
+        what the session's start found. ``reported``: what workers that restored sent in their payload
+        (:meth:`report`), read when the ticket could not be (a full disk). Idempotent: the value is made once."""
+        if self._finished is None:
+            from .payload import Restored  # cost: at the end
+
+            self.finish_headers()
+            self.collect_ticket(reported)
+            self._finished = Restored(
+                self.restored, self.store_trouble, self.header_since, self.baseline, self.compared_with
+            )
+        return self._finished
 
     def run(self) -> None:
-        self.setup.ensure_dir()
+        self.context.ensure_dir()
         self._sweep()
-        if self.setup.saving:
+        if self.context.saving:
             # cost: headers, sync and stores load only in a session with a store
-            from .headers import session_start
+            from .pch import session_start
 
             self.header_since = session_start()
-        if self.setup.settings.restore == "skip":
+        if self.context.settings.restore == "skip":
             self._take_actions_word()
-        elif self.setup.settings.store and self.setup.dir.path:
+        elif self.context.settings.store and self.context.dir.path:
             if self.delegate:
-                self.ticket = RestoreTicket.new(self.setup.dir.path)
-                self.setup.lease.set({TICKET_ENV: self.ticket.path})
+                self.ticket = RestoreTicket.new(self.context.dir.path)
+                self.context.lease.set({TICKET_ENV: self.ticket.path})
                 return  # the baseline is read at the end, when the ticket says what was restored
             self._restore()
-        self._read_baseline()
+        self._read_baseline(self.restored)
 
     # ---- the xdist hand-over
 
@@ -152,21 +102,33 @@ class RestorePhase:
         The bundle's precompiled headers are still being installed when this returns (the other workers may
         start their tests meanwhile; torch's own lock holds any compile that looks such a header up):
         :meth:`finish_headers` at the worker's end completes the ticket."""
+        self._served = ticket  # from now on the controller says what happened (_tell), not this worker
         self._restore()
-        self._read_baseline()
-        self._served = ticket
+        self._read_baseline(self.restored)
         self._fulfil(ticket)
 
-    def _fulfil(self, ticket: RestoreTicket) -> None:
+    def report(self) -> dict[str, Any]:
+        """What this worker's restore for its controller did, as the ticket holds it (plain JSON values)."""
+        import json  # cost: only the worker that restored for its controller
+
         restored = self.restored
-        fingerprint = self.setup.fingerprint_if_known()
-        ticket.fulfil(
-            {
-                "restored": _result_to_ticket(restored) if restored is not None else None,
-                "store_trouble": self.store_trouble,
-                "fingerprint": fingerprint.to_json() if fingerprint is not None else None,
-            }
-        )
+        fingerprint = self.context.fingerprint_if_known()
+        data = {
+            "restored": restored.encode() if restored is not None else None,
+            "store_trouble": self.store_trouble,
+            "fingerprint": fingerprint.to_json() if fingerprint is not None else None,
+        }
+        # Plain JSON values only: execnet (workeroutput) refuses str subclasses such as torch's TorchVersion.
+        plain: dict[str, Any] = json.loads(json.dumps(data))
+        return plain
+
+    def _fulfil(self, ticket: RestoreTicket) -> None:
+        try:
+            ticket.fulfil(self.report())
+        except OSError:
+            # A full or read-only dir: the other workers find no result and restore themselves (and meet the
+            # same trouble); the controller reads this one from the worker's payload (report()).
+            pass
 
     def finish_headers(self) -> None:
         """Wait for the restored bundle's headers to be in place (:class:`.sync.HeaderInstall`) and add what
@@ -179,47 +141,53 @@ class RestorePhase:
 
         report = install.finish()
         self.restored = replace(self.restored, headers=report)
+        store = self._store
+        stalled = store is not None and store.exhausted and self.store_trouble is None
+        if stalled and store is not None:
+            self.store_trouble = store.trouble  # the headers spent the store's whole budget: it is stalling
+        if self._served is not None:
+            self._fulfil(self._served)  # the controller tells it all
+            return
         for line in report.warnings:
             self.problems.warn(line)
         for line in report.notes:
             self.problems.note(line)
-        store = self._store
-        if store is not None and store.exhausted and self.store_trouble is None:
-            self.store_trouble = store.trouble  # the headers spent the store's whole budget: it is stalling
-            if not report.warnings:
-                self.problems.warn(f"{self.store_trouble}; nothing will be saved this session")
-        if self._served is not None:
-            self._fulfil(self._served)
+        if stalled and not report.warnings:
+            self.problems.warn(f"{self.store_trouble}; nothing will be saved this session")
 
-    def collect_ticket(self) -> None:
-        """At the end, in the controller: what the worker that took the ticket restored (nothing when no
-        worker did: then the session counts as one without a restore), then the explanation baseline."""
+    def collect_ticket(self, reported: Iterable[Mapping[str, Any]] = ()) -> None:
+        """At the end, in the controller: what the worker that took the ticket restored (the ticket, else what
+        such a worker sent; nothing when no worker did: then the session counts as one without a restore),
+        said once (:meth:`_tell`), then the explanation baseline."""
         if self.ticket is None:
             return
-        data = self.ticket.result() or {}
+        data = self.ticket.result() or next(iter(reported), None) or {}
         self.ticket.remove()
-        told = data.get("restored")
-        self.restored = _result_from_ticket(told) if isinstance(told, dict) else None
+        from .sync import RestoreResult  # cost: as above
+
+        self.restored = RestoreResult.decode(data.get("restored"))
         trouble = data.get("store_trouble")
         from .ghrunner import one_line  # cost: as above
 
         self.store_trouble = one_line(trouble) if isinstance(trouble, str) else None
         facts = data.get("fingerprint")
         if isinstance(facts, dict) and all(isinstance(v, str) for v in facts.values()):
-            self.setup.adopt_fingerprint(facts)
-        self._read_baseline()
+            self.context.adopt_fingerprint(facts)
+        self._tell()
+        self._read_baseline(self.restored)
 
     def _restore(self) -> None:
         from . import sync  # cost: as above
 
-        settings = self.setup.settings
+        settings = self.context.settings
         try:
-            fingerprint = self.setup.fingerprint()
-            store = self.setup.timed_store()
+            fingerprint = self.context.fingerprint()
+            store = self.context.timed_store()
         except Exception as exc:  # a store or fingerprint that cannot even be set up: infrastructure trouble
             restored = sync.RestoreResult("error", message=f"restore skipped: {type(exc).__name__}: {exc}")
         else:
             self._store = store
+            unready: list[str] = []
 
             def install_headers(named: tuple[Artifact, ...]) -> None:
                 # Before the bundle's blobs load (which imports torch): the install overlaps that import, and
@@ -231,24 +199,39 @@ class RestorePhase:
                 except Exception as exc:  # e.g. torch's lock dir cannot be made: torch builds the headers
                     from .ghrunner import one_line  # cost: only to warn
 
-                    self.problems.warn(one_line(f"precompiled headers not restored: {type(exc).__name__}: {exc}"))
+                    unready.append(one_line(f"precompiled headers not restored: {type(exc).__name__}: {exc}"))
 
-            restored = sync.restore(
-                store,
+            request = sync.RestoreRequest(
                 prefix=settings.key_prefix,
                 fingerprint=fingerprint,
-                cache_dir=self.setup.dir.path or "",
+                cache_dir=self.context.dir.path or "",
                 signing_key=settings.signing_key,
                 max_bytes=settings.max_bundle_size,
                 headers=False,  # installed in the background, from install_headers
                 on_installed=install_headers,
             )
+            restored = sync.restore_bundle(store, request)
+            if unready:
+                from dataclasses import replace  # cost: as above
+
+                headers = replace(restored.headers, warnings=(*restored.headers.warnings, *unready))
+                restored = replace(restored, headers=headers)
             # A restore that failed on the store skips the save (it would wait again), and so does one whose
             # store spent the whole budget on the side (explaining a miss, fetching headers): it is stalling.
             # A store error met only while explaining a miss is part of the miss's message, not a failure.
             if restored.outcome == "error" or store.exhausted:
                 self.store_trouble = store.trouble
         self.restored = restored
+        if self._served is None:
+            self._tell()
+
+    def _tell(self) -> None:
+        """Say what the restore found, once per session: where it restored, or, under xdist, in the controller
+        from the ticket (never in the worker that restored: workers that restored one after another, or one
+        that died after writing the ticket, make the one warning a serial session makes)."""
+        restored = self.restored
+        if restored is None:
+            return
         if restored.warning:
             self.problems.warn(restored.warning)
         for line in restored.headers.warnings:
@@ -272,15 +255,15 @@ class RestorePhase:
 
             # the headers the Action's restore step installed: checked early, as a restore of ours does
             probe.check_headers_early(told.headers.named)
-        if told is None or not told.staged or not self.setup.dir.path:
+        if told is None or not told.staged or not self.context.dir.path:
             return
-        self.restored = sync.load_staged(told, self.setup.dir.path)
+        self.restored = sync.load_staged(told, self.context.dir.path)
         if self.restored.outcome == "error":
             self.problems.warn(f"{self.restored.message}; the tests compile cold")
         elif self.restored.message != told.message:
             self.problems.note(self.restored.message)
 
-    def _read_baseline(self) -> None:
+    def _read_baseline(self, restored: RestoreResult | None) -> None:
         """The earlier run's graphs, kept as ``<cache dir>/.compilecache-graphs.json`` for every process.
 
         Of a restored bundle's record (verified with the bundle) and the dir's, the newer is the baseline
@@ -289,12 +272,12 @@ class RestorePhase:
         every miss there is intended. An unreadable record is one warning and no explanations (the session's
         own record replaces it at the end).
         """
-        path = self.setup.dir.path
-        if not self.setup.settings.explain or not path or self.setup.dir.mode not in EXPLAINED_MODES:
+        path = self.context.dir.path
+        if not self.context.settings.explain or not path or self.context.dir.mode not in EXPLAINED_MODES:
             return  # off: a restored bundle's record is not installed, nothing is compared
         from .cachedir import GRAPHS_RECORD  # cost: only a session with a dir of ours reads a record
 
-        graphs = self.restored.graphs if self.restored is not None else None
+        graphs = restored.graphs if restored is not None else None
         record: GraphsRecord | None = None
         if graphs or os.path.isfile(os.path.join(path, GRAPHS_RECORD)):
             from .explain import read_baseline  # cost: explain loads only when there is a record to read
@@ -313,8 +296,9 @@ class RestorePhase:
     def _sweep(self) -> None:
         """Remove the bundle temps (staging dirs, save/restore dirs) whose owner is gone: in the cache dir,
         and in the temp dir when this session moves bundles. torch's own temp files in the cache dir are
-        swept when the session registers (:meth:`Setup.start`)."""
-        places = [self.setup.dir.path, tempfile.gettempdir() if self.setup.settings.store else None]
+        swept when the session registers (:meth:`.context.SessionContext.start`). With a store, also what a
+        killed header install left in torch's header dir."""
+        places = [self.context.dir.path, tempfile.gettempdir() if self.context.settings.store else None]
         if not any(places):
             return
         # cost: a session without a cache dir of ours never loads _fs
@@ -326,67 +310,11 @@ class RestorePhase:
                     sweep_our_temps(where)
                 except OSError:  # best effort: the next session tries again
                     pass
+        if self.context.settings.store:
+            # A session killed while it installed a precompiled header left the partial file in torch's dir.
+            from .pch import sweep_leftovers  # cost: as above
 
-
-def _result_to_ticket(result: RestoreResult) -> dict[str, Any]:
-    """Every field of ``result`` the controller reports (the graph record stays in the dir: the worker
-    installed it), as JSON for :class:`RestoreTicket`."""
-    headers = result.headers
-    return {
-        "outcome": result.outcome,
-        "key": result.key,
-        "size": result.size,
-        "seconds": result.seconds,
-        "message": result.message,
-        "files": result.files,
-        "artifacts": dict(result.artifacts),
-        "skipped": [list(pair) for pair in result.skipped],
-        "staged": [list(blob) for blob in result.staged],
-        "headers": {
-            "named": list(headers.named),
-            "transferred": list(headers.transferred),
-            "size": headers.size,
-            "seconds": headers.seconds,
-            "warnings": list(headers.warnings),
-            "carried": list(headers.carried),
-            "notes": list(headers.notes),
-        },
-    }
-
-
-def _result_from_ticket(data: dict[str, Any]) -> RestoreResult | None:
-    """What :func:`_result_to_ticket` wrote, in a file of this session's dir written by one of its own workers;
-    None when it is not that shape (then the session counts as one without a restore)."""
-    from .sync import HeaderReport  # cost: as above
-    from .sync import RestoreResult
-    from .sync import StagedBlob
-
-    def strings(value: Any) -> tuple[str, ...]:
-        return tuple(str(item) for item in value) if isinstance(value, list) else ()
-
-    if data.get("outcome") not in ("exact", "partial", "miss", "error"):
-        return None
-    try:
-        headers = data.get("headers") or {}
-        return RestoreResult(
-            data["outcome"],
-            key=data.get("key"),
-            size=data.get("size"),
-            seconds=float(data.get("seconds") or 0.0),
-            message=str(data.get("message") or ""),
-            files=int(data.get("files") or 0),
-            artifacts={str(k): int(v) for k, v in (data.get("artifacts") or {}).items()},
-            skipped=tuple((str(k), str(r)) for k, r in data.get("skipped") or ()),
-            staged=tuple(StagedBlob(str(n), int(s), str(h)) for n, s, h in data.get("staged") or ()),
-            headers=HeaderReport(
-                named=strings(headers.get("named")),
-                transferred=strings(headers.get("transferred")),
-                size=int(headers.get("size") or 0),
-                seconds=float(headers.get("seconds") or 0.0),
-                warnings=strings(headers.get("warnings")),
-                carried=strings(headers.get("carried")),
-                notes=strings(headers.get("notes")),
-            ),
-        )
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
+            try:
+                sweep_leftovers()
+            except OSError:
+                pass

@@ -1,6 +1,8 @@
 """The session's end, after every process reported: :class:`SavePhase`.
 
-It explains this session's misses and keeps the graph record for the next run, saves a bundle (with the
+It takes what the start found (:class:`.payload.Restored`) and what the processes gathered
+(:class:`.payload.Gathered`), returns what it did (:class:`Saved`), and reads nothing else of either. It
+explains this session's misses and keeps the graph record for the next run, saves a bundle (with the
 precompiled headers the session used) within the store's time budget, and trims a capped shared dir. Like
 the restore phase it only ever warns: the session's outcome is decided by the controller.
 PYTEST_DONT_REWRITE
@@ -12,61 +14,62 @@ import os
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
-from typing import Any
+from typing import NamedTuple
 
 from . import cachedir
 from . import recorder as recording
 from ._env import torch_job_id
+from .context import EXPLAINED_MODES
 
 if TYPE_CHECKING:
+    from .context import SessionContext
     from .explain import GraphsRecord
     from .explain import SessionExplanation
+    from .payload import Gathered
+    from .payload import Restored
     from .recorder import Recorder
-    from .restore_phase import RestorePhase
-    from .session import Setup
     from .stats import SessionStats
+    from .sync import SavePolicy
     from .sync import SaveResult
 
-from .restore_phase import EXPLAINED_MODES
+
+class Saved(NamedTuple):
+    """What the end of the session did: ``why`` (this run's miss explanations; None when nothing was
+    compared), ``graphs`` (the record the next run compares with) and ``result`` (None: no save tried)."""
+
+    why: SessionExplanation | None = None
+    graphs: GraphsRecord | None = None
+    result: SaveResult | None = None
 
 
 class SavePhase:
-    """What the end of the session did: ``why`` (this run's miss explanations; None when nothing was
-    compared), ``graphs`` (the record the next run compares with) and ``saved`` (None: no save tried).
+    """The end of the session: :meth:`run` explains, saves and trims, and returns :class:`Saved`.
 
-    ``blobs``, ``files`` and ``header_dirs`` are what the session's processes reported (their mega-cache
-    blobs, the cache files they used, where their torch keeps precompiled headers).
+    Its parts (:meth:`explain`, :meth:`save`, :meth:`evict`) take values and return values too, so each can
+    be run alone.
     """
 
-    def __init__(self, setup: Setup, recorder: Recorder, start: RestorePhase) -> None:
-        self.setup = setup
+    def __init__(self, context: SessionContext, recorder: Recorder) -> None:
+        self.context = context
         self.recorder = recorder
-        self.start = start
-        self.problems = setup.problems
-        self.blobs: dict[str, bytes] = {}
-        self.files: set[str] = set()
-        self.header_dirs: set[str] = set()
-        self.header_uses: list[Any] = []  # every process's checked headers (headers.HeaderUse JSON)
-        self.why: SessionExplanation | None = None
-        self.graphs: GraphsRecord | None = None
-        self.saved: SaveResult | None = None
-        self.tests_failed = False  # the session's tests failed (set by the controller before run())
+        self.problems = context.problems
 
     @property
     def stats(self) -> SessionStats:
         return self.recorder.stats
 
-    def run(self) -> None:
-        self.explain()
-        if self.setup.saving:
-            self.save()
-        self.evict()
+    def run(self, restored: Restored, gathered: Gathered, *, tests_failed: bool = False) -> Saved:
+        """``tests_failed``: the session's tests failed (the Action's save policy may then skip the save)."""
+        why, graphs = self.explain(restored)
+        result = self.save(restored, gathered, graphs, tests_failed=tests_failed) if self.context.saving else None
+        self.evict(gathered)
+        return Saved(why, graphs, result)
 
     # ---- explanations
 
-    def explain(self) -> None:
+    def explain(self, restored: Restored) -> tuple[SessionExplanation | None, GraphsRecord | None]:
         """Say why each miss missed (against the restore phase's baseline) and build the record the next run
-        compares with.
+        compares with; return both (None: nothing compared, no record).
 
         Only for a cache dir of ours that caches (``shared``, ``isolated``): with caches ``disabled`` every
         lookup misses by design, and without a dir there is nowhere to keep a record. Tests marked
@@ -74,9 +77,9 @@ class SavePhase:
         session's baseline) and goes into the saved bundle. With ``--compile-cache-explain=off`` nothing
         happens: the dir's record stays as it was and the saved bundle carries none.
         """
-        path = self.setup.dir.path
-        if not self.setup.settings.explain or not path or self.setup.dir.mode not in EXPLAINED_MODES:
-            return
+        path = self.context.dir.path
+        if not self.context.settings.explain or not path or self.context.dir.mode not in EXPLAINED_MODES:
+            return None, None
         if recording.torch_loaded():  # no probe to load before torch is
             from . import probe  # cost: loaded once torch is
 
@@ -84,37 +87,38 @@ class SavePhase:
             if note:
                 self.problems.note(note)
         if not self.recorder.has_stats:
-            return  # no test compiled anything: keep the baseline as it is for the next run
+            return None, None  # no test compiled anything: keep the baseline as it is for the next run
         current = {nodeid: r.graphs for nodeid, r in self.stats.records.items() if r.graphs}
         if not current:
-            return  # nothing was looked up: keep the baseline as it is for the next run
+            return None, None  # nothing was looked up: keep the baseline as it is for the next run
         # cost: explain loads only when a test looked up a graph
         from .explain import explain_session_safely
         from .explain import save_record
 
-        baseline = self.start.baseline
+        baseline = restored.baseline
         aot_misses = {nodeid: r.aotautograd["miss"] for nodeid, r in self.stats.records.items()}
-        why, self.graphs, warning = explain_session_safely(current, baseline, self.start.compared_with, aot_misses)
+        why, graphs, warning = explain_session_safely(current, baseline, restored.compared_with, aot_misses)
         if warning:  # never a failed session: one warning, and this session's graphs alone are kept
             from .ghrunner import one_line  # cost: only to warn
 
             self.problems.warn(one_line(warning, 500))
-        if why is not None and baseline is not None:  # None: a first run (the report says null, not "{}")
-            self.why = why
         for nodeid, misses in (why.misses if why is not None else {}).items():
             self.stats.records[nodeid].why = misses
-        if self.why is not None:
-            self._suggest_pgo(self.why)
-        if self.graphs is not None and self.setup.dir.mode == "shared":
+        if baseline is None:
+            why = None  # a first run (the report says null, not "{}")
+        if why is not None:
+            self._suggest_pgo(why)
+        if graphs is not None and self.context.dir.mode == "shared":
             try:
-                save_record(Path(path), self.graphs)
+                save_record(Path(path), graphs)
             except OSError as exc:
                 self.problems.warn(f"could not keep the graph record for the next session: {exc}")
+        return why, graphs
 
     def _suggest_pgo(self, why: SessionExplanation) -> None:
         """A note when misses differ from the earlier graphs only in which sizes torch made symbolic, which
         depends on the order tests ran in each process, and no job id keeps torch's profile of them."""
-        if self.setup.settings.pgo or torch_job_id():
+        if self.context.settings.pgo or torch_job_id():
             return
         from .explain import order_dependent_tests  # cost: loaded with explain_session_safely above
 
@@ -126,120 +130,148 @@ class SavePhase:
             f"{len(tests)} test{'s' if len(tests) != 1 else ''} ({names}) missed a graph that differs from the "
             "earlier one in which sizes are symbolic: torch makes a size symbolic once a process meets a second "
             "one, so this usually depends on the tests that ran before in that process (xdist's order, a random "
-            f"order); {self.setup.settings.spelling('pgo')}=on (the Action's input pgo) compiles the same graphs "
+            f"order); {self.context.settings.spelling('pgo')}=on (the Action's input pgo) compiles the same graphs "
             "in any order (see the docs' troubleshooting, item 3)"
         )
 
     # ---- the bundle
 
-    def save(self) -> None:
+    def save(
+        self, restored: Restored, gathered: Gathered, graphs: GraphsRecord | None = None, *, tests_failed: bool = False
+    ) -> SaveResult | None:
+        """Save a bundle unless there is nothing new, the store failed at the restore, or the Action's policy
+        says no; return what happened (None: the store or fingerprint could not even be set up, one warning)."""
         # cost: only a saving session loads sync
         from . import sync
         from .fingerprint import default_suffix
 
-        settings, restored = self.setup.settings, self.start.restored
-        # Without a result: restored by someone else (the Action, an earlier CLI step) who did not say how.
-        was_restored = restored.outcome in ("exact", "partial") if restored is not None else settings.restore == "skip"
-        new_gpu = self.stats.new_gpu_artifacts  # issue 27: new autotune results or triton builds are worth a bundle
-        if was_restored and self.stats.hits and not self.stats.misses and not new_gpu and not self._new_headers():
-            # Every graph came from the restored cache: a new bundle would only repeat the old one.
-            self.saved = sync.SaveResult("skipped", message="every graph hit the restored cache; nothing new to save")
-            return
-        if self.start.store_trouble is not None:
-            # The store failed or stalled at the restore: one warning said so; a save would wait again.
-            self.saved = sync.SaveResult("skipped", message="the store failed at the restore; nothing saved")
-            return
-        told = os.environ.get(sync.HANDOFF_ENV) if settings.restore == "skip" else None
-        policy = sync.read_save_policy(told)
-        if policy.only_when_passed and self.tests_failed:
-            # The Action's one policy for every store (actions/cache's): a red run saves nothing by default.
-            self.saved = sync.SaveResult("skipped", message="the tests failed: nothing saved (input save-on-failure)")
-            return
+        skip = self._why_not_save(restored, gathered, tests_failed)
+        if skip is not None:
+            return sync.SaveResult("skipped", message=skip)
+        settings, result = self.context.settings, restored.result
         try:
-            fingerprint = self.setup.fingerprint()
-            store = self.setup.timed_store()
+            fingerprint = self.context.fingerprint()
+            store = self.context.timed_store()
         except Exception as exc:
             self.problems.warn(f"save skipped: {type(exc).__name__}: {exc}")
-            return
-        self.saved = sync.save(
-            store,
+            return None
+        installed = self._restored_headers(restored)
+        request = sync.SaveRequest(
             prefix=settings.key_prefix,
             fingerprint=fingerprint,
             suffix=settings.run_suffix or default_suffix(),
-            cache_dir=self.setup.dir.path or "",
-            blobs=self.blobs,
-            files=sorted(self.files),
+            cache_dir=self.context.dir.path or "",
+            blobs=gathered.blobs,
+            files=sorted(gathered.files),
             stats=self.stats.totals_json(),
             signing_key=settings.signing_key,
             keep=settings.keep_bundles,
             max_bytes=settings.max_bundle_size,
-            graphs=self.graphs.to_json() if self.graphs else None,
-            header_since=self._header_since(),
-            header_installed=self._restored_headers(),
-            header_carried=restored.headers.carried if restored is not None else (),
-            header_uses=self.header_uses,
+            graphs=graphs.to_json() if graphs else None,
+            header_since=self._header_since(restored, gathered),
+            header_installed=installed,
+            header_carried=result.headers.carried if result is not None else (),
+            header_uses=list(gathered.header_uses),
         )
-        if policy.staged and self.saved.outcome == "saved":
+        saved = sync.save_bundle(store, request)
+        if self._policy().staged and saved.outcome == "saved":
             # store: github: the bundle is only in the staging dir; actions/cache's post step uploads it at job end
             # (if the job succeeds), and may fail or be skipped: never say "saved" for what is not stored yet.
-            note = f"{sync.STAGED_MESSAGE}; {self.saved.message}" if self.saved.message else sync.STAGED_MESSAGE
-            self.saved = replace(self.saved, outcome="staged", message=note)
-        if self.saved.warning:
-            self.problems.warn(self.saved.warning)
-        elif self.saved.message and self.saved.outcome in ("saved", "staged"):
-            self.problems.note(f"save: {self.saved.message}")
-        for line in self.saved.headers.warnings:
+            note = f"{sync.STAGED_MESSAGE}; {saved.message}" if saved.message else sync.STAGED_MESSAGE
+            saved = replace(saved, outcome="staged", message=note)
+        if saved.warning:
+            self.problems.warn(saved.warning)
+        elif saved.message and saved.outcome in ("saved", "staged"):
+            self.problems.note(f"save: {saved.message}")
+        for line in saved.headers.warnings:
             self.problems.warn(line)
+        return saved
+
+    def _policy(self) -> SavePolicy:
+        from . import sync  # cost: as above
+
+        told = os.environ.get(sync.HANDOFF_ENV) if self.context.settings.restore == "skip" else None
+        return sync.read_save_policy(told)
+
+    def _why_not_save(self, restored: Restored, gathered: Gathered, tests_failed: bool) -> str | None:
+        """Why this session saves nothing (a ``skipped`` result's message), or None: it saves."""
+        result = restored.result
+        # Without a result: restored by someone else (the Action, an earlier CLI step) who did not say how.
+        was_restored = (
+            result.outcome in ("exact", "partial") if result is not None else self.context.settings.restore == "skip"
+        )
+        new_gpu = self.stats.new_gpu_artifacts  # new autotune results or triton builds are worth a bundle
+        if (
+            was_restored
+            and self.stats.hits
+            and not self.stats.misses
+            and not new_gpu
+            and not self._new_headers(restored, gathered)
+        ):
+            # Every graph came from the restored cache: a new bundle would only repeat the old one.
+            return "every graph hit the restored cache; nothing new to save"
+        if restored.store_trouble is not None:
+            # The store failed or stalled at the restore: one warning said so; a save would wait again.
+            return "the store failed at the restore; nothing saved"
+        if gathered.silent:
+            # A worker died: its graphs and its mega-cache blob are not in this session's bundle, which the next
+            # run would restore as the newest, replacing the coverage this one restored (and failing a hit-rate
+            # floor on a green run).
+            return f"workers that sent no statistics ({', '.join(gathered.silent)}): nothing saved"
+        if self._policy().only_when_passed and tests_failed:
+            # The Action's one policy for every store (actions/cache's): a red run saves nothing by default.
+            return "the tests failed: nothing saved (input save-on-failure)"
+        return None
 
     # ---- precompiled headers
 
-    def _new_headers(self) -> bool:
+    def _new_headers(self, restored: Restored, gathered: Gathered) -> bool:
         """True when this session used a precompiled header its restored bundle does not name (a bundle saved
         on a machine that already had the header names none): then a save is worth it even when every graph
         hit. After the Action's restore, its report names what it installed or found: a header it could not
         restore (its entry evicted) and torch built again is new, so this save carries it (issue 10)."""
-        since = self.start.header_since
-        if since is None or self.start.restored is None:
+        if restored.header_since is None or restored.result is None:
             return False
         # cost: headers load only in a saving session
-        from .headers import find_used
-        from .headers import header_dir
+        from .pch import find_used
+        from .pch import header_dir
 
-        used = {path.name for path in find_used(header_dir(), self.header_uses, self._restored_headers())}
-        return bool(used - set(self._restored_headers()))
+        installed = self._restored_headers(restored)
+        used = {path.name for path in find_used(header_dir(), gathered.header_uses, installed)}
+        return bool(used - set(installed))
 
-    def _restored_headers(self) -> tuple[str, ...]:
-        restored = self.start.restored
-        return restored.headers.named if restored is not None else ()
+    @staticmethod
+    def _restored_headers(restored: Restored) -> tuple[str, ...]:
+        return restored.result.headers.named if restored.result is not None else ()
 
-    def _header_since(self) -> float | None:
+    def _header_since(self, restored: Restored, gathered: Gathered) -> float | None:
         """The ``since`` for carrying headers, or None (carry none) when torch keeps them elsewhere.
 
-        ``headers.header_dir()`` mirrors torch's path without importing torch; a process whose torch reports
+        ``pch.header_dir()`` mirrors torch's path without importing torch; a process whose torch reports
         another dir (a torch that moved it, a test that changed TMPDIR before importing torch) would make
         us carry the wrong files, so then nothing is carried and a note says why.
         """
-        if self.start.header_since is None:
+        if restored.header_since is None:
             return None
-        from .headers import header_dir  # cost: as above
+        from .pch import header_dir  # cost: as above
 
         expected = str(header_dir())
-        others = sorted(d for d in self.header_dirs if d != expected)
+        others = sorted(d for d in gathered.header_dirs if d != expected)
         if others:
             self.problems.note(f"precompiled headers not carried: torch keeps them in {others[0]}, not {expected}")
             return None
-        return self.start.header_since
+        return restored.header_since
 
     # ---- the cache dir's size
 
-    def evict(self) -> None:
-        path, settings = self.setup.dir.path, self.setup.settings
-        if self.setup.dir.mode != "shared" or not path or not settings.max_size:
+    def evict(self, gathered: Gathered) -> None:
+        path, settings = self.context.dir.path, self.context.settings
+        if self.context.dir.mode != "shared" or not path or not settings.max_size:
             return
         try:
-            used = frozenset(self.files)
+            used = gathered.files
             compiled = self.recorder.anything_compiled
-            registration = self.setup.registration
+            registration = self.context.registration
             trimmed = cachedir.trim(path, settings.max_size, registration=registration, used=used, compiled=compiled)
         except Exception as exc:
             self.problems.warn(f"could not trim the cache dir: {exc}")

@@ -157,12 +157,16 @@ def http_url(option: str, value: str) -> str:
 
 
 def require_package(option: str, module: str, extra: str) -> None:
-    """The one rule for an option that needs an optional package (boto3 for ``s3://``, redis for
+    """The one rule for an option that needs an optional package (a store backend's SDK, redis for
     ``--compile-cache-redis``): missing, it is a ConfigError naming ``option`` at start-up, not a warning later.
     Looks the package up without importing it."""
     import importlib.util  # cost: only an option that needs a package looks
 
-    if importlib.util.find_spec(module) is None:
+    try:
+        found = importlib.util.find_spec(module)  # a dotted name imports its parents: "google", "google.cloud"
+    except (ImportError, ValueError):  # a parent package missing, or one set to None in sys.modules
+        found = None
+    if found is None:
         raise ConfigError(f"{option}: needs the {module!r} package (pip install 'pytest-compilecache[{extra}]')")
 
 
@@ -234,9 +238,14 @@ _PARSING: dict[str, tuple[Callable[[str, str], Any], Any]] = {
     "max_size": (parse_size, None),
     "max_bundle_size": (parse_size, 2 * 1024**3),
     "redis": (_redis_url, None),
-    "s3_endpoint": (http_url, None),
+    "s3_endpoint": (http_url, None),  # a store backend's option: see STORE_OPTIONS
     "store_timeout": (parse_seconds, DEFAULT_STORE_TIMEOUT),
 }
+
+# Options that a store backend reads rather than the plugin: kept together in Settings.store_options (name,
+# value), which stores.table hands to the backend whose row names them, so Settings has no field per backend.
+# A new backend reads its options from its URL or its own variables instead of adding one here.
+STORE_OPTIONS = ("s3_endpoint",)
 
 OPTIONS: tuple[Option, ...] = tuple(Option(name, cli, *_PARSING[name], help, flag) for name, cli, flag, help in TABLE)
 
@@ -265,7 +274,8 @@ class Settings(NamedTuple):
     max_size: int | None = None
     max_bundle_size: int = 2 * 1024**3
     redis: str | None = None
-    s3_endpoint: str | None = None
+    # (name, value) of each store backend option given (STORE_OPTIONS), for stores.open_store
+    store_options: tuple[tuple[str, str], ...] = ()
     store_timeout: float = DEFAULT_STORE_TIMEOUT
     signing_key: bytes | None = None
     # (name, spelling) of each option given in the ini file or the environment rather than on the command line
@@ -323,6 +333,7 @@ def resolve(
         values[option.name], spellings[option.name] = _pick(
             option, cli.get(option.name), ini(option.ini), environ.get(option.env)
         )
+    values["store_options"] = tuple((name, value) for name in STORE_OPTIONS if (value := values.pop(name)) is not None)
     values["signing_key"] = read_signing_key(environ)
     values["spelled"] = tuple((name, spelled) for name, spelled in spellings.items() if not spelled.startswith("--"))
     settings = Settings(**values)

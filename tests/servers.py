@@ -1,4 +1,5 @@
-"""Real server processes for integration tests, all bound to 127.0.0.1 on free ports.
+"""Real server processes for integration tests, all bound to 127.0.0.1 on free ports: moto's S3,
+redis-server, gcp-storage-emulator (GCS) and Azurite (Azure Blob).
 
 Every ``start_*`` helper returns a handle whose ``stop()`` terminates the process and waits for it,
 so no ``ResourceWarning`` for a still-running child reaches ``filterwarnings = error``. The handles
@@ -32,17 +33,23 @@ from typing import TypeVar
 import pytest
 
 __all__ = [
+    "AZURITE_ACCOUNT",
+    "AzuriteServer",
+    "GCSEmulator",
     "MotoServer",
     "RedisServer",
     "SilentServer",
     "free_port",
     "require_binary_or_fail",
     "require_module_or_fail",
+    "start_azurite",
+    "start_gcs_emulator",
     "start_moto_server",
     "start_redis_server",
 ]
 
 LOOPBACK = "127.0.0.1"
+ROOT = Path(__file__).resolve().parents[1]
 REDIS_SERVER = "/usr/bin/redis-server"
 # Generous: a cold moto import (flask, werkzeug, every service's URL map) takes a few seconds on a busy runner.
 STARTUP_TIMEOUT_S = 60.0
@@ -104,10 +111,10 @@ class _Process:
         self._log.flush()
         return self.log_path.read_text(errors="replace")[-limit:]
 
-    def stop(self) -> None:
-        """Terminate, wait (kill after 10 s), close the log. Idempotent."""
+    def stop(self, kill: bool = False) -> None:
+        """Terminate (or kill), wait (kill after 10 s), close the log. Idempotent."""
         if self._proc.poll() is None:
-            self._proc.terminate()
+            self._proc.kill() if kill else self._proc.terminate()
             try:
                 self._proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -200,6 +207,77 @@ def start_moto_server() -> MotoServer:
         require_module_or_fail(module)
     argv = (sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p")
     return MotoServer(*_start(argv, _http_answers, "moto-server"))
+
+
+def _http_answers_at(path: str) -> Callable[[int], bool]:
+    """A readiness check: something on the port answers ``GET path`` with an HTTP status line."""
+
+    def ready(port: int) -> bool:
+        try:
+            with socket.create_connection((LOOPBACK, port), timeout=1) as sock:
+                sock.sendall(f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n".encode())
+                return sock.recv(16).startswith(b"HTTP/")
+        except OSError:
+            return False
+
+    return ready
+
+
+class GCSEmulator(_Handle):
+    """A ``gcp-storage-emulator`` process (Google Cloud Storage's JSON API, in memory) at ``endpoint_url``:
+    clients reach it through ``STORAGE_EMULATOR_HOST``, without credentials. State is process-wide."""
+
+    def __init__(self, proc: _Process, port: int, tmp: tempfile.TemporaryDirectory[str]) -> None:
+        self._proc, self.port, self._tmp = proc, port, tmp
+        self.endpoint_url = f"http://{LOOPBACK}:{port}"
+
+    def stop(self) -> None:
+        self._proc.stop()
+        self._tmp.cleanup()
+
+
+def start_gcs_emulator() -> GCSEmulator:
+    """Start ``gcp-storage-emulator`` (the venv's, from the test extra) in memory and wait until it answers.
+    Skips, or fails under ``CI=true``, when it is not installed."""
+    require_module_or_fail("gcp_storage_emulator")
+    argv = (sys.executable, "-m", "gcp_storage_emulator", "start", "--in-memory", "-q", "-H", LOOPBACK, "--port")
+    return GCSEmulator(*_start(argv, _http_answers_at("/storage/v1/b"), "gcs-emulator"))
+
+
+# Azurite's well-known development account: published by Microsoft, accepted by Azurite only.
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+class AzuriteServer(_Handle):
+    """An ``azurite-blob`` process (Azure Blob Storage, in memory) at ``blob_endpoint``; ``connection_string``
+    holds the development account's key, as a CI secret would hold a real one."""
+
+    def __init__(self, proc: _Process, port: int, tmp: tempfile.TemporaryDirectory[str]) -> None:
+        self._proc, self.port, self._tmp = proc, port, tmp
+        self.blob_endpoint = f"http://{LOOPBACK}:{port}/{AZURITE_ACCOUNT}"
+        self.key = AZURITE_KEY
+        self.connection_string = (
+            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+            f"BlobEndpoint={self.blob_endpoint};"
+        )
+
+    def stop(self) -> None:
+        # Killed: on SIGTERM Azurite waits for its clients' pooled keep-alive connections to close (seconds).
+        self._proc.stop(kill=True)
+        self._tmp.cleanup()
+
+
+def start_azurite() -> AzuriteServer:
+    """Start ``azurite-blob`` (npm; scripts/install-tools.sh puts it in .tools/azurite) in memory, wait until
+    it answers. Skips, or fails under ``CI=true``, when it (or node) is not installed."""
+    local = ROOT / ".tools" / "azurite" / "node_modules" / ".bin" / "azurite-blob"
+    path = str(local) if local.exists() else require_binary_or_fail("azurite-blob")
+    require_binary_or_fail("node")
+    # --skipApiVersionCheck: the client may speak a newer API version than this Azurite knows; what the tests
+    # use (blobs, ranges, conditions, listing) is the same in both. "--blobPort" goes last: _start appends it.
+    argv = (path, "--inMemoryPersistence", "--skipApiVersionCheck", "--silent", "--blobHost", LOOPBACK, "--blobPort")
+    return AzuriteServer(*_start(argv, _http_answers_at(f"/{AZURITE_ACCOUNT}?comp=list"), "azurite"))
 
 
 def _redis_pings(port: int) -> bool:

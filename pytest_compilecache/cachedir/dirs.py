@@ -86,8 +86,19 @@ def decide(mode: str | None, configured_dir: str | None, default_shared: Path) -
                 fallback = fallback_dir(path)
                 note = f"the default dir {path} {unsafe_dir_reason(str(path))}; using {fallback} instead"
                 path = fallback
-        refuse_foreign(path)
-        return SessionDir(mode=mode, path=str(make_dir(path)), note=note)
+        if configured_dir:
+            refuse_foreign(path)
+            return SessionDir(mode=mode, path=str(make_dir(path)), note=note)
+        try:
+            refuse_foreign(path)
+            return SessionDir(mode=mode, path=str(make_dir(path)), note=note)
+        except ConfigError as exc:  # the user gave no dir: name the default, and the option that picks another
+            flag = "--compile-cache-dir: "
+            why = str(exc)[len(flag) :] if str(exc).startswith(flag) else str(exc)
+            why = why[len(str(path)) :].lstrip() if why.startswith(str(path)) else why
+            raise ConfigError(
+                f"the default compile cache dir {path} {why}; choose another with --compile-cache-dir"
+            ) from None
     if configured_dir:
         parent = Path(configured_dir).expanduser().absolute()
         _require_safe(parent)

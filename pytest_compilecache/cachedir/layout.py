@@ -45,6 +45,8 @@ TORCH_TOP_FILE = r"tmp[a-z0-9_]{8}\.py|configs_[A-Za-z0-9_]+\.json"  # wrapper.p
 _OUR_TEMP = re.escape(TEMP_PREFIX) + r"(\d+)-([0-9a-f]{8})-.*"
 _ATOMIC_TEMP = r"\..+\.(\d+)-([0-9a-f]{8})\.[a-z0-9_]{8}\.tmp"
 _ATOMIC_TEMP_OLD = r"\..+\.[a-z0-9_]{8}\.tmp"
+# An xdist controller's restore ticket before it had a temp name (0.3.0.dev): ``.json`` and its ``.lock``.
+_TICKET_OLD = r"\.compilecache-restore-\d+-[0-9a-f]{12}\.json(?:\.lock)?"
 
 CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | CLOEXEC
@@ -86,6 +88,7 @@ def is_legacy_temp_name(name: str) -> bool:
         re.fullmatch(_OUR_TEMP, name)
         or re.fullmatch(_ATOMIC_TEMP, name)
         or re.fullmatch(_ATOMIC_TEMP_OLD, name)
+        or re.fullmatch(_TICKET_OLD, name)
         or name.startswith(".write-test-")  # make_dir's probe before 0.2
     )
 

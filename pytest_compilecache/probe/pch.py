@@ -6,6 +6,7 @@ PYTEST_DONT_REWRITE
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -64,7 +65,7 @@ def check_headers_early(names: Iterable[str], directory: Path | None = None) -> 
     waits for it: checks of one file take turns) instead of running the compiler on the critical path. A
     rejection is not remembered, so a damaged header is still found, removed and rebuilt by that check.
     Never imports torch; a name torch could not give a header is ignored."""
-    from .. import headers  # cost: only in a process that restored headers
+    from .. import pch as headers  # cost: only in a process that restored headers
 
     target = directory or headers.header_dir()
     _early_checks[:] = [target / name for name in names if headers.is_header_name(name)]
@@ -78,7 +79,7 @@ def _start_early_checks(compile_command: dict[str, Any]) -> None:
     _early_checks.clear()
 
     def run() -> None:
-        from .. import headers
+        from .. import pch as headers
 
         def command(source: Path, include: Path) -> list[str]:
             return _header_check_command(compile_command, str(source), str(include))
@@ -124,7 +125,31 @@ def _install_header_watch() -> None:
         if hasattr(original, name):
             setattr(_precompile_header, name, getattr(original, name))
     setattr(codecache, "_precompile_header", _precompile_header)  # noqa: B010 (a module typed as ModuleType)
+    compile_cpp = getattr(codecache, "_worker_compile_cpp", None)
+    if callable(compile_cpp) and getattr(compile_cpp, "__wrapped__", None) is None:
+        _worker_compile_cpp.__wrapped__ = compile_cpp  # type: ignore[attr-defined]
+        setattr(codecache, "_worker_compile_cpp", _worker_compile_cpp)  # noqa: B010
     _header_watch = ""
+
+
+def _worker_compile_cpp(lock_path: str, cpp_builders: Any) -> None:
+    """torch's ``codecache._worker_compile_cpp(lock_path, cpp_builders)`` (2.8-2.15), which builds a kernel in
+    this process or in a compile worker (this function is pickled there by name): a failure whose compiler
+    complains about a precompiled header it names drops that header's verdict and removes it
+    (:func:`..pch.after_compile_error`), so that the next look-up checks it and torch builds it again."""
+    codecache = sys.modules.get(CODECACHE) or importlib.import_module(CODECACHE)
+    current = getattr(codecache, "_worker_compile_cpp", None)
+    original = getattr(current, "__wrapped__", current)  # a compile worker: torch's own, never wrapped there
+    try:
+        original(lock_path, cpp_builders)  # type: ignore[misc]
+    except Exception as exc:
+        with contextlib.suppress(Exception):  # a failure of ours never hides torch's
+            from .. import pch
+
+            where = precompiled_header_dir()
+            for use in pch.after_compile_error(str(exc), Path(where) if where else None):
+                _header_uses[use.name] = use.to_json()
+        raise
 
 
 def uninstall_header_watch() -> None:
@@ -134,6 +159,9 @@ def uninstall_header_watch() -> None:
     original = getattr(getattr(codecache, "_precompile_header", None), "__wrapped__", None)
     if codecache is not None and original is not None and getattr(original, "__wrapped__", None) is not None:
         setattr(codecache, "_precompile_header", original)  # noqa: B010
+    compile_cpp = getattr(getattr(codecache, "_worker_compile_cpp", None), "__wrapped__", None)
+    if codecache is not None and compile_cpp is not None:
+        setattr(codecache, "_worker_compile_cpp", compile_cpp)  # noqa: B010
     _header_watch = None
     _header_uses.clear()
     _early_checks.clear()
@@ -154,7 +182,7 @@ def _check_header(path: Any, rebuild: Any, compile_command: dict[str, Any]) -> N
     compiler rejects it, remove it and have torch build it again (``rebuild``: torch's uncached
     ``_precompile_header``), then check that one."""
     # cost: headers loads with the first header torch looks up, not with the plugin
-    from .. import headers
+    from .. import pch as headers
 
     compiled = _compiled_header(str(path)) if isinstance(path, str) else None
     if compiled is None or compiled.name in _header_uses:

@@ -4,8 +4,8 @@
 
 * ``file:///abs/path`` (or ``file://localhost/abs/path``) or a plain path -> :class:`LocalStore`
   (a relative plain path is resolved against the current directory);
-* ``s3://bucket[/prefix]`` -> ``pytest_compilecache.stores.s3.S3Store.from_url`` (imported lazily, so boto3
-  is only needed by those who use S3);
+* ``s3://``, ``gs://``, ``az://`` ... -> the backend of that scheme in :mod:`.table` (its module imported
+  lazily, so its SDK is only needed by those who use it; without it, a ConfigError naming the extra);
 * anything else -> :class:`ConfigError` naming the option and the value.
 PYTEST_DONT_REWRITE
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -33,6 +32,10 @@ from .base import validate_key
 from .base import validate_prefix
 from .local import LocalStore
 from .readonly import ReadOnlyStore
+from .table import Backend
+from .table import backend_for
+from .table import expected
+from .table import scheme_of
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -51,13 +54,10 @@ __all__ = [
 ]
 
 OPTION = "--compile-cache-store"
-_EXPECTED = "expected file:///absolute/path, a directory path, or s3://bucket/prefix"
-# Two or more characters before ":" so that a Windows drive ("C:\\cache") stays a plain path.
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
 
 
 def _bad(url: str, why: str) -> ConfigError:
-    return ConfigError(f"{OPTION}: {why}: {url!r} ({_EXPECTED})")
+    return ConfigError(f"{OPTION}: {why}: {url!r} ({expected()})")
 
 
 def _local_from_url(url: str) -> LocalStore:
@@ -81,15 +81,18 @@ def _local(path: Path, url: str) -> LocalStore:
     return LocalStore(path)
 
 
-def _s3_from_url(url: str, options: dict[str, Any]) -> Store:
-    if not urlsplit(url).netloc:
-        raise _bad(url, "S3 URLs need a bucket")
-    require_package(OPTION, "boto3", "s3")
+def _remote(backend: Backend, url: str, options: dict[str, Any]) -> Store:
+    """The store of ``backend`` at ``url``: its module imported (which imports no SDK) and its ``from_url``
+    called, which checks the URL and reads the backend's own options (URL query, its environment variables)
+    without touching the network; then its packages looked up: a missing one is a ConfigError naming the
+    extra. So a malformed URL is named as such whether or not the extra is installed."""
     try:
-        s3 = importlib.import_module("pytest_compilecache.stores.s3")
-    except ModuleNotFoundError as exc:
-        raise ConfigError(f"{OPTION}: S3 support is not available ({exc})") from exc
-    store: Store = s3.S3Store.from_url(url, **options)
+        factory = getattr(importlib.import_module(backend.module), backend.factory)
+    except ImportError as exc:
+        raise ConfigError(f"{OPTION}: {backend.example} support is not available ({exc})") from exc
+    store: Store = factory.from_url(url, **options)
+    for module in backend.requires:
+        require_package(OPTION, module, backend.extra)
     return store
 
 
@@ -97,32 +100,35 @@ def open_store(target: Union[str, os.PathLike[str], Settings], *, readonly: bool
     """Build the store that ``target`` names; wrap it in :class:`ReadOnlyStore` when ``readonly``.
 
     ``target`` is a store URL or path, or the plugin's :class:`~pytest_compilecache.settings.Settings`
-    (then its ``store``, ``readonly`` and ``s3_endpoint`` are used: the one place that maps options to a
-    store). ``options`` are backend-specific and passed to ``S3Store.from_url`` (``endpoint_url``...); the
-    local store takes none. Raises :class:`ConfigError` (naming ``--compile-cache-store``) for an unusable
-    value, and for a directory store that is, or lies under, a file: construction stats the path (no more;
-    the first save makes the dir) and touches no network.
+    (then its ``store``, ``readonly`` and ``store_options`` are used: the one place that maps options to a
+    store; each backend takes the ``store_options`` its row of :mod:`.table` names). ``options`` are
+    backend-specific keywords of its ``from_url`` (S3's ``endpoint_url``...); the local store takes none.
+    Raises :class:`ConfigError` (naming ``--compile-cache-store``) for an unusable value, a backend whose
+    extra is not installed, and a directory store that is, or lies under, a file: construction stats the
+    path (no more; the first save makes the dir) and touches no network.
     """
     if not isinstance(target, (str, os.PathLike)):
         settings = target
-        if settings.s3_endpoint:
-            options.setdefault("endpoint_url", settings.s3_endpoint)
+        backend = backend_for(settings.store or "")
+        given = dict(settings.store_options)
+        for name, keyword in (backend.settings if backend else {}).items():
+            if given.get(name):
+                options.setdefault(keyword, given[name])
         return open_store(settings.store or "", readonly=readonly or settings.readonly, **options)
     url = os.fspath(target)
     if not isinstance(url, str) or not url.strip():
         raise _bad(str(url), "empty store")
     if url != url.strip():
         raise _bad(url, "leading or trailing spaces")
-    match = _SCHEME.match(url)
+    scheme = scheme_of(url)
     store: Store
-    if match is None:
+    backend = backend_for(url)
+    if scheme is None:
         store = _local(Path(url), url)
+    elif scheme == "file" and url[len(scheme) + 1 :].startswith("//"):
+        store = _local_from_url(url)
+    elif backend is not None:
+        store = _remote(backend, url, options)
     else:
-        scheme, rest = match.group(1).lower(), url[match.end() :]
-        if scheme == "file" and rest.startswith("//"):
-            store = _local_from_url(url)
-        elif scheme == "s3" and rest.startswith("//"):
-            store = _s3_from_url(url, options)
-        else:
-            raise _bad(url, "unsupported store")
+        raise _bad(url, "unsupported store")
     return ReadOnlyStore(store) if readonly else store

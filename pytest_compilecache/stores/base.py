@@ -9,17 +9,28 @@ PYTEST_DONT_REWRITE
 from __future__ import annotations
 
 import builtins
+import contextlib
+import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import BinaryIO
 from typing import Protocol
 from typing import runtime_checkable
+from urllib.parse import parse_qsl
+from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 from ..errors import NoPartialReads
 from ..errors import ObjectTooLarge
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
 __all__ = [
+    "BoundedFile",
     "NoPartialReads",
     "ObjectTooLarge",
     "Store",
@@ -28,7 +39,9 @@ __all__ = [
     "is_artifact_key",
     "newest_first",
     "prune",
+    "parse_bucket_url",
     "read_head",
+    "temp_sibling",
     "validate_key",
     "validate_prefix",
 ]
@@ -127,7 +140,7 @@ def newest_first(entries: builtins.list[StoreEntry]) -> builtins.list[StoreEntry
 def is_artifact_key(key: str) -> bool:
     """True for a content-addressed artifact object (``<prefix>-artifact-<sha256>``), which is not a bundle.
 
-    Artifacts (torch's precompiled headers, :mod:`~pytest_compilecache.headers`) share the key prefix with
+    Artifacts (torch's precompiled headers, :mod:`~pytest_compilecache.pch`) share the key prefix with
     the bundles that name them; everything that picks or counts bundles by a prefix skips them.
     """
     return bool(_ARTIFACT_KEY.fullmatch(key))
@@ -157,3 +170,88 @@ def prune(store: Store, prefix: str, keep: int) -> builtins.list[str]:
     for key in doomed:
         store.delete(key)
     return doomed
+
+
+# --- shared by the remote backends -------------------------------------------------------------------------
+
+OPTION = "--compile-cache-store"
+
+
+def parse_bucket_url(
+    url: str, scheme: str, name: str, pattern: str, *, query: tuple[str, ...] = ()
+) -> tuple[str, str, dict[str, str]]:
+    """``(bucket, prefix, query)`` of ``<scheme>://<bucket>[/prefix][?k=v]``; else a ConfigError naming
+    ``--compile-cache-store``. ``name`` says what the bucket is called (bucket, container) and ``pattern``
+    what it may be; ``query`` the keys a backend reads from the URL (each at most once). No credentials,
+    ports, fragments, or empty, ``.`` or ``..`` prefix segments: secrets belong in the environment."""
+    parts = urlsplit(url)
+    prefix = parts.path.strip("/")
+    try:
+        given = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError:
+        given = [("", "")]
+    problem = None
+    if parts.scheme.lower() != scheme:
+        problem = f"the scheme must be {scheme}://"
+    elif parts.username or parts.password or ":" in parts.netloc:
+        problem = "credentials and ports do not belong in the URL (use the environment)"
+    elif not re.fullmatch(pattern, parts.netloc):
+        problem = f"{parts.netloc!r} is not a valid {name} name"
+    elif parts.fragment:
+        problem = "fragments are not supported"
+    elif any(key not in query for key, _ in given):
+        # The keys only: a value may be a secret (a SAS's sig=...).
+        keys = ", ".join(sorted({key or "(empty)" for key, _ in given if key not in query}))
+        allowed = f"only {', '.join(query)}" if query else "none"
+        problem = f"unsupported query key {keys} (allowed: {allowed})"
+    elif any(not value for _, value in given) or len({key for key, _ in given}) < len(given):
+        problem = f"each of {', '.join(query)} once, with a value"
+    elif prefix and any(segment in ("", ".", "..") for segment in prefix.split("/")):
+        problem = f"the prefix {parts.path!r} has an empty, '.' or '..' segment"
+    if problem:
+        # Credentials and the query are left out of the message: whatever they hold is not repeated into a log.
+        shown = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+        raise ConfigError(
+            f"{OPTION}: {shown!r} is not a valid {scheme}:// URL ({problem}); expected {scheme}://{name}[/prefix]"
+        )
+    return parts.netloc, prefix, dict(given)
+
+
+@contextlib.contextmanager
+def temp_sibling(dest: Path) -> Iterator[Path]:
+    """A new empty temp file next to ``dest`` (its parents made) for a download that the caller
+    ``os.replace``s onto ``dest`` once complete; removed on the way out whatever happened (a no-op after the
+    replace), so a failed or refused download leaves neither ``dest`` nor a partial file."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+class BoundedFile:
+    """A seekable file for an SDK's writes (ranged parts land at their offsets) that refuses any byte past
+    ``limit``: :class:`ObjectTooLarge`, which fails the transfer."""
+
+    def __init__(self, fh: BinaryIO, limit: int, what: str) -> None:
+        self.fh, self.limit, self.what = fh, limit, what
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self.fh.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.fh.tell()
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+    def write(self, data: bytes) -> int:
+        if self.fh.tell() + len(data) > self.limit:
+            raise ObjectTooLarge(f"{self.what} is more than {self.limit} bytes")
+        return self.fh.write(data)

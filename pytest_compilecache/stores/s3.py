@@ -16,21 +16,20 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
-import re
 import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
-from typing import BinaryIO
-from urllib.parse import urlsplit
 
 from .._version import __version__
 from ..errors import ConfigError
 from ..errors import StoreError
+from .base import BoundedFile
 from .base import ObjectTooLarge
 from .base import StoreEntry
 from .base import newest_first
+from .base import parse_bucket_url
 from .base import validate_key
 from .base import validate_prefix
 
@@ -45,7 +44,7 @@ MiB = 1024 * 1024
 SUFFIX = ".bundle"
 OPTION = "--compile-cache-store"
 # S3's bucket naming rules (3-63 chars, lower case, digits, dots, hyphens), without the rarer exclusions.
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_BUCKET = r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"
 # Error codes that mean "these credentials are not accepted", as opposed to "not allowed to do this".
 _BAD_CREDENTIALS = {
     "InvalidAccessKeyId",
@@ -122,24 +121,11 @@ class S3Store:
         """Build a store from ``s3://bucket[/prefix]``; ``options`` are the keyword arguments of ``__init__``.
 
         Raises ConfigError naming ``--compile-cache-store`` for anything but a plain bucket and prefix
-        (no credentials, port, query or fragment in the URL; no empty, ``.`` or ``..`` prefix segments).
+        (no credentials, port, query or fragment in the URL; no empty, ``.`` or ``..`` prefix segments),
+        without repeating credentials or a query (:func:`.base.parse_bucket_url`).
         """
-        parts = urlsplit(url)
-        prefix = parts.path.strip("/")
-        problem = None
-        if parts.scheme != "s3":
-            problem = "the scheme must be s3://"
-        elif parts.username or parts.password or parts.port or ":" in parts.netloc:
-            problem = "credentials and ports do not belong in the URL (use the AWS environment or profile)"
-        elif not _BUCKET.fullmatch(parts.netloc):
-            problem = f"{parts.netloc!r} is not a valid bucket name"
-        elif parts.query or parts.fragment:
-            problem = "query strings and fragments are not supported"
-        elif prefix and any(segment in ("", ".", "..") for segment in prefix.split("/")):
-            problem = f"the prefix {parts.path!r} has an empty, '.' or '..' segment"
-        if problem:
-            raise ConfigError(f"{OPTION}: {url!r} is not a valid S3 URL ({problem}); expected s3://bucket[/prefix]")
-        return cls(parts.netloc, prefix, **options)
+        bucket, prefix, _ = parse_bucket_url(url, "s3", "bucket", _BUCKET)
+        return cls(bucket, prefix, **options)
 
     def __repr__(self) -> str:
         return f"S3Store({self.location!r}, endpoint_url={self.endpoint_url!r})"
@@ -192,7 +178,7 @@ class S3Store:
             raise ObjectTooLarge(f"{what} is {size} bytes, more than {limit}")
         pinned = {"IfMatch": etag} if etag else {}
         with open(tmp, "r+b") as fh:
-            bounded = _BoundedFile(fh, limit, what)
+            bounded = BoundedFile(fh, limit, what)
             if size == 0:
                 return  # a Range on an empty object is 416; nothing to fetch
             if size < self.multipart_threshold or not etag:
@@ -398,28 +384,6 @@ class _Connection:
             return "access denied" if code == "AccessDenied" else "access denied or credentials rejected (HTTP 403)"
         message = _first_line(error.get("Message") or exc)
         return f"{code or 'error'} (HTTP {status}): {message}"
-
-
-class _BoundedFile:
-    """A seekable file for s3transfer's writes (ranged parts land at their offsets) that refuses any byte
-    past ``limit``: :class:`ObjectTooLarge`, which fails the transfer."""
-
-    def __init__(self, fh: BinaryIO, limit: int, what: str) -> None:
-        self.fh, self.limit, self.what = fh, limit, what
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        return self.fh.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self.fh.tell()
-
-    def write(self, data: bytes) -> int:
-        if self.fh.tell() + len(data) > self.limit:
-            raise ObjectTooLarge(f"{self.what} is more than {self.limit} bytes")
-        return self.fh.write(data)
 
 
 def _boto_errors() -> tuple[type[BaseException], ...]:

@@ -7,11 +7,10 @@
   talk to :class:`~tests.action.cache_server.CacheServer` on 127.0.0.1 through the variables the real
   client reads (``ACTIONS_CACHE_SERVICE_V2``, ``ACTIONS_RESULTS_URL``, ``ACTIONS_RUNTIME_TOKEN``), which
   act, in host mode, passes on from its own environment.
-* ``actions/cache@v5`` (and its ``restore`` subpath) is the stand-in in ``stand-in/cache`` running the real
-  ``@actions/cache`` from npm (``stand-in/node_modules``, installed by ``scripts/install-tools.sh``), and
-  ``actions/github-script@v9`` the one in ``stand-in/github-script`` (it runs a script as the real one does);
-  ``compilecache/pytest-compilecache@v1`` is a copy of this repository's Action (:func:`action_copy`), so
-  workflows use it as users do, from another repository.
+* ``compilecache/pytest-compilecache@v1`` is a copy of this repository's Action (:func:`action_copy`), so
+  workflows use it as users do, from another repository: a node24 action whose committed bundle
+  (``action/js/dist``) holds the real ``@actions/cache`` client from npm. act in host mode runs it with the
+  ``node`` on ``PATH`` (act accepts ``node24``; this machine's node is 20, the bundle's target).
 
 Each workflow ends with a step (``if: always()``) that copies what the tests read into ``out/``: the
 ``steps`` context (outcomes and outputs) and the plugin's JSON report; act removes the job's ``RUNNER_TEMP``
@@ -30,21 +29,19 @@ from pathlib import Path
 from typing import Any
 from typing import Mapping
 
-import pytest
-
 from tests import torchenv
 from tests.action.cache_server import CacheServer
 from tests.servers import require_binary_or_fail
 
 REPO = Path(__file__).resolve().parents[2]
-STAND_IN = Path(__file__).resolve().parent / "stand-in"
 ACTION = "compilecache/pytest-compilecache@v1"
-# The files the Action needs from its repository (the whole checkout would carry .venv along).
+# The files the Action needs from its repository (the whole checkout would carry .venv along; action/js's
+# node_modules are for building and linting only: the Action runs its committed dist/).
 ACTION_FILES = ("action.yml", "action", "pytest_compilecache", "pyproject.toml", "README.md", "LICENSE")
-# GitHub's actions the jobs use, each played by a stand-in folder under STAND_IN (act's --local-repository).
-STAND_INS = {"actions/cache@v5": "cache", "actions/github-script@v9": "github-script"}
 # A job's environment must not leak into act's jobs, which inherit act's environment in host mode.
-LEAKY_PREFIXES = ("GITHUB_", "RUNNER_", "ACTIONS_", "PYTEST_", "INPUT_", "TORCHINDUCTOR_", "TRITON_", "STATE_")
+LEAKY_PREFIXES = (
+    "GITHUB_", "RUNNER_", "ACTIONS_", "PYTEST_", "INPUT_", "TORCHINDUCTOR_", "TRITON_", "STATE_", "COMPILECACHE_",
+)  # fmt: skip
 
 # Files are named by the job, and by its leg where a matrix has a `shard` (test-0, test-1: one job id).
 COLLECT = """\
@@ -70,13 +67,9 @@ def act_binary() -> str:
     return str(beside) if beside.is_file() else require_binary_or_fail("act")
 
 
-def stand_in() -> Path:
-    if not (STAND_IN / "node_modules" / "@actions" / "cache" / "package.json").is_file():
-        reason = "the actions/cache stand-in's npm packages are missing: run scripts/install-tools.sh"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    return STAND_IN
+def node_binary() -> str:
+    """The ``node`` act runs the Action with (in host mode: the one on PATH); skip/fail if absent."""
+    return require_binary_or_fail("node")
 
 
 def action_copy(target: Path) -> Path:
@@ -84,7 +77,9 @@ def action_copy(target: Path) -> Path:
     for name in ACTION_FILES:
         source = REPO / name
         if source.is_dir():
-            shutil.copytree(source, target / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(
+                source, target / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "node_modules")
+            )
         else:
             target.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target / name)
@@ -184,7 +179,7 @@ def play(
     Commits the workspace first (act copies the job's checkout from what git sees). The event payload names
     the default branch ``main``; a pull request's ref is its merge ref. The runtime token carries ``scopes``
     (default: what GitHub gives this event, :func:`~tests.action.cache_server.scopes_for`). ``actions`` are
-    mapped onto local directories, with :data:`STAND_INS`; ``env`` goes to the jobs, whose ``PATH`` starts
+    mapped onto local directories (act's ``--local-repository``); ``env`` goes to the jobs, whose ``PATH`` starts
     with ``python``'s folder (act in host mode runs every step with the ``python`` first on ``PATH``).
     """
     from tests.action.cache_server import scopes_for
@@ -202,10 +197,10 @@ def play(
     event_file = root / f"event-{run_id}.json"
     event_file.write_text(json.dumps(event_data))
     token = server.token(scopes if scopes is not None else scopes_for(event, ref, base_ref=base_ref))
+    node_binary()
     environ = {k: v for k, v in os.environ.items() if not k.startswith(LEAKY_PREFIXES)}
     environ.update(
         PATH=str(python.parent) + os.pathsep + environ.get("PATH", ""),
-        NODE_PATH=str(stand_in() / "node_modules"),
         ACTIONS_CACHE_SERVICE_V2="true",
         ACTIONS_RESULTS_URL=server.results_url,
         ACTIONS_RUNTIME_TOKEN=token,
@@ -229,6 +224,6 @@ def play(
         "--concurrent-jobs",
         "2",
     ]
-    for name, directory in {**{name: STAND_IN / folder for name, folder in STAND_INS.items()}, **actions}.items():
+    for name, directory in actions.items():
         argv += ["--local-repository", f"{name}={directory}"]
     return subprocess.run(argv, cwd=workspace, env=environ, capture_output=True, text=True, timeout=900, check=False)

@@ -37,7 +37,9 @@ Fault injection for the tests: :attr:`CacheServer.fail_downloads` answers every 
 download that fails after the lookup found an entry); :attr:`CacheServer.fail_lookups` answers every
 ``GetCacheEntryDownloadURL`` with 500 (an outage of the service: the client retries it, then gives up);
 :attr:`CacheServer.refuse_lookups` answers it with that 4xx status and a twirp error at once (the client
-does not retry: it logs the error and reports no entry); :attr:`CacheServer.refuse_connections` makes
+does not retry: it logs the error and reports no entry); :attr:`CacheServer.refuse_creates` answers every
+``CreateCacheEntry`` with that status (429: the service's limit on new entries per minute; the client logs it
+and saves nothing); :attr:`CacheServer.refuse_connections` makes
 :attr:`CacheServer.results_url` a port on 127.0.0.1 that refuses every connection (bound, never listening).
 """
 
@@ -132,6 +134,7 @@ class CacheServer:
         self.fail_downloads = False
         self.fail_lookups = False
         self.refuse_lookups: int | None = None  # a 4xx status for every lookup
+        self.refuse_creates: int | None = None  # a 4xx status for every CreateCacheEntry
         self.refuse_connections = False
         self._refusing: socket.socket | None = None
         self._secret = secrets.token_bytes(32)
@@ -200,6 +203,9 @@ class CacheServer:
     # ---- the three RPCs
 
     def create(self, scopes: list[dict[str, Any]], body: dict[str, Any]) -> dict[str, Any]:
+        if self.refuse_creates is not None:
+            code = TWIRP_CODES.get(self.refuse_creates, "failed_precondition")
+            raise TwirpError(self.refuse_creates, code, "injected refusal: too many cache entries created")
         key, version = str(body.get("key") or ""), str(body.get("version") or "")
         if not key or not version:
             raise TwirpError(400, "invalid_argument", "key and version are required")

@@ -1,5 +1,6 @@
-"""The Action end to end, the way a runner runs it: nektos/act, the real ``@actions/cache`` client, a local
-cache service with GitHub's rules (see :mod:`tests.action.actrun` and :mod:`tests.action.cache_server`).
+"""The Action end to end, the way a runner runs it: nektos/act, the real ``@actions/cache`` client (bundled in the
+Action's action/js/dist), a local cache service with GitHub's rules (see :mod:`tests.action.actrun` and
+:mod:`tests.action.cache_server`). Every healthy run shows no warning annotation (:func:`shown_annotations`).
 
 Every test here starts act and runs real jobs (a compiled suite: two tiny matmul models); they are marked
 ``action`` and ``slow``: ``pytest -m action`` selects them.
@@ -8,6 +9,7 @@ Every test here starts act and runs real jobs (a compiled suite: two tiny matmul
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from pytest_compilecache import headers
+from pytest_compilecache import pch as headers
 from tests import torchenv
 from tests.action.actrun import ACTION
 from tests.action.actrun import COLLECT
@@ -184,13 +186,10 @@ def runner_with_a_header_built_earlier(act: Act) -> tuple[dict[str, str], Path]:
     return env, header
 
 
-# The User-Agent of the Action's probe step (action.yml), which asks the service whether it answers.
-PROBE = "pytest-compilecache-probe"
-
-
-def client_lookups(server: CacheServer) -> int:
-    """How many lookups actions/cache's client made (the probe's question aside)."""
-    return sum(1 for agent in server.lookup_agents if agent != PROBE)
+def shown_annotations(run: Any) -> list[str]:
+    """The warning and error annotations of the run: every workflow command ``::warning``/``::error`` in its log
+    (act echoes each step's output lines; GitHub would show each as a yellow or red annotation)."""
+    return [line for line in run.log.splitlines() if re.search(r"::(warning|error)[ :]", line)]
 
 
 def header_objects(server: CacheServer, key: str) -> list[str]:
@@ -217,7 +216,10 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
     # through the literal workspace-relative path, under the version the restore computes.
     assert out["key"].startswith("compilecache-v1-test-")
     assert server.keys("refs/heads/main") == [out["key"]]
-    assert "Cache saved with key" in first.log
+    # Issue 42: the post step says what it saved, in the log and the job summary; a miss shows no annotation.
+    assert f"save: bundle entry {out['key']}: saved (" in first.log
+    assert f"| bundle entry | saved: `{out['key']}`" in first.summary()
+    assert shown_annotations(first) == []
     # The first run of a fingerprint: no header entry yet, so the header object rides in the bundle entry.
     assert first.report()["save"]["headers"]["named"] == 1
     (header,) = header_objects(server, out["key"])
@@ -229,7 +231,7 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
 
     # push again, one new test: the newest entry of the lineage (partial: another run's key). Issue 10: the
     # restore names the header entry's key; it misses, so the header comes from the bundle entry's copy and
-    # actions/cache saves it under that exact key; the new bundle names the header but does not carry it.
+    # the post step saves it under that exact key; the new bundle names the header but does not carry it.
     act.write("test_more.py", ANOTHER_GRAPH)
     second = act.run(workflow(), "push", env=fresh_runner(act))
     assert_succeeded(second)
@@ -237,17 +239,17 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
     assert (out2["restore-outcome"], out2["matched-key"], out2["cache-hit"]) == ("partial", out["key"], "false")
     assert totals(second)["misses"] >= 1 and totals(second)["hits"] >= 2
     assert f"from the bundle entry; saved as {header_key} at job end" in second.log
-    # Issue 26: the plugin only staged the bundle; actions/cache's post step uploads it at job end.
-    assert second.report()["save"]["outcome"] == "staged"
-    assert "save: staged " in second.log and "staged for upload at job end" in shown(second.summary())
-    assert "the next run's restore reports the result" in shown(second.summary())
+    # Issue 42: the post step uploads both entries and says so: the real result, not a promise.
+    assert f"| bundle entry | saved: `{out2['key']}`" in second.summary()
+    assert f"| header entry | saved: `{header_key}`" in second.summary()
+    assert shown_annotations(second) == []
     assert second.report()["save"]["headers"] == {**second.report()["save"]["headers"], "named": 1, "transferred": 0}
     assert sorted(server.keys()) == sorted([out["key"], header_key, out2["key"]])
     assert header_objects(server, out2["key"]) == []  # ~21 MiB less in every later bundle entry
     assert server.members(header_key) == [header]
 
-    # pull_request: reads its base branch's entries, saves nothing (restore-only action, no post step); the
-    # header comes from its own entry (actions/cache/restore, exact key).
+    # pull_request: reads its base branch's entries, saves nothing (the post step has nothing to do); the
+    # header comes from its own entry (exact key).
     pull = act.run(
         workflow(),
         "pull_request",
@@ -259,8 +261,9 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
     # Where the second push's upload shows: the next restore names the run whose entry it found.
     assert "(the newest saved: run 1002 attempt 1)" in shown(pull.summary())
     assert totals(pull)["misses"] == 0
-    assert f"installed, from its actions/cache entry {header_key}" in pull.log
+    assert f"installed, from its cache entry {header_key}" in pull.log
     assert "nothing: save: auto restores only on pull_request" in shown(pull.summary())
+    assert shown_annotations(pull) == [] and "torch.compile cache: save" not in pull.log
     assert sorted(server.keys()) == sorted([out["key"], header_key, out2["key"]])
 
     # merge_group (fix 3): restore only, though its token could write its temporary queue branch.
@@ -275,6 +278,7 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
     assert_succeeded(merge)
     assert merge.outputs()["restore-outcome"] == "partial"
     assert "merge_group runs never save" in shown(merge.summary())
+    assert shown_annotations(merge) == []
 
     # A download that fails after the lookup found the entry (fix 7): error, not miss; and fix 9:
     # min-hit-rate does not fail the job after the failed restore, though every graph compiles cold.
@@ -288,17 +292,25 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
     )
     assert failed.returncode == 0, failed.log[-6000:]
     assert failed.outputs()["restore-outcome"] == "error"
-    assert "restored nothing (a failed download" in shown(failed.summary())
+    # Issue 42: the client's own reason, from its log, in the summary and the one annotation.
+    assert "error: the cache client restored nothing: Failed to restore: " in shown(failed.summary())
+    (warning,) = shown_annotations(failed)
+    assert "the cache client restored nothing: Failed to restore: " in warning
     assert failed.steps()["tests"]["outcome"] == "success"
     assert totals(failed)["misses"] >= 2 and totals(failed)["hits"] == 0
 
 
-def test_an_outage_of_the_lookup_is_an_error_and_lifts_min_hit_rate(act: Act, server: CacheServer) -> None:
+def test_an_outage_of_the_lookup_is_an_error_and_lifts_min_hit_rate_and_a_refused_upload_is_a_failure(
+    act: Act, server: CacheServer
+) -> None:
     """Issue 26: the cache service answers the lookup with 500 (the client retries it, then logs and gives up):
     outcome ``error``, one warning, ``min-hit-rate`` not applied (the summary says why), the job green; and one
-    lookup per restore, so the retries are paid once."""
+    lookup per restore, so the retries are paid once. Issue 42: the service then refuses the new entry (429, the
+    limit on new entries per minute): the post step says ``failed`` with the service's own reason, in one
+    warning and the summary, and the job stays green."""
     act.write("test_models.py", MATMUL_SUITE)
     server.fail_lookups = True
+    server.refuse_creates = 429
     run = act.run(workflow(with_='          min-hit-rate: "0.9"'), "push")
     assert run.returncode == 0, run.log[-6000:]
     steps = run.steps()
@@ -306,28 +318,33 @@ def test_an_outage_of_the_lookup_is_an_error_and_lifts_min_hit_rate(act: Act, se
     assert run.outputs()["restore-outcome"] == "error"
     assert totals(run)["misses"] >= 2 and totals(run)["hits"] == 0
     summary = shown(run.summary())
-    assert "error: the cache service did not answer the lookup" in summary
+    assert "error: the cache client restored nothing: Failed to restore: " in summary
+    assert "Failed to make request after 5 attempts" in summary
     assert "min-hit-rate 0.9 not applied: the restore failed" in summary
-    assert run.log.count("::warning title=compile cache::the cache service did not answer the lookup") == 1
-    # One lookup, with the client's 5 attempts (no lookup-only step), and the probe's one question.
-    assert client_lookups(server) == 5 and server.lookup_agents.count(PROBE) == 1, server.lookup_agents
+    assert len(server.lookup_agents) == 5, server.lookup_agents  # one lookup, the client's 5 attempts
+    key = run.outputs()["key"]
+    assert "| bundle entry | failed: Failed to reserve cache: " in summary and "(429) Too Many Requests" in summary
+    assert server.keys() == [] and "Job succeeded" in run.log
+    restore_warning, save_warning = shown_annotations(run)
+    assert "::warning title=compile cache::the cache client restored nothing: " in restore_warning
+    assert f"::warning title=compile cache::save bundle entry {key}: failed: " in save_warning
 
 
 @pytest.mark.parametrize(
     ("fault", "said"),
     [
-        ("connection refused", "the cache service is unreachable (ECONNREFUSED)"),
-        (403, "the cache service refused the lookup (HTTP 403: permission_denied: injected refusal"),
-        (404, "the cache service refused the lookup (HTTP 404: bad_route: injected refusal"),
-        (429, "the cache service refused the lookup: rate limited (HTTP 429: resource_exhausted"),
+        ("connection refused", "ECONNREFUSED"),
+        (403, "(403) Forbidden: injected refusal of the cache service"),
+        (429, "Rate limited: Failed request: (429) Too Many Requests: injected refusal of the cache service"),
     ],
 )
 def test_a_lookup_refused_at_once_is_an_error_not_a_miss(
     act: Act, server: CacheServer, fault: int | str, said: str
 ) -> None:
-    """Issue 26: a service that refuses at once (no retries: actions/cache's client logs the error and reports no
-    entry, outputs and files exactly as a miss) is told from a miss by the Action's probe step, which asks the
-    service once: outcome ``error``, one warning, ``min-hit-rate`` not applied, the job green."""
+    """Issue 26: a service that refuses at once (no retries: the client logs the error and returns as for a miss)
+    is not a miss. Issue 42: the Action's JavaScript reads the client's own words from its log (no probe step):
+    outcome ``error``, one warning (the client's own is a plain line), ``min-hit-rate`` not applied, the job
+    green."""
     act.write("test_models.py", PLAIN_SUITE)
     if fault == "connection refused":
         server.refuse_connections = True
@@ -338,13 +355,14 @@ def test_a_lookup_refused_at_once_is_an_error_not_a_miss(
     steps = run.steps()
     assert (steps["cc"]["outcome"], steps["tests"]["outcome"]) == ("success", "success")
     assert run.outputs()["restore-outcome"] == "error"
-    assert "Failed to restore" in run.log  # actions/cache's own line: it saw the refusal and said "no entry"
+    assert "@actions/cache: Failed to restore: " in run.log  # the client's own line, kept, not an annotation
     summary = shown(run.summary())
-    assert f"error: {said}" in summary and "min-hit-rate 0.9 not applied: the restore failed" in summary
-    warnings = [line for line in run.log.splitlines() if "::warning title=compile cache::" in line]
-    assert len(warnings) == 1 and said in warnings[0], warnings
-    if fault != "connection refused":  # one lookup, not retried, and one question
-        assert client_lookups(server) == 1 and server.lookup_agents.count(PROBE) == 1, server.lookup_agents
+    assert "error: the cache client restored nothing: Failed to restore: " in summary and said in summary
+    assert "min-hit-rate 0.9 not applied: the restore failed" in summary
+    (warning,) = shown_annotations(run)
+    assert warning.count("::warning title=compile cache::the cache client restored nothing") == 1 and said in warning
+    if fault != "connection refused":  # one lookup, not retried
+        assert len(server.lookup_agents) == 1, server.lookup_agents
 
 
 def test_two_jobs_with_one_fingerprint_keep_their_own_lineage(act: Act, server: CacheServer) -> None:
@@ -359,7 +377,8 @@ def test_two_jobs_with_one_fingerprint_keep_their_own_lineage(act: Act, server: 
     assert "Unable to reserve cache" not in first.log
 
     # Every graph hits and the header came with the bundle entry: nothing new, so no bundle is written and
-    # the post step saves no empty entry; each lineage saves its own header entry.
+    # the post step saves no empty entry, and says why (issue 42: no warning on a healthy warm push); each
+    # lineage saves its own header entry.
     second = act.run(workflow(jobs=("unit", "models")), "push", env=fresh_runner(act))
     assert second.returncode == 0, second.log[-6000:]
     assert second.outputs("unit")["matched-key"] == unit["key"]
@@ -367,36 +386,42 @@ def test_two_jobs_with_one_fingerprint_keep_their_own_lineage(act: Act, server: 
     for job in ("unit", "models"):
         assert totals(second, job)["misses"] == 0 and totals(second, job)["hits"] >= 2
         assert second.report(job)["save"]["outcome"] == "skipped"
-    assert "Path Validation Error" in second.log  # no bundle written: the post step saves no empty entry
+    assert shown_annotations(second) == [] and "Path Validation Error" not in second.log
+    for job in ("unit", "models"):
+        key = second.outputs(job)["key"]
+        assert f"save: bundle entry {key}: not needed: " in second.log
     assert "100% hit rate" in second.summary()
     saved = server.keys()
     headers = sorted(key for key in saved if "-artifact-" in key)
     assert [key.split("-artifact-")[0] for key in headers] == ["compilecache-v1-models", "compilecache-v1-unit"]
 
 
-def test_a_job_whose_tests_fail(act: Act, server: CacheServer) -> None:
-    """The cache never decides the job's outcome, and a red job saves nothing (issue 26: one policy for every
-    store, input ``save-on-failure: false``).
-
-    GitHub's runner evaluates actions/cache's ``post-if: success()`` against the job and skips the save after
-    the failed pytest step. act evaluates it inside a composite action against the composite's own steps,
-    which all succeeded, and runs the post step: the policy holds there too because the plugin, told it by
-    the Action, writes no bundle for the post step to upload.
-    """
+def test_a_red_job_saves_only_with_save_on_failure_and_the_next_push_restores_it(act: Act, server: CacheServer) -> None:
+    """The cache never decides the job's outcome. Issue 42: with ``save-on-failure: true`` a red job saves to
+    ``store: github`` too (the post step runs after a failed job when told: action.yml's ``post-if``), and the
+    next push restores it; without it (the default, as actions/cache) a red job saves nothing (issue 26: one
+    policy for every store), and its post step does not run."""
     act.write("test_models.py", MATMUL_SUITE)
     act.write("test_failing.py", FAILING_TEST)
-    run = act.run(workflow(), "push")
-    assert run.returncode != 0
-    steps = run.steps()
+    opted = act.run(workflow(with_='          save-on-failure: "true"'), "push")
+    assert opted.returncode != 0
+    steps = opted.steps()
     assert (steps["cc"]["outcome"], steps["tests"]["outcome"]) == ("success", "failure")
-    assert run.outputs()["restore-outcome"] == "miss"
-    # Nothing restored, so the probe asked the service, which answered: a miss stays a miss (issue 26).
-    assert (client_lookups(server), server.lookup_agents.count(PROBE)) == (1, 1), server.lookup_agents
-    assert totals(run)["misses"] >= 2  # the plugin reported despite the failure
-    assert "Run Post Restore the compile cache (actions/cache, saved at job end)" in run.log
-    save = run.report()["save"]
+    assert opted.outputs()["restore-outcome"] == "miss" and len(server.lookup_agents) == 1
+    assert totals(opted)["misses"] >= 2  # the plugin reported despite the failure
+    key = opted.outputs()["key"]
+    assert server.keys() == [key] and f"| bundle entry | saved: `{key}`" in opted.summary()
+    assert shown_annotations(opted) == []
+
+    act.write("test_more.py", ANOTHER_GRAPH)  # one new graph: something the red job could save
+    red = act.run(workflow(), "push")
+    assert red.returncode != 0 and red.steps()["tests"]["outcome"] == "failure"
+    assert (red.outputs()["restore-outcome"], red.outputs()["matched-key"]) == ("partial", key)
+    assert totals(red)["misses"] >= 1 and totals(red)["hits"] >= 2
+    save = red.report()["save"]
     assert (save["outcome"], save["message"]) == ("skipped", "the tests failed: nothing saved (input save-on-failure)")
-    assert server.keys() == []  # no bundle staged: act's post step found nothing to upload
+    assert "Run Post compilecache/pytest-compilecache@v1" not in red.log  # post-if: the job failed
+    assert server.keys() == [key]
 
 
 def test_inside_a_users_composite_action(act: Act, server: CacheServer) -> None:

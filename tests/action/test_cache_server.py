@@ -169,3 +169,11 @@ def test_refused_connections_can_be_injected(server: CacheServer) -> None:
     port = int(url.rstrip("/").rsplit(":", 1)[1])
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def test_a_refusal_of_new_entries_can_be_injected(server: CacheServer) -> None:
+    server.refuse_creates = 429
+    assert save(server, MAIN, "k-1") == 429
+    assert server.keys() == []
+    server.refuse_creates = None
+    assert save(server, MAIN, "k-1") == 200 and server.keys() == ["k-1"]

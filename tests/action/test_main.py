@@ -108,11 +108,11 @@ def test_default_branch_from_the_event(action: ModuleType, environ: dict[str, st
 def test_lineage_carries_the_job_and_the_matrix_leg(action: ModuleType) -> None:
     """Fix 5: two jobs or two matrix legs with one fingerprint get different keys and restore their own."""
     assert inputs.lineage({"GITHUB_JOB": "test"}, "compilecache-v1") == "compilecache-v1-test"
-    assert inputs.lineage({"GITHUB_JOB": "test", "COMPILECACHE_MATRIX": "null"}, "p") == "p-test"
-    assert inputs.lineage({"GITHUB_JOB": "test", "COMPILECACHE_MATRIX": "{}"}, "p") == "p-test"
-    leg_a = inputs.lineage({"GITHUB_JOB": "test", "COMPILECACHE_MATRIX": '{"py": "3.11", "os": "linux"}'}, "p")
-    leg_a_reordered = inputs.lineage({"GITHUB_JOB": "test", "COMPILECACHE_MATRIX": '{"os":"linux","py":"3.11"}'}, "p")
-    leg_b = inputs.lineage({"GITHUB_JOB": "test", "COMPILECACHE_MATRIX": '{"py": "3.12", "os": "linux"}'}, "p")
+    assert inputs.lineage({"GITHUB_JOB": "test", "INPUT_MATRIX_LEG": "null"}, "p") == "p-test"
+    assert inputs.lineage({"GITHUB_JOB": "test", "INPUT_MATRIX_LEG": "{}"}, "p") == "p-test"
+    leg_a = inputs.lineage({"GITHUB_JOB": "test", "INPUT_MATRIX_LEG": '{"py": "3.11", "os": "linux"}'}, "p")
+    leg_a_reordered = inputs.lineage({"GITHUB_JOB": "test", "INPUT_MATRIX_LEG": '{"os":"linux","py":"3.11"}'}, "p")
+    leg_b = inputs.lineage({"GITHUB_JOB": "test", "INPUT_MATRIX_LEG": '{"py": "3.12", "os": "linux"}'}, "p")
     assert leg_a == leg_a_reordered and leg_a != leg_b
     assert leg_a.startswith("p-test-") and len(leg_a) == len("p-test-") + 8
     assert inputs.lineage({"GITHUB_JOB": "odd job/name"}, "p") == "p-odd_job_name"
@@ -384,12 +384,12 @@ def test_restore_markdown(action: ModuleType, environ: dict[str, str], fingerpri
     text = transfer.restore_markdown(plan, RestoreResult("partial", key="k-1", size=4096, seconds=0.25, files=3))
     assert "### torch.compile cache: restore" in text
     assert "partial: `k-1`, 4.0 KiB in 0.2 s, 3 files" in text
-    # Issue 26: staged, not "saved": actions/cache's post step uploads it, and only if the job succeeds.
-    assert f"`{plan.key}` if the tests compile something new: staged for upload at job end (actions/cache" in text
-    # ... after the last step: nothing in this job learns how it went; the next run's restore says what it found.
-    assert "uploads it after the last step if the job succeeds; the next run's restore reports the result" in shown(
-        text
-    )
+    # Issue 42: the Action's post step uploads it; its own section of the summary says how that went.
+    saving = f"`{plan.key}` if the tests compile something new, uploaded at job end by this Action when the job"
+    assert saving + " succeeds (input save-on-failure)" in text
+    environ["INPUT_SAVE_ON_FAILURE"] = "true"
+    text = transfer.restore_markdown(inputs.make_plan(environ, fingerprint), RestoreResult("partial", key="k-1"))
+    assert "by this Action, also when the job fails (input save-on-failure)" in text
     assert "| lineage | `compilecache-v1-test` |" not in text and "| lineage | `compilecache-v1-test` (" in text
     environ["GITHUB_EVENT_NAME"] = "pull_request"
     text = transfer.restore_markdown(inputs.make_plan(environ, fingerprint), RestoreResult("miss", message="a|b"))
@@ -496,6 +496,8 @@ def test_plan_and_restore_commands(
 
     monkeypatch.setattr(pytest_compilecache.action_api, "collect_fingerprint", lambda salt="": fingerprint)
     environ["INPUT_SIGNING_KEY"] = "s3cret"
+    reply = Path(environ["RUNNER_TEMP"]) / "reply.json"
+    environ["COMPILECACHE_REPLY"] = str(reply)
     assert action.main(["plan"], environ) == 0
     out = capsys.readouterr().out
     assert "::add-mask::s3cret" in out
@@ -505,17 +507,27 @@ def test_plan_and_restore_commands(
     assert env["PYTEST_COMPILECACHE_SIGNING_KEY"] == "s3cret"
     # Issue 27.4: the plan's fingerprint is handed to pytest, which saves under the key the plan computed.
     assert json.loads(env["PYTEST_COMPILECACHE_FINGERPRINT"]) == fingerprint.to_json()
-    assert outputs["transfer"] == "github" and outputs["save"] == "true"
-    assert Path(outputs["plan"]).is_file() and Path(outputs["cache-dir"]).is_dir()
+    assert set(outputs) == {"key", "cache-dir", "report"} and Path(outputs["cache-dir"]).is_dir()
+    # What action/js needs to restore the bundle entry (the literal path: the client hashes it into the version).
+    told = json.loads(reply.read_text())
+    assert told == {
+        "transfer": "github",
+        "key": outputs["key"],
+        "restore_prefix": told["restore_prefix"],
+        "path": ".compilecache-staging/*.bundle",
+    }
+    assert outputs["key"].startswith(told["restore_prefix"]) and "COMPILECACHE_SAVE_ON_FAILURE" not in env
 
     # The same job again: refused (one configuration per job).
     assert action.main(["plan"], environ) == 2
     assert "once per job" in capsys.readouterr().out
 
     Path(environ["GITHUB_OUTPUT"]).write_text("")
-    assert action.main(["restore"], {**environ, "COMPILECACHE_PLAN": outputs["plan"]}) == 0
+    reply.unlink()
+    assert action.main(["restore"], {**environ, "COMPILECACHE_FOUND": '{"matched": null, "problem": null}'}) == 0
     assert parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["restore-outcome"] == "miss"
     assert "### torch.compile cache: restore" in Path(environ["GITHUB_STEP_SUMMARY"]).read_text()
+    assert not reply.exists()  # no header entry to restore: nothing to tell action/js
 
 
 def test_plan_refuses_a_cache_dir_that_holds_someones_files(
@@ -547,73 +559,51 @@ def test_restore_command_warns_and_succeeds_on_trouble(
     (Path(plan.staging) / f"{plan.restore_prefix}5-1.bundle").write_bytes(b"garbage")
     plan_file = Path(environ["RUNNER_TEMP"]) / "compilecache-plan.json"
     plan_file.write_text(json.dumps(plan.to_json()))
-    assert action.main(["restore"], {**environ, "COMPILECACHE_PLAN": str(plan_file)}) == 0
+    assert action.main(["restore"], environ) == 0
     assert "::warning title=compile cache::restore skipped 1 bundle(s)" in capsys.readouterr().out
 
 
-# ---- what actions/cache reported (fix 7) and what the plugin is told (fix 9)
+# ---- what the cache client found (issue 42: its own words) and what the plugin is told (fix 9)
 
 
 @pytest.mark.parametrize(
-    ("steps", "staged", "trouble"),
+    ("found", "staged", "trouble"),
     [
-        (transfer.CacheSteps(), False, None),  # an older action.yml, or a plain miss
-        (transfer.CacheSteps("success", seconds=2.5), False, None),  # a miss: cache-hit unset, one quick lookup
-        (transfer.CacheSteps("success", "false", found=True), True, None),  # partial
-        (transfer.CacheSteps("failure"), False, "step failed"),
-        (transfer.CacheSteps("success", found=True), False, "found an entry but"),  # a failed download
-        (transfer.CacheSteps("success", "false"), False, "not available"),
-        # Issue 26: a lookup that failed until the client gave up (5 tries, at least 24 s) is not a miss.
-        (transfer.CacheSteps("success", seconds=31.0), False, "did not answer the lookup"),
-        (transfer.CacheSteps("success", seconds=31.0, found=True), True, None),  # a slow download, restored
-        # Issue 26: nothing restored, and the probe step's question was refused at once (the client read the
-        # same refusal as no entry), or the service answered it (a real miss), or no probe ran.
-        (transfer.CacheSteps("success", service="unreachable", detail="ECONNREFUSED"), False, "unreachable (ECONN"),
-        (transfer.CacheSteps("success", service="unreachable"), False, "unreachable (no answer)"),
-        (transfer.CacheSteps("success", service="403", detail="permission_denied: no"), False, "(HTTP 403: permi"),
-        (transfer.CacheSteps("success", service="404"), False, "refused the lookup (HTTP 404)"),
-        (transfer.CacheSteps("success", service="429"), False, "rate limited (HTTP 429)"),
-        (transfer.CacheSteps("success", service="503", detail="unavailable"), False, "failed (HTTP 503: unav"),
-        (transfer.CacheSteps("success", service="200"), False, None),  # it answered: a real miss
-        (transfer.CacheSteps("success", service="not-asked"), False, None),  # not the v2 service: not asked
-        (transfer.CacheSteps("success", service="500", seconds=31.0), False, "did not answer the lookup"),
-        (transfer.CacheSteps("success", "false", found=True, service="403"), True, None),  # restored: no probe ran
+        (transfer.Found(), False, None),  # the service answered: no entry (a miss)
+        (transfer.Found("k-1"), True, None),  # restored
+        (transfer.Found(problem="Failed to restore: (403) Forbidden"), False, "restored nothing: Failed to restore"),
+        (transfer.Found("k-1"), False, "reported k-1 restored but left no bundle in .compilecache-staging"),
+        (transfer.Found("k-1", "a warning the client logged"), True, None),  # restored all the same
     ],
 )
-def test_cache_steps_tell_trouble_from_a_miss(
-    action: ModuleType, steps: transfer.CacheSteps, staged: bool, trouble: str | None
+def test_what_the_client_found_tells_trouble_from_a_miss(
+    found: transfer.Found, staged: bool, trouble: str | None
 ) -> None:
-    found = steps.trouble(staged)
-    assert (found is None) if trouble is None else (trouble in (found or ""))
+    said = found.trouble(staged)
+    assert (said is None) if trouble is None else (trouble in (said or ""))
 
 
-def test_cache_steps_observe_the_clients_download_dir_and_the_time(environ: dict[str, str], fingerprint: Any) -> None:
-    plan = inputs.make_plan(environ, fingerprint)
-    temp = Path(environ["RUNNER_TEMP"])
-    (temp / "0b5e7c1e-54a8-4b4e-9f5c-1f0b8d4c1a22").mkdir()  # another step's actions/cache, before the plan
-    (temp / "compilecache-dir").mkdir()
-    plan.planned_at, plan.client_dirs = 1000.0, transfer.client_dirs(temp)
-    assert plan.client_dirs == ["0b5e7c1e-54a8-4b4e-9f5c-1f0b8d4c1a22"]
-    observed = transfer.CacheSteps.observe(plan, {"COMPILECACHE_CACHE_OUTCOME": "success"}, now=1003.0)
-    assert observed == transfer.CacheSteps("success", "", found=False, seconds=3.0)
-    probed = {"COMPILECACHE_SERVICE_STATUS": " 403\n", "COMPILECACHE_SERVICE_DETAIL": "permission_denied: no"}
-    observed = transfer.CacheSteps.observe(plan, probed, now=1003.0)
-    assert (observed.service, observed.detail) == ("403", "permission_denied: no")
-    (temp / "6f1c2d3e-0a1b-4c5d-8e9f-a0b1c2d3e4f5").mkdir()  # the client's lookup found an entry
-    assert transfer.CacheSteps.observe(plan, {}, now=1040.0) == transfer.CacheSteps(found=True, seconds=40.0)
+def test_what_the_client_found_is_read_from_the_javascript() -> None:
+    assert transfer.Found.read({}) == transfer.Found()
+    told = {"COMPILECACHE_FOUND": '{"matched": "k-1", "problem": null}'}
+    assert transfer.Found.read(told) == transfer.Found("k-1")
+    told = {"COMPILECACHE_FOUND": '{"matched": null, "problem": "Failed to restore: ECONNREFUSED"}'}
+    assert transfer.Found.read(told) == transfer.Found(problem="Failed to restore: ECONNREFUSED")
+    for bad in ("not json", "[1]"):
+        assert "no readable result" in str(transfer.Found.read({"COMPILECACHE_FOUND": bad}).problem)
 
 
 def test_a_failed_download_is_an_error_not_a_miss(
     action: ModuleType, environ: dict[str, str], fingerprint: Any
 ) -> None:
-    """Fix 7: the lookup found an entry, actions/cache restored nothing: that is trouble, not "no entry"."""
+    """Fix 7: the lookup found an entry, the client restored nothing: that is trouble, not "no entry"."""
     plan = inputs.make_plan(environ, fingerprint)
-    environ.update(COMPILECACHE_CACHE_OUTCOME="success")
-    (Path(environ["RUNNER_TEMP"]) / "6f1c2d3e-0a1b-4c5d-8e9f-a0b1c2d3e4f5").mkdir()  # the client's download dir
+    problem = "Failed to restore: Cache service responded with 403"
+    environ["COMPILECACHE_FOUND"] = json.dumps({"matched": None, "problem": problem})
     result = transfer.restore(plan, environ)
-    assert result.outcome == "error" and "failed download" in result.message
+    assert result.outcome == "error" and result.message == f"the cache client restored nothing: {problem}"
     assert transfer.restore_outputs(result) == {"restore-outcome": "error", "cache-hit": "false", "matched-key": ""}
-    assert "| restored | error: actions/cache found" in transfer.restore_markdown(plan, result)
+    assert "| restored | error: the cache client restored nothing" in transfer.restore_markdown(plan, result)
 
 
 def test_restore_tells_the_plugin_and_lifts_min_hit_rate_after_trouble(
@@ -627,18 +617,18 @@ def test_restore_tells_the_plugin_and_lifts_min_hit_rate_after_trouble(
     monkeypatch.setattr(pytest_compilecache.action_api, "collect_fingerprint", lambda salt="": fingerprint)
     environ["INPUT_MIN_HIT_RATE"] = "0.9"
     assert action.main(["plan"], environ) == 0
-    plan_file = parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["plan"]
-    environ.update(COMPILECACHE_PLAN=plan_file, COMPILECACHE_CACHE_OUTCOME="failure")
+    environ["COMPILECACHE_FOUND"] = json.dumps({"matched": None, "problem": "Failed to restore: (503)"})
     assert action.main(["restore"], environ) == 0
     env = parse_vars(Path(environ["GITHUB_ENV"]).read_text())
-    assert json.loads(env["PYTEST_COMPILECACHE_RESTORED"]) == {
+    told = json.loads(env["PYTEST_COMPILECACHE_RESTORED"])  # RestoreResult.encode() and the save policy
+    assert {name: told[name] for name in ("outcome", "key", "message", "save_when", "save_staged")} == {
         "outcome": "error",
         "key": None,
-        "message": "the actions/cache step failed (see its log)",
-        "headers": [],
+        "message": "the cache client restored nothing: Failed to restore: (503)",
         "save_when": "passed",  # issue 26: the save policy, and that the plugin's save is only staged
         "save_staged": True,
     }
+    assert told["headers"]["named"] == []
     assert env["PYTEST_COMPILECACHE_MIN_HIT_RATE"] == ""  # the later line wins in GITHUB_ENV
     assert resolve({}, lambda name: None, env).min_hit_rate is None
 
@@ -663,8 +653,7 @@ def test_restore_command_stages_torchs_artifacts_and_imports_no_torch(
         cache_dir=str(source), blobs=blobs, files=["fxgraph/ab/entry"], stats={},
     )  # fmt: skip
     assert saved.outcome == "saved", saved.message
-    plan_file = tmp_path / "plan.json"
-    plan_file.write_text(json.dumps(plan.to_json()))
+    (Path(environ["RUNNER_TEMP"]) / "compilecache-plan.json").write_text(json.dumps(plan.to_json()))
     script = Path(str(action.__file__))
     code = (
         "import runpy, sys\n"
@@ -676,7 +665,7 @@ def test_restore_command_stages_torchs_artifacts_and_imports_no_torch(
         "print('torch imported:', 'torch' in sys.modules)\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], env={**os.environ, **environ, "COMPILECACHE_PLAN": str(plan_file)},
+        [sys.executable, "-c", code], env={**os.environ, **environ},
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -746,48 +735,35 @@ def test_the_summary_does_not_promise_a_save_a_read_only_token_cannot_make(
 # ---- action.yml (fixes 1, 2, 6, 7)
 
 
-def test_action_yml_names_one_literal_workspace_relative_path_on_actions_cache_v5(action: ModuleType) -> None:
+def test_action_yml_is_a_node_action_whose_post_step_runs_after_a_red_job_only_when_told(action: ModuleType) -> None:
+    """Issue 42: a node24 action (the runner gives the cache service's URL and token to node actions only) whose
+    committed bundle action/js/dist runs main and post; post-if lets a failed job save only with save-on-failure,
+    which the plan exports for saving store: github runs (inputs.post_env)."""
     import yaml
 
     from tests.action.conftest import REPO
 
-    steps = yaml.safe_load((REPO / "action.yml").read_text())["runs"]["steps"]
-    cache_steps = [step for step in steps if str(step.get("uses", "")).startswith("actions/cache")]
-    assert [step["uses"] for step in cache_steps] == [  # issue 26: one lookup per restore, no lookup-only step
-        "actions/cache@v5",
-        "actions/cache/restore@v5",
-        "actions/cache@v5",  # the header entry (issue 10): saving runs
-        "actions/cache/restore@v5",  # and read-only runs
-    ]
-    for step in cache_steps[:2]:
-        # Literal (fix 1: the post step re-evaluates it, a wrapping composite loses `steps`) and relative to
-        # the workspace (fix 2: it is hashed into the entry version, which must match on every runner).
-        assert step["with"]["path"] == inputs.SAVE_PATH == ".compilecache-staging/*.bundle"
-        assert step.get("id") and step.get("continue-on-error") is True
-    for step in cache_steps[2:]:
-        # The same rules for the header entry, under its exact content key: no restore-keys, ever.
-        assert step["with"]["path"] == inputs.HEADER_PATH == ".compilecache-headers/*.bundle"
-        assert step["with"]["key"] == "${{ steps.restore.outputs.header-key }}"
-        assert "restore-keys" not in step["with"]
-        assert step.get("id") and step.get("continue-on-error") is True
-        assert "steps.restore.outputs.header-key != ''" in step["if"]
-    ids = [step.get("id") for step in steps]
-    assert ids.index("restore") < ids.index("header-cache") < ids.index("headers")
-    header_step = steps[ids.index("headers")]
-    assert header_step["run"].endswith('action/main.py" headers')
-    assert {"COMPILECACHE_PLAN", "COMPILECACHE_HEADER_HIT"} <= set(header_step["env"])
-    restore = next(step for step in steps if step.get("id") == "restore")
-    assert {"COMPILECACHE_CACHE_OUTCOME", "COMPILECACHE_CACHE_HIT"} <= set(restore["env"])
-    assert not any("lookup-only" in step.get("with", {}) for step in cache_steps)
-    # Issue 26: between the bundle's actions/cache step and restore, a node step (the only kind the runner gives
-    # the service's URL and token) asks the service whether it answers, only when nothing was restored.
-    probe = steps[ids.index("probe")]
-    assert ids.index("cache-readonly") < ids.index("probe") < ids.index("restore")
-    assert probe["uses"] == "actions/github-script@v9" and probe.get("continue-on-error") is True
-    assert "cache-hit) == ''" in probe["if"] and "transfer == 'github'" in probe["if"]
-    assert "${{" not in probe["with"]["script"]  # what it needs comes through env: no expression in code
-    assert restore["env"]["COMPILECACHE_SERVICE_STATUS"] == "${{ steps.probe.outputs.status }}"
-    assert restore["env"]["COMPILECACHE_SERVICE_DETAIL"] == "${{ steps.probe.outputs.detail }}"
+    runs = yaml.safe_load((REPO / "action.yml").read_text())["runs"]
+    assert runs["using"] == "node24"
+    assert (runs["main"], runs["post"]) == ("action/js/dist/main.js", "action/js/dist/post.js")
+    for step in ("main", "post"):
+        assert (REPO / runs[step]).is_file()
+    assert runs["post-if"] == f"success() || failure() && env.{inputs.SAVE_ON_FAILURE_ENV} == 'true'"
+    # Literal and relative to the workspace: the client hashes the path string into the entry version.
+    assert (
+        inputs.SAVE_PATH == ".compilecache-staging/*.bundle" and inputs.HEADER_PATH == ".compilecache-headers/*.bundle"
+    )
+
+
+def test_the_post_step_runs_after_a_red_job_only_for_saving_github_runs_with_save_on_failure(
+    environ: dict[str, str], fingerprint: Any
+) -> None:
+    environ["INPUT_SAVE_ON_FAILURE"] = "true"
+    assert inputs.post_env(inputs.make_plan(environ, fingerprint)) == {"COMPILECACHE_SAVE_ON_FAILURE": "true"}
+    for other in ({"INPUT_SAVE": "false"}, {"INPUT_STORE": "s3://bucket/p"}, {"INPUT_MODE": "isolated"}):
+        assert inputs.post_env(inputs.make_plan({**environ, **other}, fingerprint)) == {}
+    environ["INPUT_SAVE_ON_FAILURE"] = "false"
+    assert inputs.post_env(inputs.make_plan(environ, fingerprint)) == {}
 
 
 # ---- the header entry (issue 10): store: github carries each precompiled header as its own entry
@@ -808,9 +784,9 @@ def runner_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _planned(action: ModuleType, environ: dict[str, str]) -> tuple[str, Any]:
-    """Run the Action's ``plan`` command; return the plan file it wrote (its ``plan`` output) and the Plan."""
+    """Run the Action's ``plan`` command; return the plan file it wrote (RUNNER_TEMP) and the Plan."""
     assert action.main(["plan"], environ) == 0
-    plan_file = parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["plan"]
+    plan_file = str(Path(environ["RUNNER_TEMP"]) / inputs.PLAN)
     return plan_file, inputs.Plan.from_json(json.loads(Path(plan_file).read_text()))
 
 
@@ -819,7 +795,7 @@ def _header_bundle(
 ) -> tuple[str, dict[str, Any]]:
     """What the plugin of an earlier run wrote into the staging dir: a bundle naming the headers in ``machine``
     (one, or ``names``), with their objects beside it unless ``carried``. Returns the key and headers' sha256."""
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
     from pytest_compilecache import sync
     from pytest_compilecache.stores import open_store
 
@@ -848,7 +824,7 @@ def _header_bundle(
 
 
 def _object_key(plan: Any, artifact: Any) -> str:
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
 
     return headers.object_key(plan.prefix, artifact.sha256)
 
@@ -860,7 +836,7 @@ def _staged_objects(directory: str) -> list[str]:
 def test_restore_names_the_header_entry_and_keeps_the_bundle_entrys_copy(
     action: ModuleType, environ: dict[str, str], fingerprint: Any, tmp_path: Path, runner_tmp: Path
 ) -> None:
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
 
     plan = inputs.make_plan(environ, fingerprint)
     _, shas = _header_bundle(fingerprint, plan, tmp_path / "machine", "10-1")  # an entry saved before issue 10
@@ -876,7 +852,7 @@ def test_restore_names_the_header_entry_and_keeps_the_bundle_entrys_copy(
 def test_several_headers_one_entry_the_others_ride_in_the_bundle_entry(
     action: ModuleType, environ: dict[str, str], fingerprint: Any, tmp_path: Path, runner_tmp: Path
 ) -> None:
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
 
     plan = inputs.make_plan(environ, fingerprint)
     _, shas = _header_bundle(fingerprint, plan, tmp_path / "machine", "10-1", names=(SECOND, HEADER))
@@ -902,7 +878,7 @@ def test_no_header_entry_for_other_stores_or_without_a_restored_header(
 
 
 def _stage(plan: Any, directory: str, key: str, path: Path, content: bytes | None = None) -> Path:
-    """A header object as actions/cache (or the bundle entry) leaves it: ``<dir>/<key>.bundle``, zstd."""
+    """A header object as the cache client (or the bundle entry) leaves it: ``<dir>/<key>.bundle``, zstd."""
     import zstandard
 
     Path(directory).mkdir(parents=True, exist_ok=True)
@@ -914,7 +890,7 @@ def _stage(plan: Any, directory: str, key: str, path: Path, content: bytes | Non
 @pytest.fixture
 def header_case(action: ModuleType, environ: dict[str, str], fingerprint: Any, tmp_path: Path, runner_tmp: Path) -> Any:
     """A plan, the header torch built on an earlier machine, its manifest entry and entry key."""
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
 
     plan = inputs.make_plan(environ, fingerprint)
     machine = tmp_path / "machine"
@@ -925,7 +901,7 @@ def header_case(action: ModuleType, environ: dict[str, str], fingerprint: Any, t
 
 
 def test_header_entry_hit_installs_and_is_carried(action: ModuleType, header_case: Any) -> None:
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
 
     plan, source, artifact, key = header_case
     _stage(plan, plan.header_staging, key, source)
@@ -946,7 +922,7 @@ def test_a_read_only_run_installs_the_bundle_entrys_copy_and_keeps_nothing(
 ) -> None:
     from dataclasses import replace
 
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
 
     plan, source, artifact, key = header_case
     plan = replace(plan, save=False)
@@ -960,19 +936,19 @@ def test_a_read_only_run_installs_the_bundle_entrys_copy_and_keeps_nothing(
 def test_header_entry_miss_installs_the_bundle_entrys_copy_and_stages_it_for_saving(
     action: ModuleType, header_case: Any
 ) -> None:
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
 
     plan, source, artifact, key = header_case
     _stage(plan, plan.header_spare, key, source)
     carry = transfer.carry_header(plan, key, artifact, hit=False)
     assert (carry.source, carry.present, carry.carried, carry.warnings) == ("bundle", True, True, ())
     assert (headers.header_dir() / HEADER).read_bytes() == source.read_bytes()
-    # actions/cache's post step saves exactly this object under its exact key; the spare is gone.
+    # The post step saves exactly this object under its exact key; the spare is gone.
     assert _staged_objects(plan.header_staging) == [f"{key}.bundle"] and _staged_objects(plan.header_spare) == []
 
 
 def test_a_bad_header_entry_falls_back_to_the_bundle_entrys_copy(action: ModuleType, header_case: Any) -> None:
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
 
     plan, source, artifact, key = header_case
     _stage(plan, plan.header_staging, key, source, content=b"not the header")
@@ -981,13 +957,13 @@ def test_a_bad_header_entry_falls_back_to_the_bundle_entrys_copy(action: ModuleT
     assert (carry.source, carry.present) == ("bundle", True)
     # The exact key exists (with bad bytes) and is never saved again: the plugin keeps carrying the header.
     assert carry.carried is False
-    assert len(carry.warnings) == 1 and f"actions/cache entry {key} not used" in carry.warnings[0]
+    assert len(carry.warnings) == 1 and f"cache entry {key} not used" in carry.warnings[0]
     assert "does not match" in carry.warnings[0]
     assert (headers.header_dir() / HEADER).read_bytes() == source.read_bytes()
 
 
 def test_an_evicted_header_entry_is_one_warning_and_torch_builds_it(action: ModuleType, header_case: Any) -> None:
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
 
     plan, _, artifact, key = header_case
     carry = transfer.carry_header(plan, key, artifact, hit=False)
@@ -997,7 +973,7 @@ def test_an_evicted_header_entry_is_one_warning_and_torch_builds_it(action: Modu
 
 
 def test_a_bad_bundle_entry_copy_is_never_staged_for_saving(action: ModuleType, header_case: Any) -> None:
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
 
     plan, source, artifact, key = header_case
     _stage(plan, plan.header_spare, key, source, content=b"pch" * 4999 + b"pcX")
@@ -1010,7 +986,7 @@ def test_a_bad_bundle_entry_copy_is_never_staged_for_saving(action: ModuleType, 
 def test_a_header_already_in_torchs_dir_is_still_checked_before_it_is_saved(
     action: ModuleType, header_case: Any
 ) -> None:
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
 
     plan, source, artifact, key = header_case
     headers.header_dir().mkdir(parents=True)
@@ -1037,27 +1013,26 @@ def test_restore_and_headers_commands_tell_the_plugin_which_header_the_entry_car
     (and saves it as the header entry); the plugin's next bundle names it without carrying it; the second run
     gets it from the header entry."""
     import pytest_compilecache.action_api
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
     from pytest_compilecache.sync import read_handoff as action_restore_result
 
     monkeypatch.setattr(pytest_compilecache.action_api, "collect_fingerprint", lambda salt="": fingerprint)
-    plan_file, plan = _planned(action, environ)
+    _, plan = _planned(action, environ)
     _, shas = _header_bundle(fingerprint, plan, tmp_path / "machine", "1-1")
     key = _object_key(plan, shas[HEADER])
-    environ["COMPILECACHE_PLAN"] = plan_file
-    assert action.main(["restore"], environ) == 0
-    assert parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["header-key"] == key
+    reply = Path(environ["RUNNER_TEMP"]) / "reply.json"
+    assert action.main(["restore"], {**environ, "COMPILECACHE_REPLY": str(reply)}) == 0
+    assert json.loads(reply.read_text()) == {"header": {"key": key, "path": ".compilecache-headers/*.bundle"}}
     restored = json.loads(parse_vars(Path(environ["GITHUB_ENV"]).read_text())["PYTEST_COMPILECACHE_RESTORED"])
-    assert restored["headers"] == [] and "header_key" not in restored
+    assert restored["headers"]["named"] == [] and restored["headers"]["carried"] == []
 
-    # The header entry's actions/cache step missed (cache-hit empty): the bundle entry's copy is used.
+    # The header entry missed (the client matched nothing): the bundle entry's copy is used.
     assert action.main(["headers"], environ) == 0
     out = capsys.readouterr().out
     assert "::warning" not in out and f"from the bundle entry; saved as {key} at job end" in out
     assert (headers.header_dir() / HEADER).exists()
     assert _staged_objects(plan.header_staging) == [f"{key}.bundle"]
     env = parse_vars(Path(environ["GITHUB_ENV"]).read_text())  # the later line wins
-    assert parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["header-source"] == "bundle"
     result = action_restore_result(env["PYTEST_COMPILECACHE_RESTORED"])
     assert result is not None and result.outcome == "partial"
     assert (result.headers.named, result.headers.carried) == ((HEADER,), (key,))
@@ -1076,15 +1051,16 @@ def test_restore_and_headers_commands_tell_the_plugin_which_header_the_entry_car
     staged_bundle = (Path(plan.staging) / f"{new_key}.bundle").read_bytes()
     assert action.main(["plan"], environ) == 0
     (Path(plan.staging)).mkdir(parents=True)
-    (Path(plan.staging) / f"{new_key}.bundle").write_bytes(staged_bundle)  # actions/cache restored it
-    assert action.main(["restore"], environ) == 0
-    assert parse_vars(Path(environ["GITHUB_OUTPUT"]).read_text())["header-key"] == key
+    (Path(plan.staging) / f"{new_key}.bundle").write_bytes(staged_bundle)  # the cache client restored it
+    assert action.main(["restore"], {**environ, "COMPILECACHE_REPLY": str(reply)}) == 0
+    assert json.loads(reply.read_text())["header"]["key"] == key
     assert _staged_objects(plan.header_spare) == []  # the new bundle entry carries no copy
-    assert not Path(plan.header_staging).exists()  # plan leaves only what actions/cache restores there
+    assert not Path(plan.header_staging).exists()  # plan leaves only what the cache client restores there
     Path(plan.header_staging).mkdir()
-    (Path(plan.header_staging) / f"{key}.bundle").write_bytes(saved_entry)  # actions/cache restored it
-    assert action.main(["headers"], {**environ, "COMPILECACHE_HEADER_HIT": "true"}) == 0
-    assert f"installed, from its actions/cache entry {key}" in capsys.readouterr().out
+    (Path(plan.header_staging) / f"{key}.bundle").write_bytes(saved_entry)  # the cache client restored it
+    found = json.dumps({"matched": key, "problem": None})
+    assert action.main(["headers"], {**environ, "COMPILECACHE_FOUND": found}) == 0
+    assert f"installed, from its cache entry {key}" in capsys.readouterr().out
     assert (headers.header_dir() / HEADER).read_bytes() == b"gpch" + HEADER.encode() * 4000
     result = action_restore_result(parse_vars(Path(environ["GITHUB_ENV"]).read_text())["PYTEST_COMPILECACHE_RESTORED"])
     assert result is not None and result.headers.carried == (key,)
@@ -1096,7 +1072,7 @@ def test_headers_command_without_a_header_does_nothing(
     import pytest_compilecache.action_api
 
     monkeypatch.setattr(pytest_compilecache.action_api, "collect_fingerprint", lambda salt="": fingerprint)
-    environ["COMPILECACHE_PLAN"] = _planned(action, environ)[0]
+    _planned(action, environ)
     Path(environ["GITHUB_ENV"]).write_text("")
     assert action.main(["headers"], environ) == 0
     assert Path(environ["GITHUB_ENV"]).read_text() == ""
@@ -1115,12 +1091,11 @@ def test_an_evicted_header_entry_makes_the_headers_command_warn_not_fail(
     from pytest_compilecache.sync import read_handoff as action_restore_result
 
     monkeypatch.setattr(pytest_compilecache.action_api, "collect_fingerprint", lambda salt="": fingerprint)
-    plan_file, plan = _planned(action, environ)
+    _, plan = _planned(action, environ)
     _header_bundle(fingerprint, plan, tmp_path / "machine", "1-1", carried=("x",))
     (Path(plan.staging) / "x").write_text("")  # not a bundle name: ignored
     for path in Path(plan.staging).glob("*-artifact-*.bundle"):
         path.unlink()  # a bundle entry saved after issue 10: no copy of the header
-    environ["COMPILECACHE_PLAN"] = plan_file
     assert action.main(["restore"], environ) == 0
     capsys.readouterr()
     assert action.main(["headers"], environ) == 0
@@ -1140,7 +1115,7 @@ def test_headers_command_trouble_is_a_warning_not_a_failed_job(
     import pytest_compilecache.action_api
 
     monkeypatch.setattr(pytest_compilecache.action_api, "collect_fingerprint", lambda salt="": fingerprint)
-    environ["COMPILECACHE_PLAN"] = _planned(action, environ)[0]
+    _planned(action, environ)
     (Path(environ["RUNNER_TEMP"]) / inputs.HEADER_STATE).write_text('{"key": "k", "artifact": {"kind": "x"}}')
     capsys.readouterr()
     assert action.main(["headers"], environ) == 0
@@ -1223,10 +1198,164 @@ def test_the_plugin_saves_nothing_after_failed_tests_when_told(
 
 
 def test_the_restore_names_the_run_whose_upload_it_found(environ: dict[str, str], fingerprint: Any) -> None:
-    """Issue 26: actions/cache uploads after the Action's last step; the next restore says whose entry it found."""
+    """The next restore says whose entry it found (the newest of the lineage: the last upload that worked)."""
     plan = inputs.make_plan(environ, fingerprint)
     key = f"{plan.restore_prefix}987-2"
     assert transfer.saved_by(plan, key) == "987 attempt 2"
     assert transfer.saved_by(plan, "another-lineage-987-2") is None
     text = transfer.restore_markdown(plan, RestoreResult("partial", key=key, size=10, seconds=0.1, files=1))
     assert "(the newest saved: run 987 attempt 2)" in text
+
+
+# ---- the post step (issue 42): what it uploads, and the real result
+
+
+def _saving_plan(action: ModuleType, environ: dict[str, str], monkeypatch: pytest.MonkeyPatch, fingerprint: Any) -> Any:
+    import pytest_compilecache.action_api
+
+    monkeypatch.setattr(pytest_compilecache.action_api, "collect_fingerprint", lambda salt="": fingerprint)
+    return _planned(action, environ)[1]
+
+
+def test_save_names_the_plugins_bundle_and_a_staged_header(
+    action: ModuleType, environ: dict[str, str], fingerprint: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from action import upload
+
+    plan = _saving_plan(action, environ, monkeypatch, fingerprint)
+    Path(plan.staging).mkdir(parents=True)
+    (Path(plan.staging) / f"{plan.key}.bundle").write_bytes(b"b" * 300)
+    Path(plan.header_staging).mkdir(parents=True)
+    (Path(plan.header_staging) / "lineage-artifact-abc.bundle").write_bytes(b"h" * 20)
+    reply = Path(environ["RUNNER_TEMP"]) / "reply.json"
+    assert action.main(["save"], {**environ, "COMPILECACHE_REPLY": str(reply)}) == 0
+    assert json.loads(reply.read_text()) == {
+        "report": True,
+        "uploads": [
+            {"what": "bundle", "key": plan.key, "path": ".compilecache-staging/*.bundle", "bytes": 300},
+            {"what": "header", "key": "lineage-artifact-abc", "path": ".compilecache-headers/*.bundle", "bytes": 20},
+        ],
+        "skipped": [],
+    }
+    # Read-only runs and other stores: nothing to upload, nothing to say.
+    assert upload.save_reply(inputs.make_plan({**environ, "INPUT_SAVE": "false"}, fingerprint)) == {"report": False}
+    assert upload.save_reply(inputs.make_plan({**environ, "INPUT_STORE": "store"}, fingerprint)) == {"report": False}
+    assert upload.save_reply(None) == {"report": False}
+
+
+def test_save_after_a_main_step_that_stopped_before_its_plan_says_nothing(
+    action: ModuleType, environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    reply = Path(environ["RUNNER_TEMP"]) / "reply.json"
+    assert action.main(["save"], {**environ, "COMPILECACHE_REPLY": str(reply)}) == 0
+    assert json.loads(reply.read_text()) == {"report": False} and capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize(
+    ("report", "why"),
+    [
+        ({"save": {"outcome": "skipped", "message": "nothing new was compiled"}}, "nothing new was compiled"),
+        (None, "no pytest session with the plugin reported"),
+        ({"save": {"outcome": "error", "message": "disk full"}}, "the plugin's save failed (disk full)"),
+    ],
+)
+def test_no_bundle_is_not_needed_and_says_why(
+    action: ModuleType,
+    environ: dict[str, str],
+    fingerprint: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    report: Any,
+    why: str,
+) -> None:
+    from action import upload
+
+    plan = _saving_plan(action, environ, monkeypatch, fingerprint)
+    if report is not None:
+        Path(plan.json).write_text(json.dumps(report))
+    uploads, (skipped,) = upload.plan_uploads(plan)
+    assert uploads == [] and (skipped.what, skipped.key, skipped.outcome) == ("bundle", plan.key, "not needed")
+    assert why in skipped.why
+
+
+def test_a_staged_bundle_that_vanished_is_a_failure(
+    action: ModuleType, environ: dict[str, str], fingerprint: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from action import upload
+
+    plan = _saving_plan(action, environ, monkeypatch, fingerprint)
+    Path(plan.json).write_text(json.dumps({"save": {"outcome": "staged", "message": "staged"}}))
+    (skipped,) = upload.plan_uploads(plan)[1]
+    assert skipped.outcome == "failed" and ".compilecache-staging holds no bundle" in skipped.why
+
+
+RESERVE_429 = (
+    "Failed to reserve cache: Error: Failed to CreateCacheEntry: Received non-retryable error: Failed request: "
+    "(429) Too Many Requests: too many cache entries created"
+)
+
+
+@pytest.mark.parametrize(
+    ("result", "outcome", "why"),
+    [
+        ({"id": 17, "problems": []}, "saved", ""),
+        (
+            {"id": -1, "problems": ["Failed to save: Unable to reserve cache with key k", RESERVE_429]},
+            "failed",
+            RESERVE_429 + "; Failed to save: Unable to reserve cache with key k",  # the service's answer first
+        ),
+        ({"id": -1, "problems": ["Failed to reserve cache: Error: (409) Conflict: exists"]}, "not needed", "exists"),
+        ({"id": -1, "problems": []}, "failed", "logged no reason"),
+        ({"problems": ["Failed to save: (500) boom"]}, "failed", "Failed to save: (500) boom"),
+    ],
+)
+def test_the_clients_result_is_saved_not_needed_or_failed(result: dict[str, Any], outcome: str, why: str) -> None:
+    from action import upload
+
+    saved = upload.outcome({"what": "bundle", "key": "k", "path": "p", "bytes": 3, "seconds": 0.5, **result})
+    assert saved.outcome == outcome and why in saved.why
+
+
+def test_saved_reports_the_real_result_with_one_warning_for_failures(
+    action: ModuleType,
+    environ: dict[str, str],
+    fingerprint: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    plan = _saving_plan(action, environ, monkeypatch, fingerprint)
+    capsys.readouterr()
+    summary = Path(environ["GITHUB_STEP_SUMMARY"])
+    summary.write_text("")
+    bundle = {"what": "bundle", "key": plan.key, "path": "p", "bytes": 2 << 20, "seconds": 1.25}
+    told = {"report": True, "uploads": [{**bundle, "id": 3, "problems": []}], "skipped": []}
+    assert action.main(["saved"], {**environ, "COMPILECACHE_SAVES": json.dumps(told)}) == 0
+    out = capsys.readouterr().out
+    assert "::" not in out and f"save: bundle entry {plan.key}: saved (2.0 MiB in 1.2 s)" in out
+    assert f"| bundle entry | saved: `{plan.key}`, 2.0 MiB in 1.2 s |" in summary.read_text()
+
+    summary.write_text("")
+    header = {"what": "header", "key": "h-artifact-1", "path": "q", "bytes": 5}
+    refused = ["::warning::<b>|x", RESERVE_429]  # the client's words, untrusted: escaped everywhere
+    told = {
+        "report": True,
+        "uploads": [{**bundle, "id": -1, "problems": refused}, {**header, "id": -1, "problems": refused}],
+        "skipped": [],
+    }
+    assert action.main(["saved"], {**environ, "COMPILECACHE_SAVES": json.dumps(told)}) == 0
+    out = capsys.readouterr().out
+    warnings = [line for line in out.splitlines() if line.startswith("::")]
+    assert len(warnings) == 1 and warnings[0].startswith("::warning title=compile cache::save bundle entry")
+    assert "header entry h-artifact-1: failed" in warnings[0] and "the job's outcome is unchanged" in warnings[0]
+    text = summary.read_text()
+    assert "| bundle entry | failed: " in text and "\\<b\\>\\|x" in text and "(429) Too Many Requests" in text
+
+    summary.write_text("")
+    why = "nothing new was compiled"
+    told = {
+        "report": True,
+        "uploads": [],
+        "skipped": [{"what": "bundle", "key": plan.key, "outcome": "not needed", "why": why}],
+    }
+    assert action.main(["saved"], {**environ, "COMPILECACHE_SAVES": json.dumps(told)}) == 0
+    assert "::" not in capsys.readouterr().out
+    assert f"| bundle entry | not needed: {why} (`{plan.key}`) |" in summary.read_text()

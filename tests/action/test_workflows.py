@@ -125,7 +125,7 @@ def _scripts() -> list[tuple[str, str]]:
     """Every ``run:`` of action.yml and the workflows, as (where, script)."""
     found = []
     action = yaml.safe_load((REPO / "action.yml").read_text())
-    for step in action["runs"]["steps"]:
+    for step in action["runs"].get("steps", []):  # a node action (issue 42) has none
         if "run" in step:
             found.append((f"action.yml: {step['name']}", step["run"]))
     for path in WORKFLOWS:

@@ -112,3 +112,23 @@ def test_torch_rejecting_artifacts_compiles_cold(pytester: pytest.Pytester, fing
     warnings = [line for line in result.outlines if line.startswith("CompileCacheWarning:")]
     assert len(warnings) == 1 and "torch rejected" in warnings[0], warnings
     assert data["totals"]["misses"] >= 1 and data["totals"]["hits"] == 0
+
+
+def test_ctrl_c_during_the_end_of_session_save_is_pytests_interrupted(pytester: pytest.Pytester) -> None:
+    """Issue 44 (also): Ctrl-C while the session saved ended in a raw traceback and rc 130."""
+    pytester.makeconftest(
+        "from pytest_compilecache import save_phase\n\n\n"
+        "def _interrupted(self, *args, **kwargs):\n"
+        "    raise KeyboardInterrupt  # what Ctrl-C raises in the main thread, here mid-save\n\n\n"
+        "save_phase.SavePhase.run = _interrupted\n"
+    )
+    pytester.makepyfile(test_plain="def test_plain():\n    pass\n")
+    cache = pytester.path / "cache"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--compile-cache=shared", f"--compile-cache-dir={cache}", timeout=120
+    )
+    assert result.ret == pytest.ExitCode.INTERRUPTED, result.stdout.str() + result.stderr.str()
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    result.stderr.fnmatch_lines(["*KeyboardInterrupt*compile cache*nothing*saved*"])
+    sessions = cache / ".compilecache-sessions"
+    assert not sessions.exists() or not list(sessions.iterdir())  # the registration was withdrawn

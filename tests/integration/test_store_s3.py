@@ -396,7 +396,7 @@ def test_precompiled_headers_travel_once_per_bucket(s3_bucket: S3Bucket, tmp_pat
     save does not upload it again, and a fresh machine's restore installs it verified into torch's dir."""
     import hashlib
 
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
     from pytest_compilecache import sync
     from pytest_compilecache.fingerprint import Fingerprint
     from tests.fakes import FakeLoader

@@ -47,7 +47,7 @@ from typing import Callable
 
 import pytest
 
-from pytest_compilecache import headers
+from pytest_compilecache import pch
 from pytest_compilecache.stores import LocalStore
 from pytest_compilecache.stores.base import is_artifact_key
 from tests import torchenv
@@ -95,12 +95,12 @@ PROBE = """
 import json
 import os
 
-from pytest_compilecache import headers
+from pytest_compilecache import pch
 
 
 def test_header_dir_before_compiling(request):
-    directory = headers.header_dir()
-    names = sorted(p.name for p in directory.iterdir() if headers.is_header_name(p.name)) if directory.is_dir() else []
+    directory = pch.header_dir()
+    names = sorted(p.name for p in directory.iterdir() if pch.is_header_name(p.name)) if directory.is_dir() else []
     (request.config.rootpath / ("probe-" + os.environ["PROBE_LABEL"] + ".json")).write_text(json.dumps(names))
 """
 
@@ -280,7 +280,7 @@ def header_builds(log: str) -> list[str]:
     return [line for line in log.splitlines() if line.startswith("CALL ") and "-x c++-header" in line]
 
 
-CHECK = "compilecache_check"  # the one-line file of the plugin's header check (headers.check)
+CHECK = "compilecache_check"  # the one-line file of the plugin's header check (pch.check)
 
 
 def header_checks(log: str) -> list[str]:
@@ -311,13 +311,13 @@ def pch_warnings(log: str) -> list[str]:
 
 
 def _the_header(first: Machine) -> Path:
-    (path,) = [p for p in headers.header_dir(first.root / "tmp").iterdir() if headers.is_header_name(p.name)]
+    (path,) = [p for p in pch.header_dir(first.root / "tmp").iterdir() if pch.is_header_name(p.name)]
     return path
 
 
 def _place(tmp: Path, name: str, content: bytes) -> Path:
     """Put ``content`` under torch's header name in the header dir of the machine whose TMPDIR is ``tmp``."""
-    directory = headers.header_dir(tmp)
+    directory = pch.header_dir(tmp)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / name).write_bytes(content)
     return directory / name
@@ -361,7 +361,7 @@ def test_found_without_access_times(machine: Callable[..., Machine], first: Firs
     assert r.report["warnings"] == [] and _repaired(r.report, good.name) == []
 
     # The next session on that machine (warm, -n 2 again): the header was accepted as this very file, so no
-    # process runs the compiler on it again (the header dir's record, headers.VERDICTS), and it still counts
+    # process runs the compiler on it again (the header dir's record, pch.VERDICTS), and it still counts
     # as checked.
     again = machine("r", "--compile-cache=shared", "-n", "2", kernels="one", isa_probes=False)
     log = again.log[len(r.log) :]
@@ -387,7 +387,7 @@ def test_damaged_on_the_saving_machine(machine: Callable[..., Machine], first: F
     assert pch_warnings(s.log) == [], s.log
     (note,) = _repaired(s.report, good.name)
     assert "removed it and torch built it again" in note, note
-    rebuilt = (headers.header_dir(s.root / "tmp") / good.name).read_bytes()
+    rebuilt = (pch.header_dir(s.root / "tmp") / good.name).read_bytes()
     assert rebuilt != damaged_bytes and rebuilt[:4] == b"gpch"
     assert s.report["save"]["headers"]["transferred"] == 1, s.report["save"]
     assert _artifact_bytes(store) == [rebuilt]  # the sound rebuild only: no damaged or partial file
@@ -397,7 +397,7 @@ def test_damaged_on_the_saving_machine(machine: Callable[..., Machine], first: F
         assert f.report["restore"]["headers"]["transferred"] == 1, f.report["restore"]
         assert header_builds(f.log) == [] and pch_warnings(f.log) == [], f.log
         assert kernel_builds_with_header(f.log), f.log
-        assert (headers.header_dir(f.root / "tmp") / good.name).read_bytes() == rebuilt
+        assert (pch.header_dir(f.root / "tmp") / good.name).read_bytes() == rebuilt
 
 
 @pytest.mark.parametrize("how", ["zeroed", "truncated"])
@@ -417,7 +417,7 @@ def test_damaged_on_the_restoring_machine(
     # Read-only, so that OTHER_KERNEL is a miss that gcc compiles with the header.
     d = machine("d-" + how, "--compile-cache=shared", f"--compile-cache-store={store}", "--compile-cache-readonly",
                 before=damaged_here, kernels="other")  # fmt: skip
-    installed = (headers.header_dir(d.root / "tmp") / good.name).read_bytes()
+    installed = (pch.header_dir(d.root / "tmp") / good.name).read_bytes()
     assert installed != damaged_bytes and installed[:4] == b"gpch"
     assert pch_warnings(d.log) == [] and kernel_builds_with_header(d.log), d.log
     if how == "zeroed":  # no PCH at all: the restore puts the verified copy in its place
@@ -444,7 +444,7 @@ def test_fresh_runners_restore_it(machine: Callable[..., Machine], first: First,
     saved = a.report["save"]
     assert saved["outcome"] == "saved", saved
     assert saved["headers"]["named"] >= 1 and saved["headers"]["transferred"] == saved["headers"]["named"]
-    built = sorted(p.name for p in headers.header_dir(a.root / "tmp").iterdir() if headers.is_header_name(p.name))
+    built = sorted(p.name for p in pch.header_dir(a.root / "tmp").iterdir() if pch.is_header_name(p.name))
     artifacts = [e.key for e in LocalStore(store).list() if is_artifact_key(e.key)]
     assert len(artifacts) == saved["headers"]["named"]
 
@@ -480,5 +480,5 @@ def test_fresh_runners_restore_it(machine: Callable[..., Machine], first: First,
     assert restored["headers"]["transferred"] == saved["headers"]["named"], restored
     assert header_builds(log) == [], "an xdist worker rebuilt a header the controller installed: " + log
     assert isa_probe_builds(log) == [], log
-    installed = headers.header_dir(c.root / "tmp")
-    assert {p.name for p in installed.iterdir() if headers.is_header_name(p.name)} == set(built)
+    installed = pch.header_dir(c.root / "tmp")
+    assert {p.name for p in installed.iterdir() if pch.is_header_name(p.name)} == set(built)

@@ -267,9 +267,16 @@ def test_a_session_with_no_option_loads_only_the_option_table(inner: pytest.Pyte
 
     assert result.ret == 0, result.stdout.str()
     seen = {p.name: p.read_text().split() for p in inner.path.glob("ours-*.txt")}
-    expected = ["pytest_compilecache", "pytest_compilecache._version", "pytest_compilecache.options"]
+    expected = [
+        "pytest_compilecache",
+        "pytest_compilecache._entry",
+        "pytest_compilecache._loader",
+        "pytest_compilecache._version",
+        "pytest_compilecache.options",
+        "pytest_compilecache.plugin",
+    ]
     processes = ["controller", "gw0", "gw1"] if dist else ["controller"]
-    assert seen == {f"ours-{p}.txt": [*expected, "pytest_compilecache.plugin"] for p in processes}
+    assert seen == {f"ours-{p}.txt": expected for p in processes}
 
 
 def test_the_plugins_own_modules_load_without_pytests_rewriting_hook(
@@ -317,12 +324,21 @@ def test_the_plugins_own_modules_load_without_pytests_rewriting_hook(
 
     assert result.ret == 0, result.stdout.str()
     processes = ["controller", "gw0", "gw1"] if dist else ["controller"]
-    before_plugin = {"pytest_compilecache", "pytest_compilecache._version", "pytest_compilecache.options"}
+    # What pytest imports to find the plugin: the package, the entry point's module and the finder it puts
+    # ahead of the hook. The hooks module and the option table already load plainly.
+    before_finder = {
+        "pytest_compilecache",
+        "pytest_compilecache._version",
+        "pytest_compilecache._entry",
+        "pytest_compilecache._loader",
+    }
     for process in processes:
         loaders = dict(pair.split("=") for pair in (inner.path / f"loaders-{process}.txt").read_text().split())
         assert {"pytest_compilecache.session", "pytest_compilecache.settings"} <= set(loaders), loaders
+        assert {"pytest_compilecache.plugin", "pytest_compilecache.options"} <= set(loaders), loaders
         by_hook = {name for name, loader in loaders.items() if loader == "AssertionRewritingHook"}
-        assert by_hook <= before_plugin | {"pytest_compilecache.plugin"}, (process, by_hook)
+        assert by_hook <= before_finder, (process, by_hook)
+        assert "pytest_compilecache.plugin" not in by_hook, (process, by_hook)
         assert {loaders[name] for name in set(loaders) - by_hook} == {"SourceFileLoader"}, loaders
 
 
@@ -465,3 +481,47 @@ def test_annotations_resume_after_a_test_stopped_the_runners_commands(
         resume = lines.index(f"::{token}::")
         assert stop < resume < warning, run.output
         assert lines.count(f"::{token}::") == 1
+
+
+def test_import_hooks_leave_with_the_session_when_torch_was_only_looked_up(
+    inner: pytest.Pytester, dist: tuple[str, ...]
+) -> None:
+    """A test that only looks torch up (``find_spec``) wakes the plugin's watches, which then wait for torch's
+    modules; when the session ends none of the plugin's finders may stay in ``sys.meta_path`` (each process,
+    checked at its exit, after every cleanup)."""
+    inner.makepyfile(
+        test_suite="""
+        import importlib.util
+
+
+        def test_looks_torch_up():
+            assert importlib.util.find_spec("torch") is not None
+        """
+    )
+    inner.makeconftest(
+        """
+        import atexit
+        import os
+        import sys
+        from pathlib import Path
+
+        here = Path(__file__).parent
+        process = os.environ.get("PYTEST_XDIST_WORKER", "controller")
+
+
+        def record():
+            finders = [f"{type(f).__module__}.{type(f).__name__}" for f in sys.meta_path]
+            ours = [name for name in finders if name.startswith("pytest_compilecache")]
+            (here / f"finders-{process}.txt").write_text(f"{'torch' in sys.modules} {ours}")
+
+
+        atexit.register(record)
+        """
+    )
+
+    result = inner.runpytest_subprocess("-p", "no:cacheprovider", "--compile-cache=shared", *dist)
+
+    assert result.ret == 0, result.stdout.str()
+    seen = {p.name: p.read_text() for p in inner.path.glob("finders-*.txt")}
+    processes = ["controller", "gw0", "gw1"] if dist else ["controller"]
+    assert seen == {f"finders-{p}.txt": "False []" for p in processes}

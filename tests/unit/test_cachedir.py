@@ -803,7 +803,7 @@ def test_fresh_dir_defaults_to_a_temp_dir_torch_can_build_in(tmp_path: Path, mon
 
 
 def test_try_flock_tells_a_held_lock_from_a_free_one(tmp_path: Path) -> None:
-    """The one non-blocking flock probe (registrations here, torch's header build locks in headers.py)."""
+    """The one non-blocking flock probe (registrations here, torch's header build locks in pch.locks)."""
     from pytest_compilecache._fs import try_flock
 
     path = tmp_path / "lock"
@@ -1044,3 +1044,71 @@ def test_a_trim_that_keeps_only_recent_files_says_why(cache: Path) -> None:
     assert (result.removed, result.recent) == (0, 1)
     line = result.describe()
     assert line is not None and "over its cap" in line and "used within the last 1 hour(s)" in line
+
+
+# ---- the xdist restore ticket in the cache dir (issue 44, finding 1)
+
+
+def test_a_restore_ticket_leaves_a_torch_dir_torchs(tmp_path: Path) -> None:
+    """A second session on a dir torch filled, while the first one's workers restore, was refused: the ticket's
+    files were no name the ownership check knew."""
+    from pytest_compilecache.cachedir.ticket import RestoreTicket
+
+    cache = tmp_path / "torch"
+    (cache / "fxgraph").mkdir(parents=True)
+    ticket = RestoreTicket.new(str(cache))
+    lock = ticket.take(wait=False)
+    assert lock is not None
+    try:
+        ticket.fulfil({"restored": None})
+        assert len(os.listdir(cache)) == 3  # fxgraph, the ticket and its lock
+        assert cachedir.ownership(cache).kind == "torch"
+        cachedir.refuse_foreign(cache)  # not refused
+        assert cachedir.sweep_dead_writers(str(cache)) == 0  # its controller (this process) lives
+    finally:
+        lock.release()
+    ticket.remove()
+    assert os.listdir(cache) == ["fxgraph"]
+
+
+def test_a_dead_controllers_ticket_is_swept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGKILLed controller left its ticket: every later session on the dir exited 4 until someone deleted it."""
+    from pytest_compilecache.cachedir.ticket import RestoreTicket
+
+    cache = tmp_path / "torch"
+    (cache / "fxgraph").mkdir(parents=True)
+    dead = _dead_pid()
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "getpid", lambda: dead)
+        ticket = RestoreTicket.new(str(cache))
+    lock = ticket.take(wait=False)
+    assert lock is not None
+    lock.release()
+    ticket.fulfil({"restored": None})
+    assert cachedir.sweep_dead_writers(str(cache)) == 2
+    assert os.listdir(cache) == ["fxgraph"]
+
+
+def test_an_older_versions_ticket_is_ours_and_swept_by_age(tmp_path: Path) -> None:
+    cache = tmp_path / "torch"
+    (cache / "fxgraph").mkdir(parents=True)
+    for name in (".compilecache-restore-123-0123456789ab.json", ".compilecache-restore-123-0123456789ab.json.lock"):
+        (cache / name).write_text("{}")
+    assert cachedir.ownership(cache).kind == "torch"
+    assert cachedir.sweep_dead_writers(str(cache)) == 0  # young: its controller may live
+    assert cachedir.sweep_dead_writers(str(cache), now=time.time() + 2 * cachedir.STALE_AFTER) == 2
+    assert os.listdir(cache) == ["fxgraph"]
+
+
+def test_an_unusable_default_dir_is_named_as_the_default_not_as_an_option_the_user_never_gave(tmp_path: Path) -> None:
+    """Issue 44 (also): a read-only default dir's usage error named --compile-cache-dir."""
+    blocked = tmp_path / "file"
+    blocked.write_text("not a dir")
+    with pytest.raises(ConfigError) as raised:
+        cachedir.decide("shared", None, blocked / "d" / "compilecache")
+    message = str(raised.value)
+    assert not message.startswith("--compile-cache-dir:"), message
+    assert message.startswith(f"the default compile cache dir {blocked / 'd' / 'compilecache'}"), message
+    assert "choose another with --compile-cache-dir" in message
+    with pytest.raises(ConfigError, match="^--compile-cache-dir: "):  # given: named as given
+        cachedir.decide("shared", str(blocked / "x"), tmp_path / "default")

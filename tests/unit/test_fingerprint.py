@@ -32,6 +32,25 @@ def test_digest_is_stable_hex_of_fixed_length() -> None:
     assert digest == hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_LENGTH] == "a290e04456f320f4"
 
 
+def test_a_bundle_format_bump_starts_new_lineages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The format is in the digest, so in every key and lineage: after a bump, a restore's listing of its
+    lineage holds no bundle of the old format (none is read and refused). Format 2 keeps the digests above."""
+    from pytest_compilecache.manifest import FORMAT_VERSION
+    from tests.fakes import MemoryStore
+
+    assert FORMAT_VERSION == 2 and Fingerprint(FACTS).digest() == "a290e04456f320f4"  # a bump fails here first
+    old_key = fingerprint.make_key("cc", Fingerprint(FACTS).digest(), "run-1")
+    store = MemoryStore()
+    store.objects[old_key] = (b"a format 2 bundle", 1.0)
+    monkeypatch.setattr(fingerprint, "FORMAT_VERSION", 3)
+    bumped = Fingerprint(FACTS).digest()
+    canonical = '{"arch":"x86_64","cuda":"12.8","python":"cpython 3.11.7","torch":"2.13.0"}'
+    assert bumped == hashlib.sha256(f"bundle format 3\n{canonical}".encode()).hexdigest()[:DIGEST_LENGTH]
+    lineage = fingerprint.restore_prefix("cc", bumped)
+    assert not old_key.startswith(lineage) and store.list(lineage) == []
+    assert fingerprint.make_key("cc", bumped, "run-2").startswith(lineage)
+
+
 def test_digest_ignores_insertion_order() -> None:
     reordered = dict(reversed(list(FACTS.items())))
     assert list(reordered) != list(FACTS)

@@ -188,7 +188,7 @@ def test_annotations_come_after_the_resume_lines(monkeypatch: pytest.MonkeyPatch
         problems = Problems()
 
     Role.problems.warn("store down")
-    output = plugin._RunnerOutput()
+    output = ghrunner.StopTokenWatch()
     output.tokens = ["t1", "t2"]
     out = io.StringIO()
     monkeypatch.setattr("sys.stdout", out)

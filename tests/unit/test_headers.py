@@ -1,4 +1,4 @@
-"""headers.py: finding, describing, packing and installing torch's precompiled headers (no torch needed)."""
+"""pch: finding, describing, packing and installing torch's precompiled headers (no torch needed)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from pytest_compilecache import headers
-from pytest_compilecache.headers import HeaderError
+from pytest_compilecache import pch
 from pytest_compilecache.manifest import Artifact
+from pytest_compilecache.pch import HeaderError
 from pytest_compilecache.stores.local import LocalStore
 
 NAME = "c" + "a2b3c4d5e6f7" * 4 + "abc" + ".h.gch"  # 1 + 51 chars, as torch's code_hash names it
@@ -34,21 +34,21 @@ def make_header(directory: Path, name: str = NAME, content: bytes = b"gpch" + b"
 def checked(path: Path, verdict: str = "verified") -> dict[str, object]:
     """What a process that looked the header up and checked it reports (probe's HeaderUse JSON)."""
     info = os.lstat(path)
-    return headers.HeaderUse(path.name, verdict, info.st_size, info.st_mtime_ns, info.st_ino).to_json()
+    return pch.HeaderUse(path.name, verdict, info.st_size, info.st_mtime_ns, info.st_ino).to_json()
 
 
 def packed(path: Path) -> tuple[Artifact, io.BytesIO]:
-    artifact = headers.describe(path)
+    artifact = pch.describe(path)
     buf = io.BytesIO()
-    headers.compress(path, buf, artifact)
+    pch.compress(path, buf, artifact)
     buf.seek(0)
     return artifact, buf
 
 
 def test_names_are_torchs_and_nothing_else() -> None:
     assert len(NAME) == 52 + len(".h.gch")
-    assert headers.is_header_name(NAME)
-    assert headers.is_header_name(NAME.replace(".gch", ".pch"))
+    assert pch.is_header_name(NAME)
+    assert pch.is_header_name(NAME.replace(".gch", ".pch"))
     for bad in (
         NAME[:-4],
         NAME + ".tmp",
@@ -60,14 +60,14 @@ def test_names_are_torchs_and_nothing_else() -> None:
         "locks",
         "",
     ):
-        assert not headers.is_header_name(bad), bad
+        assert not pch.is_header_name(bad), bad
 
 
 def test_header_dir_follows_tmpdir_not_the_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "elsewhere"))
     monkeypatch.setattr(getpass, "getuser", lambda: "ci:user")
-    assert headers.header_dir() == tmp_path / "torchinductor_ci_user" / "precompiled_headers"
+    assert pch.header_dir() == tmp_path / "torchinductor_ci_user" / "precompiled_headers"
 
 
 def test_header_dir_without_a_user_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -76,7 +76,7 @@ def test_header_dir_without_a_user_name(tmp_path: Path, monkeypatch: pytest.Monk
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(getpass, "getuser", no_user)
-    assert headers.header_dir().parent.name == f"torchinductor_uid_{os.getuid()}"
+    assert pch.header_dir().parent.name == f"torchinductor_uid_{os.getuid()}"
 
 
 @pytest.mark.parametrize("mount", ["relatime", "noatime"])
@@ -114,7 +114,7 @@ def test_find_used_takes_checked_and_installed_headers_and_never_reads_times(tmp
         {"name": "../evil.h.gch", "verdict": "verified"},
         "junk",
     ]
-    found = headers.find_used(tmp_path, uses, installed=[installed.name, "../x"])
+    found = pch.find_used(tmp_path, uses, installed=[installed.name, "../x"])
     assert found == [installed, checked_old]
     assert os.stat(checked_old).st_atime == pytest.approx(atime, abs=1)  # nothing here depended on it
     assert unreported.exists()
@@ -125,13 +125,13 @@ def test_find_used_skips_a_header_being_built(tmp_path: Path) -> None:
     (tmp_path / "locks").mkdir()
     with open(tmp_path / "locks" / (NAME.split(".")[0] + ".lock"), "w") as held:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # torch's FileLock while gcc writes the file in place
-        assert headers.find_used(tmp_path, [checked(path)]) == []
-    assert headers.find_used(tmp_path, [checked(path)]) == [path]
+        assert pch.find_used(tmp_path, [checked(path)]) == []
+    assert pch.find_used(tmp_path, [checked(path)]) == [path]
 
 
 def test_find_used_on_a_missing_dir(tmp_path: Path) -> None:
-    assert headers.find_used(tmp_path / "absent", [], ["x"]) == []
-    assert headers.find_built(tmp_path / "absent", 0.0) == []
+    assert pch.find_used(tmp_path / "absent", [], ["x"]) == []
+    assert pch.find_built(tmp_path / "absent", 0.0) == []
 
 
 def test_find_built_takes_headers_written_since_that_start_like_a_pch(tmp_path: Path) -> None:
@@ -141,14 +141,14 @@ def test_find_built_takes_headers_written_since_that_start_like_a_pch(tmp_path: 
     os.utime(old, (time.time(), 1_000_000))  # read now, built long ago
     zeroed = make_header(tmp_path, "c" + "z" * 51 + ".h.gch", content=b"\0" * 4096)
     clang = make_header(tmp_path, "c" + "c" * 51 + ".h.pch", content=b"CPCH" + b"\0" * 64)
-    assert headers.find_built(tmp_path, time.time() - 60) == [clang, new]
-    assert headers.find_built(tmp_path, 0.0) == [clang, new, old]
+    assert pch.find_built(tmp_path, time.time() - 60) == [clang, new]
+    assert pch.find_built(tmp_path, 0.0) == [clang, new, old]
     assert zeroed.exists()
 
 
 def test_header_use_reports_are_validated_and_notes_said_once() -> None:
-    good = headers.HeaderUse(NAME, "rebuilt", 10, 20, 30, "precompiled header x rejected; rebuilt")
-    assert headers.HeaderUse.from_json(good.to_json()) == good
+    good = pch.HeaderUse(NAME, "rebuilt", 10, 20, 30, "precompiled header x rejected; rebuilt")
+    assert pch.HeaderUse.from_json(good.to_json()) == good
     for bad in (
         {**good.to_json(), "verdict": "fine"},
         {**good.to_json(), "size": -1},
@@ -157,24 +157,24 @@ def test_header_use_reports_are_validated_and_notes_said_once() -> None:
         {**good.to_json(), "note": 3},
         [NAME],
     ):
-        assert headers.HeaderUse.from_json(bad) is None, bad
-    other = headers.HeaderUse(OTHER, "unchecked", note="precompiled header y not checked")
+        assert pch.HeaderUse.from_json(bad) is None, bad
+    other = pch.HeaderUse(OTHER, "unchecked", note="precompiled header y not checked")
     reports = [good.to_json(), {**good.to_json(), "note": "the same header, from another worker"}, other.to_json()]
-    assert headers.header_notes(reports) == [good.note, other.note]
-    assert headers.header_notes([headers.HeaderUse(NAME, "verified").to_json()]) == []
+    assert pch.header_notes(reports) == [good.note, other.note]
+    assert pch.header_notes([pch.HeaderUse(NAME, "verified").to_json()]) == []
 
 
 def test_describe_hashes_the_raw_file(tmp_path: Path) -> None:
     content = os.urandom(3 << 20)
-    artifact = headers.describe(make_header(tmp_path, content=content))
-    assert artifact == Artifact(headers.KIND, NAME, hashlib.sha256(content).hexdigest(), len(content))
+    artifact = pch.describe(make_header(tmp_path, content=content))
+    assert artifact == Artifact(pch.KIND, NAME, hashlib.sha256(content).hexdigest(), len(content))
     assert artifact.to_json() == {
         "kind": "precompiled_header",
         "name": NAME,
         "sha256": artifact.sha256,
         "size": len(content),
     }
-    assert headers.header_artifact(artifact.to_json()) == headers.header_artifact(artifact) == artifact
+    assert pch.header_artifact(artifact.to_json()) == pch.header_artifact(artifact) == artifact
 
 
 def test_describe_refuses_links_and_foreign_names(tmp_path: Path) -> None:
@@ -182,9 +182,9 @@ def test_describe_refuses_links_and_foreign_names(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     os.symlink(target, tmp_path / "d" / NAME)
     with pytest.raises(HeaderError, match="cannot read"):
-        headers.describe(tmp_path / "d" / NAME)
+        pch.describe(tmp_path / "d" / NAME)
     with pytest.raises(HeaderError, match="not a precompiled-header name"):
-        headers.describe(make_header(tmp_path, "notes.txt"))
+        pch.describe(make_header(tmp_path, "notes.txt"))
 
 
 @pytest.mark.parametrize(
@@ -201,9 +201,9 @@ def test_describe_refuses_links_and_foreign_names(tmp_path: Path) -> None:
 def test_manifest_entries_are_validated(change: dict[str, object], match: str) -> None:
     entry = {"kind": "precompiled_header", "name": NAME, "sha256": "0" * 64, "size": 12, **change}
     with pytest.raises(HeaderError, match=match):
-        headers.header_artifact(entry)
+        pch.header_artifact(entry)
     with pytest.raises(HeaderError, match=match):
-        headers.header_artifact(Artifact(**entry))  # type: ignore[arg-type]
+        pch.header_artifact(Artifact(**entry))  # type: ignore[arg-type]
 
 
 def test_compress_is_zstd_and_install_round_trips(tmp_path: Path) -> None:
@@ -211,26 +211,26 @@ def test_compress_is_zstd_and_install_round_trips(tmp_path: Path) -> None:
     artifact, buf = packed(make_header(tmp_path / "a", content=content))
     assert zstandard.ZstdDecompressor().stream_reader(io.BytesIO(buf.getvalue())).read() == content
     assert len(buf.getvalue()) < len(content) // 2
-    dest = headers.header_dir(tmp_path)  # the TMPDIR exists; torch's dirs under it do not yet
-    assert headers.install_header(artifact, buf, dest) is True
+    dest = pch.header_dir(tmp_path)  # the TMPDIR exists; torch's dirs under it do not yet
+    assert pch.install_header(artifact, buf, dest) is True
     assert (dest / NAME).read_bytes() == content
     assert sorted(p.name for p in dest.iterdir()) == [NAME, "locks"]  # no temp file left behind
-    assert headers.find_used(dest, [], installed=[NAME]) == [dest / NAME]
+    assert pch.find_used(dest, [], installed=[NAME]) == [dest / NAME]
 
 
 def test_compress_notices_a_file_replaced_since_describe(tmp_path: Path) -> None:
     path = make_header(tmp_path)
-    artifact = headers.describe(path)
+    artifact = pch.describe(path)
     path.write_bytes(b"rebuilt by torch")
     with pytest.raises(HeaderError, match="changed while it was being packed"):
-        headers.compress(path, io.BytesIO(), artifact)
+        pch.compress(path, io.BytesIO(), artifact)
 
 
 def test_install_never_overwrites_a_pch(tmp_path: Path) -> None:
     artifact, buf = packed(make_header(tmp_path / "a", content=b"gpch carried"))
     dest = tmp_path / "hdr"
     existing = make_header(dest, content=b"gpch torch built this one")  # its size differs: gcc's builds do too
-    assert headers.install_header(artifact, buf, dest) is False
+    assert pch.install_header(artifact, buf, dest) is False
     assert existing.read_bytes() == b"gpch torch built this one"
 
 
@@ -241,8 +241,8 @@ def test_install_replaces_a_local_file_that_is_no_pch(tmp_path: Path, local: byt
     artifact, buf = packed(make_header(tmp_path / "a"))
     dest = tmp_path / "hdr"
     make_header(dest, content=local)
-    assert headers.is_damaged_copy(dest / NAME)
-    assert headers.install_header(artifact, buf, dest) is True
+    assert pch.is_damaged_copy(dest / NAME)
+    assert pch.install_header(artifact, buf, dest) is True
     assert (dest / NAME).read_bytes() == (tmp_path / "a" / NAME).read_bytes()
     assert sorted(p.name for p in dest.iterdir()) == [NAME, "locks"]
 
@@ -252,7 +252,7 @@ def test_install_leaves_a_link_at_the_destination_alone(tmp_path: Path) -> None:
     dest = tmp_path / "hdr"
     dest.mkdir()
     os.symlink(tmp_path / "target", dest / NAME)
-    assert headers.install_header(artifact, buf, dest) is False
+    assert pch.install_header(artifact, buf, dest) is False
     assert not (tmp_path / "target").exists()
 
 
@@ -268,15 +268,15 @@ def test_install_refuses_content_that_is_not_the_manifests(tmp_path: Path, damag
     artifact, buf = packed(make_header(tmp_path / "a"))
     dest = tmp_path / "hdr"
     with pytest.raises(HeaderError, match=match):
-        headers.install_header(damage(artifact), buf, dest)
+        pch.install_header(damage(artifact), buf, dest)
     assert sorted(p.name for p in dest.iterdir()) == ["locks"]
 
 
 def test_install_refuses_a_stream_that_is_not_zstd(tmp_path: Path) -> None:
-    artifact = headers.describe(make_header(tmp_path / "a"))
+    artifact = pch.describe(make_header(tmp_path / "a"))
     dest = tmp_path / "hdr"
     with pytest.raises(HeaderError, match="not a zstd stream"):
-        headers.install_header(artifact, io.BytesIO(b"raw bytes, not zstd" * 100), dest)
+        pch.install_header(artifact, io.BytesIO(b"raw bytes, not zstd" * 100), dest)
     assert not (dest / NAME).exists()
 
 
@@ -286,14 +286,14 @@ def test_install_refuses_a_symlinked_header_dir(tmp_path: Path) -> None:
     (tmp_path / "torchinductor_u").mkdir()
     os.symlink(tmp_path / "elsewhere", tmp_path / "torchinductor_u" / "precompiled_headers")
     with pytest.raises(HeaderError, match="not a plain directory"):
-        headers.install_header(artifact, buf, tmp_path / "torchinductor_u" / "precompiled_headers")
+        pch.install_header(artifact, buf, tmp_path / "torchinductor_u" / "precompiled_headers")
     assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
 def test_install_refuses_foreign_names(tmp_path: Path) -> None:
     artifact, buf = packed(make_header(tmp_path / "a"))
     with pytest.raises(HeaderError, match="not a precompiled-header artifact"):
-        headers.install_header(Artifact(headers.KIND, "evil.so", artifact.sha256, artifact.size), buf, tmp_path / "hdr")
+        pch.install_header(Artifact(pch.KIND, "evil.so", artifact.sha256, artifact.size), buf, tmp_path / "hdr")
     assert not (tmp_path / "hdr").exists()
 
 
@@ -303,42 +303,42 @@ def test_install_skips_a_header_torch_is_building(tmp_path: Path) -> None:
     (dest / "locks").mkdir(parents=True)
     with open(dest / "locks" / (NAME.split(".")[0] + ".lock"), "w") as held:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # what torch's FileLock does while it builds the header
-        assert headers.install_header(artifact, buf, dest) is False
+        assert pch.install_header(artifact, buf, dest) is False
     assert not (dest / NAME).exists()
-    assert headers.install_header(artifact, buf, dest) is True
+    assert pch.install_header(artifact, buf, dest) is True
 
 
 def test_object_keys_are_content_addressed_and_store_safe() -> None:
     digest = hashlib.sha256(b"x").hexdigest()
-    assert headers.object_key("compilecache-v1", digest) == f"compilecache-v1-artifact-{digest}"
+    assert pch.object_key("compilecache-v1", digest) == f"compilecache-v1-artifact-{digest}"
     with pytest.raises(ValueError, match="sha256"):
-        headers.object_key("p", "../" + digest)
+        pch.object_key("p", "../" + digest)
     with pytest.raises(ValueError, match=r"\[A-Za-z0-9._-\]"):
-        headers.object_key("a/b", digest)
+        pch.object_key("a/b", digest)
 
 
 def test_save_then_restore_through_a_store(tmp_path: Path) -> None:
     from pytest_compilecache.stores.local import LocalStore
 
     store = LocalStore(tmp_path / "store")
-    machine = headers.header_dir(tmp_path / "a")
+    machine = pch.header_dir(tmp_path / "a")
     content = b"gpch" + os.urandom(1 << 16) * 8
     uses = [checked(make_header(machine, content=content))]
     (tmp_path / "scratch").mkdir()
-    saved = headers.save_headers(store, "pfx", time.time() - 60, [], tmp_path / "scratch", machine, uses=uses)
+    saved = pch.save_headers(store, "pfx", time.time() - 60, [], tmp_path / "scratch", machine, uses=uses)
     assert (saved.transferred, saved.errors) == ([NAME], [])
-    key = headers.object_key("pfx", saved.artifacts[0].sha256)
+    key = pch.object_key("pfx", saved.artifacts[0].sha256)
     assert [entry.key for entry in store.list("pfx")] == [key]
-    again = headers.save_headers(store, "pfx", time.time() - 60, [], tmp_path / "scratch", machine, uses=uses)
+    again = pch.save_headers(store, "pfx", time.time() - 60, [], tmp_path / "scratch", machine, uses=uses)
     assert (again.artifacts, again.transferred) == (saved.artifacts, [])  # once per store
 
     (tmp_path / "b").mkdir()  # the fresh machine's TMPDIR
-    fresh = headers.header_dir(tmp_path / "b")
+    fresh = pch.header_dir(tmp_path / "b")
     entries = [*saved.artifacts, Artifact("cpp-so", "x.so", "0" * 64, 1)]
-    restored = headers.restore_headers(store, "pfx", entries, tmp_path / "scratch", fresh)
+    restored = pch.restore_headers(store, "pfx", entries, tmp_path / "scratch", fresh)
     assert (restored.transferred, restored.errors) == ([NAME], [])
     assert (fresh / NAME).read_bytes() == content
-    present = headers.restore_headers(store, "pfx", entries, tmp_path / "scratch", fresh)
+    present = pch.restore_headers(store, "pfx", entries, tmp_path / "scratch", fresh)
     assert (present.artifacts, present.transferred, present.errors) == (saved.artifacts, [], [])
     assert list((tmp_path / "scratch").iterdir()) == []
 
@@ -350,15 +350,15 @@ def test_restore_problems_are_warning_lines_and_change_nothing(tmp_path: Path) -
     (tmp_path / "scratch").mkdir()
     artifact, buf = packed(make_header(tmp_path / "a"))
     (tmp_path / "b").mkdir()
-    fresh = headers.header_dir(tmp_path / "b")
-    missing = headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh)
+    fresh = pch.header_dir(tmp_path / "b")
+    missing = pch.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh)
     assert missing.transferred == [] and len(missing.errors) == 1 and "not in the store" in missing.errors[0]
     other = tmp_path / "other.zst"
     other.write_bytes(zstandard.ZstdCompressor().compress(b"tampered"))
-    store.put(headers.object_key("pfx", artifact.sha256), other)
-    tampered = headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh)
+    store.put(pch.object_key("pfx", artifact.sha256), other)
+    tampered = pch.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh)
     assert tampered.transferred == [] and "does not match" in tampered.errors[0]
-    bad = headers.restore_headers(store, "pfx", [replace(artifact, name="../x.h.gch")], tmp_path, fresh)
+    bad = pch.restore_headers(store, "pfx", [replace(artifact, name="../x.h.gch")], tmp_path, fresh)
     assert "not a precompiled-header name" in bad.errors[0]
     assert not (fresh / NAME).exists()
 
@@ -370,8 +370,8 @@ def test_a_header_object_larger_than_its_header_can_pack_is_never_downloaded(tmp
     (tmp_path / "scratch").mkdir()
     artifact, _ = packed(make_header(tmp_path / "a"))
     huge = tmp_path / "huge"
-    huge.write_bytes(b"\0" * (headers.packed_bound(artifact.size) + 1))
-    store.put(headers.object_key("pfx", artifact.sha256), huge)
+    huge.write_bytes(b"\0" * (pch.packed_bound(artifact.size) + 1))
+    store.put(pch.object_key("pfx", artifact.sha256), huge)
     fetched: list[str] = []
     real_get = store.get
 
@@ -381,8 +381,8 @@ def test_a_header_object_larger_than_its_header_can_pack_is_never_downloaded(tmp
 
     store.get = get  # type: ignore[method-assign]
     (tmp_path / "b").mkdir()
-    fresh = headers.header_dir(tmp_path / "b")
-    result = headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh)
+    fresh = pch.header_dir(tmp_path / "b")
+    result = pch.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh)
     assert result.transferred == [] and "more than a" in result.errors[0], result.errors
     assert fetched == []  # refused from its listed size, before a byte moved
     assert list((tmp_path / "scratch").iterdir()) == []
@@ -390,12 +390,12 @@ def test_a_header_object_larger_than_its_header_can_pack_is_never_downloaded(tmp
 
 def test_verify_checks_a_stream_without_writing_it(tmp_path: Path) -> None:
     artifact, buf = packed(make_header(tmp_path / "a"))
-    headers.verify_header_copy(artifact, buf)  # the header's own bytes: no error
+    pch.verify_header_copy(artifact, buf)  # the header's own bytes: no error
     other, other_buf = packed(make_header(tmp_path / "b", content=b"other" * 100))
     with pytest.raises(HeaderError, match="does not match"):
-        headers.verify_header_copy(artifact, other_buf)
+        pch.verify_header_copy(artifact, other_buf)
     with pytest.raises(HeaderError, match="not a zstd stream"):
-        headers.verify_header_copy(artifact, io.BytesIO(b"plain bytes"))
+        pch.verify_header_copy(artifact, io.BytesIO(b"plain bytes"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
 
 
@@ -403,11 +403,11 @@ def test_save_headers_leaves_carried_keys_to_their_own_transport(tmp_path: Path)
     from pytest_compilecache.stores.local import LocalStore
 
     store = LocalStore(tmp_path / "store")
-    machine = headers.header_dir(tmp_path / "a")
+    machine = pch.header_dir(tmp_path / "a")
     path = make_header(machine)
-    key = headers.object_key("pfx", headers.describe(path).sha256)
+    key = pch.object_key("pfx", pch.describe(path).sha256)
     (tmp_path / "scratch").mkdir()
-    saved = headers.save_headers(
+    saved = pch.save_headers(
         store, "pfx", time.time() - 60, [], tmp_path / "scratch", machine, carried=[key], uses=[checked(path)]
     )
     assert ([a.name for a in saved.artifacts], saved.transferred, saved.errors) == ([NAME], [], [])
@@ -418,23 +418,23 @@ def test_save_uploads_only_headers_a_process_checked(tmp_path: Path) -> None:
     from pytest_compilecache.stores.local import LocalStore
 
     store = LocalStore(tmp_path / "store")
-    machine = headers.header_dir(tmp_path / "a")
+    machine = pch.header_dir(tmp_path / "a")
     good = make_header(machine, "c" + "g" * 51 + ".h.gch")
     bad = make_header(machine, "c" + "b" * 51 + ".h.gch", content=b"gpch" + b"\0" * 100)  # a truncated one
     unchecked = make_header(machine, "c" + "u" * 51 + ".h.gch")  # the check could not run
     restored = make_header(machine, "c" + "r" * 51 + ".h.gch", content=b"gpch restored")  # looked up by nobody
     uses = [checked(good), checked(bad, "damaged"), checked(unchecked, "unchecked")]
     (tmp_path / "scratch").mkdir()
-    saved = headers.save_headers(store, "pfx", 0.0, [restored.name], tmp_path / "scratch", machine, uses=uses)
+    saved = pch.save_headers(store, "pfx", 0.0, [restored.name], tmp_path / "scratch", machine, uses=uses)
     assert saved.transferred == [good.name], saved
     assert [a.name for a in saved.artifacts] == [good.name]
     (error,) = saved.errors  # the restored one is not in the store: never uploaded unchecked
     assert restored.name in error and "no process checked it" in error
-    key = headers.object_key("pfx", headers.describe(restored).sha256)
+    key = pch.object_key("pfx", pch.describe(restored).sha256)
     with open(tmp_path / "obj", "wb") as out:
-        headers.compress(restored, out)
+        pch.compress(restored, out)
     store.put(key, tmp_path / "obj")  # the object the restore fetched it from
-    again = headers.save_headers(store, "pfx", 0.0, [restored.name], tmp_path / "scratch", machine, uses=uses)
+    again = pch.save_headers(store, "pfx", 0.0, [restored.name], tmp_path / "scratch", machine, uses=uses)
     assert ([a.name for a in again.artifacts], again.transferred, again.errors) == (
         sorted([good.name, restored.name]),
         [],
@@ -448,19 +448,19 @@ def test_restore_replaces_a_local_header_that_is_no_pch_with_one_note(tmp_path: 
     store = LocalStore(tmp_path / "store")
     (tmp_path / "scratch").mkdir()
     source = make_header(tmp_path / "a")
-    artifact = headers.describe(source)
+    artifact = pch.describe(source)
     with open(tmp_path / "obj", "wb") as out:
-        headers.compress(source, out)
-    store.put(headers.object_key("pfx", artifact.sha256), tmp_path / "obj")
-    fresh = headers.header_dir(tmp_path / "b")
+        pch.compress(source, out)
+    store.put(pch.object_key("pfx", artifact.sha256), tmp_path / "obj")
+    fresh = pch.header_dir(tmp_path / "b")
     make_header(fresh, content=b"\0" * artifact.size)  # zeroed in place: gcc would ignore it for good
-    result = headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh)
+    result = pch.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh)
     assert (result.transferred, result.errors) == ([NAME], [])
     (note,) = result.notes
     assert NAME in note and "replaced" in note
     assert (fresh / NAME).read_bytes() == source.read_bytes()
     sound = make_header(tmp_path / "c" / "hdr", content=b"gpch another build of the same header")
-    kept = headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", sound.parent)
+    kept = pch.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", sound.parent)
     assert (kept.transferred, kept.notes) == ([], [])  # a PCH: the processes that look it up check it
     assert sound.read_bytes() == b"gpch another build of the same header"
 
@@ -506,7 +506,7 @@ def fake_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ign
 def test_check_accepts_only_a_pch_the_compiler_loads(tmp_path: Path, fake_compiler, content: bytes, reason) -> None:  # type: ignore[no-untyped-def]
     path = make_header(tmp_path / "hdr", content=content)
     (tmp_path / "hdr" / NAME[: -len(".gch")]).write_text("#include <vector>\n")  # torch's text header
-    got = headers.check(path, fake_compiler)
+    got = pch.check(path, fake_compiler)
     assert got == reason if reason is None else reason in str(got), got
     argv = (tmp_path / "cc.log").read_text().split()
     assert argv[-2:] == ["-fsyntax-only", "-Winvalid-pch"] and "-O3" in argv
@@ -517,9 +517,9 @@ def test_check_accepts_only_a_pch_the_compiler_loads(tmp_path: Path, fake_compil
 def test_check_that_cannot_run_proves_nothing(tmp_path: Path) -> None:
     path = make_header(tmp_path)
     with pytest.raises(HeaderError, match="cannot run"):
-        headers.check(path, lambda source, include: [str(tmp_path / "no-such-compiler"), str(source)])
+        pch.check(path, lambda source, include: [str(tmp_path / "no-such-compiler"), str(source)])
     with pytest.raises(HeaderError, match="did not finish"):
-        headers.check(path, lambda source, include: ["sh", "-c", "sleep 5", "sh"], timeout=0.2)
+        pch.check(path, lambda source, include: ["sh", "-c", "sleep 5", "sh"], timeout=0.2)
 
 
 def test_remove_if_unchanged_takes_torchs_lock_and_only_the_file_checked(tmp_path: Path) -> None:
@@ -528,12 +528,12 @@ def test_remove_if_unchanged_takes_torchs_lock_and_only_the_file_checked(tmp_pat
     (tmp_path / "locks").mkdir()
     with open(tmp_path / "locks" / (NAME.split(".")[0] + ".lock"), "w") as held:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # torch is building it right now
-        assert headers.remove_if_unchanged(path, info) is False
+        assert pch.remove_if_unchanged(path, info) is False
     path.write_bytes(b"gpch repaired by another process")
-    assert headers.remove_if_unchanged(path, info) is False
-    assert headers.remove_if_unchanged(path, os.lstat(path)) is True
+    assert pch.remove_if_unchanged(path, info) is False
+    assert pch.remove_if_unchanged(path, os.lstat(path)) is True
     assert not path.exists()
-    assert headers.remove_if_unchanged(path, info) is False  # gone already
+    assert pch.remove_if_unchanged(path, info) is False  # gone already
 
 
 @pytest.fixture(scope="module")
@@ -570,12 +570,12 @@ def test_check_with_gcc(real_pch: Path, tmp_path: Path, damage, reason) -> None:
     """What gcc really does with each damage, under the flags the header was built with: every one that torch's
     kernel builds would trip on (fatal) or silently ignore (a slow compile forever) fails the check."""
     path = make_header(tmp_path, content=damage(real_pch.read_bytes()))
-    got = headers.check(path, _gxx("-O2", "-DCHECKED=1"))
+    got = pch.check(path, _gxx("-O2", "-DCHECKED=1"))
     assert got == reason if reason is None else reason in str(got), got
 
 
 def test_check_with_gcc_under_other_flags_fails(real_pch: Path) -> None:
-    got = headers.check(real_pch, _gxx("-O0"))  # gcc would not use it for such a compile: fails, never falls back
+    got = pch.check(real_pch, _gxx("-O0"))  # gcc would not use it for such a compile: fails, never falls back
     assert got is not None and NAME in got
 
 
@@ -583,10 +583,10 @@ SECOND_PROCESS = """
 import sys
 from pathlib import Path
 
-from pytest_compilecache import headers
+from pytest_compilecache import pch
 
 compiler = sys.argv[2]
-print(headers.check(Path(sys.argv[1]), lambda s, i: [compiler, str(s), "-O3", "-include", str(i)], remember=True))
+print(pch.check(Path(sys.argv[1]), lambda s, i: [compiler, str(s), "-O3", "-include", str(i)], remember=True))
 """
 
 
@@ -599,10 +599,10 @@ def test_an_accepted_header_costs_the_next_process_no_compiler_run(  # type: ign
     import sys
 
     path = make_header(tmp_path / "torchinductor_u" / "precompiled_headers", content=b"gpch" + b"x" * 100 + b"END")
-    monkeypatch.setattr(headers, "SETTLED_NS", 20_000_000, raising=False)  # absent before issue 24's record
+    monkeypatch.setattr(pch.verdicts, "SETTLED_NS", 20_000_000, raising=False)  # absent before issue 24's record
     time.sleep(0.05)
     log = tmp_path / "cc.log"
-    assert headers.check(path, fake_compiler, remember=True) is None
+    assert pch.check(path, fake_compiler, remember=True) is None
     calls = log.read_text()
     compiler = fake_compiler(Path("s"), Path("i"))[0]
     second = subprocess.run(
@@ -612,7 +612,7 @@ def test_an_accepted_header_costs_the_next_process_no_compiler_run(  # type: ign
     assert log.read_text() == calls, "the second process ran the compiler"
     # Other flags: checked again. The same flags again: remembered too.
     for _ in range(2):
-        assert headers.check(path, lambda s, i: [*fake_compiler(s, i), "-O0"], remember=True) is None
+        assert pch.check(path, lambda s, i: [*fake_compiler(s, i), "-O0"], remember=True) is None
     assert log.read_text().count("-O0") == 1
     # Another compiler under the same name (an upgrade replaces the file): checked again.
     replaced = tmp_path / "new-g++"
@@ -620,41 +620,41 @@ def test_an_accepted_header_costs_the_next_process_no_compiler_run(  # type: ign
     replaced.chmod(0o755)
     os.replace(replaced, compiler)
     checks = log.read_text().count("-fsyntax-only")
-    assert headers.check(path, fake_compiler, remember=True) is None
+    assert pch.check(path, fake_compiler, remember=True) is None
     assert log.read_text().count("-fsyntax-only") == checks + 1
     # Without remember (the default), the record is neither read nor written.
-    assert headers.check(path, fake_compiler) is None
+    assert pch.check(path, fake_compiler) is None
     assert log.read_text().count("-fsyntax-only") == checks + 2
 
 
 def test_a_rejection_is_never_remembered_and_a_foreign_dir_keeps_no_record(  # type: ignore[no-untyped-def]
     tmp_path: Path, fake_compiler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(headers, "SETTLED_NS", 0, raising=False)  # absent before issue 24's record
+    monkeypatch.setattr(pch.verdicts, "SETTLED_NS", 0, raising=False)  # absent before issue 24's record
     directory = tmp_path / "torchinductor_u" / "precompiled_headers"
     cut = make_header(directory, content=b"gpch" + b"x" * 100)
     time.sleep(0.05)
     for _ in range(2):
-        assert "cannot read PCH file" in str(headers.check(cut, fake_compiler, remember=True))
-    assert not (directory / headers.VERDICTS).exists()
+        assert "cannot read PCH file" in str(pch.check(cut, fake_compiler, remember=True))
+    assert not (directory / pch.VERDICTS).exists()
     cut.unlink()
     directory.chmod(0o777)  # others may write here: nothing they leave is trusted, nothing is written
     sound = make_header(directory, content=b"gpch" + b"x" * 100 + b"END")
     time.sleep(0.05)
     for _ in range(2):
-        assert headers.check(sound, fake_compiler, remember=True) is None
-    assert not (directory / headers.VERDICTS).exists()
+        assert pch.check(sound, fake_compiler, remember=True) is None
+    assert not (directory / pch.VERDICTS).exists()
     assert (tmp_path / "cc.log").read_text().count("-fsyntax-only") == 4
 
 
 def test_a_verdict_is_remembered_only_once_a_later_write_must_change_the_ctime() -> None:
     second = 1_000_000_000
     base = 1_700_000_000 * second + 123_456_789  # a stamp in ns: the granule is the kernel's tick
-    assert not headers._settled(base, base + 10_000_000)  # the same tick, maybe: a write would stamp the same
-    assert headers._settled(base, base + headers.SETTLED_NS + 1)
+    assert not pch.verdicts._settled(base, base + 10_000_000)  # the same tick, maybe: a write would stamp the same
+    assert pch.verdicts._settled(base, base + pch.SETTLED_NS + 1)
     whole = 1_700_000_000 * second  # whole seconds (ext3, FAT): a write within 2 s may stamp the same
-    assert not headers._settled(whole, whole + second)
-    assert headers._settled(whole, whole + 2 * second + 1)
+    assert not pch.verdicts._settled(whole, whole + second)
+    assert pch.verdicts._settled(whole, whole + 2 * second + 1)
 
 
 SLOW_COMPILER = FAKE_COMPILER.replace("while [ $# -gt 0 ]; do", "sleep 0.5\nwhile [ $# -gt 0 ]; do", 1)
@@ -693,7 +693,7 @@ def test_a_header_built_a_moment_ago_is_remembered_by_its_first_check(tmp_path: 
     needs to settle (SETTLED_NS), so that its verdict can be remembered for the next processes."""
     path = make_header(tmp_path / "torchinductor_u" / "precompiled_headers", content=b"gpch" + b"x" * 100 + b"END")
     for _ in range(3):
-        assert headers.check(path, fake_compiler, remember=True) is None
+        assert pch.check(path, fake_compiler, remember=True) is None
     assert (tmp_path / "cc.log").read_text().count("-fsyntax-only") == 1
 
 
@@ -702,10 +702,10 @@ def _stored_header(tmp_path: Path) -> tuple[LocalStore, Artifact, bytes]:
 
     store = LocalStore(tmp_path / "store")
     content = b"gpch" + os.urandom(1 << 16) * 8
-    uses = [checked(make_header(headers.header_dir(tmp_path / "a"), content=content))]
+    uses = [checked(make_header(pch.header_dir(tmp_path / "a"), content=content))]
     (tmp_path / "scratch").mkdir()
-    saved = headers.save_headers(
-        store, "pfx", time.time() - 60, [], tmp_path / "scratch", headers.header_dir(tmp_path / "a"), uses=uses
+    saved = pch.save_headers(
+        store, "pfx", time.time() - 60, [], tmp_path / "scratch", pch.header_dir(tmp_path / "a"), uses=uses
     )
     return store, saved.artifacts[0], content
 
@@ -720,8 +720,8 @@ def test_a_compile_that_looks_a_reserved_header_up_waits_for_its_install(tmp_pat
 
     store, artifact, content = _stored_header(tmp_path)
     (tmp_path / "b").mkdir()
-    fresh = headers.header_dir(tmp_path / "b")
-    reservation = headers.reserve_headers([artifact], fresh)
+    fresh = pch.header_dir(tmp_path / "b")
+    reservation = pch.reserve_headers([artifact], fresh)
     assert list(reservation.held) == [NAME]
     seen: list[bool] = []
 
@@ -733,13 +733,13 @@ def test_a_compile_that_looks_a_reserved_header_up_waits_for_its_install(tmp_pat
     torch.start()
     time.sleep(0.3)
     assert seen == [] and not (fresh / NAME).exists()  # waiting in torch's own lock
-    restored = headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh, reservation)
+    restored = pch.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh, reservation)
     torch.join(30)
     assert seen == [True] and (restored.transferred, restored.errors) == ([NAME], [])
     assert (fresh / NAME).read_bytes() == content and reservation.held == {}
-    assert not headers._being_built(fresh, NAME)  # let go
+    assert not pch.locks.being_built(fresh, NAME)  # let go
     # Nothing left to install: nothing reserved.
-    assert headers.reserve_headers([artifact], fresh).held == {}
+    assert pch.reserve_headers([artifact], fresh).held == {}
 
 
 def test_a_reservation_is_never_held_on_by_a_forked_child(tmp_path: Path) -> None:
@@ -747,16 +747,16 @@ def test_a_reservation_is_never_held_on_by_a_forked_child(tmp_path: Path) -> Non
     held after the install lets go: every later compile of the machine would wait for that child."""
     store, artifact, _ = _stored_header(tmp_path)
     (tmp_path / "b").mkdir()
-    fresh = headers.header_dir(tmp_path / "b")
-    reservation = headers.reserve_headers([artifact], fresh)
+    fresh = pch.header_dir(tmp_path / "b")
+    reservation = pch.reserve_headers([artifact], fresh)
     child = os.fork()
     if child == 0:  # the child lives on, doing nothing of ours
         time.sleep(3)
         os._exit(0)
     try:
         time.sleep(0.2)
-        headers.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh, reservation)
-        assert not headers._being_built(fresh, NAME), "the forked child still holds torch's build lock"
+        pch.restore_headers(store, "pfx", [artifact], tmp_path / "scratch", fresh, reservation)
+        assert not pch.locks.being_built(fresh, NAME), "the forked child still holds torch's build lock"
     finally:
         os.kill(child, 9)
         os.waitpid(child, 0)
@@ -767,9 +767,86 @@ def test_a_failed_install_lets_go_of_the_reservation(tmp_path: Path) -> None:
 
     _, artifact, _ = _stored_header(tmp_path)
     (tmp_path / "b").mkdir()
-    fresh = headers.header_dir(tmp_path / "b")
-    reservation = headers.reserve_headers([artifact], fresh)
+    fresh = pch.header_dir(tmp_path / "b")
+    reservation = pch.reserve_headers([artifact], fresh)
     empty = LocalStore(tmp_path / "empty")
-    failed = headers.restore_headers(empty, "pfx", [artifact], tmp_path / "scratch", fresh, reservation)
+    failed = pch.restore_headers(empty, "pfx", [artifact], tmp_path / "scratch", fresh, reservation)
     assert "not in the store" in failed.errors[0] and reservation.held == {}
-    assert not headers._being_built(fresh, NAME) and not (fresh / NAME).exists()  # torch builds it
+    assert not pch.locks.being_built(fresh, NAME) and not (fresh / NAME).exists()  # torch builds it
+
+
+def test_a_compile_failure_naming_a_header_drops_its_verdict_and_removes_it(  # type: ignore[no-untyped-def]
+    tmp_path: Path, fake_compiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 44, finding 5: a damaged header whose record still matched (forged here; corruption that leaves the
+    metadata alone does the same) was never checked again, and every kernel compile failed, session after
+    session, with no note. A compile failure that names it drops its verdict, and removes a file the compiler
+    could not read: later kernels of the process parse the text header, the next session's torch builds it."""
+    import json
+
+    monkeypatch.setattr(pch.verdicts, "SETTLED_NS", 0, raising=False)
+    directory = tmp_path / "torchinductor_u" / "precompiled_headers"
+    path = make_header(directory, content=b"gpch" + b"x" * 100 + b"END")
+    time.sleep(0.05)
+    assert pch.check(path, fake_compiler, remember=True) is None
+    with open(path, "r+b") as fh:  # cut in place: the same inode
+        fh.truncate(50)
+    record = json.loads((directory / pch.VERDICTS).read_text())
+    info = os.lstat(path)
+    record["accepted"][path.name]["file"] = [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+    (directory / pch.VERDICTS).write_text(json.dumps(record))  # forged: it describes the cut file
+    checks = (tmp_path / "cc.log").read_text().count("-fsyntax-only")
+    assert pch.check(path, fake_compiler, remember=True) is None  # the record vouches for the damaged file
+    assert (tmp_path / "cc.log").read_text().count("-fsyntax-only") == checks
+
+    # torch's CppCompileError: the command (which names the header's text file in -include), then gcc's output
+    command = f"g++ /c/k.cpp -O3 -include {directory}/{path.name[: -len('.gch')]} -c -o /c/k.o"
+    unrelated = f"C++ compile error\n\nCommand:\n{command}\n\nOutput:\n/c/k.cpp:3:1: error: expected ';'"
+    assert pch.after_compile_error(unrelated, directory) == []  # the kernel's own error: the header is fine
+    assert path.name in json.loads((directory / pch.VERDICTS).read_text())["accepted"]
+    text = f"C++ compile error\n\nCommand:\n{command}\n\nOutput:\ncc1plus: error: while reading precompiled header: x"
+    [use] = pch.after_compile_error(text, directory)
+    assert (use.name, use.verdict) == (path.name, "unchecked") and "removed" in use.note
+    assert pch.find_used(directory, [use.to_json()]) == []  # never carried
+    assert not path.exists()
+    assert path.name not in json.loads((directory / pch.VERDICTS).read_text())["accepted"]
+
+
+def test_torchs_failed_kernel_compile_reaches_the_cure_in_the_process_that_compiles(  # type: ignore[no-untyped-def]
+    tmp_path: Path, fake_compiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe wraps ``codecache._worker_compile_cpp`` (called by its module-global name, in this process or,
+    pickled by name, in a compile worker): torch's error passes through unchanged, after the cure."""
+    import sys
+
+    from pytest_compilecache import probe
+    from pytest_compilecache.probe import hooks
+    from pytest_compilecache.probe import pch as probe_pch
+    from tests.unit.test_probe_headers import NAME as TEXT_HEADER
+    from tests.unit.test_probe_headers import FakeCodecache
+
+    directory = tmp_path / "precompiled_headers"
+    directory.mkdir()
+    fake = FakeCodecache(directory)
+    fake._HEADER_DIR = str(directory)  # type: ignore[attr-defined]
+    output = "cc1plus: error: while reading precompiled header: No such file or directory"
+
+    def _worker_compile_cpp(lock_path: str, cpp_builders: object) -> None:
+        raise RuntimeError(f"C++ compile error\n\nCommand:\ng++ k.cpp -include {directory / TEXT_HEADER}\n\n{output}")
+
+    fake._worker_compile_cpp = _worker_compile_cpp  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, hooks.CODECACHE, fake)
+    monkeypatch.setattr(probe_pch, "_header_check_command", lambda cc, s, i: fake_compiler(Path(s), Path(i)))
+    probe.uninstall_header_watch()
+    probe.watch_precompiled_headers()
+    try:
+        fake._precompile_header("torch/csrc/inductor/cpp_prefix.h", "g++ -O3")  # looked up and checked: sound
+        assert (directory / (TEXT_HEADER + ".gch")).exists()
+        with pytest.raises(RuntimeError, match="while reading precompiled header"):
+            fake._worker_compile_cpp("k.lock", ())
+        assert not (directory / (TEXT_HEADER + ".gch")).exists()
+        (use,) = probe.precompiled_headers_used()
+        assert use["verdict"] == "unchecked" and "made a kernel compile fail" in use["note"], use
+    finally:
+        probe.uninstall_header_watch()
+    assert fake._worker_compile_cpp is _worker_compile_cpp

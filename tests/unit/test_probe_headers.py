@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from pytest_compilecache import headers
+from pytest_compilecache import pch
 from pytest_compilecache import probe
 from pytest_compilecache.probe import hooks
-from pytest_compilecache.probe import pch
+from pytest_compilecache.probe import pch as probe_pch
 from tests.unit.test_headers import FAKE_COMPILER
 
 NAME = "c" + "a2b3c4d5e6f7" * 4 + "abc" + ".h"
@@ -61,7 +61,7 @@ def codecache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[
         seen.append(compile_command)
         return [str(compiler), source, "-include", include]
 
-    monkeypatch.setattr(pch, "_header_check_command", command)
+    monkeypatch.setattr(probe_pch, "_header_check_command", command)
     probe.uninstall_header_watch()
     probe.watch_precompiled_headers()
     yield fake
@@ -80,7 +80,7 @@ def test_a_sound_header_is_checked_once_and_reported(codecache: FakeCodecache, t
     assert _look_up(codecache) == path
     (use,) = probe.precompiled_headers_used()
     info = os.lstat(path + ".gch")
-    assert headers.HeaderUse.from_json(use) == headers.HeaderUse(
+    assert pch.HeaderUse.from_json(use) == pch.HeaderUse(
         NAME + ".gch", "verified", info.st_size, info.st_mtime_ns, info.st_ino
     )
     assert (tmp_path / "cc.log").read_text().count("-fsyntax-only") == 1  # once per process
@@ -100,19 +100,19 @@ def test_a_damaged_header_is_removed_and_torch_builds_it_again(codecache: FakeCo
 def test_a_header_the_check_cannot_judge_is_left_alone_and_not_carried(
     codecache: FakeCodecache, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(pch, "_header_check_command", lambda *args: [str(tmp_path / "no-compiler")])
+    monkeypatch.setattr(probe_pch, "_header_check_command", lambda *args: [str(tmp_path / "no-compiler")])
     _look_up(codecache)
     (use,) = probe.precompiled_headers_used()
     assert use["verdict"] == "unchecked" and "not checked" in use["note"]
     assert (codecache.directory / (NAME + ".gch")).read_bytes() == GOOD
-    assert headers.find_used(codecache.directory, [use]) == []
+    assert pch.find_used(codecache.directory, [use]) == []
 
 
 def test_our_failure_never_fails_torchs_compile(codecache: FakeCodecache, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*args: object) -> list[str]:
         raise RuntimeError("a torch without CppBuilder")
 
-    monkeypatch.setattr(pch, "_header_check_command", broken)
+    monkeypatch.setattr(probe_pch, "_header_check_command", broken)
     assert _look_up(codecache).endswith(NAME)
     (use,) = probe.precompiled_headers_used()
     assert use["verdict"] == "unchecked"
@@ -172,7 +172,7 @@ def settled(codecache: FakeCodecache, monkeypatch: pytest.MonkeyPatch) -> Path:
     """torch's header, built a moment ago and settled (its ctime older than the record's margin)."""
     compiled = codecache.directory / (NAME + ".gch")
     compiled.write_bytes(GOOD)
-    monkeypatch.setattr(headers, "SETTLED_NS", 20_000_000, raising=False)  # absent before issue 24's record
+    monkeypatch.setattr(pch.verdicts, "SETTLED_NS", 20_000_000, raising=False)  # absent before issue 24's record
     time.sleep(0.05)
     return compiled
 
@@ -181,7 +181,7 @@ def test_an_accepted_header_is_not_checked_again_by_the_next_process(
     codecache: FakeCodecache, settled: Path, tmp_path: Path
 ) -> None:
     _look_up(codecache)
-    assert _checks(tmp_path) == 1 and (codecache.directory / headers.VERDICTS).is_file()
+    assert _checks(tmp_path) == 1 and (codecache.directory / pch.VERDICTS).is_file()
     for _ in range(2):
         _next_process(codecache)
         _look_up(codecache)
@@ -230,7 +230,7 @@ def test_a_damaged_record_is_ignored(codecache: FakeCodecache, settled: Path, tm
     _next_process(codecache)
     _look_up(codecache)
     assert _checks(tmp_path) == 1  # the sound record spared the check
-    record = codecache.directory / headers.VERDICTS
+    record = codecache.directory / pch.VERDICTS
     good = record.read_bytes()
     damage(record, good)
     _next_process(codecache)
@@ -248,7 +248,7 @@ def test_a_record_of_another_file_or_through_a_link_is_never_trusted(
     _next_process(codecache)
     _look_up(codecache)
     assert _checks(tmp_path) == 1
-    record = codecache.directory / headers.VERDICTS
+    record = codecache.directory / pch.VERDICTS
     elsewhere = tmp_path / "record.json"
     record.rename(elsewhere)
     record.symlink_to(elsewhere)  # a link: never followed
@@ -303,7 +303,7 @@ def test_a_restored_header_is_checked_while_torch_preprocesses(
     assert seen == [True]
     (use,) = probe.precompiled_headers_used()
     assert use["verdict"] == "verified" and _checks(tmp_path) == 1
-    assert pch._early_checks == []  # asked once per restore
+    assert probe_pch._early_checks == []  # asked once per restore
 
 
 def test_a_damaged_restored_header_is_still_removed_and_rebuilt(

@@ -20,19 +20,22 @@ import pytest
 from pytest_compilecache import ConfigError
 from pytest_compilecache import bundle
 from pytest_compilecache import cachedir
+from pytest_compilecache import context as context_mod
 from pytest_compilecache import probe
 from pytest_compilecache import recorder as recorder_mod
-from pytest_compilecache import session as session_mod
 from pytest_compilecache import sync
 from pytest_compilecache._env import PGO_ENVS
 from pytest_compilecache._env import PGO_JOB_ID
+from pytest_compilecache.context import SessionContext
 from pytest_compilecache.fingerprint import Fingerprint
 from pytest_compilecache.fingerprint import make_key
 from pytest_compilecache.fingerprint import restore_prefix
+from pytest_compilecache.payload import Gathered
+from pytest_compilecache.payload import Restored
 from pytest_compilecache.problems import Problems
 from pytest_compilecache.recorder import Recorder
+from pytest_compilecache.save_phase import SavePhase
 from pytest_compilecache.session import Controller
-from pytest_compilecache.session import Setup
 from pytest_compilecache.session import Worker
 from pytest_compilecache.settings import DEFAULT_PREFIX
 from pytest_compilecache.settings import Settings
@@ -51,7 +54,7 @@ from tests.unit.conftest import PREFIX
 FP = Fingerprint({"torch": "2.13.0", "python": "cpython 3.11"})
 
 
-_OPEN: list[Setup] = []
+_OPEN: list[SessionContext] = []
 
 
 @pytest.fixture(autouse=True)
@@ -70,10 +73,37 @@ def _controller(tmp_path: Path, **options: Any) -> Controller:
     options.setdefault("dir", str(tmp_path / "cache"))
     settings = Settings(**options)
     problems = Problems(strict=settings.strict)
-    setup = Setup.start(settings, tmp_path / "default", inherited=None, problems=problems)
+    setup = SessionContext.start(settings, tmp_path / "default", inherited=None, problems=problems)
     setup._fingerprint = FP
     _OPEN.append(setup)
     return Controller(setup, Recorder("controller"))
+
+
+def _save(controller: Controller, restored: sync.RestoreResult | None, gathered: Gathered | None = None) -> Any:
+    """The save phase's save alone, after a restore that gave ``restored``."""
+    return SavePhase(controller.context, controller.recorder).save(Restored(restored), gathered or Gathered())
+
+
+def _restored(controller: Controller) -> sync.RestoreResult:
+    """What the controller's restore phase found (a restore or the Action's word: not None)."""
+    result = controller.start.finish().result
+    assert result is not None
+    return result
+
+
+def _saved(controller: Controller) -> sync.SaveResult:
+    """What the controller's save did, once the session finished (a save was tried: not None)."""
+    result = controller.outcome().saved
+    assert isinstance(result, sync.SaveResult)
+    return result
+
+
+def _compiled(monkeypatch: pytest.MonkeyPatch, fake: FakeProbe, *files: str) -> None:
+    """This process compiled: Dynamo is loaded and used ``files`` of the cache dir (no mega-cache blob)."""
+    fake.loaded = True
+    monkeypatch.setattr("pytest_compilecache.probe.used_files", lambda cache_dir: list(files))
+    monkeypatch.setattr("pytest_compilecache.probe.save_artifacts", lambda: None)
+    monkeypatch.setattr("pytest_compilecache.probe.graph_capture_installed", lambda: None)
 
 
 def _record(nodeid: str, hit: int = 0, miss: int = 0) -> ItemRecord:
@@ -88,7 +118,7 @@ def test_setup_leases_the_environment(tmp_path: Path, monkeypatch: pytest.Monkey
     import os
 
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache")
-    controller.setup.close()
+    controller.context.close()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/before"
     assert "PYTEST_COMPILECACHE_SESSION" not in os.environ
 
@@ -104,23 +134,23 @@ def test_pgo_gives_torch_a_job_id_unless_it_has_one(tmp_path: Path, monkeypatch:
     controller = _controller(tmp_path, pgo=True)
     assert os.environ["TORCH_COMPILE_JOB_ID"] == PGO_JOB_ID
     assert not [note for note in controller.problems.notes if "--compile-cache-pgo" in note]
-    controller.setup.close()
+    controller.context.close()
     assert "TORCH_COMPILE_JOB_ID" not in os.environ  # leased: put back at the end
     for options in ({}, {"pgo": True, "mode": "disabled", "dir": None}):  # off (the default); no caches
         controller = _controller(tmp_path, **options)
         assert "TORCH_COMPILE_JOB_ID" not in os.environ
-        controller.setup.close()
+        controller.context.close()
     monkeypatch.setenv("TORCH_COMPILE_JOB_ID", "mine")  # the user's own id: torch keeps the profile under it
     controller = _controller(tmp_path, pgo=True)
     assert os.environ["TORCH_COMPILE_JOB_ID"] == "mine"
-    controller.setup.close()
+    controller.context.close()
     assert os.environ["TORCH_COMPILE_JOB_ID"] == "mine"
     monkeypatch.delenv("TORCH_COMPILE_JOB_ID")
     # Given as the alias only (torch 2.8+ reads it, 2.7 does not): the same id under the name every torch reads.
     monkeypatch.setenv("TORCH_COMPILE_STICKY_PGO_KEY", "mine")
     controller = _controller(tmp_path, pgo=True)
     assert os.environ["TORCH_COMPILE_JOB_ID"] == "mine"
-    controller.setup.close()
+    controller.context.close()
     assert "TORCH_COMPILE_JOB_ID" not in os.environ
     monkeypatch.delenv("TORCH_COMPILE_STICKY_PGO_KEY")
     # torch imported before the session was configured: it read no id at import, and a note says so
@@ -143,7 +173,7 @@ def test_a_session_with_a_job_id_that_compiled_marks_torchs_profile_for_it_used(
     long_ago = time.time() - 86_400
     for compiled in (False, True):
         controller = _controller(tmp_path, pgo=True)
-        dynamo = Path(controller.setup.dir.path or "") / "dynamo"
+        dynamo = Path(controller.context.dir.path or "") / "dynamo"
         dynamo.mkdir(exist_ok=True)
         ours, other = dynamo / "code_state_pytest-compilecache_None_.pkl", dynamo / "code_state_theirs_None_.pkl"
         for path in (ours, other):
@@ -158,7 +188,7 @@ def test_a_session_with_a_job_id_that_compiled_marks_torchs_profile_for_it_used(
             assert ours.stat().st_atime > long_ago + 3600
         else:  # nothing compiled, so torch read no profile
             assert ours.stat().st_atime == long_ago
-        controller.setup.close()
+        controller.context.close()
     # The option off, the user's own id given as the alias torch 2.8+ reads: its profile is marked.
     monkeypatch.setenv("TORCH_COMPILE_STICKY_PGO_KEY", "theirs")
     controller = _controller(tmp_path)
@@ -170,16 +200,15 @@ def test_a_session_with_a_job_id_that_compiled_marks_torchs_profile_for_it_used(
 def test_hit_rate_guard(tmp_path: Path) -> None:
     controller = _controller(tmp_path, min_hit_rate=0.9)
     controller.stats.add_record(_record("t::a", hit=1, miss=1))
-    controller._check_hit_rate()
+    controller._check_hit_rate(None)
     assert controller.problems.errors == ["hit rate 50% is below --compile-cache-min-hit-rate=0.9"]
 
 
 @pytest.mark.parametrize("strict", [False, True])
 def test_a_failed_restore_never_fails_the_guard_unless_strict(tmp_path: Path, strict: bool) -> None:
     controller = _controller(tmp_path, min_hit_rate=0.9, strict=strict)
-    controller.start.restored = sync.RestoreResult("error", message="restore failed: store down")
     controller.stats.add_record(_record("t::a", miss=2))
-    controller._check_hit_rate()
+    controller._check_hit_rate(sync.RestoreResult("error", message="restore failed: store down"))
     assert bool(controller.problems.errors) is strict
     assert any("the restore failed" in note for note in controller.problems.notes) is not strict
 
@@ -188,9 +217,9 @@ def test_the_actions_failed_restore_reaches_the_guard(tmp_path: Path, monkeypatc
     monkeypatch.setenv(HANDOFF_ENV, json.dumps({"outcome": "error", "message": "cache down"}))
     controller = _controller(tmp_path, min_hit_rate=0.9, restore="skip")
     controller.session_start()
-    assert controller.start.restored is not None and controller.start.restored.outcome == "error"
+    assert _restored(controller).outcome == "error"
     controller.stats.add_record(_record("t::a", miss=1))
-    controller._check_hit_rate()
+    controller._check_hit_rate(controller.start.finish().result)
     assert controller.problems.errors == []
 
 
@@ -242,22 +271,25 @@ def test_the_actions_staged_blobs_are_loaded_by_the_session(
 
     controller.session_start()
 
-    assert controller.start.restored is not None
+    assert controller.start.finish().result is not None
     assert loader.blobs == [BLOBS["controller"]] if rejected else [BLOBS["controller"], BLOBS["gw0"]]
     assert loader.cache_dirs[0] == str(cache)
     assert not (cache / ".compilecache-pending").exists()  # used once
     controller.stats.add_record(_record("t::a", miss=1))
-    controller._check_hit_rate()
+    controller._check_hit_rate(controller.start.finish().result)
     if rejected:
-        assert controller.start.restored.outcome == "error"
+        assert _restored(controller).outcome == "error"
         assert controller.problems.warnings == [
             "restored bundle not loaded: torch rejected the cache artifacts of controller: ValueError: bad pickle; "
             "the tests compile cold"
         ]
         assert controller.problems.errors == []  # a failed restore never fails the guard
     else:
-        assert (controller.start.restored.outcome, controller.start.restored.key) == ("partial", staged.key)
-        assert controller.start.restored.artifacts == {"fx_graph": 4, "triton": 2}
+        assert (_restored(controller).outcome, _restored(controller).key) == (
+            "partial",
+            staged.key,
+        )
+        assert _restored(controller).artifacts == {"fx_graph": 4, "triton": 2}
         assert controller.problems.warnings == []
         assert controller.problems.errors == ["hit rate 0% is below --compile-cache-min-hit-rate=0.9"]
 
@@ -273,7 +305,7 @@ def test_staged_blobs_already_loaded_are_a_note(tmp_path: Path, source: Path, mo
     controller = _controller(tmp_path, restore="skip")
     controller.session_start()
     assert loader.blobs == [] and controller.problems.warnings == []
-    assert controller.start.restored is not None and controller.start.restored.outcome == "partial"
+    assert _restored(controller).outcome == "partial"
     assert any("nothing to load" in note for note in controller.problems.notes)
 
 
@@ -319,19 +351,18 @@ def test_restore_setup_trouble_is_one_warning(tmp_path: Path) -> None:
     def broken() -> Fingerprint:
         raise RuntimeError("no compiler")
 
-    controller.setup.fingerprint = broken  # type: ignore[method-assign]
+    controller.context.fingerprint = broken  # type: ignore[method-assign]
     controller.session_start()
-    assert controller.start.restored is not None and controller.start.restored.outcome == "error"
+    assert _restored(controller).outcome == "error"
     assert controller.problems.warnings == ["restore skipped: RuntimeError: no compiler"]
     assert controller.problems.errors == []
 
 
 def test_save_is_skipped_when_every_graph_hit_a_restored_cache(tmp_path: Path) -> None:
     controller = _controller(tmp_path, store=str(tmp_path / "store"))
-    controller.start.restored = sync.RestoreResult("partial", key="k")
     controller.stats.add_record(_record("t::a", hit=3))
-    controller.end.save()
-    assert controller.saved is not None and controller.saved.outcome == "skipped"
+    saved = _save(controller, sync.RestoreResult("partial", key="k"))
+    assert saved is not None and saved.outcome == "skipped"
     assert not (tmp_path / "store").exists()
 
 
@@ -339,13 +370,12 @@ def test_a_session_that_autotuned_saves_although_every_graph_hit(tmp_path: Path)
     """issue 27.5: new autotune results (first-call benchmarks, max-autotune timings) are worth a new bundle."""
     (tmp_path / "cache").mkdir()
     controller = _controller(tmp_path, store=str(tmp_path / "store"))
-    controller.start.restored = sync.RestoreResult("exact", key="k")
     record = _record("t::mm", hit=3)
     record.add({"gpu": {"autotune_seconds": 1.2, "autotune_benchmarks": 4}})
     controller.stats.add_record(record)
-    controller.end.blobs["controller"] = b"mega-cache with the new autotune results"
-    controller.end.save()
-    assert controller.saved is not None and controller.saved.outcome == "saved", controller.saved
+    blobs = {"controller": b"mega-cache with the new autotune results"}
+    saved = _save(controller, sync.RestoreResult("exact", key="k"), Gathered(blobs=blobs))
+    assert saved is not None and saved.outcome == "saved", saved
     lines = [line for line, _ in controller.terminal_lines()]
     assert any(line.startswith("gpu: 1 test without an FX-graph miss still autotuned") for line in lines), lines
 
@@ -354,13 +384,15 @@ def test_restore_skip_without_a_report_counts_as_restored(tmp_path: Path) -> Non
     controller = _controller(tmp_path, store=str(tmp_path / "store"), restore="skip")
     controller.session_start()
     controller.stats.add_record(_record("t::a", hit=3))
-    controller.end.save()
-    assert controller.saved is not None and controller.saved.outcome == "skipped"
+    saved = _save(controller, controller.start.finish().result)
+    assert saved is not None and saved.outcome == "skipped"
 
 
 def test_workers_output_is_merged_and_a_silent_worker_listed(tmp_path: Path) -> None:
     controller = _controller(tmp_path)
-    worker_setup = Setup(controller.setup.settings, controller.setup.dir, controller.setup.lease, Problems())
+    worker_setup = SessionContext(
+        controller.context.settings, controller.context.dir, controller.context.lease, Problems()
+    )
     worker = Worker(worker_setup, Recorder("gw0"))
     worker.recorder.record("t::a", {"fxgraph": {"miss": 1}, "frames": 1})
     worker.recorder.record("t::b", {})
@@ -387,7 +419,9 @@ def test_redis_errors_of_every_worker_and_of_the_controller_are_one_warning(
     controller = _controller(tmp_path)
     for worker in ("gw0", "gw1"):
         process[0] = worker
-        worker_setup = Setup(controller.setup.settings, controller.setup.dir, controller.setup.lease, Problems())
+        worker_setup = SessionContext(
+            controller.context.settings, controller.context.dir, controller.context.lease, Problems()
+        )
         output = json.loads(json.dumps(Worker(worker_setup, Recorder(worker)).output()))
         assert output["problems"]["warnings"] == []  # a worker hands its errors on; the controller warns
         controller.add_worker(worker, output)
@@ -429,8 +463,8 @@ def test_step_summary_goes_through_the_escaping_renderer(tmp_path: Path, monkeyp
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     controller = _controller(tmp_path)
-    controller.start.restored = sync.RestoreResult(
-        "miss", message="newest differs in: x\n</details><script>alert(1)</script>|"
+    controller._restored = Restored(
+        sync.RestoreResult("miss", message="newest differs in: x\n</details><script>alert(1)</script>|")
     )
     controller.stats.add_record(_record("t::a|b", miss=1))
     controller._write_reports()
@@ -512,7 +546,7 @@ def test_a_bad_bundle_is_one_warning_and_a_cold_start(fault: str, tmp_path: Path
     assert set(REASONS) == set(FAULTS)
     controller = _restored_from_a_bad_bundle(tmp_path, fault, strict=False)
 
-    result = controller.start.restored
+    result = controller.start.finish().result
     assert result is not None
     (warning,) = controller.problems.warnings
     assert REASONS[fault] in warning, warning
@@ -522,8 +556,8 @@ def test_a_bad_bundle_is_one_warning_and_a_cold_start(fault: str, tmp_path: Path
     else:  # a bad bundle in a working store is refused and listed; nothing usable: a miss, cold compile
         assert result.outcome == "miss"
         assert [key for key, _ in result.skipped] == [FAULT_KEY]
-        assert controller.start.store_trouble is None  # the session saves a readable bundle above the bad one
-    cache = controller.setup.dir.path
+        assert controller.start.finish().store_trouble is None  # the session saves a readable bundle above the bad one
+    cache = controller.context.dir.path
     assert cache is not None and Path(cache).is_dir()
     assert [p.name for p in Path(cache).rglob("*") if p.name.startswith("kernel")] == []
     assert not list(tmp_path.rglob("escaped.so")) and not (tmp_path.parent / "escaped.so").exists()
@@ -568,12 +602,12 @@ def test_only_a_restore_that_failed_on_the_store_skips_the_save(
 ) -> None:
     store = MemoryStore(fail=fail)
     store.objects[make_key(PREFIX, "0" * 16, "other-1")] = (b"not read", 1.0)
-    monkeypatch.setattr(session_mod, "open_configured_store", lambda settings: store)
+    monkeypatch.setattr(context_mod, "open_configured_store", lambda settings: store)
     controller = _controller(tmp_path, store="memory://test", key_prefix=PREFIX)
     controller.session_start()
-    assert controller.start.restored is not None and controller.start.restored.outcome == outcome
-    assert (controller.start.store_trouble is None) is saves
-    assert ("could not explain" in controller.start.restored.message) is saves
+    assert _restored(controller).outcome == outcome
+    assert (controller.start.finish().store_trouble is None) is saves
+    assert ("could not explain" in _restored(controller).message) is saves
     assert len(controller.problems.warnings) == (0 if saves else 1)
 
 
@@ -591,14 +625,14 @@ def test_a_store_that_stalls_while_a_miss_is_explained_is_one_warning_and_no_sav
 
     store = Stalling()
     store.objects[make_key(PREFIX, "0" * 16, "other-1")] = (b"not read", 1.0)
-    monkeypatch.setattr(session_mod, "open_configured_store", lambda settings: store)
+    monkeypatch.setattr(context_mod, "open_configured_store", lambda settings: store)
     controller = _controller(tmp_path, store="memory://test", key_prefix=PREFIX, store_timeout=0.2)
     try:
         controller.session_start()
     finally:
         release.set()
-    assert controller.start.restored is not None and controller.start.restored.outcome == "miss"
-    assert controller.start.store_trouble is not None
+    assert _restored(controller).outcome == "miss"
+    assert controller.start.finish().store_trouble is not None
     assert controller.problems.warnings == [
         "memory://test did not finish within 0.2 s (read compilecache-v1-0000000000000000-other-1); see "
         "--compile-cache-store-timeout; nothing will be saved this session"
@@ -610,7 +644,7 @@ def test_headers_the_actions_restore_installed_are_checked_early(
 ) -> None:
     """Issues 24, 25: what the Action's restore step installed is checked beside torch's first header look-up,
     as a restore of the session's own is (probe.check_headers_early), in torch's header dir of this process."""
-    from pytest_compilecache import headers
+    from pytest_compilecache import pch as headers
     from pytest_compilecache.probe import pch
 
     name = "c" + "a2b3c4d5e6f7" * 4 + "abc" + ".h.gch"
@@ -621,3 +655,22 @@ def test_headers_the_actions_restore_installed_are_checked_early(
     controller.session_start()
 
     assert pch._early_checks == [headers.header_dir() / name]  # a name torch could not give is dropped
+
+
+def test_a_session_that_lost_a_workers_statistics_saves_nothing(tmp_path: Path) -> None:
+    """Issue 44, finding 4: a session whose xdist worker died saved a smaller bundle that lacked that worker's
+    graphs; the next (green) run restored it as the newest and failed its hit-rate floor."""
+    settings = Settings(mode="shared", dir=str(tmp_path / "cache"), store=str(tmp_path / "store"))
+    context = SessionContext.start(settings, tmp_path / "default", inherited=None, problems=Problems())
+    (tmp_path / "cache" / "kernel.so").write_bytes(b"kernel")
+    context._fingerprint = FP
+    _OPEN.append(context)
+    controller = Controller(context, Recorder("controller"), xdist=True)
+    controller.session_start()
+    controller.add_worker("gw0", None)  # killed: sent nothing
+    controller.add_worker("gw1", {"tests": 1, "files": ["kernel.so"], "blob": b"gw1's mega-cache"})
+    controller.stats.add_record(_record("t::a", miss=1))
+    controller.finish()
+    saved = _saved(controller)
+    assert saved.outcome == "skipped" and "gw0" in saved.message, saved
+    assert not (tmp_path / "store").exists() or not list((tmp_path / "store").iterdir())

@@ -16,17 +16,21 @@ import pytest
 
 from pytest_compilecache import explain
 from pytest_compilecache import sync
+from pytest_compilecache.context import SessionContext
 from pytest_compilecache.explain import GraphLookup
 from pytest_compilecache.explain import compare
 from pytest_compilecache.problems import Problems
 from pytest_compilecache.recorder import Recorder
+from pytest_compilecache.save_phase import SavePhase
 from pytest_compilecache.session import Controller
-from pytest_compilecache.session import Setup
 from pytest_compilecache.session import Worker
 from pytest_compilecache.settings import Settings
 from pytest_compilecache.stats import ItemRecord
 from tests.fakes import FakeProbe
 from tests.unit.test_session import FP
+from tests.unit.test_session import _compiled
+from tests.unit.test_session import _restored
+from tests.unit.test_session import _saved
 
 
 def lookup(key: str, shape: str = "[8, 16]", outcome: str = "miss", code: str = "c1") -> GraphLookup:
@@ -44,7 +48,7 @@ def lookup(key: str, shape: str = "[8, 16]", outcome: str = "miss", code: str = 
 
 @pytest.fixture(autouse=True)
 def _environment() -> Iterator[None]:
-    """Setup.start exports the session's environment: put it back after each test."""
+    """SessionContext.start exports the session's environment: put it back after each test."""
     before = dict(os.environ)
     yield
     os.environ.clear()
@@ -56,7 +60,9 @@ def _controller(tmp_path: Path, **options: Any) -> Controller:
     options.setdefault("dir", str(tmp_path / "cache"))
     options.setdefault("report", "full")
     settings = Settings(**options)
-    setup = Setup.start(settings, tmp_path / "default", inherited=None, problems=Problems(strict=settings.strict))
+    setup = SessionContext.start(
+        settings, tmp_path / "default", inherited=None, problems=Problems(strict=settings.strict)
+    )
     setup._fingerprint = FP
     return Controller(setup, Recorder("controller", settings.explain))
 
@@ -70,9 +76,13 @@ def _session(
     for nodeid, graphs in tests:
         fake.run(controller.recorder, nodeid, *graphs)
     if compiled:
-        kernel = Path(controller.setup.dir.path or "") / "kernel.so"
+        kernel = Path(controller.context.dir.path or "") / "kernel.so"
         kernel.write_bytes(nodeid.encode())
-        controller.end.files.add(kernel.name)
+        with pytest.MonkeyPatch.context() as patch:
+            _compiled(patch, fake, kernel.name)
+            controller.finish()
+        fake.loaded = False
+        return controller
     controller.finish()
     return controller
 
@@ -90,7 +100,7 @@ def test_recorder_keeps_lookups_except_for_marked_tests(fake_probe: FakeProbe) -
 
 def test_second_shared_session_says_why_and_keeps_the_record(tmp_path: Path, fake_probe: FakeProbe) -> None:
     first = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]), ("t.py::test_b", [lookup("kb")]))
-    assert first.end.why is None and first.to_json()["why"] is None  # nothing to compare with yet
+    assert first.outcome().why is None and first.to_json()["why"] is None  # nothing to compare with yet
     assert not any("why" in line for line, _ in first.terminal_lines())
     record = explain.load_record(tmp_path / "cache")
     assert record is not None and sorted(record.tests) == ["t.py::test_a", "t.py::test_b"]
@@ -98,7 +108,7 @@ def test_second_shared_session_says_why_and_keeps_the_record(tmp_path: Path, fak
     second = _session(
         tmp_path, fake_probe, ("t.py::test_a", [lookup("k2", shape="[8, 32]")]), ("t.py::test_new", [lookup("kn")])
     )
-    assert second.start.compared_with == "previous session"
+    assert second.start.finish().compared_with == "previous session"
     reasons = [w.reasons for w in second.stats.records["t.py::test_a"].why]
     assert reasons == [["input 0 shape [8, 16] -> [8, 32]"]]
     data = second.to_json()
@@ -136,7 +146,7 @@ def test_a_miss_that_only_made_a_size_symbolic_suggests_pgo(
     # Back to the fixed size, with the option on: torch keeps its profile already, nothing to suggest.
     with_pgo = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k3")]), pgo=True)
     assert pgo_notes(with_pgo) == []
-    with_pgo.setup.close()  # puts back the job id it gave torch
+    with_pgo.context.close()  # puts back the job id it gave torch
     assert "TORCH_COMPILE_JOB_ID" not in os.environ
     # Another fixed size is the test's own change: no note.
     assert pgo_notes(_session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k4", shape="[4, 16]")]))) == []
@@ -147,7 +157,7 @@ def test_a_miss_that_only_made_a_size_symbolic_suggests_pgo(
 def test_summary_report_hides_the_explanations(tmp_path: Path, fake_probe: FakeProbe) -> None:
     _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]))
     second = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k2", shape="[4, 16]")]), report="short")
-    assert second.end.why is not None and second.end.why.misses
+    assert _why(second).misses
     assert not any(line.startswith("why") for line, _ in second.terminal_lines())
     assert any(line.startswith("why") for line, _ in second.terminal_lines(verbose=True))
     # ...but names the test with its one-line reason (issues 29, 41), right under the summary line, and where the
@@ -164,14 +174,14 @@ def test_a_restored_bundles_record_is_the_baseline_for_every_process(tmp_path: P
     controller = _controller(tmp_path)
     (tmp_path / "cache").mkdir(exist_ok=True)
     explain.save_record(tmp_path / "cache", explain.GraphsRecord(tests={"t.py::test_a": [lookup("k0")]}))
-    controller.start.restored = sync.RestoreResult("partial", key="k", graphs=bundle_record.to_json())
-    controller.start._read_baseline()
-    assert controller.start.compared_with == "bundle" and controller.problems.warnings == []
+    controller.start._read_baseline(sync.RestoreResult("partial", key="k", graphs=bundle_record.to_json()))
+    assert controller.start.finish().compared_with == "bundle" and controller.problems.warnings == []
     on_disk = explain.load_record(tmp_path / "cache")
     assert on_disk is not None and on_disk.tests["t.py::test_a"][0].key == "k1"  # replaced the local record
     # A worker reads the same record, lazily, for the live fixture.
     worker = Worker(
-        Setup(controller.settings, controller.setup.dir, controller.setup.lease, Problems()), Recorder("gw0")
+        SessionContext(controller.settings, controller.context.dir, controller.context.lease, Problems()),
+        Recorder("gw0"),
     )
     worker.session_start()
     start = worker.recorder.start()
@@ -187,16 +197,15 @@ def test_an_unreadable_record_is_one_warning_and_no_explanations(tmp_path: Path,
     (tmp_path / "cache" / explain.RECORD_NAME).write_text("{not json")
     controller = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]))
     assert len(controller.problems.warnings) == 1 and "graph record in the cache dir" in controller.problems.warnings[0]
-    assert controller.end.why is None and controller.to_json()["why"] is None
+    assert controller.outcome().why is None and controller.to_json()["why"] is None
     assert explain.load_record(tmp_path / "cache") is not None  # this session's record replaced it
 
 
 def test_a_hostile_bundle_record_is_one_warning(tmp_path: Path) -> None:
     controller = _controller(tmp_path)
     hostile = {"format": 1, "tests": {"t\n::error::x": [{"k": 1}]}}
-    controller.start.restored = sync.RestoreResult("partial", key="k", graphs=hostile)
-    controller.start._read_baseline()
-    assert controller.start.baseline is None
+    controller.start._read_baseline(sync.RestoreResult("partial", key="k", graphs=hostile))
+    assert controller.start.finish().baseline is None
     [warning] = controller.problems.warnings
     assert "of the restored bundle" in warning and "\n" not in warning
     assert not (tmp_path / "cache" / explain.RECORD_NAME).exists()
@@ -207,22 +216,22 @@ def test_isolated_without_a_bundle_explains_nothing_but_saves_the_record(
 ) -> None:
     saved: dict[str, Any] = {}
 
-    def save(store: Any, **kwargs: Any) -> sync.SaveResult:
-        saved.update(kwargs)
+    def save(store: Any, request: sync.SaveRequest) -> sync.SaveResult:
+        saved.update(vars(request))
         return sync.SaveResult("saved", key="k")
 
-    monkeypatch.setattr(sync, "save", save)
+    monkeypatch.setattr(sync, "save_bundle", save)
     controller = _session(
         tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]), mode="isolated", store=f"file://{tmp_path / 'store'}"
     )
-    assert controller.end.why is None
+    assert controller.outcome().why is None
     assert list(saved["graphs"]["tests"]) == ["t.py::test_a"]  # the next run restoring the bundle compares
     assert explain.GraphsRecord.from_json(saved["graphs"]).tests["t.py::test_a"][0].key == "k1"
 
 
 def test_disabled_mode_explains_nothing(tmp_path: Path, fake_probe: FakeProbe) -> None:
     controller = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k1")]), mode="disabled")
-    assert controller.end.why is None and controller.end.graphs is None
+    assert controller.outcome().why is None and _record_kept(controller) is None
 
 
 def test_worker_graphs_survive_the_merge_and_are_explained(tmp_path: Path, fake_probe: FakeProbe) -> None:
@@ -230,7 +239,8 @@ def test_worker_graphs_survive_the_merge_and_are_explained(tmp_path: Path, fake_
     controller = _controller(tmp_path)
     controller.session_start()
     worker = Worker(
-        Setup(controller.settings, controller.setup.dir, controller.setup.lease, Problems()), Recorder("gw1")
+        SessionContext(controller.settings, controller.context.dir, controller.context.lease, Problems()),
+        Recorder("gw1"),
     )
     fake_probe.run(worker.recorder, "t.py::test_a", lookup("k3", code="c2"))
     controller.add_worker("gw1", json.loads(json.dumps(worker.output())))
@@ -250,7 +260,18 @@ def test_the_record_is_ours_in_an_untagged_torch_dir(tmp_path: Path, fake_probe:
     assert (tmp_path / "cache" / explain.RECORD_NAME).is_file()
     assert cachedir.ownership(tmp_path / "cache").kind in ("ours", "torch")
     second = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k2", shape="[2, 16]")]))  # not refused
-    assert second.end.why is not None and second.end.why.misses
+    assert _why(second).misses
+
+
+def _why(controller: Controller) -> explain.SessionExplanation:
+    why = controller.outcome().why
+    assert why is not None
+    return why
+
+
+def _record_kept(controller: Controller) -> Any:
+    """The record the save phase would keep for the next run (None: none), with what this session started from."""
+    return SavePhase(controller.context, controller.recorder).explain(controller.start.finish())[1]
 
 
 def _no_capture(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -273,12 +294,14 @@ def test_explain_off_captures_records_and_explains_nothing(
     off = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k2", shape="[8, 32]")]), explain=False)
     record = off.stats.records["t.py::test_a"]
     assert record.misses == 1 and record.graphs == [] and record.why == []  # counted, not captured
-    assert off.start.baseline is None and off.end.why is None and off.end.graphs is None
+    assert off.start.finish().baseline is None and off.outcome().why is None and _record_kept(off) is None
     assert off.to_json()["why"] is None and off.to_json()["tests"][0]["graphs"] == 0
     assert not any("why" in line for line, _ in off.terminal_lines(verbose=True))
     assert (tmp_path / "cache" / explain.RECORD_NAME).read_bytes() == kept  # neither read into nor rewritten
 
-    worker = Worker(Setup(off.settings, off.setup.dir, off.setup.lease, Problems()), Recorder("gw0", explain=False))
+    worker = Worker(
+        SessionContext(off.settings, off.context.dir, off.context.lease, Problems()), Recorder("gw0", explain=False)
+    )
     worker.session_start()
     assert worker.recorder.baseline_dir is None
     start = worker.recorder.start()
@@ -303,7 +326,7 @@ def test_explain_off_restores_a_bundle_with_a_record_and_saves_one_without(
         run_suffix="1",
         dir=str(tmp_path / "a"),
     )
-    assert first.saved is not None and first.saved.outcome == "saved", first.saved
+    assert _saved(first).outcome == "saved", first.outcome().saved
 
     off = _session(
         tmp_path,
@@ -315,18 +338,16 @@ def test_explain_off_restores_a_bundle_with_a_record_and_saves_one_without(
         dir=str(tmp_path / "b"),
         explain=False,
     )
-    assert off.start.restored is not None and off.start.restored.outcome == "partial", (
-        off.start.restored
-    )  # an earlier run's key
-    assert off.start.restored.graphs is not None  # the bundle had a record; the restore used the rest of it
+    assert _restored(off).outcome == "partial", off.start.finish().result  # an earlier run's key
+    assert _restored(off).graphs is not None  # the bundle had a record; the restore used the rest of it
     assert (tmp_path / "b" / "kernel.so").is_file() and off.problems.warnings == []
-    assert not (tmp_path / "b" / explain.RECORD_NAME).exists() and off.end.why is None
-    assert off.saved is not None and off.saved.outcome == "saved", off.saved
+    assert not (tmp_path / "b" / explain.RECORD_NAME).exists() and off.outcome().why is None
+    assert _saved(off).outcome == "saved", off.outcome().saved
 
     after = _controller(tmp_path, store=store, dir=str(tmp_path / "c"))
     after.session_start()
-    assert after.start.restored is not None and after.start.restored.key == off.saved.key
-    assert after.start.restored.graphs is None and after.start.baseline is None  # off saved no record
+    assert _restored(after).key == _saved(off).key
+    assert _restored(after).graphs is None and after.start.finish().baseline is None  # off saved no record
 
 
 def test_a_record_that_breaks_explaining_is_one_warning_and_is_replaced(tmp_path: Path, fake_probe: FakeProbe) -> None:
@@ -338,8 +359,8 @@ def test_a_record_that_breaks_explaining_is_one_warning_and_is_replaced(tmp_path
     weird = lookup("k2")
     weird.components["example_inputs[²]"] = ("b", "y")
     first = _session(tmp_path, fake_probe, ("t.py::test_a", [weird]))
-    assert first.problems.errors == [] and first.end.why is not None
-    assert first.end.why.misses["t.py::test_a"][0].reasons == ["input ² x -> y"]
+    assert first.problems.errors == [] and first.outcome().why is not None
+    assert _why(first).misses["t.py::test_a"][0].reasons == ["input ² x -> y"]
     assert first.problems.warnings == []
 
 
@@ -361,7 +382,7 @@ def test_any_error_while_explaining_is_one_warning_and_the_session_goes_on(
     assert start_controller.finish() is False
     [warning] = start_controller.problems.warnings
     assert warning.startswith("no miss explanations this session: RuntimeError: a bug met")
-    assert start_controller.end.why is None
+    assert start_controller.outcome().why is None
     kept = explain.load_record(tmp_path / "cache")  # this session's graphs replace the record that broke it
     assert kept is not None and [g.key for g in kept.tests["t.py::test_a"]] == ["k2"]
     # A broken record on disk (deeply nested JSON) is one warning as well.
@@ -369,7 +390,7 @@ def test_any_error_while_explaining_is_one_warning_and_the_session_goes_on(
     third = _controller(tmp_path)
     third.session_start()
     [warning] = third.problems.warnings
-    assert "graph record in the cache dir is unreadable" in warning and third.start.baseline is None
+    assert "graph record in the cache dir is unreadable" in warning and third.start.finish().baseline is None
 
 
 def test_after_a_k_session_restored_an_older_bundle_the_baseline_is_the_last_session_that_compiled(
@@ -378,13 +399,13 @@ def test_after_a_k_session_restored_an_older_bundle_the_baseline_is_the_last_ses
     """Issue 29.7: the baseline is the most recent record, not whatever a restore installed last."""
     store = f"file://{tmp_path / 'store'}"
     saved = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k32", "[32, 20]")]), compiled=True, store=store)
-    assert saved.saved is not None and saved.saved.outcome == "saved", saved.saved
+    assert _saved(saved).outcome == "saved", saved.outcome().saved
     # The last session that compiled test_a, locally (it saved no bundle): [48, 20].
     _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k48", "[48, 20]")]))
     # A -k session restores the older bundle (its record has [32, 20]) and runs another test.
     k_run = _session(tmp_path, fake_probe, ("t.py::test_b", [lookup("kb")]), compiled=True, store=store, run_suffix="2")
-    assert k_run.restored is not None and k_run.restored.graphs is not None
-    assert k_run.start.compared_with == "previous session"  # the dir's record was the newer one
+    assert _restored(k_run).graphs is not None
+    assert k_run.start.finish().compared_with == "previous session"  # the dir's record was the newer one
     latest = _session(tmp_path, fake_probe, ("t.py::test_a", [lookup("k40", "[40, 20]")]))
     assert [w.reasons for w in latest.stats.records["t.py::test_a"].why] == [["input 0 shape [48, 20] -> [40, 20]"]]
 

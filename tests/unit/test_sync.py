@@ -900,3 +900,69 @@ def test_a_cache_dir_that_cannot_be_created_is_an_error_not_a_miss(tmp_path: Pat
     assert transfer.outcome == "error"
     assert transfer.message.startswith("restore failed: cannot create cache dir ")
     assert transfer.skipped == ()
+
+
+# ---- the one codec of a restore's result (the xdist ticket, the Action's hand-off)
+
+HEADER = "c" + "a2b3c4d5e6f7" * 4 + "abc" + ".h.gch"
+
+
+def _full_result() -> sync.RestoreResult:
+    return sync.RestoreResult(
+        "partial",
+        key="p-abc-run-1",
+        size=1234,
+        seconds=1.5,
+        message="restored",
+        files=7,
+        artifacts={"fx_graph": 4, "triton": 2},
+        skipped=(("p-abc-run-0", "failed verification"),),
+        staged=(sync.StagedBlob("controller", 10, "0" * 64),),
+        headers=sync.HeaderReport(
+            named=(HEADER,), transferred=(HEADER,), size=99, seconds=0.5, warnings=("w",), carried=("k",),
+            notes=("n",),
+        ),
+        graphs={"format": 1, "tests": {}},
+    )  # fmt: skip
+
+
+def test_every_crossing_of_a_restore_result_uses_one_codec_and_keeps_every_field() -> None:
+    """The ticket and the hand-off carried different subsets of the result before (the hand-off lost the size,
+    the files, the artifacts, the bad bundles skipped): now both carry what encode writes."""
+    from dataclasses import replace
+
+    result = _full_result()
+    between_processes = replace(result, graphs=None)  # the record stays in the cache dir; never crosses
+    assert sync.RestoreResult.decode(json.loads(json.dumps(result.encode()))) == between_processes
+    assert sync.read_handoff(sync.write_handoff(result)) == between_processes
+    told = json.loads(sync.write_handoff(result, sync.SavePolicy(only_when_passed=True)))
+    assert {k: v for k, v in told.items() if k != "save_when"} == result.encode()
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        {"outcome": "exact", "key": 5},
+        {"outcome": "exact", "key": ["a"], "size": "big", "files": -1, "seconds": "x", "artifacts": {"a": "b"}},
+        {"outcome": "partial", "skipped": [["a"], [1, 2], "x"], "staged": [["../x", 1, "0" * 64], [1, 2, 3]]},
+        {"outcome": "miss", "headers": {"named": ["../evil"], "warnings": "not a list", "size": True}},
+        {"outcome": "error", "message": "a\n::error::x", "headers": [HEADER, 3]},
+    ],
+)
+def test_a_hostile_result_decodes_to_its_safe_fields_and_renders(hostile: dict[str, Any]) -> None:
+    """Issue 44 (also): a ticket whose key was not a string parsed, then crashed the report."""
+    from pytest_compilecache.report import SessionOutcome
+    from pytest_compilecache.report import session_json
+    from pytest_compilecache.report import session_lines
+    from pytest_compilecache.report import session_markdown
+    from pytest_compilecache.stats import SessionStats
+
+    result = sync.RestoreResult.decode(hostile)
+    assert result is not None and (result.key is None or isinstance(result.key, str))
+    assert all("\n" not in line for line in (result.message, *result.headers.warnings))
+    assert result.staged == () and all(name == HEADER for name in result.headers.named)
+    outcome = SessionOutcome(stats=SessionStats(), mode="shared", cache_dir="/c", where="/c", restored=result)
+    json.dumps(session_json(outcome))
+    session_markdown(outcome)
+    session_lines(outcome, report="full")
+    assert sync.RestoreResult.decode({"outcome": "nonsense"}) is None and sync.RestoreResult.decode([1]) is None

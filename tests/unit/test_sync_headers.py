@@ -9,6 +9,7 @@ from __future__ import annotations
 import builtins
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import zstandard
 
 from pytest_compilecache import bundle
 from pytest_compilecache import cli
-from pytest_compilecache import headers
+from pytest_compilecache import pch
 from pytest_compilecache import sync
 from pytest_compilecache.fingerprint import make_key
 from pytest_compilecache.fingerprint import restore_prefix
@@ -81,7 +82,7 @@ def _save(store: Any, source: Path, suffix: str, header_dir: Path, **kwargs: Any
         "blobs": BLOBS,
         "files": list(CACHE_FILES),
         "stats": {"hits": 3},
-        "header_since": headers.session_start(),
+        "header_since": pch.session_start(),
         "header_dir": header_dir,
     }
     arguments.update(kwargs)
@@ -97,7 +98,7 @@ def _restore(store: Any, cache: Path, header_dir: Path, **kwargs: Any) -> sync.R
 def _artifact_key(content: bytes = CONTENT) -> str:
     import hashlib
 
-    return headers.object_key(PREFIX, hashlib.sha256(content).hexdigest())
+    return pch.object_key(PREFIX, hashlib.sha256(content).hexdigest())
 
 
 def _manifest(store: MemoryStore, key: str, tmp_path: Path) -> Any:
@@ -123,7 +124,7 @@ def test_a_save_uploads_a_used_header_once_and_the_manifest_names_it(tmp_path: P
     # The object is the zstd of the raw header, and the signed manifest names it by name, sha256 and size.
     assert zstandard.ZstdDecompressor().decompressobj().decompress(store.objects[key][0]) == CONTENT
     (artifact,) = _manifest(store, first.key or "", tmp_path).artifacts
-    assert (artifact.kind, artifact.name, artifact.size) == (headers.KIND, NAME, len(CONTENT))
+    assert (artifact.kind, artifact.name, artifact.size) == (pch.KIND, NAME, len(CONTENT))
     assert key.endswith(artifact.sha256)
 
     second = _save(store, source, "run-2", hdrs)
@@ -330,7 +331,7 @@ def test_listing_never_takes_an_artifact_for_a_bundle(tmp_path: Path, source: Pa
 
 def test_artifact_keys_are_told_from_bundle_keys() -> None:
     sha = "0" * 64
-    assert is_artifact_key(headers.object_key(PREFIX, sha))
+    assert is_artifact_key(pch.object_key(PREFIX, sha))
     assert not is_artifact_key(make_key(PREFIX, "ab" * 8, "20260101T000000-42"))
     assert not is_artifact_key(f"{PREFIX}-artifact-{sha[:-1]}")
 
@@ -352,9 +353,9 @@ def test_cli_save_and_restore_carry_headers(
     machine_a.mkdir()
     machine_b.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(machine_a))
-    old = _header(headers.header_dir(), OTHER, OTHER_CONTENT)
+    old = _header(pch.header_dir(), OTHER, OTHER_CONTENT)
     os.utime(old, (900_000, 900_000))
-    _header(headers.header_dir())
+    _header(pch.header_dir())
 
     save = ["save", "--store", str(store), "--cache-dir", str(cache)]
     assert cli.main([*save, "--suffix", "1", "--headers-since", "1000001"]) == 0
@@ -370,8 +371,8 @@ def test_cli_save_and_restore_carry_headers(
     key2 = [e.key for e in local.list() if e.key.endswith("-2")][0]
     assert cli.main(["restore", "--store", str(store), "--cache-dir", str(tmp_path / "c2"), "--key", key2]) == 0
     assert "installed 2 precompiled header(s)" in capsys.readouterr().err
-    assert sorted(p.name for p in headers.header_dir().iterdir() if p.name != "locks") == sorted([NAME, OTHER])
-    assert (headers.header_dir() / NAME).read_bytes() == CONTENT
+    assert sorted(p.name for p in pch.header_dir().iterdir() if p.name != "locks") == sorted([NAME, OTHER])
+    assert (pch.header_dir() / NAME).read_bytes() == CONTENT
 
 
 @pytest.mark.parametrize("value", ["soon", "nan", "-5", "inf"])
@@ -417,7 +418,7 @@ def test_with_the_actions_staging_dir_the_header_rides_inside_the_runs_entry(
 
 def _checked(path: Path, verdict: str = "verified") -> dict[str, Any]:
     info = os.lstat(path)
-    return headers.HeaderUse(path.name, verdict, info.st_size, info.st_mtime_ns, info.st_ino).to_json()
+    return pch.HeaderUse(path.name, verdict, info.st_size, info.st_mtime_ns, info.st_ino).to_json()
 
 
 def test_a_save_carries_the_headers_its_processes_checked_whatever_the_mount_records(
@@ -453,3 +454,50 @@ def test_a_restore_replaces_a_zeroed_local_header_with_one_note(tmp_path: Path, 
     assert result.headers.transferred == (NAME,) and result.headers.warnings == ()
     (note,) = result.headers.notes
     assert NAME in note and "replaced" in note
+
+
+class _StalledHeaderStore(MemoryStore):
+    """Serves everything at once but a header object, which it holds until ``go`` (a store serving it one byte
+    every 5 s, as in issue 44's recipe)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+
+    def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
+        if is_artifact_key(key):
+            self.go.wait(30)
+        return super().get(key, dest, limit=limit)
+
+
+def test_the_background_install_lets_torch_build_a_header_well_before_torch_gives_up_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 44, finding 3, with torch's lock timeout scaled down to 4 s: the reservation held torch's build lock
+    of the header until the download ended (up to the whole store budget, which may be a day), and torch gave
+    up waiting for it: ``InductorError: Timeout: The file lock ... could not be acquired``, the test failed."""
+    import filelock
+
+    monkeypatch.setenv("TORCHINDUCTOR_FILE_LOCK_TIMEOUT", "4")
+    monkeypatch.setattr("pytest_compilecache.probe.check_headers_early", lambda names, directory=None: None)
+    machine, fresh = tmp_path / "machine", tmp_path / "fresh"
+    artifact = pch.describe(_header(machine))
+    store = _StalledHeaderStore()
+    packed = tmp_path / "packed"
+    with open(packed, "wb") as out:
+        pch.compress(machine / NAME, out)
+    store.put(_artifact_key(), packed)
+
+    install = sync.HeaderInstall(store, PREFIX, [artifact], fresh)
+    try:
+        assert NAME in install._reservation.held  # torch's lock is taken before the download starts
+        # torch: its build lock, waited for as long as TORCHINDUCTOR_FILE_LOCK_TIMEOUT says, then it builds
+        with filelock.FileLock(str(fresh / "locks" / pch.names.lock_name(NAME)), timeout=4):
+            (fresh / NAME).write_bytes(b"gpch torch built it")
+    finally:
+        store.go.set()
+    report = install.finish()
+    assert (fresh / NAME).read_bytes() == b"gpch torch built it"  # never replaced by the late download
+    assert report.transferred == ()
+    [warning] = report.warnings
+    assert warning.startswith(f"precompiled header {NAME} not restored within 2 s") and "torch built it" in warning

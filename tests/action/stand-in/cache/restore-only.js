@@ -1,2 +1,0 @@
-// actions/cache/restore@v5: restore, with the keys as outputs instead of state (src/restoreOnly.ts).
-require("./impl.js").restoreOnlyRun(true);

@@ -1,0 +1,224 @@
+"""stores.table: one row per remote backend; open_store builds from it, the Action asks it for the extra.
+
+No server here: building a store touches no network (tests/integration/test_store_clouds.py proves that
+against listening sockets); these tests check the table, the URLs and the start-up errors.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import pytest
+
+from pytest_compilecache import ConfigError
+from pytest_compilecache.settings import STORE_OPTIONS
+from pytest_compilecache.settings import Settings
+from pytest_compilecache.stores import ReadOnlyStore
+from pytest_compilecache.stores import open_store
+from pytest_compilecache.stores import table
+from pytest_compilecache.stores.azure import AzureStore
+from pytest_compilecache.stores.gcs import GCSStore
+from pytest_compilecache.stores.s3 import S3Store
+
+OPTION = "--compile-cache-store"
+
+
+@pytest.mark.parametrize(
+    ("url", "extra"),
+    [
+        ("s3://bucket/prefix", "s3"),
+        ("S3://bucket", "s3"),
+        ("gs://bucket/ci/cache", "gcs"),
+        ("az://container/prefix", "azure"),
+        (" az://container ", "azure"),  # the Action's input as typed
+        ("github", None),
+        ("/srv/compile-cache", None),
+        ("file:///srv/compile-cache", None),
+        ("C:\\cache", None),
+        ("gs:bucket", None),  # not a URL of the backend: open_store refuses it
+        ("ftp://host/x", None),
+    ],
+)
+def test_extra_for_names_the_extra_a_store_needs(url: str, extra: str | None) -> None:
+    assert table.extra_for(url) == extra
+
+
+def test_every_row_names_a_module_a_factory_and_an_extra_that_exist() -> None:
+    if sys.version_info < (3, 11):
+        pytest.skip("tomllib is Python 3.11+")
+    from pathlib import Path
+
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+    assert [backend.scheme for backend in table.BACKENDS] == ["s3", "gs", "az"]
+    for backend in table.BACKENDS:
+        factory = getattr(importlib.import_module(backend.module), backend.factory)
+        assert callable(factory.from_url)
+        assert backend.extra in extras, backend
+        assert backend.example.startswith(f"{backend.scheme}://")
+        assert backend.example in table.expected()
+        assert set(backend.settings) <= set(STORE_OPTIONS)
+
+
+@pytest.mark.parametrize(
+    ("url", "kind", "location"),
+    [
+        ("s3://my-bucket/ci", S3Store, "s3://my-bucket/ci"),
+        ("gs://my_bucket.example/ci/cache/", GCSStore, "gs://my_bucket.example/ci/cache"),
+        ("gs://my-bucket", GCSStore, "gs://my-bucket"),
+        ("az://my-container/ci/cache", AzureStore, "az://my-container/ci/cache"),
+        ("az://my-container?account=myaccount", AzureStore, "az://my-container"),
+    ],
+)
+def test_open_store_builds_each_backend_from_its_row(url: str, kind: type, location: str) -> None:
+    store = open_store(url)
+    assert isinstance(store, kind) and store.location == location
+    readonly = open_store(url, readonly=True)
+    assert isinstance(readonly, ReadOnlyStore) and isinstance(readonly.inner, kind)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "gs://",
+        "gs://Bad_Bucket/x",
+        "gs://ab",
+        "gs://bucket:443/x",
+        "gs://bucket/x?userProject=p",
+        "gs://bucket/a//b",
+        "gs://bucket/a/../b",
+        "gs://bucket/x#frag",
+        "az://",
+        "az://Container/x",
+        "az://a--b/x",
+        "az://c/x",  # under 3 characters
+        "az://container/x?account=",
+        "az://container/x?account=a&account=b",
+        "az://container/x?other=1",
+        "az://container/a/./b",
+    ],
+)
+def test_malformed_urls_fail_at_start_naming_the_option(url: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{OPTION}: ") as info:
+        open_store(url)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "s3://AKIAEXAMPLE:hunter2@bucket/x",
+        "s3://bucket/x?X-Amz-Signature=hunter2",
+        "gs://user:hunter2@bucket/x",
+        "az://user:hunter2@container/x",
+        "az://container/x?sig=hunter2",
+        "az://container/x?account=myaccount&sig=hunter2",
+    ],
+)
+def test_a_secret_in_a_refused_url_is_not_repeated(url: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{OPTION}: ") as info:
+        open_store(url)
+    assert "hunter2" not in str(info.value)
+
+
+def test_azure_account_comes_from_the_url_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_URL", "AZURE_STORAGE_ACCOUNT_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    assert AzureStore.from_url("az://cont?account=acct1").account_url == "https://acct1.blob.core.windows.net"
+    env = {"AZURE_STORAGE_ACCOUNT_NAME": "acct2"}
+    assert AzureStore.from_url("az://cont", environ=env).account_url == "https://acct2.blob.core.windows.net"
+    env = {"AZURE_STORAGE_ACCOUNT_URL": "http://127.0.0.1:10000/devstoreaccount1"}
+    assert AzureStore.from_url("az://cont", environ=env).account_url == env["AZURE_STORAGE_ACCOUNT_URL"]
+    secret = "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=hunter2;EndpointSuffix=core.windows.net"
+    store = AzureStore.from_url("az://cont", environ={"AZURE_STORAGE_CONNECTION_STRING": secret})
+    assert store.account_url is None and "hunter2" not in repr(store) + store.location
+    # Bad values fail at start, naming where they came from, without repeating a SAS.
+    with pytest.raises(ConfigError, match="^--compile-cache-store: AZURE_STORAGE_ACCOUNT_NAME: 'Bad_Name'"):
+        AzureStore.from_url("az://cont", environ={"AZURE_STORAGE_ACCOUNT_NAME": "Bad_Name"})
+    with pytest.raises(ConfigError, match="AZURE_STORAGE_ACCOUNT_URL") as info:
+        AzureStore.from_url("az://cont", environ={"AZURE_STORAGE_ACCOUNT_URL": "https://a.example/?sig=hunter2"})
+    assert "hunter2" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "missing", "named", "extra"),
+    [
+        ("s3://bucket/prefix", "boto3", "boto3", "s3"),
+        ("gs://bucket/prefix", "google.cloud.storage", "google.cloud.storage", "gcs"),
+        ("az://container/prefix", "azure.storage.blob", "azure.storage.blob", "azure"),
+        ("az://container/prefix", "azure.identity", "azure.identity", "azure"),
+    ],
+)
+def test_a_missing_extra_fails_at_start_naming_it(
+    url: str, missing: str, named: str, extra: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, missing, None)  # what find_spec and import see when it is not installed
+    with pytest.raises(ConfigError) as info:
+        open_store(url)
+    assert str(info.value) == f"{OPTION}: needs the {named!r} package (pip install 'pytest-compilecache[{extra}]')"
+
+
+def test_a_package_whose_parent_is_missing_is_missing() -> None:
+    from pytest_compilecache.settings import require_package
+
+    with pytest.raises(ConfigError, match=r"needs the 'no_such_parent_xyz.storage' package .*\[gcs\]"):
+        require_package(OPTION, "no_such_parent_xyz.storage", "gcs")  # find_spec raises for a dotted name
+
+
+def test_settings_carry_backend_options_generically_to_the_backend_that_reads_them() -> None:
+    endpoint = "http://127.0.0.1:9"
+    settings = Settings(store="s3://bucket/x", store_options=(("s3_endpoint", endpoint),))
+    store = open_store(settings)
+    assert isinstance(store, S3Store) and store.endpoint_url == endpoint
+    # The same options with another backend's URL: not passed (GCSStore takes no endpoint_url).
+    gcs = open_store(settings._replace(store="gs://bucket/x", readonly=True))
+    assert isinstance(gcs, ReadOnlyStore) and isinstance(gcs.inner, GCSStore)
+    # An explicit keyword beats the setting (the CLI's --s3-endpoint, the Action's variable).
+    assert open_store(settings, endpoint_url="http://127.0.0.1:8").endpoint_url == "http://127.0.0.1:8"  # type: ignore[attr-defined]
+
+
+def test_a_new_backend_is_one_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the table promises: a row naming a module (here a fake one) is all open_store and extra_for need."""
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    class FakeStore:
+        location = "mem://x"
+
+        @classmethod
+        def from_url(cls, url: str, **options: Any) -> FakeStore:
+            calls.append((url, options))
+            return cls()
+
+    module = type(sys)("tests_fake_backend")
+    module.FakeStore = FakeStore  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tests_fake_backend", module)
+    row = table.Backend("mem", "tests_fake_backend", "FakeStore", "mem", ("json",), "mem://name/prefix")
+    monkeypatch.setattr(table, "BACKENDS", (*table.BACKENDS, row))
+    assert isinstance(open_store("mem://x/y"), FakeStore) and calls == [("mem://x/y", {})]
+    assert table.extra_for("mem://x/y") == "mem"
+    assert "mem://name/prefix" in table.expected()
+
+
+def test_building_cloud_stores_imports_no_sdk() -> None:
+    """The SDKs load at a store's first call, not when the table is read or a store is built (a fresh
+    interpreter: this one has them loaded already). Looking an SDK up imports its namespace parents
+    (``google``, ``google.cloud``, ``azure``, ``azure.storage``), which hold no code of their own."""
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from pytest_compilecache.stores.table import extra_for\n"
+        "from pytest_compilecache.stores import open_store\n"
+        "assert extra_for('gs://b/p') == 'gcs'\n"
+        "open_store('s3://bucket/p'), open_store('gs://bucket/p'), open_store('az://container/p?account=acct')\n"
+        "parents = {'google', 'google.cloud', 'azure', 'azure.storage'}\n"
+        "sdks = ('boto3', 'botocore', 's3transfer', 'google', 'azure', 'requests')\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in sdks and m not in parents)\n"
+        "print(loaded)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]", result.stdout
