@@ -30,8 +30,9 @@ UNCOMPILED_NOTE = (
 )
 
 
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word if count == 1 else word + 's'}"
+def plural(count: int, word: str) -> str:
+    """``1 hit``, ``2 misses``, ``3 graph breaks``."""
+    return f"{count} {word if count == 1 else word + ('es' if word.endswith('s') else 's')}"
 
 
 def _costly(stats: SessionStats) -> list[ItemRecord]:
@@ -66,7 +67,7 @@ def test_texts(record: ItemRecord) -> list[str]:
     texts += [recompile_text(entry, record.nodeid) for entry in record.recompiled]
     if record.graph_breaks:
         reasons = "; ".join(record.graph_break_reasons) or "reasons unknown"
-        texts.append(f"{_plural(record.graph_breaks, 'graph break')}: {reasons}")
+        texts.append(f"{plural(record.graph_breaks, 'graph break')}: {reasons}")
     return texts
 
 
@@ -74,9 +75,9 @@ def headline(stats: SessionStats) -> list[str]:
     """The summary line's parts: ``["2 recompiles", "1 graph break", "1 frame ran uncompiled"]`` (empty: none)."""
     recompiles, breaks = int(stats.sum("recompiles")), int(stats.sum("graph_breaks"))
     limits = len(uncompiled(stats))
-    parts = [_plural(recompiles, "recompile")] if recompiles else []
-    parts += [_plural(breaks, "graph break")] if breaks else []
-    parts += [f"{_plural(limits, 'frame')} {UNCOMPILED}"] if limits else []
+    parts = [plural(recompiles, "recompile")] if recompiles else []
+    parts += [plural(breaks, "graph break")] if breaks else []
+    parts += [f"{plural(limits, 'frame')} {UNCOMPILED}"] if limits else []
     return parts
 
 
@@ -155,16 +156,17 @@ def to_json(stats: SessionStats) -> dict[str, Any]:
 def _bounded(head: str, rows: Iterable[str], tail: str, budget: int) -> str:
     rows = list(rows)
     body: list[str] = []
-    used = _size(head) + _size(tail) + 60
+    used = size(head) + size(tail) + 60
     for row in rows:
-        if used + _size(row) + 1 > budget:
+        if used + size(row) + 1 > budget:
             body.append(f"\n_{len(rows) - len(body)} more not shown (see the JSON report)._")
             break
         body.append(row)
-        used += _size(row) + 1
+        used += size(row) + 1
     text = head + "\n".join(body) + tail
-    return text if _size(text) <= budget else ""
+    return text if size(text) <= budget else ""
 
 
-def _size(text: str) -> int:
+def size(text: str) -> int:
+    """Bytes of ``text`` in UTF-8 (GitHub's summary limits are in bytes)."""
     return len(text.encode("utf-8"))

@@ -33,6 +33,7 @@ LAYERS: list[set[str]] = [
     {"container", "install", "stores", "fingerprint"},
     {"cachedir"},
     {"report", "problems"},
+    {"miss_report"},
     {"dynamo_costs"},
     {"stats", "settings", "probe"},
     {"explain", "remote", "pch"},

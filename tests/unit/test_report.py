@@ -441,3 +441,31 @@ def test_kernels_built_under_fx_hits_are_named_with_their_count() -> None:
         "t.py::test_user_kernel (0.4 s)"
     ]
     assert [line.split()[-1] for line in report.gpu_table_lines(stats)[1:]] == ["t.py::test_user_kernel"]
+
+
+def test_a_sessions_report_read_back_renders_its_full_report() -> None:
+    """Issue 41, finding 1: the JSON the plugin keeps (or --compile-cache-json wrote) reads back into the same full
+    report the terminal showed, without rerunning the session."""
+    from pytest_compilecache.explain import MissExplanation
+    from pytest_compilecache.explain import SessionExplanation
+
+    why = SessionExplanation(
+        misses={"t.py::a": [MissExplanation("k", ["input 0 shape [8] -> [16]"])]}, compared_with="bundle"
+    )
+    restore = {
+        "outcome": "partial",
+        "key": "k1",
+        "size": 10,
+        "seconds": 0.1,
+        "description": "restored the newest bundle",
+    }
+    stats = _stats(_record("t.py::a", miss=1, seconds=1.5), tests=3)
+    outcome = report.SessionOutcome(
+        stats=stats, mode="shared", cache_dir="/c", where="shared:/c", why=why, restored=report._Recorded(restore)
+    )
+    data = json.loads(json.dumps(report.session_json(outcome)))
+    full = [text for text, _ in report.session_lines(outcome, report="full")]
+    assert report.full_text(data).splitlines() == full
+    assert "why t.py::a: input 0 shape [8] -> [16]" in full
+    with pytest.raises((KeyError, TypeError, ValueError)):
+        report.outcome_from_json({"totals": {"tests": -1}})

@@ -1,0 +1,151 @@
+"""Why tests missed, rendered: the short report's line per test that missed, the full report's reasons, the
+job summary's section and the JSON report's ``why``. Pure, no I/O; explanations come from :mod:`.explain`.
+PYTEST_DONT_REWRITE
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from typing import Any
+
+from .dynamo_costs import plural as _plural
+from .dynamo_costs import size as _size
+from .ghrunner import md_code
+from .ghrunner import md_text
+from .ghrunner import one_line
+
+if TYPE_CHECKING:
+    from .explain import SessionExplanation
+    from .stats import SessionStats
+
+WHY_ROWS = 20  # terminal lines of miss explanations; the JSON report has them all
+NEVER_HIT_HINT = "seed random values, pass them as inputs, or keep timestamps and paths out of the graph"
+
+
+MISS_ROWS = 3  # tests named in the short report before "and N more"
+FULL_REPORT = "python -m pytest_compilecache report"
+
+
+def test_reason(nodeid: str, why: SessionExplanation | None) -> str:
+    """Why ``nodeid`` missed, on one line: its never-hit flag, or its misses' reasons merged (the first, then
+    how many more); what was not compared says so."""
+    if why is None or not why.compared_with:
+        return "no earlier run of this cache to compare with"
+    if nodeid in why.never_hit:
+        return never_hit_text(*why.never_hit[nodeid])
+    from .explain import merged  # cost: only a session with misses to name
+
+    texts = merged(why.misses.get(nodeid, []))
+    if not texts:
+        return "no reason recorded (its graphs were not captured)"
+    return texts[0] + (f" (and {_plural(len(texts) - 1, 'other reason')})" if len(texts) > 1 else "")
+
+
+def miss_lines(
+    stats: SessionStats, why: SessionExplanation | None, json_path: str | None, limit: int = MISS_ROWS
+) -> list[str]:
+    """For the short report: each test that missed with its one-line reason (a few, then "and N more"), and
+    where the full report is. A rerun to see the reasons would hit what this run compiled (issue 41): the
+    report of this run stays readable through :data:`FULL_REPORT` (and the JSON report, when written)."""
+    missed = sorted((r for r in stats.records.values() if r.fxgraph["miss"]), key=lambda r: (-r.misses, r.nodeid))
+    if not missed:
+        return []
+    lines = [one_line(f"missed: {r.nodeid}: {test_reason(r.nodeid, why)}", 600) for r in missed[:limit]]
+    more = f"... and {len(missed) - limit} more tests missed; " if len(missed) > limit else ""
+    where = f', "why" in {json_path}' if json_path else ""
+    lines.append(one_line(f"{more}full report: {FULL_REPORT} (or -v, --compile-cache-report=full{where})", 600))
+    return lines
+
+
+# ---- miss explanations (issue 12)
+
+
+FORWARD_ONLY_NOTE = (
+    "ran a training graph's forward without its backward: torch saves an AOTAutograd cache entry only once the "
+    "backward is compiled, so their AOTAutograd lookups miss in every run (their FX graphs still hit; not counted "
+    "as misses)"
+)
+
+
+def never_hit_text(what: str, runs: int) -> str:
+    """Two runs cannot tell an edit from a value that changes by itself: say which case we are sure of (explain
+    flags a test only from three runs on; a report from an earlier version may say two)."""
+    if runs >= 3:
+        return f"{what} changed in each of the last {runs} runs: this test can never hit ({NEVER_HIT_HINT})"
+    return f"only {what} changed since the last run: if nothing was edited, this test can never hit ({NEVER_HIT_HINT})"
+
+
+def _why_rows(why: SessionExplanation) -> list[tuple[str, bool, str]]:
+    """(nodeid, never hits, text) per row: never-hit tests first, then each explained miss."""
+    from .explain import merged  # cost: loaded with the explanations already
+
+    rows = [(nodeid, True, never_hit_text(*flag)) for nodeid, flag in sorted(why.never_hit.items())]
+    for nodeid in sorted(why.misses):
+        if nodeid not in why.never_hit:  # identical reasons of several graphs (one per shape) said once
+            rows.extend((nodeid, False, text) for text in merged(why.misses[nodeid]))
+    return rows
+
+
+def why_lines(why: SessionExplanation, limit: int = WHY_ROWS) -> list[str]:
+    """Terminal lines for ``--compile-cache-report=full`` (or ``-v``): one per explained miss.
+
+    ``why t.py::test_x: input 0 shape [8, 16] -> [8, 32]``; nothing when nothing was compared. A reason may
+    hold text from a restored bundle: control characters are shown escaped, never sent to the terminal.
+    """
+    lines = [
+        one_line(f"{'never hits' if never else 'why'} {nodeid}: {text}", 1000) for nodeid, never, text in _why_rows(why)
+    ]
+    note = forward_only_line(why)
+    if not lines:
+        return [note] if note else []
+    head = f"why tests missed (compared with the {why.compared_with}):" if why.compared_with else "why tests missed:"
+    shown = lines[:limit]
+    if len(lines) > limit:
+        shown.append(f"... and {len(lines) - limit} more (see --compile-cache-json)")
+    return [head, *shown, *([note] if note else [])]
+
+
+def forward_only_line(why: SessionExplanation) -> str:
+    """Once per report (issue 29.12): why tests that never ran a backward miss AOTAutograd in every run; ""
+    when none did. Names at most two tests (the JSON report lists them all)."""
+    tests = why.forward_only
+    if not tests:
+        return ""
+    names = ", ".join(tests[:2]) + (f" and {len(tests) - 2} more" if len(tests) > 2 else "")
+    return one_line(f"note: {len(tests)} test{'s' if len(tests) != 1 else ''} ({names}) {FORWARD_ONLY_NOTE}", 1000)
+
+
+def why_markdown(why: SessionExplanation, budget: int) -> str:
+    """A collapsed "Why these tests missed" section of at most ``budget`` UTF-8 bytes ("" when empty).
+
+    Test ids and reasons are untrusted (a bundle's record, a test's name): escaped by ``md_code``/``md_text``.
+    """
+    rows = [
+        f"| {md_code(nodeid)} | {'**never hits**: ' if never else ''}{md_text(text)} |"
+        for nodeid, never, text in _why_rows(why)
+    ]
+    if not rows or budget <= 0:
+        return ""
+    where = f" (compared with the {md_text(why.compared_with)})" if why.compared_with else ""
+    head = f"\n<details><summary>Why these tests missed{where} ({len(rows)})</summary>\n\n| test | why |\n|---|---|\n"
+    tail = "\n\n</details>\n"
+    body: list[str] = []
+    used = _size(head) + _size(tail) + 60
+    for row in rows:
+        if used + _size(row) + 1 > budget:
+            body.append(f"\n_{len(rows) - len(body)} more not shown (see the JSON report)._")
+            break
+        body.append(row)
+        used += _size(row) + 1
+    text = head + "\n".join(body) + tail
+    return text if _size(text) <= budget else ""
+
+
+def why_json(why: SessionExplanation) -> dict[str, Any]:
+    """The JSON report's top-level ``why`` (schema version 1, additive).
+
+    ``{"compared_with": "bundle"|"previous session"|null, "misses": {nodeid: [{"key", "reasons": [str]}]},
+    "never_hit": {nodeid: {"what": the component that changed, "runs": runs in a row it changed}},
+    "forward_only": [nodeid]}`` (tests that ran a training forward without its backward).
+    """
+    return why.to_json()
