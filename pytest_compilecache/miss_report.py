@@ -1,5 +1,6 @@
 """Why tests missed, rendered: the short report's line per test that missed, the full report's reasons, the
 job summary's section and the JSON report's ``why``. Pure, no I/O; explanations come from :mod:`.explain`.
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``.explain``.
 PYTEST_DONT_REWRITE
 """
 
@@ -33,7 +34,7 @@ def test_reason(nodeid: str, why: SessionExplanation | None) -> str:
         return "no earlier run of this cache to compare with"
     if nodeid in why.never_hit:
         return never_hit_text(*why.never_hit[nodeid])
-    from .explain import merged  # cost: only a session with misses to name
+    from .explain import merged
 
     texts = merged(why.misses.get(nodeid, []))
     if not texts:
@@ -45,7 +46,7 @@ def miss_lines(
     stats: SessionStats, why: SessionExplanation | None, json_path: str | None, limit: int = MISS_ROWS
 ) -> list[str]:
     """For the short report: each test that missed with its one-line reason (a few, then "and N more"), and
-    where the full report is. A rerun to see the reasons would hit what this run compiled (issue 41): the
+    where the full report is. A rerun to see the reasons would hit what this run compiled: the
     report of this run stays readable through :data:`FULL_REPORT` (and the JSON report, when written)."""
     missed = sorted((r for r in stats.records.values() if r.fxgraph["miss"]), key=lambda r: (-r.misses, r.nodeid))
     if not missed:
@@ -57,7 +58,7 @@ def miss_lines(
     return lines
 
 
-# ---- miss explanations (issue 12)
+# ---- miss explanations
 
 
 FORWARD_ONLY_NOTE = (
@@ -77,7 +78,7 @@ def never_hit_text(what: str, runs: int) -> str:
 
 def _why_rows(why: SessionExplanation) -> list[tuple[str, bool, str]]:
     """(nodeid, never hits, text) per row: never-hit tests first, then each explained miss."""
-    from .explain import merged  # cost: loaded with the explanations already
+    from .explain import merged
 
     rows = [(nodeid, True, never_hit_text(*flag)) for nodeid, flag in sorted(why.never_hit.items())]
     for nodeid in sorted(why.misses):
@@ -106,7 +107,7 @@ def why_lines(why: SessionExplanation, limit: int = WHY_ROWS) -> list[str]:
 
 
 def forward_only_line(why: SessionExplanation) -> str:
-    """Once per report (issue 29.12): why tests that never ran a backward miss AOTAutograd in every run; ""
+    """Once per report: why tests that never ran a backward miss AOTAutograd in every run; ""
     when none did. Names at most two tests (the JSON report lists them all)."""
     tests = why.forward_only
     if not tests:

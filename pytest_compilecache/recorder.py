@@ -3,6 +3,8 @@
 Loaded by the plugin once torch appears (or in a session given an option), so at import it loads nothing
 else of ours: :mod:`probe` and :mod:`stats` load when torch is imported (or a report needs the
 statistics). While torch is not imported a test costs one dict lookup and one counter.
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``.stats``, ``.probe``,
+``.explain``.
 PYTEST_DONT_REWRITE
 """
 
@@ -80,7 +82,7 @@ class Recorder:
         """This process's statistics (made on first use: a session that never compiles may never need them)."""
         stats = self._stats
         if stats is None:
-            from .stats import SessionStats  # cost: loaded when torch appears or a report is made
+            from .stats import SessionStats
 
             stats = self._stats = SessionStats()
         if self.cold_tests:
@@ -92,7 +94,7 @@ class Recorder:
         """Where a test starts; :data:`COLD` (no probe call) while torch is not imported."""
         if not torch_loaded():
             return COLD if self.explain else COLD_UNEXPLAINED
-        from . import probe  # cost: loaded once torch is
+        from . import probe
 
         # graph_mark() would install the capture once torch's codecache is loaded: not when explaining is off.
         return Start(probe.mark(), probe.graph_mark() if self.explain else None)
@@ -114,7 +116,7 @@ class Recorder:
         self.record(nodeid, self._delta(nodeid, start, intended))
 
     def _delta(self, nodeid: str, start: Start, intended: bool) -> dict[str, Any]:
-        from . import probe  # cost: as above
+        from . import probe
 
         delta = probe.delta(start.mark if start.mark is not None else probe.ZERO)
         if probe.FIRST_COMPILES in delta or "recompiled" in delta:  # only a test that compiled a frame
@@ -129,7 +131,7 @@ class Recorder:
     def _name_first_compilers(self, nodeid: str, delta: dict[str, Any]) -> None:
         """Remember the functions this test compiled first; name, in each recompile, the test that compiled its
         frame first (in this process: each xdist worker compiles for itself)."""
-        from . import probe  # cost: as above
+        from . import probe
 
         for function in delta.pop(probe.FIRST_COMPILES, ()):
             self._first_compiled.setdefault(function, nodeid)
@@ -141,7 +143,7 @@ class Recorder:
         stats = self.stats
         stats.tests += 1
         if delta:
-            from .stats import ItemRecord  # cost: as above
+            from .stats import ItemRecord
 
             record = ItemRecord(nodeid=nodeid, worker=self.worker)
             record.add(delta)
@@ -153,7 +155,7 @@ class Recorder:
 
         Its ``why`` compares the test's misses so far with the same test's graphs in the baseline.
         """
-        from .stats import CompileCacheStats  # cost: as above
+        from .stats import CompileCacheStats
 
         if start is None:
             return CompileCacheStats(nodeid, dict)
@@ -164,7 +166,6 @@ class Recorder:
         baseline = self.baseline()
         if baseline is None:
             return []
-        # cost: explain loads only when there is something to explain
         from .explain import explain_test_safely
 
         return explain_test_safely(record.graphs, baseline.tests.get(record.nodeid))
@@ -174,7 +175,6 @@ class Recorder:
         if not self._baseline_read:
             self._baseline_read = True
             if self.baseline_dir:
-                # cost: as above
                 from .explain import load_record
 
                 try:
@@ -214,7 +214,7 @@ class PerTestHooks:
     def _start(self, nodeid: str) -> None:
         mode = self.marked.get(nodeid) if self.marked else None
         if mode is not None:
-            from . import probe  # cost: only for a marked test
+            from . import probe
 
             self.isolation = probe.isolated_compile(disable=mode == "disabled")
             self.isolation.__enter__()

@@ -4,6 +4,7 @@
 ``{"outcome": "exact"|"partial"|"miss"|"saved"|"staged"|"skipped"|"error", "key", "size", "seconds", "message"}``
 (``staged``: the Action's staging dir holds the bundle; actions/cache uploads it at job end), and for a restore
 ``description`` (what happened in words, ``sync.RestoreResult.description``).
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``.explain``.
 PYTEST_DONT_REWRITE
 """
 
@@ -83,7 +84,7 @@ LAST_REPORT_KEY = "compilecache/last-report"
 LAST_REPORT_PATH = ".pytest_cache/v/" + LAST_REPORT_KEY
 
 
-# ---- the GPU layers below the FX graph (issue 27)
+# ---- the GPU layers below the FX graph
 
 
 def _gpu_parts(stats: SessionStats) -> list[str]:
@@ -229,7 +230,7 @@ def table_lines(stats: SessionStats, limit: int | None = TABLE_ROWS) -> list[str
     if hidden > 0:
         lines.append(f"... and {hidden} more (see --compile-cache-json)")
     idle = stats.tests - len(stats.compiled)
-    if idle > 0:  # said, not dropped silently (issue 41)
+    if idle > 0:  # said, not dropped silently
         lines.append(f"({_plural(idle, 'other test')} compiled nothing: not listed)")
     reasons = sorted({reason for r in stats.compiled for reason in r.bypass_reasons})
     for reason in reasons[:5]:
@@ -457,7 +458,7 @@ def session_lines(outcome: SessionOutcome, *, report: str, verbose: bool = False
         uncompiled = dynamo_costs.uncompiled_lines(outcome.stats, None if full else dynamo_costs.SHORT_ROWS)
         lines.extend((line, {"yellow": True}) for line in uncompiled)
         lines.extend((transfer_line(kind, info), {}) for kind, info in outcome.transfers())
-        lines.extend((line, {"yellow": True}) for line in gpu_lines(outcome.stats))  # issue 27
+        lines.extend((line, {"yellow": True}) for line in gpu_lines(outcome.stats))
         if outcome.stats.silent_workers:
             silent = ", ".join(outcome.stats.silent_workers)
             lines.append((f"workers that sent no statistics: {silent}", {"yellow": True}))
@@ -488,7 +489,7 @@ class _Recorded:
 def outcome_from_json(data: Any) -> SessionOutcome:
     """The :class:`SessionOutcome` a JSON report (:func:`session_json`) describes; raises (ValueError, TypeError,
     KeyError...) on anything of another shape: a caller reading a file says it is not a report of ours."""
-    from .explain import SessionExplanation  # cost: only when a report is read back
+    from .explain import SessionExplanation
 
     tests = data["totals"]["tests"]
     if type(tests) is not int or tests < 0:

@@ -2,6 +2,7 @@
 
 Plain data only: everything here round-trips through JSON, because records travel from xdist
 workers to the controller on pytest's ``TestReport`` objects.
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``.explain``.
 PYTEST_DONT_REWRITE
 """
 
@@ -115,7 +116,6 @@ class ItemRecord:
             self._add_graphs(graphs if isinstance(graphs, list) else (), why if isinstance(why, list) else ())
 
     def _add_graphs(self, graphs: Any, why: Any) -> None:
-        # cost: explain loads only for records that carry graphs
         from .explain import GraphLookup
         from .explain import MissExplanation
 
@@ -130,7 +130,7 @@ class ItemRecord:
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"nodeid": self.nodeid, "worker": self.worker}
         out.update({group: dict(getattr(self, group)) for group in COUNT_GROUPS})
-        if self.used_gpu:  # no all-zero block on CPU (issue 41); a reader takes a missing block as zeros
+        if self.used_gpu:  # no all-zero block on CPU; a reader takes a missing block as zeros
             out["gpu"] = _gpu_json(self.gpu)
         out.update({name: getattr(self, name) for name in COUNTS})
         out.update({name: round(getattr(self, name), 4) for name in SECONDS})

@@ -219,7 +219,7 @@ CONSTANT = "a constant in graph statement"
 
 
 def _code_diff(before: str | None, after: str | None) -> str:
-    """What changed in the graph code, in one bounded line (issue 29.11).
+    """What changed in the graph code, in one bounded line.
 
     Only constants: ``graph code changed: a constant in graph statement 4 (0.89 -> 0.43; mod.py:12)``.
     Otherwise how many statements were added, removed or changed, and the first that differs:

@@ -30,7 +30,8 @@ from .lookup import RECORD_NAME
 from .lookup import Code
 from .lookup import GraphLookup
 
-# edit cannot give (issue 29.10): the same statement changing in this many consecutive runs, or changing back.
+# A test can never hit when its graph changes by itself, as no edit does: the same statement takes a new value in
+# this many consecutive runs, none seen before (a value that comes back is an edit and its revert).
 NEVER_HIT_CHANGES = 3
 SEEN_VALUES = 8  # values of the changing statement remembered, to see it change back
 
@@ -61,7 +62,7 @@ class Streak:
     @property
     def evident(self) -> bool:
         """True when no edit explains it: a new value in each of many runs in a row. A value that comes back
-        is what an edit and its revert look like (issue 41): values that change by themselves (unseeded random
+        is what an edit and its revert look like: values that change by themselves (unseeded random
         numbers, timestamps, temp paths) do not repeat."""
         return self.changes >= NEVER_HIT_CHANGES and len(set(self.seen)) == len(self.seen)
 
@@ -278,7 +279,7 @@ def install_restored(cache_dir: Path, graphs: Mapping[str, Any]) -> GraphsRecord
 
     The newer one (by ``created``; the bundle's on a tie) is kept whole and the other adds only the tests it
     lacks: a shared dir whose last session compiled after the bundle was made keeps explaining against that
-    session (issue 29.7: a ``-k`` session restored an older bundle, and the next run compared with it). An
+    session (a ``-k`` session restored an older bundle, and the next run compared with it). An
     unreadable dir record is replaced. Raises ValueError (malformed record: the bundle may be hostile) or
     OSError; the dir is then as it was.
     """

@@ -23,11 +23,11 @@ VALUES_PER_LOOKUP = 4000  # readable characters kept per lookup; the hashes are 
 MAX_LOOKUPS_PER_TEST = 32
 MAX_RECORD_BYTES = 2_000_000
 # Components across a record's lookups once each carries the record's ``common`` ones too: what reading a
-# record costs in memory (~100 bytes each, the value strings shared). A record over it is refused (issue 28.1:
+# record costs in memory (~100 bytes each, the value strings shared). A record over it is refused (once
 # a 2.4 MB record of 8 tests expanded to 3.6 GB when every lookup copied 100,000 common components).
 MAX_COMPONENTS = 200_000
 MAX_GRAPH_LINES = 400  # graph code longer than this keeps its hash, not its per-line signature
-CODE_TEXT_CHARS = 1500  # statement text kept per graph, from its start, to say what changed (issue 29.11)
+CODE_TEXT_CHARS = 1500  # statement text kept per graph, from its start, to say what changed
 STATEMENT_CHARS = 100  # one statement's text at most, in the record and in every reason
 FUNCTION_CHARS = 200  # a compiled function's name and file:line, at most
 MAX_REASONS = 10  # reasons per miss, the last one counting the rest
@@ -278,7 +278,7 @@ def _statements(code: str) -> list[tuple[str, str]]:
 
     torch's text starts with the module's repr (``GraphModule()``, ``<lambda>()`` for an inference graph,
     or a multi-line repr with submodules), then ``def forward(...):`` and the body: statements start after
-    the first ``def`` line (issue 29.9: a ``<lambda>()`` header counted as statement 1). A ``# File: ...``
+    the first ``def`` line (a ``<lambda>()`` header counted as statement 1). A ``# File: ...``
     comment (in verbose graph code) gives the source of the statements that follow it.
     """
     lines = code.splitlines()

@@ -29,7 +29,7 @@ from .lookup import GraphLookup
 class SessionExplanation:
     """Every miss of a session explained, the tests flagged as never hitting, and the tests that ran a
     training graph's forward without its backward (their AOTAutograd lookups miss every run: torch saves
-    an AOTAutograd entry only once the backward is compiled; issue 29.12)."""
+    an AOTAutograd entry only once the backward is compiled)."""
 
     misses: dict[str, list[MissExplanation]] = field(default_factory=dict)
     # nodeid -> (what changed, in how many runs in a row, this run included): 3 or more.
@@ -121,7 +121,7 @@ CAME_BACK = (
 
 
 def _say_it_came_back(explained: list[MissExplanation], what: str) -> None:
-    """Add :data:`CAME_BACK` to each miss whose constant came back (an edit and its revert, issue 41): every graph
+    """Add :data:`CAME_BACK` to each miss whose constant came back (an edit and its revert): every graph
     of the test that holds it (one per shape) says the same, and is said once."""
     for miss in explained:
         if any(reason.startswith("graph code changed: " + what) for reason in miss.reasons):
@@ -149,7 +149,7 @@ def order_dependent_tests(why: SessionExplanation) -> list[str]:
 
 
 # --------------------------------------------------------------------------- what the session calls: never raises
-# Nothing in explaining may fail a session (issue 28.2): records come from bundles and from a shared dir, and a
+# Nothing in explaining may fail a session: records come from bundles and from a shared dir, and a
 # bug met on one of them would otherwise repeat in every run until someone removed it. Each entry point below
 # turns any exception into one warning line and carries on without explanations.
 

@@ -28,13 +28,13 @@ from .megacache import collect_used_modules
 
 def import_compiler() -> bool:
     """Import torch's compiler (``torch._inductor.codecache``, which brings dynamo and inductor) now, in a
-    process whose tests already imported torch; True when it is imported. Never imports torch itself.
+     process whose tests already imported torch; True when it is imported. Never imports torch itself.
 
-    For an xdist worker that would otherwise sit idle while another worker restores the session's bundle
-    (issue 25): the first ``torch.compile`` pays this import anyway (about 1.5 s of CPU), and the hash of
-    torch's sources every FX-graph key includes (0.2 s), so both are done while waiting. Nothing in the
-    import reads the cache dir's entries; torch fixes its precompiled-header dir from TMPDIR, which the
-    worker already has.
+     For an xdist worker that would otherwise sit idle while another worker restores the session's bundle
+    : the first ``torch.compile`` pays this import anyway (about 1.5 s of CPU), and the hash of
+     torch's sources every FX-graph key includes (0.2 s), so both are done while waiting. Nothing in the
+     import reads the cache dir's entries; torch fixes its precompiled-header dir from TMPDIR, which the
+     worker already has.
     """
     if not torch_loaded():
         return False

@@ -1,5 +1,7 @@
 """Every FX-graph cache lookup of this process, with its key's components (for the miss explanations).
 
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``inspect``,
+``torch._inductor.codecache``, ``..explain``, ``torch._inductor``, ``torch``.
 PYTEST_DONT_REWRITE
 """
 
@@ -13,7 +15,7 @@ from . import dynamo
 from .hooks import CODECACHE
 from .hooks import install_now_or_on_import
 
-# --------------------------------------------------------------------------- per-graph lookups (issue 12)
+# --------------------------------------------------------------------------- per-graph lookups
 
 # Every FX-graph lookup this process made, as compact JSON (``explain.GraphLookup.to_json``), in order.
 # torch funnels each lookup through ``FxGraphCache.load_with_key(key, debug_lines, ...)`` (2.7-2.15):
@@ -66,7 +68,6 @@ def graph_capture_installed() -> str | None:
 
 
 def _record_lookup(key: Any, debug_lines: Any, result: Any) -> None:
-    # cost: explain loads with the first FX-graph lookup, not with the plugin
     from ..explain import lookup_from_torch
 
     info = result[1] if isinstance(result, tuple) and len(result) == 2 else {}

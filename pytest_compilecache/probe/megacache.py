@@ -38,7 +38,7 @@ def used_files(cache_dir: str) -> list[str]:
 
     On CPU that is every compiled kernel this process loaded (``<key>.main.so``) and the CPU ISA probe
     libraries (``<key>.so`` whose source is an ISA check), which torch builds in the cache dir and which
-    the mega-cache does not carry. On GPU (issue 27): every triton cache entry this process looked up
+    the mega-cache does not carry. On GPU: every triton cache entry this process looked up
     (:func:`watch_triton_cache`: triton's gcc-built helpers such as ``cuda_utils.so``, the launchers triton 3.3
     builds per kernel signature, and the kernels themselves, which torch's bundle does not carry when triton
     bundling is off or the kernel is a user's ``@triton.jit`` called outside a compiled graph), and the

@@ -1,5 +1,7 @@
 """torch's precompiled C++ headers as this process uses them: each one checked at its first look-up.
 
+Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``..pch``,
+``threading``, ``shlex``, ``torch._inductor.cpp_builder``.
 PYTEST_DONT_REWRITE
 """
 
@@ -44,7 +46,7 @@ def watch_precompiled_headers() -> None:
     and remember it for :func:`precompiled_headers_used`; never imports torch.
 
     Call once per process (the plugin's configure step, in every xdist worker). Installs now when torch's
-    codecache is already imported, else as soon as it is. See :mod:`.headers` (issue 24) for why.
+    codecache is already imported, else as soon as it is. See :mod:`.headers` for why.
     """
     install_now_or_on_import(CODECACHE, _install_header_watch, pending=_header_watch is None)
 
@@ -65,7 +67,7 @@ def check_headers_early(names: Iterable[str], directory: Path | None = None) -> 
     waits for it: checks of one file take turns) instead of running the compiler on the critical path. A
     rejection is not remembered, so a damaged header is still found, removed and rebuilt by that check.
     Never imports torch; a name torch could not give a header is ignored."""
-    from .. import pch as headers  # cost: only in a process that restored headers
+    from .. import pch as headers
 
     target = directory or headers.header_dir()
     _early_checks[:] = [target / name for name in names if headers.is_header_name(name)]
@@ -73,7 +75,7 @@ def check_headers_early(names: Iterable[str], directory: Path | None = None) -> 
 
 def _start_early_checks(compile_command: dict[str, Any]) -> None:
     """Check the headers :func:`check_headers_early` named, in a thread, each once installed (best effort)."""
-    import threading  # cost: only in a process that restored headers
+    import threading
 
     paths = list(_early_checks)
     _early_checks.clear()
@@ -181,7 +183,6 @@ def _check_header(path: Any, rebuild: Any, compile_command: dict[str, Any]) -> N
     compiler accepted before, unchanged, is not compiled against again, ``headers.VERDICTS``); when the
     compiler rejects it, remove it and have torch build it again (``rebuild``: torch's uncached
     ``_precompile_header``), then check that one."""
-    # cost: headers loads with the first header torch looks up, not with the plugin
     from .. import pch as headers
 
     compiled = _compiled_header(str(path)) if isinstance(path, str) else None
