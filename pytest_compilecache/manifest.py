@@ -87,7 +87,7 @@ class Member:
 class Artifact:
     """A content-addressed file stored once per store, outside the bundle (e.g. torch's precompiled header).
 
-    Written by saves that carry torch's precompiled headers (:mod:`.headers`), signed with the manifest.
+    Written by saves that carry torch's precompiled headers (:mod:`.pch`), signed with the manifest.
     """
 
     kind: str
@@ -98,7 +98,7 @@ class Artifact:
     def to_json(self) -> dict[str, Any]:
         """Its entry in the manifest's ``artifacts``: ``{kind, name, sha256, size}``. Read back (validated) only
         with the whole manifest (:meth:`Manifest.from_json_bytes`); a kind's own shape is its module's to check
-        (:func:`.headers.header_artifact`)."""
+        (:func:`.pch.header_artifact`)."""
         return {"kind": self.kind, "name": self.name, "sha256": self.sha256, "size": self.size}
 
 
