@@ -30,6 +30,7 @@ from ._env import cache_dir_env
 from .cachedir import SessionDir
 from .errors import ConfigError
 from .problems import Problems
+from .settings import DEFAULT_PREFIX
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -169,7 +170,13 @@ class SessionContext:
                 f"{self.settings.spelling('pgo')}: torch was imported before the session was configured, so "
                 f"it keeps no shape profile in this process (set {PGO_ENVS[0]} before importing it)"
             )
-        self.lease.set({PGO_ENVS[0]: alias or PGO_JOB_ID})
+        self.lease.set({PGO_ENVS[0]: alias or self.pgo_job_id()})
+
+    def pgo_job_id(self) -> str:
+        """The job id torch keeps the shape profile under: one per key prefix (so per lineage of bundles, and
+        per file in a shared dir), the plain :data:`PGO_JOB_ID` for the default prefix as before."""
+        prefix = self.settings.key_prefix
+        return PGO_JOB_ID if prefix == DEFAULT_PREFIX else f"{PGO_JOB_ID}-{prefix}"
 
     def _enable_redis(self, url: str) -> None:
         """Turn on torch's remote caches (read at import and per compile), after checking Redis answers."""

@@ -56,9 +56,9 @@ TABLE: tuple[tuple[str, str, bool, str], ...] = (
         False,
         "on: keep torch's profile of which input sizes vary (automatic dynamic shapes) in the cache dir and its "
         "bundles, so that every process compiles the same graphs whatever the test order (xdist); off: torch "
-        "decides in each process (the default). The profile travels with the bundles of the store: a test that "
-        "counts recompiles sees the sizes the run that saved them saw (give such suites their own "
-        "--compile-cache-key-prefix, or leave this off).",
+        "decides in each process (the default). The profile is kept per --compile-cache-key-prefix and travels "
+        "with its bundles: a test that counts recompiles sees the sizes the run that saved them saw (give such "
+        "suites their own key prefix, or leave this off).",
     ),
     (
         "min_hit_rate",

@@ -136,6 +136,10 @@ def test_pgo_gives_torch_a_job_id_unless_it_has_one(tmp_path: Path, monkeypatch:
     assert not [note for note in controller.problems.notes if "--compile-cache-pgo" in note]
     controller.context.close()
     assert "TORCH_COMPILE_JOB_ID" not in os.environ  # leased: put back at the end
+    # Another key prefix, another lineage: its own profile (a shared dir keeps one file per job id).
+    controller = _controller(tmp_path, pgo=True, key_prefix="nightly-v1")
+    assert os.environ["TORCH_COMPILE_JOB_ID"] == PGO_JOB_ID + "-nightly-v1"
+    controller.context.close()
     for options in ({}, {"pgo": True, "mode": "disabled", "dir": None}):  # off (the default); no caches
         controller = _controller(tmp_path, **options)
         assert "TORCH_COMPILE_JOB_ID" not in os.environ
