@@ -512,13 +512,14 @@ def test_cross():
 """
 
 # Input pgo, seen from the pytest step: the plugin read PYTEST_COMPILECACHE_PGO from GITHUB_ENV and gave torch
-# its job id before any test imported torch.
+# its job id before any test imported torch; the id names the leg's key prefix (its lineage's own profile).
 PGO_SEEN = """\
 import os
 
 
 def test_the_plugin_gave_torch_a_job_id():
-    assert os.environ.get("TORCH_COMPILE_JOB_ID") == "pytest-compilecache"
+    prefix = os.environ["PYTEST_COMPILECACHE_KEY_PREFIX"]
+    assert os.environ.get("TORCH_COMPILE_JOB_ID") == "pytest-compilecache-" + prefix
 """
 
 MATRIX_WORKFLOW = workflow(
