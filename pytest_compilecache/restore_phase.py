@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .explain import GraphsRecord
     from .manifest import Artifact
     from .payload import Restored
+    from .problems import Problems
     from .recorder import Recorder
     from .stores.timed import TimedStore
     from .sync import HeaderInstall
@@ -265,29 +266,7 @@ class RestorePhase:
             self.problems.note(self.restored.message)
 
     def _read_baseline(self, restored: RestoreResult | None) -> None:
-        """The earlier run's graphs, kept as ``<cache dir>/.compilecache-graphs.json`` for every process.
-
-        Of a restored bundle's record (verified with the bundle) and the dir's, the newer is the baseline
-        (:func:`explain.install_restored`); without one, a shared dir's record is the previous local session's.
-        A fresh isolated dir has none unless a bundle brought it, so a cold isolated session explains nothing:
-        every miss there is intended. An unreadable record is one warning and no explanations (the session's
-        own record replaces it at the end).
-        """
-        path = self.context.dir.path
-        if not self.context.settings.explain or not path or self.context.dir.mode not in EXPLAINED_MODES:
-            return  # off: a restored bundle's record is not installed, nothing is compared
-        from .cachedir import GRAPHS_RECORD
-
-        graphs = restored.graphs if restored is not None else None
-        record: GraphsRecord | None = None
-        if graphs or os.path.isfile(os.path.join(path, GRAPHS_RECORD)):
-            from .explain import read_baseline
-
-            record, warning = read_baseline(Path(path), graphs)  # never raises: trouble is one warning
-            if warning:
-                from .ghrunner import one_line
-
-                self.problems.warn(one_line(warning, 500))
+        record = explanation_baseline(self.context, restored, self.problems)
         # The record says whether it is a restored bundle's (installed here, by the worker that restored for an
         # xdist controller, or by the Action's restore step) or a local session's: the dir keeps the newer.
         from_bundle = record is not None and record.from_bundle
@@ -295,26 +274,59 @@ class RestorePhase:
         self.recorder.set_baseline(record)
 
     def _sweep(self) -> None:
-        """Remove the bundle temps (staging dirs, save/restore dirs) whose owner is gone: in the cache dir,
-        and in the temp dir when this session moves bundles. torch's own temp files in the cache dir are
-        swept when the session registers (:meth:`.context.SessionContext.start`). With a store, also what a
-        killed header install left in torch's header dir."""
-        places = [self.context.dir.path, tempfile.gettempdir() if self.context.settings.store else None]
-        if not any(places):
-            return
-        from ._fs import sweep_our_temps
+        sweep_leftovers(self.context)
 
-        for where in places:
-            if where:
-                try:
-                    sweep_our_temps(where)
-                except OSError:  # best effort: the next session tries again
-                    pass
-        if self.context.settings.store:
-            # A session killed while it installed a precompiled header left the partial file in torch's dir.
-            from .pch import sweep_leftovers
 
+def explanation_baseline(
+    context: SessionContext, restored: RestoreResult | None, problems: Problems
+) -> GraphsRecord | None:
+    """The earlier run's graphs, kept as ``<cache dir>/.compilecache-graphs.json`` for every process.
+
+    Of a restored bundle's record (verified with the bundle) and the dir's, the newer is the baseline
+    (:func:`explain.install_restored`); without one, a shared dir's record is the previous local session's.
+    A fresh isolated dir has none unless a bundle brought it, so a cold isolated session explains nothing:
+    every miss there is intended. An unreadable record is one warning and no explanations (the session's
+    own record replaces it at the end).
+    """
+    path = context.dir.path
+    if not context.settings.explain or not path or context.dir.mode not in EXPLAINED_MODES:
+        return None  # off: a restored bundle's record is not installed, nothing is compared
+    from .cachedir import GRAPHS_RECORD
+
+    graphs = restored.graphs if restored is not None else None
+    record: GraphsRecord | None = None
+    if graphs or os.path.isfile(os.path.join(path, GRAPHS_RECORD)):
+        from .explain import read_baseline
+
+        record, warning = read_baseline(Path(path), graphs)  # never raises: trouble is one warning
+        if warning:
+            from .ghrunner import one_line
+
+            problems.warn(one_line(warning, 500))
+    return record
+
+
+def sweep_leftovers(context: SessionContext) -> None:
+    """Remove the bundle temps (staging dirs, save/restore dirs) whose owner is gone: in the cache dir,
+    and in the temp dir when this session moves bundles. torch's own temp files in the cache dir are
+    swept when the session registers (:meth:`.context.SessionContext.start`). With a store, also what a
+    killed header install left in torch's header dir."""
+    places = [context.dir.path, tempfile.gettempdir() if context.settings.store else None]
+    if not any(places):
+        return
+    from ._fs import sweep_our_temps
+
+    for where in places:
+        if where:
             try:
-                sweep_leftovers()
-            except OSError:
+                sweep_our_temps(where)
+            except OSError:  # best effort: the next session tries again
                 pass
+    if context.settings.store:
+        # A session killed while it installed a precompiled header left the partial file in torch's dir.
+        from .pch import sweep_leftovers as sweep_header_leftovers
+
+        try:
+            sweep_header_leftovers()
+        except OSError:
+            pass

@@ -197,13 +197,13 @@ def test_no_module_of_ours_is_rewritten_by_pytest() -> None:
     assert not missing, f"add PYTEST_DONT_REWRITE to the docstrings of {missing}"
 
 
-MODULE_LINES, FUNCTION_LINES = 600, 80
+MODULE_LINES, CLASS_LINES, FUNCTION_LINES = 600, 250, 80
 
 
 @pytest.mark.parametrize("name", sorted(_modules()))
 def test_modules_and_functions_stay_small(name: str) -> None:
-    """A module past 600 lines, or a function past 80, has grown a second job: give it its own module or
-    object. The Action's Python (``action/``) is held to the same sizes."""
+    """A module past 600 lines, a class past 250 or a function past 80 has grown a second job: give it its
+    own module or object. The Action's Python (``action/``) is held to the same sizes."""
     path = _modules()[name]
     _check_size(path)
 
@@ -220,8 +220,8 @@ def _check_size(path: Path) -> None:
     long = [
         f"{node.name} ({node.end_lineno - node.lineno + 1} lines, line {node.lineno})"
         for node in ast.walk(ast.parse(source))
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
         and node.end_lineno is not None
-        and node.end_lineno - node.lineno + 1 > FUNCTION_LINES
+        and node.end_lineno - node.lineno + 1 > (CLASS_LINES if isinstance(node, ast.ClassDef) else FUNCTION_LINES)
     ]
     assert not long, f"{path.name}: {long}"
