@@ -15,7 +15,7 @@ holds) unless something put it there first, as the plugin's restore does with th
 * wholedir  - fresh machine, the cold run's whole cache dir archived (tar + zstd) and unpacked: no header,
   so torch builds it (what a fresh runner paid before headers were carried)
 * restored-fresh+headers - restored-fresh, after the precompiled headers the cold run used were carried to
-  the fresh machine by hand, step by step (``pytest_compilecache.headers``: find_built, describe, compress to
+  the fresh machine by hand, step by step (``pytest_compilecache.pch``: find_built, describe, compress to
   a content-addressed object, download, install into torch's header dir under the new TMPDIR): a
   cross-check of the product's path, with the time of each step
 
