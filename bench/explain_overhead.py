@@ -1,10 +1,18 @@
 """What per-graph miss explanations (issue 12) cost: per lookup, and on a whole compiled suite.
 
     python bench/explain_overhead.py micro [--iterations 200]
+    python bench/explain_overhead.py per-test [--frames 60] [--iterations 20000] [--rounds 7]
     python bench/explain_overhead.py suite [--rounds 5] [--suite bench/suite] [--json results.json]
 
 ``micro`` compiles one tiny function, keeps torch's real ``debug_lines`` of its lookup and times what the
 capture adds to every FX-graph lookup (parse, compact, to JSON), against the time of the lookup itself.
+
+``per-test`` measures what every test pays whether it compiles or not: the per-phase snapshot and difference of
+torch's counters (``probe.mark`` and ``probe.delta``) for a phase that compiles nothing, in a process that has
+already compiled ``--frames`` frames (``backend="eager"``), each with a graph break and a recompile. It times the
+real functions, then the same with the Dynamo-cost accounting (graph breaks, recompile-limit warnings) stubbed
+out, interleaved round by round: the difference is what that accounting adds to a test that neither recompiles
+nor breaks a graph. Target: zero, within the noise of the two medians.
 
 ``suite`` runs a suite dir (default ``examples/``) under the real plugin on one warm shared cache dir,
 ``--compile-cache-explain=on`` against ``--compile-cache-explain=off``, interleaved round by round in
@@ -75,6 +83,52 @@ def micro(iterations: int) -> dict[str, Any]:
         "lookup_hit_us": round(hit_seconds * 1e6, 1),
         "capture_vs_hit_lookup_percent": round(100 * per_lookup / hit_seconds, 2),
         "json_bytes_per_lookup": len(json.dumps(explain.lookup_from_torch(key, "hit", lines).to_json())),
+    }
+
+
+def per_test(frames: int, iterations: int, rounds: int) -> dict[str, Any]:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="explain-per-test-")
+    import torch
+
+    from pytest_compilecache import probe
+    from pytest_compilecache.probe import counters
+    from pytest_compilecache.probe import dynamo
+
+    probe.keep_compilation_records()  # as at a session's start
+    probe.mark()  # taps torch's logs
+    namespace: dict[str, Any] = {"torch": torch}
+    for index in range(frames):  # distinct code objects: one frame each, a break each, a recompile each
+        exec(f"def f{index}(x):\n    x = x + {index}\n    print(end='')\n    return x * 2", namespace)
+        compiled = torch.compile(namespace[f"f{index}"], backend="eager", dynamic=False)
+        for size in (2, 3):
+            compiled(torch.ones(size))
+
+    def timed() -> float:
+        start = time.perf_counter()
+        for _ in range(iterations):
+            probe.delta(probe.mark())
+        return (time.perf_counter() - start) / iterations * 1e6
+
+    real_snapshot, real_limit_mark = counters._breaks_snapshot, dynamo.limit_mark
+    samples: dict[str, list[float]] = {"real": [], "stubbed": []}
+    for index in range(rounds):
+        for variant in ("real", "stubbed") if index % 2 else ("stubbed", "real"):
+            if variant == "stubbed":  # what a mark and a delta cost without the graph-break and limit accounting
+                counters._breaks_snapshot = lambda utils, metrics: {}
+                dynamo.limit_mark = lambda: 0
+            try:
+                samples[variant].append(timed())
+            finally:
+                counters._breaks_snapshot, dynamo.limit_mark = real_snapshot, real_limit_mark
+    real, stubbed = (statistics.median(samples[name]) for name in ("real", "stubbed"))
+    return {
+        "frames_compiled": frames,
+        "compilation_records": len(torch._dynamo.utils.get_compilation_metrics()),
+        "graph_break_reasons": len(torch._dynamo.utils.counters["graph_break"]),
+        "mark_and_delta_us": round(real, 2),
+        "without_dynamo_cost_accounting_us": round(stubbed, 2),
+        "dynamo_cost_accounting_us": round(real - stubbed, 2),
+        "samples_us": {name: [round(value, 2) for value in values] for name, values in samples.items()},
     }
 
 
@@ -190,13 +244,19 @@ def pytest_unconfigure(config: Any) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=("micro", "suite"))
-    parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument("mode", choices=("micro", "per-test", "suite"))
+    parser.add_argument("--iterations", type=int, help="micro: 200, per-test: 20000")
+    parser.add_argument("--frames", type=int, default=60, help="per-test: frames compiled before timing")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--suite", type=Path, default=ROOT / "examples", help="a directory of compiled tests")
     args = parser.parse_args()
-    result = micro(args.iterations) if args.mode == "micro" else suite(args.rounds, args.suite.resolve())
+    if args.mode == "micro":
+        result = micro(args.iterations or 200)
+    elif args.mode == "per-test":
+        result = per_test(args.frames, args.iterations or 20000, args.rounds)
+    else:
+        result = suite(args.rounds, args.suite.resolve())
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -15,6 +15,7 @@ from ..record_fields import FX_FIELDS
 from ..record_fields import empty_delta
 from . import dynamo
 from .hooks import dynamo_loaded
+from .hooks import install_now_or_on_import
 from .hooks import torch_loaded
 from .triton import triton_built
 
@@ -53,7 +54,7 @@ def _prepare() -> None:
     The tap must be in place before the first compile of a test, and ``import torch`` does not import
     Dynamo (torch 2.7-2.15): waiting for Dynamo would lose the reasons of the test that first compiles.
     """
-    global _tap, _limit_raised
+    global _tap
     if _tap is None and torch_loaded():
         # torch configures its loggers while `import torch` runs: set ours after that, not before.
         logger = logging.getLogger("torch._inductor.codecache")
@@ -63,12 +64,23 @@ def _prepare() -> None:
             logger.setLevel(logging.INFO)
         dynamo.tap_limit_warnings()
     if not _limit_raised and dynamo_loaded():
-        from torch._dynamo import utils
+        _keep_every_record()
 
-        if hasattr(utils, "set_compilation_metrics_limit"):
-            # The default deque keeps 64 records; a suite compiles far more frames than that.
-            utils.set_compilation_metrics_limit(10**6)
-        _limit_raised = True
+
+def _keep_every_record() -> None:
+    global _limit_raised
+    from torch._dynamo import utils
+
+    if hasattr(utils, "set_compilation_metrics_limit"):
+        # The default deque keeps 64 records; a suite compiles far more frames than that.
+        utils.set_compilation_metrics_limit(10**6)
+    _limit_raised = True
+
+
+def keep_compilation_records() -> None:
+    """Keep every compilation record from the moment torch loads Dynamo (now, if it has), not from the next
+    test's start: a first compiling test with more than 64 frames would otherwise lose some of its own."""
+    install_now_or_on_import("torch._dynamo.utils", _keep_every_record, pending=not _limit_raised)
 
 
 class Mark:
@@ -88,7 +100,9 @@ class Mark:
 
 
 ZERO = _EMPTY = Mark({}, 0, 0)  # before torch is imported: every counter at zero
-_GROUPS = ("inductor", "aot_autograd", dynamo.GRAPH_BREAKS)
+_GROUPS = ("inductor", "aot_autograd")  # copied at every mark; graph breaks: _breaks_snapshot
+# The last copy of ``counters["graph_break"]``, with the number of compilation records when it was taken.
+_breaks_seen: tuple[int, dict[str, int]] = (-1, {})
 
 
 def mark() -> Mark:
@@ -102,7 +116,26 @@ def mark() -> Mark:
     from torch._dynamo import utils
 
     counters = {group: dict(utils.counters[group]) for group in _GROUPS if group in utils.counters}
-    return Mark(counters, _metrics_count(utils), reasons, len(triton_built), dynamo.limit_mark())
+    metrics = _metrics_count(utils)
+    counters[dynamo.GRAPH_BREAKS] = _breaks_snapshot(utils, metrics)
+    return Mark(counters, metrics, reasons, len(triton_built), dynamo.limit_mark())
+
+
+def _breaks_snapshot(utils: Any, metrics: int) -> dict[str, int]:
+    """``counters["graph_break"]`` as of now, copied only when it may have moved since the last copy.
+
+    torch counts a graph break while it compiles a frame, and every compile adds a ``CompilationMetrics`` record
+    (2.7-2.15), so the same number of records and of reasons means the same counter: a test that compiles
+    nothing copies nothing, however many breaks the session has seen. The copy is never changed, only replaced,
+    so marks share it. Without the records (``metrics`` < 0) it copies every time.
+    """
+    global _breaks_seen
+    group = utils.counters.get(dynamo.GRAPH_BREAKS) or {}
+    seen_at, seen = _breaks_seen
+    if metrics < 0 or metrics != seen_at or len(group) != len(seen):
+        seen = dict(group)
+        _breaks_seen = (metrics, seen)
+    return seen
 
 
 def delta(start: Mark) -> dict[str, Any]:
@@ -130,12 +163,12 @@ def delta(start: Mark) -> dict[str, Any]:
     out["aotautograd"] = {k: moved("aot_autograd", f"autograd_cache_{k}") for k in AOT_FIELDS}
     for record in new:
         _add_metric(out, record)
-    if utils.counters.get(dynamo.GRAPH_BREAKS):
+    if (new or start.metrics < 0) and utils.counters.get(dynamo.GRAPH_BREAKS):  # no compile, no break
         before = start.counters.get(dynamo.GRAPH_BREAKS, {})
         out["graph_breaks"], reasons = dynamo.graph_breaks(before, dict(utils.counters[dynamo.GRAPH_BREAKS]))
         if reasons:
             out["graph_break_reasons"] = reasons
-    limit_hit = dynamo.limit_hits(start.limits)
+    limit_hit = dynamo.limit_hits(start.limits) if dynamo.limit_mark() != start.limits else []
     if limit_hit:
         out["limit_hit"] = limit_hit
     if "recompiled" in out:
@@ -173,9 +206,10 @@ def _metrics_since(utils: Any, start: int) -> list[Any]:
 
 
 def _metrics_count(utils: Any) -> int:
-    """How many records :func:`_metrics` would return, without copying them (every test's start asks)."""
+    """How many records :func:`_metrics_since` would return, without copying them (every test's start asks);
+    -1 where this torch keeps none."""
     get = getattr(utils, "get_compilation_metrics", None)
-    return len(get()) if get is not None else 0
+    return len(get()) if get is not None else -1
 
 
 _ATTEMPT = r"(\d+)/(\d+)"  # compiled by ``re`` on first use, not at import

@@ -535,3 +535,54 @@ def test_triton_entries_this_process_built_are_counted_per_test(triton_cache: An
     triton_cache.FileCacheManager("f" * 64).put(b"\x7fELF", "cuda_utils.cpython-311-x86_64-linux-gnu.so", binary=True)
     triton_cache.FileCacheManager("e" * 64)  # a later lookup of the same entry: a hit, nothing built
     assert probe.delta(start)["gpu"]["triton_built"] == 2
+
+
+def test_graph_breaks_cost_nothing_in_a_phase_that_compiles_nothing_and_count_right_after_a_clear() -> None:
+    """The graph-break counter is copied only when a compile may have moved it (a new compilation record, or a
+    different number of reasons): a test that compiles nothing copies and compares nothing."""
+    import collections
+
+    from torch._dynamo.utils import CompilationMetrics
+
+    records: list[Any] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch._dynamo.utils, "get_compilation_metrics", lambda: list(records))
+        patch.setitem(torch._dynamo.utils.counters, "graph_break", collections.Counter({"print": 3}))
+        breaks = torch._dynamo.utils.counters["graph_break"]
+        first, second = probe.mark(), probe.mark()
+        assert first.counters["graph_break"] is second.counters["graph_break"]  # shared, not copied again
+        assert probe.delta(first)["graph_breaks"] == 0
+        start = probe.mark()
+        breaks["print"] += 1
+        records.append(CompilationMetrics(compile_id="1/0"))
+        assert probe.delta(start)["graph_breaks"] == 1
+        breaks.clear()  # the test clears torch's counters, then compiles a frame with the same break
+        start = probe.mark()
+        breaks["print"] += 1
+        records.append(CompilationMetrics(compile_id="2/0"))
+        assert probe.delta(start)["graph_breaks"] == 1
+
+
+# A first compiling test with more frames than torch keeps records of by default (64), in a fresh process: every
+# frame is counted when the records are kept from Dynamo's import on.
+FIRST_TEST_OF_70_FRAMES = textwrap.dedent(
+    """
+    import torch
+    from pytest_compilecache import probe
+
+    probe.keep_compilation_records()  # what the session does at its start, before torch loads Dynamo
+    start = probe.mark()
+    for index in range(70):
+        torch.compile(eval("lambda x: x + %d" % index), backend="eager")(torch.ones(2))
+    print(probe.delta(start)["frames"])
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_first_test_that_compiles_more_frames_than_torch_keeps_by_default_counts_them_all() -> None:
+    env = torchenv.inner_env(prefixes=("TORCHINDUCTOR_", "TRITON_", "PYTEST_"))
+    argv = [sys.executable, "-c", FIRST_TEST_OF_70_FRAMES]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "70"
