@@ -54,7 +54,8 @@ REMOTE_SWITCHES = (
 REDIS_ENVS = ("TORCHINDUCTOR_REDIS_URL", "TORCHINDUCTOR_REDIS_HOST", "TORCHINDUCTOR_REDIS_PORT")
 
 # torch keeps its automatic-dynamic shape profile (dynamo/code_state_<key>.pkl in the cache dir, and in the
-# mega-cache) only under a job id, read at import from the first (torch 2.7-2.15) or, from 2.8 on, its alias.
+# mega-cache) only under a job id (pytorch/pytorch#139001), read at import from the first (torch 2.7-2.15) or,
+# from 2.8 on, its alias.
 # ``--compile-cache-pgo=on`` sets the first to PGO_JOB_ID unless either is set.
 PGO_ENVS = ("TORCH_COMPILE_JOB_ID", "TORCH_COMPILE_STICKY_PGO_KEY")
 PGO_JOB_ID = "pytest-compilecache"

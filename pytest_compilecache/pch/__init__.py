@@ -19,8 +19,8 @@ seconds of g++ on a header it needs for no kernel at all. The header's path is p
 Where the headers go (the design decision). torch keeps them in
 ``_HEADER_DIR = <tempfile.gettempdir()>/torchinductor_<user>/precompiled_headers``, fixed when
 ``codecache`` is imported and deliberately outside ``TORCHINDUCTOR_CACHE_DIR`` (torch's comment: the headers
-"need to be global"). We restore into that same directory rather than pointing torch at a directory inside
-the cache dir, because:
+"need to be global", pytorch/pytorch#144002). We restore into that same directory rather than pointing torch at
+a directory inside the cache dir, because:
 
 * it needs no private torch state: :func:`header_dir` mirrors ``default_cache_dir()`` without importing torch,
   and pointing torch elsewhere would mean rewriting ``codecache._HEADER_DIR`` in every process before its

@@ -118,7 +118,7 @@ def torch_facts() -> dict[str, str]:
         # Kernel .so keys embed absolute include paths into torch and Python.
         "torch_path": os.path.dirname(os.path.abspath(torch.__file__)),
         "cpu_capability": _safe(lambda: torch.backends.cpu.get_cpu_capability()),
-        # The FX key depends on the thread count (torch 2.13+).
+        # The FX key depends on the thread count (torch 2.13+, the fix of pytorch/pytorch#167463).
         "threads": str(torch.get_num_threads()),
         "cxx": _safe(_compiler_version),
         "torch_tree": _safe(_torch_key),
@@ -227,7 +227,8 @@ def read_devices() -> Devices:
 def _visible_gpus(torch: Any, *, rocm: bool) -> int:
     """NVML's (AMD SMI's) count of the GPUs ``CUDA_VISIBLE_DEVICES`` leaves; -1 when it cannot tell.
 
-    torch's own ``device_count`` uses the same private helpers so that it does not initialise CUDA (2.4-2.15).
+    torch's own ``device_count`` uses the same private helpers so that it does not initialise CUDA (2.4-2.15),
+    which would break forked children (pytorch/pytorch#83973).
     """
     count = getattr(torch.cuda, "_device_count_amdsmi" if rocm else "_device_count_nvml", None)
     if count is None:

@@ -78,7 +78,7 @@ def save_artifacts() -> bytes | None:
     if not dynamo_loaded():
         return None
     import torch
-    import torch._inductor.codecache  # noqa: F401  (torch 2.7 needs it imported, pytorch#154463)
+    import torch._inductor.codecache  # noqa: F401  (torch 2.7 needs it imported, pytorch/pytorch#154463)
 
     if not hasattr(torch.compiler, "save_cache_artifacts"):
         return None  # no mega-cache on this torch: capability_notes says so
