@@ -1,7 +1,7 @@
 """What per-graph miss explanations (issue 12) cost: per lookup, and on a whole compiled suite.
 
     python bench/explain_overhead.py micro [--iterations 200]
-    python bench/explain_overhead.py per-test [--frames 60] [--iterations 20000] [--rounds 7]
+    python bench/explain_overhead.py per-test [--frames 60] [--iterations 20000] [--rounds 5] [--revisions REV ...]
     python bench/explain_overhead.py suite [--rounds 5] [--suite bench/suite] [--json results.json]
 
 ``micro`` compiles one tiny function, keeps torch's real ``debug_lines`` of its lookup and times what the
@@ -12,7 +12,8 @@ torch's counters (``probe.mark`` and ``probe.delta``) for a phase that compiles 
 already compiled ``--frames`` frames (``backend="eager"``), each with a graph break and a recompile. It times the
 real functions, then the same with the Dynamo-cost accounting (graph breaks, recompile-limit warnings) stubbed
 out, interleaved round by round: the difference is what that accounting adds to a test that neither recompiles
-nor breaks a graph. Target: zero, within the noise of the two medians.
+nor breaks a graph. Target: zero, within the noise of the two medians. ``--revisions`` times the same calls of
+earlier git revisions too, each in a fresh process (a temporary worktree), then this working tree's.
 
 ``suite`` runs a suite dir (default ``examples/``) under the real plugin on one warm shared cache dir,
 ``--compile-cache-explain=on`` against ``--compile-cache-explain=off``, interleaved round by round in
@@ -87,18 +88,20 @@ def micro(iterations: int) -> dict[str, Any]:
 
 
 def per_test(frames: int, iterations: int, rounds: int) -> dict[str, Any]:
+    """In this process, with whichever ``pytest_compilecache`` it imports (``--revisions`` points it at others)."""
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="explain-per-test-")
     import torch
 
     from pytest_compilecache import probe
-    from pytest_compilecache.probe import counters
-    from pytest_compilecache.probe import dynamo
 
-    probe.keep_compilation_records()  # as at a session's start
-    probe.mark()  # taps torch's logs
+    probe.mark()  # taps torch's logs, as at a session's first test
+    counters: Any = sys.modules.get("pytest_compilecache.probe.counters")  # probe is a package from 2026-11-27 on
+    dynamo: Any = sys.modules.get("pytest_compilecache.probe.dynamo")
+    torch._dynamo.utils.set_compilation_metrics_limit(10**6)  # as a session does (earlier revisions: later)
     namespace: dict[str, Any] = {"torch": torch}
     for index in range(frames):  # distinct code objects: one frame each, a break each, a recompile each
-        exec(f"def f{index}(x):\n    x = x + {index}\n    print(end='')\n    return x * 2", namespace)
+        body = f"    x = x + {index}\n    torch._dynamo.graph_break(msg='break {index}')\n    return x * 2"
+        exec(f"def f{index}(x):\n{body}", namespace)
         compiled = torch.compile(namespace[f"f{index}"], backend="eager", dynamic=False)
         for size in (2, 3):
             compiled(torch.ones(size))
@@ -109,27 +112,60 @@ def per_test(frames: int, iterations: int, rounds: int) -> dict[str, Any]:
             probe.delta(probe.mark())
         return (time.perf_counter() - start) / iterations * 1e6
 
-    real_snapshot, real_limit_mark = counters._breaks_snapshot, dynamo.limit_mark
+    # What a mark and a delta cost without the graph-break and limit accounting (revisions that have it).
+    stubbable = hasattr(counters, "_breaks_snapshot") and hasattr(dynamo, "limit_mark")
+    real_snapshot: Any = getattr(counters, "_breaks_snapshot", None)
+    real_limit_mark: Any = getattr(dynamo, "limit_mark", None)
     samples: dict[str, list[float]] = {"real": [], "stubbed": []}
     for index in range(rounds):
         for variant in ("real", "stubbed") if index % 2 else ("stubbed", "real"):
-            if variant == "stubbed":  # what a mark and a delta cost without the graph-break and limit accounting
+            if variant == "stubbed" and not stubbable:
+                continue
+            if variant == "stubbed":
                 counters._breaks_snapshot = lambda utils, metrics: {}
                 dynamo.limit_mark = lambda: 0
             try:
                 samples[variant].append(timed())
             finally:
-                counters._breaks_snapshot, dynamo.limit_mark = real_snapshot, real_limit_mark
-    real, stubbed = (statistics.median(samples[name]) for name in ("real", "stubbed"))
-    return {
+                if stubbable:
+                    counters._breaks_snapshot, dynamo.limit_mark = real_snapshot, real_limit_mark
+    out: dict[str, Any] = {
+        "package": str(Path(probe.__file__).parents[1]),
         "frames_compiled": frames,
         "compilation_records": len(torch._dynamo.utils.get_compilation_metrics()),
         "graph_break_reasons": len(torch._dynamo.utils.counters["graph_break"]),
-        "mark_and_delta_us": round(real, 2),
-        "without_dynamo_cost_accounting_us": round(stubbed, 2),
-        "dynamo_cost_accounting_us": round(real - stubbed, 2),
-        "samples_us": {name: [round(value, 2) for value in values] for name, values in samples.items()},
+        "mark_and_delta_us": round(statistics.median(samples["real"]), 2),
     }
+    if stubbable:
+        stubbed = statistics.median(samples["stubbed"])
+        out["without_dynamo_cost_accounting_us"] = round(stubbed, 2)
+        out["dynamo_cost_accounting_us"] = round(out["mark_and_delta_us"] - stubbed, 2)
+    out["samples_us"] = {name: [round(value, 2) for value in values] for name, values in samples.items() if values}
+    return out
+
+
+def per_test_revisions(revisions: list[str], frames: int, iterations: int, rounds: int) -> dict[str, Any]:
+    """:func:`per_test` in a fresh process for each git revision (a temporary worktree) and for this working
+    tree, one after the other, under the same settings."""
+    results: dict[str, Any] = {}
+    argv = [sys.executable, __file__, "per-test", f"--frames={frames}", f"--iterations={iterations}"]
+    with tempfile.TemporaryDirectory(prefix="explain-per-test-revisions-") as scratch:
+        for name in [*revisions, "working tree"]:
+            tree = ROOT
+            if name != "working tree":
+                tree = Path(scratch) / name.replace("/", "_")
+                add = ["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(tree), name]
+                subprocess.run(add, check=True)
+            try:
+                env = {**os.environ, "PYTHONPATH": str(tree)}
+                proc = subprocess.run([*argv, f"--rounds={rounds}"], env=env, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise SystemExit(f"{name}: per-test failed:\n{proc.stderr[-2000:]}")
+                results[name] = json.loads(proc.stdout)
+            finally:
+                if tree != ROOT:
+                    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
+    return {"load_average": [round(x, 2) for x in os.getloadavg()], "per_revision": results}
 
 
 def _run(on: bool, cache_dir: str, work: Path, suite: Path) -> dict[str, Any]:
@@ -247,12 +283,15 @@ def main() -> int:
     parser.add_argument("mode", choices=("micro", "per-test", "suite"))
     parser.add_argument("--iterations", type=int, help="micro: 200, per-test: 20000")
     parser.add_argument("--frames", type=int, default=60, help="per-test: frames compiled before timing")
+    parser.add_argument("--revisions", nargs="*", default=[], help="per-test: git revisions to time beside this tree")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--suite", type=Path, default=ROOT / "examples", help="a directory of compiled tests")
     args = parser.parse_args()
     if args.mode == "micro":
         result = micro(args.iterations or 200)
+    elif args.mode == "per-test" and args.revisions:
+        result = per_test_revisions(args.revisions, args.frames, args.iterations or 20000, args.rounds)
     elif args.mode == "per-test":
         result = per_test(args.frames, args.iterations or 20000, args.rounds)
     else:

@@ -195,21 +195,21 @@ AUTOTUNE_METRICS = ("compile_time_autotune_time_us", "runtime_triton_autotune_ti
 def _metrics_since(utils: Any, start: int) -> list[Any]:
     """The records after the first ``start`` (all of them after a ``clear_compilation_metrics()`` by the test),
     without copying the earlier ones: a test that compiled nothing costs no walk through the session's records."""
-    get = getattr(utils, "get_compilation_metrics", None)
-    if get is None:
+    records = dynamo.compilation_records(utils)
+    count = len(records) if records is not None else start
+    if records is None or count == start:
         return []
-    records = get()
-    count = len(records)
-    if count == start:
-        return []
-    return list(itertools.islice(records, start, None)) if count > start else list(records)
+    try:
+        return list(itertools.islice(records, start, None)) if count > start else list(records)
+    except RuntimeError:  # a compile in another thread appended meanwhile ("deque mutated during iteration")
+        return list(utils.get_compilation_metrics())[start:]
 
 
 def _metrics_count(utils: Any) -> int:
     """How many records :func:`_metrics_since` would return, without copying them (every test's start asks);
     -1 where this torch keeps none."""
-    get = getattr(utils, "get_compilation_metrics", None)
-    return len(get()) if get is not None else -1
+    records = dynamo.compilation_records(utils)
+    return len(records) if records is not None else -1
 
 
 _ATTEMPT = r"(\d+)/(\d+)"  # compiled by ``re`` on first use, not at import

@@ -11,6 +11,7 @@ PYTEST_DONT_REWRITE
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -18,6 +19,7 @@ import re
 import sys
 from typing import Any
 from typing import Callable
+from typing import Sequence
 
 from ..record_fields import TEXT_CHARS
 from .hooks import install_now_or_on_import
@@ -60,6 +62,17 @@ def compile_id() -> str | None:
     return None if found is None else str(found)
 
 
+def compilation_records(utils: Any) -> Sequence[Any] | None:
+    """torch's compilation records, oldest first, without copying them: the deque ``_compilation_metrics`` that
+    ``get_compilation_metrics()`` copies whole at every call (2.7-2.15; every test's start and end asks), else
+    what that returns; None where this torch keeps none. Read, never changed."""
+    get = getattr(utils, "get_compilation_metrics", None)
+    if get is None:
+        return None
+    kept = getattr(utils, "_compilation_metrics", None)  # replaced, not resized, by set_compilation_metrics_limit
+    return kept if isinstance(kept, collections.deque) else list(get())
+
+
 def record_function(record: Any) -> str:
     """The function a ``CompilationMetrics`` record compiled, "" when it does not say."""
     name = getattr(record, "co_name", None)
@@ -68,7 +81,7 @@ def record_function(record: Any) -> str:
     return function_text(name, getattr(record, "co_filename", None), getattr(record, "co_firstlineno", None))
 
 
-def functions_of(ids: set[str], records: list[Any]) -> dict[str, str]:
+def functions_of(ids: set[str], records: Sequence[Any]) -> dict[str, str]:
     """compile id -> :func:`record_function` for the ``ids`` among ``records`` (the newest first, as the ids
     asked for are those of the test that just ran)."""
     found: dict[str, str] = {}

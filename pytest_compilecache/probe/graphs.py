@@ -140,10 +140,9 @@ def graph_delta(start: int) -> list[dict[str, Any]]:
 
 def _name_functions(lookups: list[dict[str, Any]]) -> None:
     """Name the compiled function of each lookup (``f``) from torch's record of its frame's compile."""
-    utils = sys.modules.get("torch._dynamo.utils")
-    get = getattr(utils, "get_compilation_metrics", None)
+    records = dynamo.compilation_records(sys.modules.get("torch._dynamo.utils"))
     ids = {str(lookup[_COMPILE_ID]) for lookup in lookups if _COMPILE_ID in lookup}
-    names = dynamo.functions_of(ids, list(get())) if callable(get) else {}
+    names = dynamo.functions_of(ids, records) if records is not None else {}
     for lookup in lookups:
         name = names.get(str(lookup.get(_COMPILE_ID)))
         if name:  # else kept for a later call (GraphLookup.from_json reads no "i")

@@ -404,10 +404,10 @@ def test_delta_measures_triton_bundles_autotuning_and_triton_compiles() -> None:
 
     from torch._dynamo.utils import CompilationMetrics
 
-    records: list[Any] = []
-    # Fresh counters, put back before the test ends: this session's own plugin measures the real ones.
+    records: collections.deque[Any] = collections.deque()
+    # Fresh counters and records, put back before the test ends: this session's own plugin measures the real ones.
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(torch._dynamo.utils, "get_compilation_metrics", lambda: list(records))
+        patch.setattr(torch._dynamo.utils, "_compilation_metrics", records)
         patch.setitem(torch._dynamo.utils.counters, "inductor", collections.Counter())
         counters = torch._dynamo.utils.counters["inductor"]
         start = probe.mark()
@@ -537,18 +537,21 @@ def test_triton_entries_this_process_built_are_counted_per_test(triton_cache: An
     assert probe.delta(start)["gpu"]["triton_built"] == 2
 
 
-def test_graph_breaks_cost_nothing_in_a_phase_that_compiles_nothing_and_count_right_after_a_clear() -> None:
-    """The graph-break counter is copied only when a compile may have moved it (a new compilation record, or a
-    different number of reasons): a test that compiles nothing copies and compares nothing."""
+def test_a_phase_that_compiles_nothing_copies_nothing_and_graph_breaks_count_right_after_a_clear() -> None:
+    """Neither torch's compilation records nor the graph-break counter are copied for a phase that compiled
+    nothing (the counter only when a compile may have moved it: a new record, or a different number of
+    reasons), however many the session holds."""
     import collections
 
     from torch._dynamo.utils import CompilationMetrics
 
-    records: list[Any] = []
+    records: collections.deque[Any] = collections.deque()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(torch._dynamo.utils, "get_compilation_metrics", lambda: list(records))
+        patch.setattr(torch._dynamo.utils, "_compilation_metrics", records)
         patch.setitem(torch._dynamo.utils.counters, "graph_break", collections.Counter({"print": 3}))
         breaks = torch._dynamo.utils.counters["graph_break"]
+        copied = pytest.fail  # torch's getter copies every record: a phase that compiled nothing must not call it
+        patch.setattr(torch._dynamo.utils, "get_compilation_metrics", lambda: copied("records copied"))
         first, second = probe.mark(), probe.mark()
         assert first.counters["graph_break"] is second.counters["graph_break"]  # shared, not copied again
         assert probe.delta(first)["graph_breaks"] == 0
