@@ -2,30 +2,32 @@
 
 The oracle is torch's logging: ``TORCH_LOGS=recompiles,graph_breaks`` makes torch log each recompile with its
 guard failures and each graph break with its reason, and torch always warns when a frame hits the recompile
-limit. The inner conftest tags every record torch logs with the test that was running in that process; the
-plugin's JSON report must name, per test, the same recompiles (function and first guard failure), the same
-number of graph breaks with the same reasons, and the same frames that hit the limit. The suite compiles with
+limit. The tap (tests/plugin/oracle.py, loaded with ``-p``) tags every record torch logs with the test that was
+running in that process; the plugin's JSON report must name, per test, the same recompiles (function and first
+guard failure), the same number of graph breaks with the same reasons, and the same frames that hit the limit;
+``oracle.mismatches``, which bench/dynamo_oracle.py runs on outside suites, must agree. The suite compiles with
 ``backend="eager"`` (Dynamo only, no inductor): seconds, not minutes. Part of ``-m compat`` (tests/plugin), so
 CI checks the oldest and newest torch too.
 """
 
 from __future__ import annotations
 
-import json
-import re
+import os
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.plugin import oracle as torch_oracle
 from tests.plugin.helpers import XDIST
 from tests.plugin.helpers import check_report
 from tests.plugin.helpers import run_inner
 
 pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository: the inner session imports the tap from it
 
 SUITE = """
 import torch
@@ -70,102 +72,32 @@ def test_no_compile():
     assert torch.ones(2).sum() == 2
 """
 
-# Every record torch logs, with the test running in this process when it was logged: one JSON line each, one
-# file per process (xdist workers included). Attached to "torch._dynamo", where Dynamo's loggers end (torch
-# propagates no further).
-ORACLE_CONFTEST = """
-import json
-import logging
-import os
-
-import torch
-
-_running = ["(no test)"]
-_path = os.path.join(os.path.dirname(__file__), "oracle-%s.jsonl" % os.environ.get("PYTEST_XDIST_WORKER", "main"))
-
-
-class _Tagged(logging.Handler):
-    def emit(self, record):
-        with open(_path, "a") as fh:
-            fh.write(json.dumps({"test": _running[0], "logger": record.name, "message": record.getMessage()}) + "\\n")
-
-
-logging.getLogger("torch._dynamo").addHandler(_Tagged(logging.DEBUG))
-
-
-def pytest_runtest_logstart(nodeid, location):
-    _running[0] = nodeid
-"""
-
-_RECOMPILING = r"Recompiling function (\S+) in .*?\n.*?triggered by the following guard failure\(s\):\n\s*- (.*)"
-# torch logs a break again each time it retraces the frame, marked "(user stack suppressed due to duplicate graph
-# break)": the same break, which its counter counts once (seen on kornia's canny, a loop retraced three times).
-_GRAPH_BREAK = r"\AGraph break in user code at"
-_LIMIT = r"torch._dynamo hit config\.\w+ \(\d+\)\n\s*function: '([^']+)'"
-
-
-def _oracle(root: Path) -> dict[str, dict[str, Any]]:
-    """Per test, what torch logged: recompiles as (function, first guard failure), graph breaks as their
-    reasons' first lines, and the functions that hit the recompile limit."""
-    found: dict[str, dict[str, Any]] = {}
-    for path in sorted(root.glob("oracle-*.jsonl")):
-        for line in path.read_text().splitlines():
-            entry = json.loads(line)
-            facts = found.setdefault(entry["test"], {"recompiles": [], "breaks": [], "limits": []})
-            message = entry["message"]
-            recompile = re.search(_RECOMPILING, message)
-            if recompile:
-                reason = re.sub(r"\A\d+/\d+: ", "", recompile.group(2).strip())
-                facts["recompiles"].append((recompile.group(1), " ".join(reason.split())))
-            elif re.search(_GRAPH_BREAK, message):
-                facts["breaks"].append(" ".join(message.split("Graph Break Reason: ", 1)[1].split()))
-            limit = re.search(_LIMIT, message)
-            if limit:
-                facts["limits"].append(limit.group(1))
-    return found
-
-
-def _plugin(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per test, the same facts as the plugin's JSON report says them."""
-    found = {}
-    for test in report["tests"]:
-        recompiles = [
-            (entry["function"].split(" (")[0], entry["reason"])
-            for entry in test["recompiled"]
-            for _ in range(entry["count"])
-        ]
-        found[test["nodeid"]] = {
-            "recompiles": recompiles,
-            "breaks": test["graph_break_reasons"],
-            "break_count": test["graph_breaks"],
-            "limits": [hit["function"].split(" (")[0] for hit in test["limit_hit"]],
-        }
-    return found
-
 
 @XDIST
 def test_recompiles_limits_and_graph_breaks_per_test_equal_torchs_own_logs(
     inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, dist: tuple[str, ...]
 ) -> None:
     inner.makepyfile(test_user=SUITE)
-    inner.makeconftest(ORACLE_CONFTEST)
-    monkeypatch.setenv("TORCH_LOGS", "recompiles,graph_breaks")
+    monkeypatch.setenv("TORCH_LOGS", torch_oracle.TORCH_LOGS)
+    monkeypatch.setenv(torch_oracle.DIR_ENV, str(inner.path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
 
-    run = run_inner(inner, *dist)
+    run = run_inner(inner, "-p", torch_oracle.__name__, *dist)
 
     run.result.assert_outcomes(passed=5)
     assert run.report is not None
     check_report(run.report)
-    oracle, plugin = _oracle(inner.path), _plugin(run.report)
+    oracle, plugin = torch_oracle.oracle(inner.path), torch_oracle.plugin(run.report)
     for nodeid in sorted(set(oracle) | set(plugin)):
-        told = oracle.get(nodeid, {"recompiles": [], "breaks": [], "limits": []})
-        said = plugin.get(nodeid, {"recompiles": [], "breaks": [], "break_count": 0, "limits": []})
+        told = oracle.get(nodeid, torch_oracle.empty_oracle())
+        said = plugin.get(nodeid, torch_oracle.empty_plugin())
         assert Counter(said["recompiles"]) == Counter(told["recompiles"]), nodeid
         assert said["break_count"] == len(told["breaks"]), nodeid
         assert len(said["breaks"]) == len(set(told["breaks"])), nodeid  # distinct reasons, each torch's own
         for ours in said["breaks"]:  # "<what failed>: <torch's explanation>", both in torch's logged reason
             assert any(all(part in theirs for part in ours.split(": ", 1)) for theirs in told["breaks"]), ours
         assert said["limits"] == told["limits"], nodeid
+        assert torch_oracle.mismatches(told, said) == [], nodeid  # the bench's comparison, FX and AOT counts too
     # The suite's shape, so that the comparison above compared something.
     limit = plugin["test_user.py::test_limit_falls_back_to_eager"]
     assert limit["limits"] == ["times"] and len(limit["recompiles"]) == 2
