@@ -94,8 +94,10 @@ def per_test(frames: int, iterations: int, rounds: int) -> dict[str, Any]:
 
     from pytest_compilecache import probe
 
+    watch = getattr(probe, "watch_dynamo", None)  # the session's start (earlier revisions have none)
+    if watch is not None:
+        watch()
     probe.mark()  # taps torch's logs, as at a session's first test
-    counters: Any = sys.modules.get("pytest_compilecache.probe.counters")  # probe is a package from 2026-11-27 on
     dynamo: Any = sys.modules.get("pytest_compilecache.probe.dynamo")
     torch._dynamo.utils.set_compilation_metrics_limit(10**6)  # as a session does (earlier revisions: later)
     namespace: dict[str, Any] = {"torch": torch}
@@ -113,8 +115,8 @@ def per_test(frames: int, iterations: int, rounds: int) -> dict[str, Any]:
         return (time.perf_counter() - start) / iterations * 1e6
 
     # What a mark and a delta cost without the graph-break and limit accounting (revisions that have it).
-    stubbable = hasattr(counters, "_breaks_snapshot") and hasattr(dynamo, "limit_mark")
-    real_snapshot: Any = getattr(counters, "_breaks_snapshot", None)
+    stubbable = hasattr(dynamo, "breaks_mark") and hasattr(dynamo, "limit_mark")
+    real_breaks_mark: Any = getattr(dynamo, "breaks_mark", None)
     real_limit_mark: Any = getattr(dynamo, "limit_mark", None)
     samples: dict[str, list[float]] = {"real": [], "stubbed": []}
     for index in range(rounds):
@@ -122,13 +124,12 @@ def per_test(frames: int, iterations: int, rounds: int) -> dict[str, Any]:
             if variant == "stubbed" and not stubbable:
                 continue
             if variant == "stubbed":
-                counters._breaks_snapshot = lambda utils, metrics: {}
-                dynamo.limit_mark = lambda: 0
+                dynamo.breaks_mark = dynamo.limit_mark = lambda: 0
             try:
                 samples[variant].append(timed())
             finally:
                 if stubbable:
-                    counters._breaks_snapshot, dynamo.limit_mark = real_snapshot, real_limit_mark
+                    dynamo.breaks_mark, dynamo.limit_mark = real_breaks_mark, real_limit_mark
     out: dict[str, Any] = {
         "package": str(Path(probe.__file__).parents[1]),
         "frames_compiled": frames,

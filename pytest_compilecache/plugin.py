@@ -317,7 +317,7 @@ def _watch(config: pytest.Config) -> None:
     if not _quiet(config):
         probe.watch_precompiled_headers()
     probe.watch_triton_cache()
-    probe.keep_compilation_records()
+    probe.watch_dynamo()
     added = [finder for finder in sys.meta_path if id(finder) not in before]
 
     def forget() -> None:

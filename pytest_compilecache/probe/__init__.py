@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from .counters import ZERO as ZERO
     from .counters import Mark as Mark
     from .counters import delta as delta
-    from .counters import keep_compilation_records as keep_compilation_records
     from .counters import mark as mark
+    from .counters import watch_dynamo as watch_dynamo
     from .dynamo import fail_on_recompile_limit as fail_on_recompile_limit
     from .facts import CHILD_TIMEOUT as CHILD_TIMEOUT
     from .facts import Devices as Devices
@@ -95,7 +95,7 @@ _WHERE = {
     "TRITON_COMPILE_METRICS": "counters",
     "ZERO": "counters",
     "delta": "counters",
-    "keep_compilation_records": "counters",
+    "watch_dynamo": "counters",
     "mark": "counters",
     "CHILD_TIMEOUT": "facts",
     "Devices": "facts",

@@ -77,32 +77,39 @@ def _keep_every_record() -> None:
     _limit_raised = True
 
 
-def keep_compilation_records() -> None:
-    """Keep every compilation record from the moment torch loads Dynamo (now, if it has), not from the next
-    test's start: a first compiling test with more than 64 frames would otherwise lose some of its own."""
+def watch_dynamo() -> None:
+    """From the moment torch loads Dynamo (now, if it has): keep every compilation record, not from the next
+    test's start (a first compiling test with more than 64 frames would otherwise lose some of its own), and
+    count every graph break torch logs (:func:`.dynamo.tap_graph_breaks`)."""
     install_now_or_on_import("torch._dynamo.utils", _keep_every_record, pending=not _limit_raised)
+    dynamo.tap_graph_breaks()
 
 
 class Mark:
     """Counters and metric position at the start of a phase; ``triton``: triton cache entries written so far;
-    ``limits``: recompile-limit warnings so far."""
+    ``limits``: recompile-limit warnings so far; ``breaks``: graph breaks torch logged so far."""
 
-    __slots__ = ("counters", "limits", "metrics", "reasons", "triton")
+    __slots__ = ("breaks", "counters", "limits", "metrics", "reasons", "triton")
 
     def __init__(
-        self, counters: dict[str, dict[str, int]], metrics: int, reasons: int, triton: int = 0, limits: int = 0
+        self,
+        counters: dict[str, dict[str, int]],
+        metrics: int,
+        reasons: int,
+        triton: int = 0,
+        limits: int = 0,
+        breaks: int = 0,
     ) -> None:
         self.counters = counters
         self.metrics = metrics
         self.reasons = reasons
         self.triton = triton
         self.limits = limits
+        self.breaks = breaks
 
 
 ZERO = _EMPTY = Mark({}, 0, 0)  # before torch is imported: every counter at zero
-_GROUPS = ("inductor", "aot_autograd")  # copied at every mark; graph breaks: _breaks_snapshot
-# The last copy of ``counters["graph_break"]``, with the number of compilation records when it was taken.
-_breaks_seen: tuple[int, dict[str, int]] = (-1, {})
+_GROUPS = ("inductor", "aot_autograd")
 
 
 def mark() -> Mark:
@@ -112,30 +119,11 @@ def mark() -> Mark:
     _prepare()
     reasons = len(_tap.reasons) if _tap else 0
     if not dynamo_loaded():
-        return Mark({}, 0, reasons, len(triton_built), dynamo.limit_mark())
+        return Mark({}, 0, reasons, len(triton_built), dynamo.limit_mark(), dynamo.breaks_mark())
     from torch._dynamo import utils
 
     counters = {group: dict(utils.counters[group]) for group in _GROUPS if group in utils.counters}
-    metrics = _metrics_count(utils)
-    counters[dynamo.GRAPH_BREAKS] = _breaks_snapshot(utils, metrics)
-    return Mark(counters, metrics, reasons, len(triton_built), dynamo.limit_mark())
-
-
-def _breaks_snapshot(utils: Any, metrics: int) -> dict[str, int]:
-    """``counters["graph_break"]`` as of now, copied only when it may have moved since the last copy.
-
-    torch counts a graph break while it compiles a frame, and every compile adds a ``CompilationMetrics`` record
-    (2.7-2.15), so the same number of records and of reasons means the same counter: a test that compiles
-    nothing copies nothing, however many breaks the session has seen. The copy is never changed, only replaced,
-    so marks share it. Without the records (``metrics`` < 0) it copies every time.
-    """
-    global _breaks_seen
-    group = utils.counters.get(dynamo.GRAPH_BREAKS) or {}
-    seen_at, seen = _breaks_seen
-    if metrics < 0 or metrics != seen_at or len(group) != len(seen):
-        seen = dict(group)
-        _breaks_seen = (metrics, seen)
-    return seen
+    return Mark(counters, _metrics_count(utils), reasons, len(triton_built), dynamo.limit_mark(), dynamo.breaks_mark())
 
 
 def delta(start: Mark) -> dict[str, Any]:
@@ -163,9 +151,8 @@ def delta(start: Mark) -> dict[str, Any]:
     out["aotautograd"] = {k: moved("aot_autograd", f"autograd_cache_{k}") for k in AOT_FIELDS}
     for record in new:
         _add_metric(out, record)
-    if (new or start.metrics < 0) and utils.counters.get(dynamo.GRAPH_BREAKS):  # no compile, no break
-        before = start.counters.get(dynamo.GRAPH_BREAKS, {})
-        out["graph_breaks"], reasons = dynamo.graph_breaks(before, dict(utils.counters[dynamo.GRAPH_BREAKS]))
+    if dynamo.breaks_mark() != start.breaks:
+        out["graph_breaks"], reasons = dynamo.graph_breaks(start.breaks)
         if reasons:
             out["graph_break_reasons"] = reasons
     limit_hit = dynamo.limit_hits(start.limits) if dynamo.limit_mark() != start.limits else []

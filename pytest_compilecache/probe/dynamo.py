@@ -3,7 +3,7 @@ reason, frames that hit torch's recompile limit (they run uncompiled from then o
 reasons. torch's logs (``TORCH_LOGS=recompiles,graph_breaks``) say the same per process; this ties them to a test.
 
 Read from what torch keeps anyway: ``CompilationMetrics`` (``compile_id``, ``co_name``, ``co_filename``,
-``co_firstlineno``, ``recompile_reason``: 2.7-2.15), ``counters["graph_break"]`` (reason -> count, 2.6-2.15) and
+``co_firstlineno``, ``recompile_reason``: 2.7-2.15), each graph break torch logs (``log_graph_break``) and
 the warning ``torch._dynamo hit config.<limit> (<value>)`` that ``convert_frame`` logs once per frame when it gives
 up (2.7-2.15). Each read is guarded: a field this torch lacks is an empty value, never an error.
 PYTEST_DONT_REWRITE
@@ -24,7 +24,6 @@ from typing import Sequence
 from ..record_fields import TEXT_CHARS
 from .hooks import install_now_or_on_import
 
-GRAPH_BREAKS = "graph_break"  # torch's counter group: reason -> count
 _CONVERT_FRAME = "torch._dynamo.convert_frame"
 _DYNAMO_CONFIG = "torch._dynamo.config"
 _LIMIT_MESSAGE = "torch._dynamo hit config."
@@ -97,28 +96,82 @@ def functions_of(ids: set[str], records: Sequence[Any]) -> dict[str, str]:
 # --------------------------------------------------------------------------- graph breaks
 
 
-def graph_break_reason(key: Any) -> str:
-    """A ``counters["graph_break"]`` key on one line: its first line and, where torch adds one, its explanation
-    (``Failed to trace builtin operator: Dynamo does not know how to trace builtin operator `print` ...``)."""
-    lines = [line.strip() for line in str(key).splitlines() if line.strip()]
+# What torch did about a break before the break it met ("<what torch did>:\n\n<the exception's message>").
+_WHAT_TORCH_DID = ("Encountered graph break that we cannot resume from", "Failed to handle graph break gracefully")
+# "<what torch was doing>:\n\n<the exception's message>" ("Encountered graph break when attempting to trace CALL: ...")
+_DOING = ("Encountered ", "Failed to handle ")
+
+
+def graph_break_reason(reason: Any) -> str:
+    """The reason torch logs for a graph break, on one line: the exception's first line and, where torch adds one,
+    its explanation (``Failed to trace builtin operator: Dynamo does not know how to trace builtin operator
+    `print` ...``), after what torch did about it when it did more than split the graph ("Failed to handle graph
+    break gracefully: ...": the whole frame then runs uncompiled)."""
+    text = str(reason or "")
+    did = next((did for did in _WHAT_TORCH_DID if text.startswith(did)), None)
+    if text.startswith(_DOING) and ":\n\n" in text:  # the exception's message, after what torch was doing
+        text = text.split(":\n\n", 1)[1]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
-        return ""
+        return one_line(did or "")
     explained = next((line[len("Explanation:") :].strip() for line in lines if line.startswith("Explanation:")), "")
-    return one_line(f"{lines[0]}: {explained}" if explained else lines[0])
+    said = f"{lines[0]}: {explained}" if explained else lines[0]
+    return one_line(f"{did}: {said}" if did and not said.startswith(did) else said)
 
 
-def graph_breaks(before: dict[str, int], now: dict[str, int]) -> tuple[int, list[str]]:
-    """Graph breaks between two snapshots of ``counters["graph_break"]``: how many, and their distinct reasons."""
-    count = 0
-    reasons: list[str] = []
-    for key, value in now.items():
-        moved = value - before.get(key, 0)
-        if moved > 0:
-            count += moved
-            reason = graph_break_reason(key)
-            if reason and reason not in reasons:
-                reasons.append(reason)
-    return count, reasons
+# Every graph break torch logged in this process, as :func:`graph_break_reason` words it.
+_breaks: list[str] = []
+_SYMBOLIC_CONVERT = "torch._dynamo.symbolic_convert"
+_TAPPED = "__compilecache_tapped__"
+
+
+def tap_graph_breaks() -> None:
+    """Count every graph break torch logs (``TORCH_LOGS=graph_breaks`` shows each), from the moment Dynamo's
+    tracer is imported (now, if it is). ``counters["graph_break"]`` misses some that split a graph all the same:
+    a data-dependent branch (``generic_jump``), a break torch cannot resume from, a frame it gives up on (a break
+    in a loop: the frame then runs uncompiled). So the tap wraps torch's ``log_graph_break`` instead: a method
+    of ``InstructionTranslatorBase`` that logs an exception once (``exc.logged``, 2.8-2.15), a module function
+    called once per break on 2.7. The wrapper only records the reason, then calls torch's own."""
+    install_now_or_on_import(_SYMBOLIC_CONVERT, _install_break_tap, pending=True)
+
+
+def _install_break_tap() -> None:
+    module = sys.modules.get(_SYMBOLIC_CONVERT)
+    owner = getattr(module, "InstructionTranslatorBase", None)
+    if callable(getattr(owner, "log_graph_break", None)):
+        original = owner.log_graph_break  # type: ignore[union-attr]
+        if getattr(original, _TAPPED, False):
+            return
+
+        def method(self: Any, code_options: Any, reason: Any = "", exc: Any = None, *args: Any, **kwargs: Any) -> Any:
+            if not getattr(exc, "logged", False):  # torch logs it now (it returns at once for a logged one)
+                _breaks.append(graph_break_reason(reason))
+            return original(self, code_options, reason, exc, *args, **kwargs)
+
+        setattr(method, _TAPPED, True)
+        owner.log_graph_break = method  # type: ignore[union-attr]
+    elif callable(getattr(module, "log_graph_break", None)):
+        function = module.log_graph_break  # type: ignore[union-attr]
+        if getattr(function, _TAPPED, False):
+            return
+
+        def logged(code_options: Any, reason: Any = "", *args: Any, **kwargs: Any) -> Any:
+            _breaks.append(graph_break_reason(reason))
+            return function(code_options, reason, *args, **kwargs)
+
+        setattr(logged, _TAPPED, True)
+        module.log_graph_break = logged  # type: ignore[union-attr]
+
+
+def breaks_mark() -> int:
+    return len(_breaks)
+
+
+def graph_breaks(start: int) -> tuple[int, list[str]]:
+    """Graph breaks torch logged since :func:`breaks_mark` returned ``start``: how many, and their distinct
+    reasons in the order first met."""
+    new = _breaks[start:]
+    return len(new), list(dict.fromkeys(reason for reason in new if reason))
 
 
 # --------------------------------------------------------------------------- the recompile limit

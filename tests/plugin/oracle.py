@@ -46,19 +46,12 @@ _RECOMPILING = r"Recompiling function (\S+) in .*?\n.*?triggered by the followin
 # same place was logged before in this process, as "(user stack suppressed due to duplicate graph break)". A
 # duplicate is a break of its own: a recompiled frame, another frame through the same code, a frame traced again
 # after ``torch._dynamo.reset()`` (whose duplicate checker it does not reset) or under ``torch._dynamo.explain``
-# (which logs every break that way); torch's counter ``counters["graph_break"]``, the plugin's source, counts each.
+# (which logs every break that way). The plugin counts every break torch logs; torch's own counter
+# ``counters["graph_break"]`` misses some of them (tests/plugin/test_oracle.py shows each).
 _GRAPH_BREAK = r"\AGraph break (?:\(user stack suppressed due to duplicate graph break\) )?in user code at"
-# Breaks torch logs but does not count in ``counters["graph_break"]`` (tests/plugin/test_oracle.py shows each): a
-# data-dependent branch (``generic_jump``: the graph is split, but the exception stays in
-# ``counters["unimplemented"]``), a break it cannot resume from, and a frame it gives up on ("graph break in loop"
-# and other breaks it fails to handle: the whole frame then runs eagerly). The plugin, which reads the counter,
-# reports none of them: :func:`oracle` keeps them apart, under ``"uncounted"``. torch 2.7.1 logs a frame it gives
-# up on in a loop as an ordinary break (no "Failed to handle"): there the oracle counts it, the counter does not.
-_UNCOUNTED = (
-    "Data-dependent branching",
-    "Encountered graph break that we cannot resume from",
-    "Failed to handle graph break gracefully",
-)
+# What torch did about a break, before the break it met: it cannot resume from it, or it gives up on the frame
+# ("graph break in loop" and other breaks it fails to handle: the whole frame then runs eagerly).
+_WHAT_TORCH_DID = ("Encountered graph break that we cannot resume from", "Failed to handle graph break gracefully")
 _PREFIXED = ("Encountered ", "Failed to handle ")  # "<what torch was doing>:\n\n<the exception's message>"
 _LIMIT = r"torch._dynamo hit config\.\w+ \(\d+\)\n\s*function: '([^']+)'"
 
@@ -133,34 +126,33 @@ def pytest_runtest_logfinish(nodeid: str) -> None:
 
 
 def empty_oracle() -> dict[str, Any]:
-    return {"recompiles": [], "breaks": [], "uncounted": [], "limits": [], **{layer: {} for layer in COUNTERS}}
+    return {"recompiles": [], "breaks": [], "limits": [], **{layer: {} for layer in COUNTERS}}
 
 
 def empty_plugin() -> dict[str, Any]:
     return {"recompiles": [], "breaks": [], "break_count": 0, "limits": [], **{layer: {} for layer in COUNTERS}}
 
 
-def break_reason(message: str) -> tuple[str, bool]:
+def break_reason(message: str) -> str:
     """A logged graph break's reason as the plugin words one (``<what failed>: <torch's explanation>``, from the
-    exception's first line and its ``Explanation:``), and whether torch's counter counts that break. A break it
-    does not count says first what torch did about it ("Failed to handle graph break gracefully: ...")."""
+    exception's first line and its ``Explanation:``), after what torch did about it when it did more than split
+    the graph ("Failed to handle graph break gracefully: ...")."""
     reason = message.split("Graph Break Reason: ", 1)[1].split("User code traceback:", 1)[0]
-    kind = next((kind for kind in _UNCOUNTED if reason.startswith(kind)), None)
+    kind = next((kind for kind in _WHAT_TORCH_DID if reason.startswith(kind)), None)
     if reason.startswith(_PREFIXED) and ":\n\n" in reason:
         reason = reason.split(":\n\n", 1)[1]
     lines = [line.strip() for line in reason.splitlines() if line.strip()] or [""]
     explained = next((line[len("Explanation:") :].strip() for line in lines if line.startswith("Explanation:")), "")
     text = f"{lines[0]}: {explained}" if explained else lines[0]
-    if kind and not text.startswith(kind):  # what torch did about it, before the break it met
+    if kind and not text.startswith(kind):
         text = f"{kind}: {text}"
-    return " ".join(text.split()), kind is None
+    return " ".join(text.split())
 
 
 def oracle(root: Path) -> dict[str, dict[str, Any]]:
     """Per test, what torch logged: recompiles as (function, first guard failure), graph breaks as their
-    reasons (``"breaks"``: those torch's counter counts; ``"uncounted"``: the others), and the functions that
-    hit the recompile limit; and what its cache counters moved by (only the fields that moved). Records logged
-    outside any test are under :data:`NO_TEST`."""
+    reasons, and the functions that hit the recompile limit; and what its cache counters moved by (only the
+    fields that moved). Records logged outside any test are under :data:`NO_TEST`."""
     found: dict[str, dict[str, Any]] = {}
     for path in sorted(root.glob(FILES)):
         for line in path.read_text().splitlines():
@@ -176,8 +168,7 @@ def oracle(root: Path) -> dict[str, dict[str, Any]]:
                 reason = re.sub(r"\A\d+/\d+: ", "", recompile.group(2).strip())
                 facts["recompiles"].append((recompile.group(1), " ".join(reason.split())))
             elif re.search(_GRAPH_BREAK, message):
-                reason, counted = break_reason(message)
-                facts["breaks" if counted else "uncounted"].append(reason)
+                facts["breaks"].append(break_reason(message))
             limit = re.search(_LIMIT, message)
             if limit:
                 facts["limits"].append(limit.group(1))

@@ -537,33 +537,45 @@ def test_triton_entries_this_process_built_are_counted_per_test(triton_cache: An
     assert probe.delta(start)["gpu"]["triton_built"] == 2
 
 
-def test_a_phase_that_compiles_nothing_copies_nothing_and_graph_breaks_count_right_after_a_clear() -> None:
-    """Neither torch's compilation records nor the graph-break counter are copied for a phase that compiled
-    nothing (the counter only when a compile may have moved it: a new record, or a different number of
-    reasons), however many the session holds."""
+def test_a_phase_that_compiles_nothing_copies_none_of_torchs_records() -> None:
+    """torch's ``get_compilation_metrics()`` copies every record it keeps: a phase that compiled nothing must not
+    call it, however many the session holds."""
     import collections
 
     from torch._dynamo.utils import CompilationMetrics
 
-    records: collections.deque[Any] = collections.deque()
+    records: collections.deque[Any] = collections.deque(CompilationMetrics(compile_id=f"{n}/0") for n in range(9))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch._dynamo.utils, "_compilation_metrics", records)
-        patch.setitem(torch._dynamo.utils.counters, "graph_break", collections.Counter({"print": 3}))
-        breaks = torch._dynamo.utils.counters["graph_break"]
-        copied = pytest.fail  # torch's getter copies every record: a phase that compiled nothing must not call it
-        patch.setattr(torch._dynamo.utils, "get_compilation_metrics", lambda: copied("records copied"))
-        first, second = probe.mark(), probe.mark()
-        assert first.counters["graph_break"] is second.counters["graph_break"]  # shared, not copied again
-        assert probe.delta(first)["graph_breaks"] == 0
+        patch.setattr(torch._dynamo.utils, "get_compilation_metrics", lambda: pytest.fail("records copied"))
         start = probe.mark()
-        breaks["print"] += 1
-        records.append(CompilationMetrics(compile_id="1/0"))
-        assert probe.delta(start)["graph_breaks"] == 1
-        breaks.clear()  # the test clears torch's counters, then compiles a frame with the same break
-        start = probe.mark()
-        breaks["print"] += 1
-        records.append(CompilationMetrics(compile_id="2/0"))
-        assert probe.delta(start)["graph_breaks"] == 1
+        assert probe.delta(start)["frames"] == 0
+        records.append(CompilationMetrics(compile_id="9/0", co_name="f", entire_frame_compile_time_s=0.5))
+        assert probe.delta(start)["frames"] == 1
+
+
+def test_every_graph_break_torch_logs_is_counted_also_those_its_counter_leaves_out() -> None:
+    """A data-dependent branch splits the graph, and torch logs it as a graph break, but its
+    ``counters["graph_break"]`` does not count it; a ``print`` it counts. Both are the test's."""
+
+    def branch(x: torch.Tensor) -> torch.Tensor:
+        x = x + 1
+        if x.sum() > 0:
+            return x * 2
+        return x - 1
+
+    def noisy(x: torch.Tensor) -> torch.Tensor:
+        x = x + 1
+        print(end="")
+        return x * 2
+
+    start = probe.mark()
+    torch.compile(branch, backend="eager")(torch.ones(3))
+    torch.compile(noisy, backend="eager")(torch.ones(3))
+    out = probe.delta(start)
+    assert out["graph_breaks"] == 2, out
+    data_dependent, printed = out["graph_break_reasons"]
+    assert data_dependent.startswith("Data-dependent branching") and "`print`" in printed
 
 
 # A first compiling test with more frames than torch keeps records of by default (64), in a fresh process: every
@@ -573,7 +585,7 @@ FIRST_TEST_OF_70_FRAMES = textwrap.dedent(
     import torch
     from pytest_compilecache import probe
 
-    probe.keep_compilation_records()  # what the session does at its start, before torch loads Dynamo
+    probe.watch_dynamo()  # what the session does at its start, before torch loads Dynamo
     start = probe.mark()
     for index in range(70):
         torch.compile(eval("lambda x: x + %d" % index), backend="eager")(torch.ones(2))

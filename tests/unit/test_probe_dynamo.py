@@ -39,18 +39,31 @@ def test_guard_failure_drops_the_compile_id_and_keeps_one_line() -> None:
     assert dynamo.guard_failure(None) == ""
 
 
-def test_graph_breaks_between_two_snapshots_count_and_name_torchs_reasons() -> None:
-    before = {PRINT_BREAK: 1, "other reason": 2}
-    now = {PRINT_BREAK: 3, "other reason": 2, "a new one\n  Explanation: why": 1}
-    count, reasons = dynamo.graph_breaks(before, now)
-    assert count == 3
-    assert reasons == [
-        "Failed to trace builtin operator: Dynamo does not know how to trace builtin operator `print` with "
-        "argument types ['str']",
-        "a new one: why",
-    ]
-    assert dynamo.graph_breaks(now, now) == (0, [])
-    assert dynamo.graph_breaks(now, {}) == (0, [])  # a test that cleared torch's counters: nothing, not negative
+PRINT = (
+    "Failed to trace builtin operator: Dynamo does not know how to trace builtin operator `print` with argument "
+    "types ['str']"
+)
+
+
+def test_a_logged_graph_break_reads_as_its_first_line_and_explanation_after_what_torch_did() -> None:
+    assert dynamo.graph_break_reason(PRINT_BREAK) == PRINT
+    gave_up = (
+        "Failed to handle graph break gracefully. Skipping the function and falling back to eager. Graph break "
+        "encountered:\n\n" + PRINT_BREAK
+    )
+    assert dynamo.graph_break_reason(gave_up) == "Failed to handle graph break gracefully: " + PRINT
+    assert dynamo.graph_break_reason("Data-dependent branching\n  Explanation: the branch") == (
+        "Data-dependent branching: the branch"
+    )
+    assert dynamo.graph_break_reason("") == ""
+
+
+def test_graph_breaks_since_a_mark_count_each_and_name_each_reason_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dynamo, "_breaks", ["old"])
+    start = dynamo.breaks_mark()
+    dynamo._breaks.extend([PRINT, "a new one: why", PRINT])
+    assert dynamo.graph_breaks(start) == (3, [PRINT, "a new one: why"])
+    assert dynamo.graph_breaks(dynamo.breaks_mark()) == (0, [])
 
 
 def test_functions_of_reads_the_newest_records_first() -> None:
