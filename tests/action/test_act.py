@@ -266,38 +266,31 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
     assert shown_annotations(pull) == [] and "torch.compile cache: save" not in pull.log
     assert sorted(server.keys()) == sorted([out["key"], header_key, out2["key"]])
 
-    # merge_group (fix 3): restore only, though its token could write its temporary queue branch.
-    queue = "refs/heads/gh-readonly-queue/main/pr-7-0123456789abcdef"
-    merge = act.run(
-        workflow(),
-        "merge_group",
-        scopes=scopes_for("merge_group", queue),
-        payload={"merge_group": {"head_ref": queue, "base_ref": "refs/heads/main"}},
-        env=fresh_runner(act),
-    )
-    assert_succeeded(merge)
-    assert merge.outputs()["restore-outcome"] == "partial"
-    assert "merge_group runs never save" in shown(merge.summary())
-    assert shown_annotations(merge) == []
-
-    # A download that fails after the lookup found the entry (fix 7): error, not miss; and fix 9:
-    # min-hit-rate does not fail the job after the failed restore, though every graph compiles cold.
+    # merge_group (fix 3): restore only, though its token could write its temporary queue branch. Its lookup
+    # finds main's newest entry, whose download then fails (fix 7): error, not miss (a lookup that found nothing
+    # would be a miss); and fix 9: min-hit-rate does not fail the job after the failed restore, though every
+    # graph compiles cold. One run for both: every job costs a torch import and act.
     server.fail_downloads = True
     # Its tests are matmuls (extern kernels): every graph compiles cold, with no C++ build to wait for.
     act.write("test_flow.py", MATMUL_SUITE)
-    failed = act.run(
+    queue = "refs/heads/gh-readonly-queue/main/pr-7-0123456789abcdef"
+    merge = act.run(
         workflow(with_='          min-hit-rate: "0.9"', tests="python -m pytest -q test_flow.py"),
-        "pull_request",
-        payload={"number": 8, "pull_request": {"base": {"ref": "main"}}},
+        "merge_group",
+        scopes=scopes_for("merge_group", queue),
+        payload={"merge_group": {"head_ref": queue, "base_ref": "refs/heads/main"}},
     )
-    assert failed.returncode == 0, failed.log[-6000:]
-    assert failed.outputs()["restore-outcome"] == "error"
+    assert_succeeded(merge)
+    assert merge.outputs()["restore-outcome"] == "error"
+    summary = shown(merge.summary())
+    assert "merge_group runs never save" in summary
     # Issue 42: the client's own reason, from its log, in the summary and the one annotation.
-    assert "error: the cache client restored nothing: Failed to restore: " in shown(failed.summary())
-    (warning,) = shown_annotations(failed)
+    assert "error: the cache client restored nothing: Failed to restore: " in summary
+    (warning,) = shown_annotations(merge)
     assert "the cache client restored nothing: Failed to restore: " in warning
-    assert failed.steps()["tests"]["outcome"] == "success"
-    assert totals(failed)["misses"] >= 2 and totals(failed)["hits"] == 0
+    assert merge.steps()["tests"]["outcome"] == "success"
+    assert totals(merge)["misses"] >= 2 and totals(merge)["hits"] == 0
+    assert sorted(server.keys()) == sorted([out["key"], header_key, out2["key"]])
 
 
 def test_an_outage_of_the_lookup_is_an_error_and_lifts_min_hit_rate_and_a_refused_upload_is_a_failure(
@@ -365,11 +358,39 @@ def test_a_lookup_refused_at_once_is_an_error_not_a_miss(
         assert len(server.lookup_agents) == 1, server.lookup_agents
 
 
+# The user's own composite action that wraps pytest-compilecache and pytest, forwarding the outputs it uses.
+USERS_COMPOSITE = f"""\
+name: tests
+description: the user's own composite action that wraps pytest-compilecache
+outputs:
+  key: {{value: "${{{{ steps.compile-cache.outputs.key }}}}"}}
+  matched-key: {{value: "${{{{ steps.compile-cache.outputs.matched-key }}}}"}}
+  report: {{value: "${{{{ steps.compile-cache.outputs.report }}}}"}}
+runs:
+  using: composite
+  steps:
+    - id: compile-cache
+      uses: {ACTION}
+      with:
+        install: "false"
+    - shell: bash
+      run: python -m pytest -q
+"""
+
+# Job "unit" runs the Action inside the user's composite action; job "models" uses it directly.
+TWO_JOBS = workflow(jobs=("models",)).replace(
+    "jobs:\n", "jobs:\n" + job("unit", "      - id: cc\n        uses: ./.github/actions/tests\n"), 1
+)
+
+
 def test_two_jobs_with_one_fingerprint_keep_their_own_lineage(act: Act, server: CacheServer) -> None:
+    """Two jobs of one workflow, one of them through a user's composite action: each saves and restores its own
+    lineage (and its own precompiled-header entry)."""
     # One C++ build per job (a header to save per lineage) and two matmul graphs.
     act.write("test_models.py", MATMUL_SUITE)
     act.write("test_more.py", ANOTHER_GRAPH)
-    first = act.run(workflow(jobs=("unit", "models")), "push", env=fresh_runner(act))
+    act.write(".github/actions/tests/action.yml", USERS_COMPOSITE)
+    first = act.run(TWO_JOBS, "push", env=fresh_runner(act))
     assert first.returncode == 0, first.log[-6000:]
     unit, models = first.outputs("unit"), first.outputs("models")
     assert unit["key"].startswith("compilecache-v1-unit-") and models["key"].startswith("compilecache-v1-models-")
@@ -379,7 +400,7 @@ def test_two_jobs_with_one_fingerprint_keep_their_own_lineage(act: Act, server: 
     # Every graph hits and the header came with the bundle entry: nothing new, so no bundle is written and
     # the post step saves no empty entry, and says why (issue 42: no warning on a healthy warm push); each
     # lineage saves its own header entry.
-    second = act.run(workflow(jobs=("unit", "models")), "push", env=fresh_runner(act))
+    second = act.run(TWO_JOBS, "push", env=fresh_runner(act))
     assert second.returncode == 0, second.log[-6000:]
     assert second.outputs("unit")["matched-key"] == unit["key"]
     assert second.outputs("models")["matched-key"] == models["key"]
@@ -422,31 +443,6 @@ def test_a_red_job_saves_only_with_save_on_failure_and_the_next_push_restores_it
     assert (save["outcome"], save["message"]) == ("skipped", "the tests failed: nothing saved (input save-on-failure)")
     assert "Run Post compilecache/pytest-compilecache@v1" not in red.log  # post-if: the job failed
     assert server.keys() == [key]
-
-
-def test_inside_a_users_composite_action(act: Act, server: CacheServer) -> None:
-    act.write("test_models.py", MATMUL_SUITE)
-    act.write(
-        ".github/actions/tests/action.yml",
-        f"""\
-name: tests
-description: the user's own composite action that wraps pytest-compilecache
-runs:
-  using: composite
-  steps:
-    - id: compile-cache
-      uses: {ACTION}
-      with:
-        install: "false"
-    - shell: bash
-      run: python -m pytest -q
-""",
-    )
-    steps = "on: [push]\njobs:\n" + job("test", "      - id: cc\n        uses: ./.github/actions/tests\n")
-    run = act.run(steps, "push")
-    assert run.returncode == 0, run.log[-6000:]
-    keys = server.keys()
-    assert len(keys) == 1 and keys[0].startswith("compilecache-v1-test-")
 
 
 # ---- store: s3
