@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from .counters import Mark as Mark
     from .counters import delta as delta
     from .counters import mark as mark
-    from .counters import watch_dynamo as watch_dynamo
     from .dynamo import fail_on_recompile_limit as fail_on_recompile_limit
     from .facts import CHILD_TIMEOUT as CHILD_TIMEOUT
     from .facts import Devices as Devices
@@ -61,6 +60,7 @@ if TYPE_CHECKING:
     from .graphs import watch_graph_lookups as watch_graph_lookups
     from .hooks import dynamo_loaded as dynamo_loaded
     from .hooks import torch_loaded as torch_loaded
+    from .hooks import watch_dynamo as watch_dynamo
     from .megacache import artifact_counts as artifact_counts
     from .megacache import collect_used_modules as collect_used_modules
     from .megacache import load_artifacts as load_artifacts
@@ -95,7 +95,6 @@ _WHERE = {
     "TRITON_COMPILE_METRICS": "counters",
     "ZERO": "counters",
     "delta": "counters",
-    "watch_dynamo": "counters",
     "mark": "counters",
     "CHILD_TIMEOUT": "facts",
     "Devices": "facts",
@@ -116,6 +115,7 @@ _WHERE = {
     "watch_graph_lookups": "graphs",
     "dynamo_loaded": "hooks",
     "torch_loaded": "hooks",
+    "watch_dynamo": "hooks",
     "artifact_counts": "megacache",
     "collect_used_modules": "megacache",
     "load_artifacts": "megacache",

@@ -15,7 +15,6 @@ from ..record_fields import FX_FIELDS
 from ..record_fields import empty_delta
 from . import dynamo
 from .hooks import dynamo_loaded
-from .hooks import install_now_or_on_import
 from .hooks import torch_loaded
 from .triton import triton_built
 
@@ -64,10 +63,11 @@ def _prepare() -> None:
             logger.setLevel(logging.INFO)
         dynamo.tap_limit_warnings()
     if not _limit_raised and dynamo_loaded():
-        _keep_every_record()
+        keep_every_record()
 
 
-def _keep_every_record() -> None:
+def keep_every_record() -> None:
+    """Keep every compilation record torch makes from now on (torch keeps the last 64 by default)."""
     global _limit_raised
     from torch._dynamo import utils
 
@@ -75,14 +75,6 @@ def _keep_every_record() -> None:
         # The default deque keeps 64 records; a suite compiles far more frames than that.
         utils.set_compilation_metrics_limit(10**6)
     _limit_raised = True
-
-
-def watch_dynamo() -> None:
-    """From the moment torch loads Dynamo (now, if it has): keep every compilation record, not from the next
-    test's start (a first compiling test with more than 64 frames would otherwise lose some of its own), and
-    count every graph break torch logs (:func:`.dynamo.tap_graph_breaks`)."""
-    install_now_or_on_import("torch._dynamo.utils", _keep_every_record, pending=not _limit_raised)
-    dynamo.tap_graph_breaks()
 
 
 class Mark:

@@ -1,4 +1,6 @@
-"""When torch is loaded, and wrapping a torch module the moment it is imported: what every probe module shares.
+"""When torch is loaded, and wrapping a torch module the moment it is imported: what every probe module shares;
+:func:`watch_dynamo`, which the session calls at its start, loads ``counters`` and ``dynamo`` only once torch
+loads Dynamo.
 
 Imports nothing of torch.
 PYTEST_DONT_REWRITE
@@ -72,3 +74,23 @@ def install_now_or_on_import(module: str, install: Any, *, pending: bool) -> Non
         sys.meta_path.insert(0, _InstallOnImport(module, install))
     elif install not in hook.installs:
         hook.installs.append(install)  # another wrapper of the same module (graph lookups, headers)
+
+
+def watch_dynamo() -> None:
+    """From the moment torch loads Dynamo (now, if it has): keep every compilation record, not from the next
+    test's start (a first compiling test with more than 64 frames would otherwise lose some of its own), and
+    count every graph break torch logs (:func:`.dynamo.tap_graph_breaks`). Loads neither module before then."""
+    install_now_or_on_import("torch._dynamo.utils", _keep_every_record, pending=True)
+    install_now_or_on_import("torch._dynamo.symbolic_convert", _tap_graph_breaks, pending=True)
+
+
+def _keep_every_record() -> None:
+    from .counters import keep_every_record
+
+    keep_every_record()
+
+
+def _tap_graph_breaks() -> None:
+    from .dynamo import tap_graph_breaks
+
+    tap_graph_breaks()
