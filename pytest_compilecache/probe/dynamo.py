@@ -143,10 +143,12 @@ def _install_break_tap() -> None:
         if getattr(original, _TAPPED, False):
             return
 
-        def method(self: Any, code_options: Any, reason: Any = "", exc: Any = None, *args: Any, **kwargs: Any) -> Any:
-            if not getattr(exc, "logged", False):  # torch logs it now (it returns at once for a logged one)
-                _breaks.append(graph_break_reason(reason))
-            return original(self, code_options, reason, exc, *args, **kwargs)
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:  # (code_options, reason, exc), passed on as given
+            with contextlib.suppress(Exception):  # ours must never fail torch's compile
+                exc = kwargs["exc"] if "exc" in kwargs else (args[2] if len(args) > 2 else None)
+                if not getattr(exc, "logged", False):  # torch logs it now (it returns at once for a logged one)
+                    _breaks.append(graph_break_reason(kwargs.get("reason", args[1] if len(args) > 1 else "")))
+            return original(self, *args, **kwargs)
 
         setattr(method, _TAPPED, True)
         owner.log_graph_break = method  # type: ignore[union-attr]
@@ -155,9 +157,10 @@ def _install_break_tap() -> None:
         if getattr(function, _TAPPED, False):
             return
 
-        def logged(code_options: Any, reason: Any = "", *args: Any, **kwargs: Any) -> Any:
-            _breaks.append(graph_break_reason(reason))
-            return function(code_options, reason, *args, **kwargs)
+        def logged(*args: Any, **kwargs: Any) -> Any:  # (code_options, reason, ...), passed on as given
+            with contextlib.suppress(Exception):
+                _breaks.append(graph_break_reason(kwargs.get("reason", args[1] if len(args) > 1 else "")))
+            return function(*args, **kwargs)
 
         setattr(logged, _TAPPED, True)
         module.log_graph_break = logged  # type: ignore[union-attr]
