@@ -275,8 +275,10 @@ def test_a_disabled_session_leaves_torch_caching_as_it_found_it(monkeypatch: pyt
     entry = getattr(compiler_config, "_config", {}).get("force_disable_caches")
     if entry is not None and hasattr(entry, "env_value_force"):  # torch 2.8+
         monkeypatch.setattr(entry, "env_value_force", True)  # as torch read it at import, variable set
-    else:  # torch 2.7: the module attribute it computed at import
-        monkeypatch.setattr(config, "force_disable_caches", True)
+    else:  # torch 2.7: the module attribute it computed at import. Patched on torch's entry: pytest's undo of a
+        # module attribute it did not find in the module's __dict__ deletes it, which hides it from torch for
+        # the rest of the process (every later compile then fails in torch's config copy).
+        monkeypatch.setattr(config._config["force_disable_caches"], "user_override", True)
     assert config.force_disable_caches is True
     monkeypatch.setitem(probe_config._config_before, probe_config._READ_AT_IMPORT, True)  # what point_cache_dir records
     probe.put_back_config()  # after the lease removed the variable
