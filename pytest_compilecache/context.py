@@ -5,7 +5,6 @@ The settings, the session cache dir (an xdist worker follows its controller's), 
 torch (leased, put back at the end), the registration in a shared dir, the store to use and the fingerprint.
 Both roles (:mod:`.session`) and both phases (:mod:`.restore_phase`, :mod:`.save_phase`) read it; it sits
 below them, so that they pass it down and never import the roles. Nothing here imports pytest or torch.
-Loaded lazily: fingerprint, stores, remote, probe (only once torch's compiler is imported), ghrunner, _fs.
 Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``.stores``, ``._fs``,
 ``.probe``, ``.remote``, ``.ghrunner``, ``.fingerprint``, ``.stores.timed``.
 PYTEST_DONT_REWRITE
@@ -40,9 +39,6 @@ if TYPE_CHECKING:
 
 # Modes whose cache dir keeps FX graphs, so that a miss can be compared with an earlier run's lookups.
 EXPLAINED_MODES = ("shared", "isolated")
-
-# Every variable the plugin may set for torch; the lease puts them all back at the end.
-TOUCHED_ENV = TOUCHED
 
 
 class SessionContext:
@@ -84,7 +80,7 @@ class SessionContext:
         Raises :class:`ConfigError` for an unusable dir, store URL or JSON report path (no I/O happens for
         the store), naming the option as the user gave it.
         """
-        lease = EnvLease(TOUCHED_ENV)
+        lease = EnvLease(TOUCHED)
         try:
             if settings.store:
                 open_configured_store(settings)  # a malformed store URL fails at start-up

@@ -8,7 +8,6 @@
 * :class:`Restored`: what the session's start found (:meth:`.restore_phase.RestorePhase.finish`), for the
   save and the report.
 
-Loaded lazily: probe (collecting this process's output), stats (reading records).
 Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``.stats``, ``.probe``.
 PYTEST_DONT_REWRITE
 """

@@ -1,6 +1,6 @@
 """Carrying headers: packed as zstd, one store object per content (:func:`save_headers`), installed from a
 verified manifest into torch's header dir (:func:`restore_headers`, :func:`install_header`), every byte checked
-against the manifest's sha256 on the way. Loaded lazily: zstandard (only when a header moves).
+against the manifest's sha256 on the way.
 Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``zstandard``,
 ``.._fs``, ``.verdicts``.
 PYTEST_DONT_REWRITE

@@ -127,15 +127,12 @@ _TAPPED = "__compilecache_tapped__"
 
 def tap_graph_breaks() -> None:
     """Count every graph break torch logs (``TORCH_LOGS=graph_breaks`` shows each), from the moment Dynamo's
-    tracer is imported (now, if it is). ``counters["graph_break"]`` misses some that split a graph all the same:
+    tracer is imported. ``counters["graph_break"]`` misses some that split a graph all the same:
     a data-dependent branch (``generic_jump``), a break torch cannot resume from, a frame it gives up on (a break
     in a loop: the frame then runs uncompiled). So the tap wraps torch's ``log_graph_break`` instead: a method
     of ``InstructionTranslatorBase`` that logs an exception once (``exc.logged``, 2.8-2.15), a module function
-    called once per break on 2.7. The wrapper only records the reason, then calls torch's own."""
-    install_now_or_on_import(_SYMBOLIC_CONVERT, _install_break_tap, pending=True)
-
-
-def _install_break_tap() -> None:
+    called once per break on 2.7. The wrapper only records the reason, then calls torch's own. Installed by
+    :func:`.hooks.watch_dynamo` the moment torch imports the tracer; once per process."""
     module = sys.modules.get(_SYMBOLIC_CONVERT)
     owner = getattr(module, "InstructionTranslatorBase", None)
     if callable(getattr(owner, "log_graph_break", None)):
