@@ -147,7 +147,7 @@ def delta(start: Mark) -> dict[str, Any]:
         out["graph_breaks"], reasons = dynamo.graph_breaks(start.breaks)
         if reasons:
             out["graph_break_reasons"] = reasons
-    limit_hit = dynamo.limit_hits(start.limits) if dynamo.limit_mark() != start.limits else []
+    limit_hit = dynamo.limit_hits(start.limits)
     if limit_hit:
         out["limit_hit"] = limit_hit
     if "recompiled" in out:
