@@ -434,7 +434,7 @@ def test_a_red_job_saves_only_with_save_on_failure_and_the_next_push_restores_it
     assert server.keys() == [key] and f"| bundle entry | saved: `{key}`" in opted.summary()
     assert shown_annotations(opted) == []
 
-    act.write("test_more.py", ANOTHER_GRAPH)  # one new graph: something the red job could save
+    act.write("test_more.py", OTHER_LEG_SUITE)  # one new graph (no C++ build): something the red job could save
     red = act.run(workflow(), "push")
     assert red.returncode != 0 and red.steps()["tests"]["outcome"] == "failure"
     assert (red.outputs()["restore-outcome"], red.outputs()["matched-key"]) == ("partial", key)

@@ -215,32 +215,99 @@ def test_default_shared_dir_survives_cache_clear(
     assert (expected / "CACHEDIR.TAG").is_file()
 
 
-def test_session_without_torch_never_imports_it(inner: pytest.Pytester, dist: tuple[str, ...]) -> None:
-    inner.makepyfile(test_suite=TRIVIAL_SUITE)
-    # Runs after every other unconfigure hook, the plugin's included, in the controller and in each worker.
-    inner.makeconftest(
-        """
-        import os
-        import sys
-
-        import pytest
+# A test that only looks torch up (``find_spec``), beside one that never thinks of it.
+LOOKS_TORCH_UP = """
+import importlib.util
 
 
-        @pytest.hookimpl(trylast=True)
-        def pytest_unconfigure(config):
-            process = os.environ.get("PYTEST_XDIST_WORKER", "controller")
-            (config.rootpath / f"torch-imported-{process}.txt").write_text(str("torch" in sys.modules))
-        """
+def test_looks_torch_up():
+    assert importlib.util.find_spec("torch") is not None
+"""
+
+# Each process (the controller and every xdist worker) records, after every other unconfigure hook (the
+# plugin's included), whether torch was imported and how each of our modules was loaded; and at its exit,
+# after every cleanup, whether torch was imported and which of our finders are still in ``sys.meta_path``.
+PROCESS_RECORD = """
+import atexit
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+here = Path(__file__).parent
+process = os.environ.get("PYTEST_XDIST_WORKER", "controller")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    (here / f"torch-imported-{process}.txt").write_text(str("torch" in sys.modules))
+    loaders = sorted(
+        f"{name}={type(module.__loader__).__name__}"
+        for name, module in list(sys.modules.items())
+        if name.startswith("pytest_compilecache")
     )
+    (here / f"loaders-{process}.txt").write_text(" ".join(loaders))
 
-    run = run_inner(inner, "--compile-cache=shared", f"--compile-cache-dir={inner.path / 'cache'}", *dist)
+
+def record():
+    finders = [f"{type(f).__module__}.{type(f).__name__}" for f in sys.meta_path]
+    ours = [name for name in finders if name.startswith("pytest_compilecache")]
+    (here / f"finders-{process}.txt").write_text(f"{'torch' in sys.modules} {ours}")
+
+
+atexit.register(record)
+"""
+
+
+def test_a_session_without_torch_imports_none_loads_ours_plainly_and_leaves_no_finder(
+    inner: pytest.Pytester, dist: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One session with a cache dir, whose tests never import torch (one looks it up), checked in each process:
+
+    * torch is never imported, not by the plugin either (its watches wake on the lookup, then wait);
+    * issue 23: pytest hands every module of a plugin's distribution to its assertion-rewriting hook, which
+      costs each of ours (all PYTEST_DONT_REWRITE) about 2M instructions, and with PYTHONDONTWRITEBYTECODE a
+      parse and a compile in every session. The modules the session loads after the plugin come from Python's
+      own loader (those pytest imported to find the plugin necessarily went through the hook);
+    * when the session ends, none of the plugin's finders stays in ``sys.meta_path`` (checked at exit)."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    # What pytest does for a plugin installed from a wheel (an editable install, as here, lists no files, and
+    # pytest then hands over only the entry point's module), done by a plugin loaded before ours.
+    inner.makepyfile(
+        test_suite=TRIVIAL_SUITE,
+        test_lookup=LOOKS_TORCH_UP,
+        mark_ours='import pytest\n\npytest.register_assert_rewrite("pytest_compilecache")\n',
+    )
+    inner.makeconftest(PROCESS_RECORD)
+
+    run = run_inner(inner, "-p", "mark_ours", "-p", "no:cacheprovider", "--compile-cache=shared",
+                    f"--compile-cache-dir={inner.path / 'cache'}", *dist)  # fmt: skip
 
     assert run.ret == 0, run.output
     check_report(run.data)
-    assert (run.totals["tests"], run.totals["compiled_tests"], run.totals["hit_rate"]) == (1, 0, None)
-    seen = {p.name: p.read_text() for p in inner.path.glob("torch-imported-*.txt")}
+    assert (run.totals["tests"], run.totals["compiled_tests"], run.totals["hit_rate"]) == (2, 0, None)
     processes = ["controller", "gw0", "gw1"] if dist else ["controller"]
+    seen = {p.name: p.read_text() for p in inner.path.glob("torch-imported-*.txt")}
     assert seen == {f"torch-imported-{p}.txt": "False" for p in processes}
+    seen = {p.name: p.read_text() for p in inner.path.glob("finders-*.txt")}
+    assert seen == {f"finders-{p}.txt": "False []" for p in processes}
+    # What pytest imports to find the plugin: the package, the entry point's module and the finder it puts
+    # ahead of the hook. The hooks module and the option table already load plainly.
+    before_finder = {
+        "pytest_compilecache",
+        "pytest_compilecache._version",
+        "pytest_compilecache._entry",
+        "pytest_compilecache._loader",
+    }
+    for process in processes:
+        loaders = dict(pair.split("=") for pair in (inner.path / f"loaders-{process}.txt").read_text().split())
+        assert {"pytest_compilecache.session", "pytest_compilecache.settings"} <= set(loaders), loaders
+        assert {"pytest_compilecache.plugin", "pytest_compilecache.options"} <= set(loaders), loaders
+        by_hook = {name for name, loader in loaders.items() if loader == "AssertionRewritingHook"}
+        assert by_hook <= before_finder, (process, by_hook)
+        assert "pytest_compilecache.plugin" not in by_hook, (process, by_hook)
+        assert {loaders[name] for name in set(loaders) - by_hook} == {"SourceFileLoader"}, loaders
 
 
 def test_a_session_with_no_option_loads_only_the_option_table(inner: pytest.Pytester, dist: tuple[str, ...]) -> None:
@@ -278,69 +345,6 @@ def test_a_session_with_no_option_loads_only_the_option_table(inner: pytest.Pyte
     ]
     processes = ["controller", "gw0", "gw1"] if dist else ["controller"]
     assert seen == {f"ours-{p}.txt": expected for p in processes}
-
-
-def test_the_plugins_own_modules_load_without_pytests_rewriting_hook(
-    inner: pytest.Pytester, dist: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Issue 23: pytest hands every module of a plugin's distribution to its assertion-rewriting hook, which
-    costs each of ours (all PYTEST_DONT_REWRITE) about 2M instructions, and with PYTHONDONTWRITEBYTECODE a
-    parse and a compile in every session. The modules a session with a cache dir loads after the plugin come
-    from Python's own loader (those pytest imported to find the plugin necessarily went through the hook)."""
-    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
-    # What pytest does for a plugin installed from a wheel (an editable install, as here, lists no files, and
-    # pytest then hands over only the entry point's module), done by a plugin loaded before ours.
-    inner.makepyfile(
-        test_suite=TRIVIAL_SUITE, mark_ours='import pytest\n\npytest.register_assert_rewrite("pytest_compilecache")\n'
-    )
-    inner.makeconftest(
-        """
-        import os
-        import sys
-
-        import pytest
-
-
-        @pytest.hookimpl(trylast=True)
-        def pytest_unconfigure(config):
-            process = os.environ.get("PYTEST_XDIST_WORKER", "controller")
-            loaders = sorted(
-                f"{name}={type(module.__loader__).__name__}"
-                for name, module in list(sys.modules.items())
-                if name.startswith("pytest_compilecache")
-            )
-            (config.rootpath / f"loaders-{process}.txt").write_text(" ".join(loaders))
-        """
-    )
-
-    result = inner.runpytest_subprocess(
-        "-p",
-        "mark_ours",
-        "-p",
-        "no:cacheprovider",
-        "--compile-cache=shared",
-        f"--compile-cache-dir={inner.path / 'cc'}",
-        *dist,
-    )
-
-    assert result.ret == 0, result.stdout.str()
-    processes = ["controller", "gw0", "gw1"] if dist else ["controller"]
-    # What pytest imports to find the plugin: the package, the entry point's module and the finder it puts
-    # ahead of the hook. The hooks module and the option table already load plainly.
-    before_finder = {
-        "pytest_compilecache",
-        "pytest_compilecache._version",
-        "pytest_compilecache._entry",
-        "pytest_compilecache._loader",
-    }
-    for process in processes:
-        loaders = dict(pair.split("=") for pair in (inner.path / f"loaders-{process}.txt").read_text().split())
-        assert {"pytest_compilecache.session", "pytest_compilecache.settings"} <= set(loaders), loaders
-        assert {"pytest_compilecache.plugin", "pytest_compilecache.options"} <= set(loaders), loaders
-        by_hook = {name for name, loader in loaders.items() if loader == "AssertionRewritingHook"}
-        assert by_hook <= before_finder, (process, by_hook)
-        assert "pytest_compilecache.plugin" not in by_hook, (process, by_hook)
-        assert {loaders[name] for name in set(loaders) - by_hook} == {"SourceFileLoader"}, loaders
 
 
 # Five tests; the third imports torch (without compiling), as a lazily importing suite would.
@@ -482,47 +486,3 @@ def test_annotations_resume_after_a_test_stopped_the_runners_commands(
         resume = lines.index(f"::{token}::")
         assert stop < resume < warning, run.output
         assert lines.count(f"::{token}::") == 1
-
-
-def test_import_hooks_leave_with_the_session_when_torch_was_only_looked_up(
-    inner: pytest.Pytester, dist: tuple[str, ...]
-) -> None:
-    """A test that only looks torch up (``find_spec``) wakes the plugin's watches, which then wait for torch's
-    modules; when the session ends none of the plugin's finders may stay in ``sys.meta_path`` (each process,
-    checked at its exit, after every cleanup)."""
-    inner.makepyfile(
-        test_suite="""
-        import importlib.util
-
-
-        def test_looks_torch_up():
-            assert importlib.util.find_spec("torch") is not None
-        """
-    )
-    inner.makeconftest(
-        """
-        import atexit
-        import os
-        import sys
-        from pathlib import Path
-
-        here = Path(__file__).parent
-        process = os.environ.get("PYTEST_XDIST_WORKER", "controller")
-
-
-        def record():
-            finders = [f"{type(f).__module__}.{type(f).__name__}" for f in sys.meta_path]
-            ours = [name for name in finders if name.startswith("pytest_compilecache")]
-            (here / f"finders-{process}.txt").write_text(f"{'torch' in sys.modules} {ours}")
-
-
-        atexit.register(record)
-        """
-    )
-
-    result = inner.runpytest_subprocess("-p", "no:cacheprovider", "--compile-cache=shared", *dist)
-
-    assert result.ret == 0, result.stdout.str()
-    seen = {p.name: p.read_text() for p in inner.path.glob("finders-*.txt")}
-    processes = ["controller", "gw0", "gw1"] if dist else ["controller"]
-    assert seen == {f"finders-{p}.txt": "False []" for p in processes}
