@@ -12,7 +12,10 @@ from tests.plugin.helpers import check_report
 from tests.plugin.helpers import run_inner
 from tests.servers import free_port
 
-pytestmark = XDIST
+# Every scenario runs in one process and with two xdist workers (XDIST), but the bad configurations: those fail
+# in pytest_load_initial_conftests, before xdist starts a worker, in the same code with or without -n (two of
+# them also run with -n 2 to show it).
+XDIST_TOO = ("mode", "env")
 
 
 # A suite that leaves a trace when it runs, so a test can tell that nothing ran.
@@ -25,122 +28,132 @@ def test_runs():
 """
 
 
+BAD_CONFIGURATIONS = [
+    pytest.param(
+        ["--compile-cache=bogus"],
+        "",
+        {},
+        "--compile-cache: invalid value 'bogus' (choose from shared, isolated, disabled)",
+        id="mode",
+    ),
+    pytest.param(
+        ["--compile-cache-min-hit-rate=1.5"],
+        "",
+        {},
+        "--compile-cache-min-hit-rate: must be between 0 and 1, got '1.5'",
+        id="min-hit-rate",
+    ),
+    pytest.param(
+        ["--compile-cache=shared", "--compile-cache-dir={file}/sub"],
+        "",
+        {},
+        "--compile-cache-dir: */a-file/sub is not a writable directory*",
+        id="shared-dir-under-a-file",
+    ),
+    pytest.param(
+        ["--compile-cache=isolated", "--compile-cache-dir={file}/sub"],
+        "",
+        {},
+        "--compile-cache-dir: cannot create an isolated dir in */a-file/sub*",
+        id="isolated-dir-under-a-file",
+    ),
+    pytest.param(
+        ["--compile-cache-max-size=lots"],
+        "",
+        {},
+        "--compile-cache-max-size: expected a size like 500M or 2G, got 'lots'",
+        id="max-size",
+    ),
+    pytest.param(
+        ["--compile-cache=disabled", "--compile-cache-store={file}"],
+        "",
+        {},
+        "--compile-cache-store: cannot be used with --compile-cache=disabled",
+        id="store-when-disabled",
+    ),
+    pytest.param(
+        ["--compile-cache-json={file}/report.json"],
+        "",
+        {},
+        "--compile-cache-json: cannot create the directory of */a-file/report.json*",
+        id="json-under-a-file",
+    ),
+    # Tried, not asked: os.access says yes to root (CI containers run as root), /sys refuses anyone.
+    pytest.param(
+        ["--compile-cache-json=/sys/r.json"],
+        "",
+        {},
+        "--compile-cache-json: /sys/r.json is not writable (Permission denied)",
+        id="json-unwritable-even-for-root",
+    ),
+    pytest.param(
+        ["--compile-cache-store={file}"],
+        "",
+        {},
+        "--compile-cache-store: '*/a-file' is a file, not a directory",
+        id="store-is-a-file",
+    ),
+    pytest.param(
+        [],
+        "compile_cache_store = file://{file}/bundles",
+        {},
+        "compile_cache_store: 'file://*/a-file/bundles' lies under the file */a-file, not a directory",
+        id="store-under-a-file",
+    ),
+    pytest.param(
+        ["--compile-cache=isolated", "--compile-cache-max-size=1K"],
+        "",
+        {},
+        "--compile-cache-max-size: applies only to shared mode; not to --compile-cache=isolated",
+        id="max-size-when-isolated",
+    ),
+    pytest.param(
+        ["-p", "hide_redis", "--compile-cache-redis=redis://127.0.0.1:1/0"],
+        "",
+        {},
+        "--compile-cache-redis: needs the 'redis' package (pip install 'pytest-compilecache[redis]')",
+        id="redis-package-missing",
+    ),
+    pytest.param(
+        [],
+        "",
+        {"PYTEST_COMPILECACHE_DIR": "{file}/sub", "PYTEST_COMPILECACHE_MODE": "shared"},
+        "PYTEST_COMPILECACHE_DIR: */a-file/sub is not a writable directory*",
+        id="dir-from-env",
+    ),
+    pytest.param(
+        [],
+        "compile_cache_store = ftp://x/y",
+        {},
+        "compile_cache_store: unsupported store: 'ftp://x/y'*",
+        id="store-from-ini",
+    ),
+    pytest.param(
+        ["--compile-cache-redis=redis://u:pw@[zz]/0"],
+        "",
+        {},
+        "--compile-cache-redis: expected redis://host:port/db, got 'redis://***'",
+        id="redis-unparsable",
+    ),
+    pytest.param([], "compile_cache = bogus", {}, "compile_cache: invalid value 'bogus'*", id="ini"),
+    pytest.param(
+        [],
+        "",
+        {"PYTEST_COMPILECACHE_MODE": "bogus"},
+        "PYTEST_COMPILECACHE_MODE: invalid value 'bogus'*",
+        id="env",
+    ),
+]
+
+
 @pytest.mark.parametrize(
-    ("args", "ini", "env", "message"),
+    ("args", "ini", "env", "message", "dist"),
     [
-        pytest.param(
-            ["--compile-cache=bogus"],
-            "",
-            {},
-            "--compile-cache: invalid value 'bogus' (choose from shared, isolated, disabled)",
-            id="mode",
-        ),
-        pytest.param(
-            ["--compile-cache-min-hit-rate=1.5"],
-            "",
-            {},
-            "--compile-cache-min-hit-rate: must be between 0 and 1, got '1.5'",
-            id="min-hit-rate",
-        ),
-        pytest.param(
-            ["--compile-cache=shared", "--compile-cache-dir={file}/sub"],
-            "",
-            {},
-            "--compile-cache-dir: */a-file/sub is not a writable directory*",
-            id="shared-dir-under-a-file",
-        ),
-        pytest.param(
-            ["--compile-cache=isolated", "--compile-cache-dir={file}/sub"],
-            "",
-            {},
-            "--compile-cache-dir: cannot create an isolated dir in */a-file/sub*",
-            id="isolated-dir-under-a-file",
-        ),
-        pytest.param(
-            ["--compile-cache-max-size=lots"],
-            "",
-            {},
-            "--compile-cache-max-size: expected a size like 500M or 2G, got 'lots'",
-            id="max-size",
-        ),
-        pytest.param(
-            ["--compile-cache=disabled", "--compile-cache-store={file}"],
-            "",
-            {},
-            "--compile-cache-store: cannot be used with --compile-cache=disabled",
-            id="store-when-disabled",
-        ),
-        pytest.param(
-            ["--compile-cache-json={file}/report.json"],
-            "",
-            {},
-            "--compile-cache-json: cannot create the directory of */a-file/report.json*",
-            id="json-under-a-file",
-        ),
-        # Tried, not asked: os.access says yes to root (CI containers run as root), /sys refuses anyone.
-        pytest.param(
-            ["--compile-cache-json=/sys/r.json"],
-            "",
-            {},
-            "--compile-cache-json: /sys/r.json is not writable (Permission denied)",
-            id="json-unwritable-even-for-root",
-        ),
-        pytest.param(
-            ["--compile-cache-store={file}"],
-            "",
-            {},
-            "--compile-cache-store: '*/a-file' is a file, not a directory",
-            id="store-is-a-file",
-        ),
-        pytest.param(
-            [],
-            "compile_cache_store = file://{file}/bundles",
-            {},
-            "compile_cache_store: 'file://*/a-file/bundles' lies under the file */a-file, not a directory",
-            id="store-under-a-file",
-        ),
-        pytest.param(
-            ["--compile-cache=isolated", "--compile-cache-max-size=1K"],
-            "",
-            {},
-            "--compile-cache-max-size: applies only to shared mode; not to --compile-cache=isolated",
-            id="max-size-when-isolated",
-        ),
-        pytest.param(
-            ["-p", "hide_redis", "--compile-cache-redis=redis://127.0.0.1:1/0"],
-            "",
-            {},
-            "--compile-cache-redis: needs the 'redis' package (pip install 'pytest-compilecache[redis]')",
-            id="redis-package-missing",
-        ),
-        pytest.param(
-            [],
-            "",
-            {"PYTEST_COMPILECACHE_DIR": "{file}/sub", "PYTEST_COMPILECACHE_MODE": "shared"},
-            "PYTEST_COMPILECACHE_DIR: */a-file/sub is not a writable directory*",
-            id="dir-from-env",
-        ),
-        pytest.param(
-            [],
-            "compile_cache_store = ftp://x/y",
-            {},
-            "compile_cache_store: unsupported store: 'ftp://x/y'*",
-            id="store-from-ini",
-        ),
-        pytest.param(
-            ["--compile-cache-redis=redis://u:pw@[zz]/0"],
-            "",
-            {},
-            "--compile-cache-redis: expected redis://host:port/db, got 'redis://***'",
-            id="redis-unparsable",
-        ),
-        pytest.param([], "compile_cache = bogus", {}, "compile_cache: invalid value 'bogus'*", id="ini"),
-        pytest.param(
-            [],
-            "",
-            {"PYTEST_COMPILECACHE_MODE": "bogus"},
-            "PYTEST_COMPILECACHE_MODE: invalid value 'bogus'*",
-            id="env",
+        *(pytest.param(*bad.values, (), id=f"{bad.id}-nodist") for bad in BAD_CONFIGURATIONS),
+        *(
+            pytest.param(*bad.values, ("-n", "2"), id=f"{bad.id}-xdist")
+            for bad in BAD_CONFIGURATIONS
+            if bad.id in XDIST_TOO
         ),
     ],
 )
@@ -169,6 +182,7 @@ def test_bad_configuration_fails_at_start_naming_the_option(
     assert not (inner.path / "ran").exists()
 
 
+@XDIST
 def test_cli_beats_ini_beats_env(
     inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, dist: tuple[str, ...]
 ) -> None:
@@ -188,6 +202,7 @@ def test_cli_beats_ini_beats_env(
     assert from_cli.data["cache_dir"] == str(inner.path / "cache")
 
 
+@XDIST
 def test_default_shared_dir_is_in_pytest_cache(inner: pytest.Pytester, dist: tuple[str, ...]) -> None:
     inner.makepyfile(test_suite=TRIVIAL_SUITE)
     expected = inner.path / ".pytest_cache" / "d" / "compilecache"
@@ -200,6 +215,7 @@ def test_default_shared_dir_is_in_pytest_cache(inner: pytest.Pytester, dist: tup
     assert (expected / "CACHEDIR.TAG").read_text().startswith("Signature: 8a477f597d28d172789f06886806bc55\n")
 
 
+@XDIST
 def test_default_shared_dir_survives_cache_clear(
     inner: pytest.Pytester, dist: tuple[str, ...], request: pytest.FixtureRequest
 ) -> None:
@@ -260,6 +276,7 @@ atexit.register(record)
 """
 
 
+@XDIST
 def test_a_session_without_torch_imports_none_loads_ours_plainly_and_leaves_no_finder(
     inner: pytest.Pytester, dist: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -310,6 +327,7 @@ def test_a_session_without_torch_imports_none_loads_ours_plainly_and_leaves_no_f
         assert {loaders[name] for name in set(loaders) - by_hook} == {"SourceFileLoader"}, loaders
 
 
+@XDIST
 def test_a_session_with_no_option_loads_only_the_option_table(inner: pytest.Pytester, dist: tuple[str, ...]) -> None:
     """Issue 23: no option, no torch: of the plugin, each process loads only what pytest needs to list the
     options (the controller and every xdist worker)."""
@@ -361,6 +379,7 @@ def test_five(i):
 """
 
 
+@XDIST
 def test_every_test_is_counted_when_torch_appears_midway(inner: pytest.Pytester, dist: tuple[str, ...]) -> None:
     """Tests before torch are counted by the counter, the one during which it appears and those after by
     the per-test capture that takes over: five tests, once each, serially and in each xdist worker."""
@@ -373,6 +392,7 @@ def test_every_test_is_counted_when_torch_appears_midway(inner: pytest.Pytester,
     assert (run.totals["tests"], run.totals["compiled_tests"]) == (5, 0)
 
 
+@XDIST
 def test_invalid_marker_mode_is_an_error(inner: pytest.Pytester, dist: tuple[str, ...]) -> None:
     inner.makepyfile(
         test_suite="""
@@ -399,6 +419,7 @@ def test_invalid_marker_mode_is_an_error(inner: pytest.Pytester, dist: tuple[str
     assert not (inner.path / "ran").exists()
 
 
+@XDIST
 @pytest.mark.parametrize("stop", ["--help", "--no-such-option", "broken-conftest"])
 def test_isolated_dir_is_not_left_behind_when_the_session_stops_early(
     inner: pytest.Pytester, dist: tuple[str, ...], stop: str
@@ -442,6 +463,7 @@ def test_starts_its_own_pytest(tmp_path):
 """
 
 
+@XDIST
 def test_nested_session_follows_its_own_options(
     inner: pytest.Pytester, dist: tuple[str, ...], request: pytest.FixtureRequest
 ) -> None:
@@ -453,6 +475,7 @@ def test_nested_session_follows_its_own_options(
     assert (inner.path / "nested-mode.txt").read_text() == "isolated"
 
 
+@XDIST
 def test_annotations_resume_after_a_test_stopped_the_runners_commands(
     inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, dist: tuple[str, ...]
 ) -> None:
