@@ -3,6 +3,11 @@
 One place names it: the pytester suites that really compile (``tests/plugin``), the fault and remote
 (Redis) integration tests through the plugin, the probe's capability tests and the cross-version tests.
 Select it with ``-m compat``; ``bash scripts/test.sh --torch 2.15.0 -m compat`` runs it on another torch.
+It leaves out the ``-n 2`` twins (marker ``xdist_variant``) of scenarios whose one-process run it keeps: their
+workers meet torch through the same calls as that run, and what is xdist's alone (the controller's roles, the
+merge of what the workers send) does not depend on torch's version. Scenarios about xdist and torch together
+(a restoring controller that never imports torch, a killed worker, the header checks of workers) are not twins:
+they stay.
 """
 
 from __future__ import annotations
@@ -40,5 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         path = Path(str(item.path))
-        if any(path == base or base in path.parents for base in COMPAT_PATHS):
+        if item.get_closest_marker("xdist_variant") is None and any(
+            path == base or base in path.parents for base in COMPAT_PATHS
+        ):
             item.add_marker(pytest.mark.compat)
