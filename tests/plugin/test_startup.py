@@ -151,7 +151,7 @@ BAD_CONFIGURATIONS = [
     [
         *(pytest.param(*bad.values, (), id=f"{bad.id}-nodist") for bad in BAD_CONFIGURATIONS),
         *(
-            pytest.param(*bad.values, ("-n", "2"), id=f"{bad.id}-xdist")
+            pytest.param(*bad.values, ("-n", "2"), id=f"{bad.id}-xdist", marks=pytest.mark.xdist_variant)
             for bad in BAD_CONFIGURATIONS
             if bad.id in XDIST_TOO
         ),
