@@ -7,7 +7,9 @@ It leaves out the ``-n 2`` twins (marker ``xdist_variant``) of scenarios whose o
 workers meet torch through the same calls as that run, and what is xdist's alone (the controller's roles, the
 merge of what the workers send) does not depend on torch's version. Scenarios about xdist and torch together
 (a restoring controller that never imports torch, a killed worker, the header checks of workers) are not twins:
-they stay.
+they stay. It also leaves out tests marked ``torch_independent``: start-up without torch, option errors, a
+bundle refused before torch sees it, our S3 store's round trip and outages (the same mega-cache load as the
+directory store's round trips, which stay).
 """
 
 from __future__ import annotations
@@ -45,7 +47,6 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         path = Path(str(item.path))
-        if item.get_closest_marker("xdist_variant") is None and any(
-            path == base or base in path.parents for base in COMPAT_PATHS
-        ):
+        twin_or_torchless = any(item.get_closest_marker(name) for name in ("xdist_variant", "torch_independent"))
+        if not twin_or_torchless and any(path == base or base in path.parents for base in COMPAT_PATHS):
             item.add_marker(pytest.mark.compat)

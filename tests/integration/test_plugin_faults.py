@@ -66,6 +66,7 @@ def _run(pytester: pytest.Pytester, store: Path, *extra: str) -> tuple[Any, dict
 
 # One bundle fault (a member that climbs out of the cache dir) and one store fault; the rest at unit level.
 # (A store that is a file when the session starts is a usage error: tests/plugin/test_startup.py.)
+@pytest.mark.torch_independent  # refused before torch sees it
 @pytest.mark.parametrize("fault", ["escaping-member"])
 def test_bad_bundle_is_one_warning(
     fault: str, pytester: pytest.Pytester, fingerprint: Fingerprint, monkeypatch: pytest.MonkeyPatch
@@ -114,6 +115,7 @@ def test_torch_rejecting_artifacts_compiles_cold(pytester: pytest.Pytester, fing
     assert data["totals"]["misses"] >= 1 and data["totals"]["hits"] == 0
 
 
+@pytest.mark.torch_independent  # no torch in the session
 def test_ctrl_c_during_the_end_of_session_save_is_pytests_interrupted(pytester: pytest.Pytester) -> None:
     """Issue 44 (also): Ctrl-C while the session saved ended in a raw traceback and rc 130."""
     pytester.makeconftest(

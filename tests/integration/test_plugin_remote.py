@@ -43,6 +43,7 @@ def suite(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
+@pytest.mark.torch_independent  # our store; torch loads the bundle as from a directory store
 def test_s3_bundle_round_trip(suite: pytest.Pytester, s3_bucket: Any, aws_env: dict[str, str]) -> None:
     url = f"s3://{s3_bucket.name}/ci/cache"
     endpoint = f"--compile-cache-s3-endpoint={s3_bucket.endpoint_url}"
@@ -61,6 +62,7 @@ def test_s3_bundle_round_trip(suite: pytest.Pytester, s3_bucket: Any, aws_env: d
     assert len(s3_bucket.client.list_objects_v2(Bucket=s3_bucket.name)["Contents"]) == 1
 
 
+@pytest.mark.torch_independent  # our store's outage: torch compiles cold
 def test_s3_down_is_one_warning_and_a_cold_compile(suite: pytest.Pytester, aws_env: dict[str, str]) -> None:
     endpoint = f"http://127.0.0.1:{free_port()}"
     store = "--compile-cache-store=s3://bucket/x"
@@ -152,6 +154,7 @@ def test_a_redis_failing_mid_session_is_one_warning_not_a_failed_test(
     assert data["totals"]["misses"] >= 1  # compiled with the local cache dir
 
 
+@pytest.mark.torch_independent  # option errors, before torch
 def test_bad_urls_fail_at_start(suite: pytest.Pytester) -> None:
     for option, needle in (
         ("--compile-cache-redis=http://nope", "--compile-cache-redis"),

@@ -13,6 +13,10 @@ from typing import Iterator
 
 import pytest
 
+from tests.plugin.helpers import XDIST
+from tests.plugin.helpers import check_report
+from tests.plugin.helpers import run_inner
+
 EARLY_PLUGIN = """
 # Loaded with -p before pytest-compilecache configures anything: torch._dynamo pins the default dir.
 import torch._dynamo  # noqa: F401
@@ -299,3 +303,30 @@ def test_a_session_stopped_before_configure_in_process_leaves_nothing_behind(inn
     assert result.ret in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERRUPTED)
     assert {k: v for k, v in os.environ.items() if k.startswith(ours)} == before
     assert list((cache / ".compilecache-sessions").glob("*")) == []  # the registration was withdrawn
+
+
+# Five tests; the third imports torch (without compiling), as a lazily importing suite would.
+TORCH_MIDWAY = """
+import pytest
+
+
+@pytest.mark.parametrize("i", range(5))
+def test_five(i):
+    if i == 2:
+        import torch
+
+        assert torch.ones(1).sum().item() == 1.0
+"""
+
+
+@XDIST
+def test_every_test_is_counted_when_torch_appears_midway(inner: pytest.Pytester, dist: tuple[str, ...]) -> None:
+    """Tests before torch are counted by the counter, the one during which it appears and those after by
+    the per-test capture that takes over: five tests, once each, serially and in each xdist worker."""
+    inner.makepyfile(test_midway=TORCH_MIDWAY)
+
+    run = run_inner(inner, *dist)
+
+    assert run.ret == 0, run.output
+    check_report(run.data)
+    assert (run.totals["tests"], run.totals["compiled_tests"]) == (5, 0)

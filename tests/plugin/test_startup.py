@@ -1,4 +1,7 @@
-"""Start-up behaviour that needs no torch: configuration errors, precedence, the default dir, passivity."""
+"""Start-up behaviour that needs no torch: configuration errors, precedence, the default dir, passivity.
+
+No session here imports torch (``torch_independent``: the compat subset leaves them out, tests/conftest.py).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from tests.plugin.helpers import XDIST
 from tests.plugin.helpers import check_report
 from tests.plugin.helpers import run_inner
 from tests.servers import free_port
+
+pytestmark = pytest.mark.torch_independent
 
 # Every scenario runs in one process and with two xdist workers (XDIST), but the bad configurations: those fail
 # in pytest_load_initial_conftests, before xdist starts a worker, in the same code with or without -n (two of
@@ -363,33 +368,6 @@ def test_a_session_with_no_option_loads_only_the_option_table(inner: pytest.Pyte
     ]
     processes = ["controller", "gw0", "gw1"] if dist else ["controller"]
     assert seen == {f"ours-{p}.txt": expected for p in processes}
-
-
-# Five tests; the third imports torch (without compiling), as a lazily importing suite would.
-TORCH_MIDWAY = """
-import pytest
-
-
-@pytest.mark.parametrize("i", range(5))
-def test_five(i):
-    if i == 2:
-        import torch
-
-        assert torch.ones(1).sum().item() == 1.0
-"""
-
-
-@XDIST
-def test_every_test_is_counted_when_torch_appears_midway(inner: pytest.Pytester, dist: tuple[str, ...]) -> None:
-    """Tests before torch are counted by the counter, the one during which it appears and those after by
-    the per-test capture that takes over: five tests, once each, serially and in each xdist worker."""
-    inner.makepyfile(test_midway=TORCH_MIDWAY)
-
-    run = run_inner(inner, *dist)
-
-    assert run.ret == 0, run.output
-    check_report(run.data)
-    assert (run.totals["tests"], run.totals["compiled_tests"]) == (5, 0)
 
 
 @XDIST
