@@ -1169,6 +1169,25 @@ def test_action_save_policy_reads_the_hand_off() -> None:
     assert action_save_policy('{"save_when":"always","save_staged":"yes"}') == ActionSave()
 
 
+@pytest.mark.parametrize("store", ["github", "s3://bucket/ci/cache", "gs://bucket/ci", "file:///srv/cache"])
+@pytest.mark.parametrize("on_failure", ["false", "true"])
+def test_one_save_policy_for_every_store(
+    environ: dict[str, str], fingerprint: Any, store: str, on_failure: str
+) -> None:
+    """Issue 26: what the restore hands the plugin about a red run's save is input save-on-failure's, whatever
+    the store; only store github's save is staged (the post step uploads it). The plugin's side, in a real
+    session: test_the_plugin_saves_nothing_after_failed_tests_when_told; the whole flow under act:
+    tests/action/test_act.py (a red job on store github)."""
+    from pytest_compilecache.sync import read_save_policy
+
+    environ.update(INPUT_STORE=store, INPUT_SAVE_ON_FAILURE=on_failure)
+    plan = inputs.make_plan(environ, fingerprint)
+    told = transfer.restored_env(plan, RestoreResult("miss"))["PYTEST_COMPILECACHE_RESTORED"]
+    policy = read_save_policy(told)
+    assert policy.only_when_passed is (on_failure == "false")
+    assert policy.staged is (store == "github")
+
+
 @pytest.mark.slow  # two pytest sessions that fingerprint torch
 @pytest.mark.parametrize(("save_when", "outcome"), [("passed", "skipped"), ("always", None)])
 def test_the_plugin_saves_nothing_after_failed_tests_when_told(
