@@ -268,11 +268,10 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
 
     # merge_group (fix 3): restore only, though its token could write its temporary queue branch. Its lookup
     # finds main's newest entry, whose download then fails (fix 7): error, not miss (a lookup that found nothing
-    # would be a miss); and fix 9: min-hit-rate does not fail the job after the failed restore, though every
-    # graph compiles cold. One run for both: every job costs a torch import and act.
+    # would be a miss), and min-hit-rate is not applied (fix 9; that it then cannot fail a job whose graphs all
+    # compile cold is the outage test's, whose suite compiles). Its tests import no torch: one torch import less.
     server.fail_downloads = True
-    # Its tests are matmuls (extern kernels): every graph compiles cold, with no C++ build to wait for.
-    act.write("test_flow.py", MATMUL_SUITE)
+    act.write("test_flow.py", PLAIN_SUITE)
     queue = "refs/heads/gh-readonly-queue/main/pr-7-0123456789abcdef"
     merge = act.run(
         workflow(with_='          min-hit-rate: "0.9"', tests="python -m pytest -q test_flow.py"),
@@ -286,10 +285,10 @@ def test_push_push_pull_request_merge_group_and_a_failed_download(act: Act, serv
     assert "merge_group runs never save" in summary
     # Issue 42: the client's own reason, from its log, in the summary and the one annotation.
     assert "error: the cache client restored nothing: Failed to restore: " in summary
+    assert "min-hit-rate 0.9 not applied: the restore failed" in summary
     (warning,) = shown_annotations(merge)
     assert "the cache client restored nothing: Failed to restore: " in warning
     assert merge.steps()["tests"]["outcome"] == "success"
-    assert totals(merge)["misses"] >= 2 and totals(merge)["hits"] == 0
     assert sorted(server.keys()) == sorted([out["key"], header_key, out2["key"]])
 
 
