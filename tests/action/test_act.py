@@ -373,47 +373,8 @@ runs:
       with:
         install: "false"
     - shell: bash
-      run: python -m pytest -q
+      run: python -m pytest -q unit
 """
-
-# Job "unit" runs the Action inside the user's composite action; job "models" uses it directly.
-TWO_JOBS = workflow(jobs=("models",)).replace(
-    "jobs:\n", "jobs:\n" + job("unit", "      - id: cc\n        uses: ./.github/actions/tests\n"), 1
-)
-
-
-def test_two_jobs_with_one_fingerprint_keep_their_own_lineage(act: Act, server: CacheServer) -> None:
-    """Two jobs of one workflow, one of them through a user's composite action: each saves and restores its own
-    lineage (and its own precompiled-header entry)."""
-    # One C++ build per job (a header to save per lineage) and two matmul graphs.
-    act.write("test_models.py", MATMUL_SUITE)
-    act.write("test_more.py", ANOTHER_GRAPH)
-    act.write(".github/actions/tests/action.yml", USERS_COMPOSITE)
-    first = act.run(TWO_JOBS, "push", env=fresh_runner(act))
-    assert first.returncode == 0, first.log[-6000:]
-    unit, models = first.outputs("unit"), first.outputs("models")
-    assert unit["key"].startswith("compilecache-v1-unit-") and models["key"].startswith("compilecache-v1-models-")
-    assert sorted(server.keys()) == sorted([unit["key"], models["key"]])
-    assert "Unable to reserve cache" not in first.log
-
-    # Every graph hits and the header came with the bundle entry: nothing new, so no bundle is written and
-    # the post step saves no empty entry, and says why (issue 42: no warning on a healthy warm push); each
-    # lineage saves its own header entry.
-    second = act.run(TWO_JOBS, "push", env=fresh_runner(act))
-    assert second.returncode == 0, second.log[-6000:]
-    assert second.outputs("unit")["matched-key"] == unit["key"]
-    assert second.outputs("models")["matched-key"] == models["key"]
-    for job in ("unit", "models"):
-        assert totals(second, job)["misses"] == 0 and totals(second, job)["hits"] >= 2
-        assert second.report(job)["save"]["outcome"] == "skipped"
-    assert shown_annotations(second) == [] and "Path Validation Error" not in second.log
-    for job in ("unit", "models"):
-        key = second.outputs(job)["key"]
-        assert f"save: bundle entry {key}: not needed: " in second.log
-    assert "100% hit rate" in second.summary()
-    saved = server.keys()
-    headers = sorted(key for key in saved if "-artifact-" in key)
-    assert [key.split("-artifact-")[0] for key in headers] == ["compilecache-v1-models", "compilecache-v1-unit"]
 
 
 def test_a_red_job_saves_only_with_save_on_failure_and_the_next_push_restores_it(act: Act, server: CacheServer) -> None:
@@ -485,9 +446,9 @@ def test_s3_store_push_then_pull_request(act: Act, server: CacheServer, s3_bucke
     # (test_the_plugin_saves_nothing_after_failed_tests_when_told); the red job under act is store github's.
 
 
-# ---- a matrix (issue 26, point 1)
+# ---- jobs and matrix legs with one fingerprint (issue 26, point 1)
 
-# The second leg's own graph: a matmul with a transposed operand (an extern kernel: no C++ build).
+# A matrix leg's own graph: a matmul with a transposed operand (an extern kernel: no C++ build).
 OTHER_LEG_SUITE = """\
 import torch
 
@@ -508,33 +469,61 @@ def test_the_plugin_gave_torch_a_job_id():
     assert os.environ.get("TORCH_COMPILE_JOB_ID") == "pytest-compilecache-" + prefix
 """
 
-MATRIX_WORKFLOW = workflow(
+# Job "unit" runs the Action inside the user's composite action (tests in unit/); job "models" uses it directly,
+# with input pgo, in two legs of strategy.matrix (each runs its own file of legs/ and the pgo check).
+JOBS_AND_LEGS = workflow(
+    jobs=("models",),
     on="[push]",
     matrix="shard: [0, 1]",
     with_='          pgo: "true"',
-    tests="python -m pytest -q test_leg${{ matrix.shard }}.py test_pgo.py",
-)
+    tests="python -m pytest -q legs/test_leg${{ matrix.shard }}.py legs/test_pgo.py",
+).replace("jobs:\n", "jobs:\n" + job("unit", "      - id: cc\n        uses: ./.github/actions/tests\n"), 1)
 
 
-def test_two_matrix_legs_keep_their_own_lineage_over_two_pushes(act: Act, server: CacheServer) -> None:
-    """Each leg of ``strategy.matrix`` saves its own entry and restores its own: the leg reaches the key through
-    the Action's ``matrix-leg`` input, whose default (``toJSON(matrix)``) act evaluates as GitHub does (it does
-    not in a composite step's ``env:``). With input ``pgo`` (each leg's tests see torch's job id), which every
+def test_jobs_and_matrix_legs_with_one_fingerprint_keep_their_own_lineages(act: Act, server: CacheServer) -> None:
+    """Three lineages of one fingerprint in one workflow, over two pushes: a job whose Action runs inside a user's
+    composite action, and the two legs of a ``strategy.matrix`` job. Each saves and restores its own entry (and
+    its own precompiled-header entry where it builds C++): a leg reaches its key through the Action's
+    ``matrix-leg`` input, whose default (``toJSON(matrix)``) act evaluates as GitHub does (it does not in a
+    composite step's ``env:``). The legs run with input ``pgo`` (their tests see torch's job id), which every
     bundle then carries: the second push still hits every graph."""
-    act.write("test_leg0.py", MATMUL_SUITE)
-    act.write("test_pgo.py", PGO_SEEN)
-    act.write("test_leg1.py", OTHER_LEG_SUITE)
-    legs = ("test-0", "test-1")
-    first = act.run(MATRIX_WORKFLOW, "push")
+    # A C++ build in "unit" and in leg 0 (a header to save per lineage), matmuls alone in leg 1.
+    act.write("unit/test_unit_models.py", MATMUL_SUITE)
+    act.write("unit/test_unit_more.py", ANOTHER_GRAPH)
+    act.write("legs/test_leg0.py", MATMUL_SUITE + ANOTHER_GRAPH.replace("import torch\n", "", 1))
+    act.write("legs/test_leg1.py", OTHER_LEG_SUITE)
+    act.write("legs/test_pgo.py", PGO_SEEN)
+    act.write(".github/actions/tests/action.yml", USERS_COMPOSITE)
+    jobs = ("unit", "models-0", "models-1")
+    first = act.run(JOBS_AND_LEGS, "push", env=fresh_runner(act))
     assert first.returncode == 0, first.log[-6000:]
-    keys = {leg: first.outputs(leg)["key"] for leg in legs}
-    assert keys["test-0"] != keys["test-1"], keys
+    keys = {job: first.outputs(job)["key"] for job in jobs}
+    assert keys["unit"].startswith("compilecache-v1-unit-"), keys
+    assert keys["models-0"].startswith("compilecache-v1-models-") and keys["models-1"].startswith(
+        "compilecache-v1-models-"
+    ), keys
+    assert keys["models-0"] != keys["models-1"], keys
+    assert sorted(server.keys()) == sorted(keys.values())  # a first run's header rides in its bundle entry
     assert "Unable to reserve cache" not in first.log
-    assert sorted(server.keys()) == sorted(keys.values())
 
-    second = act.run(MATRIX_WORKFLOW, "push")
+    # Every graph hits, and the headers came with the bundle entries: nothing new, so no bundle is written and
+    # the post step saves no empty entry, and says why (issue 42: no warning on a healthy warm push); each
+    # lineage that built C++ saves its own header entry.
+    second = act.run(JOBS_AND_LEGS, "push", env=fresh_runner(act))
     assert second.returncode == 0, second.log[-6000:]
-    for leg in legs:
-        out = second.outputs(leg)
-        assert (out["restore-outcome"], out["matched-key"]) == ("partial", keys[leg]), (leg, out)
-        assert totals(second, leg)["misses"] == 0 and totals(second, leg)["hits"] >= 1, totals(second, leg)
+    assert second.outputs("unit")["matched-key"] == keys["unit"]  # what the user's composite action forwards
+    for job in jobs:
+        out = second.outputs(job)
+        if job != "unit":
+            assert (out["restore-outcome"], out["matched-key"]) == ("partial", keys[job]), (job, out)
+        assert totals(second, job)["misses"] == 0 and totals(second, job)["hits"] >= 1, totals(second, job)
+    assert totals(second, "unit")["hits"] >= 3 and totals(second, "models-0")["hits"] >= 3
+    for job in jobs:
+        assert second.report(job)["save"]["outcome"] == "skipped", (job, second.report(job)["save"])
+        assert f"save: bundle entry {second.outputs(job)['key']}: not needed: " in second.log
+    assert shown_annotations(second) == [] and "Path Validation Error" not in second.log
+    assert "100% hit rate" in second.summary()
+    # <lineage>-<digest>-<run id>-<attempt>: the header entries' lineages, unit's and leg 0's (leg 1 built no C++)
+    saved = server.keys()
+    lineages = sorted(key.split("-artifact-")[0] for key in saved if "-artifact-" in key)
+    assert lineages == sorted(keys[job].rsplit("-", 3)[0] for job in ("unit", "models-0")), (lineages, keys)
