@@ -30,9 +30,8 @@ fi
 # suite starts (about 150 inner sessions, workers and Action steps) would otherwise compile it from source.
 "$venv/bin/python" -m compileall -q pytest_compilecache action tests bench > /dev/null
 # Two workers unless the arguments choose (-n N, --numprocesses, -p no:xdist): the machines this runs on have 2+
-# cores, and the suite is CPU-bound. loadgroup: the tests marked xdist_group run on one worker, in turn (the
-# precompiled-header tests share one first machine, which another worker would wait for, its core idle).
-workers=(-n "${TEST_WORKERS:-2}" --dist loadgroup)
+# cores, and the suite is CPU-bound.
+workers=(-n "${TEST_WORKERS:-2}")
 for arg in "$@"; do
   case "$arg" in -n | -n* | --numprocesses* | no:xdist) workers=() ;; esac
 done

@@ -66,8 +66,6 @@ def torch_builds_precompiled_headers() -> bool:
 
 pytestmark = [
     pytest.mark.slow,
-    # One worker runs these in turn (scripts/test.sh's --dist loadgroup): they all stand on the fixture `first`.
-    pytest.mark.xdist_group("precompiled-headers"),
     pytest.mark.skipif(not torch_builds_precompiled_headers(), reason="this torch builds no precompiled header"),
 ]
 

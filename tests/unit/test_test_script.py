@@ -44,8 +44,8 @@ def pytest_args(checkout: Path, *args: str, **env: str) -> str:
 
 
 def test_two_workers_by_default(checkout: Path) -> None:
-    assert pytest_args(checkout) == "-m pytest -n 2 --dist loadgroup"
-    assert pytest_args(checkout, "-m", "not slow") == "-m pytest -n 2 --dist loadgroup -m not slow"
+    assert pytest_args(checkout) == "-m pytest -n 2"
+    assert pytest_args(checkout, "-m", "not slow") == "-m pytest -n 2 -m not slow"
 
 
 def test_the_arguments_or_test_workers_choose(checkout: Path) -> None:
@@ -53,4 +53,4 @@ def test_the_arguments_or_test_workers_choose(checkout: Path) -> None:
     assert pytest_args(checkout, "-n4") == "-m pytest -n4"
     assert pytest_args(checkout, "--numprocesses=3") == "-m pytest --numprocesses=3"
     assert pytest_args(checkout, "-p", "no:xdist") == "-m pytest -p no:xdist"
-    assert pytest_args(checkout, TEST_WORKERS="4") == "-m pytest -n 4 --dist loadgroup"
+    assert pytest_args(checkout, TEST_WORKERS="4") == "-m pytest -n 4"
