@@ -45,6 +45,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Tests marked `early` run first (a stable sort: the rest keep their order). Such a test builds something
+    # other tests share, under a lock: at the start of the run one worker builds it while the other runs other
+    # tests, where later both workers would reach the sharing tests together and one would wait, its core idle.
+    items.sort(key=lambda item: item.get_closest_marker("early") is None)
     for item in items:
         path = Path(str(item.path))
         twin_or_torchless = any(item.get_closest_marker(name) for name in ("xdist_variant", "torch_independent"))

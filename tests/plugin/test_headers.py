@@ -424,6 +424,7 @@ def test_damaged_on_the_restoring_machine(
         assert _repaired(d.report, good.name), d.report["notes"]
 
 
+@pytest.mark.early  # builds `first` at the start of the run (tests/conftest.py)
 def test_the_first_machine_builds_the_header(first: First) -> None:
     """What every other test here stands on: machine ``a`` started without a header, built it, and ran torch's
     ISA probes (a user's machine with an empty cache dir)."""
