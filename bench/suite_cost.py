@@ -192,6 +192,12 @@ def summarize(suite: dict[str, Any], processes: list[dict[str, Any]], tests: lis
     by_file: collections.Counter[str] = collections.Counter()
     for row in tests:
         by_file[row["nodeid"].split("::")[0]] += row["cpu"]
+    by_worker: dict[str, dict[str, float]] = {}
+    for row in tests:
+        worker = by_worker.setdefault(row["worker"], {"tests": 0, "wall_s": 0.0, "cpu_s": 0.0})
+        worker["tests"] += 1
+        worker["wall_s"] += row["wall"]
+        worker["cpu_s"] += row["cpu"]
     import_cpu = statistics.median(probes) if probes else None
     return {
         "pytest": {
@@ -216,6 +222,10 @@ def summarize(suite: dict[str, Any], processes: list[dict[str, Any]], tests: lis
             "other_programs_cpu_s": round(suite["cpu"] - python_cpu, 1),
         },
         "tests": len(tests),
+        "by_worker": {
+            name: {key: round(value, 1) for key, value in figures.items()}
+            for name, figures in sorted(by_worker.items())
+        },
         "by_file": {name: round(cpu, 1) for name, cpu in sorted(by_file.items(), key=lambda kv: -kv[1])},
         "costliest": [
             {**row, "wall": round(row["wall"], 1), "cpu": round(row["cpu"], 1)}
@@ -236,6 +246,10 @@ def render(result: dict[str, Any], top: int) -> str:
         f"  processes: {procs['python']} Python, {procs['imported_torch']} of them imported torch: "
         f"{procs['imported_torch_cpu_s']:,.0f} CPU-s ({share:.0%} of the run); other programs (gcc, act, node, "
         f"servers) {procs['other_programs_cpu_s']:,.0f} CPU-s",
+        *(
+            f"  worker {name}: {int(w['tests'])} tests, {w['wall_s']:.0f} s in tests, {w['cpu_s']:.0f} CPU-s"
+            for name, w in result["by_worker"].items()
+        ),
         "  CPU-s by file:",
         *(f"    {cpu:8.1f}  {name}" for name, cpu in list(result["by_file"].items())[:top]),
         "  costliest tests (CPU-s, wall s):",
