@@ -29,6 +29,10 @@ fi
 # Bytecode for our own code, once: with PYTHONDONTWRITEBYTECODE set (as in many CI images) every process the
 # suite starts (about 150 inner sessions, workers and Action steps) would otherwise compile it from source.
 "$venv/bin/python" -m compileall -q pytest_compilecache action tests bench > /dev/null
+# And for the test modules pytest rewrites for its assertions, which it caches only where bytecode may be written:
+# with PYTHONDONTWRITEBYTECODE set, each xdist worker rewrites every test file on every run (~4.5 CPU-s each, a
+# tenth of the fast subset's time on 2 cores). Its other processes write theirs too (the Action's steps in act).
+unset PYTHONDONTWRITEBYTECODE
 # Two workers unless the arguments choose (-n N, --numprocesses, -p no:xdist): the machines this runs on have 2+
 # cores, and the suite is CPU-bound.
 workers=(-n "${TEST_WORKERS:-2}")
