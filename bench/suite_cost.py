@@ -44,27 +44,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Every Python process of the run (PYTHONPATH): one line at exit, written in one os.write to a file opened
 # with O_APPEND, so lines from concurrent processes never interleave. Imports nothing a test might look for.
+# It takes the place of any sitecustomize the venv has (a plain venv has none).
 SITECUSTOMIZE = """\
-import atexit, os, resource, sys, time
-
-_started = time.monotonic()
+import atexit, os, resource, sys
 
 
 def _suite_cost_exit():
     path = os.environ.get("SUITE_COST_PROCS")
     if not path:
         return
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    line = "\\t".join([
-        str(os.getpid()), str(os.getppid()),
-        "%.3f" % (own.ru_utime + own.ru_stime), "%.3f" % (children.ru_utime + children.ru_stime),
-        "%.3f" % (time.monotonic() - _started), "1" if "torch" in sys.modules else "0",
-        " ".join(sys.argv)[:300].replace("\\t", " ").replace("\\n", " "),
-    ]) + "\\n"
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    line = "%.3f %d\\n" % (own.ru_utime + own.ru_stime, "torch" in sys.modules)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, line.encode("utf-8", "replace"))
+            os.write(fd, line.encode())
         finally:
             os.close(fd)
     except OSError:
@@ -166,13 +160,11 @@ def run_suite(python: str, pytest_args: list[str], work: Path) -> dict[str, Any]
 
 
 def read_processes(path: Path) -> list[dict[str, Any]]:
+    """One ``{"cpu", "torch"}`` per Python process: its own CPU-seconds, and whether it had imported torch."""
     processes = []
     for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
-        fields = line.split("\t")
-        if len(fields) == 7:
-            pid, ppid, own, children, wall, torch, argv = fields
-            processes.append({"pid": int(pid), "ppid": int(ppid), "cpu": float(own), "children_cpu": float(children),
-                              "wall": float(wall), "torch": torch == "1", "argv": argv})  # fmt: skip
+        own, torch = line.split()
+        processes.append({"cpu": float(own), "torch": torch == "1"})
     return processes
 
 
@@ -184,16 +176,16 @@ def read_tests(folder: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def summarize(suite: dict[str, Any], processes: list[dict[str, Any]], tests: list[dict[str, Any]],
-              probes: list[float]) -> dict[str, Any]:  # fmt: skip
+def summarize(
+    suite: dict[str, Any], processes: list[dict[str, Any]], tests: list[dict[str, Any]], probes: list[float]
+) -> dict[str, Any]:
     """The figures the report prints: totals, processes, per-file and per-test CPU, the machine's speed."""
     python_cpu = sum(p["cpu"] for p in processes)
     torch_processes = [p for p in processes if p["torch"]]
     by_file: collections.Counter[str] = collections.Counter()
-    for row in tests:
-        by_file[row["nodeid"].split("::")[0]] += row["cpu"]
     by_worker: dict[str, dict[str, float]] = {}
     for row in tests:
+        by_file[row["nodeid"].split("::")[0]] += row["cpu"]
         worker = by_worker.setdefault(row["worker"], {"tests": 0, "wall_s": 0.0, "cpu_s": 0.0})
         worker["tests"] += 1
         worker["wall_s"] += row["wall"]
@@ -206,7 +198,7 @@ def summarize(suite: dict[str, Any], processes: list[dict[str, Any]], tests: lis
             "wall_s": round(suite["wall"], 1),
             "cpu_s": round(suite["cpu"], 1),
             "cores_busy": round(suite["cpu"] / suite["wall"], 2) if suite["wall"] else None,
-        },  # fmt: skip
+        },
         "machine": {
             "torch_import_cpu_s": round(import_cpu, 2) if import_cpu else None,
             "torch_import_samples": [round(x, 2) for x in probes],
@@ -230,7 +222,7 @@ def summarize(suite: dict[str, Any], processes: list[dict[str, Any]], tests: lis
         "costliest": [
             {**row, "wall": round(row["wall"], 1), "cpu": round(row["cpu"], 1)}
             for row in sorted(tests, key=lambda r: -r["cpu"])[:25]
-        ],  # fmt: skip
+        ],
     }
 
 
