@@ -53,6 +53,7 @@ from .settings import from_environment
 from .settings import read_signing_key
 from .stats import ItemRecord
 from .stats import SessionStats
+from .stores import backend_keywords
 from .stores import open_store
 from .stores.base import prune
 from .stores.base import validate_key
@@ -100,7 +101,8 @@ def _json_target(path: str | None) -> Path | None:
 
 def _open(args: argparse.Namespace, readonly: bool = False) -> Any:
     """The store of ``--store``, its calls bounded in all by ``--store-timeout`` (as the plugin's)."""
-    options = {"endpoint_url": args.s3_endpoint} if args.s3_endpoint else {}
+    # The plugin's store options, passed on as the store's backend takes them (a gs:// store takes no S3 endpoint).
+    options = backend_keywords(args.store, {"s3_endpoint": args.s3_endpoint})
     store = open_store(args.store, readonly=readonly, **options)
     return TimedStore(store, args.store_timeout, option="--store-timeout")
 

@@ -139,10 +139,14 @@ def _key_prefix(option: str, value: str) -> str:
 
 
 def http_url(option: str, value: str) -> str:
-    """``value`` if it is an ``http(s)://host[:port]`` URL, else ConfigError naming ``option``."""
+    """``value`` if it is an ``http(s)://host[:port]`` URL, else ConfigError naming ``option``. Credentials in
+    it (``user:secret@``) are refused without repeating the value: they belong in the backend's variables, and
+    a store's warnings name its endpoint."""
     from urllib.parse import urlsplit
 
     value = value.strip()
+    if "@" in value.split("://", 1)[-1].split("/", 1)[0]:
+        raise ConfigError(f"{option}: credentials in the URL are not accepted (give them in the environment)")
     try:
         parts = urlsplit(value)
         port = parts.port  # ValueError for a port out of range or not a number

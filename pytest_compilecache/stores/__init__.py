@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import Mapping
 from typing import Union
 from urllib.parse import unquote
 from urllib.parse import urlsplit
@@ -46,6 +47,7 @@ __all__ = [
     "ReadOnlyStore",
     "Store",
     "StoreEntry",
+    "backend_keywords",
     "newest_first",
     "open_store",
     "prune",
@@ -72,6 +74,8 @@ def _local_from_url(url: str) -> LocalStore:
 def _local(path: Path, url: str) -> LocalStore:
     """A directory store at ``path``; one that is, or lies under, a file stops at start-up (a ConfigError),
     not at the first restore. A path that does not exist yet is fine: the first save makes it."""
+    if "\x00" in str(path):
+        raise _bad(url, "a NUL character in the path")
     for existing in (path, *path.parents):
         if existing.exists():
             if not existing.is_dir():
@@ -96,6 +100,15 @@ def _remote(backend: Backend, url: str, options: dict[str, Any]) -> Store:
     return store
 
 
+def backend_keywords(url: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``from_url`` keywords that the backend serving ``url`` takes from ``given`` (plugin-level option
+    names, ``Settings.store_options``' and the CLI's: ``{"s3_endpoint": ...}``), as its row of :mod:`.table`
+    maps them; options another backend reads, and unset ones, are left out (a ``gs://`` store takes no S3
+    endpoint)."""
+    backend = backend_for(url)
+    return {keyword: given[name] for name, keyword in (backend.settings if backend else {}).items() if given.get(name)}
+
+
 def open_store(target: Union[str, os.PathLike[str], Settings], *, readonly: bool = False, **options: Any) -> Store:
     """Build the store that ``target`` names; wrap it in :class:`ReadOnlyStore` when ``readonly``.
 
@@ -109,11 +122,8 @@ def open_store(target: Union[str, os.PathLike[str], Settings], *, readonly: bool
     """
     if not isinstance(target, (str, os.PathLike)):
         settings = target
-        backend = backend_for(settings.store or "")
-        given = dict(settings.store_options)
-        for name, keyword in (backend.settings if backend else {}).items():
-            if given.get(name):
-                options.setdefault(keyword, given[name])
+        for keyword, value in backend_keywords(settings.store or "", dict(settings.store_options)).items():
+            options.setdefault(keyword, value)
         return open_store(settings.store or "", readonly=readonly or settings.readonly, **options)
     url = os.fspath(target)
     if not isinstance(url, str) or not url.strip():

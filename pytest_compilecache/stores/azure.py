@@ -2,12 +2,15 @@
 
 The vendor's clients (``azure-storage-blob`` and ``azure-identity``, the ``azure`` extra), imported lazily
 inside the methods that talk to Azure: importing this module and building a store cost nothing and touch
-no network. The account and its credentials come, in this order, from:
+no network. The account and its credentials come from the first of these that is given:
 
-1. ``AZURE_STORAGE_CONNECTION_STRING`` (an account key or a SAS in a connection string; Azurite's too);
-2. an account URL with ``DefaultAzureCredential`` (environment, workload identity / ``azure/login`` OIDC,
-   managed identity, the Azure CLI): the URL's ``?account=NAME`` or ``AZURE_STORAGE_ACCOUNT_NAME``
-   (``https://NAME.blob.core.windows.net``), or ``AZURE_STORAGE_ACCOUNT_URL`` for another endpoint.
+1. the store URL's ``?account=NAME`` (``https://NAME.blob.core.windows.net``), with ``DefaultAzureCredential``
+   (environment, workload identity / ``azure/login`` OIDC, managed identity, the Azure CLI);
+2. ``AZURE_STORAGE_CONNECTION_STRING`` (an account key or a SAS in a connection string; Azurite's too);
+3. ``AZURE_STORAGE_ACCOUNT_NAME``, or else ``AZURE_STORAGE_ACCOUNT_URL`` for another endpoint, with
+   ``DefaultAzureCredential``.
+
+Only the one used is checked: a malformed variable that a connection string makes unused is no error.
 
 Neither is needed to build a store: their absence is a StoreError at the first call (one warning and a
 cold compile, as a store that is down). Errors: a missing blob is a miss (``get`` returns ``False``);
@@ -32,10 +35,12 @@ from urllib.parse import urlsplit
 from .._version import __version__
 from ..errors import ConfigError
 from ..errors import StoreError
+from .base import BUNDLE_SUFFIX
 from .base import OPTION
 from .base import BoundedFile
 from .base import ObjectTooLarge
 from .base import StoreEntry
+from .base import listed_key
 from .base import newest_first
 from .base import parse_bucket_url
 from .base import temp_sibling
@@ -44,7 +49,7 @@ from .base import validate_prefix
 
 __all__ = ["AzureStore"]
 
-SUFFIX = ".bundle"
+SUFFIX = BUNDLE_SUFFIX
 CONNECTION_STRING_ENV = "AZURE_STORAGE_CONNECTION_STRING"
 ACCOUNT_URL_ENV = "AZURE_STORAGE_ACCOUNT_URL"
 ACCOUNT_NAME_ENV = "AZURE_STORAGE_ACCOUNT_NAME"
@@ -101,14 +106,12 @@ class AzureStore:
         environ = os.environ if environ is None else environ
         container, prefix, query = parse_bucket_url(url, "az", "container", _CONTAINER, query=("account",))
         if "connection_string" not in options and "account_url" not in options:
-            account = query.get("account") or environ.get(ACCOUNT_NAME_ENV, "")
-            if account and not re.fullmatch(_ACCOUNT, account):
-                where = "account=" if "account" in query else ACCOUNT_NAME_ENV
-                raise ConfigError(f"{OPTION}: {where}: {account!r} is not a storage account name (3-24 a-z 0-9)")
-            if account:
-                options["account_url"] = f"https://{account}.blob.core.windows.net"
+            if query.get("account"):
+                options["account_url"] = _account_name_url(query["account"], "account=")
             elif environ.get(CONNECTION_STRING_ENV):
                 options["connection_string"] = environ[CONNECTION_STRING_ENV]
+            elif environ.get(ACCOUNT_NAME_ENV):
+                options["account_url"] = _account_name_url(environ[ACCOUNT_NAME_ENV], ACCOUNT_NAME_ENV)
             elif environ.get(ACCOUNT_URL_ENV):
                 options["account_url"] = _account_url(environ[ACCOUNT_URL_ENV])
         return cls(container, prefix, **options)
@@ -137,11 +140,11 @@ class AzureStore:
                 blob = self._blob(name)
                 pinned: dict[str, Any] = {}
                 if limit is not None:
-                    properties = blob.get_blob_properties(**self._call())
+                    properties = blob.get_blob_properties()
                     if int(properties.size) > limit:
                         raise ObjectTooLarge(f"{what} is {properties.size} bytes, more than {limit}")
                     pinned = {"etag": properties.etag, "match_condition": MatchConditions.IfNotModified}
-                download = blob.download_blob(max_concurrency=_PARALLEL, **pinned, **self._call())
+                download = blob.download_blob(max_concurrency=_PARALLEL, **pinned)
                 with open(tmp, "r+b") as fh:
                     download.readinto(fh if limit is None else BoundedFile(fh, limit, what))
             except _azure_errors() as exc:
@@ -156,7 +159,7 @@ class AzureStore:
         when there is no such blob (a missing container is a StoreError, as for :meth:`get`)."""
         name = self._name(key)
         try:
-            data = self._blob(name).download_blob(offset=0, length=limit, **self._call()).readall()
+            data = self._blob(name).download_blob(offset=0, length=limit).readall()
         except _azure_errors() as exc:
             if _error_code(exc) == "InvalidRange":  # an empty blob has no byte 0
                 return b""
@@ -172,7 +175,7 @@ class AzureStore:
         with open(src, "rb") as fh:  # a missing source is the caller's OSError, not the store's trouble
             try:
                 blob = self._blob(name)
-                blob.upload_blob(fh, overwrite=True, validate_content=True, max_concurrency=_PARALLEL, **self._call())
+                blob.upload_blob(fh, overwrite=True, validate_content=True, max_concurrency=_PARALLEL)
             except _azure_errors() as exc:
                 raise self._error(exc, f"put {key}") from exc
 
@@ -182,14 +185,9 @@ class AzureStore:
         validate_prefix(prefix)
         entries = []
         try:
-            for item in self._container().list_blobs(name_starts_with=f"{self._base}{prefix}", **self._call()):
-                name: str = item.name
-                key = name[len(self._base) : -len(SUFFIX)]
-                if not name.endswith(SUFFIX):
-                    continue
-                try:
-                    validate_key(key)
-                except ValueError:  # ConfigError is a ValueError: "<prefix>/sub/x.bundle" is not ours
+            for item in self._container().list_blobs(name_starts_with=f"{self._base}{prefix}"):
+                key = listed_key(item.name, self._base, prefix)
+                if key is None:
                     continue
                 entries.append(StoreEntry(key=key, size=int(item.size), modified=item.last_modified.timestamp()))
         except _azure_errors() as exc:
@@ -200,7 +198,7 @@ class AzureStore:
         """Delete bundle ``key``; a missing key is fine, a missing container is a StoreError."""
         name = self._name(key)
         try:
-            self._blob(name).delete_blob(**self._call())
+            self._blob(name).delete_blob()
         except _azure_errors() as exc:
             if not _is_missing_blob(exc):
                 raise self._error(exc, f"delete {key}") from exc
@@ -246,10 +244,6 @@ class AzureStore:
         """Called inside each operation's ``try``: the client is made on first use."""
         return self._container().get_blob_client(name)
 
-    def _call(self) -> dict[str, Any]:
-        """Per-request keywords: the read timeout bounds each socket read of a request."""
-        return {"timeout": max(1, int(self.read_timeout))}
-
     def _error(self, exc: BaseException, action: str) -> StoreError:
         """A one-line StoreError for ``exc`` met while doing ``action``: kind, status and error code only."""
         return StoreError(f"{self.location}: {action}: {self._describe(exc)}")
@@ -283,11 +277,19 @@ class AzureStore:
         return f"{parts.scheme}://{parts.netloc}" if parts.netloc else "(unknown)"
 
 
+def _account_name_url(account: str, where: str) -> str:
+    """The blob endpoint of storage account ``account`` (from ``where``), else ConfigError naming ``where``."""
+    if not re.fullmatch(_ACCOUNT, account):
+        raise ConfigError(f"{OPTION}: {where}: {account!r} is not a storage account name (3-24 a-z 0-9)")
+    return f"https://{account}.blob.core.windows.net"
+
+
 def _account_url(value: str) -> str:
     """``AZURE_STORAGE_ACCOUNT_URL``: an http(s) URL without credentials or query (a SAS goes into the
     connection string), else ConfigError naming the variable (never repeating a query that may be a SAS)."""
     parts = urlsplit(value.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.username:
+    credentials = parts.username is not None or parts.password is not None or "@" in parts.netloc
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or credentials:
         shown = f"{parts.scheme}://{parts.hostname}" if parts.hostname else "(not a URL)"
         raise ConfigError(
             f"{OPTION}: {ACCOUNT_URL_ENV} must be an http(s)://host[/account] URL without a query or credentials, "

@@ -147,8 +147,10 @@ def is_artifact_key(key: str) -> bool:
 
 
 def bundles(store: Store, prefix: str) -> builtins.list[StoreEntry]:
-    """The bundle entries under ``prefix``, newest first: ``store.list`` without artifact objects."""
-    return [entry for entry in store.list(prefix) if not is_artifact_key(entry.key)]
+    """The bundle entries under ``prefix``, newest first: ``store.list`` without artifact objects, and without
+    any entry outside ``prefix`` that a store's listing let through (what :func:`prune` deletes is checked here,
+    not trusted)."""
+    return [entry for entry in store.list(prefix) if entry.key.startswith(prefix) and not is_artifact_key(entry.key)]
 
 
 def prune(store: Store, prefix: str, keep: int) -> builtins.list[str]:
@@ -175,6 +177,24 @@ def prune(store: Store, prefix: str, keep: int) -> builtins.list[str]:
 # --- shared by the remote backends -------------------------------------------------------------------------
 
 OPTION = "--compile-cache-store"
+BUNDLE_SUFFIX = ".bundle"
+
+
+def listed_key(name: str, base: str, prefix: str) -> str | None:
+    """The key of the object ``name`` that a listing under ``base + prefix`` returned (``base``: the store URL's
+    prefix with its ``/``), or None when it is not ``<base><a valid key starting with prefix>.bundle``. A listing
+    is checked, not trusted: a server or proxy that ignores the prefix filter hands back objects that are not
+    this store's to count or delete; ``<base>sub/x.bundle`` is not ours either (``/`` is not valid in a key)."""
+    if not name.startswith(base) or not name.endswith(BUNDLE_SUFFIX):
+        return None
+    key = name[len(base) : -len(BUNDLE_SUFFIX)]
+    if not key.startswith(prefix):
+        return None
+    try:
+        validate_key(key)
+    except ValueError:  # ConfigError is a ValueError
+        return None
+    return key
 
 
 def parse_bucket_url(

@@ -25,10 +25,12 @@ from typing import Any
 from .._version import __version__
 from ..errors import ConfigError
 from ..errors import StoreError
+from .base import BUNDLE_SUFFIX
 from .base import OPTION
 from .base import BoundedFile
 from .base import ObjectTooLarge
 from .base import StoreEntry
+from .base import listed_key
 from .base import newest_first
 from .base import parse_bucket_url
 from .base import temp_sibling
@@ -37,7 +39,7 @@ from .base import validate_prefix
 
 __all__ = ["GCSStore"]
 
-SUFFIX = ".bundle"
+SUFFIX = BUNDLE_SUFFIX
 # GCS bucket names: 3-63 characters of lower case letters, digits, "-", "_" and "." (222 with dots).
 _BUCKET = r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]"
 
@@ -153,13 +155,8 @@ class GCSStore:
         entries = []
         try:
             for blob in self._client_().list_blobs(self.bucket, prefix=f"{self._base}{prefix}", **self._call()):
-                name: str = blob.name
-                key = name[len(self._base) : -len(SUFFIX)]
-                if not name.endswith(SUFFIX):
-                    continue
-                try:
-                    validate_key(key)
-                except ValueError:  # ConfigError is a ValueError: "<prefix>/sub/x.bundle" is not ours
+                key = listed_key(blob.name, self._base, prefix)
+                if key is None:
                     continue
                 entries.append(StoreEntry(key=key, size=int(blob.size or 0), modified=blob.updated.timestamp()))
         except _gcs_errors() as exc:

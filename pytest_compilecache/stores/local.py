@@ -19,6 +19,7 @@ from .._fs import MAX_AGE_ALIVE
 from .._fs import atomic_file
 from .._fs import sweep_our_temps
 from ..errors import StoreError
+from .base import BUNDLE_SUFFIX
 from .base import ObjectTooLarge
 from .base import StoreEntry
 from .base import newest_first
@@ -27,7 +28,7 @@ from .base import validate_prefix
 
 __all__ = ["LocalStore"]
 
-SUFFIX = ".bundle"
+SUFFIX = BUNDLE_SUFFIX
 # Temp files start with "." (never a valid key) and end in ".tmp": list() can never mistake them for keys.
 _TEMP_PREFIX = "."
 

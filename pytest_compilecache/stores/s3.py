@@ -25,9 +25,11 @@ from typing import Any
 from .._version import __version__
 from ..errors import ConfigError
 from ..errors import StoreError
+from .base import BUNDLE_SUFFIX
 from .base import BoundedFile
 from .base import ObjectTooLarge
 from .base import StoreEntry
+from .base import listed_key
 from .base import newest_first
 from .base import parse_bucket_url
 from .base import validate_key
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["S3Store"]
 
 MiB = 1024 * 1024
-SUFFIX = ".bundle"
+SUFFIX = BUNDLE_SUFFIX
 OPTION = "--compile-cache-store"
 # S3's bucket naming rules (3-63 chars, lower case, digits, dots, hyphens), without the rarer exclusions.
 _BUCKET = r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"
@@ -273,15 +275,9 @@ class S3Store:
         paginator = self._connection.client().get_paginator("list_objects_v2")
         for page in paginator.paginate(Bucket=self.bucket, Prefix=f"{self._base}{prefix}"):
             for obj in page.get("Contents", ()):
-                name: str = obj["Key"]
-                if not name.endswith(SUFFIX):
-                    continue
-                key = name[len(self._base) : -len(SUFFIX)]
-                try:
-                    validate_key(key)
-                except ValueError:  # ConfigError is a ValueError
-                    continue  # not ours: e.g. "<prefix>/sub/x.bundle" ("/" is not valid in a key)
-                yield StoreEntry(key=key, size=int(obj["Size"]), modified=obj["LastModified"].timestamp())
+                key = listed_key(obj["Key"], self._base, prefix)
+                if key is not None:
+                    yield StoreEntry(key=key, size=int(obj["Size"]), modified=obj["LastModified"].timestamp())
 
 
 class _Connection:

@@ -230,6 +230,14 @@ def test_bad_s3_endpoints_fail_naming_the_option(url: str) -> None:
         _resolve(cli={"s3_endpoint": url})
 
 
+@pytest.mark.parametrize("url", ["http://AKIAX:hunter2@127.0.0.1:9000", "https://:hunter2@s3.example.com"])
+def test_credentials_in_an_s3_endpoint_are_refused_unrepeated(url: str) -> None:
+    # A store's warnings name its endpoint: a secret in it would reach every log.
+    with pytest.raises(ConfigError, match=r"^--compile-cache-s3-endpoint: credentials in the URL") as info:
+        _resolve(cli={"s3_endpoint": url})
+    assert "hunter2" not in str(info.value)
+
+
 @pytest.mark.parametrize(
     "url", ["redis://localhost", "redis://127.0.0.1:6379", "redis://cache:6379/0", "rediss://h/3/"]
 )

@@ -23,6 +23,7 @@ from pytest_compilecache import StoreError
 from pytest_compilecache.stores import LocalStore
 from pytest_compilecache.stores import ReadOnlyStore
 from pytest_compilecache.stores import Store
+from pytest_compilecache.stores import StoreEntry
 from pytest_compilecache.stores import open_store
 from pytest_compilecache.stores import validate_key
 from pytest_compilecache.stores import validate_prefix
@@ -287,6 +288,8 @@ def test_open_store_readonly_wraps(tmp_path: Path) -> None:
         "file://relative/dir",
         "file:relative",
         "file:///abs?x=1",
+        "file:///tmp/a%00b",  # else every file call fails later with a ValueError, not at start-up
+        "/tmp/a\x00b",
         "ftp://host/x",
         "gs://",
         "az://x",
@@ -370,3 +373,29 @@ def test_a_killed_saves_partial_file_goes_with_a_later_save_or_prune(tmp_path: P
     killed.write_bytes(b"partial")
     assert prune(store, "p-", 1) == ["p-1"]
     assert not killed.exists() and live.exists()
+
+
+def test_a_listing_is_checked_not_trusted(tmp_path: Path) -> None:
+    """What the remote backends list through (listed_key), and what prune deletes (bundles): a server or proxy
+    that ignores the prefix filter hands back objects outside the prefix; they are neither counted nor deleted."""
+    from pytest_compilecache.stores.base import bundles
+    from pytest_compilecache.stores.base import listed_key
+    from pytest_compilecache.stores.base import prune
+    from tests.fakes import MemoryStore
+
+    assert listed_key("ci/pfx-1.bundle", "ci/", "pfx-") == "pfx-1"
+    for name in ("ci/other-1.bundle", "elsewhere/pfx-1.bundle", "ci/sub/pfx-1.bundle", "ci/pfx-1.tmp", "ci/.bundle"):
+        assert listed_key(name, "ci/", "pfx-") is None, name
+
+    class IgnoresPrefix(MemoryStore):
+        def list(self, prefix: str = "") -> list[StoreEntry]:
+            return super().list("")
+
+    store = IgnoresPrefix()
+    source = tmp_path / "b"
+    source.write_bytes(b"x")
+    for key in ("pfx-1", "pfx-2", "other-1", "other-2"):
+        store.put(key, source)
+    assert {entry.key for entry in bundles(store, "pfx-")} == {"pfx-1", "pfx-2"}
+    assert len(prune(store, "pfx-", 1)) == 1
+    assert {entry.key for entry in store.list()} >= {"other-1", "other-2"}

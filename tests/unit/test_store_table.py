@@ -139,9 +139,27 @@ def test_azure_account_comes_from_the_url_or_the_environment(monkeypatch: pytest
     # Bad values fail at start, naming where they came from, without repeating a SAS.
     with pytest.raises(ConfigError, match="^--compile-cache-store: AZURE_STORAGE_ACCOUNT_NAME: 'Bad_Name'"):
         AzureStore.from_url("az://cont", environ={"AZURE_STORAGE_ACCOUNT_NAME": "Bad_Name"})
-    with pytest.raises(ConfigError, match="AZURE_STORAGE_ACCOUNT_URL") as info:
-        AzureStore.from_url("az://cont", environ={"AZURE_STORAGE_ACCOUNT_URL": "https://a.example/?sig=hunter2"})
-    assert "hunter2" not in str(info.value)
+    for refused in ("https://a.example/?sig=hunter2", "https://:hunter2@a.example", "https://u:hunter2@a.example"):
+        with pytest.raises(ConfigError, match="AZURE_STORAGE_ACCOUNT_URL") as info:
+            AzureStore.from_url("az://cont", environ={"AZURE_STORAGE_ACCOUNT_URL": refused})
+        assert "hunter2" not in str(info.value)
+
+
+def test_azure_takes_the_first_account_given_and_checks_only_that_one() -> None:
+    secret = "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=hunter2;EndpointSuffix=core.windows.net"
+    everything = {
+        "AZURE_STORAGE_CONNECTION_STRING": secret,
+        "AZURE_STORAGE_ACCOUNT_NAME": "Not_A_Name",  # unused below the connection string: no error
+        "AZURE_STORAGE_ACCOUNT_URL": "ftp://unused",
+    }
+    # The URL names its account: that one, with DefaultAzureCredential.
+    named = AzureStore.from_url("az://cont?account=acct1", environ=everything)
+    assert named.account_url == "https://acct1.blob.core.windows.net"
+    # Otherwise the connection string comes before an account name or URL in the environment.
+    connected = AzureStore.from_url("az://cont", environ=everything)
+    assert connected.account_url is None and connected._connection_string == secret
+    by_name = {"AZURE_STORAGE_ACCOUNT_NAME": "acct2", "AZURE_STORAGE_ACCOUNT_URL": "ftp://unused"}
+    assert AzureStore.from_url("az://cont", environ=by_name).account_url == "https://acct2.blob.core.windows.net"
 
 
 @pytest.mark.parametrize(
@@ -179,6 +197,26 @@ def test_settings_carry_backend_options_generically_to_the_backend_that_reads_th
     assert isinstance(gcs, ReadOnlyStore) and isinstance(gcs.inner, GCSStore)
     # An explicit keyword beats the setting (the CLI's --s3-endpoint, the Action's variable).
     assert open_store(settings, endpoint_url="http://127.0.0.1:8").endpoint_url == "http://127.0.0.1:8"  # type: ignore[attr-defined]
+
+
+def test_the_cli_and_the_plugin_pass_a_store_only_the_options_its_backend_takes() -> None:
+    import argparse
+
+    from pytest_compilecache import cli
+    from pytest_compilecache.stores import backend_keywords
+
+    given = {"s3_endpoint": "http://127.0.0.1:9"}
+    assert backend_keywords("s3://bucket/x", given) == {"endpoint_url": "http://127.0.0.1:9"}
+    assert backend_keywords("gs://bucket/x", given) == backend_keywords("az://cont/x", given) == {}
+    assert backend_keywords("/a/dir", given) == backend_keywords("s3://bucket/x", {"s3_endpoint": None}) == {}
+    # The CLI's --s3-endpoint (or the plugin's variable behind it) beside a gs:// or az:// store: no TypeError.
+    for url, kind in (
+        ("gs://bucket/x", GCSStore),
+        ("az://cont/x?account=acct1", AzureStore),
+        ("s3://bucket/x", S3Store),
+    ):
+        args = argparse.Namespace(store=url, s3_endpoint=given["s3_endpoint"], store_timeout=5.0)
+        assert isinstance(cli._open(args).inner, kind)
 
 
 def test_a_new_backend_is_one_row(monkeypatch: pytest.MonkeyPatch) -> None:
