@@ -77,6 +77,14 @@ def read(environ: Mapping[str, str], name: str, default: str = "") -> str:
     return default if value is None else _utf8(f"input {name}", value.strip())
 
 
+def with_signing_key(environ: Mapping[str, str]) -> Mapping[str, str]:
+    """``environ`` as the plugin would see it in this job's later steps: with input ``signing-key`` (when given)
+    as :data:`SIGNING_KEY_ENV`, which the plan step exports. The restore, in the plan's own step, verifies with
+    it: the runner applies ``GITHUB_ENV`` only to later steps. Without the input, the step's own variable."""
+    key = read(environ, "signing-key")
+    return {**environ, SIGNING_KEY_ENV: key} if key else environ
+
+
 def _utf8(what: str, value: str) -> str:
     """``value``, or InputError when it holds bytes that are not UTF-8 (Python keeps them as lone surrogates:
     they could be neither printed nor written to GITHUB_ENV)."""
@@ -300,7 +308,7 @@ def plugin_env(plan: Plan) -> dict[str, str]:
         "SUMMARY": "auto" if plan.summary else "off",
         "JSON": plan.json,
     }
-    if plan.min_hit_rate:
+    if plan.min_hit_rate and plan.transfer != "none":  # isolated and disabled restore nothing: never gated
         env["MIN_HIT_RATE"] = plan.min_hit_rate
     if plan.pgo:  # false exports nothing: a job's own PYTEST_COMPILECACHE_PGO (or the ini) still decides
         env["PGO"] = "on"

@@ -25,6 +25,7 @@ from action.inputs import RESTORED_ENV
 from action.inputs import SAVING_EVENTS
 from action.inputs import STAGING
 from action.inputs import Plan
+from action.inputs import with_signing_key
 
 if TYPE_CHECKING:
     from pytest_compilecache.action_api import Artifact
@@ -117,7 +118,7 @@ def restore(plan: Plan, environ: Mapping[str, str]) -> RestoreResult:
             prefix=plan.prefix,
             fingerprint=api.Fingerprint.from_json(plan.fingerprint),
             cache_dir=plan.cache_dir,
-            signing_key=api.read_signing_key(environ),
+            signing_key=api.read_signing_key(with_signing_key(environ)),
             exact_key=plan.key,
             # store: github: the header entry brings the chosen header after this step (see header_entry)
             headers=plan.transfer != "github",
@@ -382,8 +383,11 @@ def gate_lifted(plan: Plan, result: RestoreResult) -> str | None:
     evicted lineage, or a restore that failed) every graph compiles cold, and a gate would fail the job for
     what the cache could not have served.
     """
-    if not plan.min_hit_rate or plan.transfer == "none" or result.outcome in ("exact", "partial"):
+    if not plan.min_hit_rate or result.outcome in ("exact", "partial"):
         return None
+    if plan.transfer == "none":
+        restores = f"mode {plan.mode} restores nothing"
+        return f"min-hit-rate {plan.min_hit_rate} not applied: {restores}, every graph compiles cold"
     if result.outcome == "error":
         return f"min-hit-rate {plan.min_hit_rate} not applied: the restore failed, every graph compiles cold"
     return f"min-hit-rate {plan.min_hit_rate} not applied: nothing to restore (a miss), every graph compiles cold"

@@ -294,7 +294,13 @@ def test_stage_bundles_without_a_restore(action: ModuleType, tmp_path: Path) -> 
     assert transfer.stage_bundles(tmp_path / "absent", tmp_path / "inbox") == []
 
 
-def _bundle(fingerprint: Any, store_dir: Path, suffix: str, prefix: str = "compilecache-v1-test") -> str:
+def _bundle(
+    fingerprint: Any,
+    store_dir: Path,
+    suffix: str,
+    prefix: str = "compilecache-v1-test",
+    signing_key: bytes | None = None,
+) -> str:
     """A real bundle (files only: no torch needed) in a directory store; returns its key."""
     from pytest_compilecache import sync
     from pytest_compilecache.stores import open_store
@@ -311,6 +317,7 @@ def _bundle(fingerprint: Any, store_dir: Path, suffix: str, prefix: str = "compi
         blobs={},
         files=["fxgraph/ab/entry"],
         stats={},
+        signing_key=signing_key,
     )
     assert result.outcome == "saved", result.message
     return str(result.key)
@@ -711,8 +718,15 @@ def test_min_hit_rate_applies_only_after_a_restore(
     partial = RestoreResult("partial", key=f"{plan.restore_prefix}1-1")
     assert "PYTEST_COMPILECACHE_MIN_HIT_RATE" not in transfer.restored_env(plan, partial)
     assert "min-hit-rate" not in transfer.restore_markdown(plan, partial)
-    environ["INPUT_MODE"] = "disabled"
-    assert transfer.restored_env(inputs.make_plan(environ, fingerprint), RestoreResult("miss")) == {}
+    # isolated and disabled restore nothing: the gate is never exported, and the summary says why.
+    for mode in ("isolated", "disabled"):
+        environ["INPUT_MODE"] = mode
+        plan = inputs.make_plan(environ, fingerprint)
+        assert "PYTEST_COMPILECACHE_MIN_HIT_RATE" not in inputs.plugin_env(plan)
+        assert transfer.restored_env(plan, RestoreResult("miss")) == {}
+        assert f"min-hit-rate 0.9 not applied: mode {mode} restores nothing" in shown(
+            transfer.restore_markdown(plan, transfer.restore(plan, environ))
+        )
 
 
 # ---- the signing key (fix 10) and what the summary promises (fix 12)
@@ -728,6 +742,26 @@ def test_a_signing_key_from_the_step_env_stays_out_of_github_env(
     environ["PYTEST_COMPILECACHE_SIGNING_KEY"] = "scoped-secret"
     assert action.main(["plan"], environ) == 0
     assert "scoped-secret" not in Path(environ["GITHUB_ENV"]).read_text()
+
+
+def test_the_restore_verifies_with_the_signing_key_input(
+    action: ModuleType, environ: dict[str, str], fingerprint: Any
+) -> None:
+    """The input reaches later steps through GITHUB_ENV, which the runner applies only after this step: the
+    restore, in this step, verifies with the input itself. An unsigned bundle is refused, a signed one restores."""
+    environ["INPUT_SIGNING_KEY"] = "input-secret"
+    plan = inputs.make_plan(environ, fingerprint)
+    unsigned = _bundle(fingerprint, Path(plan.staging), "5-1")
+    refused = transfer.restore(plan, environ)
+    assert refused.outcome == "miss" and [key for key, _ in refused.skipped] == [unsigned], refused
+    assert not list(Path(plan.cache_dir).glob("**/entry"))
+
+    signed = _bundle(fingerprint, Path(plan.staging), "6-1", signing_key=b"input-secret")
+    restored = transfer.restore(plan, environ)
+    assert (restored.outcome, restored.key) == ("partial", signed), restored
+    # The input wins over the step's own variable, as the plan exports it to the later steps.
+    environ["PYTEST_COMPILECACHE_SIGNING_KEY"] = "another-key"
+    assert inputs.with_signing_key(environ)["PYTEST_COMPILECACHE_SIGNING_KEY"] == "input-secret"
 
 
 def test_the_summary_does_not_promise_a_save_a_read_only_token_cannot_make(

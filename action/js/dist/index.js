@@ -81521,7 +81521,7 @@ var require_client2 = __commonJS({
       return { kind: "command", text: line };
     }
     function inert(text) {
-      return `@actions/cache: ${text.replace(/[\r\n]+/g, " ")}`;
+      return `@actions/cache: ${text.replace(/[\r\n]+/g, " ").replace(/##\[/g, "##\\[")}`;
     }
     async function captureClientLog(fn, stream = process.stdout) {
       const problems = [];

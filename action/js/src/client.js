@@ -32,9 +32,13 @@ function readLine(line) {
   return { kind: "command", text: line };
 }
 
-/** Shown in the log instead of an annotation: never at the start of a line, so never a command. */
+/**
+ * Shown in the log instead of an annotation: one line, never starting with `::`, and with the older command
+ * form (`##[name]`, which the runner reads anywhere in a line that is not a `::` command) broken, as
+ * ghrunner.py breaks it: the text may hold the cache service's or the blob store's words.
+ */
 function inert(text) {
-  return `@actions/cache: ${text.replace(/[\r\n]+/g, " ")}`;
+  return `@actions/cache: ${text.replace(/[\r\n]+/g, " ").replace(/##\[/g, "##\\[")}`;
 }
 
 /**

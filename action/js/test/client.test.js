@@ -36,6 +36,16 @@ test("the client's annotations become plain lines and problems; other lines pass
   assert.match(text, /^Failed to save: Unable to reserve\n$/m); // the unterminated last line, flushed
 });
 
+test("an annotation's text cannot carry a command in the older ##[ form", async () => {
+  const out = stream();
+  await captureClientLog(async () => {
+    out.write("::warning::Failed to restore: 500 ##[stop-commands]T\n");
+  }, out);
+  const text = out.text();
+  assert.ok(!text.includes("##[stop-commands]"), text);
+  assert.match(text, /^@actions\/cache: Failed to restore: 500 ##\\\[stop-commands\]T$/m);
+});
+
 test("the stream is given back when the call throws", async () => {
   const out = stream();
   const write = out.write;
