@@ -81580,6 +81580,7 @@ var require_client2 = __commonJS({
 var require_python = __commonJS({
   "src/python.js"(exports2, module2) {
     "use strict";
+    var core2 = require_core();
     var childProcess = require("node:child_process");
     var fs = require("node:fs");
     var os = require("node:os");
@@ -81620,8 +81621,7 @@ var require_python = __commonJS({
           resolve({ code, reply });
         };
         child.on("error", (error) => {
-          process.stderr.write(`pytest-compilecache: cannot run ${interpreter(environ)}: ${error.message}
-`);
+          core2.error(`pytest-compilecache: input python: cannot run ${interpreter(environ)}: ${error.message}`);
           done(127);
         });
         child.on("close", (code) => done(code === null ? 1 : code));

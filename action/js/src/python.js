@@ -4,6 +4,7 @@
 // object in the file named by COMPILECACHE_REPLY.
 "use strict";
 
+const core = require("@actions/core");
 const childProcess = require("node:child_process");
 const fs = require("node:fs");
 const os = require("node:os");
@@ -43,7 +44,8 @@ function readReply(file) {
 
 /**
  * Run `python action/main.py <command>`; resolves {code, reply} (reply: the parsed JSON object, or {}).
- * A Python that cannot start resolves code 127 with the reason on stderr.
+ * A Python that cannot start resolves code 127, with one error annotation naming input `python` (written by
+ * `@actions/core`, which escapes it).
  */
 function runPython(command, { environ = process.env, extra = {}, spawn = childProcess.spawn } = {}) {
   const dir = fs.mkdtempSync(path.join(environ.RUNNER_TEMP || os.tmpdir(), "compilecache-js-"));
@@ -61,7 +63,7 @@ function runPython(command, { environ = process.env, extra = {}, spawn = childPr
       resolve({ code, reply });
     };
     child.on("error", (error) => {
-      process.stderr.write(`pytest-compilecache: cannot run ${interpreter(environ)}: ${error.message}\n`);
+      core.error(`pytest-compilecache: input python: cannot run ${interpreter(environ)}: ${error.message}`);
       done(127);
     });
     child.on("close", (code) => done(code === null ? 1 : code));

@@ -40,5 +40,17 @@ test("runPython: no reply is {}, and an interpreter that does not exist is exit 
   const failing = (file, argv, options) => childProcess.spawn(process.execPath, ["-e", "process.exit(2)"], options);
   assert.deepEqual(await runPython("plan", { environ: { RUNNER_TEMP: runnerTemp }, spawn: failing }), { code: 2, reply: {} });
   const environ = { RUNNER_TEMP: runnerTemp, INPUT_PYTHON: path.join(runnerTemp, "no-such-python") };
-  assert.deepEqual(await runPython("plan", { environ }), { code: 127, reply: {} });
+  const lines = [];
+  const write = process.stdout.write;
+  process.stdout.write = (chunk) => lines.push(String(chunk)) > 0;
+  let result;
+  try {
+    result = await runPython("plan", { environ });
+  } finally {
+    process.stdout.write = write;
+  }
+  assert.deepEqual(result, { code: 127, reply: {} });
+  // One error annotation that names the input, so a typo in `python:` is found from the run's page.
+  const annotation = lines.join("");
+  assert.match(annotation, /^::error::pytest-compilecache: input python: cannot run .*no-such-python: /m);
 });
