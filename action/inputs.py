@@ -192,6 +192,7 @@ class Plan:
     save_on_failure: bool = False  # input save-on-failure: save after failed tests too (see transfer.restored_env)
     pgo: bool = False  # input pgo: the plugin's --compile-cache-pgo=on for the job's later steps
     event: str = ""
+    strict: bool = False  # the job's PYTEST_COMPILECACHE_STRICT: restore trouble keeps min-hit-rate (gate_lifted)
     fingerprint: dict[str, str] = field(default_factory=dict)
     header_staging: str = ""  # the header entry's staging dir (workspace/HEADER_STAGING)
     header_spare: str = ""  # the bundle entry's copy of the header object (RUNNER_TEMP/HEADER_SPARE)
@@ -212,6 +213,7 @@ def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
     from pytest_compilecache.action_api import DEFAULT_PREFIX
     from pytest_compilecache.action_api import OPTIONS
     from pytest_compilecache.action_api import ConfigError
+    from pytest_compilecache.action_api import from_environment
     from pytest_compilecache.action_api import make_key
     from pytest_compilecache.action_api import open_store
     from pytest_compilecache.action_api import restore_prefix
@@ -234,6 +236,7 @@ def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
         min_hit_rate = read(environ, "min-hit-rate")
         if min_hit_rate:
             parsers["min_hit_rate"]("input min-hit-rate", min_hit_rate)
+        strict = bool(from_environment("strict", None, "", environ))  # the job's, as its pytest step reads it
         suffix = parsers["run_suffix"](
             "GITHUB_RUN_ID/GITHUB_RUN_ATTEMPT",
             f"{required(environ, 'GITHUB_RUN_ID')}-{environ.get('GITHUB_RUN_ATTEMPT') or '1'}",
@@ -275,6 +278,7 @@ def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
         save_on_failure=save_on_failure,
         pgo=pgo,
         min_hit_rate=min_hit_rate,
+        strict=strict,
         fingerprint=fingerprint.to_json(),
         event=environ.get("GITHUB_EVENT_NAME", ""),
         header_staging=str(workspace / HEADER_STAGING),

@@ -381,10 +381,13 @@ def gate_lifted(plan: Plan, result: RestoreResult) -> str | None:
 
     The hit rate measures the restored bundle: with none (the first run of a fingerprint, a torch upgrade, an
     evicted lineage, or a restore that failed) every graph compiles cold, and a gate would fail the job for
-    what the cache could not have served.
+    what the cache could not have served. Unless the job is strict (``PYTEST_COMPILECACHE_STRICT``): then
+    infrastructure trouble (a failed restore, a refused bundle) keeps the gate, as it does for the plugin.
     """
     if not plan.min_hit_rate or result.outcome in ("exact", "partial"):
         return None
+    if plan.strict and plan.transfer != "none" and (result.outcome == "error" or result.skipped):
+        return None  # strict, as the plugin's guard: a failed restore or a refused bundle trips the gate
     if plan.transfer == "none":
         restores = f"mode {plan.mode} restores nothing"
         return f"min-hit-rate {plan.min_hit_rate} not applied: {restores}, every graph compiles cold"

@@ -646,6 +646,24 @@ def test_restore_tells_the_plugin_and_lifts_min_hit_rate_after_trouble(
     assert resolve({}, lambda name: None, env).min_hit_rate is None
 
 
+def test_a_strict_job_keeps_min_hit_rate_after_restore_trouble(
+    action: ModuleType, environ: dict[str, str], fingerprint: Any
+) -> None:
+    """PYTEST_COMPILECACHE_STRICT: infrastructure trouble may fail the job, as for the plugin; a miss still may not."""
+    environ.update(INPUT_MIN_HIT_RATE="0.9", PYTEST_COMPILECACHE_STRICT="true")
+    plan = inputs.make_plan(environ, fingerprint)
+    assert plan.strict
+    error = RestoreResult("error", message="the cache client restored nothing")
+    refused = RestoreResult("miss", skipped=((f"{plan.restore_prefix}1-1", "bad magic"),))
+    for troubled in (error, refused):
+        assert "PYTEST_COMPILECACHE_MIN_HIT_RATE" not in transfer.restored_env(plan, troubled)
+        assert "min-hit-rate" not in transfer.restore_markdown(plan, troubled)
+    assert transfer.restored_env(plan, RestoreResult("miss"))["PYTEST_COMPILECACHE_MIN_HIT_RATE"] == ""
+    environ["PYTEST_COMPILECACHE_STRICT"] = "maybe"
+    with pytest.raises(inputs.InputError, match="PYTEST_COMPILECACHE_STRICT"):
+        inputs.make_plan(environ, fingerprint)
+
+
 def test_restore_command_stages_torchs_artifacts_and_imports_no_torch(
     action: ModuleType, environ: dict[str, str], fingerprint: Any, tmp_path: Path
 ) -> None:
