@@ -35,21 +35,19 @@ from urllib.parse import urlsplit
 from .._version import __version__
 from ..errors import ConfigError
 from ..errors import StoreError
-from .base import BUNDLE_SUFFIX
 from .base import OPTION
 from .base import BoundedFile
 from .base import ObjectTooLarge
 from .base import StoreEntry
 from .base import listed_key
 from .base import newest_first
+from .base import object_name
 from .base import parse_bucket_url
 from .base import temp_sibling
-from .base import validate_key
 from .base import validate_prefix
 
 __all__ = ["AzureStore"]
 
-SUFFIX = BUNDLE_SUFFIX
 CONNECTION_STRING_ENV = "AZURE_STORAGE_CONNECTION_STRING"
 ACCOUNT_URL_ENV = "AZURE_STORAGE_ACCOUNT_URL"
 ACCOUNT_NAME_ENV = "AZURE_STORAGE_ACCOUNT_NAME"
@@ -238,7 +236,7 @@ class AzureStore:
             return self._client
 
     def _name(self, key: str) -> str:
-        return f"{self._base}{validate_key(key)}{SUFFIX}"
+        return object_name(self._base, key)
 
     def _blob(self, name: str) -> Any:
         """Called inside each operation's ``try``: the client is made on first use."""

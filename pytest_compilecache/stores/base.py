@@ -180,6 +180,12 @@ OPTION = "--compile-cache-store"
 BUNDLE_SUFFIX = ".bundle"
 
 
+def object_name(base: str, key: str) -> str:
+    """The object that holds bundle ``key`` in a remote store whose URL prefix is ``base`` (with its ``/``):
+    ``<base><key>.bundle``; ConfigError for an invalid key. :func:`listed_key` reads such a name back."""
+    return f"{base}{validate_key(key)}{BUNDLE_SUFFIX}"
+
+
 def listed_key(name: str, base: str, prefix: str) -> str | None:
     """The key of the object ``name`` that a listing under ``base + prefix`` returned (``base``: the store URL's
     prefix with its ``/``), or None when it is not ``<base><a valid key starting with prefix>.bundle``. A listing

@@ -25,21 +25,19 @@ from typing import Any
 from .._version import __version__
 from ..errors import ConfigError
 from ..errors import StoreError
-from .base import BUNDLE_SUFFIX
 from .base import OPTION
 from .base import BoundedFile
 from .base import ObjectTooLarge
 from .base import StoreEntry
 from .base import listed_key
 from .base import newest_first
+from .base import object_name
 from .base import parse_bucket_url
 from .base import temp_sibling
-from .base import validate_key
 from .base import validate_prefix
 
 __all__ = ["GCSStore"]
 
-SUFFIX = BUNDLE_SUFFIX
 # GCS bucket names: 3-63 characters of lower case letters, digits, "-", "_" and "." (222 with dots).
 _BUCKET = r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]"
 
@@ -195,7 +193,7 @@ class GCSStore:
             return self._client
 
     def _name(self, key: str) -> str:
-        return f"{self._base}{validate_key(key)}{SUFFIX}"
+        return object_name(self._base, key)
 
     def _blob(self, name: str) -> Any:
         """Called inside each operation's ``try``: making the client looks credentials up, whose failure is

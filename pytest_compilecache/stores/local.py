@@ -28,7 +28,6 @@ from .base import validate_prefix
 
 __all__ = ["LocalStore"]
 
-SUFFIX = BUNDLE_SUFFIX
 # Temp files start with "." (never a valid key) and end in ".tmp": list() can never mistake them for keys.
 _TEMP_PREFIX = "."
 
@@ -72,7 +71,7 @@ class LocalStore:
         return f"LocalStore({self.location!r})"
 
     def _path(self, key: str) -> Path:
-        return self.root / f"{validate_key(key)}{SUFFIX}"
+        return self.root / f"{validate_key(key)}{BUNDLE_SUFFIX}"
 
     def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
         """Copy ``key`` to ``dest`` through a temp sibling (creating ``dest``'s parent); False on a miss.
@@ -161,9 +160,9 @@ class LocalStore:
 
 def _entry(item: os.DirEntry[str], prefix: str) -> StoreEntry | None:
     name = item.name
-    if not name.endswith(SUFFIX) or name.startswith(_TEMP_PREFIX):
+    if not name.endswith(BUNDLE_SUFFIX) or name.startswith(_TEMP_PREFIX):
         return None
-    key = name[: -len(SUFFIX)]
+    key = name[: -len(BUNDLE_SUFFIX)]
     if not key.startswith(prefix):
         return None
     try:

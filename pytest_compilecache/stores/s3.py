@@ -25,14 +25,13 @@ from typing import Any
 from .._version import __version__
 from ..errors import ConfigError
 from ..errors import StoreError
-from .base import BUNDLE_SUFFIX
 from .base import BoundedFile
 from .base import ObjectTooLarge
 from .base import StoreEntry
 from .base import listed_key
 from .base import newest_first
+from .base import object_name
 from .base import parse_bucket_url
-from .base import validate_key
 from .base import validate_prefix
 
 if TYPE_CHECKING:
@@ -43,7 +42,6 @@ if TYPE_CHECKING:
 __all__ = ["S3Store"]
 
 MiB = 1024 * 1024
-SUFFIX = BUNDLE_SUFFIX
 OPTION = "--compile-cache-store"
 # S3's bucket naming rules (3-63 chars, lower case, digits, dots, hyphens), without the rarer exclusions.
 _BUCKET = r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"
@@ -269,7 +267,7 @@ class S3Store:
     # -- boto3 plumbing -----------------------------------------------------------------------------------
 
     def _object_name(self, key: str) -> str:
-        return f"{self._base}{validate_key(key)}{SUFFIX}"
+        return object_name(self._base, key)
 
     def _iter_entries(self, prefix: str) -> Iterator[StoreEntry]:
         paginator = self._connection.client().get_paginator("list_objects_v2")
