@@ -64,6 +64,8 @@ _RECORDER: pytest.StashKey[Recorder] = pytest.StashKey()
 _COUNTER: pytest.StashKey[_Counter] = pytest.StashKey()
 _TESTS: pytest.StashKey[PerTestHooks] = pytest.StashKey()
 _RUNNER_OUTPUT: pytest.StashKey[StopTokenWatch] = pytest.StashKey()
+# What --cache-clear kept in a session that asked the plugin for nothing (no role to report it).
+_KEPT: pytest.StashKey[str] = pytest.StashKey()
 
 MARKER = "compile_cache"
 
@@ -216,26 +218,23 @@ def _default_shared(config: pytest.Config) -> Path:
     return base / "d" / "compilecache"
 
 
-def _keep_a_shared_dir_in_use(config: pytest.Config, setup: SessionContext) -> None:
-    """``--cache-clear`` removes pytest's cache dir, and the default shared dir inside it. While another
-    session uses that dir, keep it: clear the rest of pytest's cache here (its ``v/`` and ``d/`` entries,
-    what ``Cache.clear_cache`` removes), tell pytest not to, and say so. Runs before pytest's cache
-    provider reads the option (both hooks are ``tryfirst``; plugins registered later run first)."""
-    path = setup.dir.path
-    if setup.dir.mode != "shared" or not path or Path(path) != _default_shared(config):
-        return
+def _keep_a_shared_dir_in_use(config: pytest.Config, setup: SessionContext | None) -> None:
+    """``--cache-clear`` removes pytest's cache dir, and the default shared dir inside it: while another
+    session uses that dir, keep it (``cachedir.clear_pytest_cache_keeping``), tell pytest not to clear, and
+    say so. Every session that clears does this, whatever its own mode and dir (``setup`` is None where the
+    plugin was asked for nothing). Runs before pytest's cache provider reads the option (both hooks are
+    ``tryfirst``; plugins registered later run first)."""
     from . import cachedir
 
-    own = setup.registration.marker if setup.registration is not None else None
-    others = cachedir.clear_pytest_cache_keeping(path, excluding=own)
-    if not others:
+    own = setup.registration.marker if setup is not None and setup.registration is not None else None
+    message = cachedir.clear_pytest_cache_keeping(str(_default_shared(config)), excluding=own)
+    if message is None:
         return
     config.option.cacheclear = False
-    who = "session is" if others == 1 else "sessions are"
-    setup.problems.warn(
-        f"--cache-clear kept the compile cache {path}: {others} other pytest {who} using it "
-        "(the rest of pytest's cache was cleared)"
-    )
+    if setup is not None:
+        setup.problems.warn(message)
+    else:  # no role will report it: pytest_terminal_summary does
+        config.stash[_KEPT] = message
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -270,10 +269,10 @@ def pytest_configure(config: pytest.Config) -> None:
         from . import probe
 
         config.add_cleanup(probe.fail_on_recompile_limit())  # set once torch's Dynamo config is imported
+    if not _is_worker(config) and getattr(config.option, "cacheclear", False):
+        _keep_a_shared_dir_in_use(config, None if quiet else _setup(config))
     if not quiet:
         setup = _setup(config)
-        if not _is_worker(config) and getattr(config.option, "cacheclear", False):
-            _keep_a_shared_dir_in_use(config, setup)
         if setup.redis_on:
             from . import probe
 
@@ -580,14 +579,16 @@ def _cold_tests(config: pytest.Config) -> int:
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     controller = config.stash.get(_CONTROLLER, None)
-    if controller is None:
-        return
-    lines = controller.terminal_lines(verbose=config.option.verbose > 0)
+    lines = controller.terminal_lines(verbose=config.option.verbose > 0) if controller is not None else []
+    kept = config.stash.get(_KEPT, None)  # a session that asked for nothing kept another's dir
+    if kept is not None:
+        lines = [(f"CompileCacheWarning: {kept}", {"yellow": True}), *lines]
     if lines:
         terminalreporter.write_sep("-", "compile cache")
         for line, markup in lines:
             terminalreporter.write_line(line, **markup)
-    _github_commands(controller, config.stash.get(_RUNNER_OUTPUT, None))
+    if controller is not None:
+        _github_commands(controller, config.stash.get(_RUNNER_OUTPUT, None))
 
 
 def _github_commands(role: Controller, output: StopTokenWatch | None = None) -> None:

@@ -243,15 +243,16 @@ def _private_temp_root() -> Path:
     )
 
 
-def clear_pytest_cache_keeping(path: str, *, excluding: str | None) -> int:
+def clear_pytest_cache_keeping(path: str, *, excluding: str | None) -> str | None:
     """``--cache-clear`` while other sessions use the default shared dir ``path``
     (``<pytest's cache>/d/compilecache``): clear the rest of pytest's cache here (its ``v/`` and ``d/``
-    entries, what ``Cache.clear_cache`` removes) and keep ``path``. Returns how many other live sessions use
-    it (``excluding`` the caller's own registration); with none, nothing is removed and pytest may clear all.
-    A link among those entries is removed itself, never followed (as pytest's own clearing)."""
-    others = len(live_sessions(path, excluding=excluding))
+    entries, what ``Cache.clear_cache`` removes) and keep ``path``. Returns the warning that says so, or None
+    when no other live session uses it (``excluding`` the caller's own registration): then nothing is
+    removed and pytest may clear all. A link among those entries is removed itself, never followed (as
+    pytest's own clearing)."""
+    others = len(live_sessions(path, excluding=excluding)) if os.path.isdir(path) else 0
     if not others:
-        return 0
+        return None
     from .._fs import rmtree_at
 
     base = Path(path).parent.parent  # <cache_dir>/d/compilecache
@@ -273,4 +274,8 @@ def clear_pytest_cache_keeping(path: str, *, excluding: str | None) -> int:
                     pass
         finally:
             os.close(fd)
-    return others
+    who = "session is" if others == 1 else "sessions are"
+    return (
+        f"--cache-clear kept the compile cache {path}: {others} other pytest {who} using it "
+        "(the rest of pytest's cache was cleared)"
+    )

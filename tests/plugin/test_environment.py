@@ -251,15 +251,26 @@ def _live_session(inner: pytest.Pytester, *args: str) -> Iterator[Path]:
     assert first.returncode == 0, out
 
 
-def test_cache_clear_keeps_a_shared_dir_another_session_uses(inner: pytest.Pytester) -> None:
-    """--cache-clear in one session never deletes the default shared dir while another session uses it."""
+@pytest.mark.parametrize(
+    "mode",
+    [
+        ["--compile-cache=shared"],
+        ["--compile-cache=isolated"],
+        [],
+        ["--compile-cache=shared", "--compile-cache-dir=own"],
+    ],
+    ids=["shared", "isolated", "no-option", "shared-elsewhere"],
+)
+def test_cache_clear_keeps_a_shared_dir_another_session_uses(inner: pytest.Pytester, mode: list[str]) -> None:
+    """--cache-clear in one session never deletes the default shared dir while another session uses it,
+    whatever the clearing session's own mode and dir."""
     inner.makepyfile(test_a=LONG_RUNNING, test_b="def test_b():\n    pass\n")
     with _live_session(inner) as shared:
         stale = inner.path / ".pytest_cache" / "v" / "cache" / "lastfailed"
         stale.parent.mkdir(parents=True, exist_ok=True)
         stale.write_text("{}")
 
-        second = inner.runpytest_subprocess("-q", "--compile-cache=shared", "--cache-clear", "test_b.py")
+        second = inner.runpytest_subprocess("-q", *mode, "--cache-clear", "test_b.py")
 
         assert second.ret == 0, second.stdout.str()
         second.stdout.fnmatch_lines(["*--cache-clear kept the compile cache *: 1 other pytest session is using it*"])
