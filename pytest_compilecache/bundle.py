@@ -329,6 +329,13 @@ def install(verified: Verified, *, stage_blobs: bool = False) -> Installed:
     return staging.install(files)
 
 
+def uninstall(verified: Verified) -> None:
+    """Take back what :func:`install` put into the cache dir (best effort: its new files and dirs out, the
+    files it replaced back), before the bundle is closed: a bundle whose blobs torch rejects leaves nothing."""
+    if verified.staging is not None:
+        verified.staging.undo()
+
+
 def pending_path(sha256: str) -> str:
     """Where :func:`install` with ``stage_blobs`` puts the mega-cache blob of that SHA-256 (relative)."""
     return f"{PENDING_DIR}/{sha256}.bin"

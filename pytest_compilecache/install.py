@@ -43,6 +43,7 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC | getattr(os, "O_BINARY", 0)
 _CHUNK = 1024 * 1024
+_OPEN_DIRS = 64
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,12 @@ class Staging:
     name: str
     created: list[Path]
     installed: bool = False
+    # Open dir fds by rel path, at most _OPEN_DIRS (least recently used closed first): a bundle of thousands
+    # of dirs must not run into the open-files limit (1024 on Linux by default, 256 on macOS).
     _dirs: dict[str, int] = field(default_factory=dict)
+    # The last install's steps and new dirs, until close: what undo() takes back.
+    _steps: list[_Step] = field(default_factory=list)
+    _made: list[tuple[str, str]] = field(default_factory=list)
 
     @classmethod
     def create(cls, cache_dir: Path) -> Staging:
@@ -270,10 +276,21 @@ class Staging:
                 raise CacheDirError(f"cannot unpack into {self.cache_dir}: {_why(exc)}") from exc
             raise
         self.installed = True
+        self._steps, self._made = steps, made
         return Installed(tuple(written), tuple(unchanged))
 
-    def _parent(self, parent_rel: str, made: list[tuple[str, str]]) -> int:
-        """Fd of the dir ``parent_rel`` (created as needed, recorded in ``made``); links refused."""
+    def undo(self) -> None:
+        """Take the last :meth:`install` back, best effort: its new files out, the files it replaced back in,
+        its new dirs removed. For a bundle whose blobs torch then rejected: its files must not stay without
+        them. Only before :meth:`close` (the replaced files wait in the staging dir until then)."""
+        if not self.installed or self.fd < 0:
+            return
+        self._roll_back(self._steps, self._made)
+        self._steps, self._made = [], []
+        self.installed = False
+
+    def _parent(self, parent_rel: str, made: list[tuple[str, str]], create: bool = True) -> int:
+        """Fd of the dir ``parent_rel`` (with ``create``, made as needed and recorded in ``made``); links refused."""
         if not parent_rel:
             return self.root_fd
         parts = parent_rel.split("/")
@@ -281,13 +298,15 @@ class Staging:
         for end in range(1, len(parts) + 1):
             rel = "/".join(parts[:end])
             if rel in self._dirs:
-                fd = self._dirs[rel]
+                fd = self._dirs[rel] = self._dirs.pop(rel)  # now the most recently used
                 continue
             grand_rel, name = "/".join(parts[: end - 1]), parts[end - 1]
             try:
                 try:
                     child = _open_dir(fd, name)
                 except FileNotFoundError:
+                    if not create:
+                        raise
                     try:
                         os.mkdir(name, 0o755, dir_fd=fd)
                         made.append((grand_rel, name))
@@ -300,12 +319,28 @@ class Staging:
                 raise
             self._dirs[rel] = child
             fd = child
+        chain = {"/".join(parts[:end]) for end in range(1, len(parts) + 1)}
+        evict = [rel for rel in self._dirs if rel not in chain][: max(0, len(self._dirs) - _OPEN_DIRS)]
+        for rel in evict:  # least recently used first; the chain just walked stays open
+            os.close(self._dirs.pop(rel))
         return fd
+
+    def _dir_fd(self, rel: str) -> int | None:
+        """Fd of the existing dir ``rel`` for a roll back ("" is the root): reopened, without links, when it
+        is no longer among the open ones; None when it cannot be."""
+        if not rel:
+            return self.root_fd
+        if rel not in self._dirs:
+            with contextlib.suppress(OSError, BundleError):
+                self._parent(rel, [], create=False)
+        return self._dirs.get(rel)
 
     def _roll_back(self, steps: list[_Step], made: list[tuple[str, str]]) -> None:
         # Best effort, in reverse: put every replaced file back, take every new file out, remove new dirs.
         for step in reversed(steps):
-            parent_fd = self._dirs.get(step.parent, self.root_fd) if step.parent else self.root_fd
+            parent_fd = self._dir_fd(step.parent)
+            if parent_fd is None:
+                continue
             if step.placed:
                 with contextlib.suppress(OSError):
                     os.unlink(step.name, dir_fd=parent_fd)
@@ -313,8 +348,13 @@ class Staging:
                 with contextlib.suppress(OSError):
                     os.replace(step.backup, step.name, src_dir_fd=self.fd, dst_dir_fd=parent_fd)
         for parent_rel, name in reversed(made):
-            with contextlib.suppress(OSError, KeyError):
-                os.rmdir(name, dir_fd=self._dirs[parent_rel] if parent_rel else self.root_fd)
+            closing = self._dirs.pop("/".join(filter(None, (parent_rel, name))), None)
+            if closing is not None:
+                os.close(closing)
+            parent_fd = self._dir_fd(parent_rel)
+            if parent_fd is not None:
+                with contextlib.suppress(OSError):
+                    os.rmdir(name, dir_fd=parent_fd)
 
     def close(self) -> None:
         """Remove the staging dir (and a cache dir created for it, when nothing was installed). Idempotent."""

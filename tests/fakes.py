@@ -104,15 +104,16 @@ class MemoryStore:
 class FakeLoader:
     """Stands in for torch's mega-cache loader: records what it got and where the cache dir pointed."""
 
-    def __init__(self, error: Exception | None = None) -> None:
-        self.error = error
+    def __init__(self, error: Exception | None = None, rejects: bytes | None = None) -> None:
+        self.error = error  # raised for every blob, or (with ``rejects``) for that blob only
+        self.rejects = rejects
         self.blobs: list[bytes] = []
         self.cache_dirs: list[str | None] = []
 
     def __call__(self, blob: bytes) -> Mapping[str, int]:
         self.blobs.append(blob)
         self.cache_dirs.append(os.environ.get(CACHE_ENV))
-        if self.error is not None:
+        if self.error is not None and self.rejects in (None, blob):
             raise self.error
         return {"fx_graph": 2, "triton": 1}
 

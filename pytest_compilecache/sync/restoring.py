@@ -6,13 +6,12 @@ Outcomes (:class:`.results.RestoreResult`):
   this lineage, ``<key prefix>-<fingerprint digest>-``).
 - ``miss``: no usable bundle. Either none exists for this fingerprint (``message`` explains how the newest
   bundle under the key prefix differs, from its authenticated header only) or every candidate failed
-  verification or could not be read (a link in a directory store, a file this user may not read, a
-  per-object S3 error): each is listed in ``skipped`` as ``(key, reason)``. A bad or unreadable bundle in the
-  store is the store's content, not a failure to reach it: it means a cold compile, and ``--fail-on-miss``
-  sees a miss.
+  verification, could not be read (a link in a directory store, a file this user may not read, a
+  per-object S3 error) or had a blob torch rejected (its installed files are then taken back out): each is
+  listed in ``skipped`` as ``(key, reason)``. A bad or unreadable bundle in the store is the store's
+  content, not a failure to reach it: it means a cold compile, and ``--fail-on-miss`` sees a miss.
 - ``error``: infrastructure failure only: the store could not be reached, the cache dir could not be
-  written (:class:`~pytest_compilecache.bundle.CacheDirError`), torch rejected verified artifacts, or an
-  unexpected exception.
+  written (:class:`~pytest_compilecache.bundle.CacheDirError`), or an unexpected exception.
 
 At most :data:`MAX_CANDIDATES` bundles are tried, newest first (the exact key before them), so one bad object
 cannot hide the good ones behind it, and a store full of bad ones cannot make a restore slow. "Newest" is the
@@ -241,7 +240,8 @@ def _try_candidate(
 def _install(
     request: RestoreRequest, key: str, size: int, verified: bundle.Verified, skipped: list[tuple[str, str]]
 ) -> dict[str, Any] | None:
-    """Install a verified bundle all or nothing, then load (or stage) its blobs."""
+    """Install a verified bundle all or nothing, then load (or stage) its blobs; None (why is in ``skipped``)
+    when it cannot be installed or torch rejects a blob (then its files are taken back out)."""
     cache_dir = request.cache_dir
     try:
         with lock(cache_dir):
@@ -259,7 +259,13 @@ def _install(
     if request.stage_blobs:
         artifacts, staged = {}, staged_blobs(manifest)
     else:
-        artifacts, staged = load_blobs(verified, cache_dir, request.load), ()
+        try:
+            artifacts, staged = load_blobs(verified, cache_dir, request.load), ()
+        except BundleError as exc:  # torch rejected a blob: its files go too, and the next candidate is tried
+            with lock(cache_dir):
+                bundle.uninstall(verified)
+            skipped.append((key, one_line(str(exc), 500)))
+            return None
     files = [rel for rel in installed.files if not rel.startswith(PENDING_DIR + "/")]
     return {
         "key": key,

@@ -267,7 +267,7 @@ class RestoreResult(_Transfer[RestoreOutcome]):
             return self.message
         if self.skipped:
             reasons = "; ".join(f"{key}: {reason}" for key, reason in self.skipped)
-            why = "failed verification or could not be read"
+            why = "failed verification, could not be read or torch could not load"
             return one_line(f"restore skipped {len(self.skipped)} bundle(s) that {why}: {reasons}")
         return None
 

@@ -23,6 +23,7 @@ from pytest_compilecache import ConfigError
 from pytest_compilecache import __version__
 from pytest_compilecache import bundle
 from pytest_compilecache import container
+from pytest_compilecache import install
 from pytest_compilecache.bundle import FORMAT_VERSION
 from pytest_compilecache.bundle import MAGIC
 from pytest_compilecache.bundle import Manifest
@@ -734,3 +735,38 @@ def test_unpack_reports_a_directory_in_the_way(packed: Path, tmp_path: Path) -> 
     with pytest.raises(BundleError, match="cannot unpack"):
         unpack(packed, target)
     assert _tree(target) == before
+
+
+def test_a_bundle_of_more_dirs_than_open_files_allowed_installs(tmp_path: Path) -> None:
+    """torch's cache puts every entry in a dir of its own: installing holds a bounded number of dirs open, so
+    a bundle of thousands of them installs under the usual limit of open files (1024 on Linux, 256 on macOS)."""
+    resource = pytest.importorskip("resource")  # POSIX only, and always there on it
+    files = {f"fxgraph/{n % 97:02x}/f{n:04d}/entry": bytes([n % 256]) for n in range(400)}
+    source = write_tree(tmp_path / "source", files)
+    dest = tmp_path / "many.bundle"
+    _pack(dest, source, files=list(files))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    open_now = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 64
+    resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 200, hard))  # fewer than the bundle has dirs
+    try:
+        result = unpack(dest, tmp_path / "restored", fingerprint=FINGERPRINT)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert isinstance(result, Unpacked) and len(result.files) == len(files)
+    assert {rel: data for rel, data in _tree(tmp_path / "restored").items() if data != "<dir>"} == files
+
+
+def test_uninstall_takes_back_exactly_what_install_did(
+    tmp_path: Path, packed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bundle whose blobs torch rejects after its files were installed: its files and dirs go, and each
+    file it replaced comes back, even when its dir fds were closed meanwhile (more dirs than stay open)."""
+    monkeypatch.setattr(install, "_OPEN_DIRS", 1)
+    target = write_tree(tmp_path / "target", {"ab/cabc123.main.so": b"an older kernel", "mine.txt": b"kept"})
+    before = _tree(target)
+    with bundle.verify(packed, fingerprint=FINGERPRINT, cache_dir=target) as verified:
+        bundle.install(verified)
+        assert _tree(target) != before
+        bundle.uninstall(verified)
+    assert {rel: data for rel, data in _tree(target).items() if not rel.startswith(".")} == before
+    assert not (target / "fxgraph").exists()

@@ -32,6 +32,7 @@ from tests.unit.conftest import CACHE_FILES
 from tests.unit.conftest import H100
 from tests.unit.conftest import PREFIX
 from tests.unit.conftest import tree
+from tests.unit.conftest import write_tree
 
 
 @pytest.fixture
@@ -260,13 +261,39 @@ def test_store_error_leaves_a_missing_cache_dir_missing(tmp_path: Path) -> None:
     assert not cache_dir.exists()
 
 
-def test_loader_rejecting_the_blobs_is_an_error(tmp_path: Path, source: Path, cache_dir: Path) -> None:
+def test_a_bundle_whose_blobs_torch_rejects_is_skipped_and_leaves_nothing(
+    tmp_path: Path, source: Path, cache_dir: Path
+) -> None:
+    # A bundle that verifies but whose blob torch cannot load (another torch build, a forged unsigned bundle)
+    # is refused like one that fails verification: its files are taken back out, the older bundle restores.
     store = MemoryStore()
-    key = _put_bundle(store, tmp_path, source, H100, "run-1")
-    transfer = _restore(store, cache_dir, exact_key=key, load=FakeLoader(error=ValueError("bad pickle\nsecond line")))
-    assert transfer.outcome == "error"
-    assert transfer.message.startswith("restore failed: torch rejected the cache artifacts of controller: ValueError: ")
+    older = _put_bundle(store, tmp_path, source, H100, "run-1")
+    forged = write_tree(tmp_path / "forged-cache", {**{rel: data + b" forged" for rel, data in CACHE_FILES.items()},
+                                                     "fxgraph/zz/only-in-forged": b"x"})  # fmt: skip
+    bad_blobs = {"controller": b"not a mega-cache", "gw0": BLOBS["gw0"]}
+    newer = _put_bundle(store, tmp_path, forged, H100, "run-2", blobs=bad_blobs)
+    (cache_dir / "ab").mkdir()
+    (cache_dir / "ab" / "cabc.main.so").write_bytes(b"an older kernel")  # replaced, then put back
+    before = tree(cache_dir)
+    loader = FakeLoader(error=ValueError("bad pickle\nsecond line"), rejects=b"not a mega-cache")
+
+    transfer = _restore(store, cache_dir, load=loader)
+
+    assert (transfer.outcome, transfer.key) == ("partial", older)
+    assert [key for key, _ in transfer.skipped] == [newer]
+    assert transfer.skipped[0][1].startswith("torch rejected the cache artifacts of controller: ValueError: bad pickle")
+    lock = {".compilecache.lock": b""}  # the restore's lock, which every install takes
+    assert tree(cache_dir) == {**before, **CACHE_FILES, **lock}  # nothing of the rejected bundle is left
+    assert not (cache_dir / "fxgraph" / "zz").exists()
+
+    # The only bundle rejected: a miss that names it, and the cache dir exactly as it was.
+    store = MemoryStore()
+    key = _put_bundle(store, tmp_path, forged, H100, "run-3", blobs=bad_blobs)
+    before = tree(cache_dir)
+    transfer = _restore(store, cache_dir, exact_key=key, load=loader)
+    assert transfer.outcome == "miss" and [k for k, _ in transfer.skipped] == [key], transfer
     assert transfer.artifacts == {}
+    assert tree(cache_dir) == before and not (cache_dir / "fxgraph" / "zz").exists()
 
 
 def test_signature_is_checked_on_restore(tmp_path: Path, source: Path, cache_dir: Path) -> None:
