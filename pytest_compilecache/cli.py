@@ -309,7 +309,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     _check_names(args)
-    deleted = prune(_open(args), args.prefix, args.keep)
+    deleted = prune(_open(args), args.prefix, args.keep, magic=bundle.MAGIC)
     for key in deleted:
         _out(f"deleted {key}")
     _out(f"kept the newest {args.keep} under {args.prefix!r}; deleted {len(deleted)}")
@@ -502,7 +502,7 @@ def _bundle_commands(sub: Any) -> None:
 
     p = sub.add_parser("prune", help="keep the newest N bundles under a key prefix")
     _store_args(p, prefix=False)
-    p.add_argument("--prefix", required=True)
+    p.add_argument("--prefix", required=True, help="a key prefix or a lineage, matched as whole parts of a key")
     p.add_argument("--keep", type=_positive, default=3)
     p.set_defaults(func=cmd_prune)
 

@@ -153,8 +153,14 @@ def bundles(store: Store, prefix: str) -> builtins.list[StoreEntry]:
     return [entry for entry in store.list(prefix) if entry.key.startswith(prefix) and not is_artifact_key(entry.key)]
 
 
-def prune(store: Store, prefix: str, keep: int) -> builtins.list[str]:
+def prune(store: Store, prefix: str, keep: int, *, magic: bytes = b"") -> builtins.list[str]:
     """Keep the newest ``keep`` bundles under ``prefix``, delete the older ones; return the deleted keys.
+
+    ``prefix`` is whole parts of a key: a key prefix (``compilecache-v1``) or a lineage
+    (``compilecache-v1-<digest>-``); ``-`` is added when it does not end with one, so ``projA`` never takes
+    ``projAB-...``. An empty prefix (every project's bundles) is a ConfigError. With ``magic`` (the bundle
+    format's first bytes), an object is deleted only when its first bytes prove it a bundle (a ranged read,
+    :func:`read_head`); one that does not, or a store that cannot read part of an object, keeps it.
 
     Artifact objects (:func:`is_artifact_key`) are never deleted nor counted, whatever the prefix: they are
     content-addressed and shared by every bundle of the prefix that names their sha256 (also by bundles of
@@ -168,10 +174,23 @@ def prune(store: Store, prefix: str, keep: int) -> builtins.list[str]:
     """
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
         raise ConfigError(f"prune: keep must be a non-negative whole number, got {keep!r}")
-    doomed = [entry.key for entry in bundles(store, prefix)[keep:]]
-    for key in doomed:
-        store.delete(key)
-    return doomed
+    if not prefix:
+        raise ConfigError("prune: the prefix must not be empty (it would take every project's bundles in the store)")
+    prefix = prefix if prefix.endswith("-") else prefix + "-"
+    deleted = []
+    for entry in bundles(store, prefix)[keep:]:
+        if magic and not _starts_with(store, entry.key, magic):
+            continue
+        store.delete(entry.key)
+        deleted.append(entry.key)
+    return deleted
+
+
+def _starts_with(store: Store, key: str, magic: bytes) -> bool:
+    try:
+        return read_head(store, key, len(magic)) == magic
+    except NoPartialReads:
+        return False
 
 
 # --- shared by the remote backends -------------------------------------------------------------------------

@@ -135,7 +135,7 @@ def save_bundle(store: Store, request: SaveRequest) -> SaveResult:
         return failed(f"save failed: {type(exc).__name__}: {exc}")
     notes = [f"left out {len(skipped)} cache file(s) no bundle can carry"] if skipped else []
     try:
-        prune(store, restore_prefix(request.prefix, digest), request.keep)
+        prune(store, restore_prefix(request.prefix, digest), request.keep, magic=bundle.MAGIC)
     except Exception as exc:  # the bundle is stored; only the clean-up failed
         notes.append(f"could not prune old bundles: {exc}")
     return SaveResult(

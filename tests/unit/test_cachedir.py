@@ -279,6 +279,18 @@ def test_lock_is_a_file_lock_inside_the_dir(tmp_path: Path) -> None:
     assert (tmp_path / LOCK_NAME).exists()
 
 
+def test_a_link_planted_as_the_lock_file_is_never_followed(tmp_path: Path) -> None:
+    """Whoever can write a shared cache dir cannot make the lock truncate a file elsewhere."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / LOCK_NAME).symlink_to(victim)
+    with pytest.raises(OSError), cachedir.lock(str(cache), timeout=1):
+        pass
+    assert victim.read_text() == "precious"
+
+
 # ------------------------------------------------------------------------------------------- ownership()
 
 KEY = "c3g2mqobe6g24e353lemr6cpzfcmocdsk5rbq3mousrlfxbh7zgy"  # a real torch 2.13 kernel key

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import subprocess
@@ -606,3 +607,24 @@ def test_save_carries_what_a_fresh_gpu_runner_would_rebuild(tmp_path: Path, caps
     helper = target / "triton" / entry.name / "cuda_utils.cpython-311-x86_64-linux-gnu.so"
     assert helper.read_bytes() == b"\x7fELF helper"
     assert (target / "cache" / "f2b4c1d0").read_text() == '{"mm": {}}'
+
+
+def test_prune_takes_only_whole_key_parts_and_only_bundles(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``prune`` deletes only what it can prove is ours: bundles (by their first bytes) under whole parts of a
+    key, never every project's at once."""
+    store = tmp_path / "store"
+    store.mkdir()
+    names = ["projA-aaaa-1", "projA-aaaa-2", "projA-aaaa-3", "projAB-bbbb-1", "projAB-bbbb-2", "other-cccc-1"]
+    for age, name in enumerate(reversed(names)):
+        (store / f"{name}.bundle").write_bytes(bundle.MAGIC + b" the rest of a bundle")
+        os.utime(store / f"{name}.bundle", (1_700_000_000 - age, 1_700_000_000 - age))
+    (store / "projA-aaaa-0.bundle").write_bytes(b"# v2 git bundle\n")  # oldest, named like one, not ours
+    os.utime(store / "projA-aaaa-0.bundle", (1_600_000_000, 1_600_000_000))
+
+    assert cli.main(["prune", "--store", str(store), "--prefix", "", "--keep", "1"]) == cli.EXIT_USAGE
+    assert "error: prune: the prefix must not be empty" in capsys.readouterr().err
+
+    assert cli.main(["prune", "--store", str(store), "--prefix", "projA", "--keep", "1"]) == 0
+    left = sorted(p.name.removesuffix(".bundle") for p in store.iterdir())
+    assert left == ["other-cccc-1", "projA-aaaa-0", "projA-aaaa-3", "projAB-bbbb-1", "projAB-bbbb-2"]
+    assert "deleted 2" in capsys.readouterr().out
