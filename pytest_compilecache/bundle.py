@@ -74,6 +74,7 @@ from .manifest import Artifact
 from .manifest import Manifest
 from .manifest import Member
 from .manifest import check_member_path
+from .manifest import fold_path
 from .manifest import fingerprint_differences
 from .manifest import json_object
 from .manifest import printable
@@ -307,14 +308,16 @@ def install(verified: Verified, *, stage_blobs: bool = False) -> Installed:
     named by content, so two restores into one dir never take each other's), for a later process to load
     (``sync.load_staged``), and :meth:`Verified.blob` no longer reads them.
     A bundle file among the plugin's own names (``CACHEDIR.TAG``, the lock, the registrations, the graph
-    record, the pending dir: :data:`.cachedir.OUR_NAMES`) is refused: no save ever packs one.
+    record, the pending dir: :data:`.cachedir.OUR_NAMES`) is refused, in any case (``cachedir.tag`` is the
+    tag on a file system that ignores case): no save ever packs one.
     """
     staging = verified.staging
     if staging is None:
         raise ValueError("install() needs a bundle verified with a cache_dir")
     manifest = verified.manifest
+    ours = {fold_path(name) for name in OUR_NAMES}  # as a file system that ignores case sees them
     for rel in manifest.file_paths:
-        if rel.split("/", 1)[0] in OUR_NAMES:
+        if fold_path(rel.split("/", 1)[0]) in ours:
             raise BundleError(f"refusing to unpack {printable(rel)}: the plugin's own name, not a cache file")
     by_path = {m.path: m for m in manifest.members}
     files = [

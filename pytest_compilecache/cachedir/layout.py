@@ -152,13 +152,20 @@ def triton_kernel_dir(device: str, name: str) -> bool:
 
 def torch_file(top: str, rel_parts: list[str]) -> bool:
     """Is the file ``<top>/<rel_parts...>`` one torch writes there? For the torch dirs whose files are trimmed
-    one by one: ``fxgraph/`` and ``aotautograd/`` (torch's own names all the way down), ``cache/``,
-    ``dynamo/`` and ``precompiled_headers/`` (by name). Never a lock or a temp file."""
+    one by one, each by its name in its place: ``fxgraph/<key[1:3]>/<key>/<entry>`` and
+    ``aotautograd/<key>/<entry>`` (keys and entries are hashes), ``cache/``, ``dynamo/`` and
+    ``precompiled_headers/``. Never a lock or a temp file."""
     name = rel_parts[-1]
     if name.endswith(".lock") or is_temp_name(name):
         return False
-    if top in ("fxgraph", "aotautograd"):
-        return True
+    if top == "fxgraph":  # codecache.FxGraphCache._get_tmp_dir_for_key, then the entry's content hash
+        return (
+            len(rel_parts) == 3
+            and all(re.fullmatch(_KEY, part) for part in rel_parts[1:])
+            and rel_parts[1][1:3] == rel_parts[0]
+        )
+    if top == "aotautograd":  # autograd_cache.AOTAutogradCache._get_tmp_dir_for_key, then the entry's hash
+        return len(rel_parts) == 2 and all(re.fullmatch(_KEY, part) for part in rel_parts)
     if top == "cache":
         return len(rel_parts) <= 2 and bool(re.fullmatch(_CACHE_FILE, name))
     if top == "dynamo":

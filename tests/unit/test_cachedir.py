@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import io
 import os
 import shutil
@@ -150,6 +152,21 @@ def test_describe(monkeypatch: pytest.MonkeyPatch) -> None:
 # ---------------------------------------------------------------------------------------- evict(), touch()
 
 
+def fx(name: str) -> str:
+    """Where torch's FX-graph cache writes an entry (``fxgraph/<key[1:3]>/<key>/<entry>``, both hashes), one
+    place per ``name``: only files in torch's places are ever trimmed."""
+    digest = base64.b32encode(hashlib.sha256(name.encode()).digest()).decode().lower()
+    key = "f" + digest[:51]
+    return f"fxgraph/{key[1:3]}/{key}/{digest[1:52]}"
+
+
+# aotautograd/<key>/<entry>, names from a real torch 2.13 run
+AOT_ENTRY = (
+    "aotautograd/auoymoijvmjyooomit354da75jwansovzwmihmmyoztnjqxv47jc/"
+    "bu33q4jfx6pfnzuyv7ykh74vna55vzu63mgzkobronx2oxd4fz5"
+)
+
+
 def _file(root: Path, rel: str, size: int, atime: float, mtime: float | None = None) -> Path:
     path = root / rel
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -172,29 +189,29 @@ def _files(root: Path) -> set[str]:
 
 
 def test_evict_removes_least_recently_used_first(cache: Path) -> None:
-    _file(cache, "fxgraph/aa/old", 100, T0)
-    _file(cache, "fxgraph/bb/mid", 100, T0 + 10)
-    _file(cache, "fxgraph/cc/new", 100, T0 + 20)
+    _file(cache, fx("aa/old"), 100, T0)
+    _file(cache, fx("bb/mid"), 100, T0 + 10)
+    _file(cache, fx("cc/new"), 100, T0 + 20)
     markers = sum(os.path.getsize(cache / m) for m in ("CACHEDIR.TAG", ".gitignore", LOCK_NAME))
     removed, freed = cachedir.evict(str(cache), markers + 150)
     assert (removed, freed) == (2, 200)
-    assert _files(cache) == {"CACHEDIR.TAG", ".gitignore", LOCK_NAME, "fxgraph/cc/new"}
+    assert _files(cache) == {"CACHEDIR.TAG", ".gitignore", LOCK_NAME, fx("cc/new")}
     # emptied subdirectories are gone as well
     assert not (cache / "fxgraph" / "aa").exists() and not (cache / "fxgraph" / "bb").exists()
     assert _dir_size(str(cache)) == markers + 100
 
 
 def test_evict_uses_the_later_of_access_and_modification(cache: Path) -> None:
-    _file(cache, "fxgraph/x/read_recently", 100, atime=T0 + 100, mtime=T0)
-    _file(cache, "fxgraph/x/written_recently", 100, atime=T0, mtime=T0 + 50)
-    _file(cache, "fxgraph/x/untouched", 100, atime=T0 + 10, mtime=T0 + 10)
+    _file(cache, fx("x/read_recently"), 100, atime=T0 + 100, mtime=T0)
+    _file(cache, fx("x/written_recently"), 100, atime=T0, mtime=T0 + 50)
+    _file(cache, fx("x/untouched"), 100, atime=T0 + 10, mtime=T0 + 10)
     cachedir.evict(str(cache), _dir_size(str(cache)) - 1)
-    assert "fxgraph/x/untouched" not in _files(cache)
-    assert {"fxgraph/x/read_recently", "fxgraph/x/written_recently"} <= _files(cache)
+    assert fx("x/untouched") not in _files(cache)
+    assert {fx("x/read_recently"), fx("x/written_recently")} <= _files(cache)
 
 
 def test_evict_under_the_cap_does_nothing(cache: Path) -> None:
-    _file(cache, "fxgraph/sub/a", 10, T0)
+    _file(cache, fx("sub/a"), 10, T0)
     (cache / "aotautograd" / "empty").mkdir(parents=True)
     os.utime(cache / "aotautograd" / "empty", (T0, T0))  # long empty: a fresh one may be about to be written into
     before = _files(cache)
@@ -205,13 +222,25 @@ def test_evict_under_the_cap_does_nothing(cache: Path) -> None:
 
 
 def test_evict_keeps_markers_even_at_zero(cache: Path) -> None:
-    _file(cache, "fxgraph/a", 10, T0)
-    _file(cache, "fxgraph/deep/er/b", 10, T0)
-    _file(cache, "fxgraph/deep/CACHEDIR.TAG", 10, T0)  # only the top-level markers are ours
+    _file(cache, fx("a"), 10, T0)
+    _file(cache, fx("deep/er/b"), 10, T0)
     removed, freed = cachedir.evict(str(cache), 0)
-    assert (removed, freed) == (3, 30)
+    assert (removed, freed) == (2, 20)
     assert _files(cache) == {"CACHEDIR.TAG", ".gitignore", LOCK_NAME}
     assert [p.name for p in cache.iterdir() if p.is_dir()] == []
+
+
+def test_files_of_yours_in_torchs_dirs_are_never_trimmed(cache: Path) -> None:
+    """Only a file in the place torch writes one is torch's: notes, a repository or results put under
+    ``fxgraph/`` or ``aotautograd/`` stay, even at a cap of 0."""
+    yours = {"fxgraph/NOTES.md", "fxgraph/.git/config", "fxgraph/deep/CACHEDIR.TAG",
+             "aotautograd/my-experiment/results.csv", fx("x").rsplit("/", 1)[0] + "/notes.txt"}  # fmt: skip
+    for rel in yours:
+        _file(cache, rel, 10, T0)
+    _file(cache, fx("a"), 10, T0)
+    _file(cache, AOT_ENTRY, 10, T0)
+    assert cachedir.evict(str(cache), 0) == (2, 20)
+    assert _files(cache) == {"CACHEDIR.TAG", ".gitignore", LOCK_NAME, *yours}
 
 
 def test_our_tag_does_not_make_every_file_in_the_dir_ours(tmp_path: Path) -> None:
@@ -232,17 +261,17 @@ def test_our_tag_does_not_make_every_file_in_the_dir_ours(tmp_path: Path) -> Non
 
 
 def test_touch_protects_files_from_eviction(cache: Path) -> None:
-    _file(cache, "fxgraph/used/by_last_session", 100, T0)
-    _file(cache, "fxgraph/unused", 100, T0 + 10)
+    _file(cache, fx("used/by_last_session"), 100, T0)
+    _file(cache, fx("unused"), 100, T0 + 10)
     written = int(T0) * 10**9 + 123_456_789  # a float of seconds would lose the last digits
-    os.utime(cache / "fxgraph/used/by_last_session", ns=(written, written))
-    cachedir.touch(str(cache), ["fxgraph/used/by_last_session", "vanished/meanwhile"])
-    stat = os.stat(cache / "fxgraph/used/by_last_session")
+    os.utime(cache / fx("used/by_last_session"), ns=(written, written))
+    cachedir.touch(str(cache), [fx("used/by_last_session"), "vanished/meanwhile"])
+    stat = os.stat(cache / fx("used/by_last_session"))
     assert stat.st_atime > T0 + 10
     assert stat.st_mtime_ns == written  # content age is kept, to the nanosecond
     cachedir.evict(str(cache), _dir_size(str(cache)) - 1)
-    assert "fxgraph/used/by_last_session" in _files(cache)
-    assert "fxgraph/unused" not in _files(cache)
+    assert fx("used/by_last_session") in _files(cache)
+    assert fx("unused") not in _files(cache)
 
 
 @pytest.mark.parametrize(
@@ -264,13 +293,13 @@ def test_shape_profile_names_the_profile_torch_keeps_for_a_job_id(name: str, job
 def test_a_shape_profile_marked_used_outlives_older_files_under_a_cap(cache: Path) -> None:
     profile = _file(cache, "dynamo/code_state_ci_None_.pkl", 100, T0)  # read by every session, rewritten by none
     _file(cache, "dynamo/code_state_other_None_.pkl", 100, T0 + 5)
-    _file(cache, "fxgraph/aa/newer", 100, T0 + 10)
+    _file(cache, fx("aa/newer"), 100, T0 + 10)
     assert cachedir.shape_profiles(str(cache), "ci") == ["dynamo/code_state_ci_None_.pkl"]
     assert cachedir.shape_profiles(str(cache / "fxgraph"), "ci") == []  # no dynamo/ there
     cachedir.touch(str(cache), cachedir.shape_profiles(str(cache), "ci"))
     cachedir.evict(str(cache), _dir_size(str(cache)) - 150)
     assert profile.is_file() and profile.stat().st_mtime == T0
-    assert {"fxgraph/aa/newer", "dynamo/code_state_other_None_.pkl"} & _files(cache) == set()
+    assert {fx("aa/newer"), "dynamo/code_state_other_None_.pkl"} & _files(cache) == set()
 
 
 def test_lock_is_a_file_lock_inside_the_dir(tmp_path: Path) -> None:
@@ -301,7 +330,7 @@ def _torch_layout(root: Path) -> set[str]:
     """What torch 2.13 leaves after compiling a pointwise op on CPU (names from a real run)."""
     files = {
         f"{KEY[1:3]}/{KEY}.cpp": 300, f"{KEY[1:3]}/{KEY}.so": 900, f"dg/cdg3{KEY[4:]}.py": 200,
-        f"4n/c4n{KEY[3:]}.main.cpp": 100, "fxgraph/xd/fxkey/entry": 400, "aotautograd/ab/aotkey/entry": 50,
+        f"4n/c4n{KEY[3:]}.main.cpp": 100, fx("xd/fxkey/entry"): 400, AOT_ENTRY: 50,
         f"locks/{KEY}.lock": 0, f"triton/0/{TRITON_KEY}/triton_poi_fused_0.json": 10,
     }  # fmt: skip
     for rel, size in files.items():
@@ -429,11 +458,11 @@ def test_trim_never_touches_a_foreign_dir(tmp_path: Path) -> None:
 
 
 def test_trim_keeps_what_changed_after_it_began(cache: Path) -> None:
-    _file(cache, "fxgraph/aa/entry", 100, T0)
-    changed = os.stat(cache / "fxgraph/aa/entry").st_ctime  # utime changes ctime: "now"
+    _file(cache, fx("aa/entry"), 100, T0)
+    changed = os.stat(cache / fx("aa/entry")).st_ctime  # utime changes ctime: "now"
     result = cachedir.trim(str(cache), 0, now=changed)
     assert (result.removed, result.freed) == (0, 0)
-    assert "fxgraph/aa/entry" in _files(cache)
+    assert fx("aa/entry") in _files(cache)
     assert cachedir.trim(str(cache), 0).removed == 1
 
 
@@ -461,7 +490,7 @@ def _end(process: subprocess.Popen[str], *, kill: bool = False) -> None:
 
 
 def test_trim_is_deferred_while_another_session_is_live(cache: Path) -> None:
-    _file(cache, "fxgraph/aa/entry", 100, T0)
+    _file(cache, fx("aa/entry"), 100, T0)
     (cache / "fxgraph" / "empty").mkdir()
     os.utime(cache / "fxgraph" / "empty", (T0, T0))  # long empty: a fresh one is kept, as torch may use it now
     other = _other_session(cache)
@@ -469,7 +498,7 @@ def test_trim_is_deferred_while_another_session_is_live(cache: Path) -> None:
         result = cachedir.trim(str(cache), 0)
         assert (result.removed, result.deferred) == (0, 1)
         assert result.describe() is not None and "deferred: 1 other session is using it" in result.describe()  # type: ignore[operator]
-        assert "fxgraph/aa/entry" in _files(cache)
+        assert fx("aa/entry") in _files(cache)
         assert (cache / "fxgraph" / "empty").is_dir()  # torch may be about to write into it
     finally:
         _end(other)
@@ -479,7 +508,7 @@ def test_trim_is_deferred_while_another_session_is_live(cache: Path) -> None:
 
 
 def test_a_killed_sessions_registration_does_not_block_trimming(cache: Path) -> None:
-    _file(cache, "fxgraph/aa/entry", 100, T0)
+    _file(cache, fx("aa/entry"), 100, T0)
     other = _other_session(cache)
     assert len(cachedir.live_sessions(str(cache))) == 1
     _end(other, kill=True)
@@ -489,7 +518,7 @@ def test_a_killed_sessions_registration_does_not_block_trimming(cache: Path) -> 
 
 
 def test_own_registration_does_not_defer_own_trim(cache: Path) -> None:
-    _file(cache, "fxgraph/aa/entry", 100, T0)
+    _file(cache, fx("aa/entry"), 100, T0)
     with cachedir.register_session(str(cache)) as registration:
         assert [s.pid for s in cachedir.live_sessions(str(cache))] == [os.getpid()]
         assert cachedir.live_sessions(str(cache), excluding=registration.marker) == []
@@ -501,9 +530,9 @@ def test_own_registration_does_not_defer_own_trim(cache: Path) -> None:
 
 def test_a_cap_that_removes_what_this_session_used_says_so(cache: Path) -> None:
     # Issue 29: a cap smaller than one session's files removed them all silently; the next run hit nothing.
-    _file(cache, "fxgraph/aa/before", 100, T0)  # last used before the session began
-    _file(cache, "fxgraph/bb/used", 100, T0 + 100)  # used (read or written) by the session
-    _file(cache, "fxgraph/cc/also", 100, T0 + 200)
+    _file(cache, fx("aa/before"), 100, T0)  # last used before the session began
+    _file(cache, fx("bb/used"), 100, T0 + 100)  # used (read or written) by the session
+    _file(cache, fx("cc/also"), 100, T0 + 200)
     with cachedir.register_session(str(cache), start=T0 + 50) as registration:
         result = cachedir.trim(str(cache), 0, registration=registration)
         assert (result.removed, result.session_files) == (3, 2)
@@ -511,17 +540,17 @@ def test_a_cap_that_removes_what_this_session_used_says_so(cache: Path) -> None:
             "--compile-cache-max-size (1.0 KiB) is smaller than what this session used: the trim removed 2 files "
             "it used, which the next run compiles again; raise the cap"
         )
-    _file(cache, "fxgraph/aa/before", 100, T0)
+    _file(cache, fx("aa/before"), 100, T0)
     with cachedir.register_session(str(cache), start=T0 + 50) as registration:
         quiet = cachedir.trim(str(cache), 0, registration=registration)
     assert (quiet.removed, quiet.session_files, quiet.too_small("c", 1)) == (1, 0, None)  # older files only
-    _file(cache, "fxgraph/aa/before", 100, T0 + 100)
+    _file(cache, fx("aa/before"), 100, T0 + 100)
     assert cachedir.trim(str(cache), 0).session_files == 0  # no session to compare with
     # Files the session used within MIN_AGE are kept (torch may still use them): the dir stays over the cap.
-    _file(cache, "fxgraph/dd/fresh", 100, time.time())
-    _file(cache, "fxgraph/ee/others", 100, time.time())  # used just now, but by another process
+    _file(cache, fx("dd/fresh"), 100, time.time())
+    _file(cache, fx("ee/others"), 100, time.time())  # used just now, but by another process
     with cachedir.register_session(str(cache), start=T0 + 50) as registration:
-        kept = cachedir.trim(str(cache), 0, registration=registration, used=frozenset({"fxgraph/dd/fresh"}))
+        kept = cachedir.trim(str(cache), 0, registration=registration, used=frozenset({fx("dd/fresh")}))
     assert (kept.removed, kept.session_kept) == (0, 1)
     assert "1 file it used keep the dir at" in (kept.too_small("--compile-cache-max-size", 10) or "")
     with cachedir.register_session(str(cache), start=T0 + 50) as registration:
@@ -535,16 +564,16 @@ def test_a_cap_that_removes_what_this_session_used_says_so(cache: Path) -> None:
 def test_a_session_run_in_process_never_trims_under_its_host(cache: Path) -> None:
     # pytest.main() inside a test: two sessions of one process share the dir; each one's own registration
     # is the only one its trim may ignore (every registration of the process was ignored before).
-    _file(cache, "fxgraph/aa/entry", 100, T0)
+    _file(cache, fx("aa/entry"), 100, T0)
     with cachedir.register_session(str(cache)), cachedir.register_session(str(cache)) as inner:
         result = cachedir.trim(str(cache), 0, registration=inner)
         assert (result.removed, result.deferred) == (0, 1)
-    assert (cache / "fxgraph/aa/entry").exists()
+    assert (cache / fx("aa/entry")).exists()
 
 
 def test_a_planted_link_for_the_registrations_is_never_followed(tmp_path: Path) -> None:
     cache = cachedir.make_dir(tmp_path / "cc")
-    _file(cache, "fxgraph/aa/entry", 100, T0)
+    _file(cache, fx("aa/entry"), 100, T0)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     victim = elsewhere / "1-0000abcd-1-0"  # a marker's name, unlocked: it would be swept as a dead session's
@@ -560,12 +589,12 @@ def test_a_planted_link_for_the_registrations_is_never_followed(tmp_path: Path) 
 
 def test_trim_stops_when_a_session_registers_meanwhile(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for index in range(5):
-        _file(cache, f"fxgraph/aa/e{index}", 10, T0 + index)
+        _file(cache, fx(f"aa/e{index}"), 10, T0 + index)
     checks = iter([[], [], [], [cachedir.LiveSession(1, T0, True)]])  # before: the count; then per removal
     monkeypatch.setattr(cachedir.registry, "live_sessions", lambda path, excluding=None: next(checks))
     result = cachedir.trim(str(cache), 0)
     assert (result.removed, result.freed, result.stopped) == (2, 20, True)
-    assert {f"fxgraph/aa/e{i}" for i in (2, 3, 4)} <= _files(cache)
+    assert {fx(f"aa/e{i}") for i in (2, 3, 4)} <= _files(cache)
     assert result.describe() is not None and "stopped early" in result.describe()  # type: ignore[operator]
 
 
@@ -584,7 +613,7 @@ def _during_trim(monkeypatch: pytest.MonkeyPatch, act: Callable[[], None]) -> No
 
 def test_trim_keeps_a_file_replaced_after_its_scan(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # torch's write_atomic renames a new file over the old one: the name is the same, the file is not.
-    target = _file(cache, "fxgraph/aa/entry", 100, T0)
+    target = _file(cache, fx("aa/entry"), 100, T0)
 
     def rewrite() -> None:
         fresh = target.with_name(".entry.tmp")
@@ -940,8 +969,8 @@ def test_trim_keeps_what_was_used_or_written_recently(cache: Path) -> None:
     # MIN_AGE may be in use, whatever the cap says.
     now = time.time()
     fresh = _file(cache, f"{KEY[1:3]}/{KEY}.main.cpp", 100, now - 60)  # written a minute ago, being compiled
-    read = _file(cache, "fxgraph/aa/read", 100, atime=now - 60, mtime=T0)  # old, but loaded a minute ago
-    _file(cache, "fxgraph/aa/old", 100, T0)
+    read = _file(cache, fx("aa/read"), 100, atime=now - 60, mtime=T0)  # old, but loaded a minute ago
+    _file(cache, fx("aa/old"), 100, T0)
     result = cachedir.trim(str(cache), 0)
     assert (result.removed, result.freed) == (1, 100)
     assert fresh.exists() and read.exists()
@@ -965,7 +994,7 @@ def test_trim_removes_a_kernels_files_together_sources_first(cache: Path, monkey
     folder = KEY[1:3]
     _file(cache, f"{folder}/{KEY}.so", 100, T0)
     _file(cache, f"{folder}/{KEY}.cpp", 100, T0 + 5)
-    _file(cache, "fxgraph/aa/newer", 100, T0 + 10)
+    _file(cache, fx("aa/newer"), 100, T0 + 10)
     order: list[str] = []
     unlink = os.unlink
 
@@ -977,7 +1006,7 @@ def test_trim_removes_a_kernels_files_together_sources_first(cache: Path, monkey
     removed, freed = cachedir.evict(str(cache), _dir_size(str(cache)) - 50)  # one file's worth would do
     assert (removed, freed) == (2, 200)  # the key's two files, never one without the other
     assert order == [f"{KEY}.cpp", f"{KEY}.so"]  # torch finding the source gone writes it again
-    assert "fxgraph/aa/newer" in _files(cache)
+    assert fx("aa/newer") in _files(cache)
 
 
 def test_trim_never_takes_user_files_that_look_like_torchs(cache: Path) -> None:
