@@ -74,8 +74,8 @@ from .manifest import Artifact
 from .manifest import Manifest
 from .manifest import Member
 from .manifest import check_member_path
-from .manifest import fold_path
 from .manifest import fingerprint_differences
+from .manifest import fold_path
 from .manifest import json_object
 from .manifest import printable
 from .manifest import unsafe_member_reason

@@ -231,6 +231,15 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _unlinked(cache_dir: Path, path: Path) -> bool:
+    """Is ``path`` reached from ``cache_dir`` without a link (glob goes through a linked dir; a bundle never)?"""
+    while path != cache_dir:
+        if path.is_symlink():
+            return False
+        path = path.parent
+    return True
+
+
 def cmd_save(args: argparse.Namespace) -> int:
     _check_names(args)
     cache_dir = Path(args.cache_dir).absolute()
@@ -239,7 +248,7 @@ def cmd_save(args: argparse.Namespace) -> int:
             str(p.relative_to(cache_dir)).replace(os.sep, "/")
             for pattern in _DIR_PATTERNS
             for p in cache_dir.glob(pattern)
-            if p.is_file() and not p.is_symlink() and p.name not in _NOT_CARRIED and not p.name.startswith("tmp.")
+            if p.is_file() and p.name not in _NOT_CARRIED and not p.name.startswith("tmp.") and _unlinked(cache_dir, p)
         }
     )
     store = _open(args)

@@ -628,3 +628,19 @@ def test_prune_takes_only_whole_key_parts_and_only_bundles(tmp_path: Path, capsy
     left = sorted(p.name.removesuffix(".bundle") for p in store.iterdir())
     assert left == ["other-cccc-1", "projA-aaaa-0", "projA-aaaa-3", "projAB-bbbb-1", "projAB-bbbb-2"]
     assert "deleted 2" in capsys.readouterr().out
+
+
+def test_save_leaves_out_a_linked_dir_and_saves_the_rest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A link to a dir elsewhere (a user's library dir) is not the cache's: what it leads to is never listed,
+    and it does not make the whole save fail."""
+    store, cache = tmp_path / "store", _cache_dir(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "libsecret.so").write_bytes(b"not ours")
+    (cache / "zz").symlink_to(outside)
+    assert cli.main(["save", "--store", str(store), "--cache-dir", str(cache), "--suffix", "1"]) == 0
+    (path,) = store.glob("*.bundle")
+    capsys.readouterr()
+    assert cli.main(["inspect", str(path), "--json"]) == 0
+    members = {m["path"] for m in json.loads(capsys.readouterr().out)["members"]}
+    assert members == {f"files/ab/{KERNEL}.main.so", "files/fxgraph/xy/fxkey/entry"}
