@@ -383,11 +383,12 @@ def install_command(
 
 
 def action_version(action_path: str) -> str | None:
-    """The plugin version this Action ships (its ``pytest_compilecache/__init__.py``), or None."""
+    """The plugin version this Action ships (its ``pytest_compilecache/_version.py``, the one place the
+    version is written), or None."""
     import re
 
     try:
-        text = (Path(action_path) / "pytest_compilecache" / "__init__.py").read_text(encoding="utf-8")
+        text = (Path(action_path) / "pytest_compilecache" / "_version.py").read_text(encoding="utf-8")
     except OSError:
         return None
     match = re.search(r"^__version__\s*=\s*[\"']([^\"']+)[\"']", text, re.MULTILINE)

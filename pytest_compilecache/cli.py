@@ -1,6 +1,6 @@
 """``python -m pytest_compilecache``: fingerprint, key, restore, save, inspect, verify, prune, report.
 
-Exit codes (stable, documented in the README):
+Exit codes (stable, documented in docs/cli.md):
 
 * 0 - done (a restore that misses is done too: the next session compiles cold; store or bundle trouble
   without ``--strict`` is one ``CompileCacheWarning`` line on stderr and exit 0)

@@ -74,7 +74,7 @@ def render_options() -> str:
         f"| | | `{SIGNING_KEY_ENV}` | unset | HMAC key (a secret): bundles are signed on save, and unsigned or "
         "wrongly signed bundles are refused. Environment only, so that it stays out of files and command lines. |",
         "",
-        "Flags (`--compile-cache-keep`, `--compile-cache-readonly`, `--compile-cache-strict`) take `true`/`false`",
+        "Flags (" + ", ".join(f"`{option.cli}`" for option in OPTIONS if option.flag) + ") take `true`/`false`",
         "(also `1`/`0`, `yes`/`no`, `on`/`off`) in the ini file and the environment.",
         "",
         "Sizes are bytes or a number with `K`, `M`, `G` or `T` (powers of 1024). What each option does in depth:",

@@ -469,14 +469,15 @@ def test_install_false_checks_the_installed_version(
     """Fix 8: with install: false, a plugin of another version than the Action's is named, not ignored."""
     import pytest_compilecache
 
+    # The Action's own checkout: the version read there is the package's.
+    assert inputs.action_version(str(Path(__file__).resolve().parents[2])) == pytest_compilecache.__version__
     shipped = tmp_path / "action" / "pytest_compilecache"
     shipped.mkdir(parents=True)
     environ.update(INPUT_INSTALL="false", GITHUB_ACTION_PATH=str(tmp_path / "action"))
-    (shipped / "__init__.py").write_text(f'__version__ = "{pytest_compilecache.__version__}"\n')
-    assert inputs.action_version(str(tmp_path / "action")) == pytest_compilecache.__version__
+    (shipped / "_version.py").write_text(f'__version__ = "{pytest_compilecache.__version__}"\n')
     assert action.main(["install"], environ) == 0
     assert "::warning" not in capsys.readouterr().out
-    (shipped / "__init__.py").write_text('"""doc"""\n\n__version__ = "9.9.9"\n')
+    (shipped / "_version.py").write_text('"""doc"""\n\n__version__ = "9.9.9"\n')
     assert action.main(["install"], environ) == 0
     out = capsys.readouterr().out
     assert (

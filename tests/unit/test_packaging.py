@@ -56,3 +56,20 @@ def test_urls_keywords_and_the_torch_range(project: dict[str, Any]) -> None:
 def test_the_package_is_typed() -> None:
     assert (REPO / "pytest_compilecache" / "py.typed").is_file()
     assert 'pytest_compilecache = ["py.typed"]' in (REPO / "pyproject.toml").read_text()
+
+
+def test_the_code_parses_as_the_lowest_declared_python(project: dict[str, Any]) -> None:
+    """``requires-python`` is what the code can run on: every module's syntax is that Python's, and every
+    module that annotates defers its annotations (``X | None`` in a signature is 3.10 syntax at run time)."""
+    import ast
+
+    lowest = re.fullmatch(r">=3\.(\d+)", project["requires-python"])
+    assert lowest, project["requires-python"]
+    for path in sorted([*(REPO / "pytest_compilecache").rglob("*.py"), *(REPO / "action").glob("*.py")]):
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source, str(path), feature_version=(3, int(lowest.group(1))))
+        annotates = any(
+            isinstance(node, ast.AnnAssign) or (isinstance(node, ast.FunctionDef) and node.returns is not None)
+            for node in ast.walk(tree)
+        )
+        assert not annotates or "from __future__ import annotations" in source, path
