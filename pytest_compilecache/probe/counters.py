@@ -81,7 +81,7 @@ class Mark:
     """Counters and metric position at the start of a phase; ``triton``: triton cache entries written so far;
     ``limits``: recompile-limit warnings so far; ``breaks``: graph breaks torch logged so far."""
 
-    __slots__ = ("breaks", "counters", "limits", "metrics", "reasons", "triton")
+    __slots__ = ("breaks", "counters", "limits", "metrics", "objects", "reasons", "triton")
 
     def __init__(
         self,
@@ -91,8 +91,12 @@ class Mark:
         triton: int = 0,
         limits: int = 0,
         breaks: int = 0,
+        objects: dict[str, Any] | None = None,
     ) -> None:
         self.counters = counters
+        # torch's Counter of each group itself: ``counters.clear()`` by a test replaces it with a new one, and
+        # this one keeps what was counted before the clear.
+        self.objects = objects or {}
         self.metrics = metrics
         self.reasons = reasons
         self.triton = triton
@@ -114,15 +118,22 @@ def mark() -> Mark:
         return Mark({}, 0, reasons, len(triton_built), dynamo.limit_mark(), dynamo.breaks_mark())
     from torch._dynamo import utils
 
-    counters = {group: dict(utils.counters[group]) for group in _GROUPS if group in utils.counters}
-    return Mark(counters, _metrics_count(utils), reasons, len(triton_built), dynamo.limit_mark(), dynamo.breaks_mark())
+    objects = {group: utils.counters[group] for group in _GROUPS if group in utils.counters}
+    counters = {group: dict(counter) for group, counter in objects.items()}
+    limits, breaks = dynamo.limit_mark(), dynamo.breaks_mark()
+    return Mark(counters, _metrics_count(utils), reasons, len(triton_built), limits, breaks, objects)
 
 
 def delta(start: Mark) -> dict[str, Any]:
-    """What compiled since ``start``, shaped like ``ItemRecord.to_json`` (counts clamped at zero).
+    """What compiled since ``start``, shaped like ``ItemRecord.to_json``.
 
-    Counter deltas are clamped because a test may call ``counters.clear()``; metrics after a
-    ``clear_compilation_metrics()`` by the test are counted from the start of the list.
+    A test may call ``torch._dynamo.utils.counters.clear()`` (torch's own tests do, in their set-up): what it
+    counted before the clear is still in the group's old Counter (``start.objects``), what it counted after is
+    in the new one, and both count. After a clear of one group's Counter in place, what it counted since is
+    what is there (counts are never below zero). Metrics after a ``clear_compilation_metrics()`` by the test
+    are counted from the start of the list. A compile attempt that failed (``fail_type``: the recompile
+    limit, a frame Dynamo skipped) is no compiled frame; its seconds count, and it is a recompile when torch's
+    recompiles log says so (it logs the attempt).
     """
     if not dynamo_loaded():
         return {}
@@ -131,7 +142,11 @@ def delta(start: Mark) -> dict[str, Any]:
 
     def moved(group: str, name: str) -> int:
         now = utils.counters[group].get(name, 0) if group in utils.counters else 0
-        return max(0, now - start.counters.get(group, {}).get(name, 0))
+        before = start.counters.get(group, {}).get(name, 0)
+        old = start.objects.get(group)
+        if old is not None and (group not in utils.counters or utils.counters[group] is not old):
+            return int(max(0, old.get(name, 0) - before) + now)  # the test cleared torch's counters meanwhile
+        return int(now - before if now >= before else now)  # below the start: cleared in place, counted since
 
     new = _metrics_since(utils, start.metrics)
     out = empty_delta()
@@ -147,7 +162,7 @@ def delta(start: Mark) -> dict[str, Any]:
         out["graph_breaks"], reasons = dynamo.graph_breaks(start.breaks)
         if reasons:
             out["graph_break_reasons"] = reasons
-    limit_hit = dynamo.limit_hits(start.limits)
+    limit_hit = _ran_uncompiled(dynamo.limit_hits(start.limits), new)
     if limit_hit:
         out["limit_hit"] = limit_hit
     if "recompiled" in out:
@@ -208,6 +223,29 @@ def _name_unnamed(recompiled: list[dict[str, Any]], records: list[Any], limit_hi
             entry["function"] = frames.get(frame) or (hits.pop() if len(hits) == 1 else "")
 
 
+# fail_type of a compile that hit the recompile limit: torch raises it (fail_on_recompile_limit_hit, fullgraph) ...
+_LIMIT_RAISED = "FailOnRecompileLimitHit"
+# ... or the frame runs uncompiled from then on (2.7: RecompileLimitExceeded; 2.13: Unsupported, with its gb_type)
+_LIMIT_SKIPPED = ("RecompileLimitExceeded", "CacheLimitExceeded")
+_LIMIT_REASON = "recompile limit exceeded"
+
+
+def _ran_uncompiled(hits: list[dict[str, str]], records: list[Any]) -> list[dict[str, str]]:
+    """The recompile-limit warnings whose frames then ran uncompiled: not those where torch raised instead
+    (the test failed with ``FailOnRecompileLimitHit``). Each warning precedes its failed compile's record, so
+    the n-th warning is the n-th such record's; when they cannot be paired, a test where torch raised keeps
+    none (its failure says it)."""
+    outcomes = []
+    for record in records:
+        fail_type = getattr(record, "fail_type", None) or ""
+        reason = str(getattr(record, "fail_reason", None) or "").lower()
+        if fail_type == _LIMIT_RAISED or fail_type in _LIMIT_SKIPPED or _LIMIT_REASON in reason:
+            outcomes.append(fail_type != _LIMIT_RAISED)
+    if len(outcomes) == len(hits):
+        return [hit for hit, skipped in zip(hits, outcomes) if skipped]
+    return hits if all(outcomes) else []
+
+
 def _frame(record: Any) -> str:
     return str(getattr(record, "compile_id", "") or "").partition("/")[0]
 
@@ -229,16 +267,17 @@ def _add_metric(out: dict[str, Any], record: Any) -> None:
         # A lazily compiled backward: its own record, under its forward's compile id. Not a frame.
         out["compile_seconds"] += (backward_us or 0) / 1e6
     else:
-        out["frames"] += 1
+        failed = bool(getattr(record, "fail_type", None))  # an attempt that compiled nothing: no frame compiled
+        out["frames"] += 0 if failed else 1
         out["compile_seconds"] += frame_seconds or 0.0
         match = re.search(_ATTEMPT, str(getattr(record, "compile_id", "") or ""))
         reason = getattr(record, "recompile_reason", None)
-        if reason or (match and int(match.group(2)) > 0):
+        if reason or (match and int(match.group(2)) > 0):  # as torch's recompiles log: attempts, failed ones too
             out["recompiles"] += 1
             entry = {"function": dynamo.record_function(record), "reason": dynamo.guard_failure(reason)}
             entry[_FRAME] = _frame(record)
             out.setdefault("recompiled", []).append(entry)
-        elif match:  # the frame's first compile: the recorder remembers which test paid it
+        elif match and not failed:  # the frame's first compile: the recorder remembers which test paid it
             out.setdefault(FIRST_COMPILES, []).append(dynamo.record_function(record))
     remote = out["remote"]
     remote["fx_hit"] += getattr(record, "inductor_fx_remote_cache_hit_count", 0) or 0

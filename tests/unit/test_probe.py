@@ -400,6 +400,35 @@ def test_the_gpu_counters_and_metrics_are_the_ones_this_torch_writes() -> None:
     assert set(probe.TRITON_COMPILE_METRICS + probe.AUTOTUNE_METRICS) <= fields
 
 
+def test_a_test_that_clears_torchs_counters_still_counts_what_it_compiled() -> None:
+    """torch's own test suites call ``counters.clear()`` in their set-up: what a test counted before and after
+    such a clear both count; an attempt that failed (a frame Dynamo skipped) is no compiled frame."""
+    import collections
+
+    from torch._dynamo.utils import CompilationMetrics
+
+    records: collections.deque[Any] = collections.deque()
+    fresh: collections.defaultdict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    with pytest.MonkeyPatch.context() as patch:  # this session's own plugin measures the real ones
+        patch.setattr(torch._dynamo.utils, "_compilation_metrics", records)
+        patch.setattr(torch._dynamo.utils, "counters", fresh)
+        fresh["inductor"]["fxgraph_cache_miss"] += 5  # earlier tests
+        start = probe.mark()
+        fresh["inductor"]["fxgraph_cache_miss"] += 1
+        fresh.clear()  # the test's set-up, as torch's TestCase does
+        fresh["inductor"]["fxgraph_cache_miss"] += 1
+        fresh["aot_autograd"]["autograd_cache_miss"] += 1
+        records.append(CompilationMetrics(compile_id="0/0", fail_type="Unsupported", entire_frame_compile_time_s=0.25))
+        out = probe.delta(start)
+        start = probe.mark()
+        fresh["inductor"].clear()  # in place: what was counted since is what is there
+        fresh["inductor"]["fxgraph_cache_hit"] += 1
+        again = probe.delta(start)
+    assert out["fxgraph"]["miss"] == 2 and out["aotautograd"]["miss"] == 1
+    assert (out["frames"], out["compile_seconds"]) == (0, 0.25)
+    assert again["fxgraph"]["hit"] == 1 and again["fxgraph"]["miss"] == 0
+
+
 def test_delta_measures_triton_bundles_autotuning_and_triton_compiles() -> None:
     """A test whose GPU work is first-call autotuning: torch's runtime record, after the compile's own."""
     import collections
