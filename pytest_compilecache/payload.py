@@ -101,6 +101,7 @@ class ProcessOutput:
         errors are those ``context`` has taken so far (:meth:`.SessionContext.take_remote_errors`)."""
         from . import probe
 
+        recorder.finish_outside()
         output = cls(
             tests=recorder.stats.tests,
             records=list(recorder.stats.records.values()),

@@ -102,3 +102,8 @@ def merge_entries(into: list[dict[str, Any]], new: Any) -> None:
             same["count"] += count
         elif len(into) < MAX_TEXTS:
             into.append({**plain, "count": count})
+
+
+# The record of what compiled outside every test of a process (merged across xdist workers): a compile at import
+# or collection, in a session-scoped fixture's teardown. Counted in the totals, not as a test.
+OUTSIDE = "(outside tests)"

@@ -4,7 +4,7 @@ Loaded by the plugin once torch appears (or in a session given an option), so at
 else of ours: :mod:`probe` and :mod:`stats` load when torch is imported (or a report needs the
 statistics). While torch is not imported a test costs one dict lookup and one counter.
 Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``.stats``, ``.probe``,
-``.explain``.
+``.explain``, ``.record_fields``.
 PYTEST_DONT_REWRITE
 """
 
@@ -66,6 +66,9 @@ class Recorder:
         self._baseline_read = False
         # function -> the test whose frame compiled it first in this process: a later recompile names it
         self._first_compiled: dict[str, str] = {}
+        # Where the last recorded test ended; before the first, where this session began: torch's counters are
+        # per process, and an earlier session in this process (pytest.main() twice, an IDE) counted its own.
+        self._since: Start | None = self._here() if torch_loaded() else None
 
     @property
     def has_stats(self) -> bool:
@@ -94,10 +97,42 @@ class Recorder:
         """Where a test starts; :data:`COLD` (no probe call) while torch is not imported."""
         if not torch_loaded():
             return COLD if self.explain else COLD_UNEXPLAINED
+        here = self._here()
+        self._outside(here)
+        return here
+
+    def _here(self) -> Start:
         from . import probe
 
         # graph_mark() would install the capture once torch's codecache is loaded: not when explaining is off.
         return Start(probe.mark(), probe.graph_mark() if self.explain else None)
+
+    def finish_outside(self) -> None:
+        """Record what compiled since the last test ended (a session-scoped fixture's teardown, a compile at
+        collection when no test ran): at the process's end, before its statistics are read."""
+        if torch_loaded():
+            self._outside(self._here())
+
+    def _outside(self, here: Start) -> None:
+        """What compiled between the last test's end and ``here``, outside every test (a compile at import or
+        collection, in a hook or between tests), is recorded as :data:`.record_fields.OUTSIDE`: its misses are misses (a
+        bundle must carry those graphs), though no test paid them."""
+        since = self._since if self._since is not None else (COLD if self.explain else COLD_UNEXPLAINED)
+        self._since = here
+        from . import probe
+
+        if here.mark is None or not probe.moved(since.mark, here.mark):
+            return  # nothing compiled since the last test ended: the common case, two comparisons
+        from .record_fields import OUTSIDE
+
+        delta = self._delta(OUTSIDE, since, intended=False)
+        if delta:
+            from .stats import ItemRecord
+
+            record = ItemRecord(nodeid=OUTSIDE, worker=self.worker)
+            record.add(delta)
+            if record.compiled:
+                self.stats.add_record(record)
 
     def finish_cold(self, start: Start) -> bool:
         """Count a test that cannot have compiled: it began :data:`COLD` and torch is still not imported.
@@ -114,6 +149,7 @@ class Recorder:
         """Record the test that began at ``start``; ``intended``: marked isolated/disabled, so its misses are
         by design and its graphs are neither kept nor explained."""
         self.record(nodeid, self._delta(nodeid, start, intended))
+        self._since = self._here()
 
     def _delta(self, nodeid: str, start: Start, intended: bool) -> dict[str, Any]:
         from . import probe

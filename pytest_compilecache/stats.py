@@ -27,6 +27,7 @@ from .record_fields import ENTRIES
 from .record_fields import FX_FIELDS
 from .record_fields import GPU_SECONDS
 from .record_fields import GPU_SIGNALS
+from .record_fields import OUTSIDE
 from .record_fields import REMOTE_FIELDS
 from .record_fields import SECONDS
 from .record_fields import TEXTS
@@ -234,7 +235,8 @@ class SessionStats:
 
     def totals_json(self) -> dict[str, Any]:
         rate = self.hit_rate
-        out: dict[str, Any] = {"tests": self.tests, "compiled_tests": len(self.compiled)}
+        compiled_tests = sum(1 for nodeid, r in self.records.items() if r.compiled and nodeid != OUTSIDE)
+        out: dict[str, Any] = {"tests": self.tests, "compiled_tests": compiled_tests}
         out.update({group: self.total(group) for group in COUNT_GROUPS})
         if self.used_gpu:  # as in ItemRecord.to_json
             out["gpu"] = _gpu_json(self.gpu_total())

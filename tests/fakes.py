@@ -133,6 +133,7 @@ class FakeProbe:
         "torch_loaded",
         "dynamo_loaded",
         "mark",
+        "moved",
         "delta",
         "graph_mark",
         "graph_delta",
@@ -159,8 +160,11 @@ class FakeProbe:
     def mark(self) -> Any:
         return len(self.lookups)
 
+    def moved(self, start: Any, now: Any) -> bool:
+        return bool(now != (start or 0))
+
     def delta(self, start: Any) -> dict[str, Any]:
-        new = self.lookups[start:]
+        new = self.lookups[start if isinstance(start, int) else 0 :]  # probe.ZERO: since torch's import
         if not new:
             return {}
         misses = sum(1 for g in new if g["o"] != "hit")

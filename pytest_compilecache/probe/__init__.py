@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from .counters import Mark as Mark
     from .counters import delta as delta
     from .counters import mark as mark
+    from .counters import moved as moved
     from .dynamo import fail_on_recompile_limit as fail_on_recompile_limit
     from .facts import CHILD_TIMEOUT as CHILD_TIMEOUT
     from .facts import Devices as Devices
@@ -96,6 +97,7 @@ _WHERE = {
     "ZERO": "counters",
     "delta": "counters",
     "mark": "counters",
+    "moved": "counters",
     "CHILD_TIMEOUT": "facts",
     "Devices": "facts",
     "capabilities": "facts",

@@ -124,6 +124,14 @@ def mark() -> Mark:
     return Mark(counters, _metrics_count(utils), reasons, len(triton_built), limits, breaks, objects)
 
 
+def moved(start: Mark | None, now: Mark) -> bool:
+    """Whether anything compiled (a counter, a compile record) between ``start`` (None: torch's import) and
+    ``now``: two comparisons, no delta. Graph breaks and limit warnings come with a compile record."""
+    if start is None:
+        return bool(now.counters) or now.metrics > 0
+    return now.counters != start.counters or now.metrics != start.metrics
+
+
 def delta(start: Mark) -> dict[str, Any]:
     """What compiled since ``start``, shaped like ``ItemRecord.to_json``.
 

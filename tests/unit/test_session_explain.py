@@ -20,6 +20,7 @@ from pytest_compilecache.context import SessionContext
 from pytest_compilecache.explain import GraphLookup
 from pytest_compilecache.explain import compare
 from pytest_compilecache.problems import Problems
+from pytest_compilecache.record_fields import OUTSIDE
 from pytest_compilecache.recorder import Recorder
 from pytest_compilecache.save_phase import SavePhase
 from pytest_compilecache.session import Controller
@@ -96,6 +97,26 @@ def test_recorder_keeps_lookups_except_for_marked_tests(fake_probe: FakeProbe) -
     assert [g.key for g in records["t.py::test_a"].graphs] == ["k1"]
     assert records["t.py::test_iso"].graphs == [] and records["t.py::test_iso"].misses == 1  # counted, not kept
     assert "t.py::test_none" not in records and recorder.stats.tests == 3
+
+
+def test_what_compiled_outside_every_test_is_counted_and_kept(fake_probe: FakeProbe) -> None:
+    """A compile at import or collection (a module-level warm-up), or in a session fixture's teardown, is in no
+    test: it is counted under its own record, whose misses are misses (a bundle must carry those graphs) and
+    whose graphs the next session explains; it is not a test. What a session before this one counted in the
+    same process (``pytest.main()`` twice) is not this session's."""
+    fake_probe.lookups.append(lookup("earlier").to_json())  # an earlier in-process session's compile
+    recorder = Recorder("controller")
+    fake_probe.lookups.append(lookup("at-collection").to_json())
+    fake_probe.run(recorder, "t.py::test_a", lookup("k1", outcome="hit"))
+    fake_probe.run(recorder, "t.py::test_b")
+    fake_probe.lookups.append(lookup("in-teardown").to_json())
+    recorder.finish_outside()
+    outside = recorder.stats.records[OUTSIDE]
+    assert [g.key for g in outside.graphs] == ["at-collection", "in-teardown"] and outside.misses == 2
+    assert recorder.stats.tests == 2 and recorder.stats.misses == 2 and recorder.stats.hits == 1
+    assert recorder.stats.totals_json()["compiled_tests"] == 1
+    recorder.finish_outside()  # nothing new: nothing more
+    assert recorder.stats.records[OUTSIDE].misses == 2
 
 
 def test_second_shared_session_says_why_and_keeps_the_record(tmp_path: Path, fake_probe: FakeProbe) -> None:
