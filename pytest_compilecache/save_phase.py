@@ -145,7 +145,7 @@ class SavePhase:
         from . import sync
         from .fingerprint import default_suffix
 
-        skip = self._why_not_save(restored, gathered, tests_failed)
+        skip = self._why_not_save(restored, gathered, tests_failed, _settled(restored.baseline, graphs))
         if skip is not None:
             return sync.SaveResult("skipped", message=skip)
         settings, result = self.context.settings, restored.result
@@ -193,8 +193,11 @@ class SavePhase:
         told = os.environ.get(sync.HANDOFF_ENV) if self.context.settings.restore == "skip" else None
         return sync.read_save_policy(told)
 
-    def _why_not_save(self, restored: Restored, gathered: Gathered, tests_failed: bool) -> str | None:
-        """Why this session saves nothing (a ``skipped`` result's message), or None: it saves."""
+    def _why_not_save(
+        self, restored: Restored, gathered: Gathered, tests_failed: bool, settled: bool = False
+    ) -> str | None:
+        """Why this session saves nothing (a ``skipped`` result's message), or None: it saves. ``settled``:
+        a test whose graph changed in the runs the restored record remembers hit now; the record must say so."""
         result = restored.result
         # Without a result: restored by someone else (the Action, an earlier CLI step) who did not say how.
         was_restored = (
@@ -207,6 +210,7 @@ class SavePhase:
             and not self.stats.misses
             and not new_gpu
             and not self._new_headers(restored, gathered)
+            and not settled
         ):
             # Every graph came from the restored cache: a new bundle would only repeat the old one.
             return "every graph hit the restored cache; nothing new to save"
@@ -281,3 +285,18 @@ class SavePhase:
         too_small = trimmed.too_small(settings.spelling("max_size"), settings.max_size)
         if too_small:
             self.problems.warn(too_small)
+
+
+def _settled(baseline: GraphsRecord | None, graphs: GraphsRecord | None) -> bool:
+    """Whether a test the restored record counts as changing in consecutive runs (one change short of "never
+    hits") ran now without that change: its streak ends here. Only a saved record says so to the next run: a
+    run that hit everything and saved nothing would leave the next one the old streak, and a run of edits with
+    hits between them would read as a test that can never hit."""
+    if baseline is None or graphs is None:
+        return False
+    from .explain.history import NEVER_HIT_CHANGES
+
+    return any(
+        streak.changes >= NEVER_HIT_CHANGES - 1 and nodeid in graphs.tests and nodeid not in graphs.volatile
+        for nodeid, streak in baseline.volatile.items()
+    )

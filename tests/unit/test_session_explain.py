@@ -438,3 +438,22 @@ def test_a_newer_bundle_record_replaces_the_dirs_and_keeps_the_tests_only_the_di
     assert record.from_bundle and [g.key for g in record.tests["t::a"]] == ["new"] and "t::b" in record.tests
     on_disk = explain.load_record(tmp_path)
     assert on_disk is not None and on_disk.from_bundle and on_disk.created == 10.0
+
+
+def test_a_test_that_hit_after_a_streak_of_changes_makes_the_run_save_its_record() -> None:
+    """A run that hit everything saves nothing, so the next run would read the restored record's streak as if
+    no run had come between: edits with hits between them would read as a test that can never hit. A test one
+    change short of that, which ran without the change now, makes the run save its record."""
+    from pytest_compilecache.explain.history import NEVER_HIT_CHANGES
+    from pytest_compilecache.explain.history import Streak
+    from pytest_compilecache.save_phase import _settled
+
+    streak = Streak("a constant in graph statement 4", NEVER_HIT_CHANGES - 1, ("v1", "v2", "v3"))
+    baseline = explain.GraphsRecord(tests={"t.py::test_a": [lookup("k3")]}, volatile={"t.py::test_a": streak})
+    hit_now = explain.GraphsRecord(tests={"t.py::test_a": [lookup("k3", outcome="hit")]})
+    assert _settled(baseline, hit_now)
+    assert not _settled(baseline, explain.GraphsRecord(tests={"t.py::test_b": [lookup("kb")]}))  # did not run
+    changed_again = explain.GraphsRecord(tests=hit_now.tests, volatile={"t.py::test_a": streak})
+    assert not _settled(baseline, changed_again)
+    young = explain.GraphsRecord(tests=baseline.tests, volatile={"t.py::test_a": Streak(streak.what, 1, ("v1", "v2"))})
+    assert not _settled(young, hit_now) and not _settled(None, hit_now)
