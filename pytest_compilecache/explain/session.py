@@ -98,7 +98,7 @@ def explain_session(
         if previous is None or not lookups:
             continue
         earlier = previous.tests.get(nodeid)
-        explained = explain_test(lookups, earlier)
+        explained = explain_test(lookups, earlier if earlier is not None else _same_functions(previous, lookups))
         if explained:
             out.misses[nodeid] = explained
         if earlier is None:
@@ -112,6 +112,15 @@ def explain_session(
         elif streak.came_back:
             _say_it_came_back(explained, streak.what)
     return out, record
+
+
+def _same_functions(previous: GraphsRecord, lookups: Sequence[GraphLookup]) -> list[GraphLookup] | None:
+    """For a test the earlier run has no graphs of: the earlier run's graphs of the functions this test compiled,
+    looked up by other tests (the test that compiles a shared function first pays the lookup, and which one that
+    is depends on the tests selected and on xdist); None when there are none (then it is a new test)."""
+    functions = {lookup.function for lookup in lookups if lookup.function}
+    found = [lookup for graphs in previous.tests.values() for lookup in graphs if lookup.function in functions]
+    return found or None
 
 
 CAME_BACK = (

@@ -482,3 +482,18 @@ def test_order_dependent_tests_are_those_with_such_a_miss() -> None:
     )
     assert explain.order_dependent_tests(why) == ["t.py::test_a", "t.py::test_b"]
     assert explain.order_dependent_tests(SessionExplanation()) == []
+
+
+def test_a_test_whose_shared_function_another_test_compiled_last_run_is_compared_with_that_graph() -> None:
+    """Two tests call one compiled function; the first to run pays the lookup (the other uses Dynamo's entry
+    in memory). Run alone next time (``-k``, another xdist worker), the second is compared with the graph the
+    first looked up, not called a new test."""
+    from dataclasses import replace
+
+    shared = "shared (test_f.py:5)"
+    _, record = explain.explain_session({"t::a": [replace(_lookup(c="1.5"), function=shared)]}, None)
+    second, _ = explain.explain_session({"t::b": [replace(_lookup(c="2.0"), function=shared)]}, record, "run")
+    [miss] = second.misses["t::b"]
+    assert miss.reasons == ["graph code changed: a constant in graph statement 1 (1.5 -> 2.0)"]
+    other, _ = explain.explain_session({"t::c": [replace(_lookup(c="2.0"), function="other (t.py:1)")]}, record)
+    assert [m.reasons for m in other.misses["t::c"]] == [[explain.NEW_TEST]]
