@@ -252,7 +252,9 @@ def find_built(directory: Path, since: float) -> list[Path]:
 
 # What a compiler says when it cannot use a PCH it was given: gcc's "while reading precompiled header", "cannot
 # read PCH file", "one or more PCH files were found, but they were invalid"; clang's "PCH file ... corrupt".
-_PCH_TROUBLE = r"precompiled header|\bPCH\b"
+# Never a flag or a file name of torch's command (clang's ``-Xclang -fno-validate-pch``, ``x.h.pch``), which
+# every failed compile's text repeats.
+_PCH_TROUBLE = r"precompiled header|(?<![-.\w/])PCH\b"
 # torch's header names in a compile command (``-include <dir>/<hash>.h``) or a compiler's output (``<hash>.h.gch``).
 _NAMED = r"(c[a-z2-7]{51})\.h\b"
 

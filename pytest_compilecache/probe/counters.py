@@ -135,13 +135,13 @@ def moved(start: Mark | None, now: Mark) -> bool:
 def delta(start: Mark) -> dict[str, Any]:
     """What compiled since ``start``, shaped like ``ItemRecord.to_json``.
 
-    A test may call ``torch._dynamo.utils.counters.clear()`` (torch's own tests do, in their set-up): what it
-    counted before the clear is still in the group's old Counter (``start.objects``), what it counted after is
-    in the new one, and both count. After a clear of one group's Counter in place, what it counted since is
-    what is there (counts are never below zero). Metrics after a ``clear_compilation_metrics()`` by the test
-    are counted from the start of the list. A compile attempt that failed (``fail_type``: the recompile
-    limit, a frame Dynamo skipped) is no compiled frame; its seconds count, and it is a recompile when torch's
-    recompiles log says so (it logs the attempt).
+    A test may call ``torch._dynamo.utils.counters.clear()`` (torch's own tests do, in their set-up): a count
+    below the start's is one the test cleared, and what it counted before the clear is still in the group's
+    old Counter (``start.objects``): both count. (torch's pattern matcher puts a copy of a group's Counter back
+    after its lazy set-up: a count not below the start's is torch's own, as torch counts it.) Metrics after a
+    ``clear_compilation_metrics()`` by the test are counted from the start of the list. A compile attempt that
+    failed (``fail_type``: the recompile limit, a frame Dynamo skipped) is no compiled frame; its seconds
+    count, and it is a recompile when torch's recompiles log says so (it logs the attempt).
     """
     if not dynamo_loaded():
         return {}
@@ -151,10 +151,12 @@ def delta(start: Mark) -> dict[str, Any]:
     def moved(group: str, name: str) -> int:
         now = utils.counters[group].get(name, 0) if group in utils.counters else 0
         before = start.counters.get(group, {}).get(name, 0)
-        old = start.objects.get(group)
-        if old is not None and (group not in utils.counters or utils.counters[group] is not old):
-            return int(max(0, old.get(name, 0) - before) + now)  # the test cleared torch's counters meanwhile
-        return int(now - before if now >= before else now)  # below the start: cleared in place, counted since
+        if now >= before:
+            return int(now - before)
+        old = start.objects.get(group)  # below the start: the test cleared torch's counters
+        if old is not None and utils.counters.get(group) is not old:  # counters.clear(): a new Counter since
+            return int(max(0, old.get(name, 0) - before) + now)
+        return int(now)  # cleared in place: what it counted since is what is there
 
     new = _metrics_since(utils, start.metrics)
     out = empty_delta()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from typing import Callable
@@ -141,13 +142,18 @@ def _a_new_test_and_the_record_round_trip(scenarios: dict[str, Any], tmp_path: P
     explain.save_record(tmp_path, record)
     previous = explain.load_record(tmp_path)
     assert previous is not None and previous.tests == record.tests
+    elsewhere = [replace(lookup, function="elsewhere (t.py:1)") for lookup in second]
     result, _ = explain.explain_session(
-        {"t.py::test_old": second, "t.py::test_new": second}, previous, "previous session"
+        {"t.py::test_old": second, "t.py::test_new": elsewhere, "t.py::test_shares": second},
+        previous,
+        "previous session",
     )
     assert [m.reasons for m in result.misses["t.py::test_new"]] == [[explain.NEW_TEST]]
     assert result.never_hit == {}  # one change is not yet evidence (issue 29.10)
     [[reason]] = [m.reasons for m in result.misses["t.py::test_old"]]
     assert reason.startswith("graph code changed: a constant in graph statement 4 (0."), reason
+    # A test new to the record that compiles a function another test looked up: compared with that graph.
+    assert [m.reasons for m in result.misses["t.py::test_shares"]] == [[reason]]
     # Compact: a real lookup costs well under a few KB in the record.
     size = len(json.dumps(GraphsRecord(tests={"t": first}).to_json()))
     assert size < 4000 * len(first)

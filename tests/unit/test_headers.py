@@ -805,6 +805,9 @@ def test_a_compile_failure_naming_a_header_drops_its_verdict_and_removes_it(  # 
     command = f"g++ /c/k.cpp -O3 -include {directory}/{path.name[: -len('.gch')]} -c -o /c/k.o"
     unrelated = f"C++ compile error\n\nCommand:\n{command}\n\nOutput:\n/c/k.cpp:3:1: error: expected ';'"
     assert pch.after_compile_error(unrelated, directory) == []  # the kernel's own error: the header is fine
+    clang = command.replace("g++", "clang++") + " -Xclang -fno-validate-pch -relocatable-pch -Xclang -fno-pch-timestamp"
+    clangs = f"C++ compile error\n\nCommand:\n{clang}\n\nOutput:\n/c/k.cpp:3:1: error: expected ';'"
+    assert pch.after_compile_error(clangs, directory) == []  # torch's clang flags name PCH: not a complaint
     assert path.name in json.loads((directory / pch.VERDICTS).read_text())["accepted"]
     text = f"C++ compile error\n\nCommand:\n{command}\n\nOutput:\ncc1plus: error: while reading precompiled header: x"
     [use] = pch.after_compile_error(text, directory)

@@ -424,9 +424,14 @@ def test_a_test_that_clears_torchs_counters_still_counts_what_it_compiled() -> N
         fresh["inductor"].clear()  # in place: what was counted since is what is there
         fresh["inductor"]["fxgraph_cache_hit"] += 1
         again = probe.delta(start)
+        start = probe.mark()
+        fresh["inductor"] = fresh["inductor"].copy()  # torch's pattern matcher puts a copy back: no clear
+        fresh["inductor"]["fxgraph_cache_miss"] += 1
+        copied = probe.delta(start)
     assert out["fxgraph"]["miss"] == 2 and out["aotautograd"]["miss"] == 1
     assert (out["frames"], out["compile_seconds"]) == (0, 0.25)
     assert again["fxgraph"]["hit"] == 1 and again["fxgraph"]["miss"] == 0
+    assert copied["fxgraph"] == {"hit": 0, "miss": 1, "bypass": 0}
 
 
 def test_delta_measures_triton_bundles_autotuning_and_triton_compiles() -> None:
