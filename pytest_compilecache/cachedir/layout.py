@@ -103,6 +103,9 @@ def is_legacy_temp_name(name: str) -> bool:
 # main.cpp, main.so, o, json, txt, cubin, ...; AOTInductor adds ``<key>_compile_flags.json`` and the like.
 _KERNEL_FILE = r"([a-z0-9]{32,64})[._][A-Za-z0-9_.]{1,48}"
 _KEY = r"[a-z0-9]{32,64}"
+# An FX-graph or AOTAutograd entry in its key's dir: the content's hash, or ``entry`` (AOTAutograd in older
+# releases: 2.7.1 writes it, 2.13 a hash).
+_ENTRY = r"[a-z0-9]{32,64}|entry"
 # cpp_builder.CppBuilder.build: ``<name>_CxxBuild/``, the compiler's working dir, next to its output while it
 # runs (removed after): the kernel dir's files are being built.
 _BUILD_DIR = r"([a-z0-9]{32,64})(?:\.main)?_CxxBuild"
@@ -153,19 +156,20 @@ def triton_kernel_dir(device: str, name: str) -> bool:
 def torch_file(top: str, rel_parts: list[str]) -> bool:
     """Is the file ``<top>/<rel_parts...>`` one torch writes there? For the torch dirs whose files are trimmed
     one by one, each by its name in its place: ``fxgraph/<key[1:3]>/<key>/<entry>`` and
-    ``aotautograd/<key>/<entry>`` (keys and entries are hashes), ``cache/``, ``dynamo/`` and
+    ``aotautograd/<key>/<entry>`` (keys are hashes; an entry is a hash or ``entry``), ``cache/``, ``dynamo/`` and
     ``precompiled_headers/``. Never a lock or a temp file."""
     name = rel_parts[-1]
     if name.endswith(".lock") or is_temp_name(name):
         return False
-    if top == "fxgraph":  # codecache.FxGraphCache._get_tmp_dir_for_key, then the entry's content hash
+    if top == "fxgraph":  # codecache.FxGraphCache._get_tmp_dir_for_key, then the entry
         return (
             len(rel_parts) == 3
-            and all(re.fullmatch(_KEY, part) for part in rel_parts[1:])
+            and bool(re.fullmatch(_KEY, rel_parts[1]))
             and rel_parts[1][1:3] == rel_parts[0]
+            and bool(re.fullmatch(_ENTRY, name))
         )
-    if top == "aotautograd":  # autograd_cache.AOTAutogradCache._get_tmp_dir_for_key, then the entry's hash
-        return len(rel_parts) == 2 and all(re.fullmatch(_KEY, part) for part in rel_parts)
+    if top == "aotautograd":  # autograd_cache.AOTAutogradCache._get_tmp_dir_for_key, then the entry
+        return len(rel_parts) == 2 and bool(re.fullmatch(_KEY, rel_parts[0]) and re.fullmatch(_ENTRY, name))
     if top == "cache":
         return len(rel_parts) <= 2 and bool(re.fullmatch(_CACHE_FILE, name))
     if top == "dynamo":
