@@ -125,14 +125,7 @@ class Recorder:
             return  # nothing compiled since the last test ended: the common case, two comparisons
         from .record_fields import OUTSIDE
 
-        delta = self._delta(OUTSIDE, since, intended=False)
-        if delta:
-            from .stats import ItemRecord
-
-            record = ItemRecord(nodeid=OUTSIDE, worker=self.worker)
-            record.add(delta)
-            if record.compiled:
-                self.stats.add_record(record)
+        self._keep(OUTSIDE, self._delta(OUTSIDE, since, intended=False))
 
     def finish_cold(self, start: Start) -> bool:
         """Count a test that cannot have compiled: it began :data:`COLD` and torch is still not imported.
@@ -176,15 +169,18 @@ class Recorder:
 
     def record(self, nodeid: str, delta: Mapping[str, Any]) -> None:
         """Count one finished test and keep its record when it compiled."""
-        stats = self.stats
-        stats.tests += 1
+        self.stats.tests += 1
+        self._keep(nodeid, delta)
+
+    def _keep(self, nodeid: str, delta: Mapping[str, Any]) -> None:
+        """Keep ``delta`` as ``nodeid``'s record when it compiled."""
         if delta:
             from .stats import ItemRecord
 
             record = ItemRecord(nodeid=nodeid, worker=self.worker)
             record.add(delta)
             if record.compiled:
-                stats.add_record(record)
+                self.stats.add_record(record)
 
     def live(self, nodeid: str, start: Start | None, intended: bool = False) -> CompileCacheStats:
         """The ``compile_cache_stats`` fixture's object for a test that started at ``start``.
