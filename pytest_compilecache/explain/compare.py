@@ -340,9 +340,14 @@ def explain_test(current: Sequence[GraphLookup], previous: Sequence[GraphLookup]
     """Explain every miss among ``current`` against the same test's ``previous`` lookups.
 
     Earlier graphs matched exactly by a current lookup (same key) are set aside first, so each miss
-    is compared with a graph that this run did not already account for.
+    is compared with a graph that this run did not already account for. A graph missed more than once (each
+    worker of ``--dist each`` runs the test, and merges its lookups into the same test's) is explained once.
     """
-    misses = [lookup for lookup in current if lookup.outcome != "hit"]
+    once: dict[str, GraphLookup] = {}
+    for lookup in current:
+        if lookup.outcome != "hit":
+            once.setdefault(lookup.key, lookup)
+    misses = list(once.values())
     if not misses:
         return []
     if previous is None:

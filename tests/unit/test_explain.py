@@ -205,6 +205,15 @@ def test_explain_test_pairs_each_miss_with_an_unmatched_earlier_graph() -> None:
     assert explain.explain_test([_lookup("hit")], [fw]) == []
 
 
+def test_a_graph_missed_by_every_worker_of_dist_each_is_explained_once() -> None:
+    # --dist each: two workers ran the test, each missed the same graph, and both lookups are the test's.
+    earlier = [_lookup("hit")]
+    now = [_lookup(c="3.0"), _lookup(c="3.0")]
+    out = explain.explain_test(now, earlier)
+    assert [m.reasons for m in out] == [["graph code changed: a constant in graph statement 1 (2.0 -> 3.0)"]]
+    assert [m.reasons for m in explain.explain_test(now, None)] == [[explain.NEW_TEST]]
+
+
 # --------------------------------------------------------------------------- tests that can never hit
 
 
