@@ -26,7 +26,9 @@ class _BypassTap(logging.Filter):
 
     torch logs the reason at INFO ("Bypassing FX Graph Cache because '%s'"). We lower the logger's level
     so the record is created, keep the reason, and drop the record unless the user's configuration would
-    have shown it anyway.
+    have shown it anyway. The lowered level also reaches the logger's children that have no level of their
+    own (torch's ``output_code`` artifact logs "Output code written to" at INFO on every compile):
+    :class:`_Gate` holds those back the same way.
     """
 
     def __init__(self, user_level: int) -> None:
@@ -40,6 +42,26 @@ class _BypassTap(logging.Filter):
             self.reasons.append(str(args[0])[:200])
         return record.levelno >= self.user_level
 
+
+class _Gate(logging.Filter):
+    """On a child of the tapped logger: drops what only our lowered level let through.
+
+    A child with a level of its own (``TORCH_LOGS=output_code`` sets DEBUG on it) decides for itself, as
+    before; one without (NOTSET, torch's default for an artifact) shows what the user's level showed.
+    """
+
+    def __init__(self, logger: logging.Logger, user_level: int) -> None:
+        super().__init__()
+        self.logger = logger
+        self.user_level = user_level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.logger.level != logging.NOTSET or record.levelno >= self.user_level
+
+
+# torch's artifact loggers under torch._inductor.codecache (torch 2.7-2.15): made here, before torch makes
+# them, so that the gate is on them from their first record.
+_CHILDREN = ("torch._inductor.codecache.__output_code", "torch._inductor.codecache.__autotuning")
 
 _tap: _BypassTap | None = None
 
@@ -60,6 +82,9 @@ def _prepare() -> None:
         _tap = _BypassTap(logger.getEffectiveLevel())
         logger.addFilter(_tap)
         if logger.getEffectiveLevel() > logging.INFO:
+            for name in _CHILDREN:
+                child = logging.getLogger(name)
+                child.addFilter(_Gate(child, _tap.user_level))
             logger.setLevel(logging.INFO)
         dynamo.tap_limit_warnings()
     if not _limit_raised and dynamo_loaded():

@@ -112,6 +112,31 @@ def test_missing_bypass_log_line_is_a_note(monkeypatch: pytest.MonkeyPatch) -> N
     assert any("bypasses are counted without reasons" in note for note in probe.capability_notes())
 
 
+def test_tapping_bypass_reasons_shows_nothing_more_from_torchs_output_code_log() -> None:
+    """The tap lowers torch._inductor.codecache's level to INFO; its output_code child, which has no level of
+    its own, logs "Output code written to" at INFO on every compile, and a handler on it saw that line."""
+    import logging
+
+    import torch._inductor.codecache as codecache
+
+    probe.mark()  # the tap is in place from here on
+    child = codecache.output_code_log
+    assert child.level == logging.NOTSET and child.isEnabledFor(logging.INFO)  # what the tap's level reaches
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    child.addHandler(handler)
+    try:
+        child.info("Output code written to: %s", "/tmp/x.py")
+        child.warning("a warning still shows")
+        child.setLevel(logging.DEBUG)  # what TORCH_LOGS=output_code does: its own level decides
+        child.info("Output code written to: %s", "/tmp/y.py")
+    finally:
+        child.setLevel(logging.NOTSET)
+        child.removeHandler(handler)
+    assert seen == ["a warning still shows", "Output code written to: /tmp/y.py"]
+
+
 def test_no_notes_and_no_torch_import_in_a_session_without_torch(tmp_path: Path) -> None:
     code = "import sys; from pytest_compilecache import probe; "
     code += "print(probe.capability_notes(remote=True), 'torch' in sys.modules)"
