@@ -14,56 +14,29 @@ from ..record_fields import AOT_FIELDS
 from ..record_fields import FX_FIELDS
 from ..record_fields import empty_delta
 from . import dynamo
+from .hooks import CODECACHE
 from .hooks import dynamo_loaded
+from .hooks import tap_log
 from .hooks import torch_loaded
 from .triton import triton_built
 
 # --------------------------------------------------------------------------- per-phase measurement
 
 
-class _BypassTap(logging.Filter):
-    """Captures torch's FX-graph cache bypass reasons without changing what the user's logging shows.
+class _BypassReasons:
+    """torch's FX-graph cache bypass reasons, read from its INFO line ("Bypassing FX Graph Cache because '%s'")
+    through a :class:`~.hooks.LogTap`: what the user's logging shows stays as it was."""
 
-    torch logs the reason at INFO ("Bypassing FX Graph Cache because '%s'"). We lower the logger's level
-    so the record is created, keep the reason, and drop the record unless the user's configuration would
-    have shown it anyway. The lowered level also reaches the logger's children that have no level of their
-    own (torch's ``output_code`` artifact logs "Output code written to" at INFO on every compile):
-    :class:`_Gate` holds those back the same way.
-    """
-
-    def __init__(self, user_level: int) -> None:
-        super().__init__()
-        self.user_level = user_level
+    def __init__(self) -> None:
         self.reasons: list[str] = []
 
-    def filter(self, record: logging.LogRecord) -> bool:
+    def read(self, record: logging.LogRecord) -> None:
         msg, args = record.msg, record.args
         if isinstance(msg, str) and msg.startswith("Bypassing FX Graph Cache") and isinstance(args, tuple) and args:
             self.reasons.append(str(args[0])[:200])
-        return record.levelno >= self.user_level
 
 
-class _Gate(logging.Filter):
-    """On a child of the tapped logger: drops what only our lowered level let through.
-
-    A child with a level of its own (``TORCH_LOGS=output_code`` sets DEBUG on it) decides for itself, as
-    before; one without (NOTSET, torch's default for an artifact) shows what the user's level showed.
-    """
-
-    def __init__(self, logger: logging.Logger, user_level: int) -> None:
-        super().__init__()
-        self.logger = logger
-        self.user_level = user_level
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.logger.level != logging.NOTSET or record.levelno >= self.user_level
-
-
-# torch's artifact loggers under torch._inductor.codecache (torch 2.7-2.15): made here, before torch makes
-# them, so that the gate is on them from their first record.
-_CHILDREN = ("torch._inductor.codecache.__output_code", "torch._inductor.codecache.__autotuning")
-
-_tap: _BypassTap | None = None
+_tap: _BypassReasons | None = None
 
 
 _limit_raised = False
@@ -77,15 +50,8 @@ def _prepare() -> None:
     """
     global _tap
     if _tap is None and torch_loaded():
-        # torch configures its loggers while `import torch` runs: set ours after that, not before.
-        logger = logging.getLogger("torch._inductor.codecache")
-        _tap = _BypassTap(logger.getEffectiveLevel())
-        logger.addFilter(_tap)
-        if logger.getEffectiveLevel() > logging.INFO:
-            for name in _CHILDREN:
-                child = logging.getLogger(name)
-                child.addFilter(_Gate(child, _tap.user_level))
-            logger.setLevel(logging.INFO)
+        _tap = _BypassReasons()
+        tap_log(CODECACHE, logging.INFO, _tap.read)
         dynamo.tap_limit_warnings()
     if not _limit_raised and dynamo_loaded():
         keep_every_record()

@@ -23,6 +23,7 @@ from typing import Sequence
 
 from ..record_fields import TEXT_CHARS
 from .hooks import install_now_or_on_import
+from .hooks import tap_log
 
 _CONVERT_FRAME = "torch._dynamo.convert_frame"
 _DYNAMO_CONFIG = "torch._dynamo.config"
@@ -177,20 +178,18 @@ def graph_breaks(start: int) -> tuple[int, list[str]]:
 # --------------------------------------------------------------------------- the recompile limit
 
 
-class _LimitTap(logging.Filter):
-    """Keeps each ``torch._dynamo hit config.<limit>`` warning of ``convert_frame`` as a plain entry; lets every
-    record through (the user still sees torch's warning)."""
+class _LimitHits:
+    """Each ``torch._dynamo hit config.<limit>`` warning of ``convert_frame`` as a plain entry, read through a
+    :class:`~.hooks.LogTap`: also where the user silenced Dynamo's warnings (``TORCH_LOGS="-dynamo"``), and the
+    user still sees exactly what their logging shows."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.hits: list[dict[str, str]] = []
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        with contextlib.suppress(Exception):  # a message of another shape is not ours to read
-            msg, args = record.msg, record.args
-            if isinstance(msg, str) and msg.startswith(_LIMIT_MESSAGE) and isinstance(args, tuple) and len(args) >= 3:
-                self.hits.append(_limit_entry(args))
-        return True
+    def read(self, record: logging.LogRecord) -> None:
+        msg, args = record.msg, record.args
+        if isinstance(msg, str) and msg.startswith(_LIMIT_MESSAGE) and isinstance(args, tuple) and len(args) >= 3:
+            self.hits.append(_limit_entry(args))
 
 
 def _limit_entry(args: tuple[Any, ...]) -> dict[str, str]:
@@ -204,15 +203,15 @@ def _limit_entry(args: tuple[Any, ...]) -> dict[str, str]:
     }
 
 
-_limit_tap: _LimitTap | None = None
+_limit_tap: _LimitHits | None = None
 
 
 def tap_limit_warnings() -> None:
     """Once torch is imported: keep every "hit the recompile limit" warning from now on (once per process)."""
     global _limit_tap
     if _limit_tap is None:
-        _limit_tap = _LimitTap()
-        logging.getLogger(_CONVERT_FRAME).addFilter(_limit_tap)
+        _limit_tap = _LimitHits()
+        tap_log(_CONVERT_FRAME, logging.WARNING, _limit_tap.read)
 
 
 def limit_mark() -> int:

@@ -9,8 +9,10 @@ PYTEST_DONT_REWRITE
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 from typing import Any
+from typing import Callable
 
 
 def torch_loaded() -> bool:
@@ -23,6 +25,45 @@ def dynamo_loaded() -> bool:
 
 
 CODECACHE = "torch._inductor.codecache"
+
+
+class LogTap(logging.Filter):
+    """Reads records torch logs at ``level`` or above on one logger, whatever the user's logging shows.
+
+    :func:`tap_log` puts it on the logger. ``read`` is given each such record; the record then goes on only
+    where the user's configuration, as it is at that moment, would have shown it (``TORCH_LOGS``,
+    ``torch._logging.set_logs`` or ``logging``, also when set later).
+    """
+
+    def __init__(self, logger: logging.Logger, level: int, read: Callable[[logging.LogRecord], None]) -> None:
+        super().__init__()
+        self.logger = logger
+        self.level = level
+        self.read = read
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= self.level:
+            with contextlib.suppress(Exception):  # a record of another shape is not ours to read
+                self.read(record)
+        return logging.Logger.isEnabledFor(self.logger, record.levelno)
+
+
+def tap_log(name: str, level: int, read: Callable[[logging.LogRecord], None]) -> LogTap:
+    """Put a :class:`LogTap` on logger ``name``: the logger makes every record at ``level`` or above.
+
+    No level changes anywhere: the logger's own ``isEnabledFor`` also says yes at ``level``, so its children
+    (torch's artifact loggers) and a level set later behave as they would without the tap.
+    """
+    logger = logging.getLogger(name)
+    tap = LogTap(logger, level, read)
+    configured = logger.isEnabledFor
+
+    def enabled(at: int) -> bool:
+        return at >= level or configured(at)
+
+    logger.isEnabledFor = enabled  # type: ignore[method-assign,assignment]
+    logger.addFilter(tap)
+    return tap
 
 
 class _InstallOnImport:

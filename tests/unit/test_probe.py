@@ -112,29 +112,61 @@ def test_missing_bypass_log_line_is_a_note(monkeypatch: pytest.MonkeyPatch) -> N
     assert any("bypasses are counted without reasons" in note for note in probe.capability_notes())
 
 
-def test_tapping_bypass_reasons_shows_nothing_more_from_torchs_output_code_log() -> None:
-    """The tap lowers torch._inductor.codecache's level to INFO; its output_code child, which has no level of
-    its own, logs "Output code written to" at INFO on every compile, and a handler on it saw that line."""
+def test_the_log_taps_read_torchs_lines_and_leave_what_the_user_sees_as_it_was() -> None:
+    """The bypass tap reads an INFO line of torch._inductor.codecache where its level is WARNING. An earlier
+    tap lowered that logger's level to INFO: its output_code child then passed "Output code written to" (INFO,
+    every compile) to a handler, and a level the user set later could not go below INFO."""
     import logging
 
     import torch._inductor.codecache as codecache
 
-    probe.mark()  # the tap is in place from here on
-    child = codecache.output_code_log
-    assert child.level == logging.NOTSET and child.isEnabledFor(logging.INFO)  # what the tap's level reaches
+    probe.mark()  # the taps are in place from here on
+    parent, child = codecache.log, codecache.output_code_log
+    assert parent.level == logging.NOTSET and parent.getEffectiveLevel() == logging.WARNING  # torch's default
     seen: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
-    child.addHandler(handler)
+    for logger in (parent, child):
+        logger.addHandler(handler)
     try:
+        before = probe.mark()
+        parent.info("Bypassing FX Graph Cache because '%s'", "a reason")
+        assert probe.delta(before)["bypass_reasons"] == ["a reason"]
         child.info("Output code written to: %s", "/tmp/x.py")
-        child.warning("a warning still shows")
-        child.setLevel(logging.DEBUG)  # what TORCH_LOGS=output_code does: its own level decides
-        child.info("Output code written to: %s", "/tmp/y.py")
+        parent.warning("a warning still shows")
+        parent.setLevel(logging.DEBUG)  # what torch._logging.set_logs(...) or the user may do later
+        parent.debug("debug shows once asked for")
     finally:
-        child.setLevel(logging.NOTSET)
-        child.removeHandler(handler)
-    assert seen == ["a warning still shows", "Output code written to: /tmp/y.py"]
+        parent.setLevel(logging.NOTSET)
+        for logger in (parent, child):
+            logger.removeHandler(handler)
+    assert seen == ["a warning still shows", "debug shows once asked for"]
+
+
+def test_a_recompile_limit_hit_is_read_also_where_dynamos_warnings_are_silenced() -> None:
+    """``TORCH_LOGS="-dynamo"`` sets Dynamo's level to ERROR: torch's limit warning was never made, and the frame
+    that then ran uncompiled was in no report."""
+    import logging
+
+    probe.mark()
+    dynamo_log = logging.getLogger("torch._dynamo")
+    before_level = dynamo_log.level
+    dynamo_log.setLevel(logging.ERROR)
+
+    def scaled_eager(x: torch.Tensor, k: int) -> torch.Tensor:
+        return x * k
+
+    scaled = torch.compile(scaled_eager, backend="eager", dynamic=False)
+
+    try:
+        with torch._dynamo.config.patch(recompile_limit=1):
+            start = probe.mark()
+            for k in (2, 3, 4):  # an int argument is a constant under dynamic=False: one frame per value
+                scaled(torch.ones(2), k)
+            out = probe.delta(start)
+    finally:
+        dynamo_log.setLevel(before_level)
+    assert [hit["function"].split(" (")[0] for hit in out.get("limit_hit", [])] == ["scaled_eager"]
 
 
 def test_no_notes_and_no_torch_import_in_a_session_without_torch(tmp_path: Path) -> None:

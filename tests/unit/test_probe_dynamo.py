@@ -75,8 +75,8 @@ def test_functions_of_reads_the_newest_records_first() -> None:
     assert dynamo.functions_of({"1/0", "0/1"}, records) == {"1/0": "g (/x/b.py:5)", "0/1": ""}
 
 
-def test_the_limit_tap_keeps_each_warning_and_lets_it_through() -> None:
-    tap = dynamo._LimitTap()
+def test_the_limit_tap_keeps_each_warning_as_an_entry() -> None:
+    tap = dynamo._LimitHits()
     record = logging.LogRecord(
         "torch._dynamo.convert_frame",
         logging.WARNING,
@@ -86,7 +86,7 @@ def test_the_limit_tap_keeps_each_warning_and_lets_it_through() -> None:
         ("recompile_limit", 8, "'times' (/x/t.py:9)", "0/7: tensor 'x' size mismatch at index 0. expected 8, actual 9"),
         None,
     )
-    assert tap.filter(record) is True  # the user still sees torch's warning
+    tap.read(record)
     assert tap.hits == [
         {
             "function": "times (/x/t.py:9)",
@@ -95,7 +95,8 @@ def test_the_limit_tap_keeps_each_warning_and_lets_it_through() -> None:
         }
     ]
     other = logging.LogRecord("torch._dynamo.convert_frame", logging.WARNING, __file__, 1, "something else", (), None)
-    assert tap.filter(other) is True and len(tap.hits) == 1
+    tap.read(other)
+    assert len(tap.hits) == 1
 
 
 def test_fail_on_recompile_limit_sets_torchs_switch_once_its_config_is_imported_and_puts_it_back(
