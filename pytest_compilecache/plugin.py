@@ -254,9 +254,9 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     _load_own_modules_plainly(config)  # the entry point's finder leaves with the session
-    if _inherited() is not None:
-        # The controller already honoured --cache-clear; a worker clearing .pytest_cache/d again would
-        # delete the restored shared dir, possibly while another worker compiles into it.
+    if _is_worker(config) or _inherited() is not None:
+        # The controller honoured --cache-clear (xdist gives workers its arguments): a worker clearing again would
+        # delete a dir the controller kept for another session, or the restored one while workers compile into it.
         config.option.cacheclear = False
     config.addinivalue_line(
         "markers",

@@ -256,10 +256,10 @@ def _live_session(inner: pytest.Pytester, *args: str) -> Iterator[Path]:
     [
         ["--compile-cache=shared"],
         ["--compile-cache=isolated"],
-        [],
+        ["-n", "2"],  # no option: and xdist hands its workers --cache-clear too
         ["--compile-cache=shared", "--compile-cache-dir=own"],
     ],
-    ids=["shared", "isolated", "no-option", "shared-elsewhere"],
+    ids=["shared", "isolated", "no-option-xdist", "shared-elsewhere"],
 )
 def test_cache_clear_keeps_a_shared_dir_another_session_uses(inner: pytest.Pytester, mode: list[str]) -> None:
     """--cache-clear in one session never deletes the default shared dir while another session uses it,
