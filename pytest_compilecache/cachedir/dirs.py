@@ -93,6 +93,9 @@ def decide(mode: str | None, configured_dir: str | None, default_shared: Path) -
             refuse_foreign(path)
             return SessionDir(mode=mode, path=str(make_dir(path)), note=note)
         try:
+            if note is None:
+                with contextlib.suppress(OSError):  # make_dir says what is wrong with the place
+                    _make_pytest_cache_dir(path.parent.parent)
             refuse_foreign(path)
             return SessionDir(mode=mode, path=str(make_dir(path)), note=note)
         except ConfigError as exc:  # the user gave no dir: name the default, and the option that picks another
@@ -132,6 +135,35 @@ def fresh_dir(parent: Path | None = None, prefix: str = "compilecache-") -> Path
     fresh = Path(tempfile.mkdtemp(prefix=prefix, dir=where))
     tag(fresh)
     return fresh
+
+
+# What pytest puts in its cache dir when it makes it (pytest writes them only then), in our words.
+_PYTEST_CACHE_FILES = {
+    ".gitignore": "# Created by pytest-compilecache, for pytest's cache dir.\n*\n",
+    "CACHEDIR.TAG": "Signature: 8a477f597d28d172789f06886806bc55\n# pytest's cache dir, made by pytest-compilecache.\n",
+    "README.md": "# pytest cache directory #\n\nMade by pytest-compilecache before pytest: **do not** commit it.\n",
+}
+
+
+def _make_pytest_cache_dir(base: Path) -> None:
+    """Make pytest's cache dir ``base`` (``.pytest_cache``) as pytest would, when the default shared dir is
+    about to be made in it first: pytest writes its ``.gitignore`` only when it makes the dir itself, so what
+    it writes later there (``v/cache/lastfailed``) would otherwise show in ``git status``. Atomic, as
+    :func:`make_dir`; a dir already there (pytest's, or another session's) is left as it is."""
+    if os.path.lexists(base):
+        return
+    base.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".pytest-cache-new-", dir=base.parent))
+    try:
+        umask = os.umask(0o022)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # not mkdtemp's 0o700: the permissions pytest's own dir would have
+        for name, text in _PYTEST_CACHE_FILES.items():
+            (tmp / name).write_text(text, encoding="utf-8")
+        with contextlib.suppress(OSError):  # lost a race: the dir is there, which is what we wanted
+            os.rename(tmp, base)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def make_dir(path: Path) -> Path:

@@ -59,6 +59,27 @@ def test_shared_defaults_inside_pytest_cache(tmp_path: Path) -> None:
     assert session.describe() == f"shared:{default}"
 
 
+def test_the_default_dir_made_first_makes_pytests_cache_dir_as_pytest_would(tmp_path: Path) -> None:
+    """pytest writes .pytest_cache/.gitignore only when it makes that dir itself: made by us first, without one,
+    what pytest writes there later (v/cache/lastfailed) showed in ``git status``."""
+    pytest_cache = tmp_path / "repo" / ".pytest_cache"
+    cachedir.decide("shared", None, pytest_cache / "d" / "compilecache")
+    assert (pytest_cache / ".gitignore").read_text().splitlines()[-1] == "*"
+    assert (pytest_cache / "CACHEDIR.TAG").read_text().startswith("Signature: 8a477f597d28d172789f06886806bc55\n")
+    assert sorted(p.name for p in pytest_cache.iterdir()) == [".gitignore", "CACHEDIR.TAG", "README.md", "d"]
+    assert not list(pytest_cache.parent.glob(".pytest-cache-new-*"))
+    (lastfailed := pytest_cache / "v" / "cache" / "lastfailed").parent.mkdir(parents=True)
+    lastfailed.write_text("{}")
+    subprocess.run(["git", "init", "-q", str(pytest_cache.parent)], check=True)
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=pytest_cache.parent, capture_output=True, text=True)
+    assert status.stdout == ""
+    # pytest's own dir, already there, is left as it is.
+    own = tmp_path / "other" / ".pytest_cache"
+    own.mkdir(parents=True)
+    cachedir.decide("shared", None, own / "d" / "compilecache")
+    assert sorted(p.name for p in own.iterdir()) == ["d"]
+
+
 def test_shared_uses_the_configured_dir_and_reuses_it(tmp_path: Path) -> None:
     configured = tmp_path / "a" / "b"
     first = cachedir.decide("shared", str(configured), tmp_path / "default")
