@@ -180,13 +180,15 @@ class SessionContext:
 
         problem = remote.check_redis(url)
         if problem:
-            self.problems.warn(f"redis at {remote.redacted(url)} unreachable ({problem}); remote caches stay off")
+            self.problems.warn(f"redis at {remote.redacted(url)} {problem}; remote caches stay off")
+            # Off also where the environment had them on already (set by hand, for another Redis).
+            self.lease.set(dict.fromkeys(REMOTE_SWITCHES, "0"))
             return
         self.lease.set(dict(remote.redis_env(url)))
 
     @property
     def redis_on(self) -> bool:
-        return bool(self.settings.redis) and bool(os.environ.get(REMOTE_SWITCHES[0]))
+        return bool(self.settings.redis) and os.environ.get(REMOTE_SWITCHES[0]) == "1"
 
     def take_remote_errors(self) -> None:
         """Keep the Redis errors of torch's remote caches in this process so far (:func:`probe.guard_remote_cache`
@@ -232,7 +234,7 @@ class SessionContext:
 
         extra = f", redis {redacted(self.settings.redis)}" if self.settings.redis else ""
         if self.settings.redis and not self.redis_on:
-            extra += " (unreachable, off)"
+            extra += " (ping failed, off)"
         store = f", store {self.settings.store}" if self.settings.store else ""
         where = f" ({self.dir.note})" if self.dir.note else ""
         return f"compile cache: {self.dir.describe()}{where}{store}{extra}"

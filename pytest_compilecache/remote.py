@@ -42,18 +42,36 @@ def redis_env(url: str) -> dict[str, str]:
     }
 
 
+def url_options_problem(url: str) -> str | None:
+    """What is wrong with the options in ``url``'s query, as redis-py reads them (a value it cannot parse, an
+    option no connection takes); None when they are fine. Builds a connection object; connects to nothing."""
+    import redis
+
+    try:
+        redis.ConnectionPool.from_url(url).make_connection()
+    except (TypeError, ValueError) as exc:
+        return f"an option redis-py does not take ({' '.join(str(exc).split())[:160]})"
+    return None
+
+
 def check_redis(url: str) -> str | None:
-    """None when Redis answers PING within a couple of seconds, else a short reason."""
+    """None when Redis answers PING within a couple of seconds, else a short reason: "unreachable (...)" when
+    no connection was made or it timed out, "refused: ..." when Redis answered with an error (a wrong
+    password, a database index it does not have)."""
     try:
         import redis
     except ImportError:
-        return "the 'redis' package is not installed (pip install 'pytest-compilecache[redis]')"
+        return "unreachable (the 'redis' package is not installed: pip install 'pytest-compilecache[redis]')"
     try:
         client = redis.Redis.from_url(url, socket_connect_timeout=REDIS_TIMEOUT_S, socket_timeout=REDIS_TIMEOUT_S)
         client.ping()
         client.close()
-    except Exception as exc:  # any client error means: no remote cache this session
-        return f"{type(exc).__name__}: {str(exc)[:120]}"
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        if not isinstance(exc, redis.exceptions.AuthenticationError):
+            return f"unreachable ({type(exc).__name__}: {str(exc)[:120]})"
+        return f"refused: {type(exc).__name__}: {str(exc)[:120]}"
+    except Exception as exc:  # any other client error means: no remote cache this session
+        return f"refused: {type(exc).__name__}: {str(exc)[:120]}"
     return None
 
 

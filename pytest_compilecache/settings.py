@@ -177,8 +177,9 @@ def require_package(option: str, module: str, extra: str) -> None:
 
 
 def _redis_url(option: str, value: str) -> str:
-    """``redis://[user:password@]host[:port][/db]`` (``rediss://`` for TLS); IPv6 hosts in brackets. The
-    ``redis`` package must be installed (:func:`require_package`)."""
+    """``redis://[user:password@]host[:port][/db][?option=value&...]`` (``rediss://`` for TLS); IPv6 hosts in
+    brackets; the query's options are redis-py's (``socket_timeout``, ``ssl_ca_certs``...), checked by building
+    a client (no connection). The ``redis`` package must be installed (:func:`require_package`)."""
     from urllib.parse import urlsplit
 
     from .remote import redacted
@@ -191,7 +192,6 @@ def _redis_url(option: str, value: str) -> str:
             and bool(parts.hostname)
             and (parts.port is None or 0 < parts.port < 65536)
             and (parts.path.strip("/") == "" or parts.path.strip("/").isdigit())
-            and not parts.query
             and not parts.fragment
         )
     except ValueError:  # a port that is not a number, or out of range
@@ -199,6 +199,12 @@ def _redis_url(option: str, value: str) -> str:
     if not valid:
         raise ConfigError(f"{option}: expected redis://host:port/db, got {redacted(value)!r}")
     require_package(option, "redis", "redis")
+    if parts.query:
+        from .remote import url_options_problem
+
+        problem = url_options_problem(value)
+        if problem:
+            raise ConfigError(f"{option}: {problem} in {redacted(value)!r}")
     return value
 
 

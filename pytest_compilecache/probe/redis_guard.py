@@ -27,8 +27,11 @@ def guard_remote_cache() -> None:
     the test (``AOTAutogradCache.save`` calls ``put`` without a ``try``). The wrapper catches every
     ``redis.exceptions.RedisError`` the way torch catches ``ConnectionError`` (the backend's client is
     dropped, later calls are misses), and also records the lost connections torch swallows silently. Call
-    once per process where the session turned Redis on (the controller and every xdist worker).
+    once per session where it turned Redis on (the controller and every xdist worker): a later session in the
+    same process (``pytest.main`` again) tries Redis again.
     """
+    global _remote_off
+    _remote_off = False
     install_now_or_on_import(_REMOTE_CACHE, _install_remote_guard, pending=_remote_guard is None)
 
 

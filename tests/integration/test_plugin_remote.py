@@ -114,12 +114,24 @@ def test_redis_shares_graphs_between_sessions(suite: pytest.Pytester, redis_serv
     assert any(key.startswith(b"pt2:fx-graph") for key in redis.Redis.from_url(redis_server.url).scan_iter("pt2:*"))
 
 
+def test_a_redis_that_answers_with_an_error_is_refused_not_unreachable(redis_server: Any) -> None:
+    from pytest_compilecache import remote
+
+    assert remote.check_redis(redis_server.url) is None
+    no_such_db = redis_server.url.rsplit("/", 1)[0] + "/99999"
+    reason = remote.check_redis(no_such_db)
+    assert reason is not None and reason.startswith("refused: ResponseError: "), reason
+    # The URL's own options reach the client: an option redis-py does not take is bad input, caught at start-up.
+    assert remote.url_options_problem(redis_server.url + "?socket_timeout=1") is None
+    assert remote.check_redis(redis_server.url + "?socket_timeout=1") is None
+
+
 def test_redis_down_is_one_warning(suite: pytest.Pytester) -> None:
     result, data = _session(suite, "down", f"--compile-cache-redis=redis://:hunter2@127.0.0.1:{free_port()}/0")
     assert result.ret == 0
     warnings = [line for line in result.outlines if line.startswith("CompileCacheWarning:")]
     assert len(warnings) == 1 and "unreachable" in warnings[0]
-    result.stdout.fnmatch_lines(["compile cache: isolated:*, redis redis://:***@127.0.0.1:*/0 (unreachable, off)"])
+    result.stdout.fnmatch_lines(["compile cache: isolated:*, redis redis://:***@127.0.0.1:*/0 (ping failed, off)"])
     assert "hunter2" not in result.stdout.str() + result.stderr.str()
     assert data["totals"]["misses"] >= 1 and data["totals"]["remote"]["fx_hit"] == 0
 

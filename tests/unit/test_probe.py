@@ -309,7 +309,9 @@ def test_the_remote_cache_guard_turns_any_redis_error_into_a_recorded_miss() -> 
             assert failing._get("k") is None and failing._redis is None
             assert backend(None)._get("k") is None
             assert probe.remote_cache_errors() == [line]
-        probe.guard_remote_cache()  # idempotent: not wrapped twice
+        assert backend(None)._get("k") is None  # off in this session, since its error
+        probe.guard_remote_cache()  # the next session in this process (pytest.main again): not wrapped twice,
+        assert backend(None)._get("k") == b"value"  # and it tries Redis again
         assert (
             getattr(RedisRemoteCacheBackend._get, "__wrapped__", None)
             is RedisRemoteCacheBackend.__dict__["_get"].__wrapped__

@@ -123,6 +123,29 @@ def test_setup_leases_the_environment(tmp_path: Path, monkeypatch: pytest.Monkey
     assert "PYTEST_COMPILECACHE_SESSION" not in os.environ
 
 
+def test_a_redis_that_fails_its_ping_leaves_torchs_remote_caches_off_also_where_they_were_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_compilecache import remote
+    from pytest_compilecache._env import REMOTE_SWITCHES
+
+    for switch in REMOTE_SWITCHES:
+        monkeypatch.setenv(switch, "1")  # on by hand, for another Redis
+    monkeypatch.setattr(remote, "check_redis", lambda url: "refused: ResponseError: DB index is out of range")
+    controller = _controller(tmp_path, redis="redis://127.0.0.1:6379/99")
+    import os
+
+    assert {os.environ[switch] for switch in REMOTE_SWITCHES} == {"0"}  # torch reads "0" as off
+    assert not controller.context.redis_on
+    assert str(controller.context.header()).endswith("(ping failed, off)")
+    (warning,) = controller.context.problems.warnings
+    assert warning == "redis at redis://127.0.0.1:6379/99 refused: ResponseError: DB index is out of range; remote " + (
+        "caches stay off"
+    )
+    controller.context.close()
+    assert {os.environ[switch] for switch in REMOTE_SWITCHES} == {"1"}
+
+
 def test_pgo_gives_torch_a_job_id_unless_it_has_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--compile-cache-pgo=on: torch keeps its automatic-dynamic profile only for a job id (issue 25)."""
     import os

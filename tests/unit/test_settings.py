@@ -245,6 +245,16 @@ def test_redis_urls_accepted(url: str) -> None:
     assert _resolve(cli={"redis": url}).redis == url
 
 
+def test_a_redis_url_may_carry_redis_pys_own_options() -> None:
+    pytest.importorskip("redis")
+    url = "rediss://cache:6380/0?socket_timeout=30&ssl_ca_certs=/etc/ca.pem"
+    assert _resolve(cli={"redis": url}).redis == url
+    for query, needle in (("socket_timeout=soon", "socket_timeout"), ("sockettimeout=3", "sockettimeout")):
+        message = _error(cli={"redis": f"redis://:s3cret@cache:6379/0?{query}"})
+        assert message.startswith("--compile-cache-redis: an option redis-py does not take"), message
+        assert needle in message and "s3cret" not in message
+
+
 def test_store_implies_shared_mode() -> None:
     assert _resolve(env={"store": "/srv/cache"}).effective_mode == "shared"
     assert _resolve(env={"store": "/srv/cache", "mode": "isolated"}).effective_mode == "isolated"
