@@ -264,6 +264,34 @@ def atomic_file(dest: Path, *, fsync: bool = True, mode: int = 0o644) -> Iterato
         raise
 
 
+_HELD_LOCKS: set[int] = set()  # fds of this process's flocks that a forked child must not keep
+_FORK_HOOK: list[bool] = []
+
+
+def _close_held_locks_in_child() -> None:
+    for fd in list(_HELD_LOCKS):
+        with contextlib.suppress(OSError):
+            os.close(fd)  # the child's copy: the parent's lock stays, and goes when the parent closes its fd
+    _HELD_LOCKS.clear()
+
+
+def hold_lock(fd: int) -> int:
+    """Note ``fd``, on which this process holds an ``flock``, so that a process forked while it is held (a
+    forked test, torch's ``fork`` compile workers) closes its copy at once: an flock belongs to the open file,
+    so the child's inherited fd would otherwise hold the lock for as long as the child lives. Returns ``fd``."""
+    if not _FORK_HOOK and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_close_held_locks_in_child)
+        _FORK_HOOK.append(True)
+    _HELD_LOCKS.add(fd)
+    return fd
+
+
+def let_go(fd: int) -> None:
+    """Close ``fd`` from :func:`hold_lock`: the lock goes with it."""
+    _HELD_LOCKS.discard(fd)
+    os.close(fd)
+
+
 def try_flock(fd: int, *, shared: bool = False) -> bool:
     """Take an ``flock`` on ``fd`` without waiting: True when taken, False when another process holds a
     conflicting one; any other failure raises OSError. POSIX only, like torch's own locks."""

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Iterable
 
+from .._fs import hold_lock
+from .._fs import let_go
 from .._fs import try_flock
 from ..errors import HeaderError
 from ..manifest import Artifact
@@ -57,7 +59,7 @@ def build_lock(directory: Path, name: str):  # type: ignore[no-untyped-def]
     try:
         yield True
     finally:
-        os.close(fd)  # drops the flock: no other fd of ours refers to this open file
+        let_go(fd)  # drops the flock: no other fd of ours refers to this open file
 
 
 def take_build_lock(directory: Path, name: str) -> int | None:
@@ -76,7 +78,7 @@ def take_build_lock(directory: Path, name: str) -> int | None:
     if not taken:
         os.close(fd)
         return None
-    return fd
+    return hold_lock(fd)
 
 
 def being_built(directory: Path, name: str) -> bool:
@@ -112,7 +114,7 @@ class Reservation:
     background: any process, this one included, whose compile looks such a header up meanwhile
     waits in torch's own lock (``_worker_compile_cpp``), then finds the installed file and builds nothing.
     The locks are ``flock``s: a process that forks meanwhile would hold them on in its child, so a child
-    closes its copies at once (``os.register_at_fork``), and a process that dies lets go of them.
+    closes its copies at once (:func:`~.._fs.hold_lock`), and a process that dies lets go of them.
     """
 
     def __init__(self, directory: Path) -> None:
@@ -130,19 +132,7 @@ class Reservation:
             for key in [name] if name is not None else list(self.held):
                 fd = self.held.pop(key, None) if key is not None else None
                 if fd is not None:
-                    _RESERVED.discard(fd)
-                    os.close(fd)  # the flock goes with the last fd of the open file
-
-
-_RESERVED: set[int] = set()  # every held reservation fd of this process, closed in a forked child
-_FORK_HOOK: list[bool] = []
-
-
-def _close_reserved_in_child() -> None:
-    for fd in list(_RESERVED):
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _RESERVED.clear()
+                    let_go(fd)  # the flock goes with the last fd of the open file
 
 
 def reserve_headers(entries: Iterable[Artifact], directory: Path | None = None) -> Reservation:
@@ -157,9 +147,6 @@ def reserve_headers(entries: Iterable[Artifact], directory: Path | None = None) 
     reservation = Reservation(target)
     if os.name == "nt":
         return reservation
-    if not _FORK_HOOK:
-        os.register_at_fork(after_in_child=_close_reserved_in_child)
-        _FORK_HOOK.append(True)
     for entry in entries:
         try:
             artifact = header_artifact(entry)
@@ -172,5 +159,4 @@ def reserve_headers(entries: Iterable[Artifact], directory: Path | None = None) 
             continue  # restore_headers says what is wrong with it
         if fd is not None:
             reservation.held[artifact.name] = fd
-            _RESERVED.add(fd)
     return reservation

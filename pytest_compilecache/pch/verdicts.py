@@ -20,6 +20,8 @@ from typing import Sequence
 
 from .._env import COMPILER_ENVS
 from .._fs import atomic_file
+from .._fs import hold_lock
+from .._fs import let_go
 from .names import SHA256
 from .names import is_header_name
 
@@ -60,12 +62,13 @@ def _one_check_at_a_time(path: Path | None) -> Iterator[None]:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
         if fd >= 0:
+            hold_lock(fd)  # a process forked meanwhile (torch's fork workers, a forked test) must not keep it
             with contextlib.suppress(OSError):
                 fcntl.flock(fd, fcntl.LOCK_EX)  # a check takes at most CHECK_TIMEOUT; a dead holder lets go
         yield
     finally:
         if fd >= 0:
-            os.close(fd)
+            let_go(fd)
 
 
 def _file_identity(info: os.stat_result) -> list[int]:

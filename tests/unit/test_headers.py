@@ -764,6 +764,40 @@ def test_a_reservation_is_never_held_on_by_a_forked_child(tmp_path: Path) -> Non
         os.waitpid(child, 0)
 
 
+def test_no_header_lock_is_held_on_by_a_process_forked_while_it_was_held(tmp_path: Path) -> None:
+    """torch's build lock (taken to install or remove a header) and a check's lock on the header file, each
+    held in a thread while the process forks (torch's fork compile workers, a forked test): once this process
+    lets go, the child must not hold it on, or later checks and compiles wait for as long as it lives."""
+    from pytest_compilecache import _fs
+    from pytest_compilecache.pch import verdicts
+
+    (tmp_path / "b").mkdir()
+    directory = pch.header_dir(tmp_path / "b")
+    pch.locks.ensure_dir(directory)
+    header = directory / NAME
+    header.write_bytes(b"gch")
+    children = []
+    try:
+        with pch.locks.build_lock(directory, NAME) as held, verdicts._one_check_at_a_time(header):
+            assert held and pch.locks.being_built(directory, NAME)
+            child = os.fork()
+            if child == 0:  # the child lives on, doing nothing of ours
+                time.sleep(5)
+                os._exit(0)
+            children.append(child)
+            time.sleep(0.2)
+        assert not pch.locks.being_built(directory, NAME), "the forked child still holds torch's build lock"
+        fd = os.open(header, os.O_RDONLY)
+        try:
+            assert _fs.try_flock(fd), "the forked child still holds the check's lock on the header"
+        finally:
+            os.close(fd)
+    finally:
+        for child in children:
+            os.kill(child, 9)
+            os.waitpid(child, 0)
+
+
 def test_a_failed_install_lets_go_of_the_reservation(tmp_path: Path) -> None:
     from pytest_compilecache.stores.local import LocalStore
 
