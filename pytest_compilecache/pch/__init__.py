@@ -75,6 +75,7 @@ from ..errors import HeaderError
 from .check import OK_VERDICTS
 from .check import HeaderUse
 from .check import after_compile_error
+from .check import after_silent_compile_error
 from .check import check
 from .check import find_built
 from .check import find_used
@@ -119,6 +120,7 @@ __all__ = [
     "Reservation",
     "SETTLED_NS",
     "after_compile_error",
+    "after_silent_compile_error",
     "Store",
     "VERDICTS",
     "ZSTD_LEVEL",

@@ -288,3 +288,48 @@ def after_compile_error(text: str, directory: Path | None = None) -> list[Header
             note = f"{what}; removed it: torch builds it again" if removed else f"{what}; it is checked again"
             notes.append(HeaderUse(path.name, "unchecked", note=note))
     return notes
+
+
+def after_silent_compile_error(command: Sequence[str], directory: Path | None = None) -> list[HeaderUse]:
+    """A kernel compile (``command``, torch's argv) failed and its compiler said nothing of a precompiled header
+    (:func:`after_compile_error` found no complaint): when the command includes one of torch's headers in
+    ``directory`` (default: torch's) that has a compiled file, it runs once more with the text header alone (a
+    copy in a temp dir, no compiled file beside it; its output there too). When that succeeds, the compiled
+    header made the compile fail: damaged deeper than :func:`check`'s one-line compile reads (an internal
+    compiler error, or C++ errors, where the kernel uses what is damaged), or built from another text. It then
+    loses its verdict and is removed, as :func:`after_compile_error` does; a compile that fails without it too
+    changes nothing. Returns each such header's report (``unchecked``: never carried). Never raises."""
+    target = directory or header_dir()
+    argv = list(command)
+    notes: list[HeaderUse] = []
+    for at in [i + 1 for i, arg in enumerate(argv[:-1]) if arg == "-include"]:
+        include = Path(argv[at])
+        compiled = [include.with_name(include.name + suffix) for suffix in (".gch", ".pch")]
+        compiled = [path for path in compiled if path.parent == target and path.is_file()]
+        if not re.fullmatch(_NAMED, include.name) or not compiled or "-o" not in argv[:-1]:
+            continue
+        try:
+            with temporary_dir("tmp") as tmp:
+                alone = Path(tmp) / include.name
+                alone.write_bytes(include.read_bytes())
+                again = list(argv)
+                again[at] = str(alone)
+                again[again.index("-o") + 1] = str(Path(tmp) / "kernel")
+                done = subprocess.run(
+                    again, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=CHECK_TIMEOUT
+                )
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if done.returncode != 0:
+            continue  # it fails without the compiled header too: not the header's doing
+        for path in compiled:
+            try:
+                info = os.lstat(path)
+                forget(target, path.name)
+                removed = remove_if_unchanged(path, info)
+            except (OSError, HeaderError):
+                continue
+            what = f"precompiled header {path.name} made a kernel compile fail that succeeds without it"
+            note = f"{what}; removed it: torch builds it again" if removed else f"{what}; it is checked again"
+            notes.append(HeaderUse(path.name, "unchecked", note=note))
+    return notes

@@ -138,7 +138,8 @@ def _worker_compile_cpp(lock_path: str, cpp_builders: Any) -> None:
     """torch's ``codecache._worker_compile_cpp(lock_path, cpp_builders)`` (2.8-2.15), which builds a kernel in
     this process or in a compile worker (this function is pickled there by name): a failure whose compiler
     complains about a precompiled header it names drops that header's verdict and removes it
-    (:func:`..pch.after_compile_error`), so that the next look-up checks it and torch builds it again."""
+    (:func:`..pch.after_compile_error`), so that the next look-up checks it and torch builds it again; so does
+    a failure that says nothing of it but goes away without it (:func:`..pch.after_silent_compile_error`)."""
     codecache = sys.modules.get(CODECACHE) or importlib.import_module(CODECACHE)
     current = getattr(codecache, "_worker_compile_cpp", None)
     original = getattr(current, "__wrapped__", current)  # a compile worker: torch's own, never wrapped there
@@ -149,7 +150,14 @@ def _worker_compile_cpp(lock_path: str, cpp_builders: Any) -> None:
             from .. import pch
 
             where = precompiled_header_dir()
-            for use in pch.after_compile_error(str(exc), Path(where) if where else None):
+            directory = Path(where) if where else None
+            uses = pch.after_compile_error(str(exc), directory)
+            if not uses:  # the compiler said nothing of a header: one that used one runs again without it
+                import shlex
+
+                for builder in cpp_builders:
+                    uses += pch.after_silent_compile_error(shlex.split(builder.get_command_line()), directory)
+            for use in uses:
                 _header_uses[use.name] = use.to_json()
         raise
 

@@ -851,6 +851,41 @@ def test_a_compile_failure_naming_a_header_drops_its_verdict_and_removes_it(  # 
     assert path.name not in json.loads((directory / pch.VERDICTS).read_text())["accepted"]
 
 
+def test_a_compiled_header_that_breaks_a_compile_silently_is_found_by_compiling_without_it(tmp_path: Path) -> None:
+    """A compiled header that passes the check but breaks a kernel whose compiler names no header (damaged deep
+    inside, or built from another text: gcc does not compare it with the text header): the compile that
+    succeeds without it says it was the header's doing, which is then removed, and never carried."""
+    import shutil
+    import subprocess
+
+    if shutil.which("g++") is None:
+        pytest.fail("g++ is needed (torch compiles C++ kernels with it)")
+    directory = tmp_path / "precompiled_headers"
+    directory.mkdir()
+    text = directory / NAME[: -len(".gch")]
+    text.write_text("int declared_here(int x) { return x + 1; }\n")
+    (tmp_path / "other.h").write_text("int declared_elsewhere(int);\n")
+    built = ["g++", "-fPIC", "-x", "c++-header", str(tmp_path / "other.h"), "-o", str(directory / NAME)]
+    subprocess.run(built, check=True)  # a sound PCH, of another text: gcc uses it silently
+    kernel = tmp_path / "k.cpp"
+    kernel.write_text("int kernel(int x) { return declared_here(x); }\n")
+    command = ["g++", str(kernel), "-shared", "-fPIC", "-include", str(text), "-o", str(tmp_path / "k.so")]
+    assert subprocess.run(command, capture_output=True).returncode != 0  # what torch met
+    assert pch.after_compile_error("k.cpp:1:30: error: 'declared_here' was not declared", directory) == []
+
+    kernel.write_text("int kernel(int x) { return declared_here(x) }\n")  # the kernel's own error too
+    assert pch.after_silent_compile_error(command, directory) == []
+    assert (directory / NAME).exists()  # it fails without the header as well: not the header's doing
+    assert pch.after_silent_compile_error([c for c in command if c not in ("-include", str(text))], directory) == []
+
+    kernel.write_text("int kernel(int x) { return declared_here(x); }\n")
+    [use] = pch.after_silent_compile_error(command, directory)
+    assert (use.name, use.verdict) == (NAME, "unchecked") and "succeeds without it; removed" in use.note
+    assert not (directory / NAME).exists() and text.exists()  # the text header stays: torch builds it again
+    assert not (tmp_path / "k.so").exists()  # the second compile wrote only in its own temp dir
+    assert not list(directory.glob("*.so")) and pch.find_used(directory, [use.to_json()]) == []
+
+
 def test_torchs_failed_kernel_compile_reaches_the_cure_in_the_process_that_compiles(  # type: ignore[no-untyped-def]
     tmp_path: Path, fake_compiler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -886,6 +921,24 @@ def test_torchs_failed_kernel_compile_reaches_the_cure_in_the_process_that_compi
         assert not (directory / (TEXT_HEADER + ".gch")).exists()
         (use,) = probe.precompiled_headers_used()
         assert use["verdict"] == "unchecked" and "made a kernel compile fail" in use["note"], use
+
+        # A failure that names no header: each builder's own command runs again without it.
+        output = "k.cpp:1:30: error: 'declared_here' was not declared in this scope"
+        asked: list[list[str]] = []
+
+        def without(command: list[str], where: Path | None) -> list[pch.HeaderUse]:
+            asked.append(command)
+            return [pch.HeaderUse("c" + "x" * 51 + ".h.gch", "unchecked", note="made a kernel compile fail")]
+
+        class Builder:
+            def get_command_line(self) -> str:
+                return f"g++ 'k k.cpp' -include {directory / TEXT_HEADER} -o k.so"
+
+        monkeypatch.setattr(pch, "after_silent_compile_error", without)
+        with pytest.raises(RuntimeError, match="was not declared"):
+            fake._worker_compile_cpp("k.lock", [Builder()])
+        assert asked == [["g++", "k k.cpp", "-include", str(directory / TEXT_HEADER), "-o", "k.so"]]
+        assert {u["name"] for u in probe.precompiled_headers_used()} >= {"c" + "x" * 51 + ".h.gch"}
     finally:
         probe.uninstall_header_watch()
     assert fake._worker_compile_cpp is _worker_compile_cpp
