@@ -196,7 +196,8 @@ def find_used(directory: Path, uses: Iterable[object], installed: Iterable[str] 
     ``uses``: the :class:`HeaderUse` reports (JSON) of every process of the session. A header counts when some
     process's compiler check accepted it and the file is still the one it checked (same size, mtime, inode),
     or when this session's restore installed or found it (``installed``: names; the bytes were checked
-    against a verified manifest, and no kernel may have needed it). Nothing here reads access times.
+    against a verified manifest, and no kernel may have needed it) and no process reported it other than
+    accepted (damaged, or not checked: never named again). Nothing here reads access times.
 
     Skipped: symlinks, names that are not torch's, empty files, headers whose build lock another process holds
     right now (torch is writing it in place), and a reported header that changed since its check. A missing
@@ -205,10 +206,13 @@ def find_used(directory: Path, uses: Iterable[object], installed: Iterable[str] 
     if os.name == "nt":  # torch precompiles no header on Windows (codecache asserts it)
         return []
     accepted: dict[str, list[HeaderUse]] = {}
+    refused: set[str] = set()
     for use in header_uses(uses):
         if use.accepted:
             accepted.setdefault(use.name, []).append(use)
-    keep = set(installed)
+        else:
+            refused.add(use.name)
+    keep = set(installed) - refused  # installed, then found damaged or not checked here: not named again
     found: list[Path] = []
     for name in sorted(set(accepted) | {name for name in keep if is_header_name(name)}):
         path = Path(directory) / name
