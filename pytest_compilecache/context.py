@@ -143,7 +143,9 @@ class SessionContext:
             note = probe.point_cache_dir(self.dir.path if mode != "disabled" else None, disable=mode == "disabled")
             if note:
                 self.problems.note(note)
-        if self.settings.redis:
+        if self.settings.redis and mode == "disabled":  # torch turns every cache off, its remote ones too
+            self.problems.note(f"{self.settings.spelling('redis')}: not used, every cache is off in a disabled session")
+        elif self.settings.redis:
             self._enable_redis(self.settings.redis)
 
     def _keep_shape_profile(self) -> None:
@@ -234,7 +236,7 @@ class SessionContext:
 
         extra = f", redis {redacted(self.settings.redis)}" if self.settings.redis else ""
         if self.settings.redis and not self.redis_on:
-            extra += " (ping failed, off)"
+            extra += " (off: disabled session)" if self.dir.mode == "disabled" else " (ping failed, off)"
         store = f", store {self.settings.store}" if self.settings.store else ""
         where = f" ({self.dir.note})" if self.dir.note else ""
         return f"compile cache: {self.dir.describe()}{where}{store}{extra}"

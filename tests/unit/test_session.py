@@ -146,6 +146,25 @@ def test_a_redis_that_fails_its_ping_leaves_torchs_remote_caches_off_also_where_
     assert {os.environ[switch] for switch in REMOTE_SWITCHES} == {"1"}
 
 
+def test_a_disabled_session_neither_pings_redis_nor_says_it_is_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_compilecache import remote
+    from pytest_compilecache._env import REMOTE_SWITCHES
+
+    pinged: list[str] = []
+    monkeypatch.setattr(remote, "check_redis", lambda url: pinged.append(url))
+    for switch in REMOTE_SWITCHES:
+        monkeypatch.delenv(switch, raising=False)
+    controller = _controller(tmp_path, mode="disabled", dir=None, redis="redis://127.0.0.1:6379/0")
+    import os
+
+    assert pinged == [] and not any(os.environ.get(switch) for switch in REMOTE_SWITCHES)
+    assert not controller.context.redis_on
+    assert str(controller.context.header()).endswith("(off: disabled session)")
+    assert any("not used, every cache is off" in note for note in controller.context.problems.notes)
+
+
 def test_pgo_gives_torch_a_job_id_unless_it_has_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--compile-cache-pgo=on: torch keeps its automatic-dynamic profile only for a job id (issue 25)."""
     import os
