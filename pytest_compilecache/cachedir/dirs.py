@@ -93,7 +93,7 @@ def decide(mode: str | None, configured_dir: str | None, default_shared: Path) -
             refuse_foreign(path)
             return SessionDir(mode=mode, path=str(make_dir(path)), note=note)
         try:
-            if note is None:
+            if note is None and path.parent.name == "d":  # the plugin's default: <pytest's cache dir>/d/compilecache
                 with contextlib.suppress(OSError):  # make_dir says what is wrong with the place
                     _make_pytest_cache_dir(path.parent.parent)
             refuse_foreign(path)
