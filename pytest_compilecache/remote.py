@@ -66,12 +66,13 @@ def check_redis(url: str) -> str | None:
         client = redis.Redis.from_url(url, socket_connect_timeout=REDIS_TIMEOUT_S, socket_timeout=REDIS_TIMEOUT_S)
         client.ping()
         client.close()
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        if not isinstance(exc, redis.exceptions.AuthenticationError):
-            return f"unreachable ({type(exc).__name__}: {str(exc)[:120]})"
-        return f"refused: {type(exc).__name__}: {str(exc)[:120]}"
-    except Exception as exc:  # any other client error means: no remote cache this session
-        return f"refused: {type(exc).__name__}: {str(exc)[:120]}"
+    except Exception as exc:  # any client error means: no remote cache this session
+        why = f"{type(exc).__name__}: {str(exc)[:120]}"
+        # AuthenticationError is a ConnectionError to redis-py: Redis answered, and said no.
+        lost = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+        if isinstance(exc, lost) and not isinstance(exc, redis.exceptions.AuthenticationError):
+            return f"unreachable ({why})"
+        return f"refused: {why}"
     return None
 
 

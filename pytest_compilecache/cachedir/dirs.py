@@ -15,6 +15,7 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
+from typing import Callable
 from typing import NamedTuple
 
 from .._env import CACHE_ENV
@@ -152,16 +153,27 @@ def _make_pytest_cache_dir(base: Path) -> None:
     :func:`make_dir`; a dir already there (pytest's, or another session's) is left as it is."""
     if os.path.lexists(base):
         return
-    base.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".pytest-cache-new-", dir=base.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         umask = os.umask(0o022)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # not mkdtemp's 0o700: the permissions pytest's own dir would have
         for name, text in _PYTEST_CACHE_FILES.items():
             (tmp / name).write_text(text, encoding="utf-8")
-        with contextlib.suppress(OSError):  # lost a race: the dir is there, which is what we wanted
-            os.rename(tmp, base)
+
+    _make_atomically(base, ".pytest-cache-new-", fill)
+
+
+def _make_atomically(path: Path, prefix: str, fill: Callable[[Path], None]) -> None:
+    """Make dir ``path`` whole or not at all: ``fill`` a temp dir beside it, then rename it into place. Two
+    sessions may race here: the loser's rename fails with the directory already in place, which is the
+    outcome it wanted (the same approach as pytest's ``_make_cachedir``). Raises OSError."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=path.parent))
+    try:
+        fill(tmp)
+        with contextlib.suppress(OSError):  # lost a race: the dir is there
+            os.rename(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -171,19 +183,11 @@ def make_dir(path: Path) -> Path:
 
     An existing empty dir is tagged (the user handed it to us and nothing in it is anyone's); an existing
     non-empty dir is used as it is (:func:`decide` refuses a foreign one first). Two sessions may race
-    here: the loser's rename fails with the directory already in place, which is the outcome it wanted
-    (the same approach as pytest's ``_make_cachedir``).
+    here (:func:`_make_atomically`).
     """
     try:
         if not path.is_dir():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=".compilecache-new-", dir=path.parent))
-            try:
-                tag(tmp)
-                with contextlib.suppress(FileExistsError, OSError):
-                    os.rename(tmp, path)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+            _make_atomically(path, ".compilecache-new-", tag)
         elif not any(path.iterdir()):
             tag(path)
         from .._fs import temp_name

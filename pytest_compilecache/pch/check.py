@@ -280,18 +280,26 @@ def after_compile_error(text: str, directory: Path | None = None) -> list[Header
     for stem in sorted(set(re.findall(_NAMED, text))):
         for suffix in (".gch", ".pch"):
             path = target / f"{stem}.h{suffix}"
-            try:
-                info = os.lstat(path)
-                if not stat.S_ISREG(info.st_mode):
-                    continue
-                forget(target, path.name)
-                removed = remove_if_unchanged(path, info)
-            except (OSError, HeaderError):
-                continue
-            what = f"precompiled header {path.name} made a kernel compile fail ({complaint[:200]})"
-            note = f"{what}; removed it: torch builds it again" if removed else f"{what}; it is checked again"
-            notes.append(HeaderUse(path.name, "unchecked", note=note))
+            use = _drop(path, f"precompiled header {path.name} made a kernel compile fail ({complaint[:200]})")
+            if use is not None:
+                notes.append(use)
     return notes
+
+
+def _drop(path: Path, what: str) -> HeaderUse | None:
+    """A compiled header that made a kernel compile fail: it loses its verdict and is removed under torch's
+    build lock; its report (``unchecked``: never carried) says ``what`` happened and what became of it. None
+    when ``path`` is not a regular file (or cannot be read)."""
+    try:
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        forget(path.parent, path.name)
+        removed = remove_if_unchanged(path, info)
+    except (OSError, HeaderError):
+        return None
+    note = f"{what}; removed it: torch builds it again" if removed else f"{what}; it is checked again"
+    return HeaderUse(path.name, "unchecked", note=note)
 
 
 def after_silent_compile_error(command: Sequence[str], directory: Path | None = None) -> list[HeaderUse]:
@@ -327,13 +335,7 @@ def after_silent_compile_error(command: Sequence[str], directory: Path | None = 
         if done.returncode != 0:
             continue  # it fails without the compiled header too: not the header's doing
         for path in compiled:
-            try:
-                info = os.lstat(path)
-                forget(target, path.name)
-                removed = remove_if_unchanged(path, info)
-            except (OSError, HeaderError):
-                continue
-            what = f"precompiled header {path.name} made a kernel compile fail that succeeds without it"
-            note = f"{what}; removed it: torch builds it again" if removed else f"{what}; it is checked again"
-            notes.append(HeaderUse(path.name, "unchecked", note=note))
+            use = _drop(path, f"precompiled header {path.name} made a kernel compile fail that succeeds without it")
+            if use is not None:
+                notes.append(use)
     return notes
