@@ -14,6 +14,8 @@ directory store's round trips, which stay).
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 from pathlib import Path
 
@@ -33,6 +35,9 @@ COMPAT_PATHS = (
 # Every compile the suite starts, here or in a process it starts, uses the suite's torch settings (one
 # compile thread, no ISA dry-compiles: see tests/torchenv.py).
 torchenv.apply(os.environ)
+# This process too skips the collector's walk at shutdown (tests/site/sitecustomize.py), registered before
+# pytest's and torch's own exit handlers so that it runs after them.
+atexit.register(gc.freeze)
 
 
 def pytest_configure(config: pytest.Config) -> None:

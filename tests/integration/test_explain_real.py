@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def scenarios() -> dict[str, Any]:
     env = torchenv.inner_env(prefixes=("TORCHINDUCTOR_", "TRITON_", "PYTEST_"))
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = torchenv.python_path(str(ROOT))
     proc = subprocess.run(
         [sys.executable, str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200
     )
