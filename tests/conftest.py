@@ -35,8 +35,9 @@ COMPAT_PATHS = (
 # Every compile the suite starts, here or in a process it starts, uses the suite's torch settings (one
 # compile thread, no ISA dry-compiles: see tests/torchenv.py).
 torchenv.apply(os.environ)
-# This process too skips the collector's walk at shutdown (tests/site/sitecustomize.py), registered before
-# pytest's and torch's own exit handlers so that it runs after them.
+# A pytest process started without tests/site on its path (the outer one, started by hand) skips the
+# collector's walk at shutdown too (tests/site/sitecustomize.py); registered before pytest's and torch's own
+# exit handlers, so it runs after them.
 atexit.register(gc.freeze)
 
 

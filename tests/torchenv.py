@@ -12,9 +12,9 @@ these settings; nothing a test checks depends on them, and each saves seconds of
 The knobs go into inductor's config, so they are part of every FX-graph key: sessions of one test always
 share them (the inner environment gets them from here), so hits and misses are what they would be without.
 
-Every process also gets :data:`SITE` first on ``PYTHONPATH``: its ``sitecustomize`` skips the garbage collector's
-walk over the whole heap at interpreter shutdown, 1-2.5 CPU-seconds in each process that compiled something
-(tests/site/sitecustomize.py says why no check depends on it).
+Every process also gets :data:`SITE` first on ``PYTHONPATH``: its ``sitecustomize`` keeps the garbage collector
+from walking torch's objects again after each full collection and at shutdown, a quarter of the CPU of a
+process that compiled something (tests/site/sitecustomize.py says why no check depends on it).
 """
 
 from __future__ import annotations
