@@ -146,7 +146,10 @@ class CacheServer:
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}/"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="cache-server", daemon=True)
+        # A short poll: stop() waits for the loop to notice (0.5 s a server by default, on every test's clock).
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="cache-server", daemon=True
+        )
         self._thread.start()
 
     @property
