@@ -207,15 +207,15 @@ def _inherited() -> str | None:
 
 
 def _default_shared(config: pytest.Config) -> Path:
-    """Inside pytest's own cache dir, so --cache-clear and its .gitignore apply."""
+    """Inside pytest's own cache dir (``cachedir.default_shared_dir``), so --cache-clear and its .gitignore apply."""
+    from . import cachedir  # no cost: the session's start and --cache-clear's keeping, its callers, load it anyway
+
     try:
         cache_dir = config.getini("cache_dir") or ".pytest_cache"
     except ValueError:
         cache_dir = ".pytest_cache"
     base = Path(os.path.expandvars(os.path.expanduser(str(cache_dir))))  # as pytest's resolve_from_str
-    if not base.is_absolute():
-        base = config.rootpath / base
-    return base / "d" / "compilecache"
+    return cachedir.default_shared_dir(base if base.is_absolute() else config.rootpath / base)
 
 
 def _keep_a_shared_dir_in_use(config: pytest.Config, setup: SessionContext | None) -> None:

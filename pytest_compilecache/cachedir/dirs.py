@@ -69,6 +69,12 @@ class SessionDir(NamedTuple):
         return f"{self.mode}:{self.path}" if self.path else str(self.mode)
 
 
+def default_shared_dir(pytest_cache_dir: Path) -> Path:
+    """The default shared dir inside pytest's cache dir (``d/compilecache``), where ``--cache-clear`` and pytest's
+    ``.gitignore`` apply to it."""
+    return pytest_cache_dir / "d" / "compilecache"
+
+
 def decide(mode: str | None, configured_dir: str | None, default_shared: Path) -> SessionDir:
     """Create (if needed) and return the session cache dir for ``mode``. Raises ConfigError if unusable.
 
@@ -94,7 +100,7 @@ def decide(mode: str | None, configured_dir: str | None, default_shared: Path) -
             refuse_foreign(path)
             return SessionDir(mode=mode, path=str(make_dir(path)), note=note)
         try:
-            if note is None and path.parent.name == "d":  # the plugin's default: <pytest's cache dir>/d/compilecache
+            if note is None and path == default_shared_dir(path.parent.parent):  # in pytest's cache dir
                 with contextlib.suppress(OSError):  # make_dir says what is wrong with the place
                     _make_pytest_cache_dir(path.parent.parent)
             refuse_foreign(path)
