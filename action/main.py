@@ -303,7 +303,10 @@ def _headers(plan: Plan, state: Mapping[str, Any], environ: Mapping[str, str]) -
     if restored is not None:
         named = (*restored.headers.named, artifact.name) if carry.present else restored.headers.named
         carried = (key,) if carry.carried else restored.headers.carried
-        headers = dataclasses.replace(restored.headers, named=named, carried=carried)
+        ages = dict(restored.headers.idle)
+        if carry.present and artifact.idle:
+            ages[artifact.name] = artifact.idle  # the save counts on from the manifest's count
+        headers = dataclasses.replace(restored.headers, named=named, carried=carried, idle=ages)
         restored = dataclasses.replace(restored, headers=headers)
         policy = api.read_save_policy(told)
         write_vars(environ.get("GITHUB_ENV"), {RESTORED_ENV: api.write_handoff(restored, policy)})

@@ -300,7 +300,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     _out(f"artifacts    {len(manifest.artifacts)} (stored beside the bundle, by sha256)")
     for artifact in manifest.artifacts:
         kind, name, sha256 = line(artifact.kind, 100), line(artifact.name, 300), line(artifact.sha256, 100)
-        _out(f"  {artifact.size:>10}  {kind}  {name}  sha256 {sha256}")
+        idle = f"  unused in the last {artifact.idle} save{'s' if artifact.idle != 1 else ''}" if artifact.idle else ""
+        _out(f"  {artifact.size:>10}  {kind}  {name}  sha256 {sha256}{idle}")
     return EXIT_OK
 
 

@@ -39,7 +39,7 @@ __all__ = [
     "unsafe_member_reason",
 ]
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: an artifact's ``idle`` (saves in a row that did not use it)
 BLOBS_DIR = "blobs/"
 FILES_DIR = "files/"
 NAME_MAX = 255  # bytes per path component on every file system we install into (ext4, xfs, tmpfs, APFS)
@@ -72,6 +72,8 @@ _MANIFEST_KEYS = frozenset(
 )
 _MEMBER_KEYS = frozenset({"path", "size", "sha256"})
 _ARTIFACT_KEYS = frozenset({"kind", "name", "sha256", "size"})
+_ARTIFACT_OPTIONAL = frozenset({"idle"})
+MAX_IDLE = 1000  # an artifact's ``idle`` count: a save drops it long before (:data:`.pch.IDLE_SAVES`)
 
 
 @dataclass(frozen=True)
@@ -94,12 +96,16 @@ class Artifact:
     name: str
     sha256: str
     size: int
+    idle: int = 0  # saves in a row of this lineage in which no process used it (0: the saving session did)
 
     def to_json(self) -> dict[str, Any]:
-        """Its entry in the manifest's ``artifacts``: ``{kind, name, sha256, size}``. Read back (validated) only
-        with the whole manifest (:meth:`Manifest.from_json_bytes`); a kind's own shape is its module's to check
-        (:func:`.pch.header_artifact`)."""
-        return {"kind": self.kind, "name": self.name, "sha256": self.sha256, "size": self.size}
+        """Its entry in the manifest's ``artifacts``: ``{kind, name, sha256, size}``, and ``idle`` when not 0.
+        Read back (validated) only with the whole manifest (:meth:`Manifest.from_json_bytes`); a kind's own
+        shape is its module's to check (:func:`.pch.header_artifact`)."""
+        entry: dict[str, Any] = {"kind": self.kind, "name": self.name, "sha256": self.sha256, "size": self.size}
+        if self.idle:
+            entry["idle"] = self.idle
+        return entry
 
 
 @dataclass(frozen=True)
@@ -293,9 +299,11 @@ def _short(exc: BaseException) -> str:
     return str(exc)[:200]
 
 
-def _check_keys(document: dict[str, Any], expected: frozenset[str], what: str) -> None:
+def _check_keys(
+    document: dict[str, Any], expected: frozenset[str], what: str, optional: frozenset[str] = frozenset()
+) -> None:
     missing = sorted(expected - document.keys())
-    unknown = sorted(document.keys() - expected)
+    unknown = sorted(document.keys() - expected - optional)
     if missing:
         raise BundleError(f"{what} lacks field(s) {', '.join(missing)}")
     if unknown:
@@ -407,7 +415,7 @@ def _parse_artifacts(raw: Any) -> tuple[Artifact, ...]:
     for item in raw:
         if not isinstance(item, dict):
             raise BundleError("bundle manifest artifact is not an object")
-        _check_keys(item, _ARTIFACT_KEYS, "bundle manifest artifact")
+        _check_keys(item, _ARTIFACT_KEYS, "bundle manifest artifact", optional=_ARTIFACT_OPTIONAL)
         kind = _str(item["kind"], "artifacts.kind")
         if kind not in ARTIFACT_KINDS:
             raise BundleError(f"bundle manifest artifact kind {kind[:40]!r} is not supported")
@@ -423,6 +431,14 @@ def _parse_artifacts(raw: Any) -> tuple[Artifact, ...]:
                 name=name,
                 sha256=_sha(item["sha256"], "artifacts.sha256"),
                 size=_int(item["size"], "artifacts.size"),
+                idle=_idle(item.get("idle", 0)),
             )
         )
     return tuple(artifacts)
+
+
+def _idle(value: Any) -> int:
+    count = _int(value, "artifacts.idle")
+    if count > MAX_IDLE:
+        raise BundleError(f"bundle manifest field 'artifacts.idle' is more than {MAX_IDLE}")
+    return count

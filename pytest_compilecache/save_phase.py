@@ -172,6 +172,7 @@ class SavePhase:
             header_installed=installed,
             header_carried=result.headers.carried if result is not None else (),
             header_uses=list(gathered.header_uses),
+            header_idle=result.headers.idle if result is not None else {},
         )
         saved = sync.save_bundle(store, request)
         if self._policy().staged and saved.outcome == "saved":
@@ -185,6 +186,8 @@ class SavePhase:
             self.problems.note(f"save: {saved.message}")
         for line in saved.headers.warnings:
             self.problems.warn(line)
+        for line in saved.headers.notes:
+            self.problems.note(line)
         return saved
 
     def _policy(self) -> SavePolicy:

@@ -97,6 +97,7 @@ from .names import looks_complete
 from .names import object_key
 from .names import packed_bound
 from .names import session_start
+from .transfer import IDLE_SAVES
 from .transfer import ZSTD_LEVEL
 from .transfer import HeaderTransfer
 from .transfer import Store
@@ -114,6 +115,7 @@ __all__ = [
     "HeaderError",
     "HeaderTransfer",
     "HeaderUse",
+    "IDLE_SAVES",
     "KIND",
     "MAX_SIZE",
     "OK_VERDICTS",

@@ -19,6 +19,7 @@ from typing import BinaryIO
 from typing import Mapping
 
 from ..errors import HeaderError
+from ..manifest import MAX_IDLE
 from ..manifest import Artifact
 
 KIND = "precompiled_header"
@@ -41,10 +42,12 @@ CHECK_TIMEOUT = 120.0
 
 def header_artifact(data: Artifact | Mapping[str, Any]) -> Artifact:
     """A bundle manifest's artifact entry (a :class:`.manifest.Artifact`, or its JSON) checked as a precompiled
-    header: torch's name, a sha256, a size up to :data:`MAX_SIZE`. Raises HeaderError naming what is wrong: a
-    signed manifest says which bytes to fetch, not that its entries have a header's shape."""
+    header: torch's name, a sha256, a size up to :data:`MAX_SIZE`, an ``idle`` count (default 0). Raises
+    HeaderError naming what is wrong: a signed manifest says which bytes to fetch, not that its entries have a
+    header's shape."""
     fields: Mapping[str, Any] = data.to_json() if isinstance(data, Artifact) else data
     kind, name, digest, size = (fields.get(key) for key in ("kind", "name", "sha256", "size"))
+    idle = fields.get("idle", 0)
     if kind != KIND:
         raise HeaderError(f"not a {KIND} artifact: kind={kind!r}")
     if not isinstance(name, str) or not is_header_name(name):
@@ -53,7 +56,9 @@ def header_artifact(data: Artifact | Mapping[str, Any]) -> Artifact:
         raise HeaderError(f"bad sha256 for {name}: {digest!r}")
     if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_SIZE:
         raise HeaderError(f"bad size for {name}: {size!r}")
-    return Artifact(kind=KIND, name=name, sha256=digest, size=size)
+    if not isinstance(idle, int) or isinstance(idle, bool) or not 0 <= idle <= MAX_IDLE:
+        raise HeaderError(f"bad idle count for {name}: {idle!r}")
+    return Artifact(kind=KIND, name=name, sha256=digest, size=size, idle=idle)
 
 
 def is_header_name(name: str) -> bool:

@@ -13,9 +13,11 @@ import hashlib
 import os
 from dataclasses import dataclass
 from dataclasses import field
+from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 from typing import Iterable
+from typing import Mapping
 from typing import Protocol
 from typing import Sequence
 
@@ -163,7 +165,15 @@ class HeaderTransfer:
     artifacts: list[Artifact] = field(default_factory=list)
     transferred: list[str] = field(default_factory=list)  # names uploaded (save) or installed (restore)
     errors: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # restore: damaged local headers replaced
+    notes: list[str] = field(default_factory=list)  # restore: damaged copies replaced; save: idle headers dropped
+
+
+IDLE_SAVES = 3
+"""A header that the restore installed and no process looked up is named again by the save (a session with no
+C++ miss looks none up), with its ``idle`` count one higher; at ``IDLE_SAVES`` saves in a row it is dropped
+instead, so a header no compile needs any more (torch's flags or config changed: a new name) stops being
+downloaded by every restore of the lineage. If a compile needs it after all, torch builds it again and the
+next save carries it."""
 
 
 def save_headers(
@@ -175,6 +185,7 @@ def save_headers(
     directory: Path | None = None,
     carried: Iterable[str] = (),
     uses: Iterable[object] | None = None,
+    idle: Mapping[str, int] | None = None,
 ) -> HeaderTransfer:
     """Controller, at session end: describe the headers the session used and upload those the store lacks.
 
@@ -183,6 +194,9 @@ def save_headers(
     looked it up) is named only when its exact content is already stored or ``carried``, never uploaded
     unchecked. Without ``uses`` (the CLI: no process to ask), headers written since ``since``
     (:func:`find_built`) and ``installed`` ones are carried when they start like a PCH, all it can check.
+    ``idle``: the restored manifest's count for each installed header (absent: 0); a header no process looked
+    up (the CLI: none written since ``since``) gets its count plus one, and is left out with a line in
+    ``notes`` when that reaches :data:`IDLE_SAVES`; one looked up gets 0.
 
     ``artifacts`` are what the bundle manifest must name (``[a.to_json() for a in artifacts]``); a header that
     could not be read or uploaded is left out of it with one line in ``errors``, never failing the save.
@@ -194,17 +208,28 @@ def save_headers(
     result = HeaderTransfer()
     elsewhere = set(carried)
     target = directory or header_dir()
+    ages = dict(idle or {})
     if uses is None:
         restored = find_used(target, (), installed)
-        checked = {path.name for path in [*find_built(target, since), *restored] if looks_complete(path)}
+        looked_up = {path.name for path in find_built(target, since) if looks_complete(path)}
+        checked = looked_up | {path.name for path in restored if looks_complete(path)}
         candidates = sorted({*(target / name for name in checked), *restored})
     else:
         reports = list(uses)
-        checked = {path.name for path in find_used(target, reports)}
+        checked = looked_up = {path.name for path in find_used(target, reports)}
         candidates = find_used(target, reports, installed)
     for path in candidates:
         try:
             artifact = describe(path)
+            if path.name not in looked_up:
+                count = ages.get(path.name, 0) + 1
+                if count >= IDLE_SAVES:
+                    result.notes.append(
+                        f"precompiled header {path.name} no longer carried: no compile looked it up in {count} "
+                        "saves in a row (torch builds it again if one does)"
+                    )
+                    continue
+                artifact = replace(artifact, idle=count)
             key = object_key(prefix, artifact.sha256)
             stored = key in elsewhere or any(entry.key == key for entry in store.list(key))
             if not stored and path.name not in checked:

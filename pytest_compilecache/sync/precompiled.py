@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 from typing import Iterable
+from typing import Mapping
 
 from .. import pch
 from .._env import FILE_LOCK_TIMEOUT_ENV
@@ -55,11 +56,12 @@ def save_precompiled(
     directory: Path | None,
     carried: Iterable[str] = (),
     uses: Iterable[Any] | None = None,
+    idle: Mapping[str, int] | None = None,
 ) -> tuple[HeaderReport, list[Artifact]]:
     """Upload the session's headers the store lacks; return the report and the manifest entries."""
     started = time.perf_counter()
     try:
-        transfer = pch.save_headers(store, prefix, since, installed, scratch, directory, carried, uses)
+        transfer = pch.save_headers(store, prefix, since, installed, scratch, directory, carried, uses, idle)
     except Exception as exc:  # the bundle is worth saving without its headers
         return HeaderReport(warnings=(one_line(f"precompiled headers not saved: {type(exc).__name__}: {exc}"),)), []
     return HeaderReport.of(transfer, time.perf_counter() - started), list(transfer.artifacts)

@@ -28,6 +28,7 @@ from typing import TypeVar
 from ..fingerprint import key_origin
 from ..ghrunner import one_line
 from ..manifest import BLOB_NAME
+from ..manifest import MAX_IDLE
 
 if TYPE_CHECKING:
     from ..manifest import Artifact
@@ -66,12 +67,14 @@ class HeaderReport:
     seconds: float = 0.0
     warnings: tuple[str, ...] = ()
     carried: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()  # restore: a damaged local header replaced with the verified one
+    notes: tuple[str, ...] = ()  # restore: a damaged local header replaced; save: an idle header dropped
+    idle: Mapping[str, int] = field(default_factory=dict)  # named headers' idle counts (0s left out)
 
     @classmethod
     def of(cls, transfer: HeaderTransfer, seconds: float) -> HeaderReport:
         sizes = {artifact.name: artifact.size for artifact in transfer.artifacts}
         return cls(
+            idle={artifact.name: artifact.idle for artifact in transfer.artifacts if artifact.idle},
             named=tuple(artifact.name for artifact in transfer.artifacts),
             transferred=tuple(transfer.transferred),
             size=sum(sizes.get(name, 0) for name in transfer.transferred),
@@ -90,6 +93,7 @@ class HeaderReport:
             "warnings": list(self.warnings),
             "carried": list(self.carried),
             "notes": list(self.notes),
+            "idle": dict(self.idle),
         }
 
     @classmethod
@@ -112,6 +116,16 @@ class HeaderReport:
         def names(name: str) -> tuple[str, ...]:
             return tuple(item for item in lines(name) if is_header_name(item))
 
+        def counts(name: str) -> dict[str, int]:
+            value = data.get(name)
+            if not isinstance(value, dict):
+                return {}
+            return {
+                key: count
+                for key, count in value.items()
+                if isinstance(key, str) and is_header_name(key) and _count(count) == count and 0 < count <= MAX_IDLE
+            }
+
         return cls(
             named=names("named"),
             transferred=names("transferred"),
@@ -120,6 +134,7 @@ class HeaderReport:
             warnings=lines("warnings"),
             carried=lines("carried"),
             notes=lines("notes"),
+            idle=counts("idle"),
         )
 
     def to_json(self) -> dict[str, Any]:

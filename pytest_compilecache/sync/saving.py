@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 from typing import Iterable
@@ -44,6 +45,7 @@ class SaveRequest:
     those written since ``header_since``), or named in ``header_installed`` (what the restore installed or
     found), are uploaded once per store and named in the manifest. Headers whose object key is in
     ``header_carried`` travel by other means (the Action's header entry): named, not uploaded.
+    ``header_idle``: the restored manifest's idle counts of the installed headers (:data:`..pch.IDLE_SAVES`).
     """
 
     prefix: str
@@ -62,6 +64,7 @@ class SaveRequest:
     header_dir: Path | None = None
     header_carried: Iterable[str] = ()
     header_uses: Iterable[object] | None = None
+    header_idle: Mapping[str, int] = field(default_factory=dict)
 
 
 def save(
@@ -83,11 +86,12 @@ def save(
     header_dir: Path | None = None,
     header_carried: Iterable[str] = (),
     header_uses: Iterable[object] | None = None,
+    header_idle: Mapping[str, int] | None = None,
 ) -> SaveResult:
     """:func:`save_bundle` with the request's fields as keywords (the CLI's call)."""
     request = SaveRequest(
         prefix, fingerprint, suffix, cache_dir, blobs, files, stats, signing_key, keep, max_bytes, graphs,
-        header_since, header_installed, header_dir, header_carried, header_uses,
+        header_since, header_installed, header_dir, header_carried, header_uses, dict(header_idle or {}),
     )  # fmt: skip
     return save_bundle(store, request)
 
@@ -119,7 +123,7 @@ def save_bundle(store: Store, request: SaveRequest) -> SaveResult:
             if request.header_since is not None:
                 carried, named = save_precompiled(
                     store, request.prefix, request.header_since, request.header_installed, Path(tmp),
-                    request.header_dir, request.header_carried, request.header_uses,
+                    request.header_dir, request.header_carried, request.header_uses, request.header_idle,
                 )  # fmt: skip
             path = Path(tmp) / "bundle"
             manifest = _pack(request, key, path, named, skipped)

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -850,10 +851,17 @@ def _planned(action: ModuleType, environ: dict[str, str]) -> tuple[str, Any]:
 
 
 def _header_bundle(
-    fingerprint: Any, plan: Any, machine: Path, suffix: str, carried: tuple[str, ...] = (), names: tuple[str, ...] = ()
+    fingerprint: Any,
+    plan: Any,
+    machine: Path,
+    suffix: str,
+    carried: tuple[str, ...] = (),
+    names: tuple[str, ...] = (),
+    idle: int = 0,
 ) -> tuple[str, dict[str, Any]]:
     """What the plugin of an earlier run wrote into the staging dir: a bundle naming the headers in ``machine``
-    (one, or ``names``), with their objects beside it unless ``carried``. Returns the key and headers' sha256."""
+    (one, or ``names``), with their objects beside it unless ``carried``. Returns the key and headers' sha256.
+    ``idle``: the headers were restored, and ``idle`` saves in a row looked none of them up."""
     from pytest_compilecache import pch as headers
     from pytest_compilecache import sync
     from pytest_compilecache.stores import open_store
@@ -873,9 +881,11 @@ def _header_bundle(
         blobs={},
         files=["fxgraph/ab/entry"],
         stats={},
-        header_since=0.0,
+        header_since=time.time() + 3600 if idle else 0.0,  # idle: none built this session
         header_dir=machine,
         header_carried=carried,
+        header_installed=names or (HEADER,) if idle else (),
+        header_idle={name: idle - 1 for name in names or (HEADER,)} if idle > 1 else {},
     )
     assert result.outcome == "saved", result.message
     shas = {name: headers.describe(machine / name) for name in names or (HEADER,)}
@@ -1123,6 +1133,35 @@ def test_restore_and_headers_commands_tell_the_plugin_which_header_the_entry_car
     assert (headers.header_dir() / HEADER).read_bytes() == b"gpch" + HEADER.encode() * 4000
     result = action_restore_result(parse_vars(Path(environ["GITHUB_ENV"]).read_text())["PYTEST_COMPILECACHE_RESTORED"])
     assert result is not None and result.headers.carried == (key,)
+
+
+def test_the_headers_command_hands_the_plugin_the_header_entrys_idle_count(
+    action: ModuleType,
+    environ: dict[str, str],
+    fingerprint: Any,
+    tmp_path: Path,
+    runner_tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The header the header entry carries goes to the plugin with the count the verified manifest gives it, so
+    the plugin's save counts on from there (pch.IDLE_SAVES)."""
+    import pytest_compilecache.action_api
+    from pytest_compilecache import pch as headers
+    from pytest_compilecache.sync import read_handoff as action_restore_result
+
+    monkeypatch.setattr(pytest_compilecache.action_api, "collect_fingerprint", lambda salt="": fingerprint)
+    _, plan = _planned(action, environ)
+    _header_bundle(fingerprint, plan, tmp_path / "machine", "1-1", names=(SECOND, HEADER), idle=2)
+    assert action.main(["restore"], environ) == 0
+    restored = action_restore_result(
+        parse_vars(Path(environ["GITHUB_ENV"]).read_text())["PYTEST_COMPILECACHE_RESTORED"]
+    )
+    assert restored is not None and restored.headers.idle == {SECOND: 2}  # rode in the bundle entry
+    assert action.main(["headers"], environ) == 0  # the header entry missed: the bundle entry's copy
+    assert (headers.header_dir() / HEADER).exists()
+    result = action_restore_result(parse_vars(Path(environ["GITHUB_ENV"]).read_text())["PYTEST_COMPILECACHE_RESTORED"])
+    assert result is not None and result.headers.named == (SECOND, HEADER)
+    assert result.headers.idle == {SECOND: 2, HEADER: 2}
 
 
 def test_headers_command_without_a_header_does_nothing(

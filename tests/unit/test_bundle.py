@@ -204,14 +204,17 @@ def test_manifest_contents(packed: Path, cache_dir: Path) -> None:
     assert not bundle.is_signed(packed)
 
 
-def test_format_2_fields_round_trip(tmp_path: Path, cache_dir: Path) -> None:
+def test_format_2_and_3_fields_round_trip(tmp_path: Path, cache_dir: Path) -> None:
     artifact = bundle.Artifact(kind="precompiled_header", name="pch-abc", sha256="a" * 64, size=21)
+    idle = bundle.Artifact(kind="precompiled_header", name="pch-def", sha256="b" * 64, size=22, idle=2)
     graphs = {"fxgraph": {"k1": {"ops": 3}}, "order": ["k1"]}
     dest = tmp_path / "b.bundle"
-    manifest = _pack(dest, cache_dir, artifacts=[artifact], graphs=graphs)
+    manifest = _pack(dest, cache_dir, artifacts=[artifact, idle], graphs=graphs)
     read = bundle.read_manifest(dest)
     assert read == manifest
-    assert (read.lineage, read.artifacts, read.graphs) == ("compilecache-v1-abc-", (artifact,), graphs)
+    assert (read.lineage, read.artifacts, read.graphs) == ("compilecache-v1-abc-", (artifact, idle), graphs)
+    # format 3: an artifact's idle count, written only when not 0
+    assert [entry.get("idle") for entry in json.loads(read.to_json_bytes())["artifacts"]] == [None, 2]
     with pytest.raises(BundleError, match="'key' does not start with its 'lineage'"):
         _pack(tmp_path / "c.bundle", cache_dir, lineage="elsewhere-")
     assert not (tmp_path / "c.bundle").exists()
@@ -237,7 +240,8 @@ def _manifest_document(packed: Path) -> dict[str, Any]:
         lambda d: d.pop("key"),
         lambda d: d.update(extra=1),
         lambda d: d.update(format=1),
-        lambda d: d.update(format=3),
+        lambda d: d.update(format=2),
+        lambda d: d.update(format=4),
         lambda d: d.update(format=True),
         lambda d: d.update(fingerprint={"torch": 2}),
         lambda d: d.update(created="yesterday"),
@@ -260,6 +264,12 @@ def _manifest_document(packed: Path) -> dict[str, Any]:
         lambda d: d.update(artifacts=[{"kind": "shell_script", "name": "x", "sha256": "0" * 64, "size": 1}]),
         lambda d: d.update(artifacts=[{"kind": "precompiled_header", "name": "../x", "sha256": "0" * 64, "size": 1}]),
         lambda d: d.update(artifacts=[{"kind": "precompiled_header", "name": "x", "sha256": "0" * 64, "size": 1}] * 2),
+        *(
+            lambda d, bad=bad: d.update(
+                artifacts=[{"kind": "precompiled_header", "name": "x", "sha256": "0" * 64, "size": 1, **bad}]
+            )
+            for bad in ({"idle": -1}, {"idle": True}, {"idle": "1"}, {"idle": 1001}, {"used": 0})
+        ),
         lambda d: d.update(graphs=[]),
         lambda d: d.update(graphs={"g": "x" * (5 * 1024 * 1024)}),
         lambda d: d.update(payload_size=2**64),
@@ -453,7 +463,7 @@ def test_bad_magic_and_unknown_format(packed: Path) -> None:
     with pytest.raises(BundleError, match="bad magic"):
         bundle.verify(packed)
     packed.write_bytes(MAGIC + (FORMAT_VERSION + 1).to_bytes(4, "big") + data[12:])
-    with pytest.raises(BundleError, match="format 3 is not supported"):
+    with pytest.raises(BundleError, match=f"format {FORMAT_VERSION + 1} is not supported"):
         bundle.read_manifest(packed)
 
 

@@ -252,16 +252,18 @@ def test_inspect_text_shows_the_header_artifact(tmp_path: Path, capsys: pytest.C
 
     cache = _cache_dir(tmp_path)
     header = bundle.Artifact(kind="precompiled_header", name=NAME, sha256="ab" * 32, size=2100)
+    idle = bundle.Artifact(kind="precompiled_header", name=NAME.replace("a", "b"), sha256="cd" * 32, size=99, idle=2)
     path = tmp_path / "b.bundle"
     bundle.pack(
         path, key="p-abc-1-1", lineage="p-abc-", fingerprint={"torch": "2.13.0"}, digest="abc", torch_version="2.13.0",
-        blobs={}, cache_dir=cache, files=["ab/cabc.main.so"], stats={}, artifacts=[header],
+        blobs={}, cache_dir=cache, files=["ab/cabc.main.so"], stats={}, artifacts=[header, idle],
     )  # fmt: skip
     assert cli.main(["inspect", str(path)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[-2:] == [
-        "artifacts    1 (stored beside the bundle, by sha256)",
+    assert out[-3:] == [
+        "artifacts    2 (stored beside the bundle, by sha256)",
         f"        2100  precompiled_header  {NAME}  sha256 {'ab' * 32}",
+        f"          99  precompiled_header  {idle.name}  sha256 {'cd' * 32}  unused in the last 2 saves",
     ]
 
 

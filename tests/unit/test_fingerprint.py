@@ -29,22 +29,27 @@ def test_digest_is_stable_hex_of_fixed_length() -> None:
     # pinned: a change of the digest scheme orphans every stored bundle, so it must be deliberate
     assert digest == Fingerprint(dict(FACTS)).digest()
     canonical = '{"arch":"x86_64","cuda":"12.8","python":"cpython 3.11.7","torch":"2.13.0"}'
-    assert digest == hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_LENGTH] == "a290e04456f320f4"
+    keyed = f"bundle format 3\n{canonical}"  # the format is keyed (test_a_bundle_format_bump_starts_new_lineages)
+    assert digest == hashlib.sha256(keyed.encode()).hexdigest()[:DIGEST_LENGTH] == "6b8b753f543f20e5"
 
 
 def test_a_bundle_format_bump_starts_new_lineages(monkeypatch: pytest.MonkeyPatch) -> None:
     """The format is in the digest, so in every key and lineage: after a bump, a restore's listing of its
-    lineage holds no bundle of the old format (none is read and refused). Format 2 keeps the digests above."""
+    lineage holds no bundle of the old format (none is read and refused). Format 2, the last before the format
+    was keyed, had the facts alone (the digests of the bundles stored then)."""
     from pytest_compilecache.manifest import FORMAT_VERSION
     from tests.fakes import MemoryStore
 
-    assert FORMAT_VERSION == 2 and Fingerprint(FACTS).digest() == "a290e04456f320f4"  # a bump fails here first
+    assert FORMAT_VERSION == 3 and Fingerprint(FACTS).digest() == "6b8b753f543f20e5"  # a bump fails here first
+    canonical = '{"arch":"x86_64","cuda":"12.8","python":"cpython 3.11.7","torch":"2.13.0"}'
+    monkeypatch.setattr(fingerprint, "FORMAT_VERSION", 2)
+    assert Fingerprint(FACTS).digest() == hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_LENGTH]
+    assert Fingerprint(FACTS).digest() == "a290e04456f320f4"  # what format 2 keyed its bundles by
     old_key = fingerprint.make_key("cc", Fingerprint(FACTS).digest(), "run-1")
     store = MemoryStore()
     store.objects[old_key] = (b"a format 2 bundle", 1.0)
     monkeypatch.setattr(fingerprint, "FORMAT_VERSION", 3)
     bumped = Fingerprint(FACTS).digest()
-    canonical = '{"arch":"x86_64","cuda":"12.8","python":"cpython 3.11.7","torch":"2.13.0"}'
     assert bumped == hashlib.sha256(f"bundle format 3\n{canonical}".encode()).hexdigest()[:DIGEST_LENGTH]
     lineage = fingerprint.restore_prefix("cc", bumped)
     assert not old_key.startswith(lineage) and store.list(lineage) == []

@@ -203,6 +203,9 @@ def test_describe_refuses_links_and_foreign_names(tmp_path: Path) -> None:
         ({"size": 0}, "bad size"),
         ({"size": True}, "bad size"),
         ({"size": "12"}, "bad size"),
+        ({"idle": -1}, "bad idle count"),
+        ({"idle": True}, "bad idle count"),
+        ({"idle": 1001}, "bad idle count"),
     ],
 )
 def test_manifest_entries_are_validated(change: dict[str, object], match: str) -> None:

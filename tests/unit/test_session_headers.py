@@ -217,6 +217,33 @@ def test_a_header_the_actions_header_entry_carries_is_named_not_uploaded(tmp_pat
     assert _saved_artifacts(tmp_path / "store") == [key]
 
 
+def test_a_restored_header_no_process_looked_up_ages_and_leaves_after_idle_saves(tmp_path: Path) -> None:
+    """The save counts on from the restore's idle counts (here the Action's hand-off): a restored header no
+    process looked up is named one save older, and dropped with one note at ``pch.IDLE_SAVES``; sync's tests
+    follow the count through real restores and manifests."""
+    from pytest_compilecache.sync import read_handoff as action_restore_result
+
+    path = _header_built_now()  # the restore installed it
+    store = tmp_path / "store"
+    key = pch.object_key("compilecache-v1", pch.describe(path).sha256)
+    store.mkdir()
+    with open(store / f"{key}.bundle", "wb") as out:
+        pch.compress(path, out)  # the object the restore fetched it from
+    controller = _controller(tmp_path, store=str(store), restore="skip", key_prefix="compilecache-v1")
+    controller.session_start()
+    controller.stats.add_record(_record("t::a", miss=1))  # a new graph, no C++: no header looked up
+    (Path(controller.context.dir.path or "") / "x").write_bytes(b"kernel")
+    for idle, named, said in ((0, (NAME,), False), (pch.IDLE_SAVES - 1, (), True)):
+        headers = {"named": [NAME], "idle": {NAME: idle} if idle else {}}
+        restored = action_restore_result(json.dumps({"outcome": "partial", "key": "k", "headers": headers}))
+        assert restored is not None and restored.headers.idle == headers["idle"]
+        saved = _save(controller, restored, _used())
+        assert saved is not None and saved.outcome == "saved", saved
+        assert (saved.headers.named, saved.headers.idle) == (named, {} if said else {NAME: 1})
+        notes = [note for note in controller.problems.notes if NAME in note and "no longer carried" in note]
+        assert len(notes) == int(said), controller.problems.notes
+
+
 def test_each_worker_reports_the_headers_it_checked_and_the_controller_carries_them(tmp_path: Path) -> None:
     """xdist: the header is found from the workers' reports, not from the file's times (pinned here as relatime
     and noatime leave them: built and read before the session), and a damage a worker repaired is one note."""

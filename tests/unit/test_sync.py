@@ -20,6 +20,7 @@ from pytest_compilecache.errors import TimedOut
 from pytest_compilecache.fingerprint import Fingerprint
 from pytest_compilecache.fingerprint import make_key
 from pytest_compilecache.fingerprint import restore_prefix
+from pytest_compilecache.manifest import FORMAT_VERSION
 from pytest_compilecache.stores import LocalStore
 from pytest_compilecache.stores import ReadOnlyStore
 from pytest_compilecache.stores import Store
@@ -718,7 +719,7 @@ def test_a_bad_header_is_skipped_without_downloading_the_bundle(tmp_path: Path, 
 def test_a_malformed_newest_object_alone_is_a_miss_not_an_error(cache_dir: Path) -> None:
     store = MemoryStore()
     key = make_key(PREFIX, H100.digest(), "run-1")
-    store.objects[key] = (b"PTCCBNDL" + b"\x00\x00\x00\x02" + b"\xff" * 10, 1.0)
+    store.objects[key] = (b"PTCCBNDL" + FORMAT_VERSION.to_bytes(4, "big") + b"\xff" * 10, 1.0)
     transfer = _restore(store, cache_dir)
     assert transfer.outcome == "miss" and transfer.ok
     assert transfer.skipped == ((key, "bundle manifest length 4294967295 is out of range"),)

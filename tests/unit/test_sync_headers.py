@@ -501,3 +501,55 @@ def test_the_background_install_lets_torch_build_a_header_well_before_torch_give
     assert report.transferred == ()
     [warning] = report.warnings
     assert warning.startswith(f"precompiled header {NAME} not restored within 2 s") and "torch built it" in warning
+
+
+def test_a_restored_header_no_compile_looks_up_leaves_the_lineage_after_idle_saves(
+    tmp_path: Path, source: Path
+) -> None:
+    """A header the restore installed is named again by a save whose processes looked no header up (a session
+    with no C++ miss), one save older each time (``idle``, signed in the manifest, carried by the restore
+    result); at ``pch.IDLE_SAVES`` saves in a row it is dropped with one note, and the next restore downloads
+    nothing. A session that looks it up sets it back to 0."""
+    store = RecordingStore()
+    machine = tmp_path / "machine-a"
+    first = _save(store, source, "run-0", machine, header_uses=[_checked(_header(machine))])
+    assert first.headers.named == (NAME,) and first.headers.idle == {}
+
+    def next_runner(run: int, *, look_up: bool = False) -> tuple[sync.RestoreResult, sync.SaveResult]:
+        fresh = tmp_path / f"machine-{run}"
+        restored = _restore(store, tmp_path / f"cache-{run}", fresh)
+        uses = [_checked(fresh / NAME)] if look_up else []
+        saved = _save(
+            store, source, f"run-{run}", fresh, header_uses=uses, header_installed=restored.headers.named,
+            header_idle=restored.headers.idle,
+        )  # fmt: skip
+        assert saved.outcome == "saved", saved.message
+        return restored, saved
+
+    for run in range(1, pch.IDLE_SAVES):
+        restored, saved = next_runner(run)
+        assert restored.headers.named == (NAME,) and restored.headers.idle == ({NAME: run - 1} if run > 1 else {})
+        (artifact,) = _manifest(store, saved.key or "", tmp_path).artifacts
+        assert (artifact.name, artifact.idle) == (NAME, run) and saved.headers.idle == {NAME: run}
+        assert saved.headers.notes == ()
+    # Carried across a process boundary (the xdist ticket, the Action's hand-off) in the result's one codec.
+    decoded = sync.RestoreResult.decode(restored.encode())
+    assert decoded is not None and decoded.headers.idle == {NAME: pch.IDLE_SAVES - 2}
+
+    restored, dropped = next_runner(pch.IDLE_SAVES)
+    assert restored.headers.idle == {NAME: pch.IDLE_SAVES - 1}
+    assert dropped.headers.named == () and _manifest(store, dropped.key or "", tmp_path).artifacts == ()
+    (note,) = dropped.headers.notes
+    assert NAME in note and f"no compile looked it up in {pch.IDLE_SAVES} saves in a row" in note
+    store.gets.clear()
+    after = _restore(store, tmp_path / "cache-after", tmp_path / "machine-after")
+    assert after.headers.named == () and _artifact_key() not in store.gets  # no 21 MB download any more
+
+    # Looked up once in between: back to 0, and it stays.
+    store = RecordingStore()
+    _save(store, source, "run-0", machine, header_uses=[_checked(machine / NAME)])
+    for run in range(1, pch.IDLE_SAVES):
+        next_runner(run)
+    _, used = next_runner(pch.IDLE_SAVES, look_up=True)
+    (artifact,) = _manifest(store, used.key or "", tmp_path).artifacts
+    assert (artifact.name, artifact.idle, used.headers.idle) == (NAME, 0, {})
