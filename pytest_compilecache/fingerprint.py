@@ -181,18 +181,56 @@ def platform_facts() -> dict[str, str]:
     }
 
 
-def _cpu() -> tuple[str, str]:
-    """CPU model name and sorted flags from /proc/cpuinfo (Linux); platform strings elsewhere."""
+# /proc/cpuinfo flags that say nothing about which instructions the CPU runs, and that differ between hosts of
+# one CPU model (microcode, kernel version, the hypervisor): speculation controls, virtualisation, timers,
+# power and performance monitoring. A denylist, not an allowlist: a flag missing here only separates lineages
+# (a miss), while an instruction-set flag left out of the hash could load a kernel built for it (-march=native)
+# on a CPU without it. The names are Linux's (arch/x86/include/asm/cpufeatures.h).
+_NOT_ISA_FLAGS = frozenset(
+    {
+        # speculation controls and mitigations
+        "ibrs", "ibpb", "stibp", "ssbd", "md_clear", "flush_l1d", "arch_capabilities", "ibrs_enhanced", "pti",
+        "retpoline", "retpoline_amd", "rsb_ctxsw", "use_ibpb", "use_ibrs_fw", "spec_ctrl", "spec_ctrl_ssbd",
+        "intel_stibp", "intel_ppin", "virt_ssbd", "stibp_always_on", "ibrs_fw", "kaiser", "l1tf_pteinv", "psfd",
+        "rrsba_ctrl", "bhi_ctrl", "ibpb_brtype", "sbpb", "ibpb_exit_to_user", "srso_no", "split_lock_detect",
+        "bus_lock_detect", "user_shstk", "invpcid_single", "core_capabilities", "tsx_force_abort",
+        # virtualisation
+        "hypervisor", "vmx", "svm", "ept", "ept_ad", "vpid", "flexpriority", "tpr_shadow", "vnmi", "vmmcall",
+        "npt", "lbrv", "nrip_save", "tsc_scale", "vmcb_clean", "flushbyasid", "decodeassists", "pausefilter",
+        "pfthreshold", "avic", "vgif", "vmsave_vmload", "x2avic", "x2apic", "osvw",
+        # timers, power and performance monitoring
+        "constant_tsc", "nonstop_tsc", "nonstop_tsc_s3", "tsc_known_freq", "tsc_adjust", "tsc_reliable",
+        "tsc_deadline_timer", "arat", "aperfmperf", "pln", "pts", "epb", "dtherm", "ida", "cpb", "hw_pstate",
+        "proc_feedback", "arch_perfmon", "pebs", "bts", "pdcm", "ds_cpl", "dtes64", "tm", "tm2", "acpi", "est",
+        "xtpr", "pbe", "perfctr_core", "perfctr_nb", "perfctr_llc", "perfctr_l2", "cpuid_fault", "rep_good",
+        "nopl", "xtopology", "cpuid", "extd_apicid", "amd_dcm", "ht", "ospke",
+    }
+)  # fmt: skip
+_NOT_ISA_PREFIXES = ("amd_", "hwp", "v_", "ibrs_", "ibpb_", "arch_lbr")
+
+
+def isa_flags(flags: str) -> str:
+    """``flags`` (a /proc/cpuinfo ``flags`` line) sorted, without those that name no instructions
+    (:data:`_NOT_ISA_FLAGS`): what a kernel built with ``-march=native`` can depend on, and no more."""
+    kept = {flag for flag in flags.split() if flag not in _NOT_ISA_FLAGS and not flag.startswith(_NOT_ISA_PREFIXES)}
+    return " ".join(sorted(kept))
+
+
+def _cpu(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, str]:
+    """CPU model name and its sorted instruction-set flags (:func:`isa_flags`) from /proc/cpuinfo (Linux);
+    platform strings elsewhere."""
     model, flags = platform.processor() or platform.machine(), ""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as fh:
             for line in fh:
                 key, _, value = line.partition(":")
                 key = key.strip()
                 generic = model in ("", platform.machine(), platform.processor())
                 if key in ("model name", "Model", "CPU part") and generic:
                     model = value.strip()
-                elif key in ("flags", "Features") and not flags:
+                elif key == "flags" and not flags:  # x86
+                    flags = isa_flags(value)
+                elif key == "Features" and not flags:  # arm: instruction-set features only
                     flags = " ".join(sorted(value.split()))
                 if key == "" and flags:
                     break

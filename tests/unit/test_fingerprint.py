@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -192,6 +193,32 @@ def test_platform_facts_describe_this_machine() -> None:
     assert set(facts) == {"python", "python_abi", "python_prefix", "os", "arch", "libc", "cpu_model", "cpu_flags"}
     assert all(isinstance(v, str) and v for k, v in facts.items() if k != "python_abi")
     assert facts == fingerprint.platform_facts()
+
+
+# Two hosts of one CPU model, as /proc/cpuinfo shows them (this machine's line, shortened): the second's
+# kernel and hypervisor differ (mitigations, timers, virtualisation), not its instruction set.
+HOST_A = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma bmi2 constant_tsc ssbd ibrs\n\n"
+HOST_B = (
+    "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: bmi2 fma avx2 avx sse2 fpu hypervisor tsc_known_freq "
+    "md_clear amd_ssbd virt_ssbd ospke ht\n\n"
+)
+
+
+def test_the_cpu_fact_hashes_instruction_set_flags_only(tmp_path: Path) -> None:
+    """Kernels are built with -march=native: the fact must change with the instructions the CPU runs, and with
+    nothing else, or identical runners get lineages of their own (misses)."""
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    a.write_text(HOST_A)
+    b.write_text(HOST_B)
+    c.write_text(HOST_B.replace(" avx2 ", " avx2 avx512f "))  # one instruction-set extension more
+    assert fingerprint._cpu(str(a)) == fingerprint._cpu(str(b)) == ("AMD EPYC", "avx avx2 bmi2 fma fpu sse2")
+    assert fingerprint._cpu(str(c))[1] == "avx avx2 avx512f bmi2 fma fpu sse2"
+    assert fingerprint.isa_flags("sse2 amd_ibpb hwp_epp v_spec_ctrl ibrs_enhanced arch_lbr avx512_vnni") == (
+        "avx512_vnni sse2"
+    )
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nFeatures\t: fp asimd sve\nCPU part\t: 0xd40\n\n")
+    assert fingerprint._cpu(str(arm))[1] == "asimd fp sve"  # arm's Features name instruction sets only
 
 
 @pytest.fixture(scope="module")
