@@ -68,8 +68,29 @@ def plan_uploads(plan: Plan) -> tuple[list[Upload], list[Saved]]:
         skipped.append(_no_bundle(plan))
     # carry_header stages at most one object: the header whose entry missed, named <its key>.bundle
     for path in _files(plan.header_staging)[:1]:
-        uploads.append(Upload("header", path.name[: -len(".bundle")], HEADER_PATH, path.stat().st_size))
+        key = path.name[: -len(".bundle")]
+        if bundles and not _names_header(bundles, plan.prefix, key):
+            why = "this run's bundle no longer names it (no compile looked it up in the last saves)"
+            skipped.append(Saved("header", key, "not needed", why))
+            continue
+        uploads.append(Upload("header", key, HEADER_PATH, path.stat().st_size))
     return uploads, skipped
+
+
+def _names_header(bundles: list[Path], prefix: str, key: str) -> bool:
+    """Whether a bundle this run's plugin wrote names the header stored under ``key``; True when one cannot be
+    read (the upload then goes ahead, as before the plugin could drop a header)."""
+    from pytest_compilecache.action_api import header_object_key
+    from pytest_compilecache.action_api import read_manifest
+
+    for path in bundles:
+        try:
+            artifacts = read_manifest(path).artifacts
+        except Exception:
+            return True
+        if any(header_object_key(prefix, artifact.sha256) == key for artifact in artifacts):
+            return True
+    return False
 
 
 def _no_bundle(plan: Plan) -> Saved:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from . import ghrunner
 from ._env import SIGNING_KEY_ENV
+from .bundle import read_manifest
 from .cachedir import refuse_foreign
 from .errors import ConfigError
 from .errors import HeaderError
@@ -56,6 +57,7 @@ __all__ = [
     "SIGNING_KEY_ENV",
     "SavePolicy",
     "read_handoff",
+    "read_manifest",
     "refuse_foreign",
     "read_save_policy",
     "read_signing_key",

@@ -185,7 +185,8 @@ def platform_facts() -> dict[str, str]:
 # one CPU model (microcode, kernel version, the hypervisor): speculation controls, virtualisation, timers,
 # power and performance monitoring. A denylist, not an allowlist: a flag missing here only separates lineages
 # (a miss), while an instruction-set flag left out of the hash could load a kernel built for it (-march=native)
-# on a CPU without it. The names are Linux's (arch/x86/include/asm/cpufeatures.h).
+# on a CPU without it. The names are Linux's (arch/x86/include/asm/cpufeatures.h). Kept though they vary with the
+# kernel: ``ospke`` and ``user_shstk``, from which gcc's -march=native turns on -mpku and -mshstk.
 _NOT_ISA_FLAGS = frozenset(
     {
         # speculation controls and mitigations
@@ -193,7 +194,7 @@ _NOT_ISA_FLAGS = frozenset(
         "retpoline", "retpoline_amd", "rsb_ctxsw", "use_ibpb", "use_ibrs_fw", "spec_ctrl", "spec_ctrl_ssbd",
         "intel_stibp", "intel_ppin", "virt_ssbd", "stibp_always_on", "ibrs_fw", "kaiser", "l1tf_pteinv", "psfd",
         "rrsba_ctrl", "bhi_ctrl", "ibpb_brtype", "sbpb", "ibpb_exit_to_user", "srso_no", "split_lock_detect",
-        "bus_lock_detect", "user_shstk", "invpcid_single", "core_capabilities", "tsx_force_abort",
+        "bus_lock_detect", "invpcid_single", "core_capabilities", "tsx_force_abort",
         # virtualisation
         "hypervisor", "vmx", "svm", "ept", "ept_ad", "vpid", "flexpriority", "tpr_shadow", "vnmi", "vmmcall",
         "npt", "lbrv", "nrip_save", "tsc_scale", "vmcb_clean", "flushbyasid", "decodeassists", "pausefilter",
@@ -203,7 +204,7 @@ _NOT_ISA_FLAGS = frozenset(
         "tsc_deadline_timer", "arat", "aperfmperf", "pln", "pts", "epb", "dtherm", "ida", "cpb", "hw_pstate",
         "proc_feedback", "arch_perfmon", "pebs", "bts", "pdcm", "ds_cpl", "dtes64", "tm", "tm2", "acpi", "est",
         "xtpr", "pbe", "perfctr_core", "perfctr_nb", "perfctr_llc", "perfctr_l2", "cpuid_fault", "rep_good",
-        "nopl", "xtopology", "cpuid", "extd_apicid", "amd_dcm", "ht", "ospke",
+        "nopl", "xtopology", "cpuid", "extd_apicid", "amd_dcm", "ht",
     }
 )  # fmt: skip
 _NOT_ISA_PREFIXES = ("amd_", "hwp", "v_", "ibrs_", "ibpb_", "arch_lbr")

@@ -169,11 +169,14 @@ class HeaderTransfer:
 
 
 IDLE_SAVES = 3
-"""A header that the restore installed and no process looked up is named again by the save (a session with no
-C++ miss looks none up), with its ``idle`` count one higher; at ``IDLE_SAVES`` saves in a row it is dropped
-instead, so a header no compile needs any more (torch's flags or config changed: a new name) stops being
-downloaded by every restore of the lineage. If a compile needs it after all, torch builds it again and the
-next save carries it."""
+"""A header that the restore installed and no process looked up is named again by the save, with its ``idle``
+count one higher; at ``IDLE_SAVES`` saves in a row it is dropped instead, so a header no compile needs any more
+(torch's flags or config changed: a new name) stops being downloaded by every restore of the lineage. torch
+looks a header up for every C++ kernel a process loads, from its cache too (``CppCodeCache.load_async`` calls
+``_precompile_header`` before it looks for the kernel's ``.so``; tests/plugin/test_headers.py pins it), so a
+saving session that runs the suite's CPU kernels, hits or misses, keeps it; one whose processes load none (GPU
+or extern kernels only, another shard's tests) ages it. If a compile needs it after all, torch builds it again
+and the next save carries it."""
 
 
 def save_headers(
@@ -219,17 +222,15 @@ def save_headers(
         checked = looked_up = {path.name for path in find_used(target, reports)}
         candidates = find_used(target, reports, installed)
     for path in candidates:
+        count = 0 if path.name in looked_up else ages.get(path.name, 0) + 1
+        if count >= IDLE_SAVES:  # decided before describe() reads ~150 MB
+            result.notes.append(
+                f"precompiled header {path.name} no longer carried: no compile looked it up in {count} saves in a "
+                "row (torch builds it again if one does)"
+            )
+            continue
         try:
-            artifact = describe(path)
-            if path.name not in looked_up:
-                count = ages.get(path.name, 0) + 1
-                if count >= IDLE_SAVES:
-                    result.notes.append(
-                        f"precompiled header {path.name} no longer carried: no compile looked it up in {count} "
-                        "saves in a row (torch builds it again if one does)"
-                    )
-                    continue
-                artifact = replace(artifact, idle=count)
+            artifact = replace(describe(path), idle=count)
             key = object_key(prefix, artifact.sha256)
             stored = key in elsewhere or any(entry.key == key for entry in store.list(key))
             if not stored and path.name not in checked:

@@ -1360,6 +1360,35 @@ def test_save_names_the_plugins_bundle_and_a_staged_header(
     assert upload.save_reply(None) == {"report": False}
 
 
+def test_save_leaves_out_a_staged_header_the_plugins_new_bundle_no_longer_names(
+    action: ModuleType,
+    environ: dict[str, str],
+    fingerprint: Any,
+    tmp_path: Path,
+    runner_tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The header entry missed, so the restore staged the bundle entry's copy for the post step; if the plugin's
+    save then dropped that header (pch.IDLE_SAVES), uploading it would make an entry no bundle names."""
+    from action import upload
+    from pytest_compilecache import pch as headers
+
+    plan = _saving_plan(action, environ, monkeypatch, fingerprint)
+    named = headers.object_key(plan.prefix, hashlib.sha256(b"gpch" + HEADER.encode() * 4000).hexdigest())
+    _header_bundle(fingerprint, plan, tmp_path / "machine", "1-1", carried=(named,))  # names HEADER only
+    Path(plan.header_staging).mkdir(parents=True)
+    staged = Path(plan.header_staging) / f"{named}.bundle"
+    staged.write_bytes(b"h" * 20)
+    uploads, skipped = upload.plan_uploads(plan)
+    assert [(item.what, item.key) for item in uploads] == [("bundle", plan.key), ("header", named)] and not skipped
+    dropped = headers.object_key(plan.prefix, "0" * 64)
+    staged.rename(Path(plan.header_staging) / f"{dropped}.bundle")
+    uploads, skipped = upload.plan_uploads(plan)
+    assert [(item.what, item.key) for item in uploads] == [("bundle", plan.key)]
+    assert [(item.what, item.key, item.outcome) for item in skipped] == [("header", dropped, "not needed")]
+    assert "no longer names it" in skipped[0].why
+
+
 def test_save_after_a_main_step_that_stopped_before_its_plan_says_nothing(
     action: ModuleType, environ: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:

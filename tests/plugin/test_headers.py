@@ -477,5 +477,9 @@ def test_fresh_runners_restore_it(machine: Callable[..., Machine], first: First,
     assert restored["headers"]["transferred"] == saved["headers"]["named"], restored
     assert header_builds(log) == [], "an xdist worker rebuilt a header the controller installed: " + log
     assert isa_probe_builds(log) == [], log
+    # Every kernel hit, and the workers still looked the header up (torch does before it loads a kernel from
+    # its cache): a saving session of hits keeps the header in the lineage (pch.IDLE_SAVES ages only the rest).
+    assert report["totals"]["misses"] == 0 and kernel_builds_with_header(log) == [], (report["totals"], log)
+    assert " -E " in log, "no process looked the header up: " + log
     installed = pch.header_dir(c.root / "tmp")
     assert {p.name for p in installed.iterdir() if pch.is_header_name(p.name)} == set(built)

@@ -195,12 +195,12 @@ def test_platform_facts_describe_this_machine() -> None:
     assert facts == fingerprint.platform_facts()
 
 
-# Two hosts of one CPU model, as /proc/cpuinfo shows them (this machine's line, shortened): the second's
-# kernel and hypervisor differ (mitigations, timers, virtualisation), not its instruction set.
+# Two hosts of one CPU model, as /proc/cpuinfo would show them (a few of its flags): the second's kernel and
+# hypervisor differ (mitigations, timers, virtualisation), not its instruction set.
 HOST_A = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma bmi2 constant_tsc ssbd ibrs\n\n"
 HOST_B = (
     "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: bmi2 fma avx2 avx sse2 fpu hypervisor tsc_known_freq "
-    "md_clear amd_ssbd virt_ssbd ospke ht\n\n"
+    "md_clear amd_ssbd virt_ssbd tsc_adjust ht\n\n"
 )
 
 
@@ -216,6 +216,18 @@ def test_the_cpu_fact_hashes_instruction_set_flags_only(tmp_path: Path) -> None:
     assert fingerprint.isa_flags("sse2 amd_ibpb hwp_epp v_spec_ctrl ibrs_enhanced arch_lbr avx512_vnni") == (
         "avx512_vnni sse2"
     )
+    # What gcc's -march=native reads from CPUID (gcc/common/config/i386/cpuinfo.h), as Linux names it: none is
+    # ever left out of the hash.
+    isa = (
+        "mmx sse sse2 pni ssse3 sse4_1 sse4_2 sse4a avx avx2 fma fma4 xop f16c bmi1 bmi2 adx abm lzcnt popcnt movbe "
+        "aes pclmulqdq vaes vpclmulqdq gfni sha_ni rdrand rdseed xsave xsaveopt xsavec xsaves clflushopt clwb "
+        "clzero fsgsbase rdpid rdtscp pku ospke user_shstk shstk ibt cx16 cx8 lahf_lm prefetchw 3dnowprefetch "
+        "movdiri movdir64b enqcmd serialize tsxldtrk waitpkg cldemote wbnoinvd ptwrite avx512f avx512dq avx512cd "
+        "avx512bw avx512vl avx512ifma avx512vbmi avx512_vbmi2 avx512_vnni avx512_bitalg avx512_vpopcntdq "
+        "avx512_bf16 avx512_fp16 avx512_vp2intersect avx_vnni avx_vnni_int8 avx_ifma avx_ne_convert amx_tile "
+        "amx_int8 amx_bf16 amx_fp16 amx_complex rtm hle sgx kl widekl hreset uintr cmpccxadd prefetchi tbm"
+    )
+    assert fingerprint.isa_flags(isa) == " ".join(sorted(isa.split()))
     arm = tmp_path / "arm"
     arm.write_text("processor\t: 0\nFeatures\t: fp asimd sve\nCPU part\t: 0xd40\n\n")
     assert fingerprint._cpu(str(arm))[1] == "asimd fp sve"  # arm's Features name instruction sets only
