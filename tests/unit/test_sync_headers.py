@@ -504,10 +504,10 @@ def test_the_background_install_lets_torch_build_a_header_well_before_torch_give
 
 
 def test_a_restored_header_no_compile_looks_up_leaves_the_lineage_after_idle_saves(
-    tmp_path: Path, source: Path
+    tmp_path: Path, source: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A header the restore installed is named again by a save whose processes looked no header up (a session
-    with no C++ miss), one save older each time (``idle``, signed in the manifest, carried by the restore
+    """A header the restore installed is named again by a save whose processes looked no header up (they
+    loaded no C++ kernel), one save older each time (``idle``, signed in the manifest, carried by the restore
     result); at ``pch.IDLE_SAVES`` saves in a row it is dropped with one note, and the next restore downloads
     nothing. A session that looks it up sets it back to 0."""
     store = RecordingStore()
@@ -535,6 +535,11 @@ def test_a_restored_header_no_compile_looks_up_leaves_the_lineage_after_idle_sav
     # Carried across a process boundary (the xdist ticket, the Action's hand-off) in the result's one codec.
     decoded = sync.RestoreResult.decode(restored.encode())
     assert decoded is not None and decoded.headers.idle == {NAME: pch.IDLE_SAVES - 2}
+    # The plugin's background install (a restoring xdist worker, a plain session) reports the same count.
+    monkeypatch.setattr("pytest_compilecache.probe.check_headers_early", lambda names, directory=None: None)
+    named = _manifest(store, saved.key or "", tmp_path).artifacts
+    background = sync.HeaderInstall(store, PREFIX, named, tmp_path / "machine-background").finish()
+    assert (background.transferred, background.idle) == ((NAME,), {NAME: pch.IDLE_SAVES - 1})
 
     restored, dropped = next_runner(pch.IDLE_SAVES)
     assert restored.headers.idle == {NAME: pch.IDLE_SAVES - 1}
