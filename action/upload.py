@@ -77,20 +77,22 @@ def plan_uploads(plan: Plan) -> tuple[list[Upload], list[Saved]]:
     return uploads, skipped
 
 
-def _names_header(bundles: list[Path], prefix: str, key: str) -> bool:
-    """Whether a bundle this run's plugin wrote names the header stored under ``key``; True when one cannot be
-    read (the upload then goes ahead, as before the plugin could drop a header)."""
+def _names_header(staged: list[Path], prefix: str, key: str) -> bool:
+    """Whether a bundle this run's plugin wrote names the header stored under ``key``; True when no staged file
+    reads as a bundle (the upload then goes ahead, as before the plugin could drop a header)."""
     from pytest_compilecache.action_api import header_object_key
     from pytest_compilecache.action_api import read_manifest
 
-    for path in bundles:
+    read = False
+    for path in staged:
         try:
             artifacts = read_manifest(path).artifacts
         except Exception:
-            return True
+            continue  # another header's object, riding in the bundle entry beside the bundle
+        read = True
         if any(header_object_key(prefix, artifact.sha256) == key for artifact in artifacts):
             return True
-    return False
+    return not read
 
 
 def _no_bundle(plan: Plan) -> Saved:

@@ -211,7 +211,7 @@ def save_headers(
     result = HeaderTransfer()
     elsewhere = set(carried)
     target = directory or header_dir()
-    ages = dict(idle or {})
+    ages = idle or {}
     if uses is None:
         restored = find_used(target, (), installed)
         looked_up = {path.name for path in find_built(target, since) if looks_complete(path)}

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+from typing import Mapping
 
 import pytest
 
@@ -850,6 +851,18 @@ def _planned(action: ModuleType, environ: dict[str, str]) -> tuple[str, Any]:
     return plan_file, inputs.Plan.from_json(json.loads(Path(plan_file).read_text()))
 
 
+def _header_bytes(name: str) -> bytes:
+    """What :func:`_header_bundle` writes for the header ``name``: it starts like a gcc PCH."""
+    return b"gpch" + name.encode() * 4000
+
+
+def _handed_off(environ: Mapping[str, str]) -> Any:
+    """The RestoreResult the Action's steps last handed the plugin through GITHUB_ENV (or None)."""
+    from pytest_compilecache.sync import read_handoff
+
+    return read_handoff(parse_vars(Path(environ["GITHUB_ENV"]).read_text())["PYTEST_COMPILECACHE_RESTORED"])
+
+
 def _header_bundle(
     fingerprint: Any,
     plan: Any,
@@ -868,7 +881,7 @@ def _header_bundle(
 
     machine.mkdir(parents=True, exist_ok=True)
     for name in names or (HEADER,):
-        (machine / name).write_bytes(b"gpch" + name.encode() * 4000)  # starts like a gcc PCH
+        (machine / name).write_bytes(_header_bytes(name))
     source = Path(plan.staging).parent / f"source-{suffix}"
     (source / "fxgraph" / "ab").mkdir(parents=True)
     (source / "fxgraph" / "ab" / "entry").write_bytes(b"graph")
@@ -928,7 +941,7 @@ def test_several_headers_one_entry_the_others_ride_in_the_bundle_entry(
     result = transfer.restore(plan, environ)
     entry = transfer.header_entry(plan, result)
     assert entry == (_object_key(plan, shas[HEADER]), shas[HEADER])  # the first by name, whatever the order
-    assert (headers.header_dir() / SECOND).read_bytes() == b"gpch" + SECOND.encode() * 4000  # from the bundle entry
+    assert (headers.header_dir() / SECOND).read_bytes() == _header_bytes(SECOND)  # from the bundle entry
     assert not (headers.header_dir() / HEADER).exists()
     assert result.headers.named == (SECOND,) and result.headers.transferred == (SECOND,)
 
@@ -1130,8 +1143,8 @@ def test_restore_and_headers_commands_tell_the_plugin_which_header_the_entry_car
     found = json.dumps({"matched": key, "problem": None})
     assert action.main(["headers"], {**environ, "COMPILECACHE_FOUND": found}) == 0
     assert f"installed, from its cache entry {key}" in capsys.readouterr().out
-    assert (headers.header_dir() / HEADER).read_bytes() == b"gpch" + HEADER.encode() * 4000
-    result = action_restore_result(parse_vars(Path(environ["GITHUB_ENV"]).read_text())["PYTEST_COMPILECACHE_RESTORED"])
+    assert (headers.header_dir() / HEADER).read_bytes() == _header_bytes(HEADER)
+    result = _handed_off(environ)
     assert result is not None and result.headers.carried == (key,)
 
 
@@ -1145,21 +1158,16 @@ def test_the_headers_command_hands_the_plugin_the_header_entrys_idle_count(
 ) -> None:
     """The header the header entry carries goes to the plugin with the count the verified manifest gives it, so
     the plugin's save counts on from there (pch.IDLE_SAVES)."""
-    import pytest_compilecache.action_api
     from pytest_compilecache import pch as headers
-    from pytest_compilecache.sync import read_handoff as action_restore_result
 
-    monkeypatch.setattr(pytest_compilecache.action_api, "collect_fingerprint", lambda salt="": fingerprint)
-    _, plan = _planned(action, environ)
+    plan = _saving_plan(action, environ, monkeypatch, fingerprint)
     _header_bundle(fingerprint, plan, tmp_path / "machine", "1-1", names=(SECOND, HEADER), idle=2)
     assert action.main(["restore"], environ) == 0
-    restored = action_restore_result(
-        parse_vars(Path(environ["GITHUB_ENV"]).read_text())["PYTEST_COMPILECACHE_RESTORED"]
-    )
+    restored = _handed_off(environ)
     assert restored is not None and restored.headers.idle == {SECOND: 2}  # rode in the bundle entry
     assert action.main(["headers"], environ) == 0  # the header entry missed: the bundle entry's copy
     assert (headers.header_dir() / HEADER).exists()
-    result = action_restore_result(parse_vars(Path(environ["GITHUB_ENV"]).read_text())["PYTEST_COMPILECACHE_RESTORED"])
+    result = _handed_off(environ)
     assert result is not None and result.headers.named == (SECOND, HEADER)
     assert result.headers.idle == {SECOND: 2, HEADER: 2}
 
@@ -1186,7 +1194,6 @@ def test_an_evicted_header_entry_makes_the_headers_command_warn_not_fail(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     import pytest_compilecache.action_api
-    from pytest_compilecache.sync import read_handoff as action_restore_result
 
     monkeypatch.setattr(pytest_compilecache.action_api, "collect_fingerprint", lambda salt="": fingerprint)
     _, plan = _planned(action, environ)
@@ -1199,7 +1206,7 @@ def test_an_evicted_header_entry_makes_the_headers_command_warn_not_fail(
     assert action.main(["headers"], environ) == 0
     out = capsys.readouterr().out
     assert out.count("::warning") == 1 and "torch builds it" in out
-    result = action_restore_result(parse_vars(Path(environ["GITHUB_ENV"]).read_text())["PYTEST_COMPILECACHE_RESTORED"])
+    result = _handed_off(environ)
     assert result is not None and (result.headers.named, result.headers.carried) == ((), ())
 
 
@@ -1374,8 +1381,10 @@ def test_save_leaves_out_a_staged_header_the_plugins_new_bundle_no_longer_names(
     from pytest_compilecache import pch as headers
 
     plan = _saving_plan(action, environ, monkeypatch, fingerprint)
-    named = headers.object_key(plan.prefix, hashlib.sha256(b"gpch" + HEADER.encode() * 4000).hexdigest())
-    _header_bundle(fingerprint, plan, tmp_path / "machine", "1-1", carried=(named,))  # names HEADER only
+    named = headers.object_key(plan.prefix, hashlib.sha256(_header_bytes(HEADER)).hexdigest())
+    # names HEADER and SECOND; SECOND's object rides in the bundle entry, beside the bundle
+    _header_bundle(fingerprint, plan, tmp_path / "machine", "1-1", carried=(named,), names=(HEADER, SECOND))
+    assert len(list(Path(plan.staging).glob("*-artifact-*.bundle"))) == 1
     Path(plan.header_staging).mkdir(parents=True)
     staged = Path(plan.header_staging) / f"{named}.bundle"
     staged.write_bytes(b"h" * 20)
