@@ -7,8 +7,11 @@ with what decides them:
 * the wall time and the CPU-seconds of pytest and everything it started, and how many cores that kept busy;
 * every Python process the run started (through a ``sitecustomize`` on ``PYTHONPATH``): how many there were,
   how many imported torch, and their own CPU; what is left is other programs (gcc, act, node, the servers);
+  which test started each one that imported torch, by file and by test (the suite's cost is mostly torch
+  imports, so this is where to look first);
 * per test (a pytest plugin in the process that runs the test): its wall time and the CPU of its process
-  and of the children it reaped, summed by file, and the costliest tests;
+  and of the children it reaped, summed by file, the costliest tests, and the tests that waited (wall time
+  with their worker's core idle: sleeps, timeouts, servers);
 * the machine's speed, measured in the same run: the CPU one fresh process takes to import torch, Dynamo
   and Inductor (what every inner session pays before it compiles anything; median of ``--probes`` before and
   after the suite), and a fixed Python loop timed every 15 s through the run (its median). Runs at different
@@ -31,6 +34,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -48,13 +52,27 @@ ROOT = Path(__file__).resolve().parents[1]
 SITECUSTOMIZE = """\
 import atexit, os, resource, sys
 
+# Which outer test started this process: pytest sets PYTEST_CURRENT_TEST in the test's environment, and the
+# processes a test starts inherit it, unless the test rebuilt their environment (act's jobs): then the cwd,
+# which is under the test's tmp_path.
+_SUITE_COST_TEST = (os.environ.get("PYTEST_CURRENT_TEST") or "").rsplit(" ", 1)[0]
+try:
+    _SUITE_COST_CWD = os.getcwd()
+except OSError:
+    _SUITE_COST_CWD = ""
+
 
 def _suite_cost_exit():
     path = os.environ.get("SUITE_COST_PROCS")
     if not path:
         return
     own = resource.getrusage(resource.RUSAGE_SELF)
-    line = "%.3f %d\\n" % (own.ru_utime + own.ru_stime, "torch" in sys.modules)
+    line = "%.3f\\t%d\\t%s\\t%s\\n" % (
+        own.ru_utime + own.ru_stime,
+        "torch" in sys.modules,
+        _SUITE_COST_TEST.replace("\\t", " "),
+        _SUITE_COST_CWD.replace("\\t", " ").replace("\\n", " "),
+    )
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -160,12 +178,26 @@ def run_suite(python: str, pytest_args: list[str], work: Path) -> dict[str, Any]
 
 
 def read_processes(path: Path) -> list[dict[str, Any]]:
-    """One ``{"cpu", "torch"}`` per Python process: its own CPU-seconds, and whether it had imported torch."""
+    """One ``{"cpu", "torch", "test"}`` per Python process: its own CPU-seconds, whether it had imported torch,
+    and the outer test that started it (:func:`started_by`)."""
     processes = []
     for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
-        own, torch = line.split()
-        processes.append({"cpu": float(own), "torch": torch == "1"})
+        own, torch, test, cwd = (line.split("\t") + ["", ""])[:4]
+        processes.append({"cpu": float(own), "torch": torch == "1", "test": started_by(test, cwd)})
     return processes
+
+
+def started_by(test: str, cwd: str) -> str:
+    """The outer test's node id; else, for a process whose environment a test rebuilt, ``tmp:`` and the name of
+    the test's ``tmp_path`` (the test's name, cut to 30 characters) its cwd is under; else ``(pytest)``: the
+    suite's own processes (its xdist workers)."""
+    if test:
+        return test
+    parts = Path(cwd).parts
+    for index, part in enumerate(parts[:-1]):
+        if re.fullmatch(r"popen-gw\d+|pytest-\d+", part) and not re.fullmatch(r"popen-gw\d+", parts[index + 1]):
+            return "tmp:" + parts[index + 1]
+    return "(pytest)"
 
 
 def read_tests(folder: Path) -> list[dict[str, Any]]:
@@ -182,6 +214,8 @@ def summarize(
     """The figures the report prints: totals, processes, per-file and per-test CPU, the machine's speed."""
     python_cpu = sum(p["cpu"] for p in processes)
     torch_processes = [p for p in processes if p["torch"]]
+    torch_by_test = collections.Counter(p["test"] for p in torch_processes)
+    torch_by_file = collections.Counter(p["test"].split("::")[0] for p in torch_processes)
     by_file: collections.Counter[str] = collections.Counter()
     by_worker: dict[str, dict[str, float]] = {}
     for row in tests:
@@ -212,6 +246,8 @@ def summarize(
             "imported_torch": len(torch_processes),
             "imported_torch_cpu_s": round(sum(p["cpu"] for p in torch_processes), 1),
             "other_programs_cpu_s": round(suite["cpu"] - python_cpu, 1),
+            "imported_torch_by_file": dict(torch_by_file.most_common()),
+            "imported_torch_by_test": dict(torch_by_test.most_common()),
         },
         "tests": len(tests),
         "by_worker": {
@@ -222,6 +258,18 @@ def summarize(
         "costliest": [
             {**row, "wall": round(row["wall"], 1), "cpu": round(row["cpu"], 1)}
             for row in sorted(tests, key=lambda r: -r["cpu"])[:25]
+        ],
+        # Wall time a test spent with its worker's core idle (sleeping, waiting on a server or a timeout): the
+        # other core cannot use it, so on 2 cores half of it is lost to the suite's wall time.
+        "waiting": [
+            {
+                **row,
+                "wall": round(row["wall"], 1),
+                "cpu": round(row["cpu"], 1),
+                "idle": round(row["wall"] - row["cpu"], 1),
+            }
+            for row in sorted(tests, key=lambda r: r["cpu"] - r["wall"])[:25]
+            if row["wall"] - row["cpu"] >= 0.5
         ],
     }
 
@@ -242,10 +290,16 @@ def render(result: dict[str, Any], top: int) -> str:
             f"  worker {name}: {int(w['tests'])} tests, {w['wall_s']:.0f} s in tests, {w['cpu_s']:.0f} CPU-s"
             for name, w in result["by_worker"].items()
         ),
+        "  processes that imported torch, by file:",
+        *(f"    {n:8d}  {name}" for name, n in list(procs["imported_torch_by_file"].items())[:top]),
+        "  processes that imported torch, by test:",
+        *(f"    {n:8d}  {name}" for name, n in list(procs["imported_torch_by_test"].items())[:top]),
         "  CPU-s by file:",
         *(f"    {cpu:8.1f}  {name}" for name, cpu in list(result["by_file"].items())[:top]),
         "  costliest tests (CPU-s, wall s):",
         *(f"    {row['cpu']:8.1f} {row['wall']:7.1f}  {row['nodeid']}" for row in result["costliest"][:top]),
+        "  tests that waited (wall s less CPU-s, wall s):",
+        *(f"    {row['idle']:8.1f} {row['wall']:7.1f}  {row['nodeid']}" for row in result["waiting"][:top]),
     ]
     return "\n".join(lines)
 

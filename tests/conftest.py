@@ -18,6 +18,7 @@ import atexit
 import gc
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,6 +49,23 @@ def pytest_configure(config: pytest.Config) -> None:
     # `--maxschedchunk N` on the command line still wins.
     if hasattr(config.option, "maxschedchunk") and config.option.maxschedchunk is None:
         config.option.maxschedchunk = 1
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's `load` scheduling (`-n N`), except that the tests that import torch in the test process
+    (tests/torchenv.py, IN_PROCESS) are one unit of work for one worker: the other workers never pay that import
+    (~5 CPU-seconds each). Other `--dist` modes are xdist's own."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class TorchInProcessTogether(LoadScopeScheduling):  # type: ignore[misc]
+        # LoadScopeScheduling hands out units of work, ordered by size (the group first, then single tests in
+        # collection order: `early` ones first) and tops a worker up when it has two tests left or fewer.
+        def _split_scope(self, nodeid: str) -> str:
+            return "torch in process" if nodeid.startswith(torchenv.IN_PROCESS) else nodeid
+
+    return TorchInProcessTogether(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

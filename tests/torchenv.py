@@ -36,6 +36,18 @@ OUTER_PREFIXES = ("PYTEST_COMPILECACHE_", "TORCHINDUCTOR_", "TRITON_", "PYTEST_X
 
 SITE = str(Path(__file__).with_name("site"))
 
+# The tests that import torch in the test process itself (node-id prefixes: probe, fingerprint.collect, the CLI's
+# fingerprint). No test module imports torch while it is collected: every xdist worker collects every module and
+# would pay the import (~5 CPU-seconds) before its first test, also where no such test is selected
+# (tests/unit/test_torchenv.py checks it). With xdist these tests share one worker (tests/conftest.py's
+# scheduler), so only that worker imports torch.
+IN_PROCESS = (
+    "tests/unit/test_probe.py::",
+    "tests/unit/test_fingerprint.py::",
+    "tests/unit/test_cli.py::",
+    "tests/unit/test_sync_headers.py::test_cli_save_and_restore_carry_headers",
+)
+
 
 def python_path(current: str | None) -> str:
     """``current`` (a ``PYTHONPATH`` value, or None) with :data:`SITE` first, once."""

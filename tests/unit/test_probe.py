@@ -13,18 +13,32 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 import pytest
-import torch
-import torch._dynamo.utils
-import torch._inductor.utils
+
+if TYPE_CHECKING:
+    import torch
+    import torch._dynamo.utils
+    import torch._inductor.utils
 
 from pytest_compilecache import probe
 from pytest_compilecache._env import CACHE_ENV
 from pytest_compilecache.probe import config as probe_config
 from pytest_compilecache.probe import facts as probe_facts
 from tests import torchenv
+
+# Every test here runs torch in this process: torch is imported when the first of them runs, not while the file
+# is collected, and with xdist they share one worker (tests/torchenv.py, IN_PROCESS).
+
+
+@pytest.fixture(autouse=True)
+def _torch_imported() -> None:
+    global torch
+    import torch
+    import torch._dynamo.utils
+    import torch._inductor.utils
 
 
 @dataclasses.dataclass

@@ -42,3 +42,35 @@ def test_a_started_process_freezes_survivors_and_still_runs_a_later_sitecustomiz
     assert found["site"] == str(Path(torchenv.SITE) / "sitecustomize.py")
     assert found["hooks"] == ["_freeze_survivors"]
     assert found["next"] is True
+
+
+COLLECT = """
+import sys
+
+import pytest
+
+pytest.main(["--collect-only", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", "tests"])
+print("TORCH_IMPORTED", "torch" in sys.modules)
+"""
+
+
+def test_collecting_the_suite_imports_no_torch_and_names_every_in_process_torch_test() -> None:
+    """Every xdist worker collects every module: an import of torch there costs each worker seconds before its
+    first test. The tests that import torch in the test process are named in torchenv.IN_PROCESS (one worker runs
+    them); each prefix there must still name a test."""
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", COLLECT],
+        cwd=repo,
+        env=torchenv.inner_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    lines = done.stdout.splitlines()
+    assert (lines[-1] if lines else "") == "TORCH_IMPORTED False", done.stdout[-3000:] + done.stderr[-3000:]
+    collected = [line for line in lines if "::" in line]
+    assert len(collected) > 1000, done.stdout[-3000:]
+    for prefix in torchenv.IN_PROCESS:
+        assert any(nodeid.startswith(prefix) for nodeid in collected), prefix
