@@ -58,16 +58,18 @@ from tests.plugin.helpers import settle_as_relatime_leaves_it
 
 def torch_builds_precompiled_headers() -> bool:
     """torch 2.8+ builds a precompiled C++ header per TMPDIR; torch 2.7 has none (nothing to carry there:
-    the plugin finds no header and carries none, see tests/unit/test_headers.py)."""
-    import torch._inductor.codecache as codecache
+    the plugin finds no header and carries none, see tests/unit/test_headers.py). Read from torch's version,
+    so that the test process need not import torch (tests/torchenv.py, IN_PROCESS)."""
+    from importlib.metadata import version
 
-    return hasattr(codecache, "_precompile_header")
+    from packaging.version import Version
+
+    return Version(version("torch")).release[:2] >= (2, 8)
 
 
 pytestmark = [
     pytest.mark.slow,
-    # A string: evaluated when a test of this file is set up, not while every xdist worker collects the file.
-    pytest.mark.skipif("not torch_builds_precompiled_headers()", reason="this torch builds no precompiled header"),
+    pytest.mark.skipif(not torch_builds_precompiled_headers(), reason="this torch builds no precompiled header"),
 ]
 
 SHIM = """#!/bin/sh
