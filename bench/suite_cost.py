@@ -11,7 +11,7 @@ with what decides them:
   imports, so this is where to look first);
 * per test (a pytest plugin in the process that runs the test): its wall time and the CPU of its process
   and of the children it reaped, summed by file, the costliest tests, and the tests that waited (wall time
-  with their worker's core idle: sleeps, timeouts, servers);
+  not spent on a CPU: sleeps, timeouts, servers, or a core the other worker's processes held);
 * the machine's speed, measured in the same run: the CPU one fresh process takes to import torch, Dynamo
   and Inductor (what every inner session pays before it compiles anything; median of ``--probes`` before and
   after the suite), and a fixed Python loop timed every 15 s through the run (its median). Runs at different
@@ -259,17 +259,12 @@ def summarize(
             {**row, "wall": round(row["wall"], 1), "cpu": round(row["cpu"], 1)}
             for row in sorted(tests, key=lambda r: -r["cpu"])[:25]
         ],
-        # Wall time a test spent with its worker's core idle (sleeping, waiting on a server or a timeout): the
-        # other core cannot use it, so on 2 cores half of it is lost to the suite's wall time.
+        # Wall time a test did not spend on a CPU: idle (a sleep, a timeout, a server's answer) or waiting for a
+        # core while the other worker's processes ran.
         "waiting": [
-            {
-                **row,
-                "wall": round(row["wall"], 1),
-                "cpu": round(row["cpu"], 1),
-                "idle": round(row["wall"] - row["cpu"], 1),
-            }
-            for row in sorted(tests, key=lambda r: r["cpu"] - r["wall"])[:25]
-            if row["wall"] - row["cpu"] >= 0.5
+            {**row, "wall": round(row["wall"], 1), "cpu": round(row["cpu"], 1), "idle": round(idle, 1)}
+            for idle, row in sorted(((r["wall"] - r["cpu"], r) for r in tests), key=lambda pair: -pair[0])[:25]
+            if idle >= 0.5
         ],
     }
 

@@ -51,6 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.maxschedchunk = 1
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: without xdist (`-p no:xdist`) it is never called
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """xdist's `load` scheduling (`-n N`), except that the tests that import torch in the test process
     (tests/torchenv.py, IN_PROCESS) are one unit of work for one worker: the other workers never pay that import

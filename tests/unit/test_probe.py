@@ -29,12 +29,11 @@ from pytest_compilecache.probe import config as probe_config
 from pytest_compilecache.probe import facts as probe_facts
 from tests import torchenv
 
-# Every test here runs torch in this process: torch is imported when the first of them runs, not while the file
-# is collected, and with xdist they share one worker (tests/torchenv.py, IN_PROCESS).
-
 
 @pytest.fixture(autouse=True)
 def _torch_imported() -> None:
+    """Every test here runs torch in this process: torch is imported when the first of them runs, not while the
+    file is collected, and with xdist they share one worker (tests/torchenv.py, IN_PROCESS)."""
     global torch
     import torch
     import torch._dynamo.utils

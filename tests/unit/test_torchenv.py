@@ -49,8 +49,8 @@ import sys
 
 import pytest
 
-pytest.main(["--collect-only", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", "tests"])
-print("TORCH_IMPORTED", "torch" in sys.modules)
+status = pytest.main(["--collect-only", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", "tests"])
+print("STATUS", int(status), "TORCH_IMPORTED", "torch" in sys.modules)
 """
 
 
@@ -69,7 +69,9 @@ def test_collecting_the_suite_imports_no_torch_and_names_every_in_process_torch_
         check=False,
     )
     lines = done.stdout.splitlines()
-    assert (lines[-1] if lines else "") == "TORCH_IMPORTED False", done.stdout[-3000:] + done.stderr[-3000:]
+    # Collected without xdist too (`-p no:xdist`, as scripts/test.sh allows): tests/conftest.py's xdist hook is
+    # optional.
+    assert (lines[-1] if lines else "") == "STATUS 0 TORCH_IMPORTED False", done.stdout[-3000:] + done.stderr[-3000:]
     collected = [line for line in lines if "::" in line]
     assert len(collected) > 1000, done.stdout[-3000:]
     for prefix in torchenv.IN_PROCESS:
