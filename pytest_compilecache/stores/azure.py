@@ -185,7 +185,7 @@ class AzureStore:
         try:
             for item in self._container().list_blobs(name_starts_with=f"{self._base}{prefix}"):
                 key = listed_key(item.name, self._base, prefix)
-                if key is None:
+                if key is None or item.size is None or item.last_modified is None:  # not a blob we could restore
                     continue
                 entries.append(StoreEntry(key=key, size=int(item.size), modified=item.last_modified.timestamp()))
         except _azure_errors() as exc:
@@ -266,6 +266,8 @@ class AzureStore:
             return f"endpoint {endpoint} did not answer within {self.read_timeout:g} s"
         if isinstance(exc, ax.ServiceRequestError):
             return f"endpoint {endpoint} unreachable"
+        if type(exc) is ValueError:  # its text is the client's; not repeated, in case it quotes a setting
+            return "the client refused the answer or a setting (ValueError)"
         return type(exc).__name__
 
     def _endpoint(self) -> str:
@@ -285,10 +287,14 @@ def _account_name_url(account: str, where: str) -> str:
 def _account_url(value: str) -> str:
     """``AZURE_STORAGE_ACCOUNT_URL``: an http(s) URL without credentials or query (a SAS goes into the
     connection string), else ConfigError naming the variable (never repeating a query that may be a SAS)."""
-    parts = urlsplit(value.strip())
+    try:
+        parts = urlsplit(value.strip())
+        hostname = parts.hostname  # raises for an invalid bracketed host: "https://[bad"
+    except ValueError:
+        parts, hostname = urlsplit(""), None
     credentials = parts.username is not None or parts.password is not None or "@" in parts.netloc
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or credentials:
-        shown = f"{parts.scheme}://{parts.hostname}" if parts.hostname else "(not a URL)"
+    if parts.scheme not in ("http", "https") or not hostname or parts.query or credentials:
+        shown = f"{parts.scheme}://{hostname}" if hostname else "(not a URL)"
         raise ConfigError(
             f"{OPTION}: {ACCOUNT_URL_ENV} must be an http(s)://host[/account] URL without a query or credentials, "
             f"got {shown}..."
@@ -298,10 +304,12 @@ def _account_url(value: str) -> str:
 
 def _azure_errors() -> tuple[type[BaseException], ...]:
     """What the client raises for remote trouble (credential errors included); evaluated only while an
-    ``except`` clause is matched. Local file errors (OSError) are the caller's, not the store's."""
+    ``except`` clause is matched. Local file errors (OSError) are the caller's, not the store's. The client also
+    raises a bare ValueError for an answer it cannot use (a ranged download answered without ``Content-Range``)
+    and for a token credential over plain http: trouble with this store, never a crash of the session."""
     from azure.core.exceptions import AzureError
 
-    return (AzureError,)
+    return (AzureError, ValueError)
 
 
 def _error_code(exc: BaseException) -> str | None:

@@ -229,7 +229,15 @@ def parse_bucket_url(
     ``--compile-cache-store``. ``name`` says what the bucket is called (bucket, container) and ``pattern``
     what it may be; ``query`` the keys a backend reads from the URL (each at most once). No credentials,
     ports, fragments, or empty, ``.`` or ``..`` prefix segments: secrets belong in the environment."""
-    parts = urlsplit(url)
+    expected = f"expected {scheme}://{name}[/prefix]"
+    if any(ord(ch) < 0x20 or ch == "\x7f" for ch in url):
+        # urlsplit would drop a tab or newline silently (another prefix than the one typed) and keep a NUL.
+        raise ConfigError(f"{OPTION}: the {scheme}:// URL holds a control character; {expected}")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - urlsplit checks a bracketed host only when asked for it
+    except ValueError as exc:  # an unbalanced or invalid bracketed host: "gs://[x/p"
+        raise ConfigError(f"{OPTION}: not a valid {scheme}:// URL ({exc}); {expected}") from None
     prefix = parts.path.strip("/")
     try:
         given = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
@@ -256,9 +264,7 @@ def parse_bucket_url(
     if problem:
         # Credentials and the query are left out of the message: whatever they hold is not repeated into a log.
         shown = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
-        raise ConfigError(
-            f"{OPTION}: {shown!r} is not a valid {scheme}:// URL ({problem}); expected {scheme}://{name}[/prefix]"
-        )
+        raise ConfigError(f"{OPTION}: {shown!r} is not a valid {scheme}:// URL ({problem}); {expected}")
     return parts.netloc, prefix, dict(given)
 
 

@@ -154,7 +154,7 @@ class GCSStore:
         try:
             for blob in self._client_().list_blobs(self.bucket, prefix=f"{self._base}{prefix}", **self._call()):
                 key = listed_key(blob.name, self._base, prefix)
-                if key is None:
+                if key is None or blob.updated is None:  # an answer without the object's time: not one to order
                     continue
                 entries.append(StoreEntry(key=key, size=int(blob.size or 0), modified=blob.updated.timestamp()))
         except _gcs_errors() as exc:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pytest_compilecache import ConfigError
+from pytest_compilecache.errors import StoreError
 from pytest_compilecache.settings import STORE_OPTIONS
 from pytest_compilecache.settings import Settings
 from pytest_compilecache.stores import ReadOnlyStore
@@ -100,6 +102,11 @@ def test_open_store_builds_each_backend_from_its_row(url: str, kind: type, locat
         "az://container/x?account=a&account=b",
         "az://container/x?other=1",
         "az://container/a/./b",
+        "gs://[x/p",  # urlsplit's own ValueError (an unbalanced bracketed host), not a traceback
+        "az://[c]/p",
+        "s3://[b/x",
+        "gs://bucket/ci\tcache",  # urlsplit would drop the tab: another prefix than the one typed
+        "gs://bucket/a\x00b",
     ],
 )
 def test_malformed_urls_fail_at_start_naming_the_option(url: str) -> None:
@@ -260,3 +267,31 @@ def test_building_cloud_stores_imports_no_sdk() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_an_unusable_azure_answer_is_a_store_error_and_a_listing_without_times_skips_the_blob(tmp_path: Path) -> None:
+    """The Azure client raises a bare ValueError for a ranged download answered without Content-Range (a proxy
+    that ignores the range) and for a token credential over http: trouble with the store (one warning), never a
+    crash; its text is not repeated. A listed blob without size or time is not one to restore."""
+    from types import SimpleNamespace
+
+    store = AzureStore.from_url("az://cont/p", environ={"AZURE_STORAGE_ACCOUNT_NAME": "acct"})
+
+    def refuse(**_: object) -> object:
+        raise ValueError("Required Content-Range response header is missing or malformed.")
+
+    store._blob = lambda name: SimpleNamespace(download_blob=refuse)  # type: ignore[method-assign]
+    for call in (lambda: store.get_head("k1", 16), lambda: store.get("k1", tmp_path / "k1.bundle")):
+        with pytest.raises(StoreError, match=r"^az://cont/p: get k1: .*\(ValueError\)$") as info:
+            call()
+        assert "Content-Range" not in str(info.value)
+    assert list(tmp_path.iterdir()) == []  # no partial download left
+
+    when = SimpleNamespace(timestamp=lambda: 1.0)
+    listed = [
+        SimpleNamespace(name="p/k1.bundle", size=None, last_modified=when),
+        SimpleNamespace(name="p/k2.bundle", size=3, last_modified=None),
+        SimpleNamespace(name="p/k3.bundle", size=3, last_modified=when),
+    ]
+    store._container = lambda: SimpleNamespace(list_blobs=lambda **_: iter(listed))  # type: ignore[method-assign]
+    assert [entry.key for entry in store.list()] == ["k3"]
