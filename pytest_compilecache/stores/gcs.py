@@ -125,12 +125,15 @@ class GCSStore:
         from google.api_core.exceptions import RequestRangeNotSatisfiable
 
         name = self._name(key)
+        head = _Head(limit)
         try:
             try:
-                data = self._blob(name).download_as_bytes(start=0, end=limit - 1, checksum=None, **self._call())
+                self._blob(name).download_to_file(head, start=0, end=limit - 1, checksum=None, **self._call())
             except RequestRangeNotSatisfiable:  # an empty object has no byte 0
                 return b""
-            return bytes(data[:limit])  # a server that ignores Range sends it all: keep the head
+            except _HeadFull:  # a server that ignores Range sends it all: the download stops at the head
+                pass
+            return bytes(head.data)
         except _gcs_errors() as exc:
             if _is_not_found(exc):
                 self._check_bucket("get (confirming a miss)")
@@ -243,6 +246,31 @@ class GCSStore:
         if _is_connection_error(exc):
             return f"endpoint {endpoint} unreachable"
         return type(exc).__name__
+
+
+class _HeadFull(Exception):
+    """Raised by :class:`_Head` to stop a download once it holds its ``limit`` bytes."""
+
+
+class _Head:
+    """A file for the client's download that keeps the first ``limit`` bytes and then stops it: a server or proxy
+    that ignores the Range header never brings more than a chunk past ``limit`` into memory."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.data = limit, bytearray()
+
+    def write(self, chunk: bytes) -> int:
+        room = self.limit - len(self.data)
+        self.data += chunk[:room]
+        if len(chunk) > room:
+            raise _HeadFull
+        return len(chunk)
+
+    def tell(self) -> int:
+        return len(self.data)
+
+    def flush(self) -> None:
+        pass
 
 
 def _gcs_errors() -> tuple[type[BaseException], ...]:

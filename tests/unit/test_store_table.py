@@ -295,3 +295,21 @@ def test_an_unusable_azure_answer_is_a_store_error_and_a_listing_without_times_s
     ]
     store._container = lambda: SimpleNamespace(list_blobs=lambda **_: iter(listed))  # type: ignore[method-assign]
     assert [entry.key for entry in store.list()] == ["k3"]
+
+
+def test_a_gcs_head_stops_a_download_whose_server_ignores_the_range() -> None:
+    """``get_head`` asks for ``limit`` bytes; a server or proxy that ignores the Range header sends the whole
+    object (or an endless body): the download stops at the first chunk past ``limit``, never buffering it all."""
+    from types import SimpleNamespace
+
+    store = open_store("gs://bucket/ci/cache")
+    assert isinstance(store, GCSStore)
+    sent = []
+
+    def ignores_the_range(file: Any, **_: object) -> None:
+        for _chunk in range(10_000):  # 10 GB, were it all kept
+            sent.append(file.write(b"x" * (1 << 20)))
+
+    store._blob = lambda name: SimpleNamespace(download_to_file=ignores_the_range)  # type: ignore[method-assign]
+    assert store.get_head("k1", 16) == b"x" * 16
+    assert sent == []  # the first chunk already stopped it
