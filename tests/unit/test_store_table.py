@@ -313,3 +313,15 @@ def test_a_gcs_head_stops_a_download_whose_server_ignores_the_range() -> None:
     store._blob = lambda name: SimpleNamespace(download_to_file=ignores_the_range)  # type: ignore[method-assign]
     assert store.get_head("k1", 16) == b"x" * 16
     assert sent == []  # the first chunk already stopped it
+
+
+def test_the_azure_client_retries_after_seconds_not_the_clients_default_quarter_minute() -> None:
+    """azure-storage-blob waits 15 s before its first retry (then 18, 24): ~20 s an operation against an endpoint
+    that is down. The store's client waits 1 s, then 3, 5, within its ``max_attempts``."""
+    connection = (
+        "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=dGVzdA==;"
+        "BlobEndpoint=http://127.0.0.1:9/devstoreaccount1;"
+    )
+    store = AzureStore.from_url("az://cont/p", connection_string=connection, max_attempts=3)
+    policy = store._container()._config.retry_policy
+    assert (policy.initial_backoff, policy.increment_base, policy.total_retries) == (1, 2, 2)
