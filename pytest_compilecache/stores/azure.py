@@ -39,6 +39,7 @@ from .base import OPTION
 from .base import BoundedFile
 from .base import ObjectTooLarge
 from .base import StoreEntry
+from .base import bounded_listing
 from .base import listed_key
 from .base import newest_first
 from .base import object_name
@@ -183,7 +184,8 @@ class AzureStore:
         validate_prefix(prefix)
         entries = []
         try:
-            for item in self._container().list_blobs(name_starts_with=f"{self._base}{prefix}"):
+            listing = self._container().list_blobs(name_starts_with=f"{self._base}{prefix}")
+            for item in bounded_listing(listing, self.location):
                 key = listed_key(item.name, self._base, prefix)
                 if key is None or item.size is None or item.last_modified is None:  # not a blob we could restore
                     continue

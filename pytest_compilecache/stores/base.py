@@ -16,6 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+from typing import Any
 from typing import BinaryIO
 from typing import Protocol
 from typing import runtime_checkable
@@ -25,8 +26,10 @@ from urllib.parse import urlsplit
 from ..errors import ConfigError
 from ..errors import NoPartialReads
 from ..errors import ObjectTooLarge
+from ..errors import StoreError
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from collections.abc import Iterator
 
 __all__ = [
@@ -203,6 +206,22 @@ def object_name(base: str, key: str) -> str:
     """The object that holds bundle ``key`` in a remote store whose URL prefix is ``base`` (with its ``/``):
     ``<base><key>.bundle``; ConfigError for an invalid key. :func:`listed_key` reads such a name back."""
     return f"{base}{validate_key(key)}{BUNDLE_SUFFIX}"
+
+
+# Objects one listing may walk under a store's prefix: far more than a store of bundles and headers holds, and a
+# bound on a listing that never ends (a server that repeats its page token: botocore stops S3's on its own).
+MAX_LISTED = 100_000
+
+
+def bounded_listing(items: Iterable[Any], location: str) -> Iterator[Any]:
+    """``items`` (a client's paged listing), or StoreError past :data:`MAX_LISTED` of them."""
+    for count, item in enumerate(items, 1):
+        if count > MAX_LISTED:
+            raise StoreError(
+                f"{location}: list: more than {MAX_LISTED} objects, or a listing that never ends "
+                "(a server repeating its page token)"
+            )
+        yield item
 
 
 def listed_key(name: str, base: str, prefix: str) -> str | None:

@@ -29,6 +29,7 @@ from .base import OPTION
 from .base import BoundedFile
 from .base import ObjectTooLarge
 from .base import StoreEntry
+from .base import bounded_listing
 from .base import listed_key
 from .base import newest_first
 from .base import object_name
@@ -155,7 +156,8 @@ class GCSStore:
         validate_prefix(prefix)
         entries = []
         try:
-            for blob in self._client_().list_blobs(self.bucket, prefix=f"{self._base}{prefix}", **self._call()):
+            listing = self._client_().list_blobs(self.bucket, prefix=f"{self._base}{prefix}", **self._call())
+            for blob in bounded_listing(listing, self.location):
                 key = listed_key(blob.name, self._base, prefix)
                 if key is None or blob.updated is None:  # an answer without the object's time: not one to order
                     continue

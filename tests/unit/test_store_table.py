@@ -325,3 +325,30 @@ def test_the_azure_client_retries_after_seconds_not_the_clients_default_quarter_
     store = AzureStore.from_url("az://cont/p", connection_string=connection, max_attempts=3)
     policy = store._container()._config.retry_policy
     assert (policy.initial_backoff, policy.increment_base, policy.total_retries) == (1, 2, 2)
+
+
+def test_a_listing_that_never_ends_is_a_store_error_for_gcs_and_azure() -> None:
+    """A server that repeats its page token makes the client's listing endless (botocore stops S3's itself):
+    past MAX_LISTED objects the listing is store trouble, and the walk stops."""
+    import itertools
+    from types import SimpleNamespace
+
+    from pytest_compilecache.stores.base import MAX_LISTED
+
+    walked = itertools.count()
+    when = SimpleNamespace(timestamp=lambda: 1.0)
+
+    def endless(**_: object) -> Any:
+        for n in walked:
+            yield SimpleNamespace(name=f"p/k{n}.bundle", size=1, updated=when, last_modified=when)
+
+    gcs = open_store("gs://bucket/p")
+    assert isinstance(gcs, GCSStore)
+    gcs._client_ = lambda: SimpleNamespace(list_blobs=lambda *a, **k: endless())  # type: ignore[method-assign]
+    with pytest.raises(StoreError, match=r"^gs://bucket/p: list: more than .* never ends"):
+        gcs.list()
+    assert next(walked) == MAX_LISTED + 1
+    azure = AzureStore.from_url("az://cont/p", environ={"AZURE_STORAGE_ACCOUNT_NAME": "acct"})
+    azure._container = lambda: SimpleNamespace(list_blobs=lambda **k: endless())  # type: ignore[method-assign]
+    with pytest.raises(StoreError, match=r"^az://cont/p: list: more than .* never ends"):
+        azure.list()
