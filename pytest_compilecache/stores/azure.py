@@ -296,12 +296,11 @@ def _account_url(value: str) -> str:
     connection string), else ConfigError naming the variable (never repeating a query that may be a SAS)."""
     try:
         parts = urlsplit(value.strip())
-        hostname = parts.hostname  # raises for an invalid bracketed host: "https://[bad"
-    except ValueError:
-        parts, hostname = urlsplit(""), None
+    except ValueError:  # an invalid bracketed host: "https://[bad"
+        parts = urlsplit("")
     credentials = parts.username is not None or parts.password is not None or "@" in parts.netloc
-    if parts.scheme not in ("http", "https") or not hostname or parts.query or credentials:
-        shown = f"{parts.scheme}://{hostname}" if hostname else "(not a URL)"
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or credentials:
+        shown = f"{parts.scheme}://{parts.hostname}" if parts.hostname else "(not a URL)"
         raise ConfigError(
             f"{OPTION}: {ACCOUNT_URL_ENV} must be an http(s)://host[/account] URL without a query or credentials, "
             f"got {shown}..."

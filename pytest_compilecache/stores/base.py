@@ -254,7 +254,6 @@ def parse_bucket_url(
         raise ConfigError(f"{OPTION}: the {scheme}:// URL holds a control character; {expected}")
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018 - urlsplit checks a bracketed host only when asked for it
     except ValueError as exc:  # an unbalanced or invalid bracketed host: "gs://[x/p"
         raise ConfigError(f"{OPTION}: not a valid {scheme}:// URL ({exc}); {expected}") from None
     prefix = parts.path.strip("/")
