@@ -24,11 +24,13 @@ PYTEST_DONT_REWRITE
 from __future__ import annotations
 
 import builtins
+import logging
 import os
 import re
 import threading
 from pathlib import Path
 from typing import Any
+from typing import Callable
 from typing import Mapping
 from urllib.parse import urlsplit
 
@@ -58,6 +60,7 @@ _ACCOUNT = r"[a-z0-9]{3,24}"
 _PARALLEL = 4  # blocks moved at once by a big upload or download (the client's chunks: 4 MiB and up)
 _MISSING_CONTAINER = {"ContainerNotFound", "ContainerBeingDeleted"}
 _BAD_CREDENTIALS = {"AuthenticationFailed", "InvalidAuthenticationInfo", "NoAuthenticationInformation"}
+_QUIET = logging.NullHandler()  # one instance: adding it again is a no-op
 
 
 class AzureStore:
@@ -143,7 +146,9 @@ class AzureStore:
                     if int(properties.size) > limit:
                         raise ObjectTooLarge(f"{what} is {properties.size} bytes, more than {limit}")
                     pinned = {"etag": properties.etag, "match_condition": MatchConditions.IfNotModified}
-                download = blob.download_blob(max_concurrency=_PARALLEL, **pinned)
+                download = blob.download_blob(
+                    max_concurrency=_PARALLEL, raw_response_hook=_answer_check(self.location, limit), **pinned
+                )
                 with open(tmp, "r+b") as fh:
                     download.readinto(fh if limit is None else BoundedFile(fh, limit, what))
             except _azure_errors() as exc:
@@ -158,7 +163,8 @@ class AzureStore:
         when there is no such blob (a missing container is a StoreError, as for :meth:`get`)."""
         name = self._name(key)
         try:
-            data = self._blob(name).download_blob(offset=0, length=limit).readall()
+            hook = _answer_check(self.location, limit)
+            data = self._blob(name).download_blob(offset=0, length=limit, raw_response_hook=hook).readall()
         except _azure_errors() as exc:
             if _error_code(exc) == "InvalidRange":  # an empty blob has no byte 0
                 return b""
@@ -233,6 +239,10 @@ class AzureStore:
                 elif self.account_url:
                     from azure.identity import DefaultAzureCredential
 
+                    # Where no logging is configured (the command line, the Action's steps), Python prints the
+                    # credential chain's warnings to stderr: ~12 lines an attempt, where our StoreError says it
+                    # in one. A NullHandler ends only that fallback; configured handlers still get every record.
+                    logging.getLogger("azure.identity").addHandler(_QUIET)
                     credential = DefaultAzureCredential()
                     self._client = ContainerClient(self.account_url, self.container, credential=credential, **settings)
                 else:
@@ -256,6 +266,13 @@ class AzureStore:
     def _describe(self, exc: BaseException) -> str:
         from azure.core import exceptions as ax
 
+        inner = getattr(exc, "inner_exception", None)
+        if isinstance(exc, ax.HttpResponseError) and exc.status_code is None and isinstance(inner, ax.AzureError):
+            # The client's own retries of a download's first answer end in an HttpResponseError wrapping the
+            # last error (a read that timed out, an answer that broke off): that one says what happened.
+            return self._describe(inner)
+        if isinstance(exc, ax.IncompleteReadError):
+            return f"endpoint {self._endpoint()} broke off its answer"
         code = _error_code(exc)
         status = getattr(exc, "status_code", None)
         endpoint = self._endpoint()
@@ -282,6 +299,34 @@ class AzureStore:
         url = self._client.url if self._client is not None else (self.account_url or "")
         parts = urlsplit(url)
         return f"{parts.scheme}://{parts.netloc}" if parts.netloc else "(unknown)"
+
+
+def _answer_check(location: str, cap: int | None) -> Callable[[Any], None]:
+    """A ``raw_response_hook`` for a download's requests. The client reads each answer whole into memory
+    (the first one before :meth:`AzureStore.get` sees a byte), so a server that sends more than the range
+    asked for, or sends without end, would cost as much memory as it sends. From the answer's headers, before its body is read: a
+    successful answer must state its length (``Content-Length``), at most the range it answers
+    (``x-ms-range``) and at most ``cap`` bytes, else a StoreError that ends the download unretried."""
+
+    def check(response: Any) -> None:
+        answer = response.http_response
+        if not 200 <= answer.status_code < 300:
+            return  # an error answer: the client reads and reports it
+        bounds = [_range_size(response.http_request.headers.get("x-ms-range")), cap]
+        most = min((bound for bound in bounds if bound is not None), default=None)
+        stated = answer.headers.get("Content-Length", "")
+        if most is not None and not (stated.isdigit() and int(stated) <= most):
+            answer.close()
+            sent = f"{stated} bytes" if stated.isdigit() else "an answer of no stated length"
+            raise StoreError(f"{location}: the endpoint sent {sent} where at most {most} were asked for")
+
+    return check
+
+
+def _range_size(header: str | None) -> int | None:
+    """The number of bytes ``x-ms-range: bytes=START-END`` asks for; None for no (or an open) range."""
+    match = re.fullmatch(r"bytes=(\d+)-(\d+)", header or "")
+    return int(match[2]) - int(match[1]) + 1 if match else None
 
 
 def _account_name_url(account: str, where: str) -> str:

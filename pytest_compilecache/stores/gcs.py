@@ -39,8 +39,13 @@ from .base import validate_prefix
 
 __all__ = ["GCSStore"]
 
-# GCS bucket names: 3-63 characters of lower case letters, digits, "-", "_" and "." (222 with dots).
-_BUCKET = r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]"
+# GCS bucket names (https://cloud.google.com/storage/docs/buckets#naming): lower case letters, digits, "-", "_"
+# and "."; starting and ending with a letter or digit; 3-63 characters, or up to 222 with dots where each
+# dot-separated part is 1-63; not an IP address, no "goog" prefix, no "google" (nor "g00gle") inside.
+_BUCKET = (
+    r"(?=.{3,222}$)(?!.*[^.]{64})(?!.*\.\.)(?!goog)(?!.*g[o0][o0]gle)(?!\d+\.\d+\.\d+\.\d+$)"
+    r"[a-z0-9][a-z0-9._-]*[a-z0-9]"
+)
 
 
 class GCSStore:

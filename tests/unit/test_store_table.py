@@ -72,6 +72,10 @@ def test_every_row_names_a_module_a_factory_and_an_extra_that_exist() -> None:
         ("s3://my-bucket/ci", S3Store, "s3://my-bucket/ci"),
         ("gs://my_bucket.example/ci/cache/", GCSStore, "gs://my_bucket.example/ci/cache"),
         ("gs://my-bucket", GCSStore, "gs://my-bucket"),
+        ("gs://a1b", GCSStore, "gs://a1b"),
+        (f"gs://{'b' * 63}/x", GCSStore, f"gs://{'b' * 63}/x"),
+        (f"gs://{'.'.join(['c' * 63] * 3)}.d0", GCSStore, f"gs://{'.'.join(['c' * 63] * 3)}.d0"),  # 194
+        ("gs://cache.10.0.0.1", GCSStore, "gs://cache.10.0.0.1"),
         ("az://my-container/ci/cache", AzureStore, "az://my-container/ci/cache"),
         ("az://my-container?account=myaccount", AzureStore, "az://my-container"),
     ],
@@ -94,6 +98,16 @@ def test_open_store_builds_each_backend_from_its_row(url: str, kind: type, locat
         "gs://bucket/a//b",
         "gs://bucket/a/../b",
         "gs://bucket/x#frag",
+        f"gs://{'b' * 64}/x",  # over 63 without dots
+        f"gs://{'c' * 63}.{'d' * 64}",  # a dot-separated part over 63
+        f"gs://{'.'.join(['c' * 63] * 4)}",  # 255: over 222 with dots
+        "gs://a..b",
+        "gs://-bucket",
+        "gs://bucket_",
+        "gs://goog-cache",
+        "gs://my-google-cache",
+        "gs://my-g00gle-cache",
+        "gs://192.168.5.4",
         "az://",
         "az://Container/x",
         "az://a--b/x",
