@@ -75,12 +75,15 @@ else
   pip_install --no-cache-dir "torch==$TORCH"
 fi
 pip_install numpy
+# pip's editable build writes pytest_compilecache.egg-info into the checkout: where set-ups run at once (.ci/run
+# installs the other torch releases while the main venv is made), one writes it at a time (flock, where it exists).
 if [ "$EXTRAS" = --no-project ]; then
   :
-elif [ -n "$EXTRAS" ]; then
-  pip_install -e ".[$EXTRAS]"
 else
-  pip_install -e .
+  {
+    if command -v flock >/dev/null 2>&1; then flock 9; fi
+    pip_install -e ".${EXTRAS:+[$EXTRAS]}"
+  } 9<pyproject.toml
 fi
 # Which build: a local version label (+cpu, +cu126) names it; PyPI's Linux default carries nvidia-* packages.
 "$PY" - "$source" <<'PYEOF'

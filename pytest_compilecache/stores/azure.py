@@ -304,9 +304,10 @@ class AzureStore:
 def _answer_check(location: str, cap: int | None) -> Callable[[Any], None]:
     """A ``raw_response_hook`` for a download's requests. The client reads each answer whole into memory
     (the first one before :meth:`AzureStore.get` sees a byte), so a server that sends more than the range
-    asked for, or sends without end, would cost as much memory as it sends. From the answer's headers, before its body is read: a
-    successful answer must state its length (``Content-Length``), at most the range it answers
-    (``x-ms-range``) and at most ``cap`` bytes, else a StoreError that ends the download unretried."""
+    asked for, or sends without end, would cost as much memory as it sends. From the answer's headers,
+    before its body is read: a successful answer must state its length (``Content-Length``), at most the
+    range it answers (``x-ms-range``) and at most ``cap`` bytes, else a StoreError that ends the download
+    unretried."""
 
     def check(response: Any) -> None:
         answer = response.http_response

@@ -54,3 +54,13 @@ def test_the_arguments_or_test_workers_choose(checkout: Path) -> None:
     assert pytest_args(checkout, "--numprocesses=3") == "-m pytest --numprocesses=3"
     assert pytest_args(checkout, "-p", "no:xdist") == "-m pytest -p no:xdist"
     assert pytest_args(checkout, TEST_WORKERS="4") == "-m pytest -n 4"
+
+
+def test_lint_runs_unless_a_run_before_linted(checkout: Path) -> None:
+    """.ci/run's second call (the suite's slow part, after lint and the fast subset) says SKIP_LINT=1."""
+    linted = checkout / "linted"
+    (checkout / "scripts" / "lint.sh").write_text(f'echo "$PY" >> "{linted}"\n')
+    pytest_args(checkout, SKIP_LINT="1")
+    assert not linted.exists()
+    pytest_args(checkout)
+    assert linted.read_text() == ".venv/bin/python\n"
