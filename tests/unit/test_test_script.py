@@ -30,9 +30,9 @@ def checkout(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def pytest_args(checkout: Path, *args: str, **env: str) -> str:
+def run_test_script(checkout: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if k not in ("TEST_WORKERS", "TORCH")}
-    result = subprocess.run(
+    return subprocess.run(
         ["bash", str(checkout / "scripts" / "test.sh"), *args],
         env={**environ, **env},
         capture_output=True,
@@ -40,6 +40,10 @@ def pytest_args(checkout: Path, *args: str, **env: str) -> str:
         timeout=60,
         check=False,
     )
+
+
+def pytest_args(checkout: Path, *args: str, **env: str) -> str:
+    result = run_test_script(checkout, *args, **env)
     assert result.returncode == 0, result.stderr
     return (checkout / ".venv" / "pytest-args").read_text().strip()
 
@@ -65,13 +69,6 @@ def test_lint_runs_unless_a_run_before_linted(checkout: Path) -> None:
     assert not linted.exists()
     pytest_args(checkout)
     assert linted.read_text() == ".venv/bin/python\n"
-
-
-def run_test_script(checkout: Path) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if k not in ("TEST_WORKERS", "TORCH")}
-    return subprocess.run(
-        ["bash", str(checkout / "scripts" / "test.sh")], env=environ, capture_output=True, text=True, timeout=60
-    )
 
 
 def test_the_tools_install_while_the_venv_is_made(checkout: Path) -> None:
