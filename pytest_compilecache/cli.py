@@ -53,6 +53,7 @@ from .settings import from_environment
 from .settings import read_signing_key
 from .stats import ItemRecord
 from .stats import SessionStats
+from .stores import OPTION as STORE_OPTION
 from .stores import backend_keywords
 from .stores import open_store
 from .stores.base import prune
@@ -85,7 +86,8 @@ _NOT_CARRIED = ("lock",)
 
 
 def _check_names(args: argparse.Namespace) -> None:
-    """Validate keys, prefixes and suffixes before any work (exit 2 on a bad one)."""
+    """Validate keys, prune's prefix and suffixes before any work (exit 2 on a bad one). The key prefix of
+    key, restore and save is the plugin's option, parsed as the plugin parses it (:data:`_PLUGIN_FLAGS`)."""
     if getattr(args, "prefix", None) is not None:
         validate_prefix(args.prefix)
     if getattr(args, "key", None):
@@ -102,23 +104,29 @@ def _json_target(path: str | None) -> Path | None:
 def _open(args: argparse.Namespace, readonly: bool = False) -> Any:
     """The store of ``--store``, its calls bounded in all by ``--store-timeout`` (as the plugin's)."""
     # The plugin's store options, passed on as the store's backend takes them (a gs:// store takes no S3 endpoint).
-    options = backend_keywords(args.store, {"s3_endpoint": args.s3_endpoint})
-    store = open_store(args.store, readonly=readonly, **options)
+    try:
+        options = backend_keywords(args.store, {"s3_endpoint": args.s3_endpoint})
+        store = open_store(args.store, readonly=readonly, **options)
+    except ConfigError as exc:  # the stores name the plugin's option; here the user typed --store
+        text = str(exc)
+        raise (ConfigError("--store" + text[len(STORE_OPTION) :]) if text.startswith(STORE_OPTION) else exc) from None
     return TimedStore(store, args.store_timeout, option="--store-timeout")
 
 
-# The store commands' flags that default to the plugin's variables (settings.OPTIONS names and parses them).
-_STORE_FLAGS = {
+# The flags that default to the plugin's variables (settings.OPTIONS names and parses them): one key prefix, one
+# size limit for a command and a session of the same job.
+_PLUGIN_FLAGS = {
+    "key_prefix": "--prefix",
     "s3_endpoint": "--s3-endpoint",
     "max_bundle_size": "--max-bundle-size",
     "store_timeout": "--store-timeout",
 }
 
 
-def _resolve_store_defaults(args: argparse.Namespace) -> None:
-    """Each of :data:`_STORE_FLAGS` from its flag, else the plugin's variable, else the plugin's default,
+def _resolve_plugin_defaults(args: argparse.Namespace) -> None:
+    """Each of :data:`_PLUGIN_FLAGS` from its flag, else the plugin's variable, else the plugin's default,
     checked before the command does anything: a bad value is a ConfigError naming what was given (exit 2)."""
-    for name, flag in _STORE_FLAGS.items():
+    for name, flag in _PLUGIN_FLAGS.items():
         if hasattr(args, name):
             setattr(args, name, from_environment(name, getattr(args, name), flag))
 
@@ -148,7 +156,7 @@ def _fingerprint(args: argparse.Namespace) -> Any:
     if getattr(args, "device_facts", None):
         try:
             device = json.loads(Path(args.device_facts).read_text())
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
             raise ConfigError(f"--device-facts: cannot read {args.device_facts}: {exc}") from None
     try:
         return collect(salt=args.salt, device=device)
@@ -173,8 +181,8 @@ def cmd_key(args: argparse.Namespace) -> int:
     fp = _fingerprint(args)
     values = {
         "digest": fp.digest(),
-        "key": make_key(args.prefix, fp.digest(), args.suffix or default_suffix()),
-        "restore-prefix": restore_prefix(args.prefix, fp.digest()),
+        "key": make_key(args.key_prefix, fp.digest(), args.suffix or default_suffix()),
+        "restore-prefix": restore_prefix(args.key_prefix, fp.digest()),
     }
     _emit(values, args.github_output)
     return EXIT_OK
@@ -198,7 +206,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     done = _progress(f"restoring from {store.location}")
     result = sync.restore(
         store,
-        prefix=args.prefix,
+        prefix=args.key_prefix,
         fingerprint=_fingerprint(args),
         cache_dir=cache_dir,
         signing_key=_signing_key(),
@@ -243,6 +251,10 @@ def _unlinked(cache_dir: Path, path: Path) -> bool:
 def cmd_save(args: argparse.Namespace) -> int:
     _check_names(args)
     cache_dir = Path(args.cache_dir).absolute()
+    store = _open(args)  # a bad --store is a usage error before anything else
+    if not cache_dir.is_dir():  # nothing compiled there, or a mistyped path: either way, said
+        _out(f"save: skipped: --cache-dir {ghrunner.one_line(str(cache_dir))} is not a directory: nothing to save")
+        return EXIT_OK
     files = sorted(
         {
             str(p.relative_to(cache_dir)).replace(os.sep, "/")
@@ -251,11 +263,10 @@ def cmd_save(args: argparse.Namespace) -> int:
             if p.is_file() and p.name not in _NOT_CARRIED and not p.name.startswith("tmp.") and _unlinked(cache_dir, p)
         }
     )
-    store = _open(args)
     done = _progress(f"saving to {store.location}")
     result = sync.save(
         store,
-        prefix=args.prefix,
+        prefix=args.key_prefix,
         fingerprint=_fingerprint(args),
         suffix=args.suffix or default_suffix(),
         cache_dir=str(cache_dir),
@@ -308,7 +319,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     fingerprint = _fingerprint(args).to_json() if args.fingerprint else None
     try:
-        with bundle.verify(Path(args.bundle), signing_key=_signing_key(), fingerprint=fingerprint) as verified:
+        with bundle.verify(
+            Path(args.bundle), signing_key=_signing_key(), fingerprint=fingerprint, max_bytes=args.max_bundle_size
+        ) as verified:
             manifest = verified.manifest
     except BundleError as exc:
         _out(f"invalid: {ghrunner.one_line(str(exc))}")
@@ -346,8 +359,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         why = f"{type(exc).__name__}: {exc}"
         raise ConfigError(f"{args.json_report} is not a --compile-cache-json report ({why})") from None
     target = os.environ.get("GITHUB_STEP_SUMMARY") if args.summary else None
-    if target:
-        ghrunner.append_summary(target, text)
+    if target:  # the text (test ids, warnings) shown as it is: nothing in it read as Markdown or HTML
+        ghrunner.append_summary(target, ghrunner.md_block(text) if args.text else text)
     else:
         _out(text)
     return EXIT_OK
@@ -424,17 +437,29 @@ def _fp_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device-facts", help="JSON file of recorded device facts (instead of asking the GPUs)")
 
 
-def _store_args(p: argparse.ArgumentParser, prefix: bool = True) -> None:
-    """The options of a command that talks to a store."""
-    p.add_argument("--store", required=True, help="directory, file:///path or s3://bucket/prefix")
-    if prefix:
-        p.add_argument("--prefix", default=os.environ.get(KEY_PREFIX_ENV, DEFAULT_PREFIX))
-    p.add_argument("--strict", action="store_true", help="exit 1 on store or bundle trouble")
-    p.add_argument("--s3-endpoint", help="S3-compatible endpoint URL (default: $PYTEST_COMPILECACHE_S3_ENDPOINT)")
+def _key_prefix_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--prefix",
+        dest="key_prefix",
+        help=f"key prefix (default: ${KEY_PREFIX_ENV}, else {DEFAULT_PREFIX}; parsed as the plugin's)",
+    )
+
+
+def _size_limit_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-bundle-size",
         help="refuse bundles larger than this (default: $PYTEST_COMPILECACHE_MAX_BUNDLE_SIZE, else 2G)",
     )
+
+
+def _store_args(p: argparse.ArgumentParser, prefix: bool = True) -> None:
+    """The options of a command that talks to a store."""
+    p.add_argument("--store", required=True, help="directory, file:///path or s3://bucket/prefix")
+    if prefix:
+        _key_prefix_arg(p)
+    p.add_argument("--strict", action="store_true", help="exit 1 on store or bundle trouble")
+    p.add_argument("--s3-endpoint", help="S3-compatible endpoint URL (default: $PYTEST_COMPILECACHE_S3_ENDPOINT)")
+    _size_limit_arg(p)
     p.add_argument(
         "--store-timeout",
         help="seconds the command may wait for the store in all "
@@ -451,7 +476,7 @@ def _key_commands(sub: Any) -> None:
 
     p = sub.add_parser("key", help="print the save key and the restore prefix")
     _fp_args(p)
-    p.add_argument("--prefix", default=os.environ.get(KEY_PREFIX_ENV, DEFAULT_PREFIX))
+    _key_prefix_arg(p)
     p.add_argument("--suffix", help="run suffix (default: time and pid)")
     p.add_argument("--github-output", action="store_true", help="also append to $GITHUB_OUTPUT")
     p.set_defaults(func=cmd_key)
@@ -508,6 +533,7 @@ def _bundle_commands(sub: Any) -> None:
     _fp_args(p)
     p.add_argument("bundle")
     p.add_argument("--fingerprint", action="store_true", help="also require this machine's fingerprint")
+    _size_limit_arg(p)
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("prune", help="keep the newest N bundles under a key prefix")
@@ -536,7 +562,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        _resolve_store_defaults(args)
+        _resolve_plugin_defaults(args)
         return int(args.func(args))
     except ConfigError as exc:
         _out(f"error: {ghrunner.one_line(str(exc))}", err=True)

@@ -14,7 +14,8 @@ fingerprint facts, a store's error message, a test id):
   second variable. :func:`append_vars` writes multi-line values in the heredoc form with a random
   delimiter that does not occur in the value, and refuses names that are not plain identifiers;
 * the step summary (Markdown/HTML): :func:`md_text` and :func:`md_code` neutralise table pipes, HTML
-  and line breaks in text that came from elsewhere; :func:`append_summary` appends a rendered block.
+  and line breaks in text that came from elsewhere, :func:`md_block` shows plain text of many lines as it is;
+  :func:`append_summary` appends a rendered block.
 
 Nothing here imports the rest of the package: the plugin, the CLI and the Action's Python all use it.
 Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``secrets``.
@@ -41,6 +42,7 @@ __all__ = [
     "in_github_actions",
     "inert",
     "inert_json",
+    "md_block",
     "md_code",
     "md_text",
     "one_line",
@@ -283,6 +285,16 @@ def md_code(text: str, limit: int = 500) -> str:
     fence = "`" * (longest + 1)
     pad = " " if flat.startswith("`") or flat.endswith("`") or not flat else ""
     return f"{fence}{pad}{flat}{pad}{fence}"
+
+
+def md_block(text: str) -> str:
+    """Untrusted plain text of many lines as a fenced code block: shown line for line, nothing in it read as
+    Markdown or HTML. The fence is longer than any run of backticks in the text, so no line can close it;
+    characters that are not printable (other than the line breaks) are shown escaped."""
+    lines = [_printable(line) for line in str(text).splitlines()]
+    longest = max((len(run) for line in lines for run in re.findall(r"`+", line)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return "\n".join([fence + "text", *lines, fence]) + "\n"
 
 
 class StopTokenWatch:

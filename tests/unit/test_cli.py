@@ -177,8 +177,12 @@ def test_miss_and_usage_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture
         cli.main(["restore", "--store", str(empty), "--cache-dir", str(tmp_path / "c"), "--fail-on-miss"])
         == cli.EXIT_MISS
     )
-    assert cli.main(["restore", "--store", "ftp://nowhere", "--cache-dir", str(tmp_path / "c")]) == cli.EXIT_USAGE
-    assert "--compile-cache-store" in capsys.readouterr().err
+    capsys.readouterr()
+    for command in (["restore", "--cache-dir", str(tmp_path / "c")], ["prune", "--prefix", "p"]):
+        assert cli.main([*command, "--store", "ftp://nowhere"]) == cli.EXIT_USAGE
+        err = capsys.readouterr().err  # the flag the user typed, not the plugin's option
+        assert err.startswith("error: --store: unsupported store: 'ftp://nowhere'"), err
+        assert "--compile-cache-store" not in err, err
 
 
 def test_report_renders_markdown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -646,3 +650,71 @@ def test_save_leaves_out_a_linked_dir_and_saves_the_rest(tmp_path: Path, capsys:
     assert cli.main(["inspect", str(path), "--json"]) == 0
     members = {m["path"] for m in json.loads(capsys.readouterr().out)["members"]}
     assert members == {f"files/ab/{KERNEL}.main.so", "files/fxgraph/xy/fxkey/entry"}
+
+
+def test_the_key_prefix_is_the_plugins_own(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, device_file: Path
+) -> None:
+    # key, restore and save read PYTEST_COMPILECACHE_KEY_PREFIX as the plugin does (settings.OPTIONS): an empty
+    # variable is unset, spaces are trimmed, 1-200 characters; else the keys a CLI step saves under were never
+    # the keys the plugin's sessions look up.
+    key = ["key", "--suffix", "s", "--device-facts", str(device_file)]
+    for value, prefix in (("", "compilecache-v1-"), (" proj ", "proj-")):
+        monkeypatch.setenv("PYTEST_COMPILECACHE_KEY_PREFIX", value)
+        assert cli.main(key) == 0
+        assert f"key={prefix}" in capsys.readouterr().out, value
+    monkeypatch.setenv("PYTEST_COMPILECACHE_KEY_PREFIX", "a" * 201)
+    assert cli.main(key) == cli.EXIT_USAGE
+    assert capsys.readouterr().err.startswith("error: PYTEST_COMPILECACHE_KEY_PREFIX: use 1-200 characters")
+    assert cli.main([*key, "--prefix", ""]) == cli.EXIT_USAGE  # the flag wins, and an empty one is no prefix
+    assert capsys.readouterr().err.startswith("error: --prefix: use 1-200 characters")
+
+
+def test_verify_takes_the_size_limit_save_and_restore_take(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, cache = tmp_path / "store", _cache_dir(tmp_path)
+    assert cli.main(["save", "--store", str(store), "--cache-dir", str(cache), "--suffix", "1"]) == 0
+    (path,) = store.glob("*.bundle")
+    assert cli.main(["verify", str(path)]) == 0
+    assert cli.main(["verify", str(path), "--max-bundle-size", "10"]) == cli.EXIT_FAILED
+    assert "more than the limit of 10 bytes" in capsys.readouterr().out
+    monkeypatch.setenv("PYTEST_COMPILECACHE_MAX_BUNDLE_SIZE", "10")
+    assert cli.main(["verify", str(path)]) == cli.EXIT_FAILED
+    assert cli.main(["verify", str(path), "--max-bundle-size", "1M"]) == 0  # the flag wins
+
+
+def test_save_says_when_its_cache_dir_is_not_there(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = tmp_path / "store"
+    assert cli.main(["save", "--store", str(store), "--cache-dir", str(tmp_path / "typo"), "--strict"]) == 0
+    assert f"save: skipped: --cache-dir {tmp_path / 'typo'} is not a directory" in capsys.readouterr().out
+    assert not store.exists() or not any(store.iterdir())
+
+
+def test_device_facts_nested_past_the_parser_are_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000)
+    assert cli.main(["fingerprint", "--device-facts", str(deep)]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("error: --device-facts: cannot read ") and err.count("\n") == 1, err
+
+
+def test_report_as_text_into_the_step_summary_is_inert(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # --text is the terminal's report, made of test ids and warnings: in the summary it is one fenced block
+    # that none of it can close, so no HTML, link, image or heading of theirs is rendered.
+    hostile = "<img src=https://e.example/x.png> [a](https://e.example) ## h\n```` `` ~~~"
+    record = {"nodeid": f"t.py::test[{hostile}]", "fxgraph": {"hit": 0, "miss": 1, "bypass": 0}, "frames": 1}
+    data = {"version": 1, "mode": "shared", "cache_dir": hostile, "totals": {"tests": 1}, "tests": [record]}
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(data))
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    assert cli.main(["report", str(path), "--text", "--summary"]) == 0
+    lines = summary.read_text().splitlines()
+    fence = lines[0].removesuffix("text")
+    assert set(fence) == {"`"} and len(fence) == 5 and lines[-1] == fence  # longer than the text's ```` run
+    inside = lines[1:-1]
+    assert not any(line.lstrip().startswith("`" * 5) for line in inside)
+    assert any("<img src=" in line for line in inside)  # shown as written, inside the block

@@ -251,3 +251,12 @@ def test_inert_blocks_keep_their_lines_and_lose_their_commands(text: str) -> Non
     dumped = json.dumps({"k": text, "list": [text]}, indent=2)
     assert commands(ghrunner.inert_json(dumped)) == []
     assert json.loads(ghrunner.inert_json(dumped)) == {"k": text, "list": [text]}
+
+
+def test_md_block_is_a_code_block_nothing_in_it_can_close() -> None:
+    text = "a <b>x</b>\n``````\n\x1b[31m ~~~"
+    block = ghrunner.md_block(text)
+    lines = block.splitlines()
+    assert lines[0] == "`" * 7 + "text" and lines[-1] == "`" * 7 and block.endswith("\n")
+    assert lines[1:-1] == ["a <b>x</b>", "``````", "\\x1b[31m ~~~"]
+    assert ghrunner.md_block("plain") == "```text\nplain\n```\n"
