@@ -441,6 +441,7 @@ def _key_prefix_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prefix",
         dest="key_prefix",
+        metavar="PREFIX",
         help=f"key prefix (default: ${KEY_PREFIX_ENV}, else {DEFAULT_PREFIX}; parsed as the plugin's)",
     )
 
