@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -43,6 +44,7 @@ from .errors import BundleError
 from .errors import ConfigError
 from .errors import StoreError
 from .explain import SessionExplanation
+from .fingerprint import DIGEST_LENGTH
 from .fingerprint import collect
 from .fingerprint import default_suffix
 from .fingerprint import make_key
@@ -332,7 +334,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     _check_names(args)
-    deleted = prune(_open(args), args.prefix, args.keep, magic=bundle.MAGIC)
+    # A lineage (<key prefix>-<digest>-) takes every key under it; a key prefix only the keys made with it.
+    lineage = re.search(rf"-[0-9a-f]{{{DIGEST_LENGTH}}}-?$", args.prefix)
+    rest = None if lineage else rf"[0-9a-f]{{{DIGEST_LENGTH}}}-.+"
+    deleted = prune(_open(args), args.prefix, args.keep, magic=bundle.MAGIC, rest=rest)
     for key in deleted:
         _out(f"deleted {key}")
     _out(f"kept the newest {args.keep} under {args.prefix!r}; deleted {len(deleted)}")

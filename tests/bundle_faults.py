@@ -104,12 +104,6 @@ def _escaping_member(path: Path, fp: Fingerprint) -> None:
     path.write_bytes(container.header_bytes(raw, "") + compressed)
 
 
-def _symlinked_object(path: Path, fp: Fingerprint) -> None:
-    """A good bundle outside the store, linked in at the key's name: the store refuses to follow it (issue 28.3)."""
-    outside = good_bundle(path.parent.parent / "outside" / path.name, fp)
-    path.symlink_to(outside)
-
-
 def _store_is_a_file(path: Path, fp: Fingerprint) -> None:
     store = path.parent
     for child in store.iterdir():
@@ -125,6 +119,5 @@ FAULTS: dict[str, tuple[Callable[[Path, Fingerprint], None], dict[str, str]]] = 
     "missing-signature": (_unsigned, {"PYTEST_COMPILECACHE_SIGNING_KEY": SIGNING_KEY}),
     "other-fingerprint": (_other_fingerprint, {}),
     "escaping-member": (_escaping_member, {}),
-    "symlinked-object": (_symlinked_object, {}),
     "store-not-a-directory": (_store_is_a_file, {}),
 }

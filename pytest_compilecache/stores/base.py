@@ -27,6 +27,7 @@ from ..errors import ConfigError
 from ..errors import NoPartialReads
 from ..errors import ObjectTooLarge
 from ..errors import StoreError
+from ..errors import TimedOut
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -156,14 +157,17 @@ def bundles(store: Store, prefix: str) -> builtins.list[StoreEntry]:
     return [entry for entry in store.list(prefix) if entry.key.startswith(prefix) and not is_artifact_key(entry.key)]
 
 
-def prune(store: Store, prefix: str, keep: int, *, magic: bytes = b"") -> builtins.list[str]:
+def prune(store: Store, prefix: str, keep: int, *, magic: bytes = b"", rest: str | None = None) -> builtins.list[str]:
     """Keep the newest ``keep`` bundles under ``prefix``, delete the older ones; return the deleted keys.
 
     ``prefix`` is whole parts of a key: a key prefix (``compilecache-v1``) or a lineage
     (``compilecache-v1-<digest>-``); ``-`` is added when it does not end with one, so ``projA`` never takes
-    ``projAB-...``. An empty prefix (every project's bundles) is a ConfigError. With ``magic`` (the bundle
-    format's first bytes), an object is deleted only when its first bytes prove it a bundle (a ranged read,
-    :func:`read_head`); one that does not, or a store that cannot read part of an object, keeps it.
+    ``projAB-...``. With ``rest`` (a regular expression), only keys whose part after ``prefix`` matches it in
+    full count: the CLI's for a key prefix is ``<digest>-<suffix>``, so that ``proj`` never takes a longer key
+    prefix's ``proj-gpu-<digest>-...``. An empty prefix (every project's bundles) is a ConfigError. With
+    ``magic`` (the bundle format's first bytes), an object is deleted only when its first bytes prove it a
+    bundle (a ranged read, :func:`read_head`); one that does not, or whose first bytes cannot be read (a store
+    without partial reads, an object the store refuses to read, such as a link in a directory store), is kept.
 
     Artifact objects (:func:`is_artifact_key`) are never deleted nor counted, whatever the prefix: they are
     content-addressed and shared by every bundle of the prefix that names their sha256 (also by bundles of
@@ -180,8 +184,9 @@ def prune(store: Store, prefix: str, keep: int, *, magic: bytes = b"") -> builti
     if not prefix:
         raise ConfigError("prune: the prefix must not be empty (it would take every project's bundles in the store)")
     prefix = prefix if prefix.endswith("-") else prefix + "-"
+    shape = None if rest is None else re.compile(re.escape(prefix) + f"(?:{rest})")
     deleted = []
-    for entry in bundles(store, prefix)[keep:]:
+    for entry in [entry for entry in bundles(store, prefix) if shape is None or shape.fullmatch(entry.key)][keep:]:
         if magic and not _starts_with(store, entry.key, magic):
             continue
         store.delete(entry.key)
@@ -192,7 +197,9 @@ def prune(store: Store, prefix: str, keep: int, *, magic: bytes = b"") -> builti
 def _starts_with(store: Store, key: str, magic: bytes) -> bool:
     try:
         return read_head(store, key, len(magic)) == magic
-    except NoPartialReads:
+    except TimedOut:
+        raise  # the budget is spent: the prune stops here
+    except StoreError:  # NoPartialReads, or an object this store will not read: not proven ours, kept
         return False
 
 

@@ -132,7 +132,7 @@ class LocalStore:
         sweep_our_temps(self.root, max_age=MAX_AGE_ALIVE)
 
     def list(self, prefix: str = "") -> builtins.list[StoreEntry]:
-        """Entries under ``prefix``, newest first; a missing root is empty; temp and foreign files ignored."""
+        """Entries under ``prefix``, newest first; a missing root is empty; temp and foreign files and links ignored."""
         validate_prefix(prefix)
         entries: builtins.list[StoreEntry] = []
         try:
@@ -167,9 +167,9 @@ def _entry(item: os.DirEntry[str], prefix: str) -> StoreEntry | None:
         return None
     try:
         validate_key(key)
-        if not item.is_file():
+        if not item.is_file(follow_symlinks=False):  # a link is no stored object: get refuses it too
             return None
-        info = item.stat()
+        info = item.stat(follow_symlinks=False)
     except FileNotFoundError:
         return None  # deleted (pruned) meanwhile
     except ValueError:

@@ -3,15 +3,19 @@
 Timeouts in a backend bound each socket read (S3's ``read_timeout``), not a request: an endpoint that
 trickles a byte every few seconds, or reads an upload at a crawl, holds a call for hours. :class:`TimedStore`
 runs each call in a daemon thread and stops waiting when the budget its calls share is spent. A call given
-up on keeps running in the background until it ends or the process exits; whatever it still writes goes
-to a temp name next to its ``dest`` (every backend's ``get`` and ``put`` publish atomically), so the
-caller never sees it.
+up on keeps running in the background until it ends or the process exits. A ``get`` writes to a private temp
+name beside its ``dest``, published only when the call returns in time: one given up on never publishes
+``dest``, and removes what it wrote when it ends (a process killed meanwhile leaves a temp name that
+:func:`.._fs.sweep_our_temps` knows). A ``put`` given up on may still complete: the store then holds the
+whole object (every backend publishes atomically), which the caller was told had failed.
 PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
+import os
 import threading
 import time
 from pathlib import Path
@@ -19,6 +23,7 @@ from typing import Any
 from typing import Callable
 from typing import TypeVar
 
+from .._fs import temp_name
 from ..errors import StoreError
 from ..errors import TimedOut
 from .base import NoPartialReads
@@ -68,8 +73,38 @@ class TimedStore:
         return f"TimedStore({self.inner!r}, {self.seconds:g} s)"
 
     def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
-        """The inner ``get`` within what is left of the budget."""
-        return self._call(f"get {key}", lambda: self.inner.get(key, dest, limit=limit))
+        """The inner ``get`` within what is left of the budget, into a private name beside ``dest`` that only a
+        call returning in time publishes (the module docstring)."""
+        dest = Path(dest)
+        private = dest.parent / temp_name("tmp", lead=f".{dest.name[:120]}.")
+        lock = threading.Lock()
+        state = {"ended": False, "abandoned": False}
+
+        def fetch() -> bool:
+            try:
+                return self.inner.get(key, private, limit=limit)
+            finally:
+                with lock:  # exactly one of this and the caller's timeout removes a late download
+                    state["ended"] = True
+                    if state["abandoned"]:
+                        _remove(private)
+
+        try:
+            found = self._call(f"get {key}", fetch)
+        except TimedOut:
+            with lock:
+                state["abandoned"] = True
+                if state["ended"]:
+                    _remove(private)
+            raise
+        except BaseException:
+            _remove(private)
+            raise
+        if found:
+            os.replace(private, dest)
+        else:
+            _remove(private)
+        return found
 
     def get_head(self, key: str, limit: int) -> bytes | None:
         """The inner ``get_head`` (:func:`.base.read_head`) within what is left of the budget; a store
@@ -124,3 +159,8 @@ class TimedStore:
         if self.trouble is None:
             self.trouble = str(error)
         return error
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)

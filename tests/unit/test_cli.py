@@ -616,24 +616,34 @@ def test_save_carries_what_a_fresh_gpu_runner_would_rebuild(tmp_path: Path, caps
 
 
 def test_prune_takes_only_whole_key_parts_and_only_bundles(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """``prune`` deletes only what it can prove is ours: bundles (by their first bytes) under whole parts of a
-    key, never every project's at once."""
+    """``prune`` deletes only what it can prove is ours: bundles (by their first bytes) made with the key prefix
+    it is given (not a longer one's, as ``proj-gpu`` is to ``proj``), or under the lineage it is given; never
+    every project's at once, never a link."""
     store = tmp_path / "store"
     store.mkdir()
-    names = ["projA-aaaa-1", "projA-aaaa-2", "projA-aaaa-3", "projAB-bbbb-1", "projAB-bbbb-2", "other-cccc-1"]
-    for age, name in enumerate(reversed(names)):
+    a, b = "a" * 16, "b" * 16
+    names = [f"projA-{a}-1", f"projA-{a}-2", f"projA-{a}-3", f"projAB-{b}-1", f"projA-gpu-{a}-1", f"projA-gpu-{b}-2"]
+    for age, name in enumerate(reversed(names)):  # the last the newest
         (store / f"{name}.bundle").write_bytes(bundle.MAGIC + b" the rest of a bundle")
         os.utime(store / f"{name}.bundle", (1_700_000_000 - age, 1_700_000_000 - age))
-    (store / "projA-aaaa-0.bundle").write_bytes(b"# v2 git bundle\n")  # oldest, named like one, not ours
-    os.utime(store / "projA-aaaa-0.bundle", (1_600_000_000, 1_600_000_000))
+    (store / f"projA-{a}-0.bundle").write_bytes(b"# v2 git bundle\n")  # oldest, named like one, not ours
+    os.utime(store / f"projA-{a}-0.bundle", (1_600_000_000, 1_600_000_000))
+    elsewhere = tmp_path / "elsewhere.bundle"
+    elsewhere.write_bytes(bundle.MAGIC + b" not in the store")
+    (store / f"projA-{a}-9.bundle").symlink_to(elsewhere)  # its target the newest: it must take no keep slot
 
     assert cli.main(["prune", "--store", str(store), "--prefix", "", "--keep", "1"]) == cli.EXIT_USAGE
     assert "error: prune: the prefix must not be empty" in capsys.readouterr().err
 
     assert cli.main(["prune", "--store", str(store), "--prefix", "projA", "--keep", "1"]) == 0
     left = sorted(p.name.removesuffix(".bundle") for p in store.iterdir())
-    assert left == ["other-cccc-1", "projA-aaaa-0", "projA-aaaa-3", "projAB-bbbb-1", "projAB-bbbb-2"]
+    kept = [f"projA-gpu-{a}-1", f"projA-gpu-{b}-2", f"projA-{a}-0", f"projA-{a}-3", f"projA-{a}-9", f"projAB-{b}-1"]
+    assert left == sorted(kept)
     assert "deleted 2" in capsys.readouterr().out
+    assert elsewhere.exists()
+
+    assert cli.main(["prune", "--store", str(store), "--prefix", "projA-gpu", "--keep", "1"]) == 0  # its own, two
+    assert not (store / f"projA-gpu-{a}-1.bundle").exists() and (store / f"projA-gpu-{b}-2.bundle").exists()
 
 
 def test_save_leaves_out_a_linked_dir_and_saves_the_rest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -567,7 +567,6 @@ REASONS = {
     "missing-signature": "signature missing",
     "other-fingerprint": "fingerprint differs (bundle != current): torch: 2.99.0 != 2.13.0",
     "escaping-member": "unsafe member path 'files/../../escaped.so'",
-    "symlinked-object": "cannot be read: cannot get compilecache-v1-",
     "store-not-a-directory": "is a file, not a directory",  # became one after start-up
 }
 

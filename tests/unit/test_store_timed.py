@@ -13,6 +13,7 @@ from pytest_compilecache.errors import TimedOut
 from pytest_compilecache.stores import ObjectTooLarge
 from pytest_compilecache.stores import Store
 from pytest_compilecache.stores import StoreEntry
+from pytest_compilecache.stores import prune
 from pytest_compilecache.stores.timed import TimedStore
 from tests.contract.store_contract import StoreContract
 from tests.fakes import MemoryBackend
@@ -113,3 +114,70 @@ def test_the_timeout_message_names_the_setting_as_the_caller_spells_it() -> None
         store.list()
     stalling.release.set()
     assert "see --compile-cache-store-timeout" in str(TimedStore(MemoryStore(), 1.0)._timed_out("list"))
+
+
+class StallingGet(MemoryStore):
+    """A memory store whose ``get`` blocks until ``release`` is set, then writes its ``dest`` as stores do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.ended = threading.Event()
+
+    def get(self, key: str, dest: Path, *, limit: int | None = None) -> bool:
+        self.release.wait(30)
+        try:
+            return super().get(key, dest, limit=limit)
+        finally:
+            self.ended.set()
+
+
+def test_a_get_given_up_on_never_publishes_its_dest(tmp_path: Path) -> None:
+    inner = StallingGet()
+    source = tmp_path / "src"
+    source.write_bytes(b"bundle bytes")
+    inner.put("k", source)
+    download = tmp_path / "download"
+    download.mkdir()
+    store = TimedStore(inner, 0.2)
+    with pytest.raises(TimedOut, match=r"\(get k\)"):
+        store.get("k", download / "k.bundle")
+    inner.release.set()  # the download given up on now finishes in the background
+    assert inner.ended.wait(10)
+    for _ in range(200):  # its clean-up runs right after the inner call returns
+        if not list(download.iterdir()):
+            break
+        threading.Event().wait(0.01)
+    assert list(download.iterdir()) == []  # no dest, no private temp left
+
+    prompt = StallingGet()
+    prompt.put("k", source)
+    prompt.release.set()
+    done = TimedStore(prompt, 10.0)  # in time: published at dest, nothing else beside it
+    assert done.get("k", download / "k.bundle") is True
+    assert [p.name for p in download.iterdir()] == ["k.bundle"] and (
+        download / "k.bundle"
+    ).read_bytes() == b"bundle bytes"
+    assert done.get("missing", download / "m.bundle") is False and [p.name for p in download.iterdir()] == ["k.bundle"]
+
+
+def test_prune_keeps_what_it_cannot_read_and_stops_when_the_budget_is_spent(tmp_path: Path) -> None:
+    """An object whose first bytes the store will not hand back is not proven a bundle: it is kept, and the
+    prune goes on (a link in a directory store is refused so). A spent budget stops the prune there."""
+    store = MemoryStore()
+    for n in range(3):
+        source = tmp_path / f"b{n}"
+        source.write_bytes(b"MAGIC and the rest")
+        store.put(f"p-{n}", source)
+        store.set_modified(f"p-{n}", 1000.0 + n)
+    store.fail = {"get_head"}
+    assert prune(store, "p", 1, magic=b"MAGIC") == []
+    assert sorted(entry.key for entry in store.list()) == ["p-0", "p-1", "p-2"]
+
+    class Spent(MemoryStore):
+        def get_head(self, key: str, limit: int) -> bytes | None:
+            raise TimedOut("the budget is spent")
+
+    spent = Spent(backend=store.backend)
+    with pytest.raises(TimedOut):
+        prune(spent, "p", 1, magic=b"MAGIC")

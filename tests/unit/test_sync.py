@@ -249,10 +249,12 @@ def test_a_symlink_in_a_directory_store_is_skipped(tmp_path: Path, source: Path,
     linked = _put_bundle(memory, tmp_path, source, H100, "run-2")
     (directory / f"{linked}.bundle").symlink_to(tmp_path / "packed" / f"{linked}.bundle")
     os.utime(directory / f"{older}.bundle", (1_700_000_000, 1_700_000_000))  # the link is the newest
+    # Not listed (a link is no stored object), so it takes none of the restore's candidates; read, it is refused.
+    assert [entry.key for entry in store.list(PREFIX)] == [older]
     transfer = sync.restore(store, prefix=PREFIX, fingerprint=H100, cache_dir=str(cache_dir), load=FakeLoader())
-    assert (transfer.outcome, transfer.key) == ("partial", older)
-    assert [key for key, _ in transfer.skipped] == [linked]
-    assert "a symlink, not a stored object" in transfer.skipped[0][1]
+    assert (transfer.outcome, transfer.key, transfer.skipped) == ("partial", older, ())
+    with pytest.raises(StoreError, match="a symlink, not a stored object"):
+        store.get(linked, tmp_path / "read.bundle")
 
 
 def test_store_error_leaves_a_missing_cache_dir_missing(tmp_path: Path) -> None:
