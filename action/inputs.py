@@ -73,8 +73,15 @@ class InputError(ValueError):  # here, not in errors.py: the install step runs b
 
 
 def read(environ: Mapping[str, str], name: str, default: str = "") -> str:
+    """Input ``name`` without the spaces around it; ``default`` when the runner gave none. Empty is the
+    input's default wherever it is read (an unset ``${{ vars.X }}``); only spaces is an InputError, as the
+    plugin's options refuse it: a mistake, not "unset"."""
     value = environ.get("INPUT_" + name.upper().replace("-", "_"))
-    return default if value is None else _utf8(f"input {name}", value.strip())
+    if value is None:
+        return default
+    if value and not value.strip():
+        raise InputError(f"input {name}: only spaces; leave it empty (or out) for its default")
+    return _utf8(f"input {name}", value.strip())
 
 
 def with_signing_key(environ: Mapping[str, str]) -> Mapping[str, str]:
@@ -226,9 +233,9 @@ def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
         if store.lower() == GITHUB_STORE:
             store = GITHUB_STORE
         else:
+            open_store(store)  # checks it as the plugin would (s3:/b is no directory); touches neither disk nor network
             if "://" not in store:  # a directory: the same one for this step and the pytest step
                 store = os.path.abspath(workspace / store)
-            open_store(store)  # checks the URL; touches neither disk nor network
         mode = parsers["mode"]("input mode", read(environ, "mode", "shared") or "shared")
         prefix = parsers["key_prefix"]("input key-prefix", read(environ, "key-prefix") or DEFAULT_PREFIX)
         prefix = parsers["key_prefix"]("input key-prefix (with the job id)", lineage(environ, prefix))

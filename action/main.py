@@ -185,7 +185,10 @@ def cmd_plan(environ: Mapping[str, str]) -> int:
             refuse_foreign(plan.cache_dir, "input cache-dir")
         except ConfigError as exc:
             raise InputError(str(exc)) from None
-        Path(plan.cache_dir).mkdir(parents=True, exist_ok=True)
+        try:
+            Path(plan.cache_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file there, a path no one may create
+            raise InputError(f"input cache-dir: cannot make {plan.cache_dir}: {exc.strerror or exc}") from None
     (temp / inputs.PLAN).write_text(json.dumps(plan.to_json(), indent=2) + "\n")
     signing_key = inputs.read(environ, "signing-key")
     from pytest_compilecache.action_api import handover_fingerprint

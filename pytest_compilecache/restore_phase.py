@@ -250,8 +250,14 @@ class RestorePhase:
         counts as one after a failed restore (cold compile, the hit-rate floor not enforced)."""
         from . import sync
 
-        told = sync.read_handoff(os.environ.get(sync.HANDOFF_ENV))
+        value = os.environ.get(sync.HANDOFF_ENV)
+        told = sync.read_handoff(value)
         self.restored = told
+        if told is not None and told.outcome == "error" and not sync.read_save_policy(value).staged:
+            # The Action's restore met this session's store itself (s3://, gs://, az://, a directory) and said so
+            # in its one warning: a save to it would wait for it again and warn a second time. (With store:
+            # github the session only stages; the Action's post step meets the cache service.)
+            self.store_trouble = told.message or "the Action's restore failed"
         if told is not None and told.headers.named:
             from . import probe
 

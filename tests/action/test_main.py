@@ -244,6 +244,10 @@ def test_relative_cache_dir_is_under_the_workspace(
         ("INPUT_MIN_HIT_RATE", "90%", "input min-hit-rate"),
         ("INPUT_STORE", "ftp://host/x", "input store"),
         ("INPUT_STORE", "s3://Bad_Bucket/x", "input store"),
+        ("INPUT_STORE", "s3:/bucket/x", "input store: unsupported store"),  # one slash: no directory
+        ("INPUT_STORE", "  ", "input store: only spaces"),
+        ("INPUT_MODE", " ", "input mode: only spaces"),
+        ("INPUT_SAVE_ON_FAILURE", "\t", "input save-on-failure: only spaces"),
         ("INPUT_SUMMARY", "maybe", "input summary"),
         ("INPUT_PGO", "sometimes", "input pgo"),
         ("INPUT_SAVE", "always", "input save"),
@@ -494,6 +498,24 @@ def test_main_reports_invalid_input_as_an_error_annotation(
     environ["INPUT_INSTALL"] = "perhaps"
     assert action.main(["install"], environ) == 2
     assert "::error title=pytest-compilecache::input install: expected true or false" in capsys.readouterr().out
+
+
+def test_a_cache_dir_that_cannot_be_made_is_an_error_naming_the_input(
+    action: ModuleType,
+    environ: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    fingerprint: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import pytest_compilecache.action_api
+
+    monkeypatch.setattr(pytest_compilecache.action_api, "collect_fingerprint", lambda salt="": fingerprint)
+    (Path(environ["GITHUB_WORKSPACE"]) / "notes.txt").write_text("a file of the user's")
+    environ["INPUT_CACHE_DIR"] = "notes.txt"
+    assert action.main(["plan"], environ) == 2
+    out = capsys.readouterr().out
+    assert "::error title=pytest-compilecache::input cache-dir: cannot make " in out and "Traceback" not in out
+    assert (Path(environ["GITHUB_WORKSPACE"]) / "notes.txt").read_text() == "a file of the user's"
 
 
 def test_main_usage(action: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:

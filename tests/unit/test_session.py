@@ -269,6 +269,30 @@ def test_the_actions_failed_restore_reaches_the_guard(tmp_path: Path, monkeypatc
     assert controller.problems.errors == []
 
 
+@pytest.mark.parametrize("staged", [False, True])
+def test_after_the_actions_failed_restore_the_session_saves_only_where_it_stages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, staged: bool
+) -> None:
+    """The Action's restore step met a direct store down (one warning): the session does not wait for it again
+    at its save, nor warn a second time. With ``store: github`` it stages for the post step as before."""
+    told = sync.RestoreResult("error", message="restore failed: s3://b/p: endpoint unreachable")
+    monkeypatch.setenv(HANDOFF_ENV, sync.write_handoff(told, sync.SavePolicy(staged=staged)))
+    controller = _controller(tmp_path, restore="skip")
+    controller.session_start()
+    restored = controller.start.finish()
+    if staged:
+        assert restored.store_trouble is None
+    else:
+        assert restored.store_trouble == "restore failed: s3://b/p: endpoint unreachable"
+        controller.stats.add_record(_record("t::a", miss=1))
+        saved = SavePhase(controller.context, controller.recorder).save(restored, Gathered())
+        assert saved is not None and (saved.outcome, saved.message) == (
+            "skipped",
+            "the store failed at the restore; nothing saved",
+        )
+    assert controller.problems.warnings == []  # the Action's step said it, once
+
+
 @pytest.mark.parametrize(
     ("value", "outcome"),
     [
