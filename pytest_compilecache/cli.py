@@ -43,7 +43,6 @@ from ._version import __version__
 from .errors import BundleError
 from .errors import ConfigError
 from .errors import StoreError
-from .explain import SessionExplanation
 from .fingerprint import DIGEST_LENGTH
 from .fingerprint import collect
 from .fingerprint import default_suffix
@@ -53,8 +52,6 @@ from .probe import point_cache_dir
 from .settings import DEFAULT_PREFIX
 from .settings import from_environment
 from .settings import read_signing_key
-from .stats import ItemRecord
-from .stats import SessionStats
 from .stores import OPTION as STORE_OPTION
 from .stores import backend_keywords
 from .stores import open_store
@@ -372,20 +369,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _render_report(data: Any) -> str:
-    """The Markdown of report ``data``; any exception means it is not a report of ours."""
-    tests = data["totals"]["tests"]
-    if type(tests) is not int or tests < 0:
-        raise ValueError(f"totals.tests must be a whole number >= 0, not {json.dumps(tests)[:40]}")
-    stats = SessionStats(tests=tests, silent_workers=list(data.get("silent_workers", [])))
-    for record in data.get("tests", []):
-        stats.add_record(ItemRecord.from_json(record))
-    restore, save = data.get("restore"), data.get("save")
-    if not all(part is None or isinstance(part, dict) for part in (restore, save)):
-        raise TypeError("restore and save must be objects")
-    # The session's explanations: the same "Why these tests missed" section as the step summary.
-    explained = SessionExplanation.from_json(data["why"]) if data.get("why") is not None else None
-    where = f"{data.get('mode')}:{data.get('cache_dir')}"
-    return report.markdown(stats, where=where, restore=restore, save=save, why=explained)
+    """The Markdown of report ``data`` (the step summary's); any exception means it is not a report of ours."""
+    return report.session_markdown(report.outcome_from_json(data))
 
 
 def _out(text: str = "", *, err: bool = False) -> None:

@@ -91,9 +91,8 @@ def uncompiled_lines(stats: SessionStats, limit: int | None = SHORT_ROWS) -> lis
         one_line(f"{UNCOMPILED}: {nodeid}: {uncompiled_text(hit)}; {UNCOMPILED_NOTE}", 1000) for nodeid, hit in shown
     ]
     if len(hits) > len(shown):
-        lines.append(
-            f"... and {len(hits) - len(shown)} more frames {UNCOMPILED} (python -m pytest_compilecache report)"
-        )
+        more = plural(len(hits) - len(shown), "more frame")
+        lines.append(f"... and {more} {UNCOMPILED} (python -m pytest_compilecache report)")
     return lines
 
 
@@ -106,7 +105,7 @@ def full_lines(stats: SessionStats, limit: int = TOP_ROWS) -> list[str]:
     for record in costly[:limit]:
         lines.extend(one_line(f"  {record.nodeid}: {text}", 1000) for text in test_texts(record))
     if len(costly) > limit:
-        lines.append(f"  ... and {len(costly) - limit} more tests (see --compile-cache-json)")
+        lines.append(f"  ... and {plural(len(costly) - limit, 'more test')} (see --compile-cache-json)")
     return lines
 
 
@@ -126,7 +125,7 @@ def uncompiled_markdown(stats: SessionStats) -> list[str]:
     hits = uncompiled(stats)
     lines = [f"- **{UNCOMPILED}**: {md_code(n)}: {md_text(uncompiled_text(h))}" for n, h in hits[:SHORT_ROWS]]
     if len(hits) > SHORT_ROWS:
-        lines.append(f"- ... and {len(hits) - SHORT_ROWS} more frames {UNCOMPILED}")
+        lines.append(f"- ... and {plural(len(hits) - SHORT_ROWS, 'more frame')} {UNCOMPILED}")
     return lines
 
 

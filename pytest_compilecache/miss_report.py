@@ -31,7 +31,7 @@ def test_reason(nodeid: str, why: SessionExplanation | None) -> str:
     """Why ``nodeid`` missed, on one line: its never-hit flag, or its misses' reasons merged (the first, then
     how many more); what was not compared says so."""
     if why is None or not why.compared_with:
-        return "no earlier run of this cache to compare with"
+        return "not compared with an earlier run of this cache (a first run, or explaining off)"
     if nodeid in why.never_hit:
         return never_hit_text(*why.never_hit[nodeid])
     from .explain import merged
@@ -52,7 +52,7 @@ def miss_lines(
     if not missed:
         return []
     lines = [one_line(f"missed: {r.nodeid}: {test_reason(r.nodeid, why)}", 600) for r in missed[:limit]]
-    more = f"... and {len(missed) - limit} more tests missed; " if len(missed) > limit else ""
+    more = f"... and {_plural(len(missed) - limit, 'more test')} missed; " if len(missed) > limit else ""
     where = f', "why" in {json_path}' if json_path else ""
     lines.append(one_line(f"{more}full report: {FULL_REPORT} (or -v, --compile-cache-report=full{where})", 600))
     return lines

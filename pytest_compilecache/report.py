@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import Mapping
 from typing import Protocol
+from typing import Sequence
 
 from . import dynamo_costs
 from .dynamo_costs import plural as _plural
@@ -44,8 +45,11 @@ WHY_MARKDOWN_BYTES = 64 * 1024  # the step summary's "why these tests missed" se
 
 
 def percent(rate: float | None) -> str:
-    """Rounded down, so that a session with any miss never shows 100%."""
-    return "n/a" if rate is None else f"{math.floor(rate * 100)}%"
+    """Rounded down, so that a session with any miss never shows 100%; a whole percent is that percent
+    (``0.58 * 100`` is ``57.99...`` in floating point: the JSON's 0.58 is 58%, not 57%)."""
+    if rate is None:
+        return "n/a"
+    return f"{min(math.floor(rate * 100 + 1e-9), 99 if rate < 1 else 100)}%"
 
 
 def human_size(size: int | None) -> str:
@@ -229,7 +233,7 @@ def table_lines(stats: SessionStats, limit: int | None = TABLE_ROWS) -> list[str
     hidden = len(stats.compiled) - len(rows)
     if hidden > 0:
         lines.append(f"... and {hidden} more (see --compile-cache-json)")
-    idle = stats.tests - len(stats.compiled)
+    idle = stats.tests - stats.compiled_tests
     if idle > 0:  # said, not dropped silently
         lines.append(f"({_plural(idle, 'other test')} compiled nothing: not listed)")
     reasons = sorted({reason for r in stats.compiled for reason in r.bypass_reasons})
@@ -281,13 +285,18 @@ def markdown(
     save: Mapping[str, Any] | None = None,
     limit: int = MARKDOWN_LIMIT,
     why: SessionExplanation | None = None,
+    errors: Sequence[str] = (),
 ) -> str:
-    """Markdown for ``$GITHUB_STEP_SUMMARY``: headline, a table per layer, slowest tests and misses.
+    """Markdown for ``$GITHUB_STEP_SUMMARY``: headline, a table per layer, slowest tests and misses; ``errors``
+    (what failed the session) in bold under the headline.
 
     Always at most ``limit`` bytes of UTF-8 (GitHub's limit is in bytes): the long lists are cut first.
     """
     compiled = stats.compiled
     head = _markdown_head(stats, where, restore, save)
+    failed = [f"**compile cache FAILED**: {md_text(error)}" for error in errors]
+    if failed:
+        head[1:1] = ["", *failed]
     slowest = [
         f"| {r.compile_seconds:.2f} | {r.fxgraph['hit']} | {r.fxgraph['miss']} | {r.frames} | {md_code(r.nodeid)} |"
         for r in compiled
@@ -342,7 +351,7 @@ def _markdown_head(
         f"### torch.compile cache: {percent(hit_rate(fx['hit'], fx['miss']))} hit rate",
         "",
         f"{_plural(fx['hit'], 'FX-graph hit')}, {_plural(fx['miss'], 'miss')}, {_plural(fx['bypass'], 'bypass')}; "
-        f"{len(stats.compiled)} of {stats.tests} tests compiled, {stats.compile_seconds:.1f} s compiling "
+        f"{stats.compiled_tests} of {stats.tests} tests compiled, {stats.compile_seconds:.1f} s compiling "
         f"({md_code(where)}).",
         "",
         "| layer | hit | miss | bypass | guard miss |",
@@ -409,14 +418,15 @@ class SessionOutcome:
     @property
     def worth_reporting(self) -> bool:
         """Something to say beyond "no test compiled": a compile, a transfer or trouble."""
-        return self.stats.anything_compiled or bool(self.restored or self.saved or self.warnings)
+        return self.stats.anything_compiled or bool(self.restored or self.saved or self.warnings or self.errors)
 
     def transfers(self) -> list[tuple[str, Mapping[str, Any]]]:
         return [(kind, info.to_json()) for kind, info in (("restore", self.restored), ("save", self.saved)) if info]
 
 
 def session_json(outcome: SessionOutcome) -> dict[str, Any]:
-    """The ``--compile-cache-json`` report: :func:`to_json` plus the session's ``warnings``."""
+    """The ``--compile-cache-json`` report: :func:`to_json` plus the session's ``warnings`` and ``errors`` (what
+    failed the session: a hit rate below ``--compile-cache-min-hit-rate``, trouble under ``--compile-cache-strict``)."""
     data = to_json(
         outcome.stats,
         mode=outcome.mode,
@@ -427,6 +437,7 @@ def session_json(outcome: SessionOutcome) -> dict[str, Any]:
         why=outcome.why,
     )
     data["warnings"] = list(outcome.warnings)
+    data["errors"] = list(outcome.errors)
     return data
 
 
@@ -438,6 +449,7 @@ def session_markdown(outcome: SessionOutcome) -> str:
         restore=outcome.restored.to_json() if outcome.restored else None,
         save=outcome.saved.to_json() if outcome.saved else None,
         why=outcome.why,
+        errors=outcome.errors,
     )
 
 
@@ -500,7 +512,7 @@ def outcome_from_json(data: Any) -> SessionOutcome:
     restore, save = data.get("restore"), data.get("save")
     if not all(part is None or isinstance(part, Mapping) for part in (restore, save)):
         raise TypeError("restore and save must be objects")
-    texts = {name: tuple(str(line) for line in data.get(name, [])) for name in ("notes", "warnings")}
+    texts = {name: tuple(str(line) for line in data.get(name, [])) for name in ("notes", "warnings", "errors")}
     return SessionOutcome(
         stats=stats,
         mode=data.get("mode"),
@@ -510,6 +522,7 @@ def outcome_from_json(data: Any) -> SessionOutcome:
         saved=_Recorded(save) if save else None,
         notes=texts["notes"],
         warnings=texts["warnings"],
+        errors=texts["errors"],
         why=SessionExplanation.from_json(data["why"]) if data.get("why") is not None else None,
     )
 

@@ -196,10 +196,10 @@ class Controller:
             self._saved = SavePhase(self.context, self.recorder).run(self._restored, gathered, tests_failed=failed)
         finally:  # Ctrl-C mid-save too: every write of the save is atomic, nothing partial is left
             self.context.release()  # done with the dir: other sessions may trim it now
+        self._check_hit_rate(self._restored.result)  # before the reports, which name a failed floor
         self._write_reports()
         if not self.settings.keep:
             cachedir.remove(self.context.dir)
-        self._check_hit_rate(self._restored.result)
         return bool(self.problems.errors)
 
     def _check_hit_rate(self, restored: RestoreResult | None) -> None:
@@ -241,7 +241,9 @@ class Controller:
 
     def _worth_reporting(self) -> bool:
         """As :attr:`report.SessionOutcome.worth_reporting`, without loading the statistics or the renderers."""
-        if (self._restored is not None and self._restored.result) or self._saved.result or self.problems.warnings:
+        if (self._restored is not None and self._restored.result) or self._saved.result:
+            return True
+        if self.problems.warnings or self.problems.errors:
             return True
         return self.recorder.anything_compiled
 

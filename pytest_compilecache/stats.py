@@ -233,10 +233,15 @@ class SessionStats:
     def anything_compiled(self) -> bool:
         return any(r.compiled for r in self.records.values())
 
+    @property
+    def compiled_tests(self) -> int:
+        """How many tests compiled: the ``(outside tests)`` row (compiles at collection or in fixtures torn down
+        after the last test) is not a test."""
+        return sum(1 for nodeid, r in self.records.items() if r.compiled and nodeid != OUTSIDE)
+
     def totals_json(self) -> dict[str, Any]:
         rate = self.hit_rate
-        compiled_tests = sum(1 for nodeid, r in self.records.items() if r.compiled and nodeid != OUTSIDE)
-        out: dict[str, Any] = {"tests": self.tests, "compiled_tests": compiled_tests}
+        out: dict[str, Any] = {"tests": self.tests, "compiled_tests": self.compiled_tests}
         out.update({group: self.total(group) for group in COUNT_GROUPS})
         if self.used_gpu:  # as in ItemRecord.to_json
             out["gpu"] = _gpu_json(self.gpu_total())

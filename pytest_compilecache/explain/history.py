@@ -94,10 +94,10 @@ def never_hits(history: Sequence[Sequence[GraphLookup]]) -> str | None:
     """The statement whose constant keeps changing in a test's runs (``history``, oldest first), or None.
 
     A test is flagged when its misses differ from the run before only by a constant baked into the graph
-    code, in the same statement, in at least ``NEVER_HIT_CHANGES`` consecutive runs, or when that constant
-    came back to an earlier value (unseeded random numbers, a timestamp, a temp path): such a test can never
-    hit, whatever is cached. One edit of a constant (``4.0`` -> ``4.25``) is not enough.
-    """
+    code, in the same statement, with a value never seen before, in at least ``NEVER_HIT_CHANGES`` consecutive
+    runs (unseeded random numbers, a timestamp, a temp path): such a test can never hit, whatever is cached.
+    One edit of a constant (``4.0`` -> ``4.25``) is not enough, and a value that comes back (a revert) is no
+    such streak."""
     streak: Streak | None = None
     for before, after in zip(history, history[1:]):
         streak = (streak or NO_STREAK).then(constant_change(before, after))

@@ -200,6 +200,7 @@ _TOP = {
     "silent_workers": list,
     "notes": list,
     "warnings": list,
+    "errors": list,
     "tests": list,
     "why": (dict, type(None)),
     "dynamo": dict,

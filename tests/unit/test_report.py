@@ -153,7 +153,9 @@ def test_the_short_report_names_each_test_that_missed_with_its_reason() -> None:
     assert report.miss_lines(missed, why, "out/r.json")[-1].endswith(', "why" in out/r.json)')
     # Nothing compared (a first run, explaining off): the tests are still named, and why there is no reason.
     first = report.miss_lines(_stats(_record("t.py::a", miss=1)), None, None)
-    assert first[0] == "missed: t.py::a: no earlier run of this cache to compare with"
+    assert (
+        first[0] == "missed: t.py::a: not compared with an earlier run of this cache (a first run, or explaining off)"
+    )
     assert report.miss_lines(_stats(_record("t.py::a", hit=3)), why, "r.json") == []  # no misses, no lines
     outcome = report.SessionOutcome(stats=missed, mode="shared", cache_dir="/c", where="shared:/c", why=why)
     short = [line for line, _ in report.session_lines(outcome, report="short")]
@@ -469,3 +471,30 @@ def test_a_sessions_report_read_back_renders_its_full_report() -> None:
     assert "why t.py::a: input 0 shape [8] -> [16]" in full
     with pytest.raises((KeyError, TypeError, ValueError)):
         report.outcome_from_json({"totals": {"tests": -1}})
+
+
+def test_a_whole_percent_is_that_percent_and_any_miss_stays_below_100() -> None:
+    from pytest_compilecache.stats import hit_rate
+
+    assert report.percent(hit_rate(29, 21)) == "58%"  # 0.58 * 100 is 57.99... in floating point
+    assert report.percent(hit_rate(57, 43)) == "57%" and report.percent(hit_rate(2, 1)) == "66%"  # rounded down
+    assert report.percent(hit_rate(999, 1)) == "99%" and report.percent(1 - 1e-12) == "99%"
+    assert report.percent(1.0) == "100%" and report.percent(0.0) == "0%" and report.percent(None) == "n/a"
+    wrong = [(h, t) for t in range(1, 201) for h in range(t + 1) if report.percent(h / t) != f"{h * 100 // t}%"]
+    assert wrong == []
+
+
+def test_the_outside_row_is_not_counted_as_a_test() -> None:
+    from pytest_compilecache.record_fields import OUTSIDE
+
+    stats = _stats(_record("t.py::a", miss=1), _record("t.py::b", hit=1), _record(OUTSIDE, miss=1), tests=3)
+    assert stats.compiled_tests == 2 == stats.totals_json()["compiled_tests"]
+    assert "2 of 3 tests compiled" in report.markdown(stats, where="shared:/c")
+    assert "(1 other test compiled nothing: not listed)" in report.table_lines(stats)
+
+
+def test_and_n_more_says_one_in_the_singular() -> None:
+    from pytest_compilecache.miss_report import MISS_ROWS
+
+    missed = _stats(*[_record(f"t.py::test_{i}", miss=1) for i in range(MISS_ROWS + 1)])
+    assert report.miss_lines(missed, None, None)[-1].startswith("... and 1 more test missed; ")

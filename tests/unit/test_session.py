@@ -21,8 +21,10 @@ from pytest_compilecache import ConfigError
 from pytest_compilecache import bundle
 from pytest_compilecache import cachedir
 from pytest_compilecache import context as context_mod
+from pytest_compilecache import ghrunner
 from pytest_compilecache import probe
 from pytest_compilecache import recorder as recorder_mod
+from pytest_compilecache import report
 from pytest_compilecache import sync
 from pytest_compilecache._env import PGO_ENVS
 from pytest_compilecache._env import PGO_JOB_ID
@@ -248,6 +250,27 @@ def test_hit_rate_guard(tmp_path: Path) -> None:
     controller.stats.add_record(_record("t::a", hit=1, miss=1))
     controller._check_hit_rate(None)
     assert controller.problems.errors == ["hit rate 50% is below --compile-cache-min-hit-rate=0.9"]
+
+
+def test_a_hit_rate_below_the_floor_is_in_the_json_and_the_step_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reason the session failed reaches every report: the JSON (and so ``report``, which reads it back) and
+    the step summary, not only the terminal."""
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    path = tmp_path / "report.json"
+    controller = _controller(tmp_path, min_hit_rate=0.9, json=str(path))
+    controller.stats.add_record(_record("t::a", hit=1, miss=1))
+    assert controller.finish() is True  # failed
+    failed = "hit rate 50% is below --compile-cache-min-hit-rate=0.9"
+    assert controller.problems.errors == [failed]
+    data = json.loads(path.read_text())
+    assert data["errors"] == [failed]
+    assert f"**compile cache FAILED**: {ghrunner.md_text(failed)}" in summary.read_text()
+    outcome = report.outcome_from_json(data)
+    assert outcome.errors == (failed,)
+    assert f"compile cache FAILED: {failed}" in report.full_text(data)
 
 
 @pytest.mark.parametrize("strict", [False, True])
