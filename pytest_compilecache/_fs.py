@@ -152,11 +152,18 @@ def rmtree_at(dir_fd: int, name: str) -> None:
     os.rmdir(name, dir_fd=dir_fd)
 
 
-def sweep_our_temps(directory: str | os.PathLike[str], *, max_age: float = DEFAULT_MAX_AGE) -> list[str]:
+def sweep_our_temps(
+    directory: str | os.PathLike[str],
+    *,
+    max_age: float = DEFAULT_MAX_AGE,
+    live: frozenset[tuple[int, str]] = frozenset(),
+) -> list[str]:
     """Remove the stale temp entries directly inside ``directory``; return the names removed.
 
-    Only names made by :func:`temp_name` are considered (see :func:`is_stale`); a symlink is unlinked, never
-    followed, and dirs are removed with :func:`rmtree_at` relative to a dir fd (which does not follow links).
+    Only names made by :func:`temp_name` are considered (see :func:`is_stale`), never one whose ``(pid, host
+    tag)`` is in ``live`` (the owners a registration proves alive, whatever the entry's age); a symlink is
+    unlinked, never followed, and dirs are removed with :func:`rmtree_at` relative to a dir fd (which does not
+    follow links).
     Best effort: a missing dir or an entry that cannot be removed is skipped silently.
     """
     removed: list[str] = []
@@ -167,7 +174,7 @@ def sweep_our_temps(directory: str | os.PathLike[str], *, max_age: float = DEFAU
     try:
         for name in sorted(os.listdir(dir_fd)):
             owner = parse_temp_name(name)
-            if owner is None or not is_stale(owner, max_age=max_age):
+            if owner is None or (owner.pid, owner.host) in live or not is_stale(owner, max_age=max_age):
                 continue
             try:
                 info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)

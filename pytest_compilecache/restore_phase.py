@@ -321,11 +321,13 @@ def sweep_leftovers(context: SessionContext) -> None:
     if not any(places):
         return
     from ._fs import sweep_our_temps
+    from .cachedir import live_owners
 
     for where in places:
         if where:
             try:
-                sweep_our_temps(where)
+                # In the cache dir, a registered session's ticket and staging entries are in use, however old.
+                sweep_our_temps(where, live=live_owners(where) if where == context.dir.path else frozenset())
             except OSError:  # best effort: the next session tries again
                 pass
     if context.settings.store:

@@ -78,6 +78,7 @@ from .owner import refuse_foreign
 from .registry import UNKNOWN_SESSION
 from .registry import LiveSession
 from .registry import Registration
+from .registry import live_owners
 from .registry import live_sessions
 from .registry import register_session
 from .sweep import STALE_AFTER
@@ -96,7 +97,7 @@ __all__ = [
     "GRAPHS_RECORD", "LOCK_NAME", "MIN_AGE", "OUR_NAMES", "PENDING_DIR", "SESSIONS_DIR", "SESSION_ENV", "STALE_AFTER",
     "TEMP_PREFIX", "TORCH_DIRS", "TORCH_FILES", "TORCH_TEMP_GRACE", "UNKNOWN_SESSION", "Kind", "LiveSession",
     "Ownership", "Registration", "SessionDir", "Trim", "clear_pytest_cache_keeping", "decide", "evict",
-    "default_shared_dir", "fallback_dir", "fresh_dir", "live_sessions", "lock", "make_dir", "ownership",
+    "default_shared_dir", "fallback_dir", "fresh_dir", "live_owners", "live_sessions", "lock", "make_dir", "ownership",
     "refuse_foreign", "register_session", "remove", "remove_dir", "safe_temp_dir", "shape_profiles",
     "sweep_dead_writers", "touch", "trim", "unsafe_dir_reason",
 ]  # fmt: skip

@@ -82,6 +82,11 @@ def is_temp_name(name: str) -> bool:
     return bool(parse_temp_name(name) is not None or re.fullmatch(TORCH_TEMP, name) or is_legacy_temp_name(name))
 
 
+def is_legacy_staging_dir(name: str) -> bool:
+    """The one legacy temp name that was a dir (an older version's staging dir); every other was a file."""
+    return bool(re.fullmatch(_OUR_TEMP, name))
+
+
 def is_legacy_temp_name(name: str) -> bool:
     """A temp name of an older version of the plugin (its owner's host id is not comparable to ours)."""
     return bool(

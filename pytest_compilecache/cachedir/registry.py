@@ -74,6 +74,7 @@ class LiveSession(NamedTuple):
     pid: int
     start: float
     here: bool  # on this host
+    host: str = ""  # its host tag (:func:`.._fs.host_tag`): with ``pid``, the owner its temp names carry
 
 
 def register_session(path: str, *, start: float | None = None) -> Registration:
@@ -151,6 +152,13 @@ def _create_marker(path: str, begun: float) -> tuple[str, int]:
 UNKNOWN_SESSION = LiveSession(pid=0, start=0.0, here=False)
 
 
+def live_owners(path: str) -> frozenset[tuple[int, str]]:
+    """``(pid, host tag)`` of every session registered in ``path`` whose registration is held: temp entries
+    such an owner's name carries are in use, whatever their age (a session of hours, a peer container whose
+    pid namespace differs)."""
+    return frozenset((session.pid, session.host) for session in live_sessions(path) if session.host)
+
+
 def live_sessions(path: str, *, excluding: str | None = None) -> list[LiveSession]:
     """The sessions registered in ``path`` whose registration is still held (alive); dead ones are removed on
     the way. This process's own registrations count too (a session run in-process inside another is
@@ -171,7 +179,7 @@ def live_sessions(path: str, *, excluding: str | None = None) -> list[LiveSessio
                 if not match or marker == excluding:
                     continue
                 if marker in _OWN or _held(folder, name, remove_if_dead=True):
-                    live.append(LiveSession(int(match[1]), int(match[3]) / 1e9, match[2] == host_tag()))
+                    live.append(LiveSession(int(match[1]), int(match[3]) / 1e9, match[2] == host_tag(), match[2]))
             return live
     except FileNotFoundError:
         return []  # no cache dir (yet)

@@ -15,6 +15,7 @@ from pathlib import Path
 from . import registry
 from .layout import CLOEXEC
 from .layout import TORCH_TEMP
+from .layout import is_legacy_staging_dir
 from .layout import is_legacy_temp_name
 from .layout import is_temp_name
 from .layout import parent_fd
@@ -45,7 +46,7 @@ def sweep_dead_writers(path: str, *, now: float | None = None) -> int:
         return 0
     from .._fs import rmtree_at
 
-    registry.live_sessions(path)  # removes dead registrations
+    live = registry.live_owners(path)  # removes dead registrations on the way
     count = 0
     try:
         root_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | CLOEXEC)
@@ -70,7 +71,7 @@ def sweep_dead_writers(path: str, *, now: float | None = None) -> int:
                 parent, leaf = opened
                 try:
                     st = os.stat(leaf, dir_fd=parent, follow_symlinks=False)
-                    if not _stale(leaf, st, clock):
+                    if not _stale(leaf, st, clock, live):
                         continue
                     if stat.S_ISDIR(st.st_mode):
                         if name in dirnames:
@@ -88,15 +89,19 @@ def sweep_dead_writers(path: str, *, now: float | None = None) -> int:
     return count
 
 
-def _stale(name: str, st: os.stat_result, clock: float) -> bool:
+def _stale(name: str, st: os.stat_result, clock: float, live: frozenset[tuple[int, str]] = frozenset()) -> bool:
     from .._fs import is_stale
     from .._fs import parse_temp_name
     from .._fs import pid_alive
 
     owner = parse_temp_name(name)  # ours: install's staging dirs, atomic_file's temp files, registrations
-    if owner is not None:
-        return is_stale(owner, now=clock, max_age=STALE_AFTER)
+    if owner is not None:  # a registered live owner's entry is in use, however old (a session of hours)
+        return (owner.pid, owner.host) not in live and is_stale(owner, now=clock, max_age=STALE_AFTER)
     age = clock - max(st.st_mtime, st.st_ctime)
+    # torch's write_atomic and older versions of the plugin wrote files under these names (one kind of old
+    # staging dir aside): a dir of such a name is someone else's.
+    if stat.S_ISDIR(st.st_mode) and not is_legacy_staging_dir(name):
+        return False
     match = re.fullmatch(TORCH_TEMP, name)
     if match:
         return (age > TORCH_TEMP_GRACE and not pid_alive(int(match[1]))) or age > STALE_AFTER

@@ -1175,3 +1175,48 @@ def test_an_unusable_default_dir_is_named_as_the_default_not_as_an_option_the_us
     assert "choose another with --compile-cache-dir" in message
     with pytest.raises(ConfigError, match="^--compile-cache-dir: "):  # given: named as given
         cachedir.decide("shared", str(blocked / "x"), tmp_path / "default")
+
+
+@pytest.mark.parametrize("host", ["here", "a peer container"])
+def test_a_registered_sessions_temp_entries_are_kept_however_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: str
+) -> None:
+    """A session of hours keeps its restore ticket and its lock: its held registration proves its owner alive,
+    which an entry's age (a day here, an hour for another host tag: a container with its own pid namespace)
+    only guesses. Once the registration is gone, the age rule takes them."""
+    cache = cachedir.make_dir(tmp_path / "cache")
+    tag = _fs.host_tag() if host == "here" else "deadbeef"
+    made = int(time.time()) - 25 * 3600
+    ticket = f".compilecache-ticket-{tag}-{os.getpid()}-{made}-abcdefgh"
+    names = [ticket, ticket + ".lock"]
+    for name in names:
+        (cache / name).write_text("in use")
+    with monkeypatch.context() as patch:  # a peer's registration carries its own host tag
+        patch.setattr(_fs, "host_tag", lambda: tag)
+        registration = cachedir.register_session(str(cache))
+    try:
+        assert cachedir.sweep_dead_writers(str(cache)) == 0
+        assert _fs.sweep_our_temps(cache, live=cachedir.live_owners(str(cache))) == []
+        assert sorted(p.name for p in cache.iterdir() if p.name.startswith(".compilecache-ticket")) == sorted(names)
+    finally:
+        registration.close()
+    assert cachedir.sweep_dead_writers(str(cache)) == 2  # no registration: the age says it
+    assert not any(p.name.startswith(".compilecache-ticket") for p in cache.iterdir())
+
+
+def test_a_dir_named_like_an_old_temp_file_is_someone_elses(tmp_path: Path) -> None:
+    """Older versions and torch's write_atomic wrote files under these names (one old staging dir aside): a
+    user's dir so named, in an owned dir or in torch's layout, is kept with all it holds, however old."""
+    cache = cachedir.make_dir(tmp_path / "cache")
+    theirs = [cache / ".write-test-results", cache / "cache" / ".report.20240101.tmp", cache / "fxgraph" / ".1.2.tmp"]
+    for folder in theirs:
+        folder.mkdir(parents=True)
+        (folder / "important.txt").write_text("keep")
+    old_file = cache / "cache" / ".x.abcdefgh.tmp"  # an old atomic write's file: swept by age
+    old_file.write_text("partial")
+    long_ago = time.time() - 3 * 3600
+    for path in [*theirs, old_file]:
+        os.utime(path, (long_ago, long_ago))
+    later = time.time() + 3 * 3600  # the ctime is fresh: sweep as if hours had passed
+    assert cachedir.sweep_dead_writers(str(cache), now=later) == 1
+    assert not old_file.exists() and all((folder / "important.txt").read_text() == "keep" for folder in theirs)
