@@ -286,6 +286,15 @@ def after_compile_error(text: str, directory: Path | None = None) -> list[Header
     return notes
 
 
+def _compiles(argv: Sequence[str], cwd: str) -> bool:
+    return (
+        subprocess.run(
+            argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=CHECK_TIMEOUT
+        ).returncode
+        == 0
+    )
+
+
 def _drop(path: Path, what: str) -> HeaderUse | None:
     """A compiled header that made a kernel compile fail: it loses its verdict and is removed under torch's
     build lock; its report (``unchecked``: never carried) says ``what`` happened and what became of it. None
@@ -305,9 +314,10 @@ def _drop(path: Path, what: str) -> HeaderUse | None:
 def after_silent_compile_error(command: Sequence[str], directory: Path | None = None) -> list[HeaderUse]:
     """A kernel compile (``command``, torch's argv) failed and its compiler said nothing of a precompiled header
     (:func:`after_compile_error` found no complaint): when the command includes one of torch's headers in
-    ``directory`` (default: torch's) that has a compiled file, it runs once more with the text header alone (a
-    copy in a temp dir, no compiled file beside it; its output there too). When that succeeds, the compiled
-    header made the compile fail: damaged deeper than :func:`check`'s one-line compile reads (an internal
+    ``directory`` (default: torch's) that has a compiled file, it runs again (its output in a temp dir): once as
+    it was, then with the text header alone (a copy in that dir, no compiled file beside it). When the first
+    fails again and the second succeeds, the compiled header made the compile fail (a failure that passes, a
+    compiler killed for memory, blames nothing): damaged deeper than :func:`check`'s one-line compile reads (an internal
     compiler error, or C++ errors, where the kernel uses what is damaged), or built from another text. It then
     loses its verdict and is removed, as :func:`after_compile_error` does; a compile that fails without it too
     changes nothing. Returns each such header's report (``unchecked``: never carried). Never raises."""
@@ -322,18 +332,17 @@ def after_silent_compile_error(command: Sequence[str], directory: Path | None = 
             continue
         try:
             with temporary_dir("tmp") as tmp:
+                again = list(argv)
+                again[again.index("-o") + 1] = str(Path(tmp) / "kernel")
+                if _compiles(again, tmp):
+                    continue  # it compiles now, header and all: the failure passed (memory, a full disk, a kill)
                 alone = Path(tmp) / include.name
                 alone.write_bytes(include.read_bytes())
-                again = list(argv)
                 again[at] = str(alone)
-                again[again.index("-o") + 1] = str(Path(tmp) / "kernel")
-                done = subprocess.run(
-                    again, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=CHECK_TIMEOUT
-                )
+                if not _compiles(again, tmp):
+                    continue  # it fails without the compiled header too: not the header's doing
         except (OSError, subprocess.SubprocessError):
             continue
-        if done.returncode != 0:
-            continue  # it fails without the compiled header too: not the header's doing
         for path in compiled:
             use = _drop(path, f"precompiled header {path.name} made a kernel compile fail that succeeds without it")
             if use is not None:

@@ -67,6 +67,9 @@ def take_build_lock(directory: Path, name: str) -> int | None:
     locks = directory / "locks"
     try:
         os.makedirs(locks, exist_ok=True)
+        info = os.lstat(locks)  # torch's dir of locks, never a link to elsewhere: no file is made through one
+        if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+            raise HeaderError(f"cannot lock {name}: {locks} is not a plain directory")
         fd = os.open(locks / lock_name(name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
     except OSError as exc:
         raise HeaderError(f"cannot lock {name}: {exc.strerror or exc}") from None

@@ -23,6 +23,8 @@ from typing import Sequence
 
 from .._fs import atomic_file
 from ..errors import HeaderError
+from ..errors import ObjectTooLarge
+from ..errors import StoreError
 from ..manifest import Artifact
 from .check import find_built
 from .check import find_used
@@ -285,6 +287,8 @@ def _restore_headers(
     store: Store, prefix: str, entries: Iterable[Artifact], scratch: Path, target: Path, reservation: Reservation | None
 ) -> HeaderTransfer:
     result = HeaderTransfer()
+    down: int | None = None  # the line of the store's failure: the headers after it are not tried
+    untried = 0
     for entry in entries:
         if entry.kind != KIND:
             continue
@@ -294,6 +298,9 @@ def _restore_headers(
             damaged = is_damaged_copy(target / artifact.name)
             if os.path.lexists(target / artifact.name) and not damaged:
                 continue  # torch's or an earlier restore's: the processes that look it up check it
+            if down is not None:
+                untried += 1  # one wait and one line for a store that failed, not one per header
+                continue
             key = object_key(prefix, artifact.sha256)
             packed = scratch / key
             try:
@@ -326,10 +333,14 @@ def _restore_headers(
                 with contextlib.suppress(OSError):
                     packed.unlink()
         except Exception as exc:  # infrastructure trouble: torch builds the header as it would without us
+            if isinstance(exc, StoreError) and not isinstance(exc, ObjectTooLarge) and down is None:
+                down = len(result.errors)  # the store itself, not this object: the rest would wait for it too
             result.errors.append(f"precompiled header {entry.name!r} not restored: {_one_line(exc)}")
         finally:
             if reservation is not None:
                 reservation.release(entry.name)  # in place, or failed: torch may look it up (or build it)
+    if down is not None and untried:
+        result.errors[down] += f"; {untried} more not tried (torch builds them)"
     return result
 
 

@@ -8,6 +8,7 @@ import hashlib
 import io
 import os
 import random
+import subprocess
 import tempfile
 import time
 from dataclasses import replace
@@ -300,6 +301,17 @@ def test_install_refuses_a_symlinked_header_dir(tmp_path: Path) -> None:
     assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
+def test_install_refuses_a_symlinked_dir_of_locks(tmp_path: Path) -> None:
+    artifact, buf = packed(make_header(tmp_path / "a"))
+    dest, elsewhere = tmp_path / "hdr", tmp_path / "elsewhere"
+    dest.mkdir()
+    elsewhere.mkdir()
+    os.symlink(elsewhere, dest / "locks")
+    with pytest.raises(HeaderError, match="locks is not a plain directory"):
+        pch.install_header(artifact, buf, dest)
+    assert list(elsewhere.iterdir()) == [] and not (dest / NAME).exists()
+
+
 def test_install_refuses_foreign_names(tmp_path: Path) -> None:
     artifact, buf = packed(make_header(tmp_path / "a"))
     with pytest.raises(HeaderError, match="not a precompiled-header artifact"):
@@ -371,6 +383,21 @@ def test_restore_problems_are_warning_lines_and_change_nothing(tmp_path: Path) -
     bad = pch.restore_headers(store, "pfx", [replace(artifact, name="../x.h.gch")], tmp_path, fresh)
     assert "not a precompiled-header name" in bad.errors[0]
     assert not (fresh / NAME).exists()
+
+
+def test_a_store_that_fails_is_one_line_for_all_its_headers(tmp_path: Path) -> None:
+    from tests.fakes import MemoryStore
+
+    store = MemoryStore(fail=("list",))
+    (tmp_path / "scratch").mkdir()
+    first = pch.describe(make_header(tmp_path / "a"))
+    second = replace(first, name="c" + "u" * 51 + ".h.gch", sha256="1" * 64)
+    (tmp_path / "b").mkdir()
+    down = pch.restore_headers(store, "pfx", [first, second], tmp_path / "scratch", pch.header_dir(tmp_path / "b"))
+    assert down.transferred == [] and len(down.errors) == 1, down.errors
+    assert down.errors[0].endswith("; 1 more not tried (torch builds them)")
+    assert store.calls.count("list") == 1  # one wait, not one per header
+    assert [a.name for a in down.artifacts] == [first.name, second.name]  # the bundle still names both
 
 
 def test_a_header_object_larger_than_its_header_can_pack_is_never_downloaded(tmp_path: Path) -> None:
@@ -893,6 +920,26 @@ def test_a_compiled_header_that_breaks_a_compile_silently_is_found_by_compiling_
     assert not (directory / NAME).exists() and text.exists()  # the text header stays: torch builds it again
     assert not (tmp_path / "k.so").exists()  # the second compile wrote only in its own temp dir
     assert not list(directory.glob("*.so")) and pch.find_used(directory, [use.to_json()]) == []
+
+
+def test_a_kernel_compile_that_failed_once_blames_no_header(tmp_path: Path) -> None:
+    """A compile that failed for a passing reason (a compiler killed for memory, a full disk) and then succeeds,
+    header and all, leaves the header where other processes use it: it is run as it was before anything is
+    blamed."""
+    directory = tmp_path / "precompiled_headers"
+    directory.mkdir()
+    text = directory / NAME[: -len(".gch")]
+    text.write_text("int declared_here(int x);\n")
+    (directory / NAME).write_bytes(b"gpch" + b"sound enough")
+    runs = tmp_path / "runs"
+    flaky = tmp_path / "flaky-g++"  # fails its first run only, whatever it compiles
+    flaky.write_text(f"#!/bin/sh\necho run >> {runs}\n[ $(wc -l < {runs}) -gt 1 ]\n")
+    flaky.chmod(0o755)
+    command = [str(flaky), "k.cpp", "-include", str(text), "-o", str(tmp_path / "k.so")]
+    assert subprocess.run(command).returncode != 0  # what torch met
+    assert pch.after_silent_compile_error(command, directory) == []
+    assert (directory / NAME).read_bytes() == b"gpch" + b"sound enough"
+    assert runs.read_text().count("run") == 2  # torch's, then the one as it was; none without the header
 
 
 def test_torchs_failed_kernel_compile_reaches_the_cure_in_the_process_that_compiles(  # type: ignore[no-untyped-def]
