@@ -81506,6 +81506,18 @@ var require_client2 = __commonJS({
   "src/client.js"(exports2, module2) {
     "use strict";
     var COMMAND = /^::([a-z-]+)(?: [^:]*)?::(.*)$/s;
+    var RUNNER_COMMAND = /^\s*::|##\[/;
+    var PASSED = /* @__PURE__ */ new Set(["debug", "add-mask"]);
+    var TIMEOUT_ENV = "PYTEST_COMPILECACHE_STORE_TIMEOUT";
+    var DEFAULT_TIMEOUT = 300;
+    var abandoned = false;
+    function callTimeout(environ = process.env) {
+      const seconds = Number(environ[TIMEOUT_ENV]);
+      return Number.isFinite(seconds) && seconds > 0 ? seconds : DEFAULT_TIMEOUT;
+    }
+    function anyAbandoned2() {
+      return abandoned;
+    }
     var REASON_PREFIXES = ["Failed to save:", "Failed to reserve cache:"];
     function unescapeData(text) {
       return text.replace(/%0D/g, "\r").replace(/%0A/g, "\n").replace(/%25/g, "%");
@@ -81518,13 +81530,15 @@ var require_client2 = __commonJS({
         return { kind: "annotation", text: unescapeData(data) };
       }
       if (name === "debug") return { kind: "debug", text: unescapeData(data) };
-      return { kind: "command", text: line };
+      return { kind: PASSED.has(name) ? "passed" : "command", text: line };
     }
     function inert(text) {
       return `@actions/cache: ${text.replace(/[\r\n]+/g, " ").replace(/##\[/g, "##\\[")}`;
     }
-    async function captureClientLog(fn, stream = process.stdout) {
+    async function captureClientLog(fn, stream = process.stdout, seconds = 0) {
       const problems = [];
+      let timer;
+      let timedOut = false;
       const write = stream.write;
       let pending = "";
       const handle = (line) => {
@@ -81534,45 +81548,64 @@ var require_client2 = __commonJS({
           return inert(read2.text) + "\n";
         }
         if (REASON_PREFIXES.some((prefix) => read2.text.startsWith(prefix))) problems.push(read2.text);
+        if (read2.kind === "debug" || read2.kind === "passed") return line + "\n";
+        if (read2.kind === "command" || RUNNER_COMMAND.test(line)) return inert(line) + "\n";
         return line + "\n";
       };
       stream.write = function(chunk, encoding, callback) {
         pending += typeof chunk === "string" ? chunk : Buffer.from(chunk).toString("utf8");
-        const lines = pending.split(/\r?\n/);
+        const lines = pending.split(/\r\n|\r|\n/);
         pending = lines.pop();
         const out = lines.map(handle).join("");
         return out ? write.call(stream, out, encoding, callback) : true;
       };
       try {
-        return { value: await fn(), problems };
+        if (!seconds) return { value: await fn(), problems, timedOut };
+        const deadline = new Promise((resolve) => {
+          timer = setTimeout(() => {
+            timedOut = abandoned = true;
+            resolve(void 0);
+          }, seconds * 1e3);
+        });
+        const value = await Promise.race([fn(), deadline]);
+        return { value: timedOut ? void 0 : value, problems, timedOut };
       } finally {
-        stream.write = write;
-        if (pending) write.call(stream, handle(pending));
+        clearTimeout(timer);
+        if (!timedOut) {
+          stream.write = write;
+          if (pending) write.call(stream, handle(pending));
+        }
       }
     }
-    async function restoreEntry(cache2, paths, key, restoreKeys, stream) {
+    function tooSlow(seconds) {
+      return `the cache service did not finish within ${seconds} s (see ${TIMEOUT_ENV})`;
+    }
+    async function restoreEntry(cache2, paths, key, restoreKeys, stream, seconds = callTimeout()) {
       if (!cache2.isFeatureAvailable()) {
         return { matched: null, problem: "the cache service is not configured on this runner (no ACTIONS_RESULTS_URL)" };
       }
       try {
-        const { value, problems } = await captureClientLog(() => cache2.restoreCache(paths, key, restoreKeys), stream);
+        const call = () => cache2.restoreCache(paths, key, restoreKeys);
+        const { value, problems, timedOut } = await captureClientLog(call, stream, seconds);
+        if (timedOut) return { matched: null, problem: [...problems, tooSlow(seconds)].join("; ") };
         return { matched: value || null, problem: value ? null : problems.join("; ") || null };
       } catch (error) {
         return { matched: null, problem: String(error && error.message || error) };
       }
     }
-    async function saveEntry(cache2, paths, key, stream) {
+    async function saveEntry(cache2, paths, key, stream, seconds = callTimeout()) {
       if (!cache2.isFeatureAvailable()) {
         return { id: -1, problems: ["the cache service is not configured on this runner (no ACTIONS_RESULTS_URL)"] };
       }
       try {
-        const { value, problems } = await captureClientLog(() => cache2.saveCache(paths, key), stream);
+        const { value, problems, timedOut } = await captureClientLog(() => cache2.saveCache(paths, key), stream, seconds);
+        if (timedOut) return { id: -1, problems: [...problems, tooSlow(seconds)] };
         return { id: typeof value === "number" ? value : -1, problems };
       } catch (error) {
         return { id: -1, problems: [String(error && error.message || error)] };
       }
     }
-    module2.exports = { captureClientLog, readLine, restoreEntry, saveEntry, unescapeData };
+    module2.exports = { anyAbandoned: anyAbandoned2, callTimeout, captureClientLog, readLine, restoreEntry, saveEntry, unescapeData };
   }
 });
 
@@ -81683,8 +81716,12 @@ var require_post = __commonJS({
 // src/index.js
 var cache = require_cache4();
 var core = require_core();
+var { anyAbandoned } = require_client2();
 var { main } = require_main();
 var { post } = require_post();
+function endIfAbandoned() {
+  if (anyAbandoned()) process.exit();
+}
 function runMain() {
   return main({ cache }).then(
     (code) => {
@@ -81692,12 +81729,10 @@ function runMain() {
     },
     // A bug of this file, not cache trouble (the client's errors are values): fail the step visibly.
     (error) => core.setFailed(`pytest-compilecache: ${error && error.stack || error}`)
-  );
+  ).then(endIfAbandoned);
 }
 function runPost() {
-  return post({ cache }).catch(
-    (error) => core.warning(`pytest-compilecache: the save failed: ${error && error.stack || error}`)
-  );
+  return post({ cache }).catch((error) => core.warning(`pytest-compilecache: the save failed: ${error && error.stack || error}`)).then(endIfAbandoned);
 }
 module.exports = { runMain, runPost };
 /*! Bundled license information:

@@ -11,7 +11,23 @@ test("workflow commands are read as @actions/core writes them", () => {
   assert.deepEqual(readLine("::error title=t::boom"), { kind: "annotation", text: "boom" });
   assert.deepEqual(readLine("::debug::Failed to reserve cache: 429"), { kind: "debug", text: "Failed to reserve cache: 429" });
   assert.deepEqual(readLine("Cache hit for: k"), { kind: "text", text: "Cache hit for: k" });
-  assert.equal(readLine("::add-mask::secret").kind, "command");
+  assert.equal(readLine("::add-mask::secret").kind, "passed");
+  assert.equal(readLine("::stop-commands::T").kind, "command");
+});
+
+test("the service's words in the client's plain lines never become a command", async () => {
+  const out = stream();
+  await captureClientLog(async () => {
+    // core.info escapes nothing: a retried request's error and a matched key are the service's text
+    out.write("Attempt 1 of 5 failed with error: (500): boom\n::stop-commands::zzz\n");
+    out.write("  ::warning::leading\r::ERROR::upper ##[error]old. Retrying request in 3000 ms...\n");
+    out.write("Cache hit for restore-key: k-1 ##[error]from-key\n::debug::quiet\n::add-mask::s3cret\n");
+  }, out);
+  const lines = out.text().split(/\r\n|\r|\n/);
+  const commands = lines.filter((line) => /^\s*::/i.test(line) || line.includes("##["));
+  assert.deepEqual(commands, ["::debug::quiet", "::add-mask::s3cret"]); // @actions/core's own, as written
+  assert.ok(lines.includes("@actions/cache: ::stop-commands::zzz"), out.text());
+  assert.ok(lines.includes("Attempt 1 of 5 failed with error: (500): boom"), out.text());
 });
 
 test("the client's annotations become plain lines and problems; other lines pass through", async () => {
@@ -94,4 +110,27 @@ test("saveEntry: the entry id, or -1 with the client's reasons", async () => {
   assert.equal(result.id, -1);
   assert.equal(result.problems.length, 2);
   assert.match(result.problems[0], /\(429\) Too Many Requests/);
+});
+
+test("a call that outlasts the store timeout is given up on: a problem, and its later lines still inert", async () => {
+  const { anyAbandoned, callTimeout } = require("../src/client");
+  assert.equal(callTimeout({}), 300);
+  assert.equal(callTimeout({ PYTEST_COMPILECACHE_STORE_TIMEOUT: "45" }), 45);
+  assert.equal(callTimeout({ PYTEST_COMPILECACHE_STORE_TIMEOUT: "soon" }), 300);
+  const out = stream();
+  let late;
+  const silent = {
+    isFeatureAvailable: () => true, // a service that accepts the connection and never answers
+    restoreCache: () => new Promise((resolve) => (late = resolve)),
+    saveCache: () => new Promise(() => {}),
+  };
+  const found = await restoreEntry(silent, ["p"], "k-1", ["k-"], out, 0.05);
+  assert.deepEqual(found, { matched: null, problem: "the cache service did not finish within 0.05 s (see PYTEST_COMPILECACHE_STORE_TIMEOUT)" });
+  assert.ok(anyAbandoned());
+  out.write("Attempt 2 of 5 failed\n::stop-commands::late\n"); // the abandoned client, still logging
+  late("k-0");
+  assert.ok(out.text().includes("@actions/cache: ::stop-commands::late"), out.text());
+  const saved = await saveEntry(silent, ["p"], "k", stream(), 0.05);
+  assert.equal(saved.id, -1);
+  assert.match(saved.problems.at(-1), /did not finish within 0.05 s/);
 });
