@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -43,9 +42,9 @@ from ._version import __version__
 from .errors import BundleError
 from .errors import ConfigError
 from .errors import StoreError
-from .fingerprint import DIGEST_LENGTH
 from .fingerprint import collect
 from .fingerprint import default_suffix
+from .fingerprint import key_rest
 from .fingerprint import make_key
 from .fingerprint import restore_prefix
 from .probe import point_cache_dir
@@ -107,8 +106,7 @@ def _open(args: argparse.Namespace, readonly: bool = False) -> Any:
         options = backend_keywords(args.store, {"s3_endpoint": args.s3_endpoint})
         store = open_store(args.store, readonly=readonly, **options)
     except ConfigError as exc:  # the stores name the plugin's option; here the user typed --store
-        text = str(exc)
-        raise (ConfigError("--store" + text[len(STORE_OPTION) :]) if text.startswith(STORE_OPTION) else exc) from None
+        raise exc.respelled(STORE_OPTION, "--store") from None
     return TimedStore(store, args.store_timeout, option="--store-timeout")
 
 
@@ -331,9 +329,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     _check_names(args)
-    # A lineage (<key prefix>-<digest>-) takes every key under it; a key prefix only the keys made with it.
-    lineage = re.search(rf"-[0-9a-f]{{{DIGEST_LENGTH}}}-?$", args.prefix)
-    rest = None if lineage else rf"[0-9a-f]{{{DIGEST_LENGTH}}}-.+"
+    rest = key_rest(args.prefix)
     deleted = prune(_open(args), args.prefix, args.keep, magic=bundle.MAGIC, rest=rest)
     for key in deleted:
         _out(f"deleted {key}")

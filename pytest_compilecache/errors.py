@@ -33,6 +33,14 @@ class CompileCacheError(Exception):
 class ConfigError(CompileCacheError, ValueError):
     """Bad user input. The message names the option (``--compile-cache-store``...)."""
 
+    def respelled(self, flag: str, spelled: str) -> ConfigError:
+        """This error naming the option ``spelled`` (as the user gave it: an ini key, a variable, a CLI flag)
+        where its message starts with ``flag:``; itself otherwise."""
+        text = str(self)
+        if spelled == flag or not text.startswith(flag + ":"):
+            return self
+        return ConfigError(spelled + text[len(flag) :])
+
 
 class StoreError(CompileCacheError):
     """A store could not be reached or refused an operation. Callers turn it into a warning."""

@@ -259,6 +259,14 @@ def restore_prefix(prefix: str, digest: str) -> str:
     return f"{prefix}-{digest}-"
 
 
+def key_rest(prefix: str) -> str | None:
+    """What follows ``prefix`` in the keys :func:`make_key` makes with it, as a regular expression: None for a
+    lineage (``<key prefix>-<digest>-``: every key under it is one of its own), else ``<digest>-<suffix>``, so
+    that key prefix ``proj`` does not take a longer one's keys (``proj-gpu-<digest>-...``)."""
+    digest = rf"[0-9a-f]{{{DIGEST_LENGTH}}}"
+    return None if re.search(rf"-{digest}-?$", prefix) else rf"{digest}-.+"
+
+
 def default_suffix() -> str:
     """Sortable and unique enough per machine: UTC time plus the process id."""
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}"

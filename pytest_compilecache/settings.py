@@ -301,11 +301,7 @@ class Settings(NamedTuple):
     def respell(self, exc: ConfigError, name: str) -> ConfigError:
         """``exc`` (from code that names option ``name`` by its flag, e.g. cachedir, stores) naming it as the
         user gave it instead."""
-        flag, spelled = option(name).cli, self.spelling(name)
-        text = str(exc)
-        if spelled == flag or not text.startswith(flag + ":"):
-            return exc
-        return ConfigError(spelled + text[len(flag) :])
+        return exc.respelled(option(name).cli, self.spelling(name))
 
     @property
     def quiet(self) -> bool:
