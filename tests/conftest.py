@@ -75,6 +75,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # tests, where later both workers would reach the sharing tests together and one would wait, its core idle.
     items.sort(key=lambda item: item.get_closest_marker("early") is None)
     for item in items:
+        # A -n 2 twin starts a controller and two workers (1-5 s each): seconds, so `slow`. The fast subset keeps
+        # its one-process run; the full suite runs both.
+        if item.get_closest_marker("xdist_variant") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
         path = Path(str(item.path))
         twin_or_torchless = any(item.get_closest_marker(name) for name in ("xdist_variant", "torch_independent"))
         if not twin_or_torchless and any(path == base or base in path.parents for base in COMPAT_PATHS):

@@ -331,6 +331,7 @@ def test_five(i):
 
 
 @XDIST
+@pytest.mark.slow  # its inner session imports torch (seconds)
 def test_every_test_is_counted_when_torch_appears_midway(inner: pytest.Pytester, dist: tuple[str, ...]) -> None:
     """Tests before torch are counted by the counter, the one during which it appears and those after by
     the per-test capture that takes over: five tests, once each, serially and in each xdist worker."""
