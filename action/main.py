@@ -297,6 +297,8 @@ def _headers(plan: Plan, state: Mapping[str, Any], environ: Mapping[str, str]) -
                 ghrunner.append_summary(environ.get("GITHUB_STEP_SUMMARY"), ghrunner.md_text(line) + "\n\n")
             except OSError as exc:
                 _command("warning", f"could not write the step summary: {exc}")
+    elif carry.source != "none":  # verified, but another process holds torch's build lock: torch publishes its own
+        print(ghrunner.one_line(f"precompiled header {artifact.name}: not installed, torch is building it right now"))
     # What the restore step told the plugin, completed: the header is in torch's dir (so the plugin's save
     # names it), and the header entry carries it (so the plugin writes no copy into its bundle).
     from pytest_compilecache import action_api as api

@@ -1104,6 +1104,36 @@ def test_a_header_already_in_torchs_dir_is_still_checked_before_it_is_saved(
     assert (headers.header_dir() / HEADER).read_bytes() == b"gpch torch's own"
 
 
+def test_a_header_torch_is_building_right_now_is_not_called_present(
+    action: ModuleType,
+    environ: dict[str, str],
+    fingerprint: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Another process on the runner holds torch's build lock for the header: the verified copy is not installed
+    (torch publishes its own), so the plugin is not told the header is in torch's dir, nor the log that it is."""
+    import fcntl
+
+    from pytest_compilecache import pch as headers
+
+    plan = _saving_plan(action, environ, monkeypatch, fingerprint)
+    _header_bundle(fingerprint, plan, tmp_path / "machine", "1-1", names=(SECOND, HEADER), idle=2)
+    assert action.main(["restore"], environ) == 0
+    locks = headers.header_dir() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / (HEADER.split(".", 1)[0] + ".lock"), "w") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # what torch's FileLock does while it builds the header
+        assert action.main(["headers"], environ) == 0
+    assert not (headers.header_dir() / HEADER).exists()
+    result = _handed_off(environ)
+    assert result is not None and result.headers.named == (SECOND,)
+    out = capsys.readouterr().out
+    assert f"precompiled header {HEADER}: not installed, torch is building it right now" in out
+    assert "already in torch's dir" not in out
+
+
 def test_restore_and_headers_commands_tell_the_plugin_which_header_the_entry_carries(
     action: ModuleType,
     environ: dict[str, str],
