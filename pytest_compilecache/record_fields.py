@@ -41,6 +41,11 @@ TEXTS = ("bypass_reasons", "graph_break_reasons")
 ENTRIES = ("recompiled", "limit_hit")
 MAX_TEXTS = 20  # distinct texts or entries kept per test and field: the rest add no new reason
 TEXT_CHARS = 300
+# How a frame Dynamo compiled is named when it is torch's own code, not the user's: the wrapper ``torch.compile``
+# puts around a module's forward (``inner`` in torch/_dynamo/external_utils.py), the same frame for every compiled
+# module. Nothing takes two frames so named for one function: not the miss explanations' earlier graphs of a new
+# test, not a recompile's "first compiled by".
+TORCH_FRAME = "torch's "
 
 
 def _zero() -> dict[str, Any]:

@@ -161,9 +161,11 @@ class Recorder:
         """Remember the functions this test compiled first; name, in each recompile, the test that compiled its
         frame first (in this process: each xdist worker compiles for itself)."""
         from . import probe
+        from .record_fields import TORCH_FRAME
 
         for function in delta.pop(probe.FIRST_COMPILES, ()):
-            self._first_compiled.setdefault(function, nodeid)
+            if not function.startswith(TORCH_FRAME):  # every compiled module's wrapper: no one function
+                self._first_compiled.setdefault(function, nodeid)
         for entry in delta.get("recompiled", ()):
             entry["first"] = self._first_compiled.get(entry.get("function", ""), "")
 

@@ -13,6 +13,7 @@ from typing import Any
 from typing import Mapping
 from typing import Sequence
 
+from ..record_fields import TORCH_FRAME
 from .compare import MissExplanation
 from .compare import explain_test
 from .compare import symbolic_one_side
@@ -117,8 +118,11 @@ def explain_session(
 def _same_functions(previous: GraphsRecord, lookups: Sequence[GraphLookup]) -> list[GraphLookup] | None:
     """For a test the earlier run has no graphs of: the earlier run's graphs of the functions this test compiled,
     looked up by other tests (the test that compiles a shared function first pays the lookup, and which one that
-    is depends on the tests selected and on xdist); None when there are none (then it is a new test)."""
-    functions = {lookup.function for lookup in lookups if lookup.function}
+    is depends on the tests selected and on xdist); None when there are none (then it is a new test). torch's own
+    frames (every compiled module's wrapper: ``TORCH_FRAME``) are no function of the user's: never matched."""
+    functions = {
+        lookup.function for lookup in lookups if lookup.function and not lookup.function.startswith(TORCH_FRAME)
+    }
     found = [lookup for graphs in previous.tests.values() for lookup in graphs if lookup.function in functions]
     return found or None
 

@@ -22,6 +22,7 @@ from typing import Callable
 from typing import Sequence
 
 from ..record_fields import TEXT_CHARS
+from ..record_fields import TORCH_FRAME
 from .hooks import install_now_or_on_import
 from .hooks import tap_log
 
@@ -34,8 +35,15 @@ _TORCH_FUNCTION = r"\A'(?P<name>.*)' \((?P<file>.*):(?P<line>\d+)\)\Z"  # how co
 
 def function_text(name: Any, filename: Any, line: Any) -> str:
     """``gelu (tests/test_ops.py:12)``: a code object's name and where it starts, the path relative to the
-    working directory when it is under it (as a user reads their own tests), else as torch gives it."""
+    working directory when it is under it (as a user reads their own tests), else as torch gives it; a frame of
+    torch's own files (a compiled module's wrapper) is ``torch's inner (torch/_dynamo/external_utils.py:67)``
+    (:data:`~pytest_compilecache.record_fields.TORCH_FRAME`)."""
     path = str(filename or "?")
+    torch_file = getattr(sys.modules.get("torch"), "__file__", None)
+    torch_dir = os.path.dirname(os.path.abspath(torch_file)) if isinstance(torch_file, str) else ""
+    if torch_dir and os.path.abspath(path).startswith(torch_dir + os.sep):  # torch's wrapper: see TORCH_FRAME
+        inside = os.path.join("torch", os.path.relpath(os.path.abspath(path), torch_dir))
+        return f"{TORCH_FRAME}{name} ({inside}:{line})"[:TEXT_CHARS]
     with contextlib.suppress(ValueError):
         relative = os.path.relpath(path)
         if not relative.startswith(".."):

@@ -506,3 +506,14 @@ def test_a_test_whose_shared_function_another_test_compiled_last_run_is_compared
     assert miss.reasons == ["graph code changed: a constant in graph statement 1 (1.5 -> 2.0)"]
     other, _ = explain.explain_session({"t::c": [replace(_lookup(c="2.0"), function="other (t.py:1)")]}, record)
     assert [m.reasons for m in other.misses["t::c"]] == [[explain.NEW_TEST]]
+
+
+def test_a_new_test_compiling_a_module_is_new_not_another_modules_changed_inputs() -> None:
+    """Every torch.compile(module) compiles torch's one wrapper frame: a new test's module is not compared with
+    the graph of another test's module, as if that test's inputs had changed."""
+    from dataclasses import replace
+
+    wrapper = "torch's inner (torch/_dynamo/external_utils.py:67)"
+    _, record = explain.explain_session({"t::linear": [replace(_lookup(c="1.5"), function=wrapper)]}, None)
+    new, _ = explain.explain_session({"t::conv": [replace(_lookup(c="2.0"), function=wrapper)]}, record, "run")
+    assert [m.reasons for m in new.misses["t::conv"]] == [[explain.NEW_TEST]]

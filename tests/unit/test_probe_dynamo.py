@@ -31,6 +31,17 @@ def test_function_text_is_relative_to_the_working_directory_when_under_it() -> N
     assert dynamo.function_text("f", "/elsewhere/x.py", 3).endswith("x.py:3)")
 
 
+def test_a_frame_of_torchs_own_files_is_named_as_torchs(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """torch.compile(module) compiles torch's wrapper frame (``inner`` in external_utils.py), the same for every
+    module: named as torch's, so that nothing takes two modules for one function."""
+    torch_dir = tmp_path / "site-packages" / "torch"
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(__file__=str(torch_dir / "__init__.py")))
+    wrapper = torch_dir / "_dynamo" / "external_utils.py"
+    expected = f"torch's inner ({os.path.join('torch', '_dynamo', 'external_utils.py')}:67)"
+    assert dynamo.function_text("inner", str(wrapper), 67) == expected
+    assert dynamo.function_text("f", str(tmp_path / "site-packages" / "torchvision" / "x.py"), 3).startswith("f (")
+
+
 def test_guard_failure_drops_the_compile_id_and_keeps_one_line() -> None:
     reason = "0/0: tensor 'x' size mismatch at index 0. expected 4, actual 8"
     assert dynamo.guard_failure(reason) == "tensor 'x' size mismatch at index 0. expected 4, actual 8"
@@ -130,3 +141,25 @@ def test_the_recorder_names_the_test_that_compiled_a_recompiled_frame_first(monk
     [entry] = recorder.stats.records["t.py::test_second"].recompiled
     assert entry == {"function": "scale (t.py:4)", "reason": "size", "first": "t.py::test_first", "count": 1}
     assert probe.FIRST_COMPILES not in recorder.stats.records["t.py::test_first"].to_json()
+
+
+def test_a_recompile_of_torchs_module_wrapper_names_no_first_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every compiled module's frame is torch's one wrapper: the test that compiled another module first is not
+    the one whose shapes recompiled this module."""
+    from pytest_compilecache import probe
+    from pytest_compilecache.recorder import Recorder
+    from pytest_compilecache.recorder import Start
+
+    wrapper = "torch's inner (torch/_dynamo/external_utils.py:67)"
+    deltas = iter(
+        [
+            {"frames": 1, probe.FIRST_COMPILES: [wrapper]},
+            {"frames": 1, "recompiles": 1, "recompiled": [{"function": wrapper, "reason": "size"}]},
+        ]
+    )
+    monkeypatch.setattr("pytest_compilecache.probe.delta", lambda start: next(deltas))
+    recorder = Recorder("controller", explain=False)
+    recorder.finish("t.py::test_linear", Start(None, None))
+    recorder.finish("t.py::test_conv", Start(None, None))
+    [entry] = recorder.stats.records["t.py::test_conv"].recompiled
+    assert entry["first"] == ""
