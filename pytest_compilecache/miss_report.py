@@ -27,6 +27,9 @@ MISS_ROWS = 3  # tests named in the short report before "and N more"
 FULL_REPORT = "python -m pytest_compilecache report"
 
 
+BY_DESIGN = "marked compile_cache: misses by design (not counted against --compile-cache-min-hit-rate)"
+
+
 def test_reason(nodeid: str, why: SessionExplanation | None) -> str:
     """Why ``nodeid`` missed, on one line: its never-hit flag, or its misses' reasons merged (the first, then
     how many more); what was not compared says so."""
@@ -51,7 +54,10 @@ def miss_lines(
     missed = sorted((r for r in stats.records.values() if r.fxgraph["miss"]), key=lambda r: (-r.misses, r.nodeid))
     if not missed:
         return []
-    lines = [one_line(f"missed: {r.nodeid}: {test_reason(r.nodeid, why)}", 600) for r in missed[:limit]]
+    lines = [
+        one_line(f"missed: {r.nodeid}: {BY_DESIGN if r.by_design else test_reason(r.nodeid, why)}", 600)
+        for r in missed[:limit]
+    ]
     more = f"... and {_plural(len(missed) - limit, 'more test')} missed; " if len(missed) > limit else ""
     where = f', "why" in {json_path}' if json_path else ""
     lines.append(one_line(f"{more}full report: {FULL_REPORT} (or -v, --compile-cache-report=full{where})", 600))

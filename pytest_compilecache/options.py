@@ -64,7 +64,7 @@ TABLE: tuple[tuple[str, str, bool, str], ...] = (
         "min_hit_rate",
         "--compile-cache-min-hit-rate",
         False,
-        "fail the session when the FX-graph hit rate is lower (0..1).",
+        "fail the session when the FX-graph hit rate is lower (0..1); tests marked compile_cache are left out.",
     ),
     (
         "store",

@@ -141,7 +141,10 @@ class Recorder:
     def finish(self, nodeid: str, start: Start, intended: bool = False) -> None:
         """Record the test that began at ``start``; ``intended``: marked isolated/disabled, so its misses are
         by design and its graphs are neither kept nor explained."""
-        self.record(nodeid, self._delta(nodeid, start, intended))
+        delta = self._delta(nodeid, start, intended)
+        if delta and intended:
+            delta["by_design"] = True
+        self.record(nodeid, delta)
         self._since = self._here()
 
     def _delta(self, nodeid: str, start: Start, intended: bool) -> dict[str, Any]:

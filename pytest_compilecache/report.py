@@ -26,6 +26,7 @@ from .ghrunner import md_text
 from .ghrunner import one_line
 
 # The miss renderers, re-exported: callers render a session's report through this module.
+from .miss_report import BY_DESIGN as BY_DESIGN
 from .miss_report import miss_lines as miss_lines
 from .miss_report import never_hit_text as never_hit_text
 from .miss_report import why_json as why_json
@@ -302,7 +303,8 @@ def markdown(
         for r in compiled
     ]
     missed = [
-        f"| {r.fxgraph['miss']} | {r.aotautograd['miss']} | {md_code(r.nodeid)} | "
+        f"| {r.fxgraph['miss']} | {r.aotautograd['miss']} | {md_code(r.nodeid)}"
+        f"{' (marked compile_cache: misses by design)' if r.by_design else ''} | "
         f"{md_text('; '.join(r.bypass_reasons))} |"
         for r in sorted(compiled, key=lambda r: (-r.fxgraph["miss"], r.nodeid))
         if r.fxgraph["miss"] or r.fxgraph["bypass"]

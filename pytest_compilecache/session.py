@@ -207,12 +207,13 @@ class Controller:
         floor = self.settings.min_hit_rate
         if floor is None or not self.recorder.has_stats:
             return  # no floor, or nothing looked up (no rate)
-        rate = self.stats.hit_rate
+        rate = self.stats.unmarked_hit_rate  # a test marked compile_cache misses by design
         if rate is None or rate >= floor:
             return
         from .report import percent
 
-        message = f"hit rate {percent(rate)} is below --compile-cache-min-hit-rate={floor:g}"
+        marked = " (tests marked compile_cache left out)" if any(r.by_design for r in self.stats.compiled) else ""
+        message = f"hit rate {percent(rate)}{marked} is below --compile-cache-min-hit-rate={floor:g}"
         if restored is not None and (not restored.ok or bool(restored.skipped)) and not self.settings.strict:
             # The restore failed or refused bad bundles (here or in the Action): infrastructure trouble.
             self.problems.note(message + " (the restore failed: not failing the session)")

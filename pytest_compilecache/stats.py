@@ -71,6 +71,9 @@ class ItemRecord:
     # them with an earlier run, why each miss missed.
     graphs: list[GraphLookup] = field(default_factory=list)
     why: list[MissExplanation] = field(default_factory=list)
+    # Marked ``@pytest.mark.compile_cache("isolated"/"disabled")``: its misses are by design, never explained, and
+    # left out of the rate ``--compile-cache-min-hit-rate`` checks (the totals still count them, as torch does).
+    by_design: bool = False
 
     @property
     def compiled(self) -> bool:
@@ -111,6 +114,8 @@ class ItemRecord:
             merge_texts(getattr(self, name), delta.get(name))
         for name in ENTRIES:
             merge_entries(getattr(self, name), delta.get(name))
+        if delta.get("by_design") is True:
+            self.by_design = True
         graphs, why = delta.get("graphs"), delta.get("why")
         if graphs or why:
             # The JSON report has a count in "graphs" (its reader, ``cli report``, comes through here): no lookups.
@@ -139,6 +144,8 @@ class ItemRecord:
         out.update({name: [dict(entry) for entry in getattr(self, name)] for name in ENTRIES})
         out["graphs"] = [g.to_json() for g in self.graphs]
         out["why"] = [w.to_json() for w in self.why]
+        if self.by_design:
+            out["by_design"] = True
         return out
 
     @classmethod
@@ -197,6 +204,13 @@ class SessionStats:
     @property
     def hit_rate(self) -> float | None:
         return hit_rate(self.hits, self.misses)
+
+    @property
+    def unmarked_hit_rate(self) -> float | None:
+        """The FX-graph hit rate of the tests not marked ``compile_cache`` (:attr:`ItemRecord.by_design`): what
+        ``--compile-cache-min-hit-rate`` checks. None when they looked nothing up."""
+        kept = [record.fxgraph for record in self.records.values() if not record.by_design]
+        return hit_rate(sum(counts["hit"] for counts in kept), sum(counts["miss"] for counts in kept))
 
     @property
     def compile_seconds(self) -> float:

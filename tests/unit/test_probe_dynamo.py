@@ -163,3 +163,19 @@ def test_a_recompile_of_torchs_module_wrapper_names_no_first_compiler(monkeypatc
     recorder.finish("t.py::test_conv", Start(None, None))
     [entry] = recorder.stats.records["t.py::test_conv"].recompiled
     assert entry["first"] == ""
+
+
+def test_a_test_marked_compile_cache_is_recorded_as_missing_by_design(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_compilecache.recorder import Recorder
+    from pytest_compilecache.recorder import Start
+
+    deltas = iter([{"frames": 1, "fxgraph": {"hit": 0, "miss": 1, "bypass": 0}}, {}, {"frames": 1}])
+    monkeypatch.setattr("pytest_compilecache.probe.delta", lambda start: next(deltas))
+    recorder = Recorder("controller", explain=False)
+    recorder.finish("t.py::test_marked", Start(None, None), intended=True)
+    recorder.finish("t.py::test_marked_compiling_nothing", Start(None, None), intended=True)
+    recorder.finish("t.py::test_plain", Start(None, None))
+    records = recorder.stats.records
+    assert records["t.py::test_marked"].by_design and records["t.py::test_marked"].to_json()["by_design"] is True
+    assert "t.py::test_marked_compiling_nothing" not in records  # no record for a test that compiled nothing
+    assert not records["t.py::test_plain"].by_design and "by_design" not in records["t.py::test_plain"].to_json()

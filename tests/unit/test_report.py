@@ -157,6 +157,12 @@ def test_the_short_report_names_each_test_that_missed_with_its_reason() -> None:
         first[0] == "missed: t.py::a: not compared with an earlier run of this cache (a first run, or explaining off)"
     )
     assert report.miss_lines(_stats(_record("t.py::a", hit=3)), why, "r.json") == []  # no misses, no lines
+    # A test marked compile_cache("isolated") misses by design: said so, not "not captured"; in the JSON (and
+    # so through a worker's output and `report`) and in the step summary's table too.
+    marked = _record("t.py::cold", miss=1, by_design=True)
+    assert report.miss_lines(_stats(marked), why, None)[0] == f"missed: t.py::cold: {report.BY_DESIGN}"
+    assert ItemRecord.from_json(json.loads(json.dumps(marked.to_json()))).by_design
+    assert "`t.py::cold` (marked compile_cache: misses by design)" in report.markdown(_stats(marked), where="x")
     outcome = report.SessionOutcome(stats=missed, mode="shared", cache_dir="/c", where="shared:/c", why=why)
     short = [line for line, _ in report.session_lines(outcome, report="short")]
     assert short[1] == "missed: t.py::test_2: input 0 shape [8] -> [2]"  # right under the summary line

@@ -252,6 +252,23 @@ def test_hit_rate_guard(tmp_path: Path) -> None:
     assert controller.problems.errors == ["hit rate 50% is below --compile-cache-min-hit-rate=0.9"]
 
 
+def test_the_hit_rate_guard_leaves_out_tests_marked_compile_cache(tmp_path: Path) -> None:
+    """A test marked ``compile_cache("isolated")`` misses by design: its misses never fail the floor."""
+    controller = _controller(tmp_path, min_hit_rate=0.9)
+    controller.stats.add_record(_record("t::a", hit=2))
+    marked = _record("t::cold", miss=3)
+    marked.add({"by_design": True})
+    controller.stats.add_record(marked)
+    controller._check_hit_rate(None)
+    assert controller.problems.errors == []
+    assert controller.stats.hit_rate == 0.4 and controller.stats.unmarked_hit_rate == 1.0  # the totals count it
+    controller.stats.add_record(_record("t::b", miss=2))
+    controller._check_hit_rate(None)
+    assert controller.problems.errors == [
+        "hit rate 50% (tests marked compile_cache left out) is below --compile-cache-min-hit-rate=0.9"
+    ]
+
+
 def test_a_hit_rate_below_the_floor_is_in_the_json_and_the_step_summary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
