@@ -136,8 +136,9 @@ CAME_BACK = (
 def _say_it_came_back(explained: list[MissExplanation], what: str) -> None:
     """Add :data:`CAME_BACK` to each miss whose constant came back (an edit and its revert): every graph
     of the test that holds it (one per shape) says the same, and is said once."""
-    for miss in explained:
-        if any(reason.startswith("graph code changed: " + what) for reason in miss.reasons):
+    said = "graph code changed: " + what
+    for miss in explained:  # "statement 1" is not "statement 12": the text must end or go on with " ("
+        if any(reason == said or reason.startswith(said + " (") for reason in miss.reasons):
             miss.reasons.append(CAME_BACK)
 
 

@@ -517,3 +517,29 @@ def test_a_new_test_compiling_a_module_is_new_not_another_modules_changed_inputs
     _, record = explain.explain_session({"t::linear": [replace(_lookup(c="1.5"), function=wrapper)]}, None)
     new, _ = explain.explain_session({"t::conv": [replace(_lookup(c="2.0"), function=wrapper)]}, record, "run")
     assert [m.reasons for m in new.misses["t::conv"]] == [[explain.NEW_TEST]]
+
+
+def test_a_constant_that_came_back_is_said_of_its_own_statement_only() -> None:
+    """Graph f's constant in statement 1 goes 1.0 -> 2.0 -> 1.0 (a revert) while graph g's in statement 12 takes a
+    new value: only f's miss says it came back; g's new value will not hit next run."""
+    from pytest_compilecache.explain.lookup import _code_signature
+
+    kind = {"fx_kwargs[is_backward]": ("b0", "False"), "fx_kwargs[is_inference]": ("i1", "True")}
+
+    def lookup(key: str, code: str, function: str) -> GraphLookup:
+        return GraphLookup(key, "miss", {"gm": (key, _code_signature(code)), **kind}, function)
+
+    def f_code(c: float) -> str:
+        return f"def forward(self, x):\n    mul = torch.ops.aten.mul.Tensor(x, {c})\n    return (mul,)"
+
+    def g_code(c: int) -> str:
+        body = "".join(f"    a{i} = torch.ops.aten.add.Tensor(x, {i})\n" for i in range(11))
+        return f"def forward(self, x):\n{body}    b = torch.ops.aten.mul.Tensor(a10, {c})\n    return (b,)"
+
+    previous = None
+    for n, (fc, gc) in enumerate([(1.0, 5), (2.0, 5), (1.0, 6)]):
+        now = {"t.py::test": [lookup(f"f{fc}", f_code(fc), "f (t.py:1)"), lookup(f"g{gc}", g_code(gc), "g (t.py:9)")]}
+        why, previous = explain.explain_session(now, previous, "previous session", now=float(n))
+    reasons = {miss.function: miss.reasons for miss in why.misses["t.py::test"]}
+    assert reasons["f (t.py:1)"][-1] == explain.CAME_BACK
+    assert "statement 12" in reasons["g (t.py:9)"][0] and explain.CAME_BACK not in reasons["g (t.py:9)"]
