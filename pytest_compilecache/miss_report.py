@@ -69,8 +69,8 @@ def miss_lines(
 
 FORWARD_ONLY_NOTE = (
     "ran a training graph's forward without its backward: torch saves an AOTAutograd cache entry only once the "
-    "backward is compiled, so their AOTAutograd lookups miss in every run (their FX graphs still hit; not counted "
-    "as misses)"
+    "backward is compiled, so their AOTAutograd lookups miss in every run, whatever is cached (not counted as "
+    "misses: the hit rate is the FX graphs')"
 )
 
 
