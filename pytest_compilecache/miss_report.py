@@ -78,7 +78,7 @@ def never_hit_text(what: str, runs: int) -> str:
     """Two runs cannot tell an edit from a value that changes by itself: say which case we are sure of (explain
     flags a test only from three runs on; a report from an earlier version may say two)."""
     if runs >= 3:
-        return f"{what} changed in each of the last {runs} runs: this test can never hit ({NEVER_HIT_HINT})"
+        return f"{what} took a new value in each of the last {runs} runs: this test can never hit ({NEVER_HIT_HINT})"
     return f"only {what} changed since the last run: if nothing was edited, this test can never hit ({NEVER_HIT_HINT})"
 
 

@@ -51,7 +51,9 @@ def test_why_json_is_plain_data() -> None:
 
 
 def test_never_hit_text_is_sure_only_after_three_runs() -> None:
-    assert never_hit_text("a constant", 3).startswith("a constant changed in each of the last 3 runs: this test can")
+    # `runs` counts the runs, each with its own value: 3 runs are 2 changes (a constant that changed 3 times in a
+    # row took a new value in each of the last 4 runs).
+    assert never_hit_text("a constant", 3).startswith("a constant took a new value in each of the last 3 runs: this")
     assert never_hit_text("a constant", 2).startswith("only a constant changed since the last run: if nothing")
 
 
