@@ -163,11 +163,12 @@ def delta(start: Mark) -> dict[str, Any]:
         out["graph_breaks"], reasons = dynamo.graph_breaks(start.breaks)
         if reasons:
             out["graph_break_reasons"] = reasons
-    limit_hit = _ran_uncompiled(dynamo.limit_hits(start.limits), new)
+    warned = dynamo.limit_hits(start.limits)
+    limit_hit = _ran_uncompiled(warned, new)
     if limit_hit:
         out["limit_hit"] = limit_hit
-    if "recompiled" in out:
-        _name_unnamed(out["recompiled"], new, limit_hit)
+    if "recompiled" in out:  # named also where torch raised at the limit (the test failed: it must say which frame)
+        _name_unnamed(out["recompiled"], new, warned)
     if _tap is not None:
         out["bypass_reasons"] = sorted(set(_tap.reasons[start.reasons :]))
     return out

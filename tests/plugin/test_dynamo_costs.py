@@ -130,14 +130,43 @@ def test_recompiles_limits_and_graph_breaks_per_test_equal_torchs_own_logs(
     assert "test_user.py::test_graph_break: 1 graph break: " in kept.stdout
 
 
+# The frame reaches the limit in a test other than the one that compiled it: that test's records of the frame
+# carry no name (torch records the compile it raised at without one).
+LIMIT_IN_A_LATER_TEST = """
+import torch
+
+
+@torch.compile(backend="eager", dynamic=False)
+def thrice(x):
+    return x * 3
+
+
+def test_sizes_one_and_two():
+    with torch._dynamo.config.patch(recompile_limit=2):
+        thrice(torch.ones(1))
+        thrice(torch.ones(2))
+
+
+def test_size_three():
+    with torch._dynamo.config.patch(recompile_limit=2):
+        thrice(torch.ones(3))
+"""
+
+
 def test_the_opt_in_fails_the_test_whose_frame_would_run_uncompiled(inner: pytest.Pytester) -> None:
-    inner.makepyfile(test_user=SUITE)
+    inner.makepyfile(test_user=SUITE, test_later=LIMIT_IN_A_LATER_TEST)
 
     run = run_inner(inner, "--compile-cache-fail-on-eager-fallback")
 
-    run.result.assert_outcomes(passed=4, failed=1)
+    run.result.assert_outcomes(passed=5, failed=2)
     run.result.stdout.fnmatch_lines(["FAILED test_user.py::test_limit_falls_back_to_eager - *"])
     assert run.report is not None
     # torch raised instead of running the frame uncompiled: the failure says so, the report does not repeat it.
     assert run.report["dynamo"]["ran_uncompiled"] == []
     assert "ran uncompiled" not in run.result.stdout.str()
+    # The failed test's recompiles still name their frame (torch records the one it raised at without a name).
+    records = {test["nodeid"]: test for test in run.report["tests"]}
+    recompiled = records["test_user.py::test_limit_falls_back_to_eager"]["recompiled"]
+    assert recompiled and all(entry["function"].startswith("times (test_user.py:") for entry in recompiled), recompiled
+    later = records["test_later.py::test_size_three"]["recompiled"]
+    assert later and all(entry["function"].startswith("thrice (test_later.py:") for entry in later), later
