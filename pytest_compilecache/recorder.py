@@ -203,9 +203,10 @@ class Recorder:
         baseline = self.baseline()
         if baseline is None:
             return []
+        from .explain import earlier_graphs
         from .explain import explain_test_safely
 
-        return explain_test_safely(record.graphs, baseline.tests.get(record.nodeid))
+        return explain_test_safely(record.graphs, earlier_graphs(baseline, record.nodeid, record.graphs))
 
     def baseline(self) -> GraphsRecord | None:
         """The earlier run's graph record; None when there is none or it is unreadable (the controller warns)."""

@@ -99,7 +99,7 @@ def explain_session(
         if previous is None or not lookups:
             continue
         earlier = previous.tests.get(nodeid)
-        explained = explain_test(lookups, earlier if earlier is not None else _same_functions(previous, lookups))
+        explained = explain_test(lookups, earlier_graphs(previous, nodeid, lookups))
         if explained:
             out.misses[nodeid] = explained
         if earlier is None:
@@ -113,6 +113,14 @@ def explain_session(
         elif streak.came_back:
             _say_it_came_back(explained, streak.what)
     return out, record
+
+
+def earlier_graphs(previous: GraphsRecord, nodeid: str, lookups: Sequence[GraphLookup]) -> list[GraphLookup] | None:
+    """What ``nodeid``'s ``lookups`` are compared with: its own graphs of the earlier run, else the earlier graphs of
+    the functions it compiled (:func:`_same_functions`); None: a new test. The session's report and the
+    ``compile_cache_stats`` fixture (while the test runs) both ask this, so both say the same."""
+    earlier = previous.tests.get(nodeid)
+    return earlier if earlier is not None else _same_functions(previous, lookups)
 
 
 def _same_functions(previous: GraphsRecord, lookups: Sequence[GraphLookup]) -> list[GraphLookup] | None:

@@ -211,6 +211,17 @@ def test_a_restored_bundles_record_is_the_baseline_for_every_process(tmp_path: P
     assert [w.reasons for w in live.why] == [["graph code changed"]]
     assert [g.key for g in live.graphs] == ["k2"]
     assert worker.recorder.live("t.py::test_a", start, intended=True).why == []
+    # A test the record has no graphs of, calling a function another test compiled: the fixture compares with that
+    # test's graph, as the session's report does, rather than calling it a new test.
+    from dataclasses import replace
+
+    fake_probe.lookups.append(replace(lookup("k3", code="new"), function="f (t.py:1)").to_json())
+    shared = explain.GraphsRecord(tests={"t.py::test_a": [replace(lookup("k1", code="old"), function="f (t.py:1)")]})
+    worker.recorder._baseline = shared  # the record the worker read (lazily, once)
+    live = worker.recorder.live("t.py::test_b", start)
+    said, _ = explain.explain_session({"t.py::test_b": live.graphs}, shared, "bundle")
+    assert [w.reasons for w in live.why] == [w.reasons for w in said.misses["t.py::test_b"]]
+    assert [explain.NEW_TEST] not in [w.reasons for w in live.why]
 
 
 def test_an_unreadable_record_is_one_warning_and_no_explanations(tmp_path: Path, fake_probe: FakeProbe) -> None:
