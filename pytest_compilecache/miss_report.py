@@ -16,6 +16,7 @@ from .ghrunner import md_text
 from .ghrunner import one_line
 
 if TYPE_CHECKING:
+    from .explain import MissExplanation
     from .explain import SessionExplanation
     from .stats import SessionStats
 
@@ -35,11 +36,12 @@ def test_reason(nodeid: str, why: SessionExplanation | None) -> str:
     how many more); what was not compared says so."""
     if why is None or not why.compared_with:
         return "not compared with an earlier run of this cache (a first run, or explaining off)"
-    if nodeid in why.never_hit:
-        return never_hit_text(*why.never_hit[nodeid])
     from .explain import merged
 
-    texts = merged(why.misses.get(nodeid, []))
+    texts = merged(_other_misses(why, nodeid))
+    if nodeid in why.never_hit:  # what it can never hit first; its other graphs' reasons are still news
+        more = f" (and {_plural(len(texts), 'other reason')})" if texts else ""
+        return never_hit_text(*why.never_hit[nodeid]) + more
     if not texts:
         return "no reason recorded (its graphs were not captured)"
     return texts[0] + (f" (and {_plural(len(texts) - 1, 'other reason')})" if len(texts) > 1 else "")
@@ -82,14 +84,23 @@ def never_hit_text(what: str, runs: int) -> str:
     return f"only {what} changed since the last run: if nothing was edited, this test can never hit ({NEVER_HIT_HINT})"
 
 
+def _other_misses(why: SessionExplanation, nodeid: str) -> list[MissExplanation]:
+    """``nodeid``'s explained misses, without those of the graph its never-hit flag is about (if it has one)."""
+    from .explain import changed_by
+
+    misses = why.misses.get(nodeid, [])
+    flag = why.never_hit.get(nodeid)
+    return [miss for miss in misses if not changed_by(miss, flag[0])] if flag else list(misses)
+
+
 def _why_rows(why: SessionExplanation) -> list[tuple[str, bool, str]]:
-    """(nodeid, never hits, text) per row: never-hit tests first, then each explained miss."""
+    """(nodeid, never hits, text) per row: never-hit tests first, then each explained miss (of a never-hit test,
+    those of its other graphs: a shape it changed is still worth saying)."""
     from .explain import merged
 
     rows = [(nodeid, True, never_hit_text(*flag)) for nodeid, flag in sorted(why.never_hit.items())]
-    for nodeid in sorted(why.misses):
-        if nodeid not in why.never_hit:  # identical reasons of several graphs (one per shape) said once
-            rows.extend((nodeid, False, text) for text in merged(why.misses[nodeid]))
+    for nodeid in sorted(why.misses):  # identical reasons of several graphs (one per shape) said once
+        rows.extend((nodeid, False, text) for text in merged(_other_misses(why, nodeid)))
     return rows
 
 

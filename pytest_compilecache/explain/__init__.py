@@ -67,6 +67,7 @@ from .lookup import GraphLookup as GraphLookup
 from .lookup import lookup_from_torch as lookup_from_torch
 from .session import CAME_BACK as CAME_BACK
 from .session import SessionExplanation as SessionExplanation
+from .session import changed_by as changed_by
 from .session import earlier_graphs as earlier_graphs
 from .session import explain_session as explain_session
 from .session import explain_session_safely as explain_session_safely

@@ -144,10 +144,17 @@ CAME_BACK = (
 def _say_it_came_back(explained: list[MissExplanation], what: str) -> None:
     """Add :data:`CAME_BACK` to each miss whose constant came back (an edit and its revert): every graph
     of the test that holds it (one per shape) says the same, and is said once."""
-    said = "graph code changed: " + what
-    for miss in explained:  # "statement 1" is not "statement 12": the text must end or go on with " ("
-        if any(reason == said or reason.startswith(said + " (") for reason in miss.reasons):
+    for miss in explained:
+        if changed_by(miss, what):
             miss.reasons.append(CAME_BACK)
+
+
+def changed_by(miss: MissExplanation, what: str) -> bool:
+    """True when ``miss`` says its graph code changed in ``what`` (a streak's ``a constant in graph statement 1``):
+    "statement 1" is not "statement 12", so the reason must end there or go on with " (".
+    """
+    said = "graph code changed: " + what
+    return any(reason == said or reason.startswith(said + " (") for reason in miss.reasons)
 
 
 def _forward_only(lookups: Sequence[GraphLookup]) -> bool:

@@ -50,6 +50,30 @@ def test_why_json_is_plain_data() -> None:
     assert data["never_hit"] == {"t.py::test_rand": {"what": "a constant in graph statement 3", "runs": 2}}
 
 
+def test_a_never_hit_test_still_says_why_its_other_graphs_missed() -> None:
+    """The flag is about one graph (its constant keeps changing); another graph of the test that missed for a shape
+    it changed is still said, in every renderer, and the short report counts it."""
+    from pytest_compilecache.miss_report import test_reason
+
+    flagged = MissExplanation("k1", ["graph code changed: a constant in graph statement 1 (0.25 -> 0.75)"], "scaled")
+    shaped = MissExplanation("k2", ["input 0 shape [5, 4] -> [6, 4]"], "shaped (t.py:9)")
+    twelve = MissExplanation("k3", ["graph code changed: a constant in graph statement 12 (5 -> 6)"], "g (t.py:20)")
+    why = SessionExplanation(
+        {"t.py::test_scaled": [flagged, shaped, twelve]},
+        {"t.py::test_scaled": ("a constant in graph statement 1", 4)},
+        "bundle",
+    )
+    lines = why_lines(why)
+    assert lines[1].startswith("never hits t.py::test_scaled: a constant in graph statement 1 took a new value")
+    assert lines[2:] == [
+        "why t.py::test_scaled: shaped (t.py:9): input 0 shape [5, 4] -> [6, 4]",
+        "why t.py::test_scaled: g (t.py:20): graph code changed: a constant in graph statement 12 (5 -> 6)",
+    ]
+    section = why_markdown(why, 10_000)
+    assert "(3)</summary>" in section and "shape \\[5, 4\\] -\\> \\[6, 4\\]" in section and "statement 12" in section
+    assert test_reason("t.py::test_scaled", why).endswith("(and 2 other reasons)")
+
+
 def test_never_hit_text_is_sure_only_after_three_runs() -> None:
     # `runs` counts the runs, each with its own value: 3 runs are 2 changes (a constant that changed 3 times in a
     # row took a new value in each of the last 4 runs).
