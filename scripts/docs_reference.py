@@ -54,7 +54,7 @@ def render_options() -> str:
     from pytest_compilecache.settings import OPTIONS
 
     lines = [
-        GENERATED.format(source="pytest_compilecache/settings.py (OPTIONS)"),
+        GENERATED.format(source="pytest_compilecache/options.py (TABLE) and settings.py (parsers, defaults)"),
         "# Options reference",
         "",
         "Every option has three spellings: the command line, an ini key (`[pytest]` in `pytest.ini`, or",
