@@ -24,17 +24,19 @@ from .names import header_artifact
 from .names import header_dir
 from .names import is_damaged_copy
 from .names import lock_name
+from .names import others_may_write
 
 
 def ensure_dir(directory: Path) -> None:
-    """Create torch's header dir (and its parent) like torch would; refuse symlinks and other users' dirs.
+    """Create torch's header dir (and its parent) like torch would; refuse symlinks, other users' dirs and dirs
+    other users may write to (:func:`.names.others_may_write`).
 
     ``torchinductor_<user>`` sits in a shared TMPDIR: a dir planted there by someone else (or a link to
     elsewhere) must not receive code that gcc will load.
     """
     for path in (directory.parent, directory):
         try:
-            os.mkdir(path)
+            os.mkdir(path, 0o755)  # never writable by others, whatever the umask (torch's own makedirs uses it)
         except FileExistsError:
             pass
         except OSError as exc:
@@ -44,6 +46,8 @@ def ensure_dir(directory: Path) -> None:
             raise HeaderError(f"{path} is not a plain directory; not installing precompiled headers there")
         if hasattr(os, "getuid") and info.st_uid != os.getuid():
             raise HeaderError(f"{path} belongs to another user; not installing precompiled headers there")
+        if others_may_write(info):
+            raise HeaderError(f"{path} can be written by other users; not installing precompiled headers there")
 
 
 @contextlib.contextmanager

@@ -161,6 +161,15 @@ def open_regular(path: Path) -> BinaryIO:
         raise
 
 
+def others_may_write(info: os.stat_result) -> bool:
+    """True when a user other than this one may write into the dir ``info`` (an ``lstat``) describes: writable by
+    all, or by a group other than this user's primary group (a umask of 002 with per-user groups is fine). Such a
+    dir (a ``torchinductor_<user>`` made under ``umask 0`` in a shared TMPDIR) can hold a header someone else put
+    there: nothing is installed into it or carried from it."""
+    mode = info.st_mode
+    return bool(mode & stat.S_IWOTH or (mode & stat.S_IWGRP and info.st_gid != os.getgid()))
+
+
 def lock_name(name: str) -> str:
     # torch: os.path.join(_HEADER_LOCK_DIR, f"{header_hash}.lock"); header_hash is the name before ".h".
     return name.split(".", 1)[0] + ".lock"

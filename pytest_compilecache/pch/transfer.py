@@ -223,6 +223,14 @@ def save_headers(
         reports = list(uses)
         checked = looked_up = {path.name for path in find_used(target, reports)}
         candidates = find_used(target, reports, installed)
+    from .verdicts import _owned_dir
+
+    if candidates and not _owned_dir(target):  # another user could have put or swapped a header there
+        result.errors.append(
+            f"precompiled headers not saved: {target} (or its parent) is not this user's alone: other users may "
+            "write to it"
+        )
+        return result
     for path in candidates:
         count = 0 if path.name in looked_up else ages.get(path.name, 0) + 1
         if count >= IDLE_SAVES:  # decided before describe() reads ~150 MB

@@ -24,6 +24,7 @@ from .._fs import hold_lock
 from .._fs import let_go
 from .names import SHA256
 from .names import is_header_name
+from .names import others_may_write
 
 VERDICTS = ".compilecache-verdicts.json"
 """The record of headers the compiler accepted, kept in torch's header dir beside them (:func:`check`)."""
@@ -111,9 +112,7 @@ def _owned_dir(directory: Path) -> bool:
             info = os.lstat(path)
         except OSError:
             return False
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != getuid() or info.st_mode & stat.S_IWOTH:
-            return False
-        if info.st_mode & stat.S_IWGRP and info.st_gid != os.getgid():
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != getuid() or others_may_write(info):
             return False
     return True
 

@@ -301,6 +301,50 @@ def test_install_refuses_a_symlinked_header_dir(tmp_path: Path) -> None:
     assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
+def test_install_refuses_a_header_dir_other_users_may_write_to(tmp_path: Path) -> None:
+    """A ``torchinductor_<user>`` made under ``umask 0`` in a shared TMPDIR: anyone could put or swap a header
+    there, so nothing is installed into it (and nothing carried from it: the next test)."""
+    artifact, buf = packed(make_header(tmp_path / "a"))
+    dest = tmp_path / "torchinductor_u" / "precompiled_headers"
+    dest.mkdir(parents=True)
+    dest.chmod(0o777)
+    with pytest.raises(HeaderError, match="can be written by other users"):
+        pch.install_header(artifact, buf, dest)
+    assert list(dest.iterdir()) == []
+    dest.chmod(0o755)
+    dest.parent.chmod(0o777)
+    with pytest.raises(HeaderError, match="torchinductor_u can be written by other users"):
+        pch.install_header(artifact, buf, dest)
+
+
+def test_install_makes_the_header_dir_only_this_user_may_write_to_whatever_the_umask(tmp_path: Path) -> None:
+    artifact, buf = packed(make_header(tmp_path / "a"))
+    dest = tmp_path / "torchinductor_u" / "precompiled_headers"
+    umask = os.umask(0)
+    try:
+        assert pch.install_header(artifact, buf, dest) is True
+    finally:
+        os.umask(umask)
+    assert [oct(path.stat().st_mode & 0o777) for path in (dest.parent, dest)] == ["0o755", "0o755"]
+
+
+def test_save_carries_nothing_from_a_header_dir_other_users_may_write_to(tmp_path: Path) -> None:
+    from pytest_compilecache.stores.local import LocalStore
+
+    store = LocalStore(tmp_path / "store")
+    machine = pch.header_dir(tmp_path / "a")
+    uses = [checked(make_header(machine))]
+    machine.chmod(0o777)
+    (tmp_path / "scratch").mkdir()
+    saved = pch.save_headers(store, "pfx", time.time() - 60, [], tmp_path / "scratch", machine, uses=uses)
+    assert (saved.artifacts, saved.transferred) == ([], [])
+    assert len(saved.errors) == 1 and "other users may write to it" in saved.errors[0]
+    assert store.list("pfx") == []
+    machine.chmod(0o755)
+    again = pch.save_headers(store, "pfx", time.time() - 60, [], tmp_path / "scratch", machine, uses=uses)
+    assert (again.transferred, again.errors) == ([NAME], [])
+
+
 def test_install_refuses_a_symlinked_dir_of_locks(tmp_path: Path) -> None:
     artifact, buf = packed(make_header(tmp_path / "a"))
     dest, elsewhere = tmp_path / "hdr", tmp_path / "elsewhere"
