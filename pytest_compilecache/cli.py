@@ -441,7 +441,11 @@ def _size_limit_arg(p: argparse.ArgumentParser) -> None:
 
 def _store_args(p: argparse.ArgumentParser, prefix: bool = True) -> None:
     """The options of a command that talks to a store."""
-    p.add_argument("--store", required=True, help="directory, file:///path, s3://bucket/prefix, gs://bucket/prefix or az://container/prefix")
+    p.add_argument(
+        "--store",
+        required=True,
+        help="directory, file:///path, s3://bucket/prefix, gs://bucket/prefix or az://container/prefix",
+    )
     if prefix:
         _key_prefix_arg(p)
     p.add_argument("--strict", action="store_true", help="exit 1 on store or bundle trouble")
