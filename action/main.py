@@ -287,6 +287,8 @@ def _headers(plan: Plan, state: Mapping[str, Any], environ: Mapping[str, str]) -
         _command("warning", line)
     if carry.present:
         how = "installed" if carry.installed else "already in torch's dir, checked"
+        if carry.elsewhere:  # verified; another process holds torch's build lock for it and publishes it
+            how = "being put in torch's dir by another process (it holds torch's build lock), checked"
         where = f"its cache entry {key}" if carry.source == "entry" else "the bundle entry"
         staged = carry.source == "bundle" and carry.carried and plan.save  # the header entry missed
         saving = f"; saved as {key} at job end" if staged else ""
@@ -297,8 +299,6 @@ def _headers(plan: Plan, state: Mapping[str, Any], environ: Mapping[str, str]) -
                 ghrunner.append_summary(environ.get("GITHUB_STEP_SUMMARY"), ghrunner.md_text(line) + "\n\n")
             except OSError as exc:
                 _command("warning", f"could not write the step summary: {exc}")
-    elif carry.source != "none":  # verified, but another process holds torch's build lock: torch publishes its own
-        print(ghrunner.one_line(f"precompiled header {artifact.name}: not installed, torch is building it right now"))
     # What the restore step told the plugin, completed: the header is in torch's dir (so the plugin's save
     # names it), and the header entry carries it (so the plugin writes no copy into its bundle).
     from pytest_compilecache import action_api as api

@@ -193,9 +193,9 @@ class HeaderCarry:
 
     ``source``: ``entry`` (the header entry held it), ``bundle`` (the bundle entry's copy, now staged to be
     saved under the key) or ``none`` (neither: torch builds it). ``present``: the header is in torch's dir
-    now (installed, or already there; not while another process on the runner holds torch's build lock for it
-    and has not published it yet); ``carried``: the header entry holds it, or will once the post step saves it
-    at job end, so the plugin need not write it into its bundle.
+    now (installed, already there, or being put there by another process on the runner that holds torch's build
+    lock for it: torch building it, another job's install; then ``elsewhere``); ``carried``: the header entry
+    holds it, or will once the post step saves it at job end, so the plugin need not write it into its bundle.
     """
 
     source: str
@@ -204,6 +204,7 @@ class HeaderCarry:
     installed: bool = False
     seconds: float = 0.0
     warnings: tuple[str, ...] = ()
+    elsewhere: bool = False
 
 
 def carry_header(plan: Plan, key: str, artifact: Artifact, hit: bool, directory: Path | None = None) -> HeaderCarry:
@@ -253,11 +254,12 @@ def carry_header(plan: Plan, key: str, artifact: Artifact, hit: bool, directory:
             continue
         return HeaderCarry(
             source,
-            present=installed or os.path.lexists(target / artifact.name),  # else: torch is building it right now
+            present=True,
             carried=source == "entry" or (plan.save and not hit),
             installed=installed,
             seconds=time.perf_counter() - started,
             warnings=tuple(warnings),
+            elsewhere=not installed and not os.path.lexists(target / artifact.name),
         )
     if not warnings:
         warnings.append(
