@@ -16,9 +16,11 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from tests.plugin import oracle as torch_oracle
 from tests.plugin.helpers import XDIST
@@ -168,5 +170,7 @@ def test_the_opt_in_fails_the_test_whose_frame_would_run_uncompiled(inner: pytes
     records = {test["nodeid"]: test for test in run.report["tests"]}
     recompiled = records["test_user.py::test_limit_falls_back_to_eager"]["recompiled"]
     assert recompiled and all(entry["function"].startswith("times (test_user.py:") for entry in recompiled), recompiled
-    later = records["test_later.py::test_size_three"]["recompiled"]
-    assert later and all(entry["function"].startswith("thrice (test_later.py:") for entry in later), later
+    # torch 2.13 and 2.15 record the compile they raised at (2.7 records none: no record, nothing to name).
+    later = records.get("test_later.py::test_size_three", {"recompiled": []})["recompiled"]
+    assert all(entry["function"].startswith("thrice (test_later.py:") for entry in later), later
+    assert later or Version(version("torch")).release[:2] < (2, 13), records
