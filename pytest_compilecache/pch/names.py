@@ -170,6 +170,22 @@ def others_may_write(info: os.stat_result) -> bool:
     return bool(mode & stat.S_IWOTH or (mode & stat.S_IWGRP and info.st_gid != os.getgid()))
 
 
+def owned_dir(directory: Path) -> bool:
+    """The header dir and its parent are plain dirs (no links) of this user that no other user can write to
+    (group-writable only for the user's own primary group: a umask of 002 with per-user groups)."""
+    getuid = getattr(os, "getuid", None)
+    if getuid is None:
+        return False
+    for path in (directory, directory.parent):
+        try:
+            info = os.lstat(path)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != getuid() or others_may_write(info):
+            return False
+    return True
+
+
 def lock_name(name: str) -> str:
     # torch: os.path.join(_HEADER_LOCK_DIR, f"{header_hash}.lock"); header_hash is the name before ".h".
     return name.split(".", 1)[0] + ".lock"

@@ -41,6 +41,7 @@ from .names import is_header_name
 from .names import looks_complete
 from .names import object_key
 from .names import open_regular
+from .names import owned_dir
 from .names import packed_bound
 
 
@@ -223,9 +224,7 @@ def save_headers(
         reports = list(uses)
         checked = looked_up = {path.name for path in find_used(target, reports)}
         candidates = find_used(target, reports, installed)
-    from .verdicts import _owned_dir
-
-    if candidates and not _owned_dir(target):  # another user could have put or swapped a header there
+    if candidates and not owned_dir(target):  # another user could have put or swapped a header there
         result.errors.append(
             f"precompiled headers not saved: {target} (or its parent) is not this user's alone: other users may "
             "write to it"
@@ -362,9 +361,8 @@ def sweep_leftovers(directory: Path | None = None) -> list[str]:
     and records under our temp names whose writer is provably gone (:func:`.._fs.sweep_our_temps`); only in a
     dir whose ownership is proved (this user's, no one else may write to it). The names removed."""
     from .._fs import sweep_our_temps
-    from .verdicts import _owned_dir
 
     target = directory or header_dir()
-    if not _owned_dir(target):
+    if not owned_dir(target):
         return []
     return sweep_our_temps(target)

@@ -24,14 +24,14 @@ from .._fs import hold_lock
 from .._fs import let_go
 from .names import SHA256
 from .names import is_header_name
-from .names import others_may_write
+from .names import owned_dir
 
 VERDICTS = ".compilecache-verdicts.json"
 """The record of headers the compiler accepted, kept in torch's header dir beside them (:func:`check`)."""
 # Where the record lives, and why there. Beside the headers it describes, not in the session's cache dir:
 # a header is a file of torch's header dir (per TMPDIR and user), shared by every cache dir, every mode
 # (isolated sessions too) and the Action's split restore/save; the record lives and dies with those files
-# (a fresh runner has neither). Ownership is proved before the record is read or written (_owned_dir):
+# (a fresh runner has neither). Ownership is proved before the record is read or written (owned_dir):
 # the header dir and its parent are plain dirs of this user that no one else may write to, and the
 # record is a regular file of this user, never followed through a link. The name is ours (torch's names are
 # "c" + base32 hashes, and torch never lists the dir: it opens names it computes), so it is never a file
@@ -101,22 +101,6 @@ def _compiler_identity(program: str) -> list[Any] | None:
     return [real, *_file_identity(info)]
 
 
-def _owned_dir(directory: Path) -> bool:
-    """The header dir and its parent are plain dirs (no links) of this user that no other user can write to
-    (group-writable only for the user's own primary group: a umask of 002 with per-user groups)."""
-    getuid = getattr(os, "getuid", None)
-    if getuid is None:
-        return False
-    for path in (directory, directory.parent):
-        try:
-            info = os.lstat(path)
-        except OSError:
-            return False
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != getuid() or others_may_write(info):
-            return False
-    return True
-
-
 @dataclass
 class _Verdicts:
     """One check's view of the header dir's record: this header's file identity and this check's key."""
@@ -136,7 +120,7 @@ class _Verdicts:
         """
         directory = path.parent
         compiler = _compiler_identity(argv[0]) if argv else None
-        if compiler is None or not is_header_name(path.name) or not _owned_dir(directory):
+        if compiler is None or not is_header_name(path.name) or not owned_dir(directory):
             return None
         for _ in range(2):
             start_ns = time.time_ns()  # before the lstat: a write after it must stamp another ctime
@@ -189,7 +173,7 @@ class _Verdicts:
         entries[self.name] = {"file": self.file, "checks": checks}
         kept = dict(list(entries.items())[-_VERDICTS_MAX_HEADERS:])
         data = json.dumps({"version": 1, "accepted": kept}, sort_keys=True).encode()
-        if len(data) > _VERDICTS_MAX_BYTES or not _owned_dir(self.directory):
+        if len(data) > _VERDICTS_MAX_BYTES or not owned_dir(self.directory):
             return
         with contextlib.suppress(OSError), atomic_file(self.directory / VERDICTS, fsync=False, mode=0o600) as out:
             out.write(data)
@@ -231,7 +215,7 @@ def forget(directory: Path, name: str) -> bool:
     """Drop header ``name`` from the record in ``directory`` (its next look-up checks it again); True when the
     record held it. Best effort, with the ownership checks of every write of the record."""
     recorded = _read_verdicts(directory)
-    if name not in recorded or not _owned_dir(directory):
+    if name not in recorded or not owned_dir(directory):
         return False
     kept = {other: entry for other, entry in recorded.items() if other != name}
     data = json.dumps({"version": 1, "accepted": kept}, sort_keys=True).encode()

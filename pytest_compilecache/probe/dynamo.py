@@ -40,10 +40,11 @@ def function_text(name: Any, filename: Any, line: Any) -> str:
     (:data:`~pytest_compilecache.record_fields.TORCH_FRAME`)."""
     path = str(filename or "?")
     torch_file = getattr(sys.modules.get("torch"), "__file__", None)
-    torch_dir = os.path.dirname(os.path.abspath(torch_file)) if isinstance(torch_file, str) else ""
-    if torch_dir and os.path.abspath(path).startswith(torch_dir + os.sep):  # torch's wrapper: see TORCH_FRAME
-        inside = os.path.join("torch", os.path.relpath(os.path.abspath(path), torch_dir))
-        return f"{TORCH_FRAME}{name} ({inside}:{line})"[:TEXT_CHARS]
+    if isinstance(torch_file, str):  # a frame of torch's own files: see TORCH_FRAME
+        torch_dir, where = os.path.dirname(os.path.abspath(torch_file)), os.path.abspath(path)
+        if where.startswith(torch_dir + os.sep):
+            inside = os.path.join("torch", os.path.relpath(where, torch_dir))
+            return f"{TORCH_FRAME}{name} ({inside}:{line})"[:TEXT_CHARS]
     with contextlib.suppress(ValueError):
         relative = os.path.relpath(path)
         if not relative.startswith(".."):
