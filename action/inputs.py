@@ -212,30 +212,40 @@ class Plan:
         return cls(**data)
 
 
-def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
-    """Check the inputs and decide everything; pure apart from reading ``environ`` (raises InputError).
+@dataclass(frozen=True)
+class Inputs:
+    """The inputs checked by :func:`check`: everything the plan decides that needs nothing installed."""
 
-    ``fingerprint`` is a :class:`pytest_compilecache.fingerprint.Fingerprint` (``digest()``, ``to_json()``).
+    store: str  # as given; ``github`` in any case is the GitHub cache
+    mode: str
+    prefix: str  # the lineage: input key-prefix, the job id and the matrix leg (see lineage())
+    salt: str
+    min_hit_rate: str
+    strict: bool
+    suffix: str
+    save: bool
+    why: str
+    summary: bool
+    save_on_failure: bool
+    pgo: bool
+
+
+def check(environ: Mapping[str, str]) -> Inputs:
+    """Check every input that needs nothing installed (raises InputError naming the first bad one).
+
+    The ``install`` step calls it before pip runs, so a mistyped input fails in seconds, not after an install;
+    :func:`make_plan` calls it again and adds what needs the installed plugin (the store's backend). Uses only
+    the standard library and the package's option table (:mod:`pytest_compilecache.settings`, standard library
+    only too), so the Action's checkout of the package serves before the plugin is installed.
     """
-    from pytest_compilecache.action_api import DEFAULT_PREFIX
-    from pytest_compilecache.action_api import OPTIONS
-    from pytest_compilecache.action_api import ConfigError
-    from pytest_compilecache.action_api import from_environment
-    from pytest_compilecache.action_api import make_key
-    from pytest_compilecache.action_api import open_store
-    from pytest_compilecache.action_api import restore_prefix
+    from pytest_compilecache.errors import ConfigError
+    from pytest_compilecache.settings import DEFAULT_PREFIX
+    from pytest_compilecache.settings import OPTIONS
+    from pytest_compilecache.settings import from_environment
 
     parsers = {option.name: option.parse for option in OPTIONS}
-    temp = Path(required(environ, "RUNNER_TEMP"))
-    workspace = Path(required(environ, "GITHUB_WORKSPACE"))
     try:
         store = read(environ, "store", GITHUB_STORE) or GITHUB_STORE
-        if store.lower() == GITHUB_STORE:
-            store = GITHUB_STORE
-        else:
-            open_store(store)  # checks it as the plugin would (s3:/b is no directory); touches neither disk nor network
-            if "://" not in store:  # a directory: the same one for this step and the pytest step
-                store = os.path.abspath(workspace / store)
         mode = parsers["mode"]("input mode", read(environ, "mode", "shared") or "shared")
         prefix = parsers["key_prefix"]("input key-prefix", read(environ, "key-prefix") or DEFAULT_PREFIX)
         prefix = parsers["key_prefix"]("input key-prefix (with the job id)", lineage(environ, prefix))
@@ -249,43 +259,81 @@ def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
             f"{required(environ, 'GITHUB_RUN_ID')}-{environ.get('GITHUB_RUN_ATTEMPT') or '1'}",
         )
     except ConfigError as exc:
-        raise InputError(str(exc).replace("--compile-cache-store", "input store")) from None
+        raise InputError(str(exc)) from None
     save, why = decide_save(
         read(environ, "save", "auto"),
         environ.get("GITHUB_EVENT_NAME", ""),
         environ.get("GITHUB_REF", ""),
         default_branch(environ),
     )
-    summary = _flag(environ, "summary", "true")
-    save_on_failure = _flag(environ, "save-on-failure", "false")
-    pgo = _flag(environ, "pgo", "false")
+    read(environ, "signing-key")  # only spaces, or not UTF-8: an InputError here too
+    read(environ, "cache-dir")
+    return Inputs(
+        store=GITHUB_STORE if store.lower() == GITHUB_STORE else store,
+        mode=mode,
+        prefix=prefix,
+        salt=salt,
+        min_hit_rate=min_hit_rate,
+        strict=strict,
+        suffix=suffix,
+        save=save,
+        why=why,
+        summary=_flag(environ, "summary", "true"),
+        save_on_failure=_flag(environ, "save-on-failure", "false"),
+        pgo=_flag(environ, "pgo", "false"),
+    )
+
+
+def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
+    """Check the inputs (:func:`check`, then the store as the plugin opens it) and decide everything; pure apart
+    from reading ``environ`` (raises InputError).
+
+    ``fingerprint`` is a :class:`pytest_compilecache.fingerprint.Fingerprint` (``digest()``, ``to_json()``).
+    """
+    from pytest_compilecache.action_api import ConfigError
+    from pytest_compilecache.action_api import make_key
+    from pytest_compilecache.action_api import open_store
+    from pytest_compilecache.action_api import restore_prefix
+
+    temp = Path(required(environ, "RUNNER_TEMP"))
+    workspace = Path(required(environ, "GITHUB_WORKSPACE"))
+    given = check(environ)
+    store = given.store
+    if store != GITHUB_STORE:
+        try:
+            open_store(store)  # checks it as the plugin would (s3:/b is no directory); touches neither disk nor network
+        except ConfigError as exc:
+            raise InputError(str(exc).replace("--compile-cache-store", "input store")) from None
+        if "://" not in store:  # a directory: the same one for this step and the pytest step
+            store = os.path.abspath(workspace / store)
+    save, why = given.save, given.why
     cache_dir = read(environ, "cache-dir")
     cache_dir = str(workspace / cache_dir) if cache_dir else str(temp / CACHE_DIR)
-    transfer = "none" if mode != "shared" else ("github" if store == GITHUB_STORE else "direct")
+    transfer = "none" if given.mode != "shared" else ("github" if store == GITHUB_STORE else "direct")
     if transfer == "none":
-        save, why = False, f"mode {mode} keeps no cache dir between runs"
+        save, why = False, f"mode {given.mode} keeps no cache dir between runs"
     digest = fingerprint.digest()
     return Plan(
         transfer=transfer,
         store=store,
         save=save,
         why=why,
-        mode=mode,
-        prefix=prefix,
-        salt=salt,
-        suffix=suffix,
+        mode=given.mode,
+        prefix=given.prefix,
+        salt=given.salt,
+        suffix=given.suffix,
         digest=digest,
-        key=make_key(prefix, digest, suffix),
-        restore_prefix=restore_prefix(prefix, digest),
+        key=make_key(given.prefix, digest, given.suffix),
+        restore_prefix=restore_prefix(given.prefix, digest),
         staging=str(workspace / STAGING),
         inbox=str(temp / INBOX),
         cache_dir=os.path.abspath(cache_dir),
         json=str(temp / REPORT),
-        summary=summary,
-        save_on_failure=save_on_failure,
-        pgo=pgo,
-        min_hit_rate=min_hit_rate,
-        strict=strict,
+        summary=given.summary,
+        save_on_failure=given.save_on_failure,
+        pgo=given.pgo,
+        min_hit_rate=given.min_hit_rate,
+        strict=given.strict,
         fingerprint=fingerprint.to_json(),
         event=environ.get("GITHUB_EVENT_NAME", ""),
         header_staging=str(workspace / HEADER_STAGING),
@@ -392,11 +440,20 @@ def install_command(
 def action_version(action_path: str) -> str | None:
     """The plugin version this Action ships (its ``pytest_compilecache/_version.py``, the one place the
     version is written), or None."""
+    return package_version(Path(action_path) / "pytest_compilecache")
+
+
+def package_version(package: Path) -> str | None:
+    """The version of the pytest_compilecache package in the dir ``package``, read from its files without
+    importing it (``_version.py``; ``__init__.py`` in 0.1.0), or None."""
     import re
 
-    try:
-        text = (Path(action_path) / "pytest_compilecache" / "_version.py").read_text(encoding="utf-8")
-    except OSError:
-        return None
-    match = re.search(r"^__version__\s*=\s*[\"']([^\"']+)[\"']", text, re.MULTILINE)
-    return match.group(1) if match else None
+    for name in ("_version.py", "__init__.py"):
+        try:
+            text = (package / name).read_text(encoding="utf-8")
+        except OSError:
+            continue
+        match = re.search(r"^__version__\s*=\s*[\"']([^\"']+)[\"']", text, re.MULTILINE)
+        if match:
+            return match.group(1)
+    return None

@@ -9,9 +9,10 @@ is the sequence of each command; the work lives in :mod:`action.inputs` (the inp
 
 main step:
 
-* ``install``: ``pip install`` the plugin from the Action's own checkout (input ``install``), with the
-  ``s3`` extra for an S3 store; ``uv pip install --python`` where the interpreter has no pip (uv's venvs).
-  With ``install: false``, warn when the installed plugin is not the Action's version.
+* ``install``: check every input that needs nothing installed, then ``pip install`` the plugin from the
+  Action's own checkout (input ``install``), with the extra the store's backend needs (``s3``, ``gcs``,
+  ``azure``); ``uv pip install --python`` where the interpreter has no pip (uv's venvs). With
+  ``install: false``, warn when the installed plugin is not the Action's version.
 * ``plan``: check the inputs, decide whether this run saves, compute the fingerprint and the keys; write
   the plan file (read by every later command), the outputs ``key``, ``cache-dir``, ``report``, and the
   ``PYTEST_COMPILECACHE_*`` variables that configure the plugin in the job's later steps. Reply: what
@@ -38,8 +39,8 @@ cold, the job's outcome unchanged); 2 an input is invalid (one ``::error::`` nam
 errors fail fast).
 
 Everything this file writes for the runner goes through :mod:`pytest_compilecache.ghrunner`, escaped. The
-plugin is imported as installed; only the ``install`` step, which runs before it is, falls back to the
-Action's own checkout of the package for :mod:`~pytest_compilecache.ghrunner` (standard library only).
+plugin is imported as installed; only the ``install`` step, which runs before it is, imports the Action's
+own checkout of the package (its standard-library modules: the option and store tables, ghrunner).
 """
 
 from __future__ import annotations
@@ -76,19 +77,23 @@ def installed() -> str | None:
     """Where this interpreter has pytest-compilecache installed, or None (the Action's checkout aside).
 
     Asks every import finder, not only the path ones: an editable install (setuptools' finder on
-    ``sys.meta_path``) is installed too; only the checkout's own entry on ``sys.path`` is left out.
+    ``sys.meta_path``) is installed too; only the checkout's own entry on ``sys.path`` is left out, and
+    a copy already imported (the install step imports the checkout's) is not the answer.
     """
-    import importlib.util
-
     saved = sys.path[:]
     sys.path[:] = [entry for entry in sys.path if entry != CHECKOUT]
     try:
-        spec = importlib.util.find_spec("pytest_compilecache")
-    except (ImportError, ValueError):
-        spec = None
+        for finder in sys.meta_path:
+            find_spec = getattr(finder, "find_spec", None)
+            try:
+                spec = find_spec("pytest_compilecache", None) if find_spec else None
+            except (ImportError, ValueError):
+                spec = None
+            if spec is not None and spec.origin is not None:
+                return str(spec.origin)
+        return None
     finally:
         sys.path[:] = saved
-    return None if spec is None or spec.origin is None else str(spec.origin)
 
 
 # ---- runner files: everything goes through ghrunner (escaped)
@@ -120,14 +125,14 @@ def _command(name: str, message: str, title: str = "compile cache") -> None:
 
 def check_installed(environ: Mapping[str, str]) -> None:
     """``install: false``: the plugin this interpreter imports must be the Action's version (a warning)."""
-    if installed() is None:
+    origin = installed()
+    if origin is None:
         raise InputError(
             f"input install is false but pytest-compilecache is not importable by {sys.executable}: "
             "install it in the step before, or set install: true"
         )
-    import pytest_compilecache
-
-    installed_version = getattr(pytest_compilecache, "__version__", "?")
+    # Read from its files: this step imports the Action's checkout of the package, not the installed one (main).
+    installed_version = inputs.package_version(Path(origin).parent) or "?"
     wanted = inputs.action_version(environ.get("GITHUB_ACTION_PATH", ""))
     if wanted and installed_version != wanted:
         _command(
@@ -141,6 +146,7 @@ def check_installed(environ: Mapping[str, str]) -> None:
 
 
 def cmd_install(environ: Mapping[str, str]) -> int:
+    inputs.check(environ)  # a mistyped input fails before pip spends a minute
     argv = inputs.install_command(environ)
     if argv is None:
         check_installed(environ)
@@ -364,6 +370,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if len(args) != 1 or args[0] not in COMMANDS:
         print(f"usage: {Path(__file__).name} {{{','.join(COMMANDS)}}}", file=sys.stderr)
         return 2
+    if args[0] == "install" and CHECKOUT:
+        # Before the Action's version of the plugin is installed, this step imports the package from the Action's
+        # checkout (the option and store tables, ghrunner: standard library only), whatever version the
+        # interpreter holds: an older one pinned by a requirements file lacks modules this step uses.
+        sys.path.insert(0, CHECKOUT)
     try:
         return COMMANDS[args[0]](os.environ if environ is None else environ)
     except InputError as exc:

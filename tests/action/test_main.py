@@ -1288,7 +1288,7 @@ def test_the_install_step_runs_before_the_plugin_is_installed(tmp_path: Path) ->
     from tests.action.conftest import REPO
 
     def install(**inputs: str) -> subprocess.CompletedProcess[str]:
-        env = {"PATH": os.environ.get("PATH", ""), "GITHUB_ACTION_PATH": str(REPO), **inputs}
+        env = {"PATH": os.environ.get("PATH", ""), "GITHUB_ACTION_PATH": str(REPO), **RUN, **inputs}
         return subprocess.run(
             [sys.executable, "-S", str(REPO / "action" / "main.py"), "install"],
             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
@@ -1301,6 +1301,50 @@ def test_the_install_step_runs_before_the_plugin_is_installed(tmp_path: Path) ->
     missing = install(INPUT_INSTALL="false")
     assert missing.returncode == 2, missing.stderr
     assert "input install is false but pytest-compilecache is not importable" in missing.stdout
+
+
+def test_the_install_step_imports_the_actions_package_not_an_older_install(tmp_path: Path) -> None:
+    """A project that pinned an older release (0.2.0 has no store table, 0.1.0 no ``_version.py``) and runs this
+    Action with ``install: true``: the install step reads the store table and the options from the Action's
+    checkout (it crashed with ModuleNotFoundError), installs the Action's version with the store's extra, and
+    checks the other inputs before pip runs; with ``install: false`` it names the installed version."""
+    import venv
+
+    from tests.action.conftest import REPO
+
+    venv.create(tmp_path / "venv", with_pip=False)  # no pip: the step's command goes to uv (a recorder here)
+    old = tmp_path / "site" / "pytest_compilecache"
+    old.mkdir(parents=True)
+    (old / "__init__.py").write_text('__version__ = "0.1.0"\n')  # as 0.1.0 wrote it; no stores, no settings
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "uv").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path / "uv-args"}\n')
+    (tools / "uv").chmod(0o755)
+
+    def install(**inputs: str) -> subprocess.CompletedProcess[str]:
+        env = {
+            "PATH": f"{tools}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PYTHONPATH": str(old.parent),
+            "GITHUB_ACTION_PATH": str(REPO),
+            **RUN,
+            **inputs,
+        }
+        return subprocess.run(
+            [str(tmp_path / "venv" / "bin" / "python"), str(REPO / "action" / "main.py"), "install"],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    done = install(INPUT_STORE="gs://bucket/ci")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "uv-args").read_text().split("\n")[-2] == f"{REPO}[gcs]"
+    (tmp_path / "uv-args").unlink()
+    bad = install(INPUT_STORE="gs://bucket/ci", INPUT_MIN_HIT_RATE="90%")
+    assert bad.returncode == 2, bad.stderr
+    assert bad.stdout.startswith("::error title=pytest-compilecache::input min-hit-rate:")
+    assert not (tmp_path / "uv-args").exists()  # nothing installed for a run that cannot plan
+    kept = install(INPUT_INSTALL="false")
+    assert kept.returncode == 0, kept.stderr
+    assert "the installed pytest-compilecache is 0.1.0, this Action is" in kept.stdout
 
 
 # ---- the save policy the Action hands the plugin (issue 26)
