@@ -1,10 +1,17 @@
 """torch's per-phase counters and compilation metrics: :func:`mark` at a test's start, :func:`delta` at its end.
 
+torch counts cache hits and misses in ``torch._dynamo.utils.counters`` (a ``defaultdict`` of ``Counter``), which
+tests may clear: torch's own ``TestCase`` clears it in ``setUp`` and again in ``tearDown``, as do "fresh Dynamo"
+fixtures, so what a test counted may be gone before its end. :func:`count_through_clears` makes each group's
+Counter also add every change of a counter read here to running totals kept beside ``counters`` (on its
+``default_factory``): a clear drops the counts, not the totals, and a test's count is the totals' change.
+
 PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import re
@@ -58,36 +65,135 @@ def _prepare() -> None:
 
 
 def keep_every_record() -> None:
-    """Keep every compilation record torch makes from now on (torch keeps the last 64 by default)."""
+    """Keep every compilation record torch makes from now on (torch keeps the last 64 by default), and count
+    every cache hit and miss through clears (:func:`count_through_clears`). Runs when Dynamo is imported."""
     global _limit_raised
     from torch._dynamo import utils
 
     if hasattr(utils, "set_compilation_metrics_limit"):
         # The default deque keeps 64 records; a suite compiles far more frames than that.
         utils.set_compilation_metrics_limit(10**6)
+    count_through_clears(utils.counters)
     _limit_raised = True
 
 
-class Mark:
-    """Counters and metric position at the start of a phase; ``triton``: triton cache entries written so far;
-    ``limits``: recompile-limit warnings so far; ``breaks``: graph breaks torch logged so far."""
+# torch's counters of autotuning benchmarks: max-autotune's choice between GEMM templates (2.7-2.15); runtime
+# coordinate-descent tuning, pad_mm's padded-or-not and combo kernels (later releases, e.g. 2.13; not 2.7.1).
+# An FX-graph hit adds the counts its entry recorded at compile time (codecache: ``counters["inductor"] +=
+# graph.counter_deltas``), so a count alone does not prove a benchmark ran now: the seconds do (``dynamo_timed``
+# columns, measured only while it runs).
+AUTOTUNE_COUNTERS = ("select_algorithm_autotune", "coordesc_tuning_bench", "pad_mm_bench", "combo_autotune_bench")
+TRITON_BUNDLES = "triton_bundler_read_and_emit_kernel"
+# The counters read here: FX-graph and AOTAutograd cache outcomes, triton bundles, autotuning benchmarks. Each name
+# belongs to one group of torch's ``counters`` (``inductor`` or ``aot_autograd``), so a total per name is a total
+# per counter.
+_READ = frozenset(
+    (
+        *(f"fxgraph_cache_{name}" for name in FX_FIELDS),
+        *(f"autograd_cache_{name}" for name in AOT_FIELDS),
+        TRITON_BUNDLES,
+        *AUTOTUNE_COUNTERS,
+    )
+)
 
-    __slots__ = ("breaks", "counters", "limits", "metrics", "objects", "reasons", "triton")
+
+class _Counting(collections.Counter[str]):
+    """A group of torch's ``counters``: a ``Counter`` that also adds each change of a counter in :data:`_READ`
+    to ``totals``. A copy (torch's pattern matcher puts one back) adds to the same totals; pickled (torch pickles
+    deltas, which are plain Counters, but to be sure) it is a plain ``Counter``."""
+
+    totals: dict[str, int]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key in _READ:
+            before = dict.get(self, key, 0)
+            with _quiet():
+                self.totals[key] = self.totals.get(key, 0) + int(value - before)
+        dict.__setitem__(self, key, value)
+
+    def copy(self) -> _Counting:
+        return _counting(self.totals, self)
+
+    def __reduce__(self) -> Any:
+        return (collections.Counter, (dict(self),))
+
+
+def _quiet() -> Any:
+    import contextlib
+
+    return contextlib.suppress(TypeError, ValueError)  # a value that is no number: torch's business, not a count
+
+
+def _counting(totals: dict[str, int], values: Any = ()) -> _Counting:
+    counter = _Counting()
+    counter.totals = totals
+    dict.update(counter, values)
+    return counter
+
+
+class _Factory:
+    """``counters.default_factory`` once counted through clears: makes each group's :class:`_Counting`, and holds
+    the running totals (``totals``), which a ``counters.clear()`` does not touch."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, int] = {}
+
+    def __call__(self) -> _Counting:
+        return _counting(self.totals)
+
+
+def count_through_clears(counters: Any) -> dict[str, int] | None:
+    """Make ``counters`` (torch's ``defaultdict(Counter)``) keep running totals of the counters in :data:`_READ`
+    through clears, and return them: the counts so far, then every change. Idempotent. None where its
+    ``default_factory`` is not torch's ``Counter`` (another tool replaced it): then counts are read as they stand."""
+    factory = getattr(counters, "default_factory", None)
+    if isinstance(factory, _Factory):
+        return factory.totals
+    if factory is not collections.Counter:
+        return None
+    made = _Factory()
+    for group, counter in list(counters.items()):
+        if isinstance(counter, collections.Counter) and not isinstance(counter, _Counting):
+            counters[group] = _counting(made.totals, counter)
+    for counter in counters.values():
+        for name in _READ.intersection(counter):
+            made.totals[name] = made.totals.get(name, 0) + int(counter[name])
+    counters.default_factory = made
+    return made.totals
+
+
+def _totals(counters: Any) -> tuple[dict[str, int], Any]:
+    """The counters read here as running totals, and what holds them (a :class:`_Factory`, or ``counters``
+    itself where they could not be counted through clears: then a cleared count reads as a lower one)."""
+    totals = count_through_clears(counters)
+    if totals is not None:
+        return dict(totals), counters.default_factory
+    now: dict[str, int] = {}
+    for counter in list(counters.values()):
+        for name in _READ.intersection(counter):
+            now[name] = now.get(name, 0) + int(counter[name])
+    return now, counters
+
+
+class Mark:
+    """Counters and metric position at the start of a phase: ``counters``, the running totals of the counters read
+    here (:func:`count_through_clears`), and ``source``, what held them; ``triton``: triton cache entries written
+    so far; ``limits``: recompile-limit warnings so far; ``breaks``: graph breaks torch logged so far."""
+
+    __slots__ = ("breaks", "counters", "limits", "metrics", "reasons", "source", "triton")
 
     def __init__(
         self,
-        counters: dict[str, dict[str, int]],
+        counters: dict[str, int],
         metrics: int,
         reasons: int,
         triton: int = 0,
         limits: int = 0,
         breaks: int = 0,
-        objects: dict[str, Any] | None = None,
+        source: Any = None,
     ) -> None:
         self.counters = counters
-        # torch's Counter of each group itself: ``counters.clear()`` by a test replaces it with a new one, and
-        # this one keeps what was counted before the clear.
-        self.objects = objects or {}
+        self.source = source
         self.metrics = metrics
         self.reasons = reasons
         self.triton = triton
@@ -96,7 +202,6 @@ class Mark:
 
 
 ZERO = _EMPTY = Mark({}, 0, 0)  # before torch is imported: every counter at zero
-_GROUPS = ("inductor", "aot_autograd")
 
 
 def mark() -> Mark:
@@ -109,10 +214,9 @@ def mark() -> Mark:
         return Mark({}, 0, reasons, len(triton_built), dynamo.limit_mark(), dynamo.breaks_mark())
     from torch._dynamo import utils
 
-    objects = {group: utils.counters[group] for group in _GROUPS if group in utils.counters}
-    counters = {group: dict(counter) for group, counter in objects.items()}
+    counters, source = _totals(utils.counters)
     limits, breaks = dynamo.limit_mark(), dynamo.breaks_mark()
-    return Mark(counters, _metrics_count(utils), reasons, len(triton_built), limits, breaks, objects)
+    return Mark(counters, _metrics_count(utils), reasons, len(triton_built), limits, breaks, source)
 
 
 def moved(start: Mark | None, now: Mark) -> bool:
@@ -126,37 +230,35 @@ def moved(start: Mark | None, now: Mark) -> bool:
 def delta(start: Mark) -> dict[str, Any]:
     """What compiled since ``start``, shaped like ``ItemRecord.to_json``.
 
-    A test may call ``torch._dynamo.utils.counters.clear()`` (torch's own tests do, in their set-up): a count
-    below the start's is one the test cleared, and what it counted before the clear is still in the group's
-    old Counter (``start.objects``): both count. (torch's pattern matcher puts a copy of a group's Counter back
-    after its lazy set-up: a count not below the start's is torch's own, as torch counts it.) Metrics after a
-    ``clear_compilation_metrics()`` by the test are counted from the start of the list. A compile attempt that
-    failed (``fail_type``: the recompile limit, a frame Dynamo skipped) is no compiled frame; its seconds
-    count, and it is a recompile when torch's recompiles log says so (it logs the attempt).
+    Counts are the change of the running totals (:func:`count_through_clears`): what a test counted is counted
+    also where it (or its set-up or tear-down, as torch's ``TestCase``) cleared torch's counters. Where ``counters``
+    itself was replaced since ``start`` (a test's monkeypatch), or could not be counted through clears and reads
+    lower than at ``start``, what it holds now is what counts. Metrics after a ``clear_compilation_metrics()``
+    by the test are counted from the start of the list. A compile attempt that failed (``fail_type``: the
+    recompile limit, a frame Dynamo skipped) is no compiled frame; its seconds count, and it is a recompile when
+    torch's recompiles log says so (it logs the attempt).
     """
     if not dynamo_loaded():
         return {}
     _prepare()
     from torch._dynamo import utils
 
-    def moved(group: str, name: str) -> int:
-        now = utils.counters[group].get(name, 0) if group in utils.counters else 0
-        before = start.counters.get(group, {}).get(name, 0)
-        if now >= before:
-            return int(now - before)
-        old = start.objects.get(group)  # below the start: the test cleared torch's counters
-        if old is not None and utils.counters.get(group) is not old:  # counters.clear(): a new Counter since
-            return int(max(0, old.get(name, 0) - before) + now)
-        return int(now)  # cleared in place: what it counted since is what is there
+    now, source = _totals(utils.counters)
+    same = start.source is None or start.source is source
+
+    def moved(name: str) -> int:
+        before = start.counters.get(name, 0) if same else 0
+        count = now.get(name, 0)
+        return count - before if count >= before else count
 
     new = _metrics_since(utils, start.metrics)
     out = empty_delta()
     gpu = out["gpu"]
-    gpu["triton_bundle_files"] = moved("inductor", "triton_bundler_read_and_emit_kernel")
+    gpu["triton_bundle_files"] = moved(TRITON_BUNDLES)
     gpu["triton_built"] = max(0, len(triton_built) - start.triton)
-    gpu["autotune_benchmarks"] = sum(moved("inductor", name) for name in AUTOTUNE_COUNTERS)
-    out["fxgraph"] = {k: moved("inductor", f"fxgraph_cache_{k}") for k in FX_FIELDS}
-    out["aotautograd"] = {k: moved("aot_autograd", f"autograd_cache_{k}") for k in AOT_FIELDS}
+    gpu["autotune_benchmarks"] = sum(moved(name) for name in AUTOTUNE_COUNTERS)
+    out["fxgraph"] = {k: moved(f"fxgraph_cache_{k}") for k in FX_FIELDS}
+    out["aotautograd"] = {k: moved(f"autograd_cache_{k}") for k in AOT_FIELDS}
     for record in new:
         _add_metric(out, record)
     if dynamo.breaks_mark() != start.breaks:
@@ -174,12 +276,6 @@ def delta(start: Mark) -> dict[str, Any]:
     return out
 
 
-# torch's counters of autotuning benchmarks: max-autotune's choice between GEMM templates (2.7-2.15); runtime
-# coordinate-descent tuning, pad_mm's padded-or-not and combo kernels (later releases, e.g. 2.13; not 2.7.1).
-# An FX-graph hit adds the counts its entry recorded at compile time (codecache: ``counters["inductor"] +=
-# graph.counter_deltas``), so a count alone does not prove a benchmark ran now: the seconds do (``dynamo_timed``
-# columns, measured only while it runs).
-AUTOTUNE_COUNTERS = ("select_algorithm_autotune", "coordesc_tuning_bench", "pad_mm_bench", "combo_autotune_bench")
 # CompilationMetrics columns (2.7-2.15) summed into the GPU seconds: triton's compile (async_compile's precompile
 # and wait), autotuning at compile time (select_algorithm, benchmark fusion) and at the first call (runtime
 # benchmarks of a kernel's configs, recorded as an ``is_runtime`` record after the call; torch 2.7.1 declares the

@@ -1,4 +1,5 @@
-"""Every kind of graph break torch logs, counted by the plugin as torch logs it (tests/plugin/oracle.py reads the log).
+"""Every kind of graph break torch logs, counted by the plugin as torch logs it (tests/plugin/oracle.py reads the log);
+and the cache counts of tests that clear torch's counters, as torch counted them (the last test).
 
 torch logs a break in full, or only as a duplicate when one of the same kind at the same place was logged before
 (a recompiled frame breaking at the same place again; PyG's ``test_compile_basic``: 4 breaks, 2 logged in full):
@@ -9,6 +10,7 @@ the frame runs uncompiled); the plugin counts what torch logs. Dynamo only (``ba
 
 from __future__ import annotations
 
+import json
 import os
 from importlib.metadata import version
 from pathlib import Path
@@ -95,3 +97,77 @@ def test_every_graph_break_torch_logs_is_counted_with_its_reason(
         assert reason in said[nodeid]["breaks"][0]
     if tuple(int(part) for part in version("torch").split(".")[:2]) >= (2, 13):
         assert said["test_user.py::test_break_in_a_loop"]["breaks"][0].startswith("Failed to handle graph break")
+
+
+# Tests that clear torch's counters before and after their body, as torch's own ``TestCase`` does in ``setUp`` and
+# ``tearDown`` (a unittest class here: torch's needs ``expecttest``) and "fresh Dynamo" fixtures do. The oracle is
+# torch's counters read at the end of each body, written to oracle.jsonl. Matmuls: Inductor's FX-graph cache with
+# extern kernels, no C++ build.
+CLEARING_SUITE = """
+import json
+import unittest
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+
+def record(name):
+    fx = {k: counters["inductor"]["fxgraph_cache_" + k] for k in ("hit", "miss", "bypass")}
+    with open("oracle.jsonl", "a") as out:
+        out.write(json.dumps({"test": name, "fxgraph": fx}) + "\\n")
+
+
+def square(x):
+    return x @ x
+
+
+def cube(x):
+    return (x @ x) @ x
+
+
+def fresh():
+    torch._dynamo.reset()
+    counters.clear()
+
+
+class TestCleared(unittest.TestCase):
+    setUp = tearDown = staticmethod(fresh)
+
+    def test_miss_then_hit(self):
+        torch.compile(square)(torch.ones(4, 4))
+        torch._dynamo.reset()  # Dynamo compiles again; Inductor's FX-graph cache has the graph: a hit
+        torch.compile(square)(torch.ones(4, 4))
+        record("test_clearing.py::TestCleared::test_miss_then_hit")
+
+
+@pytest.fixture
+def fresh_dynamo():
+    fresh()
+    yield
+    fresh()
+
+
+def test_fixture_cleared(fresh_dynamo):
+    torch.compile(cube)(torch.ones(4, 4))
+    record("test_clearing.py::test_fixture_cleared")
+"""
+
+
+def test_tests_that_clear_torchs_counters_are_counted_as_torch_counted_them(inner: pytest.Pytester) -> None:
+    """Each counted 0 hits and 0 misses before, and ``--compile-cache-min-hit-rate`` passed on a cold run."""
+    inner.makepyfile(test_clearing=CLEARING_SUITE)
+
+    run = run_inner(inner, "--compile-cache=isolated", "--compile-cache-min-hit-rate=0.9")
+
+    run.result.assert_outcomes(passed=2)
+    told = [json.loads(line) for line in (inner.path / "oracle.jsonl").read_text().splitlines()]
+    assert [entry["fxgraph"] for entry in told] == [
+        {"hit": 1, "miss": 1, "bypass": 0},
+        {"hit": 0, "miss": 1, "bypass": 0},
+    ]
+    tests = {test["nodeid"]: test for test in run.data["tests"]}
+    for entry in told:
+        assert tests[entry["test"]]["fxgraph"] == entry["fxgraph"], entry["test"]
+    assert run.data["totals"]["fxgraph"]["miss"] == 2
+    assert run.result.ret != 0 and "hit rate" in run.result.stdout.str()  # 1 of 3: below the floor
