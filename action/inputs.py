@@ -42,6 +42,9 @@ SAVING_EVENTS = ("push", "schedule", "workflow_dispatch")
 # later run restores. merge_group runs on a temporary gh-readonly-queue/... branch whose entries no
 # later run can read: a save would only use quota and evict the default branch's entries.
 NEVER_SAVING_EVENTS = ("pull_request_target", "merge_group")
+# The plugin's options the Action's own steps read from the job's environment, as the pytest step will: the
+# restore's size cap and store timeout, and the store options its backend takes (settings.STORE_OPTIONS).
+JOB_OPTIONS = ("max_bundle_size", "store_timeout", "s3_endpoint")
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 # The names under RUNNER_TEMP (the runner empties it for every job).
@@ -254,6 +257,8 @@ def check(environ: Mapping[str, str]) -> Inputs:
         if min_hit_rate:
             parsers["min_hit_rate"]("input min-hit-rate", min_hit_rate)
         strict = bool(from_environment("strict", None, "", environ))  # the job's, as its pytest step reads it
+        for name in JOB_OPTIONS:  # the job's, which the Action's own steps read too: a bad one fails here
+            from_environment(name, None, "", environ)
         suffix = parsers["run_suffix"](
             "GITHUB_RUN_ID/GITHUB_RUN_ATTEMPT",
             f"{required(environ, 'GITHUB_RUN_ID')}-{environ.get('GITHUB_RUN_ATTEMPT') or '1'}",

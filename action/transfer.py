@@ -107,11 +107,14 @@ def restore(plan: Plan, environ: Mapping[str, str]) -> RestoreResult:
                 return api.RestoreResult("miss", message=message)
             store = api.open_store(plan.inbox, readonly=True)
         else:
-            endpoint = environ.get(ENV_PREFIX + "S3_ENDPOINT")
-            options = {"endpoint_url": endpoint} if endpoint and plan.store.startswith("s3://") else {}
-            seconds = api.from_environment("store_timeout", None, "", environ)  # the plugin's budget, as it reads it
+            # The job's options, read as its pytest step reads them (the plan checked them): the store's budget and
+            # the options its backend takes.
+            given = {name: api.from_environment(name, None, "", environ) for name in api.STORE_OPTIONS}
+            seconds = api.from_environment("store_timeout", None, "", environ)
             store = api.TimedStore(
-                api.open_store(plan.store, readonly=True, **options), seconds, option=ENV_PREFIX + "STORE_TIMEOUT"
+                api.open_store(plan.store, readonly=True, **api.backend_keywords(plan.store, given)),
+                seconds,
+                option=ENV_PREFIX + "STORE_TIMEOUT",
             )
         result = api.restore(
             store,
@@ -120,6 +123,7 @@ def restore(plan: Plan, environ: Mapping[str, str]) -> RestoreResult:
             cache_dir=plan.cache_dir,
             signing_key=api.read_signing_key(with_signing_key(environ)),
             exact_key=plan.key,
+            max_bytes=api.from_environment("max_bundle_size", None, "", environ),  # the job's cap, as the plugin's
             # store: github: the header entry brings the chosen header after this step (see header_entry)
             headers=plan.transfer != "github",
             # torch's artifacts wait in the cache dir for the pytest process to load (sync.load_staged):

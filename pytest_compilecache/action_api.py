@@ -37,8 +37,10 @@ from .probe import point_cache_dir
 from .report import human_size
 from .settings import DEFAULT_PREFIX
 from .settings import OPTIONS
+from .settings import STORE_OPTIONS
 from .settings import from_environment
 from .settings import read_signing_key
+from .stores import backend_keywords
 from .stores import open_store
 from .stores.timed import TimedStore
 from .sync import HANDOFF_ENV
@@ -64,6 +66,7 @@ __all__ = [
     "write_handoff",
     "HEADER_KIND",
     "OPTIONS",
+    "STORE_OPTIONS",
     "ConfigError",
     "Fingerprint",
     "Artifact",
@@ -84,6 +87,7 @@ __all__ = [
     "install_header",
     "keep_graph_record",
     "make_key",
+    "backend_keywords",
     "open_store",
     "point_cache_dir",
     "restore",

@@ -251,6 +251,10 @@ def test_relative_cache_dir_is_under_the_workspace(
         ("INPUT_SUMMARY", "maybe", "input summary"),
         ("INPUT_PGO", "sometimes", "input pgo"),
         ("INPUT_SAVE", "always", "input save"),
+        # the job's plugin variables that the Action's own steps read: refused here, not a restore "failure"
+        ("PYTEST_COMPILECACHE_STORE_TIMEOUT", "abc", "PYTEST_COMPILECACHE_STORE_TIMEOUT: expected a number"),
+        ("PYTEST_COMPILECACHE_MAX_BUNDLE_SIZE", "junk", "PYTEST_COMPILECACHE_MAX_BUNDLE_SIZE"),
+        ("PYTEST_COMPILECACHE_S3_ENDPOINT", "not a url", "PYTEST_COMPILECACHE_S3_ENDPOINT"),
     ],
 )
 def test_invalid_inputs_name_the_input(
@@ -390,6 +394,23 @@ def test_restore_from_a_directory_store(
     assert plan.transfer == "direct"
     assert transfer.restore(plan, environ).key == key
     assert (store / f"{key}.bundle").exists()  # read only: the store keeps its bundle
+
+
+@pytest.mark.parametrize("store", ["github", "directory"])
+def test_the_restore_keeps_the_jobs_bundle_size_cap(
+    action: ModuleType, environ: dict[str, str], fingerprint: Any, tmp_path: Path, store: str
+) -> None:
+    """PYTEST_COMPILECACHE_MAX_BUNDLE_SIZE caps what is unpacked (docs/security.md): the Action's restore, which
+    the plugin leaves to it (RESTORE=skip), read only the built-in 2 GiB."""
+    if store == "directory":
+        environ["INPUT_STORE"] = str(tmp_path / "store")
+    environ["PYTEST_COMPILECACHE_MAX_BUNDLE_SIZE"] = "100"
+    plan = inputs.make_plan(environ, fingerprint)
+    key = _bundle(fingerprint, Path(plan.staging if store == "github" else plan.store), "5-1")
+    result = transfer.restore(plan, environ)
+    assert result.outcome == "miss" and [skipped for skipped, _ in result.skipped] == [key]
+    assert result.warning is not None and "limit of 100 bytes" in result.warning
+    assert not list(Path(plan.cache_dir).glob("**/entry"))
 
 
 def test_restore_markdown(action: ModuleType, environ: dict[str, str], fingerprint: Any) -> None:

@@ -81628,7 +81628,9 @@ var require_python = __commonJS({
       return { ...env, GITHUB_ACTION_PATH: ACTION_ROOT, ...extra };
     }
     function interpreter(environ) {
-      return (environ["INPUT_PYTHON"] || "").trim() || "python";
+      const given = environ["INPUT_PYTHON"] || "";
+      if (given && !given.trim()) return null;
+      return given.trim() || "python";
     }
     function readReply(file) {
       try {
@@ -81643,8 +81645,14 @@ var require_python = __commonJS({
       const replyFile = path.join(dir, "reply.json");
       const argv = [path.join(ACTION_ROOT, "action", "main.py"), command];
       const env = pythonEnv(environ, { ...extra, COMPILECACHE_REPLY: replyFile });
+      const python = interpreter(environ);
+      if (python === null) {
+        core2.error("pytest-compilecache: input python: only spaces; leave it empty (or out) for its default");
+        fs.rmSync(dir, { recursive: true, force: true });
+        return Promise.resolve({ code: 2, reply: {} });
+      }
       return new Promise((resolve) => {
-        const child = spawn(interpreter(environ), argv, { env, stdio: "inherit" });
+        const child = spawn(python, argv, { env, stdio: "inherit" });
         let settled = false;
         const done = (code) => {
           if (settled) return;
@@ -81654,7 +81662,7 @@ var require_python = __commonJS({
           resolve({ code, reply });
         };
         child.on("error", (error) => {
-          core2.error(`pytest-compilecache: input python: cannot run ${interpreter(environ)}: ${error.message}`);
+          core2.error(`pytest-compilecache: input python: cannot run ${python}: ${error.message}`);
           done(127);
         });
         child.on("close", (code) => done(code === null ? 1 : code));

@@ -27,9 +27,12 @@ function pythonEnv(environ, extra = {}) {
   return { ...env, GITHUB_ACTION_PATH: ACTION_ROOT, ...extra };
 }
 
-/** The interpreter input `python` names (default `python`). */
+/** The interpreter input `python` names (default `python`); null when it is only spaces (a mistake, as for every
+ * other input: action/inputs.py refuses those). */
 function interpreter(environ) {
-  return (environ["INPUT_PYTHON"] || "").trim() || "python";
+  const given = environ["INPUT_PYTHON"] || "";
+  if (given && !given.trim()) return null;
+  return given.trim() || "python";
 }
 
 /** The JSON object the Python side wrote to `file`, or {} (none written: it failed before replying). */
@@ -44,16 +47,22 @@ function readReply(file) {
 
 /**
  * Run `python action/main.py <command>`; resolves {code, reply} (reply: the parsed JSON object, or {}).
- * A Python that cannot start resolves code 127, with one error annotation naming input `python` (written by
- * `@actions/core`, which escapes it).
+ * A Python that cannot start resolves code 127, input `python` of only spaces code 2, each with one error
+ * annotation naming input `python` (written by `@actions/core`, which escapes it).
  */
 function runPython(command, { environ = process.env, extra = {}, spawn = childProcess.spawn } = {}) {
   const dir = fs.mkdtempSync(path.join(environ.RUNNER_TEMP || os.tmpdir(), "compilecache-js-"));
   const replyFile = path.join(dir, "reply.json");
   const argv = [path.join(ACTION_ROOT, "action", "main.py"), command];
   const env = pythonEnv(environ, { ...extra, COMPILECACHE_REPLY: replyFile });
+  const python = interpreter(environ);
+  if (python === null) {
+    core.error("pytest-compilecache: input python: only spaces; leave it empty (or out) for its default");
+    fs.rmSync(dir, { recursive: true, force: true });
+    return Promise.resolve({ code: 2, reply: {} });
+  }
   return new Promise((resolve) => {
-    const child = spawn(interpreter(environ), argv, { env, stdio: "inherit" });
+    const child = spawn(python, argv, { env, stdio: "inherit" });
     let settled = false;
     const done = (code) => {
       if (settled) return; // a child that cannot start emits "error", and may emit "close" after it
@@ -63,7 +72,7 @@ function runPython(command, { environ = process.env, extra = {}, spawn = childPr
       resolve({ code, reply });
     };
     child.on("error", (error) => {
-      core.error(`pytest-compilecache: input python: cannot run ${interpreter(environ)}: ${error.message}`);
+      core.error(`pytest-compilecache: input python: cannot run ${python}: ${error.message}`);
       done(127);
     });
     child.on("close", (code) => done(code === null ? 1 : code));

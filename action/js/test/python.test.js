@@ -54,3 +54,22 @@ test("runPython: no reply is {}, and an interpreter that does not exist is exit 
   const annotation = lines.join("");
   assert.match(annotation, /^::error::pytest-compilecache: input python: cannot run .*no-such-python: /m);
 });
+
+test("runPython: input python of only spaces is an error naming it, as every other input's, and nothing runs", async () => {
+  const runnerTemp = temp();
+  const spawned = [];
+  const spawn = (file) => spawned.push(file);
+  const lines = [];
+  const write = process.stdout.write;
+  process.stdout.write = (chunk) => lines.push(String(chunk)) > 0;
+  let result;
+  try {
+    result = await runPython("install", { environ: { RUNNER_TEMP: runnerTemp, INPUT_PYTHON: "   " }, spawn });
+  } finally {
+    process.stdout.write = write;
+  }
+  assert.deepEqual(result, { code: 2, reply: {} });
+  assert.deepEqual(spawned, []);
+  assert.match(lines.join(""), /^::error::pytest-compilecache: input python: only spaces/m);
+  assert.deepEqual(fs.readdirSync(runnerTemp), []);
+});
