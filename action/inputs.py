@@ -245,6 +245,7 @@ def check(environ: Mapping[str, str]) -> Inputs:
     from pytest_compilecache.settings import DEFAULT_PREFIX
     from pytest_compilecache.settings import OPTIONS
     from pytest_compilecache.settings import from_environment
+    from pytest_compilecache.settings import read_signing_key
 
     parsers = {option.name: option.parse for option in OPTIONS}
     try:
@@ -259,6 +260,7 @@ def check(environ: Mapping[str, str]) -> Inputs:
         strict = bool(from_environment("strict", None, "", environ))  # the job's, as its pytest step reads it
         for name in JOB_OPTIONS:  # the job's, which the Action's own steps read too: a bad one fails here
             from_environment(name, None, "", environ)
+        read_signing_key(with_signing_key(environ))
         suffix = parsers["run_suffix"](
             "GITHUB_RUN_ID/GITHUB_RUN_ATTEMPT",
             f"{required(environ, 'GITHUB_RUN_ID')}-{environ.get('GITHUB_RUN_ATTEMPT') or '1'}",
@@ -271,7 +273,6 @@ def check(environ: Mapping[str, str]) -> Inputs:
         environ.get("GITHUB_REF", ""),
         default_branch(environ),
     )
-    read(environ, "signing-key")  # only spaces, or not UTF-8: an InputError here too
     read(environ, "cache-dir")
     return Inputs(
         store=GITHUB_STORE if store.lower() == GITHUB_STORE else store,
@@ -298,6 +299,7 @@ def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
     from pytest_compilecache.action_api import ConfigError
     from pytest_compilecache.action_api import make_key
     from pytest_compilecache.action_api import open_store
+    from pytest_compilecache.action_api import refuse_cache_dir
     from pytest_compilecache.action_api import restore_prefix
 
     temp = Path(required(environ, "RUNNER_TEMP"))
@@ -315,6 +317,11 @@ def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
     cache_dir = read(environ, "cache-dir")
     cache_dir = str(workspace / cache_dir) if cache_dir else str(temp / CACHE_DIR)
     transfer = "none" if given.mode != "shared" else ("github" if store == GITHUB_STORE else "direct")
+    if transfer == "direct":
+        try:
+            refuse_cache_dir(store, cache_dir)
+        except ConfigError as exc:
+            raise InputError(str(exc).replace("--compile-cache-store", "input store")) from None
     if transfer == "none":
         save, why = False, f"mode {given.mode} keeps no cache dir between runs"
     digest = fingerprint.digest()

@@ -42,6 +42,7 @@ from .settings import from_environment
 from .settings import read_signing_key
 from .stores import backend_keywords
 from .stores import open_store
+from .stores import refuse_cache_dir
 from .stores.timed import TimedStore
 from .sync import HANDOFF_ENV
 from .sync import HeaderReport
@@ -89,6 +90,7 @@ __all__ = [
     "make_key",
     "backend_keywords",
     "open_store",
+    "refuse_cache_dir",
     "point_cache_dir",
     "restore",
     "restore_headers",

@@ -54,6 +54,7 @@ from .settings import read_signing_key
 from .stores import OPTION as STORE_OPTION
 from .stores import backend_keywords
 from .stores import open_store
+from .stores import refuse_cache_dir
 from .stores.base import prune
 from .stores.base import validate_key
 from .stores.base import validate_prefix
@@ -84,14 +85,33 @@ _NOT_CARRIED = ("lock",)
 
 
 def _check_names(args: argparse.Namespace) -> None:
-    """Validate keys, prune's prefix and suffixes before any work (exit 2 on a bad one). The key prefix of
-    key, restore and save is the plugin's option, parsed as the plugin parses it (:data:`_PLUGIN_FLAGS`)."""
-    if getattr(args, "prefix", None) is not None:
-        validate_prefix(args.prefix)
-    if getattr(args, "key", None):
-        validate_key(args.key)
-    if getattr(args, "suffix", None):
-        validate_key(args.suffix)
+    """Validate keys, prune's prefix and suffixes before any work (exit 2 on a bad one, naming the flag). The key
+    prefix of key, restore and save is the plugin's option, parsed as the plugin parses it (:data:`_PLUGIN_FLAGS`)."""
+    for name, check in (("prefix", validate_prefix), ("key", validate_key), ("suffix", validate_key)):
+        value = getattr(args, name, None)
+        if value is None or (not value and name != "prefix"):
+            continue
+        try:
+            check(value)
+        except ConfigError as exc:
+            raise ConfigError(f"--{name}: {exc}") from None
+
+
+def _runner_file(variable: str, flag: str) -> str:
+    """The runner file ``variable`` names, for ``flag``: checked before any work, so a restore never fills a cache
+    dir and then fails to report it. Unset, or not a file this process can append to: a ConfigError (exit 2)."""
+    path = os.environ.get(variable, "")
+    if not path:
+        raise ConfigError(f"{flag}: {variable} is not set (the runner sets it in a GitHub Actions step)")
+    try:  # tried, not guessed from its mode bits; a file made to try is removed (the runner makes its own)
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+        except FileNotFoundError:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            os.unlink(path)
+    except OSError as exc:
+        raise ConfigError(f"{flag}: cannot append to {variable} {path}: {exc.strerror or exc}") from None
+    return path
 
 
 def _json_target(path: str | None) -> Path | None:
@@ -118,6 +138,14 @@ _PLUGIN_FLAGS = {
     "max_bundle_size": "--max-bundle-size",
     "store_timeout": "--store-timeout",
 }
+
+
+def _check_cache_dir(store: str, cache_dir: str) -> None:
+    """A directory ``--store`` must not be ``--cache-dir``, nor hold it or lie in it (exit 2)."""
+    try:
+        refuse_cache_dir(store, cache_dir)
+    except ConfigError as exc:
+        raise exc.respelled(STORE_OPTION, "--store") from None
 
 
 def _resolve_plugin_defaults(args: argparse.Namespace) -> None:
@@ -175,30 +203,38 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
 
 def cmd_key(args: argparse.Namespace) -> int:
     _check_names(args)
+    output = _runner_file("GITHUB_OUTPUT", "--github-output") if args.github_output else None
     fp = _fingerprint(args)
     values = {
         "digest": fp.digest(),
         "key": make_key(args.key_prefix, fp.digest(), args.suffix or default_suffix()),
         "restore-prefix": restore_prefix(args.key_prefix, fp.digest()),
     }
-    _emit(values, args.github_output)
+    _emit(values, output)
     return EXIT_OK
 
 
-def _emit(values: dict[str, str], github_output: bool) -> None:
+def _emit(values: dict[str, str], output: str | None) -> None:
+    """Print ``values`` as ``name=value`` lines, and append them to the ``GITHUB_OUTPUT`` file ``output`` (if any)."""
     for name, value in values.items():
         _out(f"{name}={ghrunner.one_line(value)}")
-    if github_output:
-        ghrunner.append_vars(os.environ.get("GITHUB_OUTPUT"), values)
+    if output:
+        ghrunner.append_vars(output, values)
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
     _check_names(args)
     json_target = _json_target(args.json)
+    output = _runner_file("GITHUB_OUTPUT", "--github-output") if args.github_output else None
     cache_dir = str(Path(args.cache_dir).absolute())
-    cachedir.refuse_foreign(cache_dir, "--cache-dir")  # the rule pytest's --compile-cache-dir follows
-    cachedir.sweep_dead_writers(cache_dir)  # what a killed restore left (its staging dir), once its owner is gone
     store = _open(args, readonly=True)
+    _check_cache_dir(args.store, cache_dir)
+    try:  # the rules pytest's --compile-cache-dir follows: not someone else's dir, a writable dir (made now)
+        cachedir.refuse_foreign(cache_dir, "--cache-dir")
+        cachedir.make_dir(Path(cache_dir))
+    except ConfigError as exc:
+        raise exc.respelled("--compile-cache-dir", "--cache-dir") from None
+    cachedir.sweep_dead_writers(cache_dir)  # what a killed restore left (its staging dir), once its owner is gone
     point_cache_dir(cache_dir)  # before torch is imported by the fingerprint
     done = _progress(f"restoring from {store.location}")
     result = sync.restore(
@@ -212,7 +248,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
         headers=not args.no_headers,
     )
     done(result.size)
-    _emit(sync.restore_outputs(result), args.github_output)
+    _emit(sync.restore_outputs(result), output)
     if result.headers.transferred:
         _out(
             f"installed {len(result.headers.transferred)} precompiled header(s), "
@@ -249,6 +285,7 @@ def cmd_save(args: argparse.Namespace) -> int:
     _check_names(args)
     cache_dir = Path(args.cache_dir).absolute()
     store = _open(args)  # a bad --store is a usage error before anything else
+    _check_cache_dir(args.store, str(cache_dir))
     if not cache_dir.is_dir():  # nothing compiled there, or a mistyped path: either way, said
         _out(f"save: skipped: --cache-dir {ghrunner.one_line(str(cache_dir))} is not a directory: nothing to save")
         return EXIT_OK
@@ -321,7 +358,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         ) as verified:
             manifest = verified.manifest
     except BundleError as exc:
-        _out(f"invalid: {ghrunner.one_line(str(exc))}")
+        _out(f"invalid: {ghrunner.one_line(_as_typed(str(exc)))}")
         return EXIT_FAILED
     _out(f"ok: {ghrunner.one_line(manifest.key, 300)} ({len(manifest.members)} members)")
     return EXIT_OK
@@ -343,6 +380,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     Any input that is not such a report (unreadable, not JSON, nested too deep, a number out of range, a
     field of the wrong type) is a ConfigError: one ``error:`` line and exit 2, never a traceback or exit 1."""
     kept = not args.json_report  # the last session's report, kept in pytest's cache
+    # --summary outside a runner prints the report; a summary file that cannot be written is said before any work
+    target = (
+        _runner_file("GITHUB_STEP_SUMMARY", "--summary")
+        if args.summary and os.environ.get("GITHUB_STEP_SUMMARY")
+        else None
+    )
     args.json_report = args.json_report or report.LAST_REPORT_PATH
     try:
         data = json.loads(Path(args.json_report).read_text())
@@ -356,7 +399,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     except Exception as exc:  # whatever the input makes the renderer raise (OverflowError for 1e999...): its shape
         why = f"{type(exc).__name__}: {exc}"
         raise ConfigError(f"{args.json_report} is not a --compile-cache-json report ({why})") from None
-    target = os.environ.get("GITHUB_STEP_SUMMARY") if args.summary else None
     if target:  # the text (test ids, warnings) shown as it is: nothing in it read as Markdown or HTML
         ghrunner.append_summary(target, ghrunner.md_block(text) if args.text else text)
     else:
@@ -389,7 +431,19 @@ class _Parser(argparse.ArgumentParser):
         super()._print_message(ghrunner.inert(message) if message else message, file)
 
 
+# The plugin's flags a message may name, as this CLI's: a size limit given here is --max-bundle-size.
+_AS_TYPED = {"(--compile-cache-max-bundle-size)": "(--max-bundle-size)"}
+
+
+def _as_typed(message: str) -> str:
+    """``message`` naming this CLI's flags where it names the plugin's (:data:`_AS_TYPED`)."""
+    for plugin_flag, flag in _AS_TYPED.items():
+        message = message.replace(plugin_flag, flag)
+    return message
+
+
 def _warn(message: str) -> None:
+    message = _as_typed(message)
     _out(f"CompileCacheWarning: {ghrunner.one_line(message)}", err=True)
     if ghrunner.in_github_actions():
         ghrunner.write_command(sys.stdout, "warning", message, title="compile cache")
@@ -406,7 +460,10 @@ def _epoch(value: str) -> float:
 
 
 def _positive(value: str) -> int:
-    number = int(value)
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return number

@@ -97,6 +97,13 @@ class SessionContext:
                 session_dir = cachedir.decide(settings.effective_mode, settings.dir, default_shared)
             except ConfigError as exc:
                 raise settings.respell(exc, "dir") from None
+            if settings.store and session_dir.path:
+                from .stores import refuse_cache_dir
+
+                try:
+                    refuse_cache_dir(settings.store, session_dir.path)
+                except ConfigError as exc:
+                    raise settings.respell(exc, "store") from None
         context = cls(settings, session_dir, lease, problems, follows_controller=bool(inherited))
         if session_dir.owned and not settings.keep:
             # Also when pytest stops before the session ends (--help, a usage error, a broken conftest).

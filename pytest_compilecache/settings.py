@@ -356,9 +356,12 @@ def resolve(
 
 def read_signing_key(environ: Mapping[str, str] = os.environ) -> bytes | None:
     """The bundle signing key from :data:`SIGNING_KEY_ENV` (None when unset or empty): the one place it is
-    read, for the plugin, the CLI and the Action alike."""
+    read, for the plugin, the CLI and the Action alike. A value that is not UTF-8 is a ConfigError naming it."""
     value = environ.get(SIGNING_KEY_ENV, "")
-    return value.encode() if value else None
+    try:
+        return value.encode() if value else None
+    except UnicodeEncodeError:  # bytes that are not UTF-8, as Python keeps them in os.environ
+        raise ConfigError(f"{SIGNING_KEY_ENV}: not valid UTF-8") from None
 
 
 def option(name: str) -> Option:

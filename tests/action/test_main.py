@@ -251,6 +251,7 @@ def test_relative_cache_dir_is_under_the_workspace(
         ("INPUT_SUMMARY", "maybe", "input summary"),
         ("INPUT_PGO", "sometimes", "input pgo"),
         ("INPUT_SAVE", "always", "input save"),
+        ("INPUT_STORE", ".cache/inductor/bundles", "input store: .* lies in the cache dir"),  # cache-dir below
         # the job's plugin variables that the Action's own steps read: refused here, not a restore "failure"
         ("PYTEST_COMPILECACHE_STORE_TIMEOUT", "abc", "PYTEST_COMPILECACHE_STORE_TIMEOUT: expected a number"),
         ("PYTEST_COMPILECACHE_MAX_BUNDLE_SIZE", "junk", "PYTEST_COMPILECACHE_MAX_BUNDLE_SIZE"),
@@ -261,6 +262,7 @@ def test_invalid_inputs_name_the_input(
     action: ModuleType, environ: dict[str, str], fingerprint: Any, name: str, value: str, message: str
 ) -> None:
     environ[name] = value
+    environ["INPUT_CACHE_DIR"] = ".cache/inductor"
     with pytest.raises(inputs.InputError, match=message):
         inputs.make_plan(environ, fingerprint)
 

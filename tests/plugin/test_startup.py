@@ -140,6 +140,13 @@ BAD_CONFIGURATIONS = [
         "--compile-cache-redis: expected redis://host:port/db, got 'redis://***'",
         id="redis-unparsable",
     ),
+    pytest.param(
+        ["--compile-cache-dir={file}.d", "--compile-cache-store={file}.d/bundles"],
+        "",
+        {},
+        "--compile-cache-store: '*/a-file.d/bundles' lies in the cache dir */a-file.d: give the store a directory*",
+        id="store-in-the-cache-dir",
+    ),
     pytest.param([], "compile_cache = bogus", {}, "compile_cache: invalid value 'bogus'*", id="ini"),
     pytest.param(
         [],

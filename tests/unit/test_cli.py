@@ -314,6 +314,10 @@ def _usage_cases(tmp_path: Path) -> list[tuple[list[str], int]]:
         (["save", "--store", store, "--cache-dir", cache, "--suffix", "bad/suffix"], cli.EXIT_USAGE),
         (["key", "--prefix", "p\ncache-hit=true", "--github-output"], cli.EXIT_USAGE),
         (["prune", "--store", store, "--prefix", "../x"], cli.EXIT_USAGE),
+        (["restore", "--store", store, "--cache-dir", str(a_file)], cli.EXIT_USAGE),  # a file: no cache dir
+        (["restore", "--store", store, "--cache-dir", str(a_file / "sub")], cli.EXIT_USAGE),
+        (["restore", "--store", store, "--cache-dir", store], cli.EXIT_USAGE),  # the store's own dir
+        (["save", "--store", str(tmp_path / "c" / "store"), "--cache-dir", str(tmp_path / "c")], cli.EXIT_USAGE),
         (["verify", str(tmp_path / "missing.bundle")], cli.EXIT_FAILED),
         (["inspect", str(garbage)], cli.EXIT_FAILED),
     ]
@@ -728,3 +732,71 @@ def test_report_as_text_into_the_step_summary_is_inert(tmp_path: Path, monkeypat
     inside = lines[1:-1]
     assert not any(line.lstrip().startswith("`" * 5) for line in inside)
     assert any("<img src=" in line for line in inside)  # shown as written, inside the block
+
+
+def test_usage_errors_name_the_flag_as_typed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each message names what the user typed: the CLI's flag, not the plugin's, nor an internal name."""
+    store, cache = str(tmp_path / "store"), str(tmp_path / "cache")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for argv, words in [
+        (["restore", "--store", store, "--cache-dir", cache, "--key", "bad key"], "--key: invalid cache key"),
+        (["key", "--suffix", "a b"], "--suffix: invalid cache key"),
+        (["prune", "--store", store, "--prefix", "  "], "--prefix: invalid cache key prefix"),
+        (["restore", "--store", store, "--cache-dir", str(a_file)], f"--cache-dir: {a_file} is not a writable"),
+        (["restore", "--store", store, "--cache-dir", store], f"--store: '{store}' is the cache dir {store}"),
+        (["save", "--store", f"{cache}/s", "--cache-dir", cache], f"--store: '{cache}/s' lies in the cache dir"),
+        (["restore", "--store", cache, "--cache-dir", f"{cache}/c"], f"--store: '{cache}' holds the cache dir"),
+    ]:
+        assert cli.main(argv) == cli.EXIT_USAGE, argv
+        assert capsys.readouterr().err.startswith(f"error: {words}"), argv
+    assert not (tmp_path / "store").exists() and not (tmp_path / "cache").exists()  # nothing was done
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["save", "--store", store, "--cache-dir", cache, "--keep", "abc"])
+    assert exit_info.value.code == cli.EXIT_USAGE
+    assert "argument --keep: not a whole number: 'abc'" in capsys.readouterr().err
+    monkeypatch.setenv("PYTEST_COMPILECACHE_SIGNING_KEY", "key\udcff")  # a byte that is not UTF-8
+    assert cli.main(["verify", str(a_file)]) == cli.EXIT_USAGE
+    assert capsys.readouterr().err == "error: PYTEST_COMPILECACHE_SIGNING_KEY: not valid UTF-8\n"
+
+
+def test_the_size_limit_is_named_as_the_cli_takes_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store, cache = tmp_path / "store", _cache_dir(tmp_path)
+    assert cli.main(["save", "--store", str(store), "--cache-dir", str(cache), "--suffix", "1"]) == 0
+    (path,) = store.glob("*.bundle")
+    capsys.readouterr()
+    assert cli.main(["verify", str(path), "--max-bundle-size", "10"]) == cli.EXIT_FAILED
+    assert capsys.readouterr().out.endswith("more than the limit of 10 bytes (--max-bundle-size)\n")
+    target = tmp_path / "restored"
+    assert cli.main(["restore", "--store", str(store), "--cache-dir", str(target), "--max-bundle-size", "10"]) == 0
+    err = capsys.readouterr().err
+    assert "more than the limit of 10 bytes" in err and "--compile-cache-" not in err
+
+
+def test_runner_files_are_checked_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--github-output without GITHUB_OUTPUT wrote nothing and said nothing; one that cannot be written failed after
+    the restore had filled the cache dir (exit 1). Both are usage errors now, before any work."""
+    store, cache = tmp_path / "store", _cache_dir(tmp_path)
+    assert cli.main(["save", "--store", str(store), "--cache-dir", str(cache), "--suffix", "1"]) == 0
+    target = tmp_path / "restored"
+    restore = ["restore", "--store", str(store), "--cache-dir", str(target), "--github-output"]
+    monkeypatch.delenv("GITHUB_OUTPUT", raising=False)
+    capsys.readouterr()
+    assert cli.main(restore) == cli.EXIT_USAGE
+    assert capsys.readouterr().err.startswith("error: --github-output: GITHUB_OUTPUT is not set")
+    monkeypatch.setenv("GITHUB_OUTPUT", str(tmp_path / "a-dir-that-is-not-there" / "out"))
+    assert cli.main(restore) == cli.EXIT_USAGE
+    assert "error: --github-output: cannot append to GITHUB_OUTPUT" in capsys.readouterr().err
+    assert not target.exists()  # nothing restored
+    monkeypatch.setenv("GITHUB_OUTPUT", str(tmp_path / "out"))
+    assert cli.main(restore) == 0 and (tmp_path / "out").read_text().startswith("restore-outcome=partial")
+    report_file = tmp_path / "report.json"
+    report_file.write_text(json.dumps({"version": 1, "totals": {}, "tests": []}))
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "no-dir" / "summary"))
+    assert cli.main(["report", str(report_file), "--summary"]) == cli.EXIT_USAGE
+    assert "error: --summary: cannot append to GITHUB_STEP_SUMMARY" in capsys.readouterr().err
+
