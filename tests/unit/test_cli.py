@@ -799,4 +799,3 @@ def test_runner_files_are_checked_before_any_work(
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "no-dir" / "summary"))
     assert cli.main(["report", str(report_file), "--summary"]) == cli.EXIT_USAGE
     assert "error: --summary: cannot append to GITHUB_STEP_SUMMARY" in capsys.readouterr().err
-
