@@ -1,5 +1,5 @@
 """What each test paid Dynamo beyond the cache, rendered: recompiles with torch's guard-failure reasons, frames that
-hit torch's recompile limit (they ran uncompiled from then on), graph breaks with torch's reasons.
+hit torch's recompile limit (torch compiled them no more), graph breaks with torch's reasons.
 
 Pure renderers over the per-test records (:class:`.stats.ItemRecord`'s ``recompiled``, ``limit_hit``,
 ``graph_breaks``, ``graph_break_reasons``): terminal lines, Markdown, JSON. No I/O. Nothing here costs a session
@@ -25,8 +25,9 @@ SHORT_ROWS = 3  # tests named in the short report before "and N more"
 TOP_ROWS = 10  # offenders listed in the full report and the JSON report's ``top``
 UNCOMPILED = "ran uncompiled"
 UNCOMPILED_NOTE = (
-    "from then on torch runs it uncompiled in this process, and tests pass without testing compiled code "
-    "(--compile-cache-fail-on-eager-fallback fails them instead)"
+    "from then on torch compiles it no more in this process: inputs its compiled code does not accept run "
+    "uncompiled, and tests pass without testing compiled code (--compile-cache-fail-on-eager-fallback fails them "
+    "instead)"
 )
 
 

@@ -78,8 +78,9 @@ TABLE: tuple[tuple[str, str, bool, str], ...] = (
         "fail_on_eager_fallback",
         "--compile-cache-fail-on-eager-fallback",
         True,
-        "fail a test whose compiled function hits torch's recompile limit (torch would run it uncompiled from "
-        "then on, and the test pass without testing compiled code): torch's fail_on_recompile_limit_hit.",
+        "fail a test whose compiled function hits torch's recompile limit (torch would compile it no more, run "
+        "the inputs its compiled code does not accept uncompiled, and the test pass without testing compiled code): "
+        "torch's fail_on_recompile_limit_hit.",
     ),
     (
         "restore",

@@ -36,7 +36,7 @@ SECONDS = ("compile_seconds",)
 TEXTS = ("bypass_reasons", "graph_break_reasons")
 # Distinct entries (plain dicts with a ``count``; equal but for their count, they merge): each recompile with
 # torch's guard-failure reason (``function``, ``reason``, ``first``: the test that compiled the frame first in that
-# process, "" when unknown), and each frame that hit torch's recompile limit and so runs uncompiled from then on
+# process, "" when unknown), and each frame that hit torch's recompile limit and so is compiled no more
 # (``function``, ``limit``, ``reason``: the last guard failure).
 ENTRIES = ("recompiled", "limit_hit")
 MAX_TEXTS = 20  # distinct texts or entries kept per test and field: the rest add no new reason
@@ -110,5 +110,6 @@ def merge_entries(into: list[dict[str, Any]], new: Any) -> None:
 
 
 # The record of what compiled outside every test of a process (merged across xdist workers): a compile at import
-# or collection, in a session-scoped fixture's teardown. Counted in the totals, not as a test.
+# or collection, in a session hook. Counted in the totals, not as a test. (pytest runs a fixture's teardown inside a
+# test's: a session fixture's inside the last test's, which counts it.)
 OUTSIDE = "(outside tests)"

@@ -108,8 +108,9 @@ class Recorder:
         return Start(probe.mark(), probe.graph_mark() if self.explain else None)
 
     def finish_outside(self) -> None:
-        """Record what compiled since the last test ended (a session-scoped fixture's teardown, a compile at
-        collection when no test ran): at the process's end, before its statistics are read."""
+        """Record what compiled since the last test ended (a ``pytest_sessionfinish`` hook, a compile at
+        collection when no test ran): at the process's end, before its statistics are read. A session fixture's
+        teardown is not here: pytest runs it inside the last test's teardown, which counts it."""
         if torch_loaded():
             self._outside(self._here())
 

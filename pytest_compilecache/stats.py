@@ -249,8 +249,8 @@ class SessionStats:
 
     @property
     def compiled_tests(self) -> int:
-        """How many tests compiled: the ``(outside tests)`` row (compiles at collection or in fixtures torn down
-        after the last test) is not a test."""
+        """How many tests compiled: the ``(outside tests)`` row (compiles at import, collection or in a session
+        hook) is not a test."""
         return sum(1 for nodeid, r in self.records.items() if r.compiled and nodeid != OUTSIDE)
 
     def totals_json(self) -> dict[str, Any]:
@@ -374,7 +374,7 @@ class CompileCacheStats:
 
     @property
     def limit_hit(self) -> list[dict[str, Any]]:
-        """Frames that hit torch's recompile limit so far (they run uncompiled from then on)::
+        """Frames that hit torch's recompile limit so far (torch compiles them no more)::
 
         assert not compile_cache_stats.limit_hit, compile_cache_stats.limit_hit
         """

@@ -323,7 +323,8 @@ def _name_unnamed(recompiled: list[dict[str, Any]], records: list[Any], limit_hi
 
 # fail_type of a compile that hit the recompile limit: torch raises it (fail_on_recompile_limit_hit, fullgraph) ...
 _LIMIT_RAISED = "FailOnRecompileLimitHit"
-# ... or the frame runs uncompiled from then on (2.7: RecompileLimitExceeded; 2.13: Unsupported, with its gb_type)
+# ... or torch compiles the frame no more (RUN_ONLY: its compiled code where the guards pass, else eager; 2.7:
+# RecompileLimitExceeded; 2.13: Unsupported, with its gb_type)
 _LIMIT_SKIPPED = ("RecompileLimitExceeded", "CacheLimitExceeded")
 _LIMIT_REASON = "recompile limit exceeded"
 

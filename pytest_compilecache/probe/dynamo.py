@@ -1,5 +1,5 @@
 """Dynamo's own costs, per test: which function a compile was for, each recompile with torch's guard-failure
-reason, frames that hit torch's recompile limit (they run uncompiled from then on), graph breaks with torch's
+reason, frames that hit torch's recompile limit (torch compiles them no more), graph breaks with torch's
 reasons. torch's logs (``TORCH_LOGS=recompiles,graph_breaks``) say the same per process; this ties them to a test.
 
 Read from what torch keeps anyway: ``CompilationMetrics`` (``compile_id``, ``co_name``, ``co_filename``,

@@ -47,7 +47,7 @@ def test_the_summary_line_counts_them_and_the_short_report_names_the_frame_that_
     [line] = dynamo_costs.uncompiled_lines(COSTLY)
     assert line.startswith(
         "ran uncompiled: t.py::test_limit: times (t.py:9) hit recompile_limit = 8 (last guard failure: tensor 'x' "
-        "size mismatch); from then on torch runs it uncompiled in this process"
+        "size mismatch); from then on torch compiles it no more in this process"
     )
     outcome = report.SessionOutcome(stats=COSTLY, mode="shared", cache_dir="/c", where="shared:/c")
     assert [text for text, _ in report.session_lines(outcome, report="short")][1] == line
