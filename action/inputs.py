@@ -311,8 +311,8 @@ def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
             open_store(store)  # checks it as the plugin would (s3:/b is no directory); touches neither disk nor network
         except ConfigError as exc:
             raise InputError(str(exc).replace("--compile-cache-store", "input store")) from None
-        if "://" not in store:  # a directory: the same one for this step and the pytest step
-            store = os.path.abspath(workspace / store)
+        if "://" not in store:  # a directory: the same one for this step and the pytest step (~: the home dir)
+            store = os.path.abspath(workspace / os.path.expanduser(store))
     save, why = given.save, given.why
     cache_dir = read(environ, "cache-dir")
     cache_dir = str(workspace / cache_dir) if cache_dir else str(temp / CACHE_DIR)

@@ -3,7 +3,7 @@
 ``open_store`` turns the ``--compile-cache-store`` value into a store:
 
 * ``file:///abs/path`` (or ``file://localhost/abs/path``) or a plain path -> :class:`LocalStore`
-  (a relative plain path is resolved against the current directory);
+  (``~`` is the home dir; a relative plain path is resolved against the current directory);
 * ``s3://``, ``gs://``, ``az://`` ... -> the backend of that scheme in :mod:`.table` (its module imported
   lazily, so its SDK is only needed by those who use it; without it, a ConfigError naming the extra);
 * anything else -> :class:`ConfigError` naming the option and the value.
@@ -155,7 +155,7 @@ def open_store(target: Union[str, os.PathLike[str], Settings], *, readonly: bool
     store: Store
     backend = backend_for(url)
     if scheme is None:
-        store = _local(Path(url), url)
+        store = _local(Path(url).expanduser(), url)  # ~ as --compile-cache-dir takes it (an ini value is not expanded)
     elif scheme == "file" and url[len(scheme) + 1 :].startswith("//"):
         store = _local_from_url(url)
     elif backend is not None:

@@ -226,6 +226,8 @@ def test_relative_directory_store_is_under_the_workspace(
     plan = inputs.make_plan(environ, fingerprint)
     assert plan.store == str(Path(environ["GITHUB_WORKSPACE"]) / "bundles")
     assert inputs.plugin_env(plan)["PYTEST_COMPILECACHE_STORE"] == plan.store
+    environ["INPUT_STORE"] = "~/compile-store"  # as actions/cache's path: the home dir (it was a dir named ~)
+    assert inputs.make_plan(environ, fingerprint).store == str(Path.home() / "compile-store")
 
 
 def test_relative_cache_dir_is_under_the_workspace(

@@ -366,3 +366,12 @@ def test_a_listing_that_never_ends_is_a_store_error_for_gcs_and_azure() -> None:
     azure._container = lambda: SimpleNamespace(list_blobs=lambda **k: endless())  # type: ignore[method-assign]
     with pytest.raises(StoreError, match=r"^az://cont/p: list: more than .* never ends"):
         azure.list()
+
+
+def test_a_directory_store_takes_the_home_dir_as_the_cache_dir_does(tmp_path: Path) -> None:
+    """``~/store`` in an ini file (which no shell expands) or the Action's input is the home dir's, as
+    ``--compile-cache-dir`` takes it; it was a dir named ``~`` below the current dir."""
+    from pytest_compilecache.stores import LocalStore
+
+    store = open_store("~/compile-store")
+    assert isinstance(store, LocalStore) and store.root == Path.home() / "compile-store"
