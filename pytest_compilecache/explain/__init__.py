@@ -24,6 +24,7 @@ from .compare import NEW_GRAPH as NEW_GRAPH
 from .compare import NEW_TEST as NEW_TEST
 from .compare import SAME_KEY as SAME_KEY
 from .compare import MissExplanation as MissExplanation
+from .compare import comparable as comparable
 from .compare import constant_statements as constant_statements
 from .compare import constant_what as constant_what
 from .compare import diff as diff
@@ -72,5 +73,6 @@ from .session import earlier_graphs as earlier_graphs
 from .session import explain_session as explain_session
 from .session import explain_session_safely as explain_session_safely
 from .session import explain_test_safely as explain_test_safely
+from .session import graphs_by_function as graphs_by_function
 from .session import order_dependent_tests as order_dependent_tests
 from .session import read_baseline as read_baseline

@@ -25,25 +25,45 @@ from .lookup import GraphLookup
 # --------------------------------------------------------------------------- comparing two lookups
 
 
-def similarity(a: GraphLookup, b: GraphLookup) -> tuple[int, int, int, int]:
-    """Sort key, higher is more similar: forward vs backward, then inference vs training, then the same
-    graph code, then the number of equal components."""
+def similarity(a: GraphLookup, b: GraphLookup) -> tuple[int, int, int, int, int]:
+    """Sort key, higher is more similar: forward vs backward, then the same function of the user's
+    (:attr:`GraphLookup.user_function`; at another line, next), then inference vs training, then the same graph
+    code, then the number of equal components."""
     same = sum(1 for name, entry in a.components.items() if b.components.get(name, ("",))[0] == entry[0])
     code = a.components.get(CODE, ("a",))[0] == b.components.get(CODE, ("b",))[0]
-    return (int(a.kind[0] == b.kind[0]), int(a.kind[1] == b.kind[1]), int(code), same)
+    function = 2 if a.user_function and a.function == b.function else int(_moved(a, b))
+    return (int(a.kind[0] == b.kind[0]), function, int(a.kind[1] == b.kind[1]), int(code), same)
+
+
+def comparable(lookup: GraphLookup, earlier: GraphLookup) -> bool:
+    """May ``lookup`` be compared with ``earlier`` at all? Never a forward graph with a backward one, and never a
+    graph of one function of the user's with a graph of another function (torch's own frames included): only
+    with a graph of that function (at any line: :attr:`GraphLookup.user_function_anywhere`) or of an unknown one
+    (a record older than the field). A lookup of no known function (unknown, or torch's own frame) may be
+    compared with any graph of its kind."""
+    if lookup.kind[0] != earlier.kind[0]:
+        return False
+    return not lookup.user_function or not earlier.function or _moved(lookup, earlier)
+
+
+def _moved(a: GraphLookup, b: GraphLookup) -> bool:
+    return bool(a.user_function) and a.user_function_anywhere == b.user_function_anywhere
 
 
 def most_similar(lookup: GraphLookup, candidates: Sequence[GraphLookup]) -> GraphLookup | None:
-    """The candidate most similar to ``lookup`` (the first one on a tie), or None.
+    """The :func:`comparable` candidate most similar to ``lookup`` (the first one on a tie), or None.
 
-    A forward graph is never compared with a backward one; a training graph is compared with an
-    inference one when nothing closer exists (a ``requires_grad`` change turns one into the other).
+    A forward graph is never compared with a backward one, nor a function's graph with another function's; a
+    training graph is compared with an inference one when nothing closer exists (a ``requires_grad`` change
+    turns one into the other).
     """
     best: GraphLookup | None = None
-    best_score: tuple[int, int, int, int] | None = None
+    best_score: tuple[int, int, int, int, int] | None = None
     for cand in candidates:
+        if not comparable(lookup, cand):
+            continue
         score = similarity(lookup, cand)
-        if score[0] and (best_score is None or score > best_score):
+        if best_score is None or score > best_score:
             best, best_score = cand, score
     return best
 
@@ -337,11 +357,15 @@ class MissExplanation:
 
 
 def explain_test(current: Sequence[GraphLookup], previous: Sequence[GraphLookup] | None) -> list[MissExplanation]:
-    """Explain every miss among ``current`` against the same test's ``previous`` lookups.
+    """Explain every miss among ``current`` against ``previous``: the same test's earlier lookups, and other tests'
+    earlier graphs of the functions it compiled that it had no graph of (:func:`~.session.earlier_graphs`).
 
     Earlier graphs matched exactly by a current lookup (same key) are set aside first, so each miss
     is compared with a graph that this run did not already account for. A graph missed more than once (each
     worker of ``--dist each`` runs the test, and merges its lookups into the same test's) is explained once.
+    A miss of a function of the user's is compared with earlier graphs of that function only (:func:`comparable`);
+    a miss of no known function, with the earlier graphs of no function the test's lookups name: those are
+    their own function's, and another test's graphs are never of anything else.
     """
     once: dict[str, GraphLookup] = {}
     for lookup in current:
@@ -353,10 +377,12 @@ def explain_test(current: Sequence[GraphLookup], previous: Sequence[GraphLookup]
     if previous is None:
         return [MissExplanation.of(m, [NEW_TEST]) for m in misses]
     keys = {lookup.key for lookup in current}
+    named = {lookup.user_function_anywhere for lookup in current} - {""}
     left = [p for p in previous if p.key not in keys]
     out = []
     for miss in misses:
-        best = most_similar(miss, left)
+        pool = left if miss.user_function else [p for p in left if p.user_function_anywhere not in named]
+        best = most_similar(miss, pool)
         if best is None:
             same_key = any(p.key == miss.key for p in previous)
             reason = (GUARD_MISS if miss.outcome == GUARD else SAME_KEY) if same_key else NEW_GRAPH

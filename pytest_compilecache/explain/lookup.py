@@ -14,6 +14,8 @@ from typing import Any
 from typing import Iterable
 from typing import Mapping
 
+from ..record_fields import TORCH_FRAME
+
 RECORD_NAME = ".compilecache-graphs.json"
 FORMAT = 1
 
@@ -40,6 +42,7 @@ CONFIG_OPTION = "inductor_config."  # prefix of the non-default inductor options
 INPUT = "example_inputs"
 
 _NAME = re.compile(r"[A-Za-z_][\w.]*(?:\[[^\]]*\])?\Z")
+_LINE = re.compile(r":[0-9]+\)\Z")  # a function's line: ``gelu (tests/test_ops.py:12)``
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _LITERAL = re.compile(r"'[^']*'|\"[^\"]*\"|(?<![\w.])-?\d+(?:\.\d*)?(?:e[-+]?\d+)?(?![\w])")
 
@@ -75,6 +78,19 @@ class GraphLookup:
         """The shapes of the graph's tensor inputs: ``[8, 16], [16]`` ("" when none is known)."""
         shapes = [_shape(value) for name, (_, value) in self.components.items() if name.startswith(INPUT + "[")]
         return ", ".join(shape for shape in shapes if shape)
+
+    @property
+    def user_function(self) -> str:
+        """:attr:`function` when it names one function of the user's, else "": unknown, or torch's own frame
+        (every compiled module's frame is torch's one wrapper, ``TORCH_FRAME``: it names no one function)."""
+        return "" if self.function.startswith(TORCH_FRAME) else self.function
+
+    @property
+    def user_function_anywhere(self) -> str:
+        """:attr:`user_function` without its line, ``gelu (tests/test_ops.py)``: an edit above a function moves it,
+        and it is still that function to the test that compiles it (not to others: two tests' nested ``fn`` in
+        one file differ by their lines alone)."""
+        return _LINE.sub(")", self.user_function)
 
     @property
     def kind(self) -> tuple[str | None, str | None]:

@@ -13,7 +13,6 @@ from typing import Any
 from typing import Mapping
 from typing import Sequence
 
-from ..record_fields import TORCH_FRAME
 from .compare import MissExplanation
 from .compare import explain_test
 from .compare import symbolic_one_side
@@ -95,11 +94,12 @@ def explain_session(
         for nodeid, lookups in current.items()
         if _forward_only(lookups) and (aot_misses is None or aot_misses.get(nodeid, 0) > 0)
     )
+    by_function = graphs_by_function(previous) if previous is not None else {}
     for nodeid, lookups in current.items():
         if previous is None or not lookups:
             continue
         earlier = previous.tests.get(nodeid)
-        explained = explain_test(lookups, earlier_graphs(previous, nodeid, lookups))
+        explained = explain_test(lookups, earlier_graphs(previous, nodeid, lookups, by_function))
         if explained:
             out.misses[nodeid] = explained
         if earlier is None:
@@ -115,24 +115,38 @@ def explain_session(
     return out, record
 
 
-def earlier_graphs(previous: GraphsRecord, nodeid: str, lookups: Sequence[GraphLookup]) -> list[GraphLookup] | None:
-    """What ``nodeid``'s ``lookups`` are compared with: its own graphs of the earlier run, else the earlier graphs of
-    the functions it compiled (:func:`_same_functions`); None: a new test. The session's report and the
-    ``compile_cache_stats`` fixture (while the test runs) both ask this, so both say the same."""
-    earlier = previous.tests.get(nodeid)
-    return earlier if earlier is not None else _same_functions(previous, lookups)
+def earlier_graphs(
+    previous: GraphsRecord,
+    nodeid: str,
+    lookups: Sequence[GraphLookup],
+    by_function: Mapping[str, Sequence[GraphLookup]] | None = None,
+) -> list[GraphLookup] | None:
+    """What ``nodeid``'s ``lookups`` are compared with: its own graphs of the earlier run and, for each function of
+    the user's it compiled and has no earlier graph of (at any line), other tests' earlier graphs of that function
+    (the test that compiles a shared function first pays the lookup, and which one that is depends on the tests
+    selected and on xdist); None when there is neither (a new test). :func:`~.compare.explain_test` compares a
+    miss of a function with that function's graphs only. ``by_function`` (:func:`graphs_by_function` of
+    ``previous``) saves a session explaining many tests from reading the whole record for each. The session's
+    report and the ``compile_cache_stats`` fixture (while the test runs) both ask this, so both say the same."""
+    own = previous.tests.get(nodeid)
+    have = {lookup.user_function_anywhere for lookup in own or ()}
+    wanted = [g.user_function for g in lookups if g.user_function and g.user_function_anywhere not in have]
+    if wanted and by_function is None:
+        by_function = graphs_by_function(previous)
+    borrowed = [graph for function in dict.fromkeys(wanted) for graph in (by_function or {}).get(function, ())]
+    return [*own, *borrowed] if own is not None else borrowed or None
 
 
-def _same_functions(previous: GraphsRecord, lookups: Sequence[GraphLookup]) -> list[GraphLookup] | None:
-    """For a test the earlier run has no graphs of: the earlier run's graphs of the functions this test compiled,
-    looked up by other tests (the test that compiles a shared function first pays the lookup, and which one that
-    is depends on the tests selected and on xdist); None when there are none (then it is a new test). torch's own
-    frames (every compiled module's wrapper: ``TORCH_FRAME``) are no function of the user's: never matched."""
-    functions = {
-        lookup.function for lookup in lookups if lookup.function and not lookup.function.startswith(TORCH_FRAME)
-    }
-    found = [lookup for graphs in previous.tests.values() for lookup in graphs if lookup.function in functions]
-    return found or None
+def graphs_by_function(previous: GraphsRecord) -> dict[str, list[GraphLookup]]:
+    """The earlier run's graphs by the function of the user's they are of (:attr:`GraphLookup.user_function`):
+    torch's own frames (every compiled module's wrapper, ``TORCH_FRAME``) are no function, never matched across
+    tests."""
+    out: dict[str, list[GraphLookup]] = {}
+    for graphs in previous.tests.values():
+        for lookup in graphs:
+            if lookup.user_function:
+                out.setdefault(lookup.function, []).append(lookup)
+    return out
 
 
 CAME_BACK = (

@@ -39,14 +39,27 @@ def _scale(c: float) -> Callable[[torch.Tensor], torch.Tensor]:
     return fn
 
 
+def _square(c: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    # Another function than _scale's, with a constant too: what a subset run must not compare with _scale's graph.
+    def square(x: torch.Tensor) -> torch.Tensor:
+        gram = x.t() @ x
+        return torch.addmm(gram, gram, gram, alpha=c)
+
+    return square
+
+
 def _plain(x: torch.Tensor) -> torch.Tensor:
     return x.t() @ x
 
 
-def _twice(x: torch.Tensor) -> torch.Tensor:
-    # _plain with one more matmul: a structural change (statements added), still extern kernels only.
-    gram = x.t() @ x
-    return gram @ gram
+def _grown(twice: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    # One function, its body edited: _plain's graph, then one more matmul (statements added), extern kernels only.
+    # One function on both sides: a graph is only compared with an earlier graph of the same function.
+    def grown(x: torch.Tensor) -> torch.Tensor:
+        gram = x.t() @ x
+        return gram @ gram if twice else gram
+
+    return grown
 
 
 def _pointwise(x: torch.Tensor) -> torch.Tensor:
@@ -57,6 +70,11 @@ def _pointwise(x: torch.Tensor) -> torch.Tensor:
 def _run(fn: Callable[..., Any], *args: Any, options: dict[str, Any] | None = None) -> None:
     with torch.no_grad() if not any(getattr(a, "requires_grad", False) for a in args) else _null():
         torch.compile(fn, options=options)(*args)
+
+
+def _run_all(*calls: tuple[Callable[..., Any], torch.Tensor]) -> None:
+    for fn, arg in calls:
+        _run(fn, arg)
 
 
 class _null:
@@ -83,7 +101,14 @@ SCENARIOS: dict[str, tuple[Callable[[], None], ...]] = {
         lambda: _run(_plain, torch.randn(8, 16)),
         lambda: _run(_plain, torch.randn(8, 16), options={"epilogue_fusion": False}),
     ),
-    "structure": (lambda: _run(_plain, torch.randn(8, 16)), lambda: _run(_twice, torch.randn(8, 16))),
+    "structure": (lambda: _run(_grown(False), torch.randn(8, 16)), lambda: _run(_grown(True), torch.randn(8, 16))),
+    # test_c1 compiles fn, test_c2 square (fn already compiled in that process: no lookup); after an edit of the
+    # constant, test_c2 alone compiles both (a subset run: -k, --lf, xdist).
+    "subset": (
+        lambda: _run(_scale(2.0), torch.randn(8, 16)),
+        lambda: _run(_square(2.0), torch.randn(8, 16)),
+        lambda: _run_all((_scale(3.0), torch.randn(8, 16)), (_square(3.0), torch.randn(8, 16))),
+    ),
     # An unseeded random number baked into the graph: what makes a test never hit. Four sessions: flagging
     # needs the same statement changing in three runs in a row (one edit changes it once).
     "random": tuple(lambda: _run(_scale(random.random()), torch.randn(8, 16)) for _ in range(4)),

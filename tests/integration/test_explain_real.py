@@ -159,6 +159,19 @@ def _a_new_test_and_the_record_round_trip(scenarios: dict[str, Any], tmp_path: P
     assert size < 4000 * len(first)
 
 
+def _a_subset_run_compares_each_graph_with_its_own_functions(scenarios: dict[str, Any], tmp_path: Path) -> None:
+    # test_c1 looked fn up, test_c2 square; test_c2 run alone after the edit looks both up: each miss is compared
+    # with its own function's earlier graph (fn's is test_c1's), not fn with square's and square as a new graph.
+    assert "error" not in scenarios["subset"], scenarios["subset"].get("error")
+    runs = [[GraphLookup.from_json(g) for g in run] for run in scenarios["subset"]["runs"]]
+    _, record = explain.explain_session({"t.py::test_c1": runs[0], "t.py::test_c2": runs[1]}, None)
+    why, _ = explain.explain_session({"t.py::test_c2": runs[2]}, record, "previous session")
+    assert {miss.function.split(" (")[0]: miss.reasons for miss in why.misses["t.py::test_c2"]} == {
+        "fn": ["graph code changed: a constant in graph statement 4 (2.0 -> 3.0)"],
+        "square": ["graph code changed: a constant in graph statement 3 (2.0 -> 3.0)"],
+    }
+
+
 CHECKS: dict[str, Callable[[dict[str, Any], Path], None]] = {
     "nothing changed": _nothing_changed_every_graph_hits_and_nothing_is_explained,
     "shape": _an_input_shape_change_is_named,
@@ -170,6 +183,7 @@ CHECKS: dict[str, Callable[[dict[str, Any], Path], None]] = {
     "never hits": _a_random_constant_makes_a_test_that_can_never_hit,
     "forward only": _a_training_forward_without_backward_is_noted,
     "new test, record round trip": _a_new_test_and_the_record_round_trip,
+    "subset run": _a_subset_run_compares_each_graph_with_its_own_functions,
 }
 
 
