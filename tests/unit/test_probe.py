@@ -533,14 +533,14 @@ def test_counting_through_clears_leaves_torchs_counters_as_torch_uses_them() -> 
     assert totals == {"fxgraph_cache_hit": 3} and counting.count_through_clears(fresh) is totals
     group = fresh["inductor"]
     group["fxgraph_cache_hit"] += 1
-    group["unrelated"] = 2.5
-    assert group == collections.Counter(fxgraph_cache_hit=4, unrelated=2.5) and group["absent"] == 0
+    group["unrelated"] = 5  # a counter not read here: set as torch sets ddp_buckets
+    assert group == collections.Counter(fxgraph_cache_hit=4, unrelated=5) and group["absent"] == 0
     assert type(pickle.loads(pickle.dumps(group))) is collections.Counter
     assert type(group - collections.Counter(fxgraph_cache_hit=1)) is collections.Counter  # torch's counter_deltas
     fresh.clear()
     fresh["aot_autograd"]["autograd_cache_hit"] += 1
     assert totals == {"fxgraph_cache_hit": 4, "autograd_cache_hit": 1}
-    other = collections.defaultdict(list)
+    other: collections.defaultdict[str, list[int]] = collections.defaultdict(list)
     assert counting.count_through_clears(other) is None and other.default_factory is list  # not torch's: untouched
 
 
