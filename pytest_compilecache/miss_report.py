@@ -41,7 +41,7 @@ def test_reason(nodeid: str, why: SessionExplanation | None) -> str:
     texts = merged(_other_misses(why, nodeid))
     if nodeid in why.never_hit:  # what it can never hit first; its other graphs' reasons are still news
         more = f" (and {_plural(len(texts), 'other reason')})" if texts else ""
-        return never_hit_text(*why.never_hit[nodeid]) + more
+        return _flag_text(why, nodeid) + more
     if not texts:
         return "no reason recorded (its graphs were not captured)"
     return texts[0] + (f" (and {_plural(len(texts) - 1, 'other reason')})" if len(texts) > 1 else "")
@@ -84,6 +84,17 @@ def never_hit_text(what: str, runs: int) -> str:
     return f"only {what} changed since the last run: if nothing was edited, this test can never hit ({NEVER_HIT_HINT})"
 
 
+def _flag_text(why: SessionExplanation, nodeid: str) -> str:
+    """``nodeid``'s never-hit flag in words, led by the function whose graph it is about where its misses name one
+    (``scaled (test_model.py:14): a constant in graph statement 1 took a new value ...``)."""
+    from .explain import changed_by
+
+    what, runs = why.never_hit[nodeid]
+    functions = {miss.function for miss in why.misses.get(nodeid, []) if miss.function and changed_by(miss, what)}
+    text = never_hit_text(what, runs)
+    return f"{functions.pop()}: {text}" if len(functions) == 1 else text
+
+
 def _other_misses(why: SessionExplanation, nodeid: str) -> list[MissExplanation]:
     """``nodeid``'s explained misses, without those of the graph its never-hit flag is about (if it has one)."""
     from .explain import changed_by
@@ -98,7 +109,7 @@ def _why_rows(why: SessionExplanation) -> list[tuple[str, bool, str]]:
     those of its other graphs: a shape it changed is still worth saying)."""
     from .explain import merged
 
-    rows = [(nodeid, True, never_hit_text(*flag)) for nodeid, flag in sorted(why.never_hit.items())]
+    rows = [(nodeid, True, _flag_text(why, nodeid)) for nodeid in sorted(why.never_hit)]
     for nodeid in sorted(why.misses):  # identical reasons of several graphs (one per shape) said once
         rows.extend((nodeid, False, text) for text in merged(_other_misses(why, nodeid)))
     return rows

@@ -64,7 +64,8 @@ def test_a_never_hit_test_still_says_why_its_other_graphs_missed() -> None:
         "bundle",
     )
     lines = why_lines(why)
-    assert lines[1].startswith("never hits t.py::test_scaled: a constant in graph statement 1 took a new value")
+    # the flag names the function whose graph it is about, as every other reason does
+    assert lines[1].startswith("never hits t.py::test_scaled: scaled: a constant in graph statement 1 took a new")
     assert lines[2:] == [
         "why t.py::test_scaled: shaped (t.py:9): input 0 shape [5, 4] -> [6, 4]",
         "why t.py::test_scaled: g (t.py:20): graph code changed: a constant in graph statement 12 (5 -> 6)",
@@ -72,6 +73,8 @@ def test_a_never_hit_test_still_says_why_its_other_graphs_missed() -> None:
     section = why_markdown(why, 10_000)
     assert "(3)</summary>" in section and "shape \\[5, 4\\] -\\> \\[6, 4\\]" in section and "statement 12" in section
     assert test_reason("t.py::test_scaled", why).endswith("(and 2 other reasons)")
+    assert test_reason("t.py::test_scaled", why).startswith("scaled: a constant in graph statement 1 took a new")
+    assert "| **never hits**: scaled\\: a constant in graph statement 1" in section
 
 
 def test_never_hit_text_is_sure_only_after_three_runs() -> None:
