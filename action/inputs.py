@@ -317,9 +317,12 @@ def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
     cache_dir = read(environ, "cache-dir")
     cache_dir = str(workspace / cache_dir) if cache_dir else str(temp / CACHE_DIR)
     transfer = "none" if given.mode != "shared" else ("github" if store == GITHUB_STORE else "direct")
-    if transfer == "direct":
+    if store != GITHUB_STORE:
         try:
-            refuse_cache_dir(store, cache_dir)
+            if transfer == "direct":
+                refuse_cache_dir(store, cache_dir)
+            for staging in (STAGING, HEADER_STAGING):  # emptied by the plan: never a store's dir
+                refuse_cache_dir(store, workspace / staging, "the Action's staging dir")
         except ConfigError as exc:
             raise InputError(str(exc).replace("--compile-cache-store", "input store")) from None
     if transfer == "none":

@@ -110,11 +110,12 @@ def backend_keywords(url: str, given: Mapping[str, Any]) -> dict[str, Any]:
     return {keyword: given[name] for name, keyword in (backend.settings if backend else {}).items() if given.get(name)}
 
 
-def refuse_cache_dir(url: str, cache_dir: str | os.PathLike[str]) -> None:
+def refuse_cache_dir(url: str, cache_dir: str | os.PathLike[str], what: str = "the cache dir") -> None:
     """Refuse a directory store that is the cache dir, lies inside it or holds it: a :class:`ConfigError` naming
     :data:`OPTION` (callers respell it as the user gave it). A restore would unpack torch's kernel dirs among the
     bundles, a save put bundles among torch's files; the next session then refuses the dir as someone else's.
-    A remote store, or a ``url`` that names no store, passes (opening it says what is wrong)."""
+    ``what`` names ``cache_dir`` otherwise (another dir the caller empties: the Action's staging dirs). A remote
+    store, or a ``url`` that names no store, passes (opening it says what is wrong)."""
     try:
         store = open_store(url)
     except ConfigError:
@@ -123,10 +124,10 @@ def refuse_cache_dir(url: str, cache_dir: str | os.PathLike[str]) -> None:
         return
     root, cache = os.path.realpath(store.root), os.path.realpath(cache_dir)
     if root == cache or root.startswith(cache + os.sep) or cache.startswith(root + os.sep):
-        where = "is the cache dir" if root == cache else ("lies in" if len(root) > len(cache) else "holds")
+        where = "is" if root == cache else ("lies in" if len(root) > len(cache) else "holds")
         raise ConfigError(
-            f"{OPTION}: {url!r} {where} {'' if root == cache else 'the cache dir '}{cache_dir}".rstrip()
-            + ": give the store a directory of its own (bundles and torch's files never share one)"
+            f"{OPTION}: {url!r} {where} {what} {cache_dir}: give the store a directory of its own (bundles and "
+            "torch's files never share one)"
         )
 
 

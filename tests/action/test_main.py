@@ -254,6 +254,7 @@ def test_relative_cache_dir_is_under_the_workspace(
         ("INPUT_PGO", "sometimes", "input pgo"),
         ("INPUT_SAVE", "always", "input save"),
         ("INPUT_STORE", ".cache/inductor/bundles", "input store: .* lies in the cache dir"),  # cache-dir below
+        ("INPUT_STORE", ".compilecache-staging", "input store: .* is the Action's staging dir"),  # the plan empties it
         # the job's plugin variables that the Action's own steps read: refused here, not a restore "failure"
         ("PYTEST_COMPILECACHE_STORE_TIMEOUT", "abc", "PYTEST_COMPILECACHE_STORE_TIMEOUT: expected a number"),
         ("PYTEST_COMPILECACHE_MAX_BUNDLE_SIZE", "junk", "PYTEST_COMPILECACHE_MAX_BUNDLE_SIZE"),
