@@ -165,9 +165,10 @@ def prune(store: Store, prefix: str, keep: int, *, magic: bytes = b"", rest: str
     ``projAB-...``. With ``rest`` (a regular expression), only keys whose part after ``prefix`` matches it in
     full count: the CLI's for a key prefix is ``<digest>-<suffix>``, so that ``proj`` never takes a longer key
     prefix's ``proj-gpu-<digest>-...``. An empty prefix (every project's bundles) is a ConfigError. With
-    ``magic`` (the bundle format's first bytes), an object is deleted only when its first bytes prove it a
-    bundle (a ranged read, :func:`read_head`); one that does not, or whose first bytes cannot be read (a store
-    without partial reads, an object the store refuses to read, such as a link in a directory store), is kept.
+    ``magic`` (the bundle format's first bytes), only objects whose first bytes prove them bundles count (a ranged
+    read, :func:`read_head`): the newest ``keep`` of them are kept, the older ones deleted; one that does not,
+    or whose first bytes cannot be read (a store without partial reads, an object the store refuses to read,
+    such as a link in a directory store), is left alone and takes no kept bundle's place.
 
     Artifact objects (:func:`is_artifact_key`) are never deleted nor counted, whatever the prefix: they are
     content-addressed and shared by every bundle of the prefix that names their sha256 (also by bundles of
@@ -185,9 +186,15 @@ def prune(store: Store, prefix: str, keep: int, *, magic: bytes = b"", rest: str
         raise ConfigError("prune: the prefix must not be empty (it would take every project's bundles in the store)")
     prefix = prefix if prefix.endswith("-") else prefix + "-"
     shape = None if rest is None else re.compile(re.escape(prefix) + f"(?:{rest})")
-    deleted = []
-    for entry in [entry for entry in bundles(store, prefix) if shape is None or shape.fullmatch(entry.key)][keep:]:
+    deleted: builtins.list[str] = []
+    kept = 0
+    for entry in bundles(store, prefix):
+        if shape is not None and not shape.fullmatch(entry.key):
+            continue
         if magic and not _starts_with(store, entry.key, magic):
+            continue  # not proven a bundle: neither kept in a bundle's place nor deleted
+        if kept < keep:
+            kept += 1
             continue
         store.delete(entry.key)
         deleted.append(entry.key)
@@ -216,7 +223,7 @@ def object_name(base: str, key: str) -> str:
 
 
 # Objects one listing may walk under a store's prefix: far more than a store of bundles and headers holds, and a
-# bound on a listing that never ends (a server that repeats its page token: botocore stops S3's on its own).
+# bound on a listing that never ends (a server that repeats its page token, or makes up a new one each page).
 MAX_LISTED = 100_000
 
 

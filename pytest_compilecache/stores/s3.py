@@ -28,6 +28,7 @@ from ..errors import StoreError
 from .base import BoundedFile
 from .base import ObjectTooLarge
 from .base import StoreEntry
+from .base import bounded_listing
 from .base import listed_key
 from .base import newest_first
 from .base import object_name
@@ -173,7 +174,10 @@ class S3Store:
     def _get_bounded(self, name: str, tmp: Path, limit: int, what: str) -> None:
         """:meth:`get` with a ``limit``: see there. boto errors propagate to it."""
         head = self._connection.client().head_object(Bucket=self.bucket, Key=name)
-        size, etag = int(head["ContentLength"]), head.get("ETag")
+        try:
+            size, etag = int(head["ContentLength"]), head.get("ETag")
+        except (KeyError, TypeError, ValueError):  # a server that answers HEAD without a usable Content-Length
+            raise StoreError(f"{what}: the server's HEAD gave no object size") from None
         if size > limit:
             raise ObjectTooLarge(f"{what} is {size} bytes, more than {limit}")
         pinned = {"IfMatch": etag} if etag else {}
@@ -271,11 +275,13 @@ class S3Store:
 
     def _iter_entries(self, prefix: str) -> Iterator[StoreEntry]:
         paginator = self._connection.client().get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=f"{self._base}{prefix}"):
-            for obj in page.get("Contents", ()):
-                key = listed_key(obj["Key"], self._base, prefix)
-                if key is not None:
-                    yield StoreEntry(key=key, size=int(obj["Size"]), modified=obj["LastModified"].timestamp())
+        pages = paginator.paginate(Bucket=self.bucket, Prefix=f"{self._base}{prefix}")
+        # Bounded by objects, not pages: botocore stops a repeated page token, not a server that makes up new ones.
+        objects = (obj for page in pages for obj in page.get("Contents", ()))
+        for obj in bounded_listing(objects, self.location):
+            key = listed_key(obj["Key"], self._base, prefix)
+            if key is not None:
+                yield StoreEntry(key=key, size=int(obj["Size"]), modified=obj["LastModified"].timestamp())
 
 
 class _Connection:

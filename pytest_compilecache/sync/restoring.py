@@ -199,12 +199,15 @@ def _try_candidate(
     if size is not None and size > max_bytes:
         skipped.append((key, f"bundle is {size} bytes, more than the limit of {max_bytes} bytes"))
         return None
+    # No more than the listing said: an object replaced by a bigger one since is refused after that many bytes.
+    limit = max_bytes if size is None else min(size, max_bytes)
     try:
-        if not store.get(key, path, limit=max_bytes):
+        if not store.get(key, path, limit=limit):
             skipped.append((key, "bundle vanished"))
             return None
     except ObjectTooLarge:  # replaced by a bigger object since it was listed
-        skipped.append((key, f"bundle is more than the limit of {max_bytes} bytes"))
+        said = f"the {size} bytes it was listed with" if limit < max_bytes else f"the limit of {max_bytes} bytes"
+        skipped.append((key, f"bundle is more than {said}"))
         return None
     except TimedOut:
         raise  # the store's budget is spent: no other candidate can be fetched either

@@ -635,13 +635,15 @@ def test_prune_takes_only_whole_key_parts_and_only_bundles(tmp_path: Path, capsy
     elsewhere = tmp_path / "elsewhere.bundle"
     elsewhere.write_bytes(bundle.MAGIC + b" not in the store")
     (store / f"projA-{a}-9.bundle").symlink_to(elsewhere)  # its target the newest: it must take no keep slot
+    (store / f"projA-{a}-8.bundle").write_bytes(b"junk")  # the newest object: not a bundle, so it takes no keep slot
 
     assert cli.main(["prune", "--store", str(store), "--prefix", "", "--keep", "1"]) == cli.EXIT_USAGE
     assert "error: prune: the prefix must not be empty" in capsys.readouterr().err
 
     assert cli.main(["prune", "--store", str(store), "--prefix", "projA", "--keep", "1"]) == 0
     left = sorted(p.name.removesuffix(".bundle") for p in store.iterdir())
-    kept = [f"projA-gpu-{a}-1", f"projA-gpu-{b}-2", f"projA-{a}-0", f"projA-{a}-3", f"projA-{a}-9", f"projAB-{b}-1"]
+    kept = [f"projA-gpu-{a}-1", f"projA-gpu-{b}-2", f"projA-{a}-0", f"projA-{a}-3", f"projA-{a}-8", f"projA-{a}-9"]
+    kept.append(f"projAB-{b}-1")
     assert left == sorted(kept)
     assert "deleted 2" in capsys.readouterr().out
     assert elsewhere.exists()

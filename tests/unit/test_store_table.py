@@ -341,9 +341,10 @@ def test_the_azure_client_retries_after_seconds_not_the_clients_default_quarter_
     assert (policy.initial_backoff, policy.increment_base, policy.total_retries) == (1, 2, 2)
 
 
-def test_a_listing_that_never_ends_is_a_store_error_for_gcs_and_azure() -> None:
-    """A server that repeats its page token makes the client's listing endless (botocore stops S3's itself):
-    past MAX_LISTED objects the listing is store trouble, and the walk stops."""
+def test_a_listing_that_never_ends_is_a_store_error_for_every_backend() -> None:
+    """A server that repeats its page token, or makes up a new one for every page (botocore stops only a repeated
+    one), makes the client's listing endless: past MAX_LISTED objects the listing is store trouble, and the walk
+    stops."""
     import itertools
     from types import SimpleNamespace
 
@@ -366,6 +367,28 @@ def test_a_listing_that_never_ends_is_a_store_error_for_gcs_and_azure() -> None:
     azure._container = lambda: SimpleNamespace(list_blobs=lambda **k: endless())  # type: ignore[method-assign]
     with pytest.raises(StoreError, match=r"^az://cont/p: list: more than .* never ends"):
         azure.list()
+    s3 = open_store("s3://bucket/p")
+    assert isinstance(s3, S3Store)
+    pages = ({"Contents": [{"Key": f"p/k{n}.bundle", "Size": 1, "LastModified": when}]} for n in walked)
+    paginator = SimpleNamespace(paginate=lambda **_: pages)
+    s3._connection.client = lambda: SimpleNamespace(get_paginator=lambda _: paginator)  # type: ignore[method-assign]
+    with pytest.raises(StoreError, match=r"^s3://bucket/p: list: more than .* never ends"):
+        s3.list()
+
+
+def test_an_s3_head_without_a_size_is_store_trouble_for_that_object(tmp_path: Path) -> None:
+    """A server whose HEAD has no usable Content-Length: that object cannot be read (the restore tries the next
+    candidate), not an exception that ends the restore."""
+    from types import SimpleNamespace
+
+    s3 = open_store("s3://bucket/p")
+    assert isinstance(s3, S3Store)
+    for head in ({"ETag": '"e"'}, {"ContentLength": "abc"}):
+        client = SimpleNamespace(head_object=lambda head=head, **_: head)
+        s3._connection.client = lambda client=client: client  # type: ignore[method-assign]
+        with pytest.raises(StoreError, match="the server's HEAD gave no object size"):
+            s3.get("k1", tmp_path / "k1.bundle", limit=100)
+        assert list(tmp_path.iterdir()) == []  # no partial file left
 
 
 def test_a_directory_store_takes_the_home_dir_as_the_cache_dir_does(tmp_path: Path) -> None:
