@@ -66,11 +66,10 @@ _TESTS: pytest.StashKey[PerTestHooks] = pytest.StashKey()
 _RUNNER_OUTPUT: pytest.StashKey[StopTokenWatch] = pytest.StashKey()
 # What --cache-clear kept in a session that asked the plugin for nothing (no role to report it).
 _KEPT: pytest.StashKey[str] = pytest.StashKey()
+_PLAIN: pytest.StashKey[bool] = pytest.StashKey()
+_DOWN: pytest.StashKey[set[int]] = pytest.StashKey()  # the xdist workers already merged (by id of their node)
 
 MARKER = "compile_cache"
-
-
-_PLAIN: pytest.StashKey[bool] = pytest.StashKey()
 
 
 def _load_own_modules_plainly(config: pytest.Config) -> None:
@@ -517,12 +516,13 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     output = getattr(node, "workeroutput", {}) or {}
     worker = output.get("workerid") or getattr(getattr(node, "gateway", None), "id", "?")
     sent, config = output.get("compilecache"), node.config
+    if id(node) in config.stash.setdefault(_DOWN, set()):
+        return  # xdist reports a worker that exited with status 2 (KeyboardInterrupt, pytest.exit) twice
+    config.stash[_DOWN].add(id(node))
     if _CONTROLLER not in config.stash and isinstance(sent, dict) and set(sent) == {"tests"}:
         # A quiet worker whose tests never imported torch: only a count, kept without loading the roles (in a
         # counter that is not registered: the controller runs no test; _recorder takes it over if needed).
-        counter = config.stash.get(_COUNTER, None)
-        if counter is None:
-            counter = config.stash[_COUNTER] = _Counter()
+        counter = config.stash.setdefault(_COUNTER, _Counter())
         counter.tests += int(sent["tests"])
         return
     _controller(config).add_worker(str(worker), sent)

@@ -163,3 +163,38 @@ def test_with_pgo_a_serial_runs_bundle_serves_a_worker_that_meets_one_size(inner
     assert control.ret == 0, control.output
     assert control.data["restore"]["key"] == cold.data["save"]["key"], control.data["restore"]
     assert control.totals["misses"] == 1, control.totals
+
+
+# A worker that ends with exit status 2 (a test raised KeyboardInterrupt; pytest.exit does the same): xdist calls
+# pytest_testnodedown for it twice, with the same output.
+INTERRUPTED_WORKER = """
+import time
+
+
+def test_a():
+    pass
+
+
+def test_interrupts():
+    time.sleep(0.5)  # the other worker's tests have finished by then
+    raise KeyboardInterrupt
+
+
+def test_c():
+    pass
+
+
+def test_d():
+    pass
+"""
+
+
+def test_a_worker_xdist_reports_twice_is_counted_once(inner: pytest.Pytester) -> None:
+    """Its statistics were merged twice: its tests (and, where they compiled, its hits and misses) counted double."""
+    inner.makepyfile(test_interrupted=INTERRUPTED_WORKER)
+
+    run = run_inner(inner, "--compile-cache=isolated", "-n", "2")
+
+    outcomes = run.result.parseoutcomes()
+    assert outcomes["failed"] == 1 and outcomes["passed"] >= 1
+    assert run.data["totals"]["tests"] == outcomes["passed"]  # the tests that finished, each once
