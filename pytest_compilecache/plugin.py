@@ -546,8 +546,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if _CONTROLLER not in config.stash and quiet:
         return  # no option, no compile, no worker that compiled: nothing to report
     failed = session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
+    stopped = session.shouldstop or session.shouldfail or session.exitstatus == pytest.ExitCode.INTERRUPTED
     try:
-        must_fail = _controller(config).finish(failed=failed)
+        must_fail = _controller(config).finish(failed=failed, stopped=bool(stopped))
     except KeyboardInterrupt:  # Ctrl-C during the save: pytest's Interrupted, not a traceback
         pytest.exit(
             "KeyboardInterrupt: the compile cache stopped its save; nothing was saved",
@@ -573,8 +574,7 @@ def _cold_tests(config: pytest.Config) -> int:
     recorder = config.stash.get(_RECORDER, None)
     if recorder is not None:
         return _recorder(config).cold_tests
-    counter = config.stash.get(_COUNTER, None)
-    return counter.tests if counter is not None else 0
+    return config.stash[_COUNTER].tests if _COUNTER in config.stash else 0
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

@@ -60,10 +60,15 @@ class SavePhase:
     def stats(self) -> SessionStats:
         return self.recorder.stats
 
-    def run(self, restored: Restored, gathered: Gathered, *, tests_failed: bool = False) -> Saved:
-        """``tests_failed``: the session's tests failed (the Action's save policy may then skip the save)."""
+    def run(
+        self, restored: Restored, gathered: Gathered, *, tests_failed: bool = False, stopped: bool = False
+    ) -> Saved:
+        """``tests_failed``: the session's tests failed (the Action's save policy may then skip the save);
+        ``stopped``: it stopped before running every test it selected (then it does not replace a restored
+        bundle)."""
         why, graphs = self.explain(restored)
-        result = self.save(restored, gathered, graphs, tests_failed=tests_failed) if self.context.saving else None
+        saving = self.context.saving
+        result = self.save(restored, gathered, graphs, tests_failed=tests_failed, stopped=stopped) if saving else None
         self.evict(gathered)
         return Saved(why, graphs, result)
 
@@ -138,14 +143,21 @@ class SavePhase:
     # ---- the bundle
 
     def save(
-        self, restored: Restored, gathered: Gathered, graphs: GraphsRecord | None = None, *, tests_failed: bool = False
+        self,
+        restored: Restored,
+        gathered: Gathered,
+        graphs: GraphsRecord | None = None,
+        *,
+        tests_failed: bool = False,
+        stopped: bool = False,
     ) -> SaveResult | None:
-        """Save a bundle unless there is nothing new, the store failed at the restore, or the Action's policy
-        says no; return what happened (None: the store or fingerprint could not even be set up, one warning)."""
+        """Save a bundle unless there is nothing new, the store failed at the restore, the session stopped early
+        after a restore, or the Action's policy says no; return what happened (None: the store or fingerprint
+        could not even be set up, one warning)."""
         from . import sync
         from .fingerprint import default_suffix
 
-        skip = self._why_not_save(restored, gathered, tests_failed, _settled(restored.baseline, graphs))
+        skip = self._why_not_save(restored, gathered, tests_failed, _settled(restored.baseline, graphs), stopped)
         if skip is not None:
             return sync.SaveResult("skipped", message=skip)
         settings, result = self.context.settings, restored.result
@@ -197,10 +209,11 @@ class SavePhase:
         return sync.read_save_policy(told)
 
     def _why_not_save(
-        self, restored: Restored, gathered: Gathered, tests_failed: bool, settled: bool = False
+        self, restored: Restored, gathered: Gathered, tests_failed: bool, settled: bool = False, stopped: bool = False
     ) -> str | None:
         """Why this session saves nothing (a ``skipped`` result's message), or None: it saves. ``settled``:
-        a test whose graph changed in the runs the restored record remembers hit now; the record must say so."""
+        a test whose graph changed in the runs the restored record remembers hit now; the record must say so.
+        ``stopped``: the session stopped before running every test it selected."""
         result = restored.result
         # Without a result: restored by someone else (the Action, an earlier CLI step) who did not say how.
         was_restored = (
@@ -225,6 +238,10 @@ class SavePhase:
             # run would restore as the newest, replacing the coverage this one restored (and failing a hit-rate
             # floor on a green run).
             return f"workers that sent no statistics ({', '.join(gathered.silent)}): nothing saved"
+        if stopped and was_restored:
+            # A bundle holds what its session used, and the next run restores the newest: this one would replace
+            # the coverage it restored with the part of the suite that ran before the stop.
+            return "the session stopped early (-x, --maxfail, an interrupt): nothing saved over the restored bundle"
         if self._policy().only_when_passed and tests_failed:
             # The Action's one policy for every store (actions/cache's): a red run saves nothing by default.
             return "the tests failed: nothing saved (input save-on-failure)"

@@ -161,10 +161,11 @@ class Controller:
         if job_id and path and self.context.dir.mode == "shared" and self.recorder.anything_compiled:
             cachedir.touch(path, cachedir.shape_profiles(path, job_id))
 
-    def finish(self, failed: bool = False) -> bool:
+    def finish(self, failed: bool = False, stopped: bool = False) -> bool:
         """Save, trim, write reports; return True when the session must fail (hit rate, strict).
 
-        ``failed``: the tests failed (the Action's save policy may then skip the save). KeyboardInterrupt
+        ``failed``: the tests failed (the Action's save policy may then skip the save); ``stopped``: the session
+        stopped before running every test it selected (``-x``, ``--maxfail``, an interrupt). KeyboardInterrupt
         (Ctrl-C during the save) passes through, with the dir's registration withdrawn; no report is written.
         """
         # A plain session's restore installed its headers in the background; an xdist controller's worker
@@ -193,7 +194,9 @@ class Controller:
         self.context.take_remote_errors()
         self.context.warn_remote_errors()
         try:
-            self._saved = SavePhase(self.context, self.recorder).run(self._restored, gathered, tests_failed=failed)
+            self._saved = SavePhase(self.context, self.recorder).run(
+                self._restored, gathered, tests_failed=failed, stopped=stopped
+            )
         finally:  # Ctrl-C mid-save too: every write of the save is atomic, nothing partial is left
             self.context.release()  # done with the dir: other sessions may trim it now
         self._check_hit_rate(self._restored.result)  # before the reports, which name a failed floor

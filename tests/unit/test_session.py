@@ -476,6 +476,24 @@ def test_save_is_skipped_when_every_graph_hit_a_restored_cache(tmp_path: Path) -
     assert not (tmp_path / "store").exists()
 
 
+def test_a_session_that_stopped_early_does_not_replace_the_bundle_it_restored(tmp_path: Path) -> None:
+    """``-x``, ``--maxfail``, an interrupt: a bundle holds what its session used and the next run restores the
+    newest, so this session's bundle would replace the restored coverage with the part that ran (a reviewer's
+    full run after one went from 10 hits to 0). A session that restored nothing saves what it has."""
+    (tmp_path / "cache").mkdir()
+    controller = _controller(tmp_path, store=str(tmp_path / "store"))
+    controller.stats.add_record(_record("t::a", miss=1))
+    phase = SavePhase(controller.context, controller.recorder)
+    saved = phase.save(Restored(sync.RestoreResult("partial", key="k")), Gathered(), stopped=True)
+    assert saved is not None and (saved.outcome, saved.message) == (
+        "skipped",
+        "the session stopped early (-x, --maxfail, an interrupt): nothing saved over the restored bundle",
+    )
+    blobs = {"controller": b"mega-cache"}
+    cold = phase.save(Restored(sync.RestoreResult("miss")), Gathered(blobs=blobs), stopped=True)
+    assert cold is not None and cold.outcome == "saved", cold
+
+
 def test_a_session_that_autotuned_saves_although_every_graph_hit(tmp_path: Path) -> None:
     """issue 27.5: new autotune results (first-call benchmarks, max-autotune timings) are worth a new bundle."""
     (tmp_path / "cache").mkdir()
