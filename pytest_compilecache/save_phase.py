@@ -167,7 +167,7 @@ class SavePhase:
         except Exception as exc:
             self.problems.warn(f"save skipped: {type(exc).__name__}: {exc}")
             return None
-        installed = self._restored_headers(restored)
+        installed = _restored_headers(restored)
         request = sync.SaveRequest(
             prefix=settings.key_prefix,
             fingerprint=fingerprint,
@@ -225,7 +225,7 @@ class SavePhase:
             and self.stats.hits
             and not self.stats.misses
             and not new_gpu
-            and not self._new_headers(restored, gathered)
+            and not _new_headers(restored, gathered)
             and not settled
         ):
             # Every graph came from the restored cache: a new bundle would only repeat the old one.
@@ -248,24 +248,6 @@ class SavePhase:
         return None
 
     # ---- precompiled headers
-
-    def _new_headers(self, restored: Restored, gathered: Gathered) -> bool:
-        """True when this session used a precompiled header its restored bundle does not name (a bundle saved
-        on a machine that already had the header names none): then a save is worth it even when every graph
-        hit. After the Action's restore, its report names what it installed or found: a header it could not
-        restore (its entry evicted) and torch built again is new, so this save carries it."""
-        if restored.header_since is None or restored.result is None:
-            return False
-        from .pch import find_used
-        from .pch import header_dir
-
-        installed = self._restored_headers(restored)
-        used = {path.name for path in find_used(header_dir(), gathered.header_uses, installed)}
-        return bool(used - set(installed))
-
-    @staticmethod
-    def _restored_headers(restored: Restored) -> tuple[str, ...]:
-        return restored.result.headers.named if restored.result is not None else ()
 
     def _header_since(self, restored: Restored, gathered: Gathered) -> float | None:
         """The ``since`` for carrying headers, or None (carry none) when torch keeps them elsewhere.
@@ -320,3 +302,22 @@ def _settled(baseline: GraphsRecord | None, graphs: GraphsRecord | None) -> bool
         streak.changes >= NEVER_HIT_CHANGES - 1 and nodeid in graphs.tests and nodeid not in graphs.volatile
         for nodeid, streak in baseline.volatile.items()
     )
+
+
+def _new_headers(restored: Restored, gathered: Gathered) -> bool:
+    """True when this session used a precompiled header its restored bundle does not name (a bundle saved
+    on a machine that already had the header names none): then a save is worth it even when every graph
+    hit. After the Action's restore, its report names what it installed or found: a header it could not
+    restore (its entry evicted) and torch built again is new, so this save carries it."""
+    if restored.header_since is None or restored.result is None:
+        return False
+    from .pch import find_used
+    from .pch import header_dir
+
+    installed = _restored_headers(restored)
+    used = {path.name for path in find_used(header_dir(), gathered.header_uses, installed)}
+    return bool(used - set(installed))
+
+
+def _restored_headers(restored: Restored) -> tuple[str, ...]:
+    return restored.result.headers.named if restored.result is not None else ()
