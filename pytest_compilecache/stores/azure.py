@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 from .._version import __version__
 from ..errors import ConfigError
 from ..errors import StoreError
+from .answers import capped_requests_session
 from .base import OPTION
 from .base import BoundedFile
 from .base import ObjectTooLarge
@@ -227,6 +228,8 @@ class AzureStore:
                         initial_backoff=1, increment_base=2, retry_total=self.max_attempts - 1, random_jitter_range=1
                     ),
                     "user_agent": f"pytest-compilecache/{__version__}",
+                    # listings and errors are read whole: never past MAX_ANSWER (downloads are streamed, and checked)
+                    "session": capped_requests_session(self.location),
                 }
                 if self._connection_string:
                     try:

@@ -25,6 +25,7 @@ from typing import Any
 from .._version import __version__
 from ..errors import ConfigError
 from ..errors import StoreError
+from .answers import cap_requests_session
 from .base import OPTION
 from .base import BoundedFile
 from .base import ObjectTooLarge
@@ -199,6 +200,7 @@ class GCSStore:
                 # timeout and retry budget. Its cache off means no fetch (the client checks it before each one).
                 if getattr(client, "_bucket_metadata_cache", None) is not None:
                     client._bucket_metadata_cache = None
+                cap_requests_session(client._http, self.location)  # listings and errors: never past MAX_ANSWER
                 self._client = client
             return self._client
 

@@ -25,6 +25,7 @@ from typing import Any
 from .._version import __version__
 from ..errors import ConfigError
 from ..errors import StoreError
+from .answers import cap_botocore
 from .base import BoundedFile
 from .base import ObjectTooLarge
 from .base import StoreEntry
@@ -315,6 +316,7 @@ class _Connection:
                 session = boto3.session.Session(region_name=self.region)
                 # endpoint_url=None lets botocore apply AWS_ENDPOINT_URL(_S3) and profile endpoints itself.
                 self._client = session.client("s3", endpoint_url=self.endpoint_url, config=config)
+                cap_botocore(self._client, self.location)  # listings and errors: never read past MAX_ANSWER
             return self._client
 
     def transfer_config(self) -> TransferConfig:

@@ -1,6 +1,7 @@
-"""The Azure store against a misbehaving endpoint on 127.0.0.1: the vendor's real client, a small threaded server
-that answers blob requests the way a broken proxy or a hostile server might. (The contract suite and Azurite
-prove the store against a sound endpoint: tests/contract, tests/integration/test_store_clouds.py.)"""
+"""The stores against a misbehaving endpoint on 127.0.0.1: the vendors' real clients, small threaded servers that
+answer the way a broken proxy or a hostile server might (Azure's downloads; every backend's answers read whole).
+(The contract suite, moto, the GCS emulator and Azurite prove the stores against sound endpoints: tests/contract,
+tests/integration/test_store_s3.py, tests/integration/test_store_clouds.py.)"""
 
 from __future__ import annotations
 
@@ -136,3 +137,77 @@ def test_a_credential_chain_that_fails_is_one_line_not_its_log(tmp_path: Path) -
     said = "az://cont/p: list '': credentials could not be obtained (ClientAuthenticationError)"
     assert result.stdout == f"StoreError {said}\n"
     assert result.stderr == ""
+
+
+# ---- answers read whole (listings, metadata, errors), every backend
+
+
+class _Endless(BaseHTTPRequestHandler):
+    """Answers every request 200 and sends spaces until the client hangs up: with a stated length of 100 GiB
+    (``server.mode == "stated"``), or with none, ending the answer at the connection's close."""
+
+    protocol_version = "HTTP/1.1"
+    server: Any
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+    def _answer(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/xml" if "/storage/" not in self.path else "application/json")
+        if self.server.mode == "stated":
+            self.send_header("Content-Length", str(100 << 30))
+        else:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        chunk = b" " * (1 << 20)
+        try:
+            while self.server.sent < 4 * BODY:  # a bound for the test's sake: 256 MiB
+                self.wfile.write(chunk)
+                self.server.sent += len(chunk)
+        except OSError:  # the client hung up: what a capped reader does
+            pass
+
+    do_GET = do_HEAD = do_PUT = do_POST = _answer
+
+
+@pytest.fixture
+def endless() -> Iterator[Any]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Endless)
+    server.daemon_threads = True
+    server.sent = 0  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("backend", ["s3", "gs", "az"])
+@pytest.mark.parametrize("mode", ["stated", "unstated"])
+def test_an_answer_read_whole_is_capped_for_every_backend(
+    endless: Any, monkeypatch: pytest.MonkeyPatch, backend: str, mode: str
+) -> None:
+    """Each SDK reads a listing's answer whole into memory: a server that states 100 GiB, or sends without end,
+    cost the reviewer's session 4-14 GB (and its tests a MemoryError) and went on after the store's timeout. The
+    read ends at 16 MiB with one StoreError, and the connection is closed."""
+    from pytest_compilecache.stores import open_store
+    from pytest_compilecache.stores.answers import MAX_ANSWER
+
+    endless.mode = mode
+    url = f"http://127.0.0.1:{endless.server_address[1]}"
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
+    if backend == "s3":
+        store: Any = open_store("s3://bkt/p", endpoint_url=url)
+        store._connection.max_attempts = 1
+    elif backend == "gs":
+        store = open_store("gs://bkt/p")
+    else:
+        connection = f"DefaultEndpointsProtocol=http;AccountName=a;AccountKey=dGVzdA==;BlobEndpoint={url}/a;"
+        store = AzureStore.from_url("az://cont/p", connection_string=connection, max_attempts=1, read_timeout=5)
+    with pytest.raises(StoreError, match=r"the endpoint's answer is larger than the 16777216 bytes"):
+        store.list()
+    assert endless.sent <= MAX_ANSWER + BODY  # what the sockets held at the hang-up, not the 256 MiB offered
