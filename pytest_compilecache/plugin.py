@@ -68,6 +68,7 @@ _RUNNER_OUTPUT: pytest.StashKey[StopTokenWatch] = pytest.StashKey()
 _KEPT: pytest.StashKey[str] = pytest.StashKey()
 _PLAIN: pytest.StashKey[bool] = pytest.StashKey()
 _DOWN: pytest.StashKey[set[int]] = pytest.StashKey()  # the xdist workers already merged (by id of their node)
+_TORCH_BEFORE: pytest.StashKey[bool] = pytest.StashKey()  # torch was imported before this session's conftests
 
 MARKER = "compile_cache"
 
@@ -242,6 +243,7 @@ def _is_worker(config: pytest.Config) -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    early_config.stash[_TORCH_BEFORE] = "torch" in _MODULES  # if not, a compile in a conftest is this session's
     if _quiet(early_config):
         return
     setup = _setup(early_config)
@@ -342,10 +344,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def _make_role(config: pytest.Config, recorder: Recorder) -> None:
     """This process's role, made once (a quiet session's at the end, when a test compiled)."""
-    if _is_worker(config):
-        _worker(config, recorder)
-    else:
-        _controller(config, recorder)
+    (_worker if _is_worker(config) else _controller)(config, recorder)
 
 
 def _recorder(config: pytest.Config) -> Recorder:
@@ -355,7 +354,8 @@ def _recorder(config: pytest.Config) -> Recorder:
         from .recorder import Recorder
 
         worker = os.environ.get("PYTEST_XDIST_WORKER", "worker") if _is_worker(config) else "controller"
-        recorder = config.stash[_RECORDER] = Recorder(worker, _resolved(config).explain)
+        since_import = not config.stash.get(_TORCH_BEFORE, True)
+        recorder = config.stash[_RECORDER] = Recorder(worker, _resolved(config).explain, since_import)
     counter = config.stash.get(_COUNTER, None)
     if counter is not None and counter.tests:
         recorder.cold_tests += counter.tests  # moved, never copied: the counter restarts from zero

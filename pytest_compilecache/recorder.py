@@ -56,7 +56,7 @@ class Recorder:
     taken, none recorded, nothing explained.
     """
 
-    def __init__(self, worker: str, explain: bool = True) -> None:
+    def __init__(self, worker: str, explain: bool = True, since_import: bool = False) -> None:
         self.worker = worker
         self.explain = explain
         self.cold_tests = 0  # tests counted by finish_cold, not yet in stats
@@ -68,7 +68,8 @@ class Recorder:
         self._first_compiled: dict[str, str] = {}
         # Where the last recorded test ended; before the first, where this session began: torch's counters are
         # per process, and an earlier session in this process (pytest.main() twice, an IDE) counted its own.
-        self._since: Start | None = self._here() if torch_loaded() else None
+        # ``since_import``: torch was imported by this session (its conftests), so all it counted is this session's.
+        self._since: Start | None = self._here() if torch_loaded() and not since_import else None
 
     @property
     def has_stats(self) -> bool:

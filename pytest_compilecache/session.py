@@ -175,7 +175,7 @@ class Controller:
         from .payload import Gathered
         from .payload import ProcessOutput
 
-        if not self.workers and recording.torch_loaded():  # a plain session whose tests imported torch
+        if recording.torch_loaded():  # a plain session whose tests imported torch; a controller whose conftests did
             self._outputs.append(("controller", ProcessOutput.collect(self.context, self.recorder)))
         gathered = Gathered.fold(self._outputs)
         if gathered.header_uses:

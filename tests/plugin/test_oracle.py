@@ -171,3 +171,42 @@ def test_tests_that_clear_torchs_counters_are_counted_as_torch_counted_them(inne
         assert tests[entry["test"]]["fxgraph"] == entry["fxgraph"], entry["test"]
     assert run.data["totals"]["fxgraph"]["miss"] == 2
     assert run.result.ret != 0 and "hit rate" in run.result.stdout.str()  # 1 of 3: below the floor
+
+
+# A compile while pytest imports the rootdir's conftest, before the plugin's pytest_configure: in every process
+# that imports it (the xdist controller and each worker).
+ROOT_CONFTEST = """
+import torch
+
+
+def _warm(x, w):
+    return x @ w
+
+
+torch.compile(_warm, dynamic=False)(torch.randn(91, 91), torch.randn(91, 91))
+"""
+
+ONE_TEST = """
+import torch
+
+
+def test_one():
+    torch.compile(lambda x, w: x @ w, dynamic=False)(torch.randn(93, 93), torch.randn(93, 93))
+"""
+
+
+def test_a_compile_in_the_root_conftest_is_counted_outside_the_tests(inner: pytest.Pytester) -> None:
+    """It was taken for the session's baseline (the recorder starts after the initial conftests), and an xdist
+    controller's own compiles were not collected: torch counted 2 misses where the report said 1, and with
+    ``-n 1`` 1 hit and 2 misses where it said 0 and 1."""
+    inner.makeconftest(ROOT_CONFTEST)
+    inner.makepyfile(test_one=ONE_TEST)
+
+    serial = run_inner(inner, f"--compile-cache-dir={inner.path / 'one'}", "-p", "no:xdist")
+    # the controller compiles into a fresh dir and misses; its worker imports the conftest again and hits
+    xdist = run_inner(inner, f"--compile-cache-dir={inner.path / 'two'}", "-n", "1", json_name="xdist.json")
+
+    for run, outside in ((serial, {"hit": 0, "miss": 1, "bypass": 0}), (xdist, {"hit": 1, "miss": 1, "bypass": 0})):
+        run.result.assert_outcomes(passed=1)
+        tests = {test["nodeid"]: test["fxgraph"] for test in run.data["tests"]}
+        assert tests == {"(outside tests)": outside, "test_one.py::test_one": {"hit": 0, "miss": 1, "bypass": 0}}
