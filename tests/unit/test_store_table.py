@@ -383,9 +383,14 @@ def test_an_s3_head_without_a_size_is_store_trouble_for_that_object(tmp_path: Pa
 
     s3 = open_store("s3://bucket/p")
     assert isinstance(s3, S3Store)
-    for head in ({"ETag": '"e"'}, {"ContentLength": "abc"}):
-        client = SimpleNamespace(head_object=lambda head=head, **_: head)
-        s3._connection.client = lambda client=client: client  # type: ignore[method-assign]
+    heads: list[dict[str, str]] = [{"ETag": '"e"'}, {"ContentLength": "abc"}]
+    for head in heads:
+
+        def head_object(head: dict[str, str] = head, **_: object) -> dict[str, str]:
+            return head
+
+        client = SimpleNamespace(head_object=head_object)
+        s3._connection.client = lambda client=client: client  # type: ignore[method-assign,misc]
         with pytest.raises(StoreError, match="the server's HEAD gave no object size"):
             s3.get("k1", tmp_path / "k1.bundle", limit=100)
         assert list(tmp_path.iterdir()) == []  # no partial file left
