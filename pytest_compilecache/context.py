@@ -115,7 +115,11 @@ class SessionContext:
 
     def _register(self) -> None:
         """A shared dir's controller: sweep what killed sessions left, then mark this session live in the
-        dir (no other session trims it while the registration is held)."""
+        dir (no other session trims it while the registration is held). An isolated dir's: say whether the dir
+        is kept, mark the session live in it, then remove the isolated dirs beside it that killed sessions left."""
+        if self.dir.mode == "isolated" and self.dir.owned and self.dir.path:
+            self._register_isolated(self.dir.path)
+            return
         if self.dir.mode != "shared" or not self.dir.path:
             return
         try:
@@ -126,6 +130,17 @@ class SessionContext:
             return
         if swept:
             self.problems.note(f"removed {swept} temp files left in the cache dir by killed sessions")
+
+    def _register_isolated(self, path: str) -> None:
+        try:
+            cachedir.mark_isolated(path, kept=self.settings.keep)
+            self.registration = cachedir.register_session(path)
+            swept = cachedir.sweep_abandoned_isolated(path)
+        except OSError as exc:
+            self.problems.warn(f"could not register in the isolated dir ({exc}); a kill would leave it behind")
+            return
+        if swept:
+            self.problems.note(f"removed {swept} isolated cache dirs that killed sessions left beside this one")
 
     def release(self) -> None:
         """Withdraw the registration: this session no longer reads or writes the dir (idempotent)."""

@@ -59,6 +59,7 @@ from .dirs import fallback_dir
 from .dirs import fresh_dir
 from .dirs import lock
 from .dirs import make_dir
+from .dirs import mark_isolated
 from .dirs import remove
 from .dirs import remove_dir
 from .dirs import safe_temp_dir
@@ -83,6 +84,7 @@ from .registry import live_sessions
 from .registry import register_session
 from .sweep import STALE_AFTER
 from .sweep import TORCH_TEMP_GRACE
+from .sweep import sweep_abandoned_isolated
 from .sweep import sweep_dead_writers
 
 if TYPE_CHECKING:
@@ -97,9 +99,9 @@ __all__ = [
     "GRAPHS_RECORD", "LOCK_NAME", "MIN_AGE", "OUR_NAMES", "PENDING_DIR", "SESSIONS_DIR", "SESSION_ENV", "STALE_AFTER",
     "TEMP_PREFIX", "TORCH_DIRS", "TORCH_FILES", "TORCH_TEMP_GRACE", "UNKNOWN_SESSION", "Kind", "LiveSession",
     "Ownership", "Registration", "SessionDir", "Trim", "clear_pytest_cache_keeping", "decide", "evict",
-    "default_shared_dir", "fallback_dir", "fresh_dir", "live_owners", "live_sessions", "lock", "make_dir", "ownership",
-    "refuse_foreign", "register_session", "remove", "remove_dir", "safe_temp_dir", "shape_profiles",
-    "sweep_dead_writers", "touch", "trim", "unsafe_dir_reason",
+    "default_shared_dir", "fallback_dir", "fresh_dir", "live_owners", "live_sessions", "lock", "make_dir",
+    "mark_isolated", "ownership", "refuse_foreign", "register_session", "remove", "remove_dir", "safe_temp_dir",
+    "shape_profiles", "sweep_abandoned_isolated", "sweep_dead_writers", "touch", "trim", "unsafe_dir_reason",
 ]  # fmt: skip
 
 

@@ -135,6 +135,18 @@ def safe_temp_dir() -> tuple[Path, str | None]:
     return safe, f"the temp dir {parent} {reason}; using {safe} instead"
 
 
+def mark_isolated(path: str, *, kept: bool) -> None:
+    """Say in isolated session dir ``path`` what becomes of it once its session is gone (:data:`.layout.KEPT` or
+    :data:`.layout.REMOVED`: a later isolated session removes it, :func:`.sweep.sweep_abandoned_isolated`)."""
+    from .layout import ISOLATED_MARK
+    from .layout import KEPT
+    from .layout import REMOVED
+
+    fd = os.open(os.path.join(path, ISOLATED_MARK), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(KEPT if kept else REMOVED)
+
+
 def fresh_dir(parent: Path | None = None, prefix: str = "compilecache-") -> Path:
     """A new, empty, tagged cache dir in ``parent`` (default: :func:`safe_temp_dir`); remove it with
     :func:`remove_dir`. For a per-test cold compile as much as for an isolated session. Raises OSError."""

@@ -20,7 +20,13 @@ GRAPHS_RECORD = ".compilecache-graphs.json"
 # PENDING_DIR: a restored bundle's mega-cache blobs, installed there by a restore in another process (the
 # Action's restore step) for the next pytest session to load into torch and remove (sync.load_staged).
 PENDING_DIR = ".compilecache-pending"
-OUR_NAMES = frozenset({"CACHEDIR.TAG", ".gitignore", LOCK_NAME, SESSIONS_DIR, GRAPHS_RECORD, PENDING_DIR})
+# ISOLATED_MARK: in an isolated session's dir, what should become of it when the session is gone: REMOVED (the
+# default: a later isolated session removes it when a kill kept its own session from doing so) or KEPT.
+ISOLATED_MARK = ".compilecache-isolated"
+REMOVED, KEPT = "removed at the end\n", "kept (--compile-cache-keep)\n"
+OUR_NAMES = frozenset(
+    {"CACHEDIR.TAG", ".gitignore", LOCK_NAME, SESSIONS_DIR, GRAPHS_RECORD, PENDING_DIR, ISOLATED_MARK}
+)
 
 # torch 2.6-2.15: every name ``torch/_inductor`` (codecache, cpp_builder, runtime/*, autoheuristic,
 # compiler_bisector, aoti_eager, codegen/cutlass), ``_functorch/_aot_autograd/autograd_cache`` and

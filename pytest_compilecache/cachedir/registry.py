@@ -187,6 +187,27 @@ def live_sessions(path: str, *, excluding: str | None = None) -> list[LiveSessio
         return [UNKNOWN_SESSION]
 
 
+def abandoned(path: str) -> bool:
+    """True when ``path`` holds registrations and every one is this host's and dead: the sessions that used it
+    were killed (a session that ended withdrew its own). None at all, one still held, one that cannot be
+    read or is another host's (its lock cannot be tried from here): False. Removes nothing."""
+    from .._fs import host_tag
+
+    try:
+        with _sessions_dir(path, create=False) as folder:
+            if folder is None:
+                return False
+            names = [name for name in os.listdir(folder) if re.fullmatch(_MARKER, name)]
+            for name in names:
+                match = re.fullmatch(_MARKER, name)
+                own = os.path.join(path, SESSIONS_DIR, name) in _OWN
+                if own or match is None or match[2] != host_tag() or _held(folder, name, remove_if_dead=False):
+                    return False
+            return bool(names)
+    except OSError:
+        return False
+
+
 def _held(folder: int, name: str, *, remove_if_dead: bool) -> bool:
     """Is marker ``name`` locked by a live process? A dead one's is removed (while we hold its lock)."""
     try:

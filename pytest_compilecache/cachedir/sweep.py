@@ -14,6 +14,8 @@ from pathlib import Path
 
 from . import registry
 from .layout import CLOEXEC
+from .layout import ISOLATED_MARK
+from .layout import REMOVED
 from .layout import TORCH_TEMP
 from .layout import is_legacy_staging_dir
 from .layout import is_legacy_temp_name
@@ -107,3 +109,38 @@ def _stale(name: str, st: os.stat_result, clock: float, live: frozenset[tuple[in
         return (age > TORCH_TEMP_GRACE and not pid_alive(int(match[1]))) or age > STALE_AFTER
     # What older versions named (their owners' host ids are not ours to compare): by age alone.
     return bool(age > STALE_AFTER and is_legacy_temp_name(name))
+
+
+def sweep_abandoned_isolated(own: str) -> int:
+    """Remove the isolated dirs beside ``own`` (an isolated session's dir) that killed sessions left; return how
+    many went. A session removes its isolated dir at its end, unless it was killed (SIGKILL, SIGTERM: no exit
+    handler runs): such dirs piled up in the temp dir. Only a sibling that proves all of it: named as
+    :func:`.dirs.fresh_dir` names them, a dir and not a link, tagged ours, marked by its session to be removed
+    (:data:`ISOLATED_MARK`, not ``--compile-cache-keep``), and holding registrations of this host that are
+    all dead (:func:`.registry.abandoned`). A dir being made has no registration yet: never taken."""
+    from .dirs import remove_dir
+
+    parent, removed = os.path.dirname(own), 0
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return 0
+    for name in names:
+        path = os.path.join(parent, name)
+        if path == own or not name.startswith("compilecache-") or not _marked_removed(path):
+            continue
+        if ownership(path).kind == "ours" and registry.abandoned(path) and remove_dir(path):
+            removed += 1
+    return removed
+
+
+def _marked_removed(path: str) -> bool:
+    """``path`` is a dir (not a link) whose :data:`ISOLATED_MARK`, a regular file, says :data:`REMOVED`."""
+    try:
+        fd = os.open(os.path.join(path, ISOLATED_MARK), os.O_RDONLY | os.O_NOFOLLOW | CLOEXEC)
+    except OSError:  # none, a link, or ``path`` itself a link to a dir (O_NOFOLLOW checks the last name only)
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and not os.path.islink(path) and os.read(fd, 64) == REMOVED.encode()
+    finally:
+        os.close(fd)

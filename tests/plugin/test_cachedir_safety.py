@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -220,3 +221,52 @@ def test_a_dead_controllers_restore_ticket_neither_blocks_nor_stays(inner: pytes
     assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
     assert not ticket.exists() and not Path(f"{ticket}.lock").exists()
     assert older.exists()  # young: its controller may still be running
+
+
+SLEEPER = """
+import pathlib
+import time
+
+
+def test_waits_to_be_killed():
+    pathlib.Path("ready").write_text("")
+    time.sleep(60)
+"""
+
+
+def test_the_next_isolated_session_removes_the_dir_a_killed_one_left(inner: pytest.Pytester) -> None:
+    """An isolated session removes its dir at its end, unless it is killed (SIGKILL, or SIGTERM: no exit handler
+    runs): such dirs piled up in the temp dir. The next isolated session with the same parent removes it; never a
+    dir a session asked to keep, nor one whose session lives."""
+    inner.makepyfile(test_sleeper=SLEEPER)
+    parent = inner.path / "isolated"
+    isolated = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--compile-cache=isolated"]
+    kept = subprocess.run(
+        [*isolated, f"--compile-cache-dir={parent}", "--compile-cache-keep", "-k", "nothing"],
+        cwd=inner.path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert kept.returncode == pytest.ExitCode.NO_TESTS_COLLECTED, kept.stdout
+    with subprocess.Popen([*isolated, f"--compile-cache-dir={parent}"], cwd=inner.path) as victim:
+        for _ in range(600):
+            if (inner.path / "ready").exists():
+                break
+            victim.poll()
+            assert victim.returncode is None
+            time.sleep(0.1)
+        victim.kill()
+        victim.wait(timeout=60)
+    left = sorted(path.name for path in parent.iterdir())
+    kept_dirs = [name for name in left if (parent / name / ".compilecache-isolated").read_text().startswith("kept")]
+    assert len(left) == 2 and len(kept_dirs) == 1  # the kept dir, and the killed session's
+
+    inner.makepyfile(test_sleeper=TRIVIAL)
+    report = inner.path / "report.json"
+    result = inner.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--compile-cache=isolated", f"--compile-cache-dir={parent}",
+        f"--compile-cache-json={report}", timeout=120,
+    )  # fmt: skip
+
+    assert result.ret == 0, result.stdout.str()
+    assert sorted(path.name for path in parent.iterdir()) == kept_dirs
+    notes = json.loads(report.read_text())["notes"]
+    assert "removed 1 isolated cache dirs that killed sessions left beside this one" in notes, notes

@@ -1220,3 +1220,44 @@ def test_a_dir_named_like_an_old_temp_file_is_someone_elses(tmp_path: Path) -> N
     later = time.time() + 3 * 3600  # the ctime is fresh: sweep as if hours had passed
     assert cachedir.sweep_dead_writers(str(cache), now=later) == 1
     assert not old_file.exists() and all((folder / "important.txt").read_text() == "keep" for folder in theirs)
+
+
+_DIES_REGISTERED = "import sys\nfrom pytest_compilecache import cachedir\ncachedir.register_session(sys.argv[1])\n"
+
+
+def test_only_an_abandoned_isolated_dir_is_swept(tmp_path: Path) -> None:
+    """Removed: a sibling named as fresh_dir names them, ours, marked to be removed, every registration of
+    this host dead (its process exited without withdrawing it). Kept: one marked kept, one whose session is
+    live, one being made (no registration yet), a user's dir named alike, a link to an abandoned one."""
+
+    registrations = []
+
+    def isolated(kept: bool = False, registered: str = "dead") -> Path:
+        path = cachedir.fresh_dir(tmp_path)
+        cachedir.mark_isolated(str(path), kept=kept)
+        if registered == "dead":
+            subprocess.run([sys.executable, "-c", _DIES_REGISTERED, str(path)], check=True, timeout=60)
+        elif registered == "live":
+            registrations.append(cachedir.register_session(str(path)))
+        return path
+
+    abandoned, kept, made, live = (
+        isolated(),
+        isolated(kept=True),
+        isolated(registered="none"),
+        isolated(registered="live"),
+    )
+    users = tmp_path / "compilecache-mine"
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    shutil.copytree(abandoned / ".compilecache-sessions", users / ".compilecache-sessions")
+    (users / ".compilecache-isolated").write_text("removed at the end\n")
+    (tmp_path / "compilecache-link").symlink_to(abandoned)
+    own = cachedir.fresh_dir(tmp_path)
+
+    assert cachedir.registry.abandoned(str(abandoned)) and not cachedir.registry.abandoned(str(live))
+    assert cachedir.sweep_abandoned_isolated(str(own)) == 1
+    assert not abandoned.exists()
+    assert all(path.exists() for path in (kept, made, live, users, own)) and (users / "notes.txt").exists()
+    for registration in registrations:
+        registration.close()
