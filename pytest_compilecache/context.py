@@ -110,37 +110,8 @@ class SessionContext:
             atexit.register(cachedir.remove, session_dir)
         if not inherited:
             context._export()
-            context._register()
+            _register(context)
         return context
-
-    def _register(self) -> None:
-        """A shared dir's controller: sweep what killed sessions left, then mark this session live in the
-        dir (no other session trims it while the registration is held). An isolated dir's: say whether the dir
-        is kept, mark the session live in it, then remove the isolated dirs beside it that killed sessions left."""
-        if self.dir.mode == "isolated" and self.dir.owned and self.dir.path:
-            self._register_isolated(self.dir.path)
-            return
-        if self.dir.mode != "shared" or not self.dir.path:
-            return
-        try:
-            swept = cachedir.sweep_dead_writers(self.dir.path)
-            self.registration = cachedir.register_session(self.dir.path)
-        except OSError as exc:
-            self.problems.warn(f"could not register in the cache dir ({exc}); other sessions may trim it meanwhile")
-            return
-        if swept:
-            self.problems.note(f"removed {swept} temp files left in the cache dir by killed sessions")
-
-    def _register_isolated(self, path: str) -> None:
-        try:
-            cachedir.mark_isolated(path, kept=self.settings.keep)
-            self.registration = cachedir.register_session(path)
-            swept = cachedir.sweep_abandoned_isolated(path)
-        except OSError as exc:
-            self.problems.warn(f"could not register in the isolated dir ({exc}); a kill would leave it behind")
-            return
-        if swept:
-            self.problems.note(f"removed {swept} isolated cache dirs that killed sessions left beside this one")
 
     def release(self) -> None:
         """Withdraw the registration: this session no longer reads or writes the dir (idempotent)."""
@@ -304,6 +275,34 @@ class SessionContext:
             from . import probe
 
             probe.put_back_config()
+
+
+def _register(context: SessionContext) -> None:
+    """A shared dir's controller: sweep what killed sessions left, then mark the session live in the dir (no
+    other session trims it while the registration is held). An isolated dir's: say whether the dir is kept,
+    mark the session live in it, then remove the isolated dirs beside it that killed sessions left."""
+    path, problems = context.dir.path, context.problems
+    if context.dir.mode == "isolated" and context.dir.owned and path:
+        try:
+            cachedir.mark_isolated(path, kept=context.settings.keep)
+            context.registration = cachedir.register_session(path)
+            swept = cachedir.sweep_abandoned_isolated(path)
+        except OSError as exc:
+            problems.warn(f"could not register in the isolated dir ({exc}); a kill would leave it behind")
+            return
+        if swept:
+            problems.note(f"removed {swept} isolated cache dirs that killed sessions left beside this one")
+        return
+    if context.dir.mode != "shared" or not path:
+        return
+    try:
+        swept = cachedir.sweep_dead_writers(path)
+        context.registration = cachedir.register_session(path)
+    except OSError as exc:
+        problems.warn(f"could not register in the cache dir ({exc}); other sessions may trim it meanwhile")
+        return
+    if swept:
+        problems.note(f"removed {swept} temp files left in the cache dir by killed sessions")
 
 
 def open_configured_store(settings: Settings) -> Store:
