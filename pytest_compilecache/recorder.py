@@ -70,6 +70,7 @@ class Recorder:
         # per process, and an earlier session in this process (pytest.main() twice, an IDE) counted its own.
         # ``since_import``: torch was imported by this session (its conftests), so all it counted is this session's.
         self._since: Start | None = self._here() if torch_loaded() and not since_import else None
+        self.running: tuple[str, Start] | None = None  # the test running now and its start (PerTestHooks)
 
     @property
     def has_stats(self) -> bool:
@@ -111,7 +112,12 @@ class Recorder:
     def finish_outside(self) -> None:
         """Record what compiled since the last test ended (a ``pytest_sessionfinish`` hook, a compile at
         collection when no test ran): at the process's end, before its statistics are read. A session fixture's
-        teardown is not here: pytest runs it inside the last test's teardown, which counts it."""
+        teardown is not here: pytest runs it inside the last test's teardown, which counts it. A test pytest
+        never finished (it raised ``KeyboardInterrupt``, called ``pytest.exit``) is recorded as itself first."""
+        if self.running is not None:
+            nodeid, start = self.running
+            self.running = None
+            self.finish(nodeid, start)
         if torch_loaded():
             self._outside(self._here())
 
@@ -259,12 +265,13 @@ class PerTestHooks:
             self.isolation = probe.isolated_compile(disable=mode == "disabled")
             self.isolation.__enter__()
         self.current = self.recorder.start()
+        self.recorder.running = (nodeid, self.current)
 
     def _finish(self, nodeid: str) -> None:
         start, recorder, isolation = self.current, self.recorder, self.isolation
         if start is None:
             return
-        self.current = None
+        self.current = recorder.running = None
         if isolation is not None:
             self.isolation = None
             isolation.__exit__(None, None, None)

@@ -210,3 +210,25 @@ def test_a_compile_in_the_root_conftest_is_counted_outside_the_tests(inner: pyte
         run.result.assert_outcomes(passed=1)
         tests = {test["nodeid"]: test["fxgraph"] for test in run.data["tests"]}
         assert tests == {"(outside tests)": outside, "test_one.py::test_one": {"hit": 0, "miss": 1, "bypass": 0}}
+
+
+INTERRUPTING = """
+import torch
+
+
+def test_interrupts():
+    torch.compile(lambda x, w: x @ w, dynamic=False)(torch.randn(42, 42), torch.randn(42, 42))
+    raise KeyboardInterrupt
+"""
+
+
+def test_a_test_that_interrupts_the_session_keeps_its_own_counts(inner: pytest.Pytester) -> None:
+    """pytest never finishes the test that raised KeyboardInterrupt (no ``pytest_runtest_logfinish``): its compile
+    was counted in ``(outside tests)``; it is the test's."""
+    inner.makepyfile(test_interrupting=INTERRUPTING)
+
+    run = run_inner(inner, "--compile-cache=isolated", "-p", "no:xdist")
+
+    assert run.result.ret == pytest.ExitCode.INTERRUPTED
+    tests = {test["nodeid"]: test["fxgraph"] for test in run.data["tests"]}
+    assert tests == {"test_interrupting.py::test_interrupts": {"hit": 0, "miss": 1, "bypass": 0}}
