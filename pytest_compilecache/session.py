@@ -175,6 +175,9 @@ class Controller:
         from .payload import Gathered
         from .payload import ProcessOutput
 
+        if stopped and self.start.delegate and not self.workers:  # Ctrl-C reached the workers too, before they sent
+            self.problems.note("the session was interrupted before any xdist worker reported: the statistics leave "
+                               "out every test the workers ran")  # fmt: skip
         if recording.torch_loaded():  # a plain session whose tests imported torch; a controller whose conftests did
             self._outputs.append(("controller", ProcessOutput.collect(self.context, self.recorder)))
         gathered = Gathered.fold(self._outputs)

@@ -784,6 +784,20 @@ def test_headers_the_actions_restore_installed_are_checked_early(
     assert pch._early_checks == [headers.header_dir() / name]  # a name torch could not give is dropped
 
 
+def test_an_xdist_session_interrupted_before_its_workers_reported_says_so(tmp_path: Path) -> None:
+    """Ctrl-C to the whole process group: no worker reports, and the report said only "0 hits, 0 misses" and
+    "nothing was compiled" of a session whose workers compiled."""
+    settings = Settings(mode="shared", dir=str(tmp_path / "cache"))
+    context = SessionContext.start(settings, tmp_path / "default", inherited=None, problems=Problems())
+    context._fingerprint = FP
+    _OPEN.append(context)
+    controller = Controller(context, Recorder("controller"), xdist=True)
+    controller.session_start()
+    controller.finish(failed=True, stopped=True)
+    said = "the session was interrupted before any xdist worker reported: the statistics leave out every test"
+    assert any(note.startswith(said) for note in controller.problems.notes), controller.problems.notes
+
+
 def test_a_session_that_lost_a_workers_statistics_saves_nothing(tmp_path: Path) -> None:
     """Issue 44, finding 4: a session whose xdist worker died saved a smaller bundle that lacked that worker's
     graphs; the next (green) run restored it as the newest and failed its hit-rate floor."""
