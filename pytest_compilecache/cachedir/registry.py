@@ -197,13 +197,13 @@ def abandoned(path: str) -> bool:
         with _sessions_dir(path, create=False) as folder:
             if folder is None:
                 return False
-            names = [name for name in os.listdir(folder) if re.fullmatch(_MARKER, name)]
-            for name in names:
-                match = re.fullmatch(_MARKER, name)
+            markers = [match for match in map(re.compile(_MARKER).fullmatch, os.listdir(folder)) if match]
+            for match in markers:
+                name = match[0]
                 own = os.path.join(path, SESSIONS_DIR, name) in _OWN
-                if own or match is None or match[2] != host_tag() or _held(folder, name, remove_if_dead=False):
+                if own or match[2] != host_tag() or _held(folder, name, remove_if_dead=False):
                     return False
-            return bool(names)
+            return bool(markers)
     except OSError:
         return False
 

@@ -59,9 +59,6 @@ from .arguments import build_parser
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MISS = 0, 1, 2, 3
 
-# What a warm start needs from a cache dir when no per-session list exists (the CLI's ``save``): torch's
-# FX-graph and AOTAutograd entries, compiled kernels and ISA probes, autotune results. Sources, locks
-# and precompiled headers are regenerated, so they stay out.
 # What `save` carries from a cache dir: torch's FX and AOTAutograd entries, compiled kernels, best configs, and
 # what a fresh GPU runner would rebuild: triton's cache entries (kernels, which torch's bundle lacks
 # when triton bundling is off; gcc-built helpers such as cuda_utils.so; launchers) and torch's local autotuning

@@ -106,9 +106,10 @@ class _Counting(collections.Counter[str]):
 
     def __setitem__(self, key: str, value: Any) -> None:
         if key in _READ:
-            before = dict.get(self, key, 0)
-            with _quiet():
-                self.totals[key] = self.totals.get(key, 0) + int(value - before)
+            try:
+                self.totals[key] = self.totals.get(key, 0) + int(value - dict.get(self, key, 0))
+            except (TypeError, ValueError):  # a value that is no number: torch's business, not a count
+                pass
         dict.__setitem__(self, key, value)
 
     def copy(self) -> _Counting:
@@ -116,12 +117,6 @@ class _Counting(collections.Counter[str]):
 
     def __reduce__(self) -> Any:
         return (collections.Counter, (dict(self),))
-
-
-def _quiet() -> Any:
-    import contextlib
-
-    return contextlib.suppress(TypeError, ValueError)  # a value that is no number: torch's business, not a count
 
 
 def _counting(totals: dict[str, int], values: Any = ()) -> _Counting:

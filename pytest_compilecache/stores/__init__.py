@@ -116,6 +116,8 @@ def refuse_cache_dir(url: str, cache_dir: str | os.PathLike[str], what: str = "t
     bundles, a save put bundles among torch's files; the next session then refuses the dir as someone else's.
     ``what`` names ``cache_dir`` otherwise (another dir the caller empties: the Action's staging dirs). A remote
     store, or a ``url`` that names no store, passes (opening it says what is wrong)."""
+    if backend_for(url) is not None:  # a remote store: nothing to open again here
+        return
     try:
         store = open_store(url)
     except ConfigError:

@@ -93,6 +93,14 @@ def cap_botocore(client: Any, location: str) -> None:
 def capped_requests_session(location: str) -> Any:
     """A ``requests.Session`` whose answers not asked for as a stream (``stream=False``: read whole) are capped."""
     import requests
+
+    session = requests.Session()
+    cap_requests_session(session, location)
+    return session
+
+
+def cap_requests_session(session: Any, location: str) -> None:
+    """Mount on ``session`` (a client's own, or a new one) adapters that cap the answers it reads whole."""
     from requests.adapters import HTTPAdapter
 
     class _Capping(HTTPAdapter):
@@ -102,13 +110,6 @@ def capped_requests_session(location: str) -> Any:
                 response.raw = CappedAnswer(response.raw, location)
             return response
 
-    session = requests.Session()
+    adapter = _Capping()
     for scheme in ("http://", "https://"):
-        session.mount(scheme, _Capping())
-    return session
-
-
-def cap_requests_session(session: Any, location: str) -> None:
-    """Mount :func:`capped_requests_session`'s adapters on an existing ``session`` (a client's own)."""
-    for scheme, adapter in capped_requests_session(location).adapters.items():
         session.mount(scheme, adapter)

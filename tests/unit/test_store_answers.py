@@ -59,9 +59,9 @@ class _Blobs(BaseHTTPRequestHandler):
         self.end_headers()
 
 
-@pytest.fixture
-def endpoint() -> Iterator[Any]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Blobs)
+def _serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[Any]:
+    """A threaded server of ``handler`` on 127.0.0.1 (``sent``: bytes its handler counts), for a fixture."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     server.sent = 0  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -69,6 +69,11 @@ def endpoint() -> Iterator[Any]:
     yield server
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def endpoint() -> Iterator[Any]:
+    yield from _serve(_Blobs)
 
 
 def _store(port: int) -> AzureStore:
@@ -174,14 +179,7 @@ class _Endless(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def endless() -> Iterator[Any]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Endless)
-    server.daemon_threads = True
-    server.sent = 0  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    yield from _serve(_Endless)
 
 
 @pytest.mark.parametrize("backend", ["s3", "gs", "az"])
