@@ -46,13 +46,15 @@ class Restored(NamedTuple):
 class Gathered(NamedTuple):
     """Every process's artifacts, folded by the controller (:meth:`fold`): the mega-cache blobs by process
     name, the cache files used, where each process's torch keeps precompiled headers, the headers they
-    checked (:class:`.pch.HeaderUse` JSON), and the xdist workers that sent nothing (they died)."""
+    checked (:class:`.pch.HeaderUse` JSON), the xdist workers that sent nothing (they died), and the node ids
+    the processes deselected (:mod:`.selection`)."""
 
     blobs: Mapping[str, bytes] = {}
     files: frozenset[str] = frozenset()
     header_dirs: frozenset[str] = frozenset()
     header_uses: tuple[Any, ...] = ()
     silent: tuple[str, ...] = ()
+    deselected: frozenset[str] = frozenset()
 
     @classmethod
     def fold(cls, outputs: Iterable[tuple[str, ProcessOutput | None]]) -> Gathered:
@@ -62,6 +64,7 @@ class Gathered(NamedTuple):
         header_dirs: set[str] = set()
         uses: list[Any] = []
         silent: list[str] = []
+        deselected: set[str] = set()
         for name, output in outputs:
             if output is None:
                 silent.append(name)
@@ -72,7 +75,8 @@ class Gathered(NamedTuple):
             if output.header_dir is not None:
                 header_dirs.add(output.header_dir)
             uses += output.headers
-        return cls(blobs, frozenset(files), frozenset(header_dirs), tuple(uses), tuple(silent))
+            deselected.update(output.deselected)
+        return cls(blobs, frozenset(files), frozenset(header_dirs), tuple(uses), tuple(silent), frozenset(deselected))
 
 
 @dataclass
@@ -93,6 +97,7 @@ class ProcessOutput:
     headers: list[Any] = field(default_factory=list)  # the headers torch looked up here, each checked once
     # an xdist worker that restored for its controller: what the ticket holds (RestorePhase.report)
     restore: dict[str, Any] | None = None
+    deselected: list[str] = field(default_factory=list)  # an xdist worker's (a plain session's watch is its own)
 
     @classmethod
     def collect(cls, context: SessionContext, recorder: Recorder) -> ProcessOutput:
@@ -127,6 +132,7 @@ class ProcessOutput:
             "header_dir": self.header_dir,
             "headers": list(self.headers),
             "restore": self.restore,
+            "deselected": list(self.deselected),
         }
 
     @classmethod
@@ -143,6 +149,7 @@ class ProcessOutput:
         header_dir = data.get("header_dir")
         headers = data.get("headers")
         restore = data.get("restore")
+        deselected = data.get("deselected")
         return cls(
             tests=tests if isinstance(tests, int) and not isinstance(tests, bool) and tests >= 0 else 0,
             records=_records(data.get("records")),
@@ -153,6 +160,7 @@ class ProcessOutput:
             header_dir=header_dir if isinstance(header_dir, str) else None,
             headers=list(headers) if isinstance(headers, list) else [],  # each entry read by pch.HeaderUse
             restore=restore if isinstance(restore, dict) else None,  # each field read by RestorePhase
+            deselected=[d for d in deselected if isinstance(d, str)] if isinstance(deselected, list) else [],
         )
 
 

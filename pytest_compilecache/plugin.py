@@ -288,10 +288,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
         watcher = config.stash[_RUNNER_OUTPUT] = StopTokenWatch()
         config.pluginmanager.register(watcher, "compilecache-runner-output")
-    # Every process, from when torch (or triton) is imported: the per-test capture, the FX-graph lookups that
-    # explain a miss, the triton cache entries a bundle carries and, in a session with a cache
-    # dir, the check of each precompiled header torch looks up.
-    # The triton hook is installed once torch appears: triton matters only to torch's compiles.
+    # Every process, from when torch (or triton, whose hook waits for torch) is imported: the per-test capture, the
+    # FX-graph lookups that explain a miss, the triton cache entries a bundle carries and, in a session with a
+    # cache dir, the check of each precompiled header torch looks up.
     when_imported("torch", lambda: _torch_appears(config), config.add_cleanup)
 
 
@@ -321,9 +320,7 @@ def _watch(config: pytest.Config) -> None:
     added = [finder for finder in sys.meta_path if id(finder) not in before]
 
     def forget() -> None:
-        for finder in added:
-            if finder in sys.meta_path:
-                sys.meta_path.remove(finder)
+        sys.meta_path[:] = [finder for finder in sys.meta_path if finder not in added]
 
     if added:
         config.add_cleanup(forget)
@@ -331,9 +328,8 @@ def _watch(config: pytest.Config) -> None:
 
 def _is_xdist_controller(config: pytest.Config) -> bool:
     """xdist will run the tests in workers (``-n N`` with N > 0, ``--dist``...)."""
-    if _is_worker(config):
-        return False
-    return config.getoption("dist", "no") not in ("no", None) and bool(config.getoption("tx", None))
+    dist = not _is_worker(config) and config.getoption("dist", "no") not in ("no", None)
+    return dist and bool(config.getoption("tx", None))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -344,7 +340,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def _make_role(config: pytest.Config, recorder: Recorder) -> None:
     """This process's role, made once (a quiet session's at the end, when a test compiled)."""
-    (_worker if _is_worker(config) else _controller)(config, recorder)
+    role = (_worker if _is_worker(config) else _controller)(config, recorder)
+    if role.context.saving:  # what the session selects: a save never replaces a restored bundle with a part
+        from .selection import Where
+
+        config.pluginmanager.register(role.watch_selection(Where.of(config)), "compilecache-selection")
 
 
 def _recorder(config: pytest.Config) -> Recorder:

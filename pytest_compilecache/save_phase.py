@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import NamedTuple
+from typing import Sequence
 
 from . import cachedir
 from . import recorder as recording
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from .payload import Gathered
     from .payload import Restored
     from .recorder import Recorder
+    from .selection import Selection
     from .stats import SessionStats
     from .sync import SavePolicy
     from .sync import SaveResult
@@ -61,14 +63,26 @@ class SavePhase:
         return self.recorder.stats
 
     def run(
-        self, restored: Restored, gathered: Gathered, *, tests_failed: bool = False, stopped: bool = False
+        self,
+        restored: Restored,
+        gathered: Gathered,
+        *,
+        tests_failed: bool = False,
+        stopped: bool = False,
+        selection: Selection | None = None,
     ) -> Saved:
         """``tests_failed``: the session's tests failed (the Action's save policy may then skip the save);
-        ``stopped``: it stopped before running every test it selected (then it does not replace a restored
-        bundle)."""
+        ``stopped``: it stopped before running every test it selected; ``selection``: which tests it selected
+        (None: not known). A session that stopped early, or left out tests the restored bundle covers, does not
+        replace that bundle."""
+        left = selection.left_out(restored.baseline.tests) if selection and restored.baseline else []
         why, graphs = self.explain(restored)
         saving = self.context.saving
-        result = self.save(restored, gathered, graphs, tests_failed=tests_failed, stopped=stopped) if saving else None
+        result = (
+            self.save(restored, gathered, graphs, tests_failed=tests_failed, stopped=stopped, left_out=left)
+            if saving
+            else None
+        )
         self.evict(gathered)
         return Saved(why, graphs, result)
 
@@ -113,32 +127,13 @@ class SavePhase:
         if baseline is None:
             why = None  # a first run (the report says null, not "{}")
         if why is not None:
-            self._suggest_pgo(why)
+            _suggest_pgo(self.context, why)
         if graphs is not None and self.context.dir.mode == "shared":
             try:
                 save_record(Path(path), graphs)
             except OSError as exc:
                 self.problems.warn(f"could not keep the graph record for the next session: {exc}")
         return why, graphs
-
-    def _suggest_pgo(self, why: SessionExplanation) -> None:
-        """A note when misses differ from the earlier graphs only in which sizes torch made symbolic, which
-        depends on the order tests ran in each process, and no job id keeps torch's profile of them."""
-        if self.context.settings.pgo or torch_job_id():
-            return
-        from .explain import order_dependent_tests
-
-        tests = order_dependent_tests(why)
-        if not tests:
-            return
-        names = ", ".join(tests[:2]) + (f" and {len(tests) - 2} more" if len(tests) > 2 else "")
-        self.problems.note(
-            f"{len(tests)} test{'s' if len(tests) != 1 else ''} ({names}) missed a graph that differs from the "
-            "earlier one in which sizes are symbolic: torch makes a size symbolic once a process meets a second "
-            "one, so this usually depends on the tests that ran before in that process (xdist's order, a random "
-            f"order); {self.context.settings.spelling('pgo')}=on (the Action's input pgo) compiles the same graphs "
-            "in any order (see the docs' troubleshooting, item 3)"
-        )
 
     # ---- the bundle
 
@@ -150,14 +145,16 @@ class SavePhase:
         *,
         tests_failed: bool = False,
         stopped: bool = False,
+        left_out: Sequence[str] = (),
     ) -> SaveResult | None:
         """Save a bundle unless there is nothing new, the store failed at the restore, the session stopped early
-        after a restore, or the Action's policy says no; return what happened (None: the store or fingerprint
-        could not even be set up, one warning)."""
+        or left out tests the restored bundle covers (``left_out``), or the Action's policy says no; return what
+        happened (None: the store or fingerprint could not even be set up, one warning)."""
         from . import sync
         from .fingerprint import default_suffix
 
-        skip = self._why_not_save(restored, gathered, tests_failed, _settled(restored.baseline, graphs), stopped)
+        settled = _settled(restored.baseline, graphs)
+        skip = self._why_not_save(restored, gathered, tests_failed, settled, stopped, left_out)
         if skip is not None:
             return sync.SaveResult("skipped", message=skip)
         settings, result = self.context.settings, restored.result
@@ -180,7 +177,7 @@ class SavePhase:
             keep=settings.keep_bundles,
             max_bytes=settings.max_bundle_size,
             graphs=graphs.to_json() if graphs else None,
-            header_since=self._header_since(restored, gathered),
+            header_since=_header_since(self.context, restored, gathered),
             header_installed=installed,
             header_carried=result.headers.carried if result is not None else (),
             header_uses=list(gathered.header_uses),
@@ -209,11 +206,18 @@ class SavePhase:
         return sync.read_save_policy(told)
 
     def _why_not_save(
-        self, restored: Restored, gathered: Gathered, tests_failed: bool, settled: bool = False, stopped: bool = False
+        self,
+        restored: Restored,
+        gathered: Gathered,
+        tests_failed: bool,
+        settled: bool = False,
+        stopped: bool = False,
+        left_out: Sequence[str] = (),
     ) -> str | None:
         """Why this session saves nothing (a ``skipped`` result's message), or None: it saves. ``settled``:
         a test whose graph changed in the runs the restored record remembers hit now; the record must say so.
-        ``stopped``: the session stopped before running every test it selected."""
+        ``stopped``: the session stopped before running every test it selected; ``left_out``: the tests of the
+        restored record it did not select though they still exist (:meth:`.selection.Selection.left_out`)."""
         result = restored.result
         # Without a result: restored by someone else (the Action, an earlier CLI step) who did not say how.
         was_restored = (
@@ -242,30 +246,19 @@ class SavePhase:
             # A bundle holds what its session used, and the next run restores the newest: this one would replace
             # the coverage it restored with the part of the suite that ran before the stop.
             return "the session stopped early (-x, --maxfail, an interrupt): nothing saved over the restored bundle"
+        if left_out and was_restored:
+            # The same for a session that selected part of the suite: its bundle would hold only that part.
+            from .selection import describe
+
+            count = f"{len(left_out)} test{'s' if len(left_out) != 1 else ''}"
+            return (
+                f"the session left out {count} the restored bundle covers ({describe(left_out)}; -k, -m, --lf, "
+                "node ids, a plugin): nothing saved over it; a run that selects them saves again"
+            )
         if self._policy().only_when_passed and tests_failed:
             # The Action's one policy for every store (actions/cache's): a red run saves nothing by default.
             return "the tests failed: nothing saved (input save-on-failure)"
         return None
-
-    # ---- precompiled headers
-
-    def _header_since(self, restored: Restored, gathered: Gathered) -> float | None:
-        """The ``since`` for carrying headers, or None (carry none) when torch keeps them elsewhere.
-
-        ``pch.header_dir()`` mirrors torch's path without importing torch; a process whose torch reports
-        another dir (a torch that moved it, a test that changed TMPDIR before importing torch) would make
-        us carry the wrong files, so then nothing is carried and a note says why.
-        """
-        if restored.header_since is None:
-            return None
-        from .pch import header_dir
-
-        expected = str(header_dir())
-        others = sorted(d for d in gathered.header_dirs if d != expected)
-        if others:
-            self.problems.note(f"precompiled headers not carried: torch keeps them in {others[0]}, not {expected}")
-            return None
-        return restored.header_since
 
     # ---- the cache dir's size
 
@@ -287,6 +280,45 @@ class SavePhase:
         too_small = trimmed.too_small(settings.spelling("max_size"), settings.max_size)
         if too_small:
             self.problems.warn(too_small)
+
+
+def _suggest_pgo(context: SessionContext, why: SessionExplanation) -> None:
+    """A note when misses differ from the earlier graphs only in which sizes torch made symbolic, which
+    depends on the order tests ran in each process, and no job id keeps torch's profile of them."""
+    if context.settings.pgo or torch_job_id():
+        return
+    from .explain import order_dependent_tests
+
+    tests = order_dependent_tests(why)
+    if not tests:
+        return
+    names = ", ".join(tests[:2]) + (f" and {len(tests) - 2} more" if len(tests) > 2 else "")
+    context.problems.note(
+        f"{len(tests)} test{'s' if len(tests) != 1 else ''} ({names}) missed a graph that differs from the "
+        "earlier one in which sizes are symbolic: torch makes a size symbolic once a process meets a second "
+        "one, so this usually depends on the tests that ran before in that process (xdist's order, a random "
+        f"order); {context.settings.spelling('pgo')}=on (the Action's input pgo) compiles the same graphs "
+        "in any order (see the docs' troubleshooting, item 3)"
+    )
+
+
+def _header_since(context: SessionContext, restored: Restored, gathered: Gathered) -> float | None:
+    """The ``since`` for carrying headers, or None (carry none) when torch keeps them elsewhere.
+
+    ``pch.header_dir()`` mirrors torch's path without importing torch; a process whose torch reports
+    another dir (a torch that moved it, a test that changed TMPDIR before importing torch) would make
+    us carry the wrong files, so then nothing is carried and a note says why.
+    """
+    if restored.header_since is None:
+        return None
+    from .pch import header_dir
+
+    expected = str(header_dir())
+    others = sorted(d for d in gathered.header_dirs if d != expected)
+    if others:
+        context.problems.note(f"precompiled headers not carried: torch keeps them in {others[0]}, not {expected}")
+        return None
+    return restored.header_since
 
 
 def _settled(baseline: GraphsRecord | None, graphs: GraphsRecord | None) -> bool:

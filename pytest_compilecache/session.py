@@ -41,6 +41,9 @@ if TYPE_CHECKING:
     from .payload import Restored
     from .recorder import Recorder
     from .report import SessionOutcome
+    from .selection import ControllerWatch
+    from .selection import SelectionWatch
+    from .selection import Where
     from .stats import SessionStats
     from .sync import RestoreResult
 
@@ -53,6 +56,14 @@ class Worker:
         self.recorder = recorder
         self.ticket: RestoreTicket | None = None  # the controller's restore, until served
         self.restore: RestorePhase | None = None  # this worker's restore for the controller, if it took the ticket
+        self.selection: SelectionWatch | None = None  # what it deselected, when the session saves (plugin)
+
+    def watch_selection(self, where: Where) -> SelectionWatch:
+        """The plugin that records what this worker deselects (registered by the plugin when the session saves)."""
+        from .selection import SelectionWatch
+
+        self.selection = SelectionWatch()
+        return self.selection
 
     def session_start(self) -> None:
         """Follow the controller's dir; take its restore ticket if no other worker has (then restore now)."""
@@ -108,6 +119,8 @@ class Worker:
         output = ProcessOutput.collect(self.context, self.recorder)
         if self.restore is not None:
             output.restore = self.restore.report()
+        if self.selection is not None:
+            output.deselected = sorted(self.selection.deselected)
         return output.to_json()
 
 
@@ -124,6 +137,17 @@ class Controller:
         self._outputs: list[tuple[str, ProcessOutput | None]] = []  # each process's, folded at the end
         self._restored: Restored | None = None  # what the start found (RestorePhase.finish), at the end
         self._saved = Saved()  # what the end did (SavePhase.run)
+        self._selection: tuple[Where, SelectionWatch | ControllerWatch] | None = None  # when it saves
+
+    def watch_selection(self, where: Where) -> SelectionWatch | ControllerWatch:
+        """The plugin that records which tests the session selects (registered by the plugin when the session
+        saves): a save then never replaces a restored bundle with part of the suite (:mod:`.selection`)."""
+        from .selection import ControllerWatch
+        from .selection import SelectionWatch
+
+        watch = ControllerWatch() if self.start.delegate else SelectionWatch()
+        self._selection = (where, watch)
+        return watch
 
     @property
     def settings(self) -> Settings:
@@ -196,9 +220,10 @@ class Controller:
                 self.problems.note(note)
         self.context.take_remote_errors()
         self.context.warn_remote_errors()
+        selection = self._selection[0].selection(self._selection[1], gathered.deselected) if self._selection else None
         try:
             self._saved = SavePhase(self.context, self.recorder).run(
-                self._restored, gathered, tests_failed=failed, stopped=stopped
+                self._restored, gathered, tests_failed=failed, stopped=stopped, selection=selection
             )
         finally:  # Ctrl-C mid-save too: every write of the save is atomic, nothing partial is left
             self.context.release()  # done with the dir: other sessions may trim it now

@@ -75,7 +75,8 @@ def test_a_restoring_xdist_controller_never_imports_torch(
     inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With -n 2 the restore runs in one worker (the controller hands it a ticket): the controller imports
-    no torch, the other worker waits for the restore before its first test, and every graph hits."""
+    no torch, the other worker waits for the restore before its first test, and every graph hits. A later -k
+    run that missed saves nothing over the bundle it restored."""
     inner.makeconftest(ENV_CONFTEST + TORCH_FLAG)
     inner.makepyfile(test_suite=MATMUL_SUITE)
     flags = inner.path / "flags"
@@ -107,6 +108,19 @@ def test_a_restoring_xdist_controller_never_imports_torch(
     # Every graph hit the restored cache: nothing new, nothing saved, and no ticket left in the dir.
     assert warm.data["save"]["outcome"] == "skipped", warm.data["save"]
     assert not list((inner.path / "restored").glob(".compilecache-restore-*")), "the restore ticket was left"
+
+    # A -k run whose test changed: it missed, and a save would replace the restored bundle (the newest, which the
+    # next run restores) with a bundle of test_project alone. The workers say what they deselected.
+    bundles = sorted(p.name for p in store.iterdir())
+    changed = MATMUL_SUITE.replace("torch.randn(8, 4), torch.randn(4, 2)", "torch.randn(6, 4), torch.randn(4, 2)")
+    inner.makepyfile(test_suite=changed)
+    subset = run_inner(inner, *fresh("subset"), "-n", "2", "-k", "test_project")
+    assert subset.ret == 0, subset.output
+    assert subset.totals["misses"] == 1, subset.totals
+    assert subset.data["save"]["outcome"] == "skipped", subset.data["save"]
+    message = subset.data["save"]["message"]
+    assert message.startswith("the session left out 1 test the restored bundle covers (test_suite.py::test_gram;")
+    assert sorted(p.name for p in store.iterdir()) == bundles
 
 
 # One function meets two batch sizes. In one process torch compiles it for the first size, then again with a

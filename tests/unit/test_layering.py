@@ -39,7 +39,7 @@ LAYERS: list[set[str]] = [
     {"explain", "remote", "pch"},
     {"manifest"},
     {"ghrunner", "_fs"},
-    {"_version", "errors", "options", "_loader", "record_fields"},
+    {"_version", "errors", "options", "_loader", "record_fields", "selection"},
     {"_env"},
 ]
 ONLY = {

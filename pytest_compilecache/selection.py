@@ -1,0 +1,193 @@
+"""Which tests a session selected, and which tests of a restored bundle it left out.
+
+A bundle holds what its session used, and the next run restores the newest bundle: a session that ran part
+of the suite (``-k``, ``-m``, ``--lf``, node ids, a plugin that deselects) and saved would replace the
+coverage it restored with its part. :meth:`Selection.left_out` names the tests of the restored bundle's
+record that such a save would drop although they still exist, so the save phase can decline.
+
+A test of the record counts as left out when this session did not select it and either deselected it
+(pytest's ``pytest_deselected``: it exists), or its file still exists and lies outside what the session's
+arguments collect (``pytest tests/a.py``, a node id, ``--ignore``). A test that was neither selected nor
+deselected inside what the arguments collect was deleted or renamed: dropping it loses nothing.
+
+Nothing here imports pytest: :class:`SelectionWatch` and :class:`ControllerWatch` are registered as plugins
+by :mod:`.plugin`, whose hooks pytest finds by name.
+PYTEST_DONT_REWRITE
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass
+from typing import Any
+from typing import Iterable
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a session selected: ``roots`` (what its arguments collect, as rootdir-relative node-id prefixes;
+    ``""`` is the whole rootdir), ``selected`` and ``deselected`` (node ids), ``ignored`` (``--ignore`` paths,
+    rootdir-relative, and ``--ignore-glob`` patterns made absolute as pytest does) and ``rootdir``."""
+
+    rootdir: str
+    roots: tuple[str, ...] = ("",)
+    selected: frozenset[str] = frozenset()
+    deselected: frozenset[str] = frozenset()
+    ignored: tuple[str, ...] = ()
+    ignored_globs: tuple[str, ...] = ()
+
+    def left_out(self, tests: Iterable[str]) -> list[str]:
+        """The tests of ``tests`` (a restored record's node ids) this session left out though they still
+        exist, sorted."""
+        out = []
+        for nodeid in tests:
+            if nodeid in self.selected:
+                continue
+            if nodeid in self.deselected or (self._exists(nodeid) and not self._collected(nodeid)):
+                out.append(nodeid)
+        return sorted(out)
+
+    def _exists(self, nodeid: str) -> bool:
+        return os.path.exists(os.path.join(self.rootdir, _file(nodeid)))
+
+    def _collected(self, nodeid: str) -> bool:
+        """Whether this session's arguments collect ``nodeid``'s test (not: whether it was selected)."""
+        path = _file(nodeid)
+        if any(_under(path, hole) for hole in self.ignored):
+            return False
+        whole = os.path.join(self.rootdir, path)
+        if any(fnmatch.fnmatch(whole, glob) for glob in self.ignored_globs):
+            return False
+        return any(covers(root, nodeid) for root in self.roots)
+
+
+def covers(root: str, nodeid: str) -> bool:
+    """Whether collecting ``root`` (a rootdir-relative path or node id, ``""`` for the rootdir) collects
+    ``nodeid``: ``tests`` covers ``tests/a.py::t``; ``tests/a.py::t`` covers ``tests/a.py::t[1]``, not
+    ``tests/a.py::u``."""
+    if root == "":
+        return True
+    if "::" in root:
+        return nodeid == root or nodeid.startswith((root + "::", root + "["))
+    return _under(_file(nodeid), root)
+
+
+def roots_of(args: Sequence[str], invocation_dir: str, rootdir: str) -> tuple[str, ...]:
+    """pytest's collection arguments (``config.args``: what the user typed, else ``testpaths``, else the
+    invocation dir) as rootdir-relative node-id prefixes. An argument outside the rootdir (or a module name of
+    ``--pyargs``) covers nothing: its tests count as left out, which only ever declines a save."""
+    roots = []
+    for arg in args:
+        path, sep, rest = str(arg).partition("::")
+        absolute = os.path.normpath(os.path.join(invocation_dir, path))
+        relative = os.path.relpath(absolute, rootdir) if _inside(absolute, rootdir) else None
+        if relative is None:
+            roots.append("\0" + str(arg))  # matches no node id
+            continue
+        relative = "" if relative == "." else relative.replace(os.sep, "/")
+        roots.append(relative + sep + rest if sep else relative)
+    return tuple(roots)
+
+
+def ignored_of(paths: Sequence[str], invocation_dir: str, rootdir: str) -> tuple[str, ...]:
+    """``--ignore`` values as rootdir-relative paths (those outside the rootdir ignore none of its tests)."""
+    out = []
+    for path in paths:
+        absolute = os.path.normpath(os.path.join(invocation_dir, str(path)))
+        if _inside(absolute, rootdir):
+            out.append(os.path.relpath(absolute, rootdir).replace(os.sep, "/"))
+    return tuple(out)
+
+
+def globs_of(patterns: Sequence[str], invocation_dir: str) -> tuple[str, ...]:
+    """``--ignore-glob`` values made absolute, as pytest matches them."""
+    return tuple(os.path.join(invocation_dir, str(p)) for p in patterns)
+
+
+def _file(nodeid: str) -> str:
+    return nodeid.partition("::")[0]
+
+
+def _under(path: str, root: str) -> bool:
+    return root in ("", ".") or path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _inside(path: str, directory: str) -> bool:
+    try:
+        return os.path.commonpath([path, os.path.normpath(directory)]) == os.path.normpath(directory)
+    except ValueError:  # another drive (Windows)
+        return False
+
+
+class SelectionWatch:
+    """A plugin for a process that collects tests (a plain session, an xdist worker): the node ids pytest
+    deselected (every ``-k``/``-m``/``--lf``/``--deselect`` and any plugin that deselects reports them through
+    ``pytest_deselected``) and those it selected."""
+
+    def __init__(self) -> None:
+        self.selected: frozenset[str] | None = None
+        self.deselected: set[str] = set()
+
+    def pytest_deselected(self, items: Sequence[Any]) -> None:
+        self.deselected.update(item.nodeid for item in items)
+
+    def pytest_collection_finish(self, session: Any) -> None:
+        self.selected = frozenset(item.nodeid for item in session.items)
+
+
+class ControllerWatch:
+    """A plugin for an xdist controller, which collects nothing itself: each worker says what it selected."""
+
+    def __init__(self) -> None:
+        self.selected: set[str] = set()
+
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: Sequence[str]) -> None:
+        self.selected.update(ids)
+
+
+def describe(left: Sequence[str]) -> str:
+    """``left`` (node ids, sorted) in a few words: the first, and how many more."""
+    more = f" and {len(left) - 1} more" if len(left) > 1 else ""
+    return f"{left[0]}{more}"
+
+
+@dataclass(frozen=True)
+class Where:
+    """What shapes a session's collection, as plain values from pytest's config: ``args`` (``config.args``),
+    ``invocation_dir``, ``rootdir``, ``ignore`` and ``ignore_glob`` (the options' values)."""
+
+    args: tuple[str, ...]
+    invocation_dir: str
+    rootdir: str
+    ignore: tuple[str, ...] = ()
+    ignore_glob: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, config: Any) -> Where:
+        """From pytest's ``Config`` (read, never imported here)."""
+        option = config.option
+        ignored, globs = tuple(getattr(option, "ignore", None) or ()), tuple(getattr(option, "ignore_glob", None) or ())
+        return cls(tuple(config.args), str(config.invocation_params.dir), str(config.rootpath), ignored, globs)
+
+    def selection(self, watch: SelectionWatch | ControllerWatch, deselected: Iterable[str]) -> Selection | None:
+        """The session's :class:`Selection` from its watch and the workers' deselected node ids; None when the
+        watch saw no collection (a session that stopped in collection, an xdist controller whose workers never
+        said what they collected)."""
+        if isinstance(watch, ControllerWatch):
+            selected: frozenset[str] | None = frozenset(watch.selected) if watch.selected else None
+            own: set[str] = set()
+        else:
+            selected, own = watch.selected, watch.deselected
+        if selected is None:
+            return None
+        here, root = self.invocation_dir, self.rootdir
+        return Selection(
+            rootdir=root,
+            roots=roots_of(self.args, here, root),
+            selected=selected,
+            deselected=frozenset(own) | frozenset(deselected),
+            ignored=ignored_of(self.ignore, here, root),
+            ignored_globs=globs_of(self.ignore_glob, here),
+        )

@@ -1,0 +1,206 @@
+"""selection: which tests of a restored bundle a session left out, and the save that declines to replace it.
+
+A bundle holds what its session used and the next run restores the newest, so a ``-k``/``--lf``/node-id
+session that saved would replace the restored coverage with its part of the suite. The real pytest sessions
+here use no torch (collection alone decides); tests/plugin/test_workers.py runs one with xdist and a compile.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_compilecache import sync
+from pytest_compilecache.context import SessionContext
+from pytest_compilecache.explain import GraphLookup
+from pytest_compilecache.explain import GraphsRecord
+from pytest_compilecache.payload import Gathered
+from pytest_compilecache.payload import Restored
+from pytest_compilecache.problems import Problems
+from pytest_compilecache.recorder import Recorder
+from pytest_compilecache.save_phase import SavePhase
+from pytest_compilecache.selection import ControllerWatch
+from pytest_compilecache.selection import Selection
+from pytest_compilecache.selection import SelectionWatch
+from pytest_compilecache.selection import Where
+from pytest_compilecache.selection import covers
+from pytest_compilecache.selection import roots_of
+from pytest_compilecache.session import Controller
+from pytest_compilecache.session import Worker
+from pytest_compilecache.settings import Settings
+from pytest_compilecache.stats import ItemRecord
+
+
+@pytest.mark.parametrize(
+    ("root", "nodeid", "expected"),
+    [
+        ("", "tests/a.py::t", True),
+        ("tests", "tests/a.py::t", True),
+        ("tests", "tests2/a.py::t", False),
+        ("tests/a.py", "tests/a.py::C::t[1]", True),
+        ("tests/a.py", "tests/ab.py::t", False),
+        ("tests/a.py::t", "tests/a.py::t", True),
+        ("tests/a.py::t", "tests/a.py::t[1-2]", True),
+        ("tests/a.py::t", "tests/a.py::tt", False),
+        ("tests/a.py::C", "tests/a.py::C::t", True),
+        ("tests/a.py::C", "tests/a.py::t", False),
+    ],
+)
+def test_a_root_covers_the_tests_pytest_would_collect_from_it(root: str, nodeid: str, expected: bool) -> None:
+    assert covers(root, nodeid) is expected
+
+
+def test_arguments_become_rootdir_relative_roots(tmp_path: Path) -> None:
+    root, sub = str(tmp_path), str(tmp_path / "tests")
+    args = [".", "unit", "a.py::C::t[1]", str(tmp_path / "tests" / "b.py"), "/elsewhere/c.py", "pkg.mod"]
+    roots = roots_of(args, sub, root)
+    assert roots[:4] == ("tests", "tests/unit", "tests/a.py::C::t[1]", "tests/b.py")
+    assert roots_of(["."], root, root) == ("",)
+    # Outside the rootdir (or a --pyargs module name that is no path here): covers no node id.
+    assert not any(covers(r, "tests/unit/c.py::t") for r in roots[4:5])
+    assert roots[5] == "tests/pkg.mod"
+
+
+def _files(tmp_path: Path, *names: str) -> None:
+    for name in names:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+
+
+def test_left_out_counts_what_still_exists_and_was_not_selected(tmp_path: Path) -> None:
+    _files(tmp_path, "tests/a.py", "tests/b.py", "tests/gpu/g.py", "tests/x_slow.py")
+    selection = Selection(
+        rootdir=str(tmp_path),
+        roots=("tests",),
+        selected=frozenset({"tests/a.py::kept"}),
+        deselected=frozenset({"tests/a.py::by_k"}),
+        ignored=("tests/gpu",),
+        ignored_globs=(str(tmp_path / "tests" / "*_slow.py"),),
+    )
+    record = [
+        "tests/a.py::kept",  # selected
+        "tests/a.py::by_k",  # deselected: -k, -m, --lf, a plugin
+        "tests/a.py::removed",  # neither, in a collected file: deleted or renamed
+        "tests/gone.py::t",  # its file is gone
+        "tests/gpu/g.py::t",  # --ignore
+        "tests/x_slow.py::t",  # --ignore-glob
+        "other/o.py::t",  # outside the arguments, but its file is gone too
+    ]
+    assert selection.left_out(record) == ["tests/a.py::by_k", "tests/gpu/g.py::t", "tests/x_slow.py::t"]
+    _files(tmp_path, "other/o.py")  # outside what the arguments collect, and it exists
+    assert "other/o.py::t" in selection.left_out(record)
+    whole = Selection(rootdir=str(tmp_path), selected=frozenset({"tests/a.py::kept"}))
+    assert whole.left_out(record) == []  # the whole suite ran: the rest was deleted
+
+
+def test_a_real_sessions_watch_sees_what_pytest_deselected(pytester: pytest.Pytester) -> None:
+    """-k, -m and --deselect all reach pytest_deselected; what the arguments leave uncollected does not."""
+    pytester.makeini("[pytest]\nmarkers = gpu\n")
+    pytester.makepyfile(
+        test_a="import pytest\n\ndef test_one(): pass\n\ndef test_two(): pass\n\n"
+        "@pytest.mark.gpu\ndef test_gpu(): pass\n\ndef test_three(): pass\n",
+        test_b="def test_b(): pass\n",
+    )
+    watch = SelectionWatch()
+    result = pytester.inline_run(
+        "test_a.py", "-k", "not two", "-m", "not gpu", "--deselect", "test_a.py::test_three", plugins=[watch]
+    )
+    result.assertoutcome(passed=1)
+    assert watch.selected == frozenset({"test_a.py::test_one"})
+    assert watch.deselected == {"test_a.py::test_two", "test_a.py::test_gpu", "test_a.py::test_three"}
+    config = pytester.parseconfigure("test_a.py::test_one", "--ignore=sub")
+    where = Where.of(config)
+    assert where.args == ("test_a.py::test_one",) and where.ignore == ("sub",)
+    selection = where.selection(watch, ["test_b.py::test_other_worker"])
+    assert selection is not None
+    assert selection.left_out(["test_a.py::test_two", "test_b.py::test_b", "test_b.py::test_other_worker"]) == [
+        "test_a.py::test_two",
+        "test_b.py::test_b",  # outside test_a.py::test_one
+        "test_b.py::test_other_worker",
+    ]
+
+
+def test_no_collection_seen_is_no_selection(tmp_path: Path) -> None:
+    where = Where(("",), str(tmp_path), str(tmp_path))
+    assert where.selection(SelectionWatch(), ["a"]) is None
+    assert where.selection(ControllerWatch(), ["a"]) is None
+    controller = ControllerWatch()
+    controller.pytest_xdist_node_collection_finished(None, ["t.py::a", "t.py::b"])
+    selection = where.selection(controller, ["t.py::c"])
+    assert selection is not None and selection.selected == {"t.py::a", "t.py::b"}
+    assert selection.deselected == {"t.py::c"}
+
+
+_OPEN: list[SessionContext] = []
+
+
+@pytest.fixture(autouse=True)
+def _close() -> Any:
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
+def _controller(tmp_path: Path, xdist: bool = False) -> Controller:
+    settings = Settings(mode="shared", dir=str(tmp_path / "cache"), store=str(tmp_path / "store"))
+    context = SessionContext.start(settings, tmp_path / "default", inherited=None, problems=Problems())
+    _OPEN.append(context)
+    return Controller(context, Recorder("controller"), xdist=xdist)
+
+
+def _lookup(key: str) -> GraphLookup:
+    return GraphLookup(key, "miss", {"gm": (key, None)})
+
+
+def test_a_session_that_left_out_restored_tests_saves_nothing_over_them(tmp_path: Path) -> None:
+    """The save declines with the tests it left out named; a session that restored nothing saves what it has,
+    and so does one that selected every test the restored record names."""
+    _files(tmp_path, "t.py")
+    controller = _controller(tmp_path)
+    record = ItemRecord(nodeid="t.py::a")
+    record.add({"fxgraph": {"miss": 1}, "frames": 1})
+    controller.stats.add_record(record)
+    phase = SavePhase(controller.context, controller.recorder)
+    baseline = GraphsRecord(tests={"t.py::a": [_lookup("k1")], "t.py::b": [_lookup("k2")], "t.py::c": [_lookup("k3")]})
+    subset = Selection(str(tmp_path), selected=frozenset({"t.py::a"}), deselected=frozenset({"t.py::b", "t.py::c"}))
+    blobs = Gathered(blobs={"controller": b"mega-cache"})
+
+    saved = phase.run(Restored(sync.RestoreResult("exact", key="k"), baseline=baseline), blobs, selection=subset)
+    assert saved.result is not None and (saved.result.outcome, saved.result.message) == (
+        "skipped",
+        "the session left out 2 tests the restored bundle covers (t.py::b and 1 more; -k, -m, --lf, node ids, "
+        "a plugin): nothing saved over it; a run that selects them saves again",
+    )
+    assert not (tmp_path / "store").exists()
+
+    cold = phase.run(Restored(sync.RestoreResult("miss"), baseline=baseline), blobs, selection=subset)
+    assert cold.result is not None and cold.result.outcome == "saved", cold.result
+    everything = Selection(str(tmp_path), selected=frozenset({"t.py::a", "t.py::b", "t.py::c"}))
+    full = phase.run(Restored(sync.RestoreResult("exact", key="k"), baseline=baseline), blobs, selection=everything)
+    assert full.result is not None and full.result.outcome == "saved", full.result
+
+
+def test_workers_send_what_they_deselected_and_the_controller_folds_it(tmp_path: Path) -> None:
+    controller = _controller(tmp_path, xdist=True)
+    where = Where((".",), str(tmp_path), str(tmp_path))
+    watch = controller.watch_selection(where)
+    assert isinstance(watch, ControllerWatch)
+    watch.pytest_xdist_node_collection_finished(None, ["t.py::a"])
+    worker = Worker(controller.context, Recorder("gw0"))
+    seen = worker.watch_selection(where)
+    seen.pytest_deselected([type("Item", (), {"nodeid": "t.py::b"})()])
+    worker.recorder.record("t.py::a", {"fxgraph": {"miss": 1}, "frames": 1})
+    sent = json.loads(json.dumps(worker.output()))
+    assert sent["deselected"] == ["t.py::b"]
+    controller.add_worker("gw0", sent)
+    _files(tmp_path, "t.py")
+    baseline = GraphsRecord(tests={"t.py::a": [_lookup("k1")], "t.py::b": [_lookup("k2")]})
+    controller.start.finish = lambda reported=(): Restored(  # type: ignore[method-assign]
+        sync.RestoreResult("exact", key="k"), baseline=baseline
+    )
+    controller.finish()
+    saved = controller.outcome().saved
+    assert isinstance(saved, sync.SaveResult) and saved.outcome == "skipped" and "t.py::b" in saved.message, saved
