@@ -75,12 +75,16 @@ class SavePhase:
         ``stopped``: it stopped before running every test it selected; ``selection``: which tests it selected
         (None: not known). A session that stopped early, or left out tests the restored bundle covers, does not
         replace that bundle."""
-        left = selection.left_out(restored.baseline.tests) if selection and restored.baseline else []
-        why, graphs = self.explain(restored)
-        saving = self.context.saving
+        baseline = restored.baseline
+        alike = bool(selection and baseline and baseline.selection and baseline.selection == selection.signature)
+        left = selection.left_out(baseline.tests) if selection and baseline and not alike else []
+        # The dir's record says how the session that saved the restored bundle selected (this one may not save);
+        # the record in this session's bundle says how this one did.
+        why, graphs = self.explain(restored, baseline.selection if baseline is not None else "")
+        own = replace(graphs, selection=selection.signature) if graphs is not None and selection is not None else graphs
         result = (
-            self.save(restored, gathered, graphs, tests_failed=tests_failed, stopped=stopped, left_out=left)
-            if saving
+            self.save(restored, gathered, own, tests_failed=tests_failed, stopped=stopped, left_out=left)
+            if self.context.saving
             else None
         )
         self.evict(gathered)
@@ -88,9 +92,10 @@ class SavePhase:
 
     # ---- explanations
 
-    def explain(self, restored: Restored) -> tuple[SessionExplanation | None, GraphsRecord | None]:
+    def explain(self, restored: Restored, signature: str = "") -> tuple[SessionExplanation | None, GraphsRecord | None]:
         """Say why each miss missed (against the restore phase's baseline) and build the record the next run
-        compares with; return both (None: nothing compared, no record).
+        compares with, marked with ``signature`` (how the session that saved the dir's bundle selected its
+        tests, :attr:`.explain.GraphsRecord.selection`); return both (None: nothing compared, no record).
 
         Only for a cache dir of ours that caches (``shared``, ``isolated``): with caches ``disabled`` every
         lookup misses by design, and without a dir there is nowhere to keep a record. Tests marked
@@ -118,6 +123,8 @@ class SavePhase:
         baseline = restored.baseline
         aot_misses = {nodeid: r.aotautograd["miss"] for nodeid, r in self.stats.records.items()}
         why, graphs, warning = explain_session_safely(current, baseline, restored.compared_with, aot_misses)
+        if graphs is not None and signature:
+            graphs = replace(graphs, selection=signature)
         if warning:  # never a failed session: one warning, and this session's graphs alone are kept
             from .ghrunner import one_line
 
@@ -252,8 +259,9 @@ class SavePhase:
 
             count = f"{len(left_out)} test{'s' if len(left_out) != 1 else ''}"
             return (
-                f"the session left out {count} the restored bundle covers ({describe(left_out)}; -k, -m, --lf, "
-                "node ids, a plugin): nothing saved over it; a run that selects them saves again"
+                f"the session left out {count} that the restored bundle covers ({describe(left_out)}: deselected, "
+                "or outside what its arguments collect), and the bundle was saved by a session that selected "
+                "otherwise: nothing saved over it"
             )
         if self._policy().only_when_passed and tests_failed:
             # The Action's one policy for every store (actions/cache's): a red run saves nothing by default.

@@ -37,6 +37,7 @@ class Selection:
     deselected: frozenset[str] = frozenset()
     ignored: tuple[str, ...] = ()
     ignored_globs: tuple[str, ...] = ()
+    signature: str = ""
 
     def left_out(self, tests: Iterable[str]) -> list[str]:
         """The tests of ``tests`` (a restored record's node ids) this session left out though they still
@@ -57,9 +58,12 @@ class Selection:
         path = _file(nodeid)
         if any(_under(path, hole) for hole in self.ignored):
             return False
-        whole = os.path.join(self.rootdir, path)
-        if any(fnmatch.fnmatch(whole, glob) for glob in self.ignored_globs):
-            return False
+        if self.ignored_globs:  # pytest matches each dir on the way down, and the file
+            parts = path.split("/")
+            for depth in range(1, len(parts) + 1):
+                here = os.path.join(self.rootdir, *parts[:depth])
+                if any(fnmatch.fnmatch(here, glob) for glob in self.ignored_globs):
+                    return False
         return any(covers(root, nodeid) for root in self.roots)
 
 
@@ -74,14 +78,22 @@ def covers(root: str, nodeid: str) -> bool:
     return _under(_file(nodeid), root)
 
 
-def roots_of(args: Sequence[str], invocation_dir: str, rootdir: str) -> tuple[str, ...]:
+def roots_of(args: Sequence[str], invocation_dir: str, rootdir: str, pyargs: bool = False) -> tuple[str, ...]:
     """pytest's collection arguments (``config.args``: what the user typed, else ``testpaths``, else the
-    invocation dir) as rootdir-relative node-id prefixes. An argument outside the rootdir (or a module name of
-    ``--pyargs``) covers nothing: its tests count as left out, which only ever declines a save."""
+    invocation dir) as rootdir-relative node-id prefixes. An argument outside the rootdir covers nothing: its
+    tests count as left out, which only ever declines a save. With ``--pyargs`` a module name is its file or
+    package dir (pytest imported it to collect); one that cannot be found covers everything, so that only
+    what pytest deselected counts."""
     roots = []
     for arg in args:
         path, sep, rest = str(arg).partition("::")
         absolute = os.path.normpath(os.path.join(invocation_dir, path))
+        if pyargs and not os.path.exists(absolute):
+            found = _module_path(path)
+            if found is None:
+                roots.append("")
+                continue
+            absolute = found
         relative = os.path.relpath(absolute, rootdir) if _inside(absolute, rootdir) else None
         if relative is None:
             roots.append("\0" + str(arg))  # matches no node id
@@ -89,6 +101,21 @@ def roots_of(args: Sequence[str], invocation_dir: str, rootdir: str) -> tuple[st
         relative = "" if relative == "." else relative.replace(os.sep, "/")
         roots.append(relative + sep + rest if sep else relative)
     return tuple(roots)
+
+
+def _module_path(name: str) -> str | None:
+    """Where module ``name`` lives (a package's dir), as ``--pyargs`` collects it; None when not found."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        return os.path.normpath(next(iter(spec.submodule_search_locations)))
+    return os.path.normpath(spec.origin) if spec.origin else None
 
 
 def ignored_of(paths: Sequence[str], invocation_dir: str, rootdir: str) -> tuple[str, ...]:
@@ -142,9 +169,11 @@ class ControllerWatch:
 
     def __init__(self) -> None:
         self.selected: set[str] = set()
+        self.reported = False  # a worker said what it collected (maybe nothing)
 
     def pytest_xdist_node_collection_finished(self, node: Any, ids: Sequence[str]) -> None:
         self.selected.update(ids)
+        self.reported = True
 
 
 def describe(left: Sequence[str]) -> str:
@@ -156,38 +185,75 @@ def describe(left: Sequence[str]) -> str:
 @dataclass(frozen=True)
 class Where:
     """What shapes a session's collection, as plain values from pytest's config: ``args`` (``config.args``),
-    ``invocation_dir``, ``rootdir``, ``ignore`` and ``ignore_glob`` (the options' values)."""
+    ``invocation_dir``, ``rootdir``, and the options that select (``-k``, ``-m``, ``--deselect``, ``--ignore``,
+    ``--ignore-glob``, ``--lf``, ``--sw``, ``--pyargs``)."""
 
     args: tuple[str, ...]
     invocation_dir: str
     rootdir: str
     ignore: tuple[str, ...] = ()
     ignore_glob: tuple[str, ...] = ()
+    keyword: str = ""
+    markexpr: str = ""
+    deselect: tuple[str, ...] = ()
+    last_failed: bool = False
+    stepwise: bool = False
+    pyargs: bool = False
 
     @classmethod
     def of(cls, config: Any) -> Where:
-        """From pytest's ``Config`` (read, never imported here)."""
+        """From pytest's ``Config`` (read, never imported here; options of a disabled plugin read as unset)."""
         option = config.option
-        ignored, globs = tuple(getattr(option, "ignore", None) or ()), tuple(getattr(option, "ignore_glob", None) or ())
-        return cls(tuple(config.args), str(config.invocation_params.dir), str(config.rootpath), ignored, globs)
+
+        def values(name: str) -> tuple[str, ...]:
+            return tuple(str(v) for v in getattr(option, name, None) or ())
+
+        return cls(
+            tuple(str(arg) for arg in config.args),
+            str(config.invocation_params.dir),
+            str(config.rootpath),
+            values("ignore"),
+            values("ignore_glob"),
+            str(getattr(option, "keyword", "") or ""),
+            str(getattr(option, "markexpr", "") or ""),
+            values("deselect"),
+            bool(getattr(option, "lf", False)),
+            bool(getattr(option, "stepwise", False)),
+            bool(getattr(option, "pyargs", False)),
+        )
+
+    def signature(self, roots: Sequence[str]) -> str:
+        """How this session selects, as a short hash: sessions that select alike (the same job's runs) match,
+        whatever tests the suite gains or loses between them."""
+        import hashlib
+        import json
+
+        shape = [sorted(roots), self.keyword, self.markexpr, sorted(self.deselect), sorted(self.ignore),
+                 sorted(self.ignore_glob), self.last_failed, self.stepwise]  # fmt: skip
+        return hashlib.sha256(json.dumps(shape).encode()).hexdigest()[:16]
 
     def selection(self, watch: SelectionWatch | ControllerWatch, deselected: Iterable[str]) -> Selection | None:
         """The session's :class:`Selection` from its watch and the workers' deselected node ids; None when the
         watch saw no collection (a session that stopped in collection, an xdist controller whose workers never
-        said what they collected)."""
+        said what they collected).
+
+        ``--lf`` leaves whole files out without telling ``pytest_deselected``: with it, every test of the
+        record this session did not select counts as left out (its file exists), a deleted one too."""
         if isinstance(watch, ControllerWatch):
-            selected: frozenset[str] | None = frozenset(watch.selected) if watch.selected else None
+            selected: frozenset[str] | None = frozenset(watch.selected) if watch.reported else None
             own: set[str] = set()
         else:
             selected, own = watch.selected, watch.deselected
         if selected is None:
             return None
         here, root = self.invocation_dir, self.rootdir
+        roots = roots_of(self.args, here, root, self.pyargs)
         return Selection(
             rootdir=root,
-            roots=roots_of(self.args, here, root),
+            roots=() if self.last_failed else roots,
             selected=selected,
             deselected=frozenset(own) | frozenset(deselected),
             ignored=ignored_of(self.ignore, here, root),
             ignored_globs=globs_of(self.ignore_glob, here),
+            signature=self.signature(roots),
         )

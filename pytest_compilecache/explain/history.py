@@ -116,7 +116,8 @@ class GraphsRecord:
     the memory ``never_hits`` needs without keeping whole histories. ``created`` is when the session that
     made it ended (Unix time; 0 for a record older than the field): of a restored bundle's record and the
     cache dir's, the newer one is the baseline (:func:`install_restored`). ``from_bundle``: the dir's record
-    is a restored bundle's.
+    is a restored bundle's. ``selection``: how the session that made it selected its tests (a short hash,
+    :meth:`.selection.Where.signature`; "" when not known): a later session that selects alike may replace it.
     """
 
     tests: dict[str, list[GraphLookup]] = field(default_factory=dict)
@@ -125,6 +126,7 @@ class GraphsRecord:
     truncated: int = 0
     created: float = 0.0
     from_bundle: bool = False
+    selection: str = ""
 
     def to_json(self, max_bytes: int = MAX_RECORD_BYTES) -> dict[str, Any]:
         """Bounded: at most ``MAX_LOOKUPS_PER_TEST`` lookups per test, about ``max_bytes`` in all and
@@ -154,6 +156,7 @@ class GraphsRecord:
             "torch": self.torch,
             "created": self.created,
             **({"from_bundle": True} if self.from_bundle else {}),
+            **({"selection": self.selection} if self.selection else {}),
             "common": common,
             "tests": tests,
             "volatile": volatile,
@@ -213,6 +216,7 @@ class GraphsRecord:
             if type(entry[1]) is int and 0 < entry[1] <= 10**6 and all(isinstance(v, str) for v in seen):
                 volatile[str(nodeid)] = Streak(entry[0][:200], entry[1], tuple(v[:16] for v in seen[-SEEN_VALUES:]))
         truncated, torch, created = data.get("truncated", 0), data.get("torch", ""), data.get("created", 0)
+        selection = data.get("selection", "")
         if type(created) not in (int, float) or not math.isfinite(created):
             created = 0.0
         return cls(
@@ -222,6 +226,7 @@ class GraphsRecord:
             truncated if type(truncated) is int else 0,
             float(created),
             data.get("from_bundle") is True,
+            selection[:64] if isinstance(selection, str) else "",
         )
 
 

@@ -119,7 +119,12 @@ def test_a_restoring_xdist_controller_never_imports_torch(
     assert subset.totals["misses"] == 1, subset.totals
     assert subset.data["save"]["outcome"] == "skipped", subset.data["save"]
     message = subset.data["save"]["message"]
-    assert message.startswith("the session left out 1 test the restored bundle covers (test_suite.py::test_gram;")
+    assert message.startswith("the session left out 1 test that the restored bundle covers (test_suite.py::test_gram:")
+    assert sorted(p.name for p in store.iterdir()) == bundles
+    serial = run_inner(inner, *fresh("serial-subset"), "test_suite.py::test_project")  # the same, without xdist
+    assert serial.ret == 0, serial.output
+    assert serial.totals["misses"] == 1 and serial.data["save"]["outcome"] == "skipped", serial.data["save"]
+    assert "left out 1 test" in serial.data["save"]["message"], serial.data["save"]
     assert sorted(p.name for p in store.iterdir()) == bundles
 
 

@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 
+from pytest_compilecache import bundle
 from pytest_compilecache import sync
 from pytest_compilecache.context import SessionContext
 from pytest_compilecache.explain import GraphLookup
 from pytest_compilecache.explain import GraphsRecord
+from pytest_compilecache.explain import load_record
 from pytest_compilecache.payload import Gathered
 from pytest_compilecache.payload import Restored
 from pytest_compilecache.problems import Problems
@@ -61,7 +63,15 @@ def test_arguments_become_rootdir_relative_roots(tmp_path: Path) -> None:
     assert roots_of(["."], root, root) == ("",)
     # Outside the rootdir (or a --pyargs module name that is no path here): covers no node id.
     assert not any(covers(r, "tests/unit/c.py::t") for r in roots[4:5])
-    assert roots[5] == "tests/pkg.mod"
+    assert roots[5] == "tests/pkg.mod"  # without --pyargs, a path (pytest would say it is not found)
+
+
+def test_a_pyargs_module_is_its_file_or_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _files(tmp_path, "src/suite/__init__.py", "src/suite/test_m.py")
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    roots = roots_of(["suite", "suite.test_m::test_x", "no_such_module_here"], str(tmp_path), str(tmp_path), True)
+    # A module that cannot be found covers everything: only what pytest deselected counts then.
+    assert roots == ("src/suite", "src/suite/test_m.py::test_x", "")
 
 
 def _files(tmp_path: Path, *names: str) -> None:
@@ -94,6 +104,9 @@ def test_left_out_counts_what_still_exists_and_was_not_selected(tmp_path: Path) 
     assert "other/o.py::t" in selection.left_out(record)
     whole = Selection(rootdir=str(tmp_path), selected=frozenset({"tests/a.py::kept"}))
     assert whole.left_out(record) == []  # the whole suite ran: the rest was deleted
+    # pytest matches an ignore glob against each dir on the way down too
+    by_dir = Selection(rootdir=str(tmp_path), ignored_globs=(str(tmp_path / "*" / "gpu"),))
+    assert by_dir.left_out(record) == ["tests/gpu/g.py::t"]
 
 
 def test_a_real_sessions_watch_sees_what_pytest_deselected(pytester: pytest.Pytester) -> None:
@@ -123,6 +136,39 @@ def test_a_real_sessions_watch_sees_what_pytest_deselected(pytester: pytest.Pyte
     ]
 
 
+def test_last_failed_leaves_whole_files_out_without_saying_so(pytester: pytest.Pytester) -> None:
+    """``--lf`` skips the files without failures and drops a failed file's passing functions, and tells
+    ``pytest_deselected`` of neither: every test of the record it did not select counts as left out."""
+    pytester.makepyfile(test_a="def test_a(): pass\n\ndef test_a2(): pass\n", test_b="def test_b(): assert 0\n")
+    pytester.runpytest("-p", "cacheprovider").assert_outcomes(passed=2, failed=1)
+    watch = SelectionWatch()
+    pytester.inline_run("--lf", plugins=[watch]).assertoutcome(failed=1)
+    assert watch.selected == frozenset({"test_b.py::test_b"}) and watch.deselected == set()
+    where = Where.of(pytester.parseconfigure("--lf"))
+    assert where.last_failed
+    selection = where.selection(watch, [])
+    assert selection is not None
+    assert selection.left_out(["test_a.py::test_a", "test_a.py::test_a2", "test_b.py::test_b"]) == [
+        "test_a.py::test_a",
+        "test_a.py::test_a2",
+    ]
+    assert selection.signature != Where.of(pytester.parseconfigure()).signature(selection.roots)
+
+
+def test_sessions_that_select_alike_sign_alike(tmp_path: Path) -> None:
+    """The signature is how a session selects, not what it found: the same job's runs match after tests come
+    and go, ``pytest tests`` matches ``pytest`` with testpaths = tests, and -k, -m, paths differ."""
+    here = str(tmp_path)
+
+    def signature(*args: str, **options: Any) -> str:
+        where = Where(args, here, here, **options)
+        return where.signature(roots_of(args, here, here))
+
+    assert signature("tests") == signature(str(tmp_path / "tests")) == signature("./tests/")
+    assert len({signature("tests"), signature("tests", keyword="fast"), signature("tests", markexpr="not gpu"),
+                signature("tests/a.py"), signature("tests", deselect=("tests/a.py::t",))}) == 5  # fmt: skip
+
+
 def test_no_collection_seen_is_no_selection(tmp_path: Path) -> None:
     where = Where(("",), str(tmp_path), str(tmp_path))
     assert where.selection(SelectionWatch(), ["a"]) is None
@@ -132,6 +178,10 @@ def test_no_collection_seen_is_no_selection(tmp_path: Path) -> None:
     selection = where.selection(controller, ["t.py::c"])
     assert selection is not None and selection.selected == {"t.py::a", "t.py::b"}
     assert selection.deselected == {"t.py::c"}
+    nothing = ControllerWatch()  # the workers collected, and selected no test (-k nomatch)
+    nothing.pytest_xdist_node_collection_finished(None, [])
+    empty = where.selection(nothing, ["t.py::a"])
+    assert empty is not None and empty.selected == frozenset() and empty.left_out(["t.py::a"]) == ["t.py::a"]
 
 
 _OPEN: list[SessionContext] = []
@@ -171,8 +221,9 @@ def test_a_session_that_left_out_restored_tests_saves_nothing_over_them(tmp_path
     saved = phase.run(Restored(sync.RestoreResult("exact", key="k"), baseline=baseline), blobs, selection=subset)
     assert saved.result is not None and (saved.result.outcome, saved.result.message) == (
         "skipped",
-        "the session left out 2 tests the restored bundle covers (t.py::b and 1 more; -k, -m, --lf, node ids, "
-        "a plugin): nothing saved over it; a run that selects them saves again",
+        "the session left out 2 tests that the restored bundle covers (t.py::b and 1 more: deselected, or outside "
+        "what its arguments collect), and the bundle was saved by a session that selected otherwise: nothing "
+        "saved over it",
     )
     assert not (tmp_path / "store").exists()
 
@@ -181,6 +232,37 @@ def test_a_session_that_left_out_restored_tests_saves_nothing_over_them(tmp_path
     everything = Selection(str(tmp_path), selected=frozenset({"t.py::a", "t.py::b", "t.py::c"}))
     full = phase.run(Restored(sync.RestoreResult("exact", key="k"), baseline=baseline), blobs, selection=everything)
     assert full.result is not None and full.result.outcome == "saved", full.result
+
+
+def test_a_job_that_always_selects_alike_saves_over_its_own_bundle(tmp_path: Path) -> None:
+    """A bundle whose session selected as this one (``-m "not slow"`` every run) is this job's: it saves over it
+    even when a test left that part of the suite meanwhile. The dir's record keeps the signature of the session
+    that saved the restored bundle when this one does not save, so a later ``-k`` run cannot pass for that job."""
+    _files(tmp_path, "t.py")
+    controller = _controller(tmp_path)
+    record = ItemRecord(nodeid="t.py::a", graphs=[_lookup("k1b")])  # it looked a graph up: a record is kept
+    record.add({"fxgraph": {"miss": 1}, "frames": 1})
+    controller.stats.add_record(record)
+    phase = SavePhase(controller.context, controller.recorder)
+    job = Selection(str(tmp_path), selected=frozenset({"t.py::a"}), deselected=frozenset({"t.py::b"}), signature="J")
+    other = Selection(str(tmp_path), selected=frozenset({"t.py::a"}), deselected=frozenset({"t.py::b"}), signature="K")
+    blobs = Gathered(blobs={"controller": b"mega-cache"})
+
+    def restored(signature: str) -> Restored:
+        baseline = GraphsRecord(tests={"t.py::a": [_lookup("k1")], "t.py::b": [_lookup("k2")]}, selection=signature)
+        return Restored(sync.RestoreResult("exact", key="k"), baseline=baseline)
+
+    declined = phase.run(restored("J"), blobs, selection=other)
+    assert declined.result is not None and declined.result.outcome == "skipped", declined.result
+    kept = load_record(tmp_path / "cache")
+    assert kept is not None and kept.selection == "J"
+    saved = phase.run(restored("J"), blobs, selection=job)
+    assert saved.result is not None and saved.result.outcome == "saved", saved.result
+    store = tmp_path / "store"
+    [bundle_file] = store.iterdir()
+    assert GraphsRecord.from_json(bundle.read_manifest(bundle_file).graphs).selection == "J"
+    unknown = phase.run(restored(""), blobs, selection=job)  # a record from before signatures: not alike
+    assert unknown.result is not None and unknown.result.outcome == "skipped", unknown.result
 
 
 def test_workers_send_what_they_deselected_and_the_controller_folds_it(tmp_path: Path) -> None:
