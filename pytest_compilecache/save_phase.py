@@ -253,7 +253,7 @@ class SavePhase:
             # A bundle holds what its session used, and the next run restores the newest: this one would replace
             # the coverage it restored with the part of the suite that ran before the stop.
             return "the session stopped early (-x, --maxfail, an interrupt): nothing saved over the restored bundle"
-        if left_out and was_restored:
+        if left_out and was_restored and (gathered.blobs or gathered.files):  # else: "nothing was compiled"
             # The same for a session that selected part of the suite: its bundle would hold only that part.
             from .selection import describe
 

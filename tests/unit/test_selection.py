@@ -277,7 +277,10 @@ def test_workers_send_what_they_deselected_and_the_controller_folds_it(tmp_path:
     worker.recorder.record("t.py::a", {"fxgraph": {"miss": 1}, "frames": 1})
     sent = json.loads(json.dumps(worker.output()))
     assert sent["deselected"] == ["t.py::b"]
-    controller.add_worker("gw0", sent)
+    other = Worker(controller.context, Recorder("gw1"))  # collected the same: one list is enough
+    other.watch_selection(where).pytest_deselected([type("Item", (), {"nodeid": "t.py::b"})()])
+    assert json.loads(json.dumps(other.output()))["deselected"] == []
+    controller.add_worker("gw0", {**sent, "blob": b"mega-cache"})  # it compiled: there is something to save
     _files(tmp_path, "t.py")
     baseline = GraphsRecord(tests={"t.py::a": [_lookup("k1")], "t.py::b": [_lookup("k2")]})
     controller.start.finish = lambda reported=(): Restored(  # type: ignore[method-assign]
