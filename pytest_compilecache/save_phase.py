@@ -76,12 +76,11 @@ class SavePhase:
         (None: not known). A session that stopped early, or left out tests the restored bundle covers, does not
         replace that bundle."""
         baseline = restored.baseline
-        alike = bool(selection and baseline and baseline.selection and baseline.selection == selection.signature)
-        left = selection.left_out(baseline.tests) if selection and baseline and not alike else []
-        # The dir's record says how the session that saved the restored bundle selected (this one may not save);
-        # the record in this session's bundle says how this one did.
-        why, graphs = self.explain(restored, baseline.selection if baseline is not None else "")
-        own = replace(graphs, selection=selection.signature) if graphs is not None and selection is not None else graphs
+        left = selection.left_out(baseline.tests) if selection and baseline and _guarded(baseline, selection) else []
+        why, graphs = self.explain(restored)
+        own = graphs  # the record in this session's bundle says how this session selected
+        if graphs is not None and selection is not None:
+            own = replace(graphs, selection=selection.signature, selected_at=graphs.created)
         result = (
             self.save(restored, gathered, own, tests_failed=tests_failed, stopped=stopped, left_out=left)
             if self.context.saving
@@ -92,10 +91,11 @@ class SavePhase:
 
     # ---- explanations
 
-    def explain(self, restored: Restored, signature: str = "") -> tuple[SessionExplanation | None, GraphsRecord | None]:
+    def explain(self, restored: Restored) -> tuple[SessionExplanation | None, GraphsRecord | None]:
         """Say why each miss missed (against the restore phase's baseline) and build the record the next run
-        compares with, marked with ``signature`` (how the session that saved the dir's bundle selected its
-        tests, :attr:`.explain.GraphsRecord.selection`); return both (None: nothing compared, no record).
+        compares with, which keeps how the session that saved the baseline's bundle selected its tests
+        (:attr:`.explain.GraphsRecord.selection`: this session may not save); return both (None: nothing
+        compared, no record).
 
         Only for a cache dir of ours that caches (``shared``, ``isolated``): with caches ``disabled`` every
         lookup misses by design, and without a dir there is nowhere to keep a record. Tests marked
@@ -123,8 +123,8 @@ class SavePhase:
         baseline = restored.baseline
         aot_misses = {nodeid: r.aotautograd["miss"] for nodeid, r in self.stats.records.items()}
         why, graphs, warning = explain_session_safely(current, baseline, restored.compared_with, aot_misses)
-        if graphs is not None and signature:
-            graphs = replace(graphs, selection=signature)
+        if graphs is not None and baseline is not None:
+            graphs = replace(graphs, selection=baseline.selection, selected_at=baseline.selected_at or baseline.created)
         if warning:  # never a failed session: one warning, and this session's graphs alone are kept
             from .ghrunner import one_line
 
@@ -260,8 +260,8 @@ class SavePhase:
             count = f"{len(left_out)} test{'s' if len(left_out) != 1 else ''}"
             return (
                 f"the session left out {count} that the restored bundle covers ({describe(left_out)}: deselected, "
-                "or outside what its arguments collect), and the bundle was saved by a session that selected "
-                "otherwise: nothing saved over it"
+                "or outside what its arguments collect), and no session that selects as this one saved that bundle: "
+                "nothing saved over it before it is a week old"
             )
         if self._policy().only_when_passed and tests_failed:
             # The Action's one policy for every store (actions/cache's): a red run saves nothing by default.
@@ -342,6 +342,19 @@ def _settled(baseline: GraphsRecord | None, graphs: GraphsRecord | None) -> bool
         streak.changes >= NEVER_HIT_CHANGES - 1 and nodeid in graphs.tests and nodeid not in graphs.volatile
         for nodeid, streak in baseline.volatile.items()
     )
+
+
+def _guarded(baseline: GraphsRecord, selection: Selection) -> bool:
+    """Whether the restored bundle (its record ``baseline``) is kept from a session that leaves out its tests:
+    unless that bundle's session selected as this one (the same job), or nothing replaced it for
+    ``STALE_SECONDS`` (nothing keeps it up to date; a record from before signatures counts from its making)."""
+    import time
+
+    from .selection import STALE_SECONDS
+
+    if baseline.selection and baseline.selection == selection.signature:
+        return False
+    return time.time() - (baseline.selected_at or baseline.created) <= STALE_SECONDS
 
 
 def _new_headers(restored: Restored, gathered: Gathered) -> bool:

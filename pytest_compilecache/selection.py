@@ -24,6 +24,10 @@ from typing import Any
 from typing import Iterable
 from typing import Sequence
 
+# A bundle of another selection that no session has replaced for this long is replaced by any session that
+# saves: nothing keeps it up to date (a job whose command line narrowed, a bundle from before signatures).
+STALE_SECONDS = 7 * 24 * 3600
+
 
 @dataclass(frozen=True)
 class Selection:
@@ -129,8 +133,8 @@ def ignored_of(paths: Sequence[str], invocation_dir: str, rootdir: str) -> tuple
 
 
 def globs_of(patterns: Sequence[str], invocation_dir: str) -> tuple[str, ...]:
-    """``--ignore-glob`` values made absolute, as pytest matches them."""
-    return tuple(os.path.join(invocation_dir, str(p)) for p in patterns)
+    """``--ignore-glob`` values made absolute, as pytest matches them (``absolutepath``: normalised)."""
+    return tuple(os.path.abspath(os.path.join(invocation_dir, str(p))) for p in patterns)
 
 
 def _file(nodeid: str) -> str:
@@ -218,18 +222,25 @@ class Where:
             str(getattr(option, "markexpr", "") or ""),
             values("deselect"),
             bool(getattr(option, "lf", False)),
-            bool(getattr(option, "stepwise", False)),
+            # pytest's own configure turns --sw-skip and --sw-reset into --sw, after this plugin's
+            any(getattr(option, name, False) for name in ("stepwise", "stepwise_skip", "stepwise_reset")),
             bool(getattr(option, "pyargs", False)),
         )
 
     def signature(self, roots: Sequence[str]) -> str:
         """How this session selects, as a short hash: sessions that select alike (the same job's runs) match,
-        whatever tests the suite gains or loses between them."""
+        whatever tests the suite gains or loses between them, and however their paths are spelt. "" (alike to
+        none) for ``--lf`` and ``--sw``, which select anew in every run."""
+        if self.last_failed or self.stepwise:
+            return ""
         import hashlib
         import json
 
-        shape = [sorted(roots), self.keyword, self.markexpr, sorted(self.deselect), sorted(self.ignore),
-                 sorted(self.ignore_glob), self.last_failed, self.stepwise]  # fmt: skip
+        root = self.rootdir
+        absolute = globs_of(self.ignore_glob, self.invocation_dir)
+        globs = sorted(os.path.relpath(g, root) if _inside(g, root) else g for g in absolute)
+        shape = [sorted(roots), " ".join(self.keyword.split()), " ".join(self.markexpr.split()),
+                 sorted(self.deselect), sorted(ignored_of(self.ignore, self.invocation_dir, root)), globs]  # fmt: skip
         return hashlib.sha256(json.dumps(shape).encode()).hexdigest()[:16]
 
     def selection(self, watch: SelectionWatch | ControllerWatch, deselected: Iterable[str]) -> Selection | None:

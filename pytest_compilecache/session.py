@@ -119,9 +119,11 @@ class Worker:
         output = ProcessOutput.collect(self.context, self.recorder)
         if self.restore is not None:
             output.restore = self.restore.report()
-        if self.selection is not None and self.recorder.worker == "gw0":
+        worker = self.recorder.worker
+        if self.selection is not None and (worker == "gw0" or not worker.startswith("gw")):
             # Every worker collects the same tests (xdist stops a session whose workers differ), so one list is
-            # enough; and a session whose gw0 sent nothing saves nothing (Gathered.silent).
+            # enough, and a session whose gw0 sent nothing saves nothing (Gathered.silent). Workers named
+            # otherwise (--tx ...//id=) each send theirs.
             output.deselected = sorted(self.selection.deselected)
         return output.to_json()
 

@@ -9,6 +9,7 @@ import json
 import math
 from dataclasses import dataclass
 from dataclasses import field
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from typing import Iterable
@@ -116,8 +117,9 @@ class GraphsRecord:
     the memory ``never_hits`` needs without keeping whole histories. ``created`` is when the session that
     made it ended (Unix time; 0 for a record older than the field): of a restored bundle's record and the
     cache dir's, the newer one is the baseline (:func:`install_restored`). ``from_bundle``: the dir's record
-    is a restored bundle's. ``selection``: how the session that made it selected its tests (a short hash,
-    :meth:`.selection.Where.signature`; "" when not known): a later session that selects alike may replace it.
+    is a restored bundle's. ``selection``: how the session that saved the bundle this record goes with selected
+    its tests (a short hash, :meth:`.selection.Where.signature`; "" when not known), and ``selected_at`` when
+    that session made its record (0: not known): a later session that selects alike may replace the bundle.
     """
 
     tests: dict[str, list[GraphLookup]] = field(default_factory=dict)
@@ -127,6 +129,7 @@ class GraphsRecord:
     created: float = 0.0
     from_bundle: bool = False
     selection: str = ""
+    selected_at: float = 0.0
 
     def to_json(self, max_bytes: int = MAX_RECORD_BYTES) -> dict[str, Any]:
         """Bounded: at most ``MAX_LOOKUPS_PER_TEST`` lookups per test, about ``max_bytes`` in all and
@@ -156,7 +159,7 @@ class GraphsRecord:
             "torch": self.torch,
             "created": self.created,
             **({"from_bundle": True} if self.from_bundle else {}),
-            **({"selection": self.selection} if self.selection else {}),
+            **({"selection": self.selection, "selected_at": self.selected_at} if self.selection else {}),
             "common": common,
             "tests": tests,
             "volatile": volatile,
@@ -216,7 +219,9 @@ class GraphsRecord:
             if type(entry[1]) is int and 0 < entry[1] <= 10**6 and all(isinstance(v, str) for v in seen):
                 volatile[str(nodeid)] = Streak(entry[0][:200], entry[1], tuple(v[:16] for v in seen[-SEEN_VALUES:]))
         truncated, torch, created = data.get("truncated", 0), data.get("torch", ""), data.get("created", 0)
-        selection = data.get("selection", "")
+        selection, selected_at = data.get("selection", ""), data.get("selected_at", 0)
+        if type(selected_at) not in (int, float) or not math.isfinite(selected_at):
+            selected_at = 0.0
         if type(created) not in (int, float) or not math.isfinite(created):
             created = 0.0
         return cls(
@@ -227,6 +232,7 @@ class GraphsRecord:
             float(created),
             data.get("from_bundle") is True,
             selection[:64] if isinstance(selection, str) else "",
+            float(selected_at),
         )
 
 
@@ -294,7 +300,10 @@ def install_restored(cache_dir: Path, graphs: Mapping[str, Any]) -> GraphsRecord
     except (OSError, ValueError):
         local = None
     if local is not None and local.created > bundle.created:
-        record = carry_forward(local, bundle)
+        # The dir's record is newer (a session here compiled since), but the bundle is what was restored: how
+        # its session selected is what a save would replace.
+        selected_at = bundle.selected_at or bundle.created
+        record = replace(carry_forward(local, bundle), selection=bundle.selection, selected_at=selected_at)
     else:
         bundle.from_bundle = True
         record = carry_forward(bundle, local)

@@ -8,6 +8,7 @@ here use no torch (collection alone decides); tests/plugin/test_workers.py runs 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +19,21 @@ from pytest_compilecache import sync
 from pytest_compilecache.context import SessionContext
 from pytest_compilecache.explain import GraphLookup
 from pytest_compilecache.explain import GraphsRecord
+from pytest_compilecache.explain import install_restored
 from pytest_compilecache.explain import load_record
+from pytest_compilecache.explain import save_record
 from pytest_compilecache.payload import Gathered
 from pytest_compilecache.payload import Restored
 from pytest_compilecache.problems import Problems
 from pytest_compilecache.recorder import Recorder
 from pytest_compilecache.save_phase import SavePhase
+from pytest_compilecache.selection import STALE_SECONDS
 from pytest_compilecache.selection import ControllerWatch
 from pytest_compilecache.selection import Selection
 from pytest_compilecache.selection import SelectionWatch
 from pytest_compilecache.selection import Where
 from pytest_compilecache.selection import covers
+from pytest_compilecache.selection import globs_of
 from pytest_compilecache.selection import roots_of
 from pytest_compilecache.session import Controller
 from pytest_compilecache.session import Worker
@@ -105,7 +110,7 @@ def test_left_out_counts_what_still_exists_and_was_not_selected(tmp_path: Path) 
     whole = Selection(rootdir=str(tmp_path), selected=frozenset({"tests/a.py::kept"}))
     assert whole.left_out(record) == []  # the whole suite ran: the rest was deleted
     # pytest matches an ignore glob against each dir on the way down too
-    by_dir = Selection(rootdir=str(tmp_path), ignored_globs=(str(tmp_path / "*" / "gpu"),))
+    by_dir = Selection(rootdir=str(tmp_path), ignored_globs=globs_of(["*/gpu/"], str(tmp_path)))
     assert by_dir.left_out(record) == ["tests/gpu/g.py::t"]
 
 
@@ -152,7 +157,10 @@ def test_last_failed_leaves_whole_files_out_without_saying_so(pytester: pytest.P
         "test_a.py::test_a",
         "test_a.py::test_a2",
     ]
-    assert selection.signature != Where.of(pytester.parseconfigure()).signature(selection.roots)
+    assert selection.signature == ""  # --lf (and --sw) select anew each run: alike to no bundle's session
+    config = pytester.parseconfigure("--sw-skip")
+    config.option.stepwise = False  # as this plugin's tryfirst configure sees it, before pytest's turns it on
+    assert Where.of(config).stepwise
 
 
 def test_sessions_that_select_alike_sign_alike(tmp_path: Path) -> None:
@@ -165,6 +173,14 @@ def test_sessions_that_select_alike_sign_alike(tmp_path: Path) -> None:
         return where.signature(roots_of(args, here, here))
 
     assert signature("tests") == signature(str(tmp_path / "tests")) == signature("./tests/")
+    gpu = signature("tests", ignore=("tests/gpu",))
+    assert (
+        gpu == signature("tests", ignore=("./tests/gpu/",)) == signature("tests", ignore=(str(tmp_path / "tests/gpu"),))
+    )
+    assert signature("tests", markexpr="not  slow") == signature("tests", markexpr="not slow")
+    assert signature("tests", ignore_glob=("*/gpu/",)) == signature("tests", ignore_glob=("./*/gpu",))
+    sub = str(tmp_path / "tests")  # cd tests; pytest --ignore=gpu is not pytest tests --ignore=gpu
+    assert Where((".",), sub, here, ignore=("gpu",)).signature(roots_of(["."], sub, here)) == gpu
     assert len({signature("tests"), signature("tests", keyword="fast"), signature("tests", markexpr="not gpu"),
                 signature("tests/a.py"), signature("tests", deselect=("tests/a.py::t",))}) == 5  # fmt: skip
 
@@ -214,7 +230,8 @@ def test_a_session_that_left_out_restored_tests_saves_nothing_over_them(tmp_path
     record.add({"fxgraph": {"miss": 1}, "frames": 1})
     controller.stats.add_record(record)
     phase = SavePhase(controller.context, controller.recorder)
-    baseline = GraphsRecord(tests={"t.py::a": [_lookup("k1")], "t.py::b": [_lookup("k2")], "t.py::c": [_lookup("k3")]})
+    tests = {"t.py::a": [_lookup("k1")], "t.py::b": [_lookup("k2")], "t.py::c": [_lookup("k3")]}
+    baseline = GraphsRecord(tests=tests, created=time.time())  # recent: see the stale test below
     subset = Selection(str(tmp_path), selected=frozenset({"t.py::a"}), deselected=frozenset({"t.py::b", "t.py::c"}))
     blobs = Gathered(blobs={"controller": b"mega-cache"})
 
@@ -222,8 +239,8 @@ def test_a_session_that_left_out_restored_tests_saves_nothing_over_them(tmp_path
     assert saved.result is not None and (saved.result.outcome, saved.result.message) == (
         "skipped",
         "the session left out 2 tests that the restored bundle covers (t.py::b and 1 more: deselected, or outside "
-        "what its arguments collect), and the bundle was saved by a session that selected otherwise: nothing "
-        "saved over it",
+        "what its arguments collect), and no session that selects as this one saved that bundle: nothing saved "
+        "over it before it is a week old",
     )
     assert not (tmp_path / "store").exists()
 
@@ -248,8 +265,9 @@ def test_a_job_that_always_selects_alike_saves_over_its_own_bundle(tmp_path: Pat
     other = Selection(str(tmp_path), selected=frozenset({"t.py::a"}), deselected=frozenset({"t.py::b"}), signature="K")
     blobs = Gathered(blobs={"controller": b"mega-cache"})
 
-    def restored(signature: str) -> Restored:
-        baseline = GraphsRecord(tests={"t.py::a": [_lookup("k1")], "t.py::b": [_lookup("k2")]}, selection=signature)
+    def restored(signature: str, age: float = 0.0) -> Restored:
+        tests = {"t.py::a": [_lookup("k1")], "t.py::b": [_lookup("k2")]}
+        baseline = GraphsRecord(tests=tests, selection=signature, created=time.time() - age)
         return Restored(sync.RestoreResult("exact", key="k"), baseline=baseline)
 
     declined = phase.run(restored("J"), blobs, selection=other)
@@ -263,6 +281,44 @@ def test_a_job_that_always_selects_alike_saves_over_its_own_bundle(tmp_path: Pat
     assert GraphsRecord.from_json(bundle.read_manifest(bundle_file).graphs).selection == "J"
     unknown = phase.run(restored(""), blobs, selection=job)  # a record from before signatures: not alike
     assert unknown.result is not None and unknown.result.outcome == "skipped", unknown.result
+
+
+def test_a_bundle_of_another_selection_nothing_replaced_for_a_week_is_replaced(tmp_path: Path) -> None:
+    """A job whose command line narrowed, or a bundle from before signatures: nothing keeps that bundle up to
+    date, so after STALE_SECONDS any session that saves replaces it (else its misses would never be saved)."""
+    _files(tmp_path, "t.py")
+    controller = _controller(tmp_path)
+    record = ItemRecord(nodeid="t.py::a", graphs=[_lookup("k1b")])
+    record.add({"fxgraph": {"miss": 1}, "frames": 1})
+    controller.stats.add_record(record)
+    phase = SavePhase(controller.context, controller.recorder)
+    narrowed = Selection(
+        str(tmp_path), selected=frozenset({"t.py::a"}), deselected=frozenset({"t.py::b"}), signature="N"
+    )
+    blobs = Gathered(blobs={"controller": b"mega-cache"})
+    tests = {"t.py::a": [_lookup("k1")], "t.py::b": [_lookup("k2")]}
+    for age, outcome in ((STALE_SECONDS - 3600, "skipped"), (STALE_SECONDS + 3600, "saved")):
+        for selection, at in (("", 0.0), ("F", time.time() - age)):  # from before signatures; a full run's
+            baseline = GraphsRecord(tests=tests, created=time.time() - age, selection=selection, selected_at=at)
+            saved = phase.run(
+                Restored(sync.RestoreResult("exact", key="k"), baseline=baseline), blobs, selection=narrowed
+            )
+            assert saved.result is not None and saved.result.outcome == outcome, (age, selection, saved.result)
+
+
+def test_the_dir_record_says_how_the_restored_bundles_session_selected(tmp_path: Path) -> None:
+    """A dir whose own record is newer than the restored bundle's keeps its graphs, not its signature: a -k
+    session here since must not pass for the job that saved the bundle."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    save_record(
+        cache, GraphsRecord(tests={"t.py::a": [_lookup("k1")]}, created=200.0, selection="K", selected_at=200.0)
+    )
+    bundle_record = GraphsRecord(tests={"t.py::b": [_lookup("k2")]}, created=100.0, selection="F", selected_at=100.0)
+    record = install_restored(cache, bundle_record.to_json())
+    assert set(record.tests) == {"t.py::a", "t.py::b"} and (record.selection, record.selected_at) == ("F", 100.0)
+    kept = load_record(cache)
+    assert kept is not None and kept.selection == "F"
 
 
 def test_workers_send_what_they_deselected_and_the_controller_folds_it(tmp_path: Path) -> None:
@@ -280,9 +336,12 @@ def test_workers_send_what_they_deselected_and_the_controller_folds_it(tmp_path:
     other = Worker(controller.context, Recorder("gw1"))  # collected the same: one list is enough
     other.watch_selection(where).pytest_deselected([type("Item", (), {"nodeid": "t.py::b"})()])
     assert json.loads(json.dumps(other.output()))["deselected"] == []
+    named = Worker(controller.context, Recorder("fast-1"))  # --tx popen//id=fast-1: no gw0 to count on
+    named.watch_selection(where).pytest_deselected([type("Item", (), {"nodeid": "t.py::b"})()])
+    assert json.loads(json.dumps(named.output()))["deselected"] == ["t.py::b"]
     controller.add_worker("gw0", {**sent, "blob": b"mega-cache"})  # it compiled: there is something to save
     _files(tmp_path, "t.py")
-    baseline = GraphsRecord(tests={"t.py::a": [_lookup("k1")], "t.py::b": [_lookup("k2")]})
+    baseline = GraphsRecord(tests={"t.py::a": [_lookup("k1")], "t.py::b": [_lookup("k2")]}, created=time.time())
     controller.start.finish = lambda reported=(): Restored(  # type: ignore[method-assign]
         sync.RestoreResult("exact", key="k"), baseline=baseline
     )
