@@ -77,12 +77,13 @@ class SavePhase:
         replace that bundle."""
         baseline = restored.baseline
         left = selection.left_out(baseline.tests) if selection and baseline and _guarded(baseline, selection) else []
+        renew = bool(selection and baseline and _renews(baseline, selection))
         why, graphs = self.explain(restored)
         own = graphs  # the record in this session's bundle says how this session selected
         if graphs is not None and selection is not None:
             own = replace(graphs, selection=selection.signature, selected_at=graphs.created)
         result = (
-            self.save(restored, gathered, own, tests_failed=tests_failed, stopped=stopped, left_out=left)
+            self.save(restored, gathered, own, tests_failed=tests_failed, stopped=stopped, left_out=left, renew=renew)
             if self.context.saving
             else None
         )
@@ -153,14 +154,16 @@ class SavePhase:
         tests_failed: bool = False,
         stopped: bool = False,
         left_out: Sequence[str] = (),
+        renew: bool = False,
     ) -> SaveResult | None:
         """Save a bundle unless there is nothing new, the store failed at the restore, the session stopped early
         or left out tests the restored bundle covers (``left_out``), or the Action's policy says no; return what
-        happened (None: the store or fingerprint could not even be set up, one warning)."""
+        happened (None: the store or fingerprint could not even be set up, one warning). ``renew``: save even when
+        every graph hit, so that the restored bundle of this session's selection does not go stale."""
         from . import sync
         from .fingerprint import default_suffix
 
-        settled = _settled(restored.baseline, graphs)
+        settled = _settled(restored.baseline, graphs) or renew
         skip = self._why_not_save(restored, gathered, tests_failed, settled, stopped, left_out)
         if skip is not None:
             return sync.SaveResult("skipped", message=skip)
@@ -344,17 +347,32 @@ def _settled(baseline: GraphsRecord | None, graphs: GraphsRecord | None) -> bool
     )
 
 
-def _guarded(baseline: GraphsRecord, selection: Selection) -> bool:
-    """Whether the restored bundle (its record ``baseline``) is kept from a session that leaves out its tests:
-    unless that bundle's session selected as this one (the same job), or nothing replaced it for
-    ``STALE_SECONDS`` (nothing keeps it up to date; a record from before signatures counts from its making)."""
+def _age(baseline: GraphsRecord) -> float:
+    """Seconds since the session that saved the restored bundle made its record (a record from before
+    signatures: since its making). A time more than a day ahead of this clock is not believed: infinitely old."""
     import time
 
+    age = time.time() - (baseline.selected_at or baseline.created)
+    return age if age > -86400 else float("inf")
+
+
+def _guarded(baseline: GraphsRecord, selection: Selection) -> bool:
+    """Whether the restored bundle (its record ``baseline``) is kept from a session that leaves out its tests:
+    unless that bundle's session selected as this one (the same job), or no such session saved it for
+    ``STALE_SECONDS`` (one renews it every half of that, :func:`_renews`: nobody keeps it up to date)."""
     from .selection import STALE_SECONDS
 
     if baseline.selection and baseline.selection == selection.signature:
         return False
-    return time.time() - (baseline.selected_at or baseline.created) <= STALE_SECONDS
+    return _age(baseline) <= STALE_SECONDS
+
+
+def _renews(baseline: GraphsRecord, selection: Selection) -> bool:
+    """Whether this session saves although every graph hit: the restored bundle is of its own selection and
+    half of ``STALE_SECONDS`` old, so a stable suite's bundle never looks abandoned (one upload every few days)."""
+    from .selection import STALE_SECONDS
+
+    return bool(baseline.selection) and baseline.selection == selection.signature and _age(baseline) > STALE_SECONDS / 2
 
 
 def _new_headers(restored: Restored, gathered: Gathered) -> bool:

@@ -159,7 +159,8 @@ class GraphsRecord:
             "torch": self.torch,
             "created": self.created,
             **({"from_bundle": True} if self.from_bundle else {}),
-            **({"selection": self.selection, "selected_at": self.selected_at} if self.selection else {}),
+            **({"selection": self.selection} if self.selection else {}),
+            **({"selected_at": self.selected_at} if self.selected_at else {}),
             "common": common,
             "tests": tests,
             "volatile": volatile,
@@ -219,11 +220,8 @@ class GraphsRecord:
             if type(entry[1]) is int and 0 < entry[1] <= 10**6 and all(isinstance(v, str) for v in seen):
                 volatile[str(nodeid)] = Streak(entry[0][:200], entry[1], tuple(v[:16] for v in seen[-SEEN_VALUES:]))
         truncated, torch, created = data.get("truncated", 0), data.get("torch", ""), data.get("created", 0)
-        selection, selected_at = data.get("selection", ""), data.get("selected_at", 0)
-        if type(selected_at) not in (int, float) or not math.isfinite(selected_at):
-            selected_at = 0.0
-        if type(created) not in (int, float) or not math.isfinite(created):
-            created = 0.0
+        selection, selected_at = data.get("selection", ""), _seconds(data.get("selected_at", 0))
+        created = _seconds(created)
         return cls(
             tests,
             volatile,
@@ -234,6 +232,16 @@ class GraphsRecord:
             selection[:64] if isinstance(selection, str) else "",
             float(selected_at),
         )
+
+
+def _seconds(value: Any) -> float:
+    """A Unix time read from a record: 0.0 unless a finite number (an integer too large for a float too)."""
+    if type(value) not in (int, float):
+        return 0.0
+    try:
+        return float(value) if math.isfinite(value) else 0.0
+    except OverflowError:
+        return 0.0
 
 
 def _common(lookups: Iterable[GraphLookup]) -> dict[str, Any]:

@@ -297,13 +297,60 @@ def test_a_bundle_of_another_selection_nothing_replaced_for_a_week_is_replaced(t
     )
     blobs = Gathered(blobs={"controller": b"mega-cache"})
     tests = {"t.py::a": [_lookup("k1")], "t.py::b": [_lookup("k2")]}
+    now = time.time()
     for age, outcome in ((STALE_SECONDS - 3600, "skipped"), (STALE_SECONDS + 3600, "saved")):
-        for selection, at in (("", 0.0), ("F", time.time() - age)):  # from before signatures; a full run's
-            baseline = GraphsRecord(tests=tests, created=time.time() - age, selection=selection, selected_at=at)
+        # From before signatures (its making counts); a full run's, whose record a later session here rewrote
+        # (created is recent, selected_at is when the bundle's session made it).
+        for selection, created, at in (("", now - age, 0.0), ("F", now, now - age)):
+            baseline = GraphsRecord(tests=tests, created=created, selection=selection, selected_at=at)
             saved = phase.run(
                 Restored(sync.RestoreResult("exact", key="k"), baseline=baseline), blobs, selection=narrowed
             )
             assert saved.result is not None and saved.result.outcome == outcome, (age, selection, saved.result)
+            kept = load_record(tmp_path / "cache")  # a session that does not save does not restart the clock
+            assert kept is not None, "no record kept"
+            assert kept.selected_at == (at or created), (kept.selected_at, at, created)
+    # A time more than a day ahead of this clock is not believed (a hostile or skewed record): replaceable.
+    ahead = GraphsRecord(tests=tests, created=now, selection="F", selected_at=now + 3 * 86400)
+    saved = phase.run(Restored(sync.RestoreResult("exact", key="k"), baseline=ahead), blobs, selection=narrowed)
+    assert saved.result is not None and saved.result.outcome == "saved", saved.result
+
+
+def test_a_job_whose_every_graph_hit_renews_its_bundle_every_half_week(tmp_path: Path) -> None:
+    """A stable suite's job hits everything and would never save: its bundle would look abandoned after a week
+    and the first narrowed session with a miss would replace it. Half a week after its bundle's session, such a
+    session saves again (one upload every few days)."""
+    _files(tmp_path, "t.py")
+    controller = _controller(tmp_path)
+    record = ItemRecord(nodeid="t.py::a", graphs=[GraphLookup("k1", "hit", {"gm": ("k1", None)})])
+    record.add({"fxgraph": {"hit": 1}, "frames": 1})
+    controller.stats.add_record(record)
+    phase = SavePhase(controller.context, controller.recorder)
+    job = Selection(str(tmp_path), selected=frozenset({"t.py::a"}), signature="J")
+    blobs = Gathered(blobs={"controller": b"mega-cache"})
+    now = time.time()
+    for signature, age, outcome in (
+        ("J", STALE_SECONDS / 2 - 3600, "skipped"),
+        ("J", STALE_SECONDS / 2 + 3600, "saved"),
+        ("K", STALE_SECONDS / 2 + 3600, "skipped"),  # another job's bundle: that job renews it
+    ):
+        baseline = GraphsRecord(tests={"t.py::a": [_lookup("k1")]}, created=now, selection=signature)
+        baseline.selected_at = now - age
+        saved = phase.run(Restored(sync.RestoreResult("exact", key="k"), baseline=baseline), blobs, selection=job)
+        assert saved.result is not None and saved.result.outcome == outcome, (signature, age, saved.result)
+
+
+def test_a_records_times_survive_the_file_and_hostile_values(tmp_path: Path) -> None:
+    """selected_at is kept on disk also without a signature (a bundle from before signatures, or --lf's): the
+    xdist controller and the Action's later steps read the file. Odd values read as unknown, never as an error."""
+    record = GraphsRecord(tests={"t.py::a": [_lookup("k1")]}, created=200.0, selected_at=100.0)
+    save_record(tmp_path, record)
+    kept = load_record(tmp_path)
+    assert kept is not None and (kept.selection, kept.selected_at, kept.created) == ("", 100.0, 200.0)
+    for value in (10**400, float("nan"), "1", None, True, [1]):
+        data = {**record.to_json(), "selected_at": value, "created": value}
+        read = GraphsRecord.from_json(data)
+        assert (read.selected_at, read.created) == (0.0, 0.0), value
 
 
 def test_the_dir_record_says_how_the_restored_bundles_session_selected(tmp_path: Path) -> None:
