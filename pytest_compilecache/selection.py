@@ -8,7 +8,13 @@ record that such a save would drop although they still exist, so the save phase 
 A test of the record counts as left out when this session did not select it and either deselected it
 (pytest's ``pytest_deselected``: it exists), or its file still exists and lies outside what the session's
 arguments collect (``pytest tests/a.py``, a node id, ``--ignore``). A test that was neither selected nor
-deselected inside what the arguments collect was deleted or renamed: dropping it loses nothing.
+deselected inside what the arguments collect was deleted or renamed: dropping it loses nothing. With
+``--lf`` (which drops whole files without telling the hook) every test of the record it did not select counts.
+
+The save declines only when the restored bundle's session selected otherwise: :meth:`Where.signature` is how a
+session selects (kept in the graph record), so a job that always runs the same part of the suite saves over
+its own bundles. A bundle that no session of its own selection saved for :data:`STALE_SECONDS` is abandoned,
+and any session replaces it (the save phase's ``_guarded`` and ``_renews``).
 
 Nothing here imports pytest: :class:`SelectionWatch` and :class:`ControllerWatch` are registered as plugins
 by :mod:`.plugin`, whose hooks pytest finds by name.
