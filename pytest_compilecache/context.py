@@ -13,6 +13,7 @@ PYTEST_DONT_REWRITE
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -111,6 +112,11 @@ class SessionContext:
         if not inherited:
             context._export()
             _register(context)
+        elif session_dir.mode == "isolated" and session_dir.path:
+            # An xdist worker outlives a killed controller by seconds: live in the dir till then, so that no
+            # later isolated session sweeps it from under the worker (cachedir.sweep_abandoned_isolated).
+            with contextlib.suppress(OSError):
+                context.registration = cachedir.register_session(session_dir.path)
         return context
 
     def release(self) -> None:

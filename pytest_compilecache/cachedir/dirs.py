@@ -139,12 +139,11 @@ def mark_isolated(path: str, *, kept: bool) -> None:
     """Say in isolated session dir ``path`` what becomes of it once its session is gone (:data:`.layout.KEPT` or
     :data:`.layout.REMOVED`: a later isolated session removes it, :func:`.sweep.sweep_abandoned_isolated`)."""
     from .layout import ISOLATED_MARK
-    from .layout import KEPT
-    from .layout import REMOVED
+    from .layout import isolated_mark
 
     fd = os.open(os.path.join(path, ISOLATED_MARK), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(KEPT if kept else REMOVED)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(isolated_mark(os.path.basename(os.path.normpath(path)), not kept))
 
 
 def fresh_dir(parent: Path | None = None, prefix: str = "compilecache-") -> Path:
@@ -231,6 +230,19 @@ def remove_dir(path: str | os.PathLike[str]) -> bool:
     without following links in it. Returns whether it was removed."""
     if ownership(path).kind != "ours":
         return False
+    from .layout import ISOLATED_MARK
+    from .layout import SESSIONS_DIR
+
+    # Torch's files first, our markers last: a removal killed midway leaves a dir still proved ours.
+    last = ("CACHEDIR.TAG", ISOLATED_MARK, SESSIONS_DIR)
+    with contextlib.suppress(OSError):
+        for name in sorted(os.listdir(path), key=lambda name: name in last):
+            entry = os.path.join(path, name)
+            if os.path.isdir(entry) and not os.path.islink(entry):
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry)
     shutil.rmtree(path, ignore_errors=True)
     return not os.path.lexists(path)
 

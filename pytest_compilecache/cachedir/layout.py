@@ -24,6 +24,14 @@ PENDING_DIR = ".compilecache-pending"
 # default: a later isolated session removes it when a kill kept its own session from doing so) or KEPT.
 ISOLATED_MARK = ".compilecache-isolated"
 REMOVED, KEPT = "removed at the end\n", "kept (--compile-cache-keep)\n"
+
+
+def isolated_mark(name: str, removed: bool) -> bytes:
+    """What :data:`ISOLATED_MARK` holds in isolated dir ``name``: whether it is removed at its end, and its name (a
+    copy or a renamed dir is not the one its session marked)."""
+    return f"{REMOVED if removed else KEPT}{name}\n".encode()
+
+
 OUR_NAMES = frozenset(
     {"CACHEDIR.TAG", ".gitignore", LOCK_NAME, SESSIONS_DIR, GRAPHS_RECORD, PENDING_DIR, ISOLATED_MARK}
 )

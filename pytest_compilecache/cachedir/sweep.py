@@ -15,11 +15,11 @@ from pathlib import Path
 from . import registry
 from .layout import CLOEXEC
 from .layout import ISOLATED_MARK
-from .layout import REMOVED
 from .layout import TORCH_TEMP
 from .layout import is_legacy_staging_dir
 from .layout import is_legacy_temp_name
 from .layout import is_temp_name
+from .layout import isolated_mark
 from .layout import parent_fd
 from .owner import ownership
 from .owner import torch_top_entry
@@ -127,20 +127,68 @@ def sweep_abandoned_isolated(own: str) -> int:
         return 0
     for name in names:
         path = os.path.join(parent, name)
-        if path == own or not name.startswith("compilecache-") or not _marked_removed(path):
+        if path == own or not name.startswith("compilecache-") or not _marked_removed(path, name):
             continue
-        if ownership(path).kind == "ours" and registry.abandoned(path) and remove_dir(path):
+        if (
+            _this_users(path)
+            and ownership(path).kind == "ours"
+            and _only_torch_and_ours(path)
+            and registry.abandoned(path)
+            and _untouched_for(path, ISOLATED_GRACE_SECONDS)
+            and remove_dir(path)
+        ):
             removed += 1
     return removed
 
 
-def _marked_removed(path: str) -> bool:
-    """``path`` is a dir (not a link) whose :data:`ISOLATED_MARK`, a regular file, says :data:`REMOVED`."""
+# A killed session's dir is swept only once nothing in it changed for this long: a process it started (an xdist
+# worker execnet shuts down seconds later, a test's subprocess) may still write there. Modification times only.
+ISOLATED_GRACE_SECONDS = 3600
+
+
+def _marked_removed(path: str, name: str) -> bool:
+    """``path`` is a dir (not a link) whose :data:`ISOLATED_MARK`, a regular file, says :data:`REMOVED` for a dir
+    of this ``name``: a copy or a renamed dir is not the one its session marked."""
     try:
         fd = os.open(os.path.join(path, ISOLATED_MARK), os.O_RDONLY | os.O_NOFOLLOW | CLOEXEC)
     except OSError:  # none, a link, or ``path`` itself a link to a dir (O_NOFOLLOW checks the last name only)
         return False
     try:
-        return stat.S_ISREG(os.fstat(fd).st_mode) and not os.path.islink(path) and os.read(fd, 64) == REMOVED.encode()
+        said = os.read(fd, 512)
+        return stat.S_ISREG(os.fstat(fd).st_mode) and not os.path.islink(path) and said == isolated_mark(name, True)
     finally:
         os.close(fd)
+
+
+def _this_users(path: str) -> bool:
+    """Made by this user (root sweeps no other user's dirs)."""
+    try:
+        return os.lstat(path).st_uid == os.geteuid()
+    except (OSError, AttributeError):  # gone; no uids (Windows)
+        return False
+
+
+def _only_torch_and_ours(path: str) -> bool:
+    """Every top-level entry is torch's cache layout or our own marker: a file a user put there is kept, and so
+    is the dir."""
+    root = Path(path)
+    try:
+        return all(torch_top_entry(root, name) for name in os.listdir(path))
+    except OSError:
+        return False
+
+
+def _untouched_for(path: str, seconds: float, limit: int = 200_000) -> bool:
+    """Nothing in ``path`` (links not followed) was modified in the last ``seconds``; False past ``limit`` entries."""
+    since, seen = time.time() - seconds, 0
+    for folder, dirs, files in os.walk(path, followlinks=False):
+        for name in [*dirs, *files, ""]:
+            seen += 1
+            try:
+                if seen > limit or os.lstat(os.path.join(folder, name)).st_mtime > since:
+                    return False
+            except FileNotFoundError:
+                continue
+            except OSError:
+                return False
+    return True

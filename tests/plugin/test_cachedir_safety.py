@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_compilecache import cachedir
 from tests.plugin.helpers import INNER_INI
 from tests.plugin.helpers import check_report
 
@@ -258,6 +259,13 @@ def test_the_next_isolated_session_removes_the_dir_a_killed_one_left(inner: pyte
     left = sorted(path.name for path in parent.iterdir())
     kept_dirs = [name for name in left if (parent / name / ".compilecache-isolated").read_text().startswith("kept")]
     assert len(left) == 2 and len(kept_dirs) == 1  # the kept dir, and the killed session's
+    # Swept only once nothing in it changed for the grace period (a process it started may still write there).
+    when = time.time() - cachedir.sweep.ISOLATED_GRACE_SECONDS - 60
+    for name in left:
+        for folder, dirs, files in os.walk(parent / name):
+            for entry in (*dirs, *files):
+                os.utime(os.path.join(folder, entry), (when, when), follow_symlinks=False)
+        os.utime(parent / name, (when, when))
 
     inner.makepyfile(test_sleeper=TRIVIAL)
     report = inner.path / "report.json"

@@ -1253,6 +1253,8 @@ def test_only_an_abandoned_isolated_dir_is_swept(tmp_path: Path) -> None:
     shutil.copytree(abandoned / ".compilecache-sessions", users / ".compilecache-sessions")
     (users / ".compilecache-isolated").write_text("removed at the end\n")
     (tmp_path / "compilecache-link").symlink_to(abandoned)
+    for path in (abandoned, kept, made, live, users):
+        _age(path, cachedir.sweep.ISOLATED_GRACE_SECONDS + 60)
     own = cachedir.fresh_dir(tmp_path)
 
     assert cachedir.registry.abandoned(str(abandoned)) and not cachedir.registry.abandoned(str(live))
@@ -1261,3 +1263,115 @@ def test_only_an_abandoned_isolated_dir_is_swept(tmp_path: Path) -> None:
     assert all(path.exists() for path in (kept, made, live, users, own)) and (users / "notes.txt").exists()
     for registration in registrations:
         registration.close()
+
+
+def _age(path: Path, seconds: float) -> None:
+    """Make everything in ``path`` look last modified ``seconds`` ago."""
+    when = time.time() - seconds
+    for folder, dirs, files in os.walk(path):
+        for name in (*dirs, *files):
+            os.utime(os.path.join(folder, name), (when, when), follow_symlinks=False)
+    os.utime(path, (when, when))
+
+
+_HOLDS_REGISTERED = (
+    "import sys, time\nfrom pytest_compilecache import cachedir\ncachedir.register_session(sys.argv[1])\n"
+    "print('ready', flush=True)\ntime.sleep(120)\n"
+)
+
+
+def test_an_isolated_dir_someone_may_still_use_or_that_is_not_all_ours_is_not_swept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kept: a dir whose session another live process holds (an xdist worker outliving its controller registers
+    too), one with a dead and a live registration, one modified within the grace period (a test's subprocess may
+    still write there), one holding a file a user put there, a copy of an abandoned dir (its mark names the
+    original), and another user's. Each would be swept were it not for that one reason."""
+
+    def abandoned(dead: bool = True) -> Path:
+        path = cachedir.fresh_dir(tmp_path)
+        cachedir.mark_isolated(str(path), kept=False)
+        if dead:
+            subprocess.run([sys.executable, "-c", _DIES_REGISTERED, str(path)], check=True, timeout=60)
+        (path / "fxgraph").mkdir()
+        return path
+
+    held, mixed, recent, with_users_file, original = (abandoned(dead=i != 0) for i in range(5))
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDS_REGISTERED, str(held)], stdout=subprocess.PIPE, text=True)
+    second = subprocess.Popen([sys.executable, "-c", _HOLDS_REGISTERED, str(mixed)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        assert second.stdout is not None and second.stdout.readline() == "ready\n"
+        (with_users_file / "notes.txt").write_text("mine")
+        copy = tmp_path / (original.name + "x")
+        shutil.copytree(original, copy, symlinks=True)
+        for path in (held, mixed, with_users_file, original, copy):
+            _age(path, cachedir.sweep.ISOLATED_GRACE_SECONDS + 60)
+        _age(recent, cachedir.sweep.ISOLATED_GRACE_SECONDS - 600)
+        own = cachedir.fresh_dir(tmp_path)
+        monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)  # as another user: none of these is its own
+        assert cachedir.sweep_abandoned_isolated(str(own)) == 0
+        monkeypatch.undo()
+        assert cachedir.sweep_abandoned_isolated(str(own)) == 1  # only the original: the one to remove
+        assert not original.exists()
+        assert all(p.exists() for p in (held, mixed, recent, with_users_file, copy))
+    finally:
+        for process in (holder, second):
+            process.kill()
+            process.wait(timeout=60)
+            if process.stdout is not None:
+                process.stdout.close()
+
+
+def test_an_xdist_worker_lives_in_its_controllers_isolated_dir(tmp_path: Path) -> None:
+    """A worker outlives a SIGKILLed controller by seconds (execnet shuts it down): registered in the dir, it keeps
+    a later isolated session from sweeping the dir from under it, and withdraws at its end."""
+    from pytest_compilecache.context import SessionContext
+    from pytest_compilecache.problems import Problems
+    from pytest_compilecache.settings import Settings
+
+    parent = tmp_path / "isolated"
+    controller = SessionContext.start(
+        Settings(mode="isolated", dir=str(parent)), tmp_path / "default", inherited=None, problems=Problems()
+    )
+    path = controller.dir.path
+    assert path is not None
+    decision = cachedir.SessionDir(mode="isolated", path=path, owned=True).to_env()
+    settings = Settings(mode="isolated")
+    worker = SessionContext.start(settings, tmp_path / "default", inherited=decision, problems=Problems())
+    sessions = Path(path) / ".compilecache-sessions"
+    try:
+        assert worker.registration is not None
+        controller.release()  # the controller's registration gone (as if killed): the worker's still holds the dir
+        assert len(list(sessions.iterdir())) == 1
+        worker.release()
+        assert list(sessions.iterdir()) == []
+    finally:
+        worker.close()
+        controller.close()
+
+
+def test_a_removal_stopped_midway_leaves_a_dir_still_proved_ours(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Torch's entries go before our markers (tag, isolated mark, registrations): a session killed while removing
+    its dir leaves one that the next isolated session can still prove ours and sweep."""
+    path = cachedir.fresh_dir(tmp_path)
+    cachedir.mark_isolated(str(path), kept=False)
+    registration = cachedir.register_session(str(path))
+    registration.close()
+    for name in ("fxgraph", "triton", "aotautograd"):
+        (path / name).mkdir()
+
+    def stop(entry: str, *args: Any, **kwargs: Any) -> None:
+        if os.path.basename(entry) == "triton":
+            raise KeyboardInterrupt  # the kill, midway
+        real(entry, *args, **kwargs)
+
+    real = shutil.rmtree
+    monkeypatch.setattr(shutil, "rmtree", stop)
+    with pytest.raises(KeyboardInterrupt):
+        cachedir.remove_dir(path)
+    monkeypatch.undo()
+    assert {"CACHEDIR.TAG", ".compilecache-isolated", "triton"} <= {p.name for p in path.iterdir()}
+    assert cachedir.ownership(path).kind == "ours"
