@@ -303,6 +303,7 @@ def _register(context: SessionContext) -> None:
         return
     try:
         swept = cachedir.sweep_dead_writers(path)
+        cachedir.unmark_isolated(path)  # an isolated session's leftover dir, now a shared one: never swept
         context.registration = cachedir.register_session(path)
     except OSError as exc:
         problems.warn(f"could not register in the cache dir ({exc}); other sessions may trim it meanwhile")

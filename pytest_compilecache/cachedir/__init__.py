@@ -63,6 +63,7 @@ from .dirs import mark_isolated
 from .dirs import remove
 from .dirs import remove_dir
 from .dirs import safe_temp_dir
+from .dirs import unmark_isolated
 from .dirs import unsafe_dir_reason
 from .layout import GRAPHS_RECORD
 from .layout import LOCK_NAME
@@ -101,7 +102,8 @@ __all__ = [
     "Ownership", "Registration", "SessionDir", "Trim", "clear_pytest_cache_keeping", "decide", "evict",
     "default_shared_dir", "fallback_dir", "fresh_dir", "live_owners", "live_sessions", "lock", "make_dir",
     "mark_isolated", "ownership", "refuse_foreign", "register_session", "remove", "remove_dir", "safe_temp_dir",
-    "shape_profiles", "sweep_abandoned_isolated", "sweep_dead_writers", "touch", "trim", "unsafe_dir_reason",
+    "shape_profiles", "sweep_abandoned_isolated", "sweep_dead_writers", "touch", "trim", "unmark_isolated",
+    "unsafe_dir_reason",
 ]  # fmt: skip
 
 

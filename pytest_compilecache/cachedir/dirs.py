@@ -146,6 +146,15 @@ def mark_isolated(path: str, *, kept: bool) -> None:
         fh.write(isolated_mark(os.path.basename(os.path.normpath(path)), not kept))
 
 
+def unmark_isolated(path: str) -> None:
+    """Take :func:`mark_isolated`'s mark out of ``path``, a dir a shared session now uses (a kept or leftover
+    isolated dir the user pointed ``--compile-cache-dir`` at): no isolated session sweeps it then."""
+    from .layout import ISOLATED_MARK
+
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(path, ISOLATED_MARK))
+
+
 def fresh_dir(parent: Path | None = None, prefix: str = "compilecache-") -> Path:
     """A new, empty, tagged cache dir in ``parent`` (default: :func:`safe_temp_dir`); remove it with
     :func:`remove_dir`. For a per-test cold compile as much as for an isolated session. Raises OSError."""

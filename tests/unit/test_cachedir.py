@@ -1375,3 +1375,22 @@ def test_a_removal_stopped_midway_leaves_a_dir_still_proved_ours(
     monkeypatch.undo()
     assert {"CACHEDIR.TAG", ".compilecache-isolated", "triton"} <= {p.name for p in path.iterdir()}
     assert cachedir.ownership(path).kind == "ours"
+
+
+def test_a_leftover_isolated_dir_a_shared_session_took_over_is_never_swept(tmp_path: Path) -> None:
+    """A user points --compile-cache-dir (shared) at a kept or leftover isolated dir: the shared session takes the
+    isolated mark out, so a later isolated session never sweeps the user's shared cache, killed or not."""
+    from pytest_compilecache.context import SessionContext
+    from pytest_compilecache.problems import Problems
+    from pytest_compilecache.settings import Settings
+
+    leftover = cachedir.fresh_dir(tmp_path)
+    cachedir.mark_isolated(str(leftover), kept=False)
+    shared = SessionContext.start(
+        Settings(mode="shared", dir=str(leftover)), tmp_path / "default", inherited=None, problems=Problems()
+    )
+    try:
+        assert shared.registration is not None
+        assert not (leftover / ".compilecache-isolated").exists()
+    finally:
+        shared.close()
