@@ -75,9 +75,10 @@ class SavePhase:
         ``stopped``: it stopped before running every test it selected; ``selection``: which tests it selected
         (None: not known). A session that stopped early, or left out tests the restored bundle covers, does not
         replace that bundle."""
-        baseline = restored.baseline
-        left = selection.left_out(baseline.tests) if selection and baseline and _guarded(baseline, selection) else []
-        renew = bool(selection and baseline and _renews(baseline, selection))
+        baseline, left, renew = restored.baseline, [], False
+        if selection is not None and baseline is not None:
+            guarded, renew = _against(baseline, selection)
+            left = selection.left_out(baseline.tests) if guarded else []
         why, graphs = self.explain(restored)
         own = graphs  # the record in this session's bundle says how this session selected
         if graphs is not None and selection is not None:
@@ -125,7 +126,7 @@ class SavePhase:
         aot_misses = {nodeid: r.aotautograd["miss"] for nodeid, r in self.stats.records.items()}
         why, graphs, warning = explain_session_safely(current, baseline, restored.compared_with, aot_misses)
         if graphs is not None and baseline is not None:
-            graphs = replace(graphs, selection=baseline.selection, selected_at=baseline.selected_at or baseline.created)
+            graphs = replace(graphs, selection=baseline.selection, selected_at=baseline.saved_at)
         if warning:  # never a failed session: one warning, and this session's graphs alone are kept
             from .ghrunner import one_line
 
@@ -347,32 +348,23 @@ def _settled(baseline: GraphsRecord | None, graphs: GraphsRecord | None) -> bool
     )
 
 
-def _age(baseline: GraphsRecord) -> float:
-    """Seconds since the session that saved the restored bundle made its record (a record from before
-    signatures: since its making). A time more than a day ahead of this clock is not believed: infinitely old."""
+def _against(baseline: GraphsRecord, selection: Selection) -> tuple[bool, bool]:
+    """``(guarded, renew)`` for the restored bundle whose record is ``baseline``:
+
+    * ``guarded``: kept from a session that leaves out its tests, unless that bundle's session selected as this
+      one (the same job) or no such session saved it for ``STALE_SECONDS`` (nobody keeps it up to date);
+    * ``renew``: this session saves although every graph hit, because the bundle is of its own selection and
+      half of ``STALE_SECONDS`` old: a stable suite's bundle never looks abandoned (an upload every few days).
+
+    A time more than a day ahead of this clock is not believed: infinitely old."""
     import time
 
-    age = time.time() - (baseline.selected_at or baseline.created)
-    return age if age > -86400 else float("inf")
-
-
-def _guarded(baseline: GraphsRecord, selection: Selection) -> bool:
-    """Whether the restored bundle (its record ``baseline``) is kept from a session that leaves out its tests:
-    unless that bundle's session selected as this one (the same job), or no such session saved it for
-    ``STALE_SECONDS`` (one renews it every half of that, :func:`_renews`: nobody keeps it up to date)."""
     from .selection import STALE_SECONDS
 
-    if baseline.selection and baseline.selection == selection.signature:
-        return False
-    return _age(baseline) <= STALE_SECONDS
-
-
-def _renews(baseline: GraphsRecord, selection: Selection) -> bool:
-    """Whether this session saves although every graph hit: the restored bundle is of its own selection and
-    half of ``STALE_SECONDS`` old, so a stable suite's bundle never looks abandoned (one upload every few days)."""
-    from .selection import STALE_SECONDS
-
-    return bool(baseline.selection) and baseline.selection == selection.signature and _age(baseline) > STALE_SECONDS / 2
+    alike = bool(baseline.selection) and baseline.selection == selection.signature
+    age = time.time() - baseline.saved_at
+    age = age if age > -86400 else float("inf")
+    return not alike and age <= STALE_SECONDS, alike and age > STALE_SECONDS / 2
 
 
 def _new_headers(restored: Restored, gathered: Gathered) -> bool:

@@ -14,7 +14,7 @@ deselected inside what the arguments collect was deleted or renamed: dropping it
 The save declines only when the restored bundle's session selected otherwise: :meth:`Where.signature` is how a
 session selects (kept in the graph record), so a job that always runs the same part of the suite saves over
 its own bundles. A bundle that no session of its own selection saved for :data:`STALE_SECONDS` is abandoned,
-and any session replaces it (the save phase's ``_guarded`` and ``_renews``).
+and any session replaces it (the save phase's ``_against``).
 
 Nothing here imports pytest: :class:`SelectionWatch` and :class:`ControllerWatch` are registered as plugins
 by :mod:`.plugin`, whose hooks pytest finds by name.

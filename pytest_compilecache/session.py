@@ -224,7 +224,10 @@ class Controller:
                 self.problems.note(note)
         self.context.take_remote_errors()
         self.context.warn_remote_errors()
-        selection = self._selection[0].selection(self._selection[1], gathered.deselected) if self._selection else None
+        selection = None
+        if self._selection is not None:
+            where, watch = self._selection
+            selection = where.selection(watch, gathered.deselected)
         try:
             self._saved = SavePhase(self.context, self.recorder).run(
                 self._restored, gathered, tests_failed=failed, stopped=stopped, selection=selection

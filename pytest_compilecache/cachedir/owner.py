@@ -54,10 +54,21 @@ def ownership(path: str | os.PathLike[str]) -> Ownership:
         return Ownership("ours")
     if not names:
         return Ownership("empty")
-    foreign = [name for name in names if not torch_top_entry(root, name)]
+    foreign = _foreign(root, names)
     if foreign:
         return Ownership("foreign", tuple(foreign[:3]))
     return Ownership("torch")
+
+
+def foreign_entries(path: str | os.PathLike[str]) -> list[str]:
+    """The top-level names in ``path`` that are neither torch's cache layout nor our markers, whatever its tag
+    says (a file a user put into a dir of ours). Raises OSError."""
+    root = Path(path)
+    return _foreign(root, sorted(os.listdir(root)))
+
+
+def _foreign(root: Path, names: list[str]) -> list[str]:
+    return [name for name in names if not torch_top_entry(root, name)]
 
 
 def _tagged(root: Path) -> bool:

@@ -21,6 +21,7 @@ from .layout import is_legacy_temp_name
 from .layout import is_temp_name
 from .layout import isolated_mark
 from .layout import parent_fd
+from .owner import foreign_entries
 from .owner import ownership
 from .owner import torch_top_entry
 
@@ -169,11 +170,9 @@ def _this_users(path: str) -> bool:
 
 
 def _only_torch_and_ours(path: str) -> bool:
-    """Every top-level entry is torch's cache layout or our own marker: a file a user put there is kept, and so
-    is the dir."""
-    root = Path(path)
+    """A file a user put into the dir keeps it (and the file)."""
     try:
-        return all(torch_top_entry(root, name) for name in os.listdir(path))
+        return not foreign_entries(path)
     except OSError:
         return False
 

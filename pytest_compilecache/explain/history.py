@@ -131,6 +131,12 @@ class GraphsRecord:
     selection: str = ""
     selected_at: float = 0.0
 
+    @property
+    def saved_at(self) -> float:
+        """When the session whose ``selection`` this record keeps made its record (a record from before
+        ``selected_at``: when it was made)."""
+        return self.selected_at or self.created
+
     def to_json(self, max_bytes: int = MAX_RECORD_BYTES) -> dict[str, Any]:
         """Bounded: at most ``MAX_LOOKUPS_PER_TEST`` lookups per test, about ``max_bytes`` in all and
         ``MAX_COMPONENTS`` components once read back (:meth:`from_json` refuses more).
@@ -310,8 +316,7 @@ def install_restored(cache_dir: Path, graphs: Mapping[str, Any]) -> GraphsRecord
     if local is not None and local.created > bundle.created:
         # The dir's record is newer (a session here compiled since), but the bundle is what was restored: how
         # its session selected is what a save would replace.
-        selected_at = bundle.selected_at or bundle.created
-        record = replace(carry_forward(local, bundle), selection=bundle.selection, selected_at=selected_at)
+        record = replace(carry_forward(local, bundle), selection=bundle.selection, selected_at=bundle.saved_at)
     else:
         bundle.from_bundle = True
         record = carry_forward(bundle, local)
