@@ -67,13 +67,22 @@ def host_tag() -> str:
     machine share it and differ in their namespace, unless they share the pid space too (``--pid=host``),
     when they do see each other's processes.
     """
-    namespace = boot = ""
+    namespace = ""
     with contextlib.suppress(OSError):
         namespace = os.readlink("/proc/self/ns/pid")  # containers sharing a host name and a volume differ here
-    with contextlib.suppress(OSError), open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-        boot = fh.read().strip()
-    text = f"{socket.gethostname()}\0{namespace}\0{boot}"
+    text = f"{socket.gethostname()}\0{namespace}\0{boot_id()}"
     return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:8]
+
+
+@functools.cache
+def boot_id() -> str:
+    """The running kernel's boot id, "" where there is none (not Linux). Every container of a machine reads the
+    same one (it is not namespaced) and a reboot makes a new one: equal ids mean one running kernel, whose
+    locks every process on it sees, whatever its host name or pid namespace."""
+    with contextlib.suppress(OSError, UnicodeDecodeError), open("/proc/sys/kernel/random/boot_id", "rb") as fh:
+        said = fh.read(64).decode("ascii").strip()
+        return said if re.fullmatch(r"[0-9a-f-]{16,40}", said) else ""
+    return ""
 
 
 def temp_name(kind: TempKind, lead: str = "") -> str:

@@ -104,6 +104,7 @@ class SessionContext:
                 try:
                     refuse_cache_dir(settings.store, session_dir.path)
                 except ConfigError as exc:
+                    cachedir.remove(session_dir)  # an isolated dir made just now: a refused start leaves none
                     raise settings.respell(exc, "store") from None
         context = cls(settings, session_dir, lease, problems, follows_controller=bool(inherited))
         if session_dir.owned and not settings.keep:

@@ -123,6 +123,7 @@ def _sessions_dir(path: str, *, create: bool) -> Iterator[int | None]:
 
 
 def _create_marker(path: str, begun: float) -> tuple[str, int]:
+    from .._fs import boot_id
     from .._fs import host_tag
     from .._fs import temp_name
 
@@ -136,7 +137,8 @@ def _create_marker(path: str, begun: float) -> tuple[str, int]:
             import fcntl  # POSIX only, like torch's C++ cache; imported here so the module loads anywhere
 
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "start": begun}).encode())
+            said = {"pid": os.getpid(), "host": socket.gethostname(), "start": begun, "boot": boot_id()}
+            os.write(fd, json.dumps(said).encode())
             name = f"{os.getpid()}-{host_tag()}-{int(begun * 1e9)}-{next(_SERIAL)}"
             os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
         except BaseException:
@@ -188,9 +190,16 @@ def live_sessions(path: str, *, excluding: str | None = None) -> list[LiveSessio
 
 
 def abandoned(path: str) -> bool:
-    """True when ``path`` holds registrations and every one is this host's and dead: the sessions that used it
-    were killed (a session that ended withdrew its own). None at all, one still held, one that cannot be
-    read or is another host's (its lock cannot be tried from here): False. Removes nothing."""
+    """True when ``path`` holds registrations and every one is provably dead: the sessions that used it were
+    killed (a session that ended withdrew its own). Removes nothing.
+
+    A registration's lock is tried where it was taken by this host (its name's host tag), or by another
+    container of this running kernel (the boot id it records: locks are the kernel's, whatever the host name or
+    pid namespace). One taken before this machine's last boot (another boot id) is dead where ``path`` is on a
+    local disk: only this machine's kernels ever wrote there. None at all, one still held, one that cannot be
+    read, or one of another kernel on a network or unknown filesystem (its lock may not be seen from here):
+    False."""
+    from .._fs import boot_id
     from .._fs import host_tag
 
     try:
@@ -200,12 +209,62 @@ def abandoned(path: str) -> bool:
             markers = [match for match in map(re.compile(_MARKER).fullmatch, os.listdir(folder)) if match]
             for match in markers:
                 name = match[0]
-                own = os.path.join(path, SESSIONS_DIR, name) in _OWN
-                if own or match[2] != host_tag() or _held(folder, name, remove_if_dead=False):
+                if os.path.join(path, SESSIONS_DIR, name) in _OWN:
+                    return False
+                if match[2] != host_tag():
+                    kernel = _recorded_boot(folder, name)
+                    if not kernel or not boot_id() or (kernel != boot_id() and not on_local_disk(path)):
+                        return False
+                if _held(folder, name, remove_if_dead=False):
                     return False
             return bool(markers)
     except OSError:
         return False
+
+
+def _recorded_boot(folder: int, name: str) -> str:
+    """The boot id marker ``name`` records ("" when it records none: an older version's, or not ours)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+    except OSError:
+        return ""
+    try:
+        said = json.loads(os.read(fd, 4096)) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except (OSError, ValueError):
+        return ""
+    finally:
+        os.close(fd)
+    boot = said.get("boot") if isinstance(said, dict) else None
+    return boot if isinstance(boot, str) and re.fullmatch(r"[0-9a-f-]{16,40}", boot) else ""
+
+
+# Filesystems of a disk (or memory) only the running machine mounts. Not: nfs, cifs/smb3, 9p, virtiofs, fuse
+# (sshfs, ...), ceph, gfs2/ocfs2 (cluster filesystems): another machine may hold a lock there now.
+LOCAL_FILESYSTEMS = frozenset(
+    {"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "bcachefs", "zfs", "tmpfs", "ramfs", "overlay"}
+)
+
+
+def on_local_disk(path: str, mountinfo: str = "/proc/self/mountinfo") -> bool:
+    """Whether ``path`` lies on one of :data:`LOCAL_FILESYSTEMS`, as the kernel's mount table says (the mount
+    with the longest mount point above it; the last one of a point stacked twice). False when unknown."""
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as fh:
+            table = fh.read()
+        real = os.path.realpath(path)
+    except OSError:
+        return False
+    best, kind = "", ""
+    for line in table.splitlines():
+        fields, _, after = line.partition(" - ")
+        parts = fields.split(" ")
+        if len(parts) < 5 or not after:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), parts[4])
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, after.split(" ", 1)[0]
+    return kind in LOCAL_FILESYSTEMS
 
 
 def _held(folder: int, name: str, *, remove_if_dead: bool) -> bool:

@@ -117,8 +117,9 @@ def sweep_abandoned_isolated(own: str) -> int:
     many went. A session removes its isolated dir at its end, unless it was killed (SIGKILL, SIGTERM: no exit
     handler runs): such dirs piled up in the temp dir. Only a sibling that proves all of it: named as
     :func:`.dirs.fresh_dir` names them, a dir and not a link, tagged ours, marked by its session to be removed
-    (:data:`ISOLATED_MARK`, not ``--compile-cache-keep``), and holding registrations of this host that are
-    all dead (:func:`.registry.abandoned`). A dir being made has no registration yet: never taken."""
+    (:data:`ISOLATED_MARK`, not ``--compile-cache-keep``), and holding registrations that are all provably dead
+    (:func:`.registry.abandoned`: this host's, this kernel's, or an earlier boot's on a local disk). A dir being
+    made has no registration yet: never taken."""
     from .dirs import remove_dir
 
     parent, removed = os.path.dirname(own), 0

@@ -147,6 +147,13 @@ BAD_CONFIGURATIONS = [
         "--compile-cache-store: '*/a-file.d/bundles' lies in the cache dir */a-file.d: give the store a directory*",
         id="store-in-the-cache-dir",
     ),
+    pytest.param(
+        ["--compile-cache=isolated", "--compile-cache-dir={file}.d", "--compile-cache-store={file}.d"],
+        "",
+        {},
+        "--compile-cache-store: '*/a-file.d' holds the cache dir */a-file.d/compilecache-*: give the store a dir*",
+        id="store-holds-the-isolated-dir",
+    ),
     pytest.param([], "compile_cache = bogus", {}, "compile_cache: invalid value 'bogus'*", id="ini"),
     pytest.param(
         [],
@@ -192,6 +199,7 @@ def test_bad_configuration_fails_at_start_naming_the_option(
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: {message}"])
     assert not (inner.path / "ran").exists()
+    assert not list(inner.path.glob("*/compilecache-*")), "a refused start left an isolated dir behind"
 
 
 @XDIST

@@ -897,18 +897,21 @@ def test_host_tags_tell_machines_apart_even_in_their_initial_pid_namespace(monke
 
     monkeypatch.setattr(socket, "gethostname", lambda: "runner")
     monkeypatch.setattr(os, "readlink", lambda path: "pid:[4026531836]")
-    real_open = builtins.open
-    tags = []
-    for boot in ("11111111-aaaa", "22222222-bbbb"):
+    real_open, read_boot_id = builtins.open, _fs.boot_id.__wrapped__
+    tags, boots = [], []
+    for boot in ("11111111-aaaa-bbbb-cccc-dddddddddddd", "22222222-aaaa-bbbb-cccc-dddddddddddd", "not an id"):
 
         def fake_open(path: Any, *args: Any, boot: str = boot, **kwargs: Any) -> Any:
             if str(path) == "/proc/sys/kernel/random/boot_id":
-                return io.StringIO(boot + "\n")
+                return io.BytesIO(boot.encode() + b"\n")
             return real_open(path, *args, **kwargs)
 
         monkeypatch.setattr(builtins, "open", fake_open)
+        boots.append(read_boot_id())
+        monkeypatch.setattr(_fs, "boot_id", lambda boot=boots[-1]: boot)
         tags.append(_fs.host_tag.__wrapped__())
-    assert tags[0] != tags[1]
+    assert boots == ["11111111-aaaa-bbbb-cccc-dddddddddddd", "22222222-aaaa-bbbb-cccc-dddddddddddd", ""]
+    assert len(set(tags)) == 3
 
 
 def test_tagging_never_writes_through_a_planted_link(tmp_path: Path) -> None:
@@ -1321,6 +1324,84 @@ def test_an_isolated_dir_someone_may_still_use_or_that_is_not_all_ours_is_not_sw
             process.wait(timeout=60)
             if process.stdout is not None:
                 process.stdout.close()
+
+
+_ELSEWHERE = (
+    "import sys, time\nfrom pytest_compilecache import _fs, cachedir\n"
+    "_fs.host_tag = lambda: 'deadbeef'\n_fs.boot_id = lambda: sys.argv[2]\n"
+    "cachedir.register_session(sys.argv[1])\nprint('ready', flush=True)\nif sys.argv[3] == 'hold':\n"
+    "    time.sleep(120)\n"
+)
+
+
+@pytest.mark.parametrize("kernel", ["this kernel", "an earlier boot"])
+def test_a_dir_left_by_another_container_or_before_a_reboot_is_swept_where_its_lock_is_provably_free(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel: str
+) -> None:
+    """A registration of another host tag (a container with its own host name and pid namespace, or this machine
+    before a reboot) was never taken for dead, so such dirs stayed for good. Its recorded boot id says which
+    kernel took its lock: this one's locks are tried (a live peer container's dir is kept); an earlier boot's
+    are all free, but only a local disk proves that no other machine took it (on a network filesystem: kept)."""
+    boot = _fs.boot_id() if kernel == "this kernel" else "01234567-89ab-cdef-0123-456789abcdef"
+    assert _fs.boot_id() and boot != "deadbeef" and _fs.host_tag() != "deadbeef"
+
+    def left(hold: str) -> tuple[Path, subprocess.Popen[str]]:
+        path = cachedir.fresh_dir(tmp_path)
+        cachedir.mark_isolated(str(path), kept=False)
+        script = [sys.executable, "-c", _ELSEWHERE, str(path), boot, hold]
+        process = subprocess.Popen(script, stdout=subprocess.PIPE, text=True)
+        assert process.stdout is not None and process.stdout.readline() == "ready\n"
+        return path, process
+
+    (dead, died), (live, holder) = left("exit"), left("hold")
+    try:
+        died.wait(timeout=60)
+        (marker,) = (dead / ".compilecache-sessions").iterdir()
+        assert marker.name.split("-")[1] == "deadbeef"  # another host tag: the rule before took it for live
+        for path in (dead, live):
+            _age(path, cachedir.sweep.ISOLATED_GRACE_SECONDS + 60)
+        own = cachedir.fresh_dir(tmp_path)
+        monkeypatch.setattr(cachedir.registry, "on_local_disk", lambda path: False)
+        assert not cachedir.registry.abandoned(str(dead)) or kernel == "this kernel"
+        monkeypatch.setattr(cachedir.registry, "on_local_disk", lambda path: True)
+        assert cachedir.registry.abandoned(str(dead)) and not cachedir.registry.abandoned(str(live))
+        assert cachedir.sweep_abandoned_isolated(str(own)) == 1
+        assert not dead.exists() and live.exists()
+        monkeypatch.setattr(_fs, "boot_id", lambda: "")  # no boot id here: no kernel can be told apart
+        assert not cachedir.registry.abandoned(str(live))
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+        for process in (died, holder):
+            if process.stdout is not None:
+                process.stdout.close()
+    (marker,) = (live / ".compilecache-sessions").iterdir()
+    marker.write_text('{"pid": 1, "boot": "not an id"}')  # what it records is checked: an id or nothing
+    assert not cachedir.registry.abandoned(str(live))
+
+
+def test_the_mount_table_says_which_paths_lie_on_a_local_disk(tmp_path: Path) -> None:
+    """The mount with the longest mount point above the path decides, the later of two stacked on one point;
+    an escaped space in a mount point is read; a network, FUSE or unknown filesystem is not a local disk."""
+    table = tmp_path / "mountinfo"
+    table.write_text(
+        "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+        "30 27 0:40 / /mnt/shared rw - nfs4 server:/export rw,vers=4.2\n"
+        "31 30 0:41 / /mnt/shared/local rw - tmpfs tmpfs rw\n"
+        "32 27 0:42 / /mnt/with\\040space rw - fuse.sshfs host:/ rw\n"
+        "33 27 0:43 / /mnt/stacked rw - xfs /dev/vdb rw\n"
+        "34 33 0:44 / /mnt/stacked rw - cifs //host/share rw\n"
+        "35 27 0:45 / /mnt/sharedother rw - btrfs /dev/vdc rw\n"
+        "garbage\n"
+    )
+
+    def local(path: str) -> bool:
+        return cachedir.registry.on_local_disk(path, mountinfo=str(table))
+
+    assert local("/tmp/x") and local("/mnt/shared/local/x") and local("/mnt/sharedother/x")
+    assert not local("/mnt/shared/x") and not local("/mnt/shared") and not local("/mnt/with space/x")
+    assert not local("/mnt/stacked/x")
+    assert not cachedir.registry.on_local_disk("/tmp", mountinfo=str(tmp_path / "none"))
 
 
 def test_an_xdist_worker_lives_in_its_controllers_isolated_dir(tmp_path: Path) -> None:
