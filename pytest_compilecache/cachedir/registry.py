@@ -137,7 +137,9 @@ def _create_marker(path: str, begun: float) -> tuple[str, int]:
             import fcntl  # POSIX only, like torch's C++ cache; imported here so the module loads anywhere
 
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            said = {"pid": os.getpid(), "host": socket.gethostname(), "start": begun, "boot": boot_id()}
+            seen = os.fstat(fd)  # what a peer container's sweep compares (abandoned): this very inode, a local disk
+            said = {"pid": os.getpid(), "host": socket.gethostname(), "start": begun, "boot": boot_id(),
+                    "dev": seen.st_dev, "ino": seen.st_ino, "local": on_local_disk(path)}  # fmt: skip
             os.write(fd, json.dumps(said).encode())
             name = f"{os.getpid()}-{host_tag()}-{int(begun * 1e9)}-{next(_SERIAL)}"
             os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
@@ -193,13 +195,13 @@ def abandoned(path: str) -> bool:
     """True when ``path`` holds registrations and every one is provably dead: the sessions that used it were
     killed (a session that ended withdrew its own). Removes nothing.
 
-    A registration's lock is tried where it was taken by this host (its name's host tag), or by another
-    container of this running kernel (the boot id it records: locks are the kernel's, whatever the host name or
-    pid namespace). One taken before this machine's last boot (another boot id) is dead where ``path`` is on a
-    local disk: only this machine's kernels ever wrote there. None at all, one still held, one that cannot be
-    read, or one of another kernel on a network or unknown filesystem (its lock may not be seen from here):
-    False."""
-    from .._fs import boot_id
+    A registration's lock is tried where this host took it (its name's host tag). One of another host tag (a
+    container with its own host name and pid namespace, this machine before a reboot) is tried only where both
+    its writer and this process see a local disk (:func:`on_local_disk`: no other machine, VM or network client
+    reaches the dir, whose locks would not show here), and then: taken by this running kernel (the boot id it
+    records) through the very inode this process sees (not through a FUSE or loopback mount), or taken before
+    this machine's last boot (another boot id: no lock survives it). None at all, one still held, one that
+    cannot be read, one of an older version that records none of this: False."""
     from .._fs import host_tag
 
     try:
@@ -207,13 +209,14 @@ def abandoned(path: str) -> bool:
             if folder is None:
                 return False
             markers = [match for match in map(re.compile(_MARKER).fullmatch, os.listdir(folder)) if match]
+            local: bool | None = None  # asked once, and only for a marker of another host tag
             for match in markers:
                 name = match[0]
                 if os.path.join(path, SESSIONS_DIR, name) in _OWN:
                     return False
                 if match[2] != host_tag():
-                    kernel = _recorded_boot(folder, name)
-                    if not kernel or not boot_id() or (kernel != boot_id() and not on_local_disk(path)):
+                    local = on_local_disk(path) if local is None else local
+                    if not (local and _lock_seen_here(folder, name)):
                         return False
                 if _held(folder, name, remove_if_dead=False):
                     return False
@@ -222,48 +225,63 @@ def abandoned(path: str) -> bool:
         return False
 
 
-def _recorded_boot(folder: int, name: str) -> str:
-    """The boot id marker ``name`` records ("" when it records none: an older version's, or not ours)."""
+def _lock_seen_here(folder: int, name: str) -> bool:
+    """Whether trying marker ``name``'s lock here says whether its writer lives (see :func:`abandoned`)."""
+    from .._fs import boot_id
+
     try:
         fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
     except OSError:
-        return ""
+        return False
     try:
-        said = json.loads(os.read(fd, 4096)) if stat.S_ISREG(os.fstat(fd).st_mode) else None
-    except (OSError, ValueError):
-        return ""
+        seen = os.fstat(fd)
+        said = json.loads(os.read(fd, 4096)) if stat.S_ISREG(seen.st_mode) else None
+    except (OSError, ValueError, RecursionError):  # a hostile marker: kept, never a crash
+        return False
     finally:
         os.close(fd)
-    boot = said.get("boot") if isinstance(said, dict) else None
-    return boot if isinstance(boot, str) and re.fullmatch(r"[0-9a-f-]{16,40}", boot) else ""
+    if not isinstance(said, dict) or said.get("local") is not True:
+        return False
+    kernel, here = said.get("boot"), boot_id()
+    if not here or not isinstance(kernel, str) or not re.fullmatch(r"[0-9a-f-]{16,40}", kernel):
+        return False
+    if kernel != here:
+        return True  # an earlier boot of this machine: only its kernels ever mounted this local disk
+    return _number(said.get("dev")) == seen.st_dev and _number(said.get("ino")) == seen.st_ino
+
+
+def _number(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 # Filesystems of a disk (or memory) only the running machine mounts. Not: nfs, cifs/smb3, 9p, virtiofs, fuse
 # (sshfs, ...), ceph, gfs2/ocfs2 (cluster filesystems): another machine may hold a lock there now.
 LOCAL_FILESYSTEMS = frozenset(
-    {"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "bcachefs", "zfs", "tmpfs", "ramfs", "overlay"}
+    {b"ext2", b"ext3", b"ext4", b"xfs", b"btrfs", b"f2fs", b"bcachefs", b"zfs", b"tmpfs", b"ramfs", b"overlay"}
 )
 
 
 def on_local_disk(path: str, mountinfo: str = "/proc/self/mountinfo") -> bool:
-    """Whether ``path`` lies on one of :data:`LOCAL_FILESYSTEMS`, as the kernel's mount table says (the mount
-    with the longest mount point above it; the last one of a point stacked twice). False when unknown."""
+    """Whether dir ``path`` lies on one of :data:`LOCAL_FILESYSTEMS`, as the kernel's mount table says: the mount
+    whose device is the one ``path`` is on (a mount hidden under a later one is another device) with the
+    longest mount point above it. False when unknown."""
     try:
-        with open(mountinfo, encoding="utf-8", errors="replace") as fh:
+        with open(mountinfo, "rb") as fh:
             table = fh.read()
-        real = os.path.realpath(path)
+        real = os.fsencode(os.path.realpath(path))
+        device = os.stat(real).st_dev
     except OSError:
         return False
-    best, kind = "", ""
-    for line in table.splitlines():
-        fields, _, after = line.partition(" - ")
-        parts = fields.split(" ")
-        if len(parts) < 5 or not after:
+    best, kind = b"", b""
+    for line in table.split(b"\n"):  # only a newline ends a line (the kernel escapes it in a mount point)
+        fields, _, after = line.partition(b" - ")
+        parts = fields.split(b" ")
+        if len(parts) < 5 or not after or parts[2] != b"%d:%d" % (os.major(device), os.minor(device)):
             continue
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), parts[4])
-        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8) & 0xFF]), parts[4])
+        inside = real == point or real.startswith(point.rstrip(b"/") + b"/")
         if inside and len(point) >= len(best):
-            best, kind = point, after.split(" ", 1)[0]
+            best, kind = point, after.split(b" ", 1)[0]
     return kind in LOCAL_FILESYSTEMS
 
 

@@ -6,6 +6,7 @@ import base64
 import contextlib
 import hashlib
 import io
+import json
 import os
 import shutil
 import stat
@@ -1339,11 +1340,13 @@ def test_a_dir_left_by_another_container_or_before_a_reboot_is_swept_where_its_l
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel: str
 ) -> None:
     """A registration of another host tag (a container with its own host name and pid namespace, or this machine
-    before a reboot) was never taken for dead, so such dirs stayed for good. Its recorded boot id says which
-    kernel took its lock: this one's locks are tried (a live peer container's dir is kept); an earlier boot's
-    are all free, but only a local disk proves that no other machine took it (on a network filesystem: kept)."""
+    before a reboot) was never taken for dead, so such dirs stayed for good. Where its writer and the sweep both
+    see a local disk, what it records says whose lock it was: this kernel's, through this very inode, is tried (a
+    live peer container's dir is kept); an earlier boot's are all free. Elsewhere (a network filesystem, a VM's
+    shared dir, FUSE: another machine's lock need not show here), or recorded otherwise: kept."""
     boot = _fs.boot_id() if kernel == "this kernel" else "01234567-89ab-cdef-0123-456789abcdef"
     assert _fs.boot_id() and boot != "deadbeef" and _fs.host_tag() != "deadbeef"
+    assert cachedir.registry.on_local_disk(str(tmp_path)), "this test needs a temp dir on a local disk"
 
     def left(hold: str) -> tuple[Path, subprocess.Popen[str]]:
         path = cachedir.fresh_dir(tmp_path)
@@ -1358,17 +1361,26 @@ def test_a_dir_left_by_another_container_or_before_a_reboot_is_swept_where_its_l
         died.wait(timeout=60)
         (marker,) = (dead / ".compilecache-sessions").iterdir()
         assert marker.name.split("-")[1] == "deadbeef"  # another host tag: the rule before took it for live
+        said = json.loads(marker.read_text())
+        assert said["local"] is True and (said["dev"], said["ino"]) == (marker.stat().st_dev, marker.stat().st_ino)
         for path in (dead, live):
             _age(path, cachedir.sweep.ISOLATED_GRACE_SECONDS + 60)
         own = cachedir.fresh_dir(tmp_path)
-        monkeypatch.setattr(cachedir.registry, "on_local_disk", lambda path: False)
-        assert not cachedir.registry.abandoned(str(dead)) or kernel == "this kernel"
-        monkeypatch.setattr(cachedir.registry, "on_local_disk", lambda path: True)
+        with monkeypatch.context() as patch:
+            patch.setattr(cachedir.registry, "on_local_disk", lambda path: False)
+            assert not cachedir.registry.abandoned(str(dead))
+        for change, kept in (({"local": False}, True), ({"ino": said["ino"] + 1}, kernel == "this kernel")):
+            marker.write_text(json.dumps({**said, **change}))  # a writer on NFS; another inode (FUSE, a loopback)
+            assert cachedir.registry.abandoned(str(dead)) is not kept, change
+        marker.write_text(json.dumps(said))
+        with monkeypatch.context() as patch:
+            patch.setattr(_fs, "boot_id", lambda: "")  # no boot id here: no kernel can be told apart
+            assert not cachedir.registry.abandoned(str(dead))
         assert cachedir.registry.abandoned(str(dead)) and not cachedir.registry.abandoned(str(live))
+        assert cachedir.sweep_abandoned_isolated(str(own)) == 0  # the marker was just written: within the grace
+        _age(dead, cachedir.sweep.ISOLATED_GRACE_SECONDS + 60)
         assert cachedir.sweep_abandoned_isolated(str(own)) == 1
         assert not dead.exists() and live.exists()
-        monkeypatch.setattr(_fs, "boot_id", lambda: "")  # no boot id here: no kernel can be told apart
-        assert not cachedir.registry.abandoned(str(live))
     finally:
         holder.kill()
         holder.wait(timeout=60)
@@ -1376,32 +1388,48 @@ def test_a_dir_left_by_another_container_or_before_a_reboot_is_swept_where_its_l
             if process.stdout is not None:
                 process.stdout.close()
     (marker,) = (live / ".compilecache-sessions").iterdir()
-    marker.write_text('{"pid": 1, "boot": "not an id"}')  # what it records is checked: an id or nothing
-    assert not cachedir.registry.abandoned(str(live))
+    for hostile in ('{"pid": 1, "boot": "not an id", "local": true}', "[" * 4096, '{"local": true, "boot": 1}'):
+        marker.write_text(hostile)  # what it records is checked: never trusted, never a crash
+        assert not cachedir.registry.abandoned(str(live))
 
 
 def test_the_mount_table_says_which_paths_lie_on_a_local_disk(tmp_path: Path) -> None:
-    """The mount with the longest mount point above the path decides, the later of two stacked on one point;
-    an escaped space in a mount point is read; a network, FUSE or unknown filesystem is not a local disk."""
+    """The mount of the path's own device with the longest mount point above it decides (a mount hidden under a
+    later one is another device); escaped and undecodable mount points are read as the kernel writes them; links
+    are resolved; a network, FUSE or unknown filesystem is not a local disk."""
+    dev = os.stat(tmp_path).st_dev
+    here = b"%d:%d" % (os.major(dev), os.minor(dev))
+    root = os.fsencode(tmp_path)
+    odd = [b"caf\xe9", "a\u2028b".encode(), b"with space", b"nfs", b"nfsx", b"data", b"data/sub"]
+    for name in odd:
+        os.makedirs(os.path.join(root, name), exist_ok=True)
+    (tmp_path / "link").symlink_to(tmp_path / "nfs")
     table = tmp_path / "mountinfo"
-    table.write_text(
-        "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
-        "30 27 0:40 / /mnt/shared rw - nfs4 server:/export rw,vers=4.2\n"
-        "31 30 0:41 / /mnt/shared/local rw - tmpfs tmpfs rw\n"
-        "32 27 0:42 / /mnt/with\\040space rw - fuse.sshfs host:/ rw\n"
-        "33 27 0:43 / /mnt/stacked rw - xfs /dev/vdb rw\n"
-        "34 33 0:44 / /mnt/stacked rw - cifs //host/share rw\n"
-        "35 27 0:45 / /mnt/sharedother rw - btrfs /dev/vdc rw\n"
-        "garbage\n"
+    table.write_bytes(
+        b"27 1 " + here + b" / / rw,relatime - ext4 /dev/vda rw\n"
+        b"30 27 " + here + b" / " + root + b"/nfs rw - nfs4 server:/export rw\n"
+        b"31 27 " + here + b" / " + root + b"/with\\040space rw - fuse.sshfs host:/ rw\n"
+        b"32 27 " + here + b" / " + root + b"/caf\xe9 rw - cifs //host/share rw\n"
+        b"33 27 "
+        + here
+        + b" / "
+        + root
+        + "/a\u2028b rw - 9p share rw\n".encode()
+        + b"34 27 0:999 / "
+        + root
+        + b"/data/sub rw - ext4 /dev/vdb rw\n"
+        b"35 27 " + here + b" / " + root + b"/data rw - nfs server:/data rw\n"
+        b"garbage\n"
     )
 
-    def local(path: str) -> bool:
-        return cachedir.registry.on_local_disk(path, mountinfo=str(table))
+    def local(name: bytes) -> bool:
+        return cachedir.registry.on_local_disk(os.fsdecode(os.path.join(root, name)), mountinfo=str(table))
 
-    assert local("/tmp/x") and local("/mnt/shared/local/x") and local("/mnt/sharedother/x")
-    assert not local("/mnt/shared/x") and not local("/mnt/shared") and not local("/mnt/with space/x")
-    assert not local("/mnt/stacked/x")
-    assert not cachedir.registry.on_local_disk("/tmp", mountinfo=str(tmp_path / "none"))
+    assert local(b"nfsx") and local(b"")
+    assert not any(local(name) for name in (b"nfs", b"with space", b"caf\xe9", "a\u2028b".encode(), b"link"))
+    assert not local(b"data/sub")  # the ext4 mounted there is hidden under the NFS mount of /data
+    assert not cachedir.registry.on_local_disk(str(tmp_path), mountinfo=str(tmp_path / "none"))
+    assert not cachedir.registry.on_local_disk(str(tmp_path / "no such dir"), mountinfo=str(table))
 
 
 def test_an_xdist_worker_lives_in_its_controllers_isolated_dir(tmp_path: Path) -> None:
