@@ -47,7 +47,7 @@ class Gathered(NamedTuple):
     """Every process's artifacts, folded by the controller (:meth:`fold`): the mega-cache blobs by process
     name, the cache files used, where each process's torch keeps precompiled headers, the headers they
     checked (:class:`.pch.HeaderUse` JSON), the xdist workers that sent nothing (they died), and the node ids
-    the processes deselected (:mod:`.selection`)."""
+    the processes deselected and the paths their collection ignored (:mod:`.selection`)."""
 
     blobs: Mapping[str, bytes] = {}
     files: frozenset[str] = frozenset()
@@ -55,6 +55,7 @@ class Gathered(NamedTuple):
     header_uses: tuple[Any, ...] = ()
     silent: tuple[str, ...] = ()
     deselected: frozenset[str] = frozenset()
+    ignored: frozenset[str] = frozenset()
 
     @classmethod
     def fold(cls, outputs: Iterable[tuple[str, ProcessOutput | None]]) -> Gathered:
@@ -65,6 +66,7 @@ class Gathered(NamedTuple):
         uses: list[Any] = []
         silent: list[str] = []
         deselected: set[str] = set()
+        ignored: set[str] = set()
         for name, output in outputs:
             if output is None:
                 silent.append(name)
@@ -76,7 +78,9 @@ class Gathered(NamedTuple):
                 header_dirs.add(output.header_dir)
             uses += output.headers
             deselected.update(output.deselected)
-        return cls(blobs, frozenset(files), frozenset(header_dirs), tuple(uses), tuple(silent), frozenset(deselected))
+            ignored.update(output.ignored)
+        folded = (frozenset(files), frozenset(header_dirs), tuple(uses), tuple(silent), frozenset(deselected))
+        return cls(blobs, *folded, frozenset(ignored))
 
 
 @dataclass
@@ -98,6 +102,7 @@ class ProcessOutput:
     # an xdist worker that restored for its controller: what the ticket holds (RestorePhase.report)
     restore: dict[str, Any] | None = None
     deselected: list[str] = field(default_factory=list)  # an xdist worker's (a plain session's watch is its own)
+    ignored: list[str] = field(default_factory=list)  # the paths its collection ignored (absolute), likewise
 
     @classmethod
     def collect(cls, context: SessionContext, recorder: Recorder) -> ProcessOutput:
@@ -133,6 +138,7 @@ class ProcessOutput:
             "headers": list(self.headers),
             "restore": self.restore,
             "deselected": list(self.deselected),
+            "ignored": list(self.ignored),
         }
 
     @classmethod
@@ -150,6 +156,7 @@ class ProcessOutput:
         headers = data.get("headers")
         restore = data.get("restore")
         deselected = data.get("deselected")
+        ignored = data.get("ignored")
         return cls(
             tests=tests if isinstance(tests, int) and not isinstance(tests, bool) and tests >= 0 else 0,
             records=_records(data.get("records")),
@@ -161,6 +168,7 @@ class ProcessOutput:
             headers=list(headers) if isinstance(headers, list) else [],  # each entry read by pch.HeaderUse
             restore=restore if isinstance(restore, dict) else None,  # each field read by RestorePhase
             deselected=[d for d in deselected if isinstance(d, str)] if isinstance(deselected, list) else [],
+            ignored=[i for i in ignored if isinstance(i, str)] if isinstance(ignored, list) else [],
         )
 
 

@@ -342,9 +342,25 @@ def _make_role(config: pytest.Config, recorder: Recorder) -> None:
     """This process's role, made once (a quiet session's at the end, when a test compiled)."""
     role = (_worker if _is_worker(config) else _controller)(config, recorder)
     if role.context.saving:  # what the session selects: a save never replaces a restored bundle with a part
+        from .selection import SelectionWatch
         from .selection import Where
 
-        config.pluginmanager.register(role.watch_selection(Where.of(config)), "compilecache-selection")
+        watch = role.watch_selection(Where.of(config))
+        config.pluginmanager.register(watch, "compilecache-selection")
+        if isinstance(watch, SelectionWatch):  # a process that collects (not an xdist controller)
+            config.pluginmanager.register(_IgnoreWatch(watch.ignored), "compilecache-ignored")
+
+
+class _IgnoreWatch:
+    """Adds to ``ignored`` each path pytest's ``pytest_ignore_collect`` ignored (``collect_ignore``, a plugin)."""
+
+    def __init__(self, ignored: set[str]) -> None:
+        self.ignored = ignored
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_ignore_collect(self, collection_path: Path) -> Any:
+        if (yield).get_result():
+            self.ignored.add(str(collection_path))
 
 
 def _recorder(config: pytest.Config) -> Recorder:
@@ -537,8 +553,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         _recorder(config)  # the tests the counter counted join the recorder's
     quiet = _quiet(config) and "torch" not in sys.modules  # nothing compiled in this process
     if _is_worker(config):
-        if _WORKER not in config.stash and quiet:
-            sent: dict[str, Any] = {"tests": _cold_tests(config)}
+        if _WORKER not in config.stash and quiet:  # cold tests only (the counter's joined the recorder above)
+            recorder, counter = config.stash.get(_RECORDER, None), config.stash.get(_COUNTER, None)
+            sent: dict[str, Any] = {"tests": recorder.cold_tests if recorder else counter.tests if counter else 0}
         else:
             sent = _worker(config).output()
         config.workeroutput["compilecache"] = sent  # type: ignore[attr-defined]
@@ -556,25 +573,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         )
     if must_fail and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    _keep_last_report(config)
-
-
-def _keep_last_report(config: pytest.Config) -> None:
-    """This session's full report, in pytest's cache: ``python -m pytest_compilecache report`` prints it later
-    without a rerun, which would hit what this run compiled. Not without pytest's cache provider."""
-    cache = getattr(config, "cache", None)
-    if cache is not None:
-        from .report import LAST_REPORT_KEY
-
-        cache.set(LAST_REPORT_KEY, _controller(config).to_json())
-
-
-def _cold_tests(config: pytest.Config) -> int:
-    """The tests this process ran that cannot have compiled, without loading the recorder if there is none."""
-    recorder = config.stash.get(_RECORDER, None)
-    if recorder is not None:
-        return _recorder(config).cold_tests
-    return config.stash[_COUNTER].tests if _COUNTER in config.stash else 0
+    _controller(config).keep_report(getattr(config, "cache", None))
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

@@ -7,7 +7,8 @@ record that such a save would drop although they still exist, so the save phase 
 
 A test of the record counts as left out when this session did not select it and either deselected it
 (pytest's ``pytest_deselected``: it exists), or its file still exists and lies outside what the session's
-arguments collect (``pytest tests/a.py``, a node id, ``--ignore``). A test that was neither selected nor
+arguments collect (``pytest tests/a.py``, a node id, ``--ignore``, or what pytest's ``pytest_ignore_collect``
+ignored: a conftest's ``collect_ignore``, a plugin). A test that was neither selected nor
 deselected inside what the arguments collect was deleted or renamed: dropping it loses nothing. With
 ``--lf`` (which drops whole files without telling the hook) every test of the record it did not select counts.
 
@@ -39,7 +40,9 @@ STALE_SECONDS = 7 * 24 * 3600
 class Selection:
     """What a session selected: ``roots`` (what its arguments collect, as rootdir-relative node-id prefixes;
     ``""`` is the whole rootdir), ``selected`` and ``deselected`` (node ids), ``ignored`` (``--ignore`` paths,
-    rootdir-relative, and ``--ignore-glob`` patterns made absolute as pytest does) and ``rootdir``."""
+    rootdir-relative, and ``--ignore-glob`` patterns made absolute as pytest does), ``rootdir``, and ``skipped``:
+    the rootdir-relative paths collection ignored (``pytest_ignore_collect``: a conftest's ``collect_ignore``,
+    a plugin, ``--ignore`` too)."""
 
     rootdir: str
     roots: tuple[str, ...] = ("",)
@@ -48,6 +51,7 @@ class Selection:
     ignored: tuple[str, ...] = ()
     ignored_globs: tuple[str, ...] = ()
     signature: str = ""
+    skipped: tuple[str, ...] = ()
 
     def left_out(self, tests: Iterable[str]) -> list[str]:
         """The tests of ``tests`` (a restored record's node ids) this session left out though they still
@@ -66,7 +70,7 @@ class Selection:
     def _collected(self, nodeid: str) -> bool:
         """Whether this session's arguments collect ``nodeid``'s test (not: whether it was selected)."""
         path = _file(nodeid)
-        if any(_under(path, hole) for hole in self.ignored):
+        if any(_under(path, hole) for hole in (*self.ignored, *self.skipped)):
             return False
         if self.ignored_globs:  # pytest matches each dir on the way down, and the file
             parts = path.split("/")
@@ -151,6 +155,10 @@ def _under(path: str, root: str) -> bool:
     return root in ("", ".") or path == root or path.startswith(root.rstrip("/") + "/")
 
 
+def _relative(path: str, rootdir: str) -> str:
+    return os.path.relpath(os.path.normpath(path), rootdir).replace(os.sep, "/")
+
+
 def _inside(path: str, directory: str) -> bool:
     try:
         return os.path.commonpath([path, os.path.normpath(directory)]) == os.path.normpath(directory)
@@ -161,11 +169,13 @@ def _inside(path: str, directory: str) -> bool:
 class SelectionWatch:
     """A plugin for a process that collects tests (a plain session, an xdist worker): the node ids pytest
     deselected (every ``-k``/``-m``/``--lf``/``--deselect`` and any plugin that deselects reports them through
-    ``pytest_deselected``) and those it selected."""
+    ``pytest_deselected``) and those it selected, and the paths collection ignored (:attr:`ignored`)."""
 
     def __init__(self) -> None:
         self.selected: frozenset[str] | None = None
         self.deselected: set[str] = set()
+        # paths pytest_ignore_collect ignored (filled by the plugin's hook wrapper, which needs pytest's marker)
+        self.ignored: set[str] = set()
 
     def pytest_deselected(self, items: Sequence[Any]) -> None:
         self.deselected.update(item.nodeid for item in items)
@@ -196,7 +206,7 @@ def describe(left: Sequence[str]) -> str:
 class Where:
     """What shapes a session's collection, as plain values from pytest's config: ``args`` (``config.args``),
     ``invocation_dir``, ``rootdir``, and the options that select (``-k``, ``-m``, ``--deselect``, ``--ignore``,
-    ``--ignore-glob``, ``--lf``, ``--sw``, ``--pyargs``)."""
+    ``--ignore-glob``, ``--lf``, ``--sw``, ``--pyargs``), and the ini's ``norecursedirs``."""
 
     args: tuple[str, ...]
     invocation_dir: str
@@ -209,6 +219,7 @@ class Where:
     last_failed: bool = False
     stepwise: bool = False
     pyargs: bool = False
+    norecursedirs: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, config: Any) -> Where:
@@ -231,12 +242,15 @@ class Where:
             # pytest's own configure turns --sw-skip and --sw-reset into --sw, after this plugin's
             any(getattr(option, name, False) for name in ("stepwise", "stepwise_skip", "stepwise_reset")),
             bool(getattr(option, "pyargs", False)),
+            tuple(str(pattern) for pattern in config.getini("norecursedirs")),
         )
 
-    def signature(self, roots: Sequence[str]) -> str:
+    def signature(self, roots: Sequence[str], skipped: Iterable[str] = ()) -> str:
         """How this session selects, as a short hash: sessions that select alike (the same job's runs) match,
         whatever tests the suite gains or loses between them, and however their paths are spelt. "" (alike to
-        none) for ``--lf`` and ``--sw``, which select anew in every run."""
+        none) for ``--lf`` and ``--sw``, which select anew in every run. ``skipped``: rootdir-relative paths
+        collection ignored; those a conftest or a plugin chose (:meth:`chosen_skips`) are part of it, so a job
+        whose conftest leaves a dir out (``collect_ignore`` by an environment variable) is another selection."""
         if self.last_failed or self.stepwise:
             return ""
         import hashlib
@@ -247,10 +261,48 @@ class Where:
         globs = sorted(os.path.relpath(g, root) if _inside(g, root) else g for g in absolute)
         shape = [sorted(roots), " ".join(self.keyword.split()), " ".join(self.markexpr.split()),
                  sorted(self.deselect), sorted(ignored_of(self.ignore, self.invocation_dir, root)), globs]  # fmt: skip
+        chosen = self.chosen_skips(skipped)
+        if chosen:  # none: the signature of the versions before (a bundle they saved still matches)
+            shape.append(chosen)
         return hashlib.sha256(json.dumps(shape).encode()).hexdigest()[:16]
 
-    def selection(self, watch: SelectionWatch | ControllerWatch, deselected: Iterable[str]) -> Selection | None:
-        """The session's :class:`Selection` from its watch and the workers' deselected node ids; None when the
+    def chosen_skips(self, skipped: Iterable[str]) -> list[str]:
+        """Of ``skipped`` (rootdir-relative), what a conftest or a plugin chose to leave out, sorted: not what
+        pytest itself always ignores (``__pycache__``, a virtualenv, ``norecursedirs``), nor what ``--ignore``
+        and ``--ignore-glob`` ignore (the signature has them as typed, not as whatever files they match)."""
+        options = ignored_of(self.ignore, self.invocation_dir, self.rootdir)
+        globs = globs_of(self.ignore_glob, self.invocation_dir)
+        chosen = []
+        for path in set(skipped):
+            full = os.path.join(self.rootdir, path)
+            if path.rsplit("/", 1)[-1] == "__pycache__" or path in options:
+                continue
+            if any(fnmatch.fnmatch(full, glob) for glob in globs) or self._always_skipped(full):
+                continue
+            chosen.append(path)
+        return sorted(chosen)
+
+    def _always_skipped(self, full: str) -> bool:
+        """A dir pytest skips by itself: a virtualenv, or one ``norecursedirs`` names (matched as pytest does)."""
+        if not os.path.isdir(full):
+            return False
+        markers = (os.path.join(full, "pyvenv.cfg"), os.path.join(full, "conda-meta", "history"))
+        if any(os.path.isfile(marker) for marker in markers):
+            return True
+        name = os.path.basename(full)
+        for pattern in self.norecursedirs:
+            if "/" not in pattern and os.sep not in pattern:
+                if fnmatch.fnmatch(name, pattern):
+                    return True
+            elif fnmatch.fnmatch(full, pattern if os.path.isabs(pattern) else os.path.join("*", pattern)):
+                return True
+        return False
+
+    def selection(
+        self, watch: SelectionWatch | ControllerWatch, deselected: Iterable[str], ignored: Iterable[str] = ()
+    ) -> Selection | None:
+        """The session's :class:`Selection` from its watch and the workers' deselected node ids and ignored paths
+        (absolute, as :attr:`SelectionWatch.ignored`); None when the
         watch saw no collection (a session that stopped in collection, an xdist controller whose workers never
         said what they collected).
 
@@ -259,12 +311,14 @@ class Where:
         if isinstance(watch, ControllerWatch):
             selected: frozenset[str] | None = frozenset(watch.selected) if watch.reported else None
             own: set[str] = set()
+            skips: set[str] = set()
         else:
-            selected, own = watch.selected, watch.deselected
+            selected, own, skips = watch.selected, watch.deselected, watch.ignored
         if selected is None:
             return None
         here, root = self.invocation_dir, self.rootdir
         roots = roots_of(self.args, here, root, self.pyargs)
+        skipped = tuple(sorted({_relative(path, root) for path in (*skips, *ignored) if _inside(path, root)} - {"."}))
         return Selection(
             rootdir=root,
             roots=() if self.last_failed else roots,
@@ -272,5 +326,6 @@ class Where:
             deselected=frozenset(own) | frozenset(deselected),
             ignored=ignored_of(self.ignore, here, root),
             ignored_globs=globs_of(self.ignore_glob, here),
-            signature=self.signature(roots),
+            signature=self.signature(roots, skipped),
+            skipped=skipped,
         )

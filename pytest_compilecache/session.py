@@ -125,6 +125,7 @@ class Worker:
             # enough, and a session whose gw0 sent nothing saves nothing (Gathered.silent). Workers named
             # otherwise (--tx ...//id=) each send theirs.
             output.deselected = sorted(self.selection.deselected)
+            output.ignored = sorted(self.selection.ignored)
         return output.to_json()
 
 
@@ -227,7 +228,7 @@ class Controller:
         selection = None
         if self._selection is not None:
             where, watch = self._selection
-            selection = where.selection(watch, gathered.deselected)
+            selection = where.selection(watch, gathered.deselected, gathered.ignored)
         try:
             self._saved = SavePhase(self.context, self.recorder).run(
                 self._restored, gathered, tests_failed=failed, stopped=stopped, selection=selection
@@ -285,6 +286,15 @@ class Controller:
         if self.problems.warnings or self.problems.errors:
             return True
         return self.recorder.anything_compiled
+
+    def keep_report(self, cache: Any) -> None:
+        """This session's full report in pytest's ``cache`` (``config.cache``; None without pytest's cache
+        provider): ``python -m pytest_compilecache report`` prints it later without a rerun, which would hit what
+        this run compiled."""
+        if cache is not None:
+            from .report import LAST_REPORT_KEY
+
+            cache.set(LAST_REPORT_KEY, self.to_json())
 
     def to_json(self) -> dict[str, Any]:
         from .report import session_json

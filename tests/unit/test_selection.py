@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from pytest_compilecache import bundle
+from pytest_compilecache import plugin
 from pytest_compilecache import sync
 from pytest_compilecache.context import SessionContext
 from pytest_compilecache.explain import GraphLookup
@@ -161,6 +162,48 @@ def test_last_failed_leaves_whole_files_out_without_saying_so(pytester: pytest.P
     config = pytester.parseconfigure("--sw-skip")
     config.option.stepwise = False  # as this plugin's tryfirst configure sees it, before pytest's turns it on
     assert Where.of(config).stepwise
+
+
+def test_what_a_conftest_leaves_out_is_left_out_and_another_selection(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A conftest's ``collect_ignore`` by an environment variable (a unit-test job beside an integration-test job,
+    one command line) is neither an argument nor a deselection: ``pytest_ignore_collect`` says it. Its tests count
+    as left out, and the job that leaves them out selects otherwise than the job that runs them. What pytest
+    ignores by itself (``__pycache__``, a virtualenv, ``norecursedirs``) and ``--ignore`` change no signature:
+    a session that ignores nothing else signs as before this was read."""
+    pytester.makeconftest("import os\n\ncollect_ignore = [] if os.environ.get('INTEGRATION') else ['integration']\n")
+    pytester.makeini("[pytest]\nnorecursedirs = .* generated\n")
+    pytester.makepyfile(test_unit="def test_u(): pass\n")
+    for name in ("integration/test_i.py", "generated/test_g.py", "env/lib/test_v.py"):
+        (pytester.path / name).parent.mkdir(parents=True, exist_ok=True)
+        (pytester.path / name).write_text("def test_x(): pass\n")
+    (pytester.path / "env" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (pytester.path / "__pycache__").mkdir(exist_ok=True)  # also where bytecode is not written
+
+    def selected(*args: str) -> Selection:
+        watch = SelectionWatch()
+        pytester.inline_run(*args, plugins=[watch, plugin._IgnoreWatch(watch.ignored)])
+        selection = Where.of(pytester.parseconfigure(*args)).selection(watch, [])
+        assert selection is not None
+        return selection
+
+    def unsigned(*args: str) -> str:  # the signature without what collection ignored
+        where = Where.of(pytester.parseconfigure(*args))
+        return where.signature(roots_of(where.args, where.invocation_dir, where.rootdir))
+
+    unit = selected()
+    monkeypatch.setenv("INTEGRATION", "1")
+    both, by_option = selected(), selected("--ignore=integration")
+    record = ["test_unit.py::test_u", "integration/test_i.py::test_x"]
+    assert unit.left_out(record) == ["integration/test_i.py::test_x"] and both.left_out(record) == []
+    assert {"integration", "generated", "env", "__pycache__"} <= set(unit.skipped)  # what pytest_ignore_collect said
+    assert {"generated", "env"} <= set(both.skipped) and "integration" not in both.skipped
+    assert unit.signature != both.signature
+    assert both.signature == unsigned() and by_option.signature == unsigned("--ignore=integration")
+    assert by_option.left_out(record) == ["integration/test_i.py::test_x"]
+    monkeypatch.delenv("INTEGRATION")
+    assert selected().signature == unit.signature  # the same job's next run signs alike
 
 
 def test_sessions_that_select_alike_sign_alike(tmp_path: Path) -> None:
@@ -377,9 +420,10 @@ def test_workers_send_what_they_deselected_and_the_controller_folds_it(tmp_path:
     worker = Worker(controller.context, Recorder("gw0"))
     seen = worker.watch_selection(where)
     seen.pytest_deselected([type("Item", (), {"nodeid": "t.py::b"})()])
+    seen.ignored.add(str(tmp_path / "integration"))  # a conftest's collect_ignore (the plugin's hook wrapper)
     worker.recorder.record("t.py::a", {"fxgraph": {"miss": 1}, "frames": 1})
     sent = json.loads(json.dumps(worker.output()))
-    assert sent["deselected"] == ["t.py::b"]
+    assert sent["deselected"] == ["t.py::b"] and sent["ignored"] == [str(tmp_path / "integration")]
     other = Worker(controller.context, Recorder("gw1"))  # collected the same: one list is enough
     other.watch_selection(where).pytest_deselected([type("Item", (), {"nodeid": "t.py::b"})()])
     assert json.loads(json.dumps(other.output()))["deselected"] == []
@@ -387,11 +431,43 @@ def test_workers_send_what_they_deselected_and_the_controller_folds_it(tmp_path:
     named.watch_selection(where).pytest_deselected([type("Item", (), {"nodeid": "t.py::b"})()])
     assert json.loads(json.dumps(named.output()))["deselected"] == ["t.py::b"]
     controller.add_worker("gw0", {**sent, "blob": b"mega-cache"})  # it compiled: there is something to save
-    _files(tmp_path, "t.py")
-    baseline = GraphsRecord(tests={"t.py::a": [_lookup("k1")], "t.py::b": [_lookup("k2")]}, created=time.time())
+    _files(tmp_path, "t.py", "integration/i.py")
+    tests = {"t.py::a": [_lookup("k1")], "t.py::b": [_lookup("k2")], "integration/i.py::t": [_lookup("k3")]}
+    baseline = GraphsRecord(tests=tests, created=time.time())
     controller.start.finish = lambda reported=(): Restored(  # type: ignore[method-assign]
         sync.RestoreResult("exact", key="k"), baseline=baseline
     )
     controller.finish()
     saved = controller.outcome().saved
-    assert isinstance(saved, sync.SaveResult) and saved.outcome == "skipped" and "t.py::b" in saved.message, saved
+    assert isinstance(saved, sync.SaveResult) and saved.outcome == "skipped", saved
+    assert "left out 2 tests that the restored bundle covers (integration/i.py::t and 1 more" in saved.message
+
+
+def test_a_saving_session_registers_the_watches_that_see_what_collection_ignored(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The plugin registers both watches in a session that saves to a store (no torch here: the fingerprint is
+    handed over, as the Action's plan step hands it to the pytest step), and only there."""
+    from pytest_compilecache import fingerprint
+
+    here = {**fingerprint.platform_facts(), "torch_path": fingerprint._torch_path(), "torch": "0.0"}
+    monkeypatch.setenv(fingerprint.HANDOVER_ENV, json.dumps(here))
+    pytester.makeconftest("collect_ignore = ['integration']\n")
+    pytester.makepyfile(test_unit="def test_u(): pass\n")
+    (pytester.path / "integration").mkdir()
+    (pytester.path / "integration" / "test_i.py").write_text("def test_i(): pass\n")
+    options = [f"--compile-cache-dir={tmp_path / 'cache'}", "-p", "no:cacheprovider"]
+
+    saving = pytester.inline_run(*options, f"--compile-cache-store={tmp_path / 'store'}")
+    saving.assertoutcome(passed=1)
+    plugins = saving.getcall("pytest_collection_finish").session.config.pluginmanager
+    watch = plugins.get_plugin("compilecache-selection")
+    assert isinstance(watch, SelectionWatch) and watch.selected == frozenset({"test_unit.py::test_u"})
+    assert str(pytester.path / "integration") in watch.ignored
+    assert plugins.get_plugin("compilecache-ignored").ignored is watch.ignored
+    local = pytester.inline_run(*options)  # no store: nothing to guard, no watch
+    local.assertoutcome(passed=1)
+    assert (
+        local.getcall("pytest_collection_finish").session.config.pluginmanager.get_plugin("compilecache-ignored")
+        is None
+    )
