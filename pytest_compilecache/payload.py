@@ -47,7 +47,8 @@ class Gathered(NamedTuple):
     """Every process's artifacts, folded by the controller (:meth:`fold`): the mega-cache blobs by process
     name, the cache files used, where each process's torch keeps precompiled headers, the headers they
     checked (:class:`.pch.HeaderUse` JSON), the xdist workers that sent nothing (they died), and the node ids
-    the processes deselected and the paths their collection ignored (:mod:`.selection`)."""
+    the processes deselected, the paths their collection ignored and their conftests' rules for that
+    (:mod:`.selection`)."""
 
     blobs: Mapping[str, bytes] = {}
     files: frozenset[str] = frozenset()
@@ -56,6 +57,7 @@ class Gathered(NamedTuple):
     silent: tuple[str, ...] = ()
     deselected: frozenset[str] = frozenset()
     ignored: frozenset[str] = frozenset()
+    rules: frozenset[str] = frozenset()
 
     @classmethod
     def fold(cls, outputs: Iterable[tuple[str, ProcessOutput | None]]) -> Gathered:
@@ -67,6 +69,7 @@ class Gathered(NamedTuple):
         silent: list[str] = []
         deselected: set[str] = set()
         ignored: set[str] = set()
+        rules: set[str] = set()
         for name, output in outputs:
             if output is None:
                 silent.append(name)
@@ -79,8 +82,9 @@ class Gathered(NamedTuple):
             uses += output.headers
             deselected.update(output.deselected)
             ignored.update(output.ignored)
+            rules.update(output.rules)
         folded = (frozenset(files), frozenset(header_dirs), tuple(uses), tuple(silent), frozenset(deselected))
-        return cls(blobs, *folded, frozenset(ignored))
+        return cls(blobs, *folded, frozenset(ignored), frozenset(rules))
 
 
 @dataclass
@@ -103,6 +107,7 @@ class ProcessOutput:
     restore: dict[str, Any] | None = None
     deselected: list[str] = field(default_factory=list)  # an xdist worker's (a plain session's watch is its own)
     ignored: list[str] = field(default_factory=list)  # the paths its collection ignored (absolute), likewise
+    rules: list[str] = field(default_factory=list)  # what its conftests told collection to ignore, likewise
 
     @classmethod
     def collect(cls, context: SessionContext, recorder: Recorder) -> ProcessOutput:
@@ -139,6 +144,7 @@ class ProcessOutput:
             "restore": self.restore,
             "deselected": list(self.deselected),
             "ignored": list(self.ignored),
+            "rules": list(self.rules),
         }
 
     @classmethod
@@ -157,6 +163,7 @@ class ProcessOutput:
         restore = data.get("restore")
         deselected = data.get("deselected")
         ignored = data.get("ignored")
+        rules = data.get("rules")
         return cls(
             tests=tests if isinstance(tests, int) and not isinstance(tests, bool) and tests >= 0 else 0,
             records=_records(data.get("records")),
@@ -169,6 +176,7 @@ class ProcessOutput:
             restore=restore if isinstance(restore, dict) else None,  # each field read by RestorePhase
             deselected=[d for d in deselected if isinstance(d, str)] if isinstance(deselected, list) else [],
             ignored=[i for i in ignored if isinstance(i, str)] if isinstance(ignored, list) else [],
+            rules=[r for r in rules if isinstance(r, str)] if isinstance(rules, list) else [],
         )
 
 

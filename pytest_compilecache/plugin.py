@@ -359,7 +359,8 @@ class _IgnoreWatch:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_ignore_collect(self, collection_path: Path) -> Any:
-        if (yield).get_result():
+        outcome = yield  # a hook that raised: pytest reports its error, not this wrapper's
+        if outcome.excinfo is None and outcome.get_result():
             self.ignored.add(str(collection_path))
 
 

@@ -169,19 +169,22 @@ def _inside(path: str, directory: str) -> bool:
 class SelectionWatch:
     """A plugin for a process that collects tests (a plain session, an xdist worker): the node ids pytest
     deselected (every ``-k``/``-m``/``--lf``/``--deselect`` and any plugin that deselects reports them through
-    ``pytest_deselected``) and those it selected, and the paths collection ignored (:attr:`ignored`)."""
+    ``pytest_deselected``) and those it selected, the paths collection ignored (:attr:`ignored`) and the
+    conftests' rules for that (:attr:`rules`)."""
 
     def __init__(self) -> None:
         self.selected: frozenset[str] | None = None
         self.deselected: set[str] = set()
         # paths pytest_ignore_collect ignored (filled by the plugin's hook wrapper, which needs pytest's marker)
         self.ignored: set[str] = set()
+        self.rules: list[str] = []  # what the conftests tell collection to ignore (ignore_rules)
 
     def pytest_deselected(self, items: Sequence[Any]) -> None:
         self.deselected.update(item.nodeid for item in items)
 
     def pytest_collection_finish(self, session: Any) -> None:
         self.selected = frozenset(item.nodeid for item in session.items)
+        self.rules = ignore_rules(session.config.pluginmanager.get_plugins(), str(session.config.rootpath))
 
 
 class ControllerWatch:
@@ -196,6 +199,24 @@ class ControllerWatch:
         self.reported = True
 
 
+def ignore_rules(plugins: Iterable[Any], rootdir: str) -> list[str]:
+    """What the loaded conftests (among ``plugins``: pytest registers each as a plugin) tell collection to ignore,
+    their ``collect_ignore`` and ``collect_ignore_glob`` values resolved as pytest resolves them (from the
+    conftest's dir) and made rootdir-relative, sorted: the rules, not the files they match."""
+    rules = set()
+    for module in plugins:
+        file = getattr(module, "__file__", None)
+        if not isinstance(file, str) or os.path.basename(file) != "conftest.py":
+            continue
+        here = os.path.dirname(os.path.abspath(file))
+        for name in ("collect_ignore", "collect_ignore_glob"):
+            values = getattr(module, name, None)
+            for value in values if isinstance(values, (list, tuple)) else ():
+                path = os.path.normpath(os.path.join(here, str(value)))
+                rules.add(f"{name}:{_relative(path, rootdir) if _inside(path, rootdir) else path}")
+    return sorted(rules)
+
+
 def describe(left: Sequence[str]) -> str:
     """``left`` (node ids, sorted) in a few words: the first, and how many more."""
     more = f" and {len(left) - 1} more" if len(left) > 1 else ""
@@ -206,7 +227,7 @@ def describe(left: Sequence[str]) -> str:
 class Where:
     """What shapes a session's collection, as plain values from pytest's config: ``args`` (``config.args``),
     ``invocation_dir``, ``rootdir``, and the options that select (``-k``, ``-m``, ``--deselect``, ``--ignore``,
-    ``--ignore-glob``, ``--lf``, ``--sw``, ``--pyargs``), and the ini's ``norecursedirs``."""
+    ``--ignore-glob``, ``--lf``, ``--sw``, ``--pyargs``)."""
 
     args: tuple[str, ...]
     invocation_dir: str
@@ -219,7 +240,6 @@ class Where:
     last_failed: bool = False
     stepwise: bool = False
     pyargs: bool = False
-    norecursedirs: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, config: Any) -> Where:
@@ -242,15 +262,14 @@ class Where:
             # pytest's own configure turns --sw-skip and --sw-reset into --sw, after this plugin's
             any(getattr(option, name, False) for name in ("stepwise", "stepwise_skip", "stepwise_reset")),
             bool(getattr(option, "pyargs", False)),
-            tuple(str(pattern) for pattern in config.getini("norecursedirs")),
         )
 
-    def signature(self, roots: Sequence[str], skipped: Iterable[str] = ()) -> str:
+    def signature(self, roots: Sequence[str], rules: Iterable[str] = ()) -> str:
         """How this session selects, as a short hash: sessions that select alike (the same job's runs) match,
         whatever tests the suite gains or loses between them, and however their paths are spelt. "" (alike to
-        none) for ``--lf`` and ``--sw``, which select anew in every run. ``skipped``: rootdir-relative paths
-        collection ignored; those a conftest or a plugin chose (:meth:`chosen_skips`) are part of it, so a job
-        whose conftest leaves a dir out (``collect_ignore`` by an environment variable) is another selection."""
+        none) for ``--lf`` and ``--sw``, which select anew in every run. ``rules``: what the conftests tell
+        collection to ignore (:func:`ignore_rules`), so a job whose conftest leaves a dir out by an environment
+        variable is another selection; the rules, never the files they match, which come and go."""
         if self.last_failed or self.stepwise:
             return ""
         import hashlib
@@ -261,48 +280,19 @@ class Where:
         globs = sorted(os.path.relpath(g, root) if _inside(g, root) else g for g in absolute)
         shape = [sorted(roots), " ".join(self.keyword.split()), " ".join(self.markexpr.split()),
                  sorted(self.deselect), sorted(ignored_of(self.ignore, self.invocation_dir, root)), globs]  # fmt: skip
-        chosen = self.chosen_skips(skipped)
-        if chosen:  # none: the signature of the versions before (a bundle they saved still matches)
-            shape.append(chosen)
+        if rules:  # none: the signature of the versions before (a bundle they saved still matches)
+            shape.append(sorted(set(rules)))
         return hashlib.sha256(json.dumps(shape).encode()).hexdigest()[:16]
 
-    def chosen_skips(self, skipped: Iterable[str]) -> list[str]:
-        """Of ``skipped`` (rootdir-relative), what a conftest or a plugin chose to leave out, sorted: not what
-        pytest itself always ignores (``__pycache__``, a virtualenv, ``norecursedirs``), nor what ``--ignore``
-        and ``--ignore-glob`` ignore (the signature has them as typed, not as whatever files they match)."""
-        options = ignored_of(self.ignore, self.invocation_dir, self.rootdir)
-        globs = globs_of(self.ignore_glob, self.invocation_dir)
-        chosen = []
-        for path in set(skipped):
-            full = os.path.join(self.rootdir, path)
-            if path.rsplit("/", 1)[-1] == "__pycache__" or path in options:
-                continue
-            if any(fnmatch.fnmatch(full, glob) for glob in globs) or self._always_skipped(full):
-                continue
-            chosen.append(path)
-        return sorted(chosen)
-
-    def _always_skipped(self, full: str) -> bool:
-        """A dir pytest skips by itself: a virtualenv, or one ``norecursedirs`` names (matched as pytest does)."""
-        if not os.path.isdir(full):
-            return False
-        markers = (os.path.join(full, "pyvenv.cfg"), os.path.join(full, "conda-meta", "history"))
-        if any(os.path.isfile(marker) for marker in markers):
-            return True
-        name = os.path.basename(full)
-        for pattern in self.norecursedirs:
-            if "/" not in pattern and os.sep not in pattern:
-                if fnmatch.fnmatch(name, pattern):
-                    return True
-            elif fnmatch.fnmatch(full, pattern if os.path.isabs(pattern) else os.path.join("*", pattern)):
-                return True
-        return False
-
     def selection(
-        self, watch: SelectionWatch | ControllerWatch, deselected: Iterable[str], ignored: Iterable[str] = ()
+        self,
+        watch: SelectionWatch | ControllerWatch,
+        deselected: Iterable[str],
+        ignored: Iterable[str] = (),
+        rules: Iterable[str] = (),
     ) -> Selection | None:
-        """The session's :class:`Selection` from its watch and the workers' deselected node ids and ignored paths
-        (absolute, as :attr:`SelectionWatch.ignored`); None when the
+        """The session's :class:`Selection` from its watch and the workers' deselected node ids, ignored paths
+        (absolute, as :attr:`SelectionWatch.ignored`) and conftest rules (:func:`ignore_rules`); None when the
         watch saw no collection (a session that stopped in collection, an xdist controller whose workers never
         said what they collected).
 
@@ -312,8 +302,9 @@ class Where:
             selected: frozenset[str] | None = frozenset(watch.selected) if watch.reported else None
             own: set[str] = set()
             skips: set[str] = set()
+            told: list[str] = []
         else:
-            selected, own, skips = watch.selected, watch.deselected, watch.ignored
+            selected, own, skips, told = watch.selected, watch.deselected, watch.ignored, watch.rules
         if selected is None:
             return None
         here, root = self.invocation_dir, self.rootdir
@@ -326,6 +317,6 @@ class Where:
             deselected=frozenset(own) | frozenset(deselected),
             ignored=ignored_of(self.ignore, here, root),
             ignored_globs=globs_of(self.ignore_glob, here),
-            signature=self.signature(roots, skipped),
+            signature=self.signature(roots, [*told, *rules]),
             skipped=skipped,
         )

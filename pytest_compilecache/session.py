@@ -126,6 +126,7 @@ class Worker:
             # otherwise (--tx ...//id=) each send theirs.
             output.deselected = sorted(self.selection.deselected)
             output.ignored = sorted(self.selection.ignored)
+            output.rules = list(self.selection.rules)
         return output.to_json()
 
 
@@ -228,7 +229,7 @@ class Controller:
         selection = None
         if self._selection is not None:
             where, watch = self._selection
-            selection = where.selection(watch, gathered.deselected, gathered.ignored)
+            selection = where.selection(watch, gathered.deselected, gathered.ignored, gathered.rules)
         try:
             self._saved = SavePhase(self.context, self.recorder).run(
                 self._restored, gathered, tests_failed=failed, stopped=stopped, selection=selection

@@ -8,6 +8,7 @@ here use no torch (collection alone decides); tests/plugin/test_workers.py runs 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 
 from pytest_compilecache import bundle
 from pytest_compilecache import plugin
+from pytest_compilecache import selection as selection_module
 from pytest_compilecache import sync
 from pytest_compilecache.context import SessionContext
 from pytest_compilecache.explain import GraphLookup
@@ -24,6 +26,7 @@ from pytest_compilecache.explain import install_restored
 from pytest_compilecache.explain import load_record
 from pytest_compilecache.explain import save_record
 from pytest_compilecache.payload import Gathered
+from pytest_compilecache.payload import ProcessOutput
 from pytest_compilecache.payload import Restored
 from pytest_compilecache.problems import Problems
 from pytest_compilecache.recorder import Recorder
@@ -169,17 +172,17 @@ def test_what_a_conftest_leaves_out_is_left_out_and_another_selection(
 ) -> None:
     """A conftest's ``collect_ignore`` by an environment variable (a unit-test job beside an integration-test job,
     one command line) is neither an argument nor a deselection: ``pytest_ignore_collect`` says it. Its tests count
-    as left out, and the job that leaves them out selects otherwise than the job that runs them. What pytest
-    ignores by itself (``__pycache__``, a virtualenv, ``norecursedirs``) and ``--ignore`` change no signature:
-    a session that ignores nothing else signs as before this was read."""
-    pytester.makeconftest("import os\n\ncollect_ignore = [] if os.environ.get('INTEGRATION') else ['integration']\n")
-    pytester.makeini("[pytest]\nnorecursedirs = .* generated\n")
+    as left out, and the job that leaves them out selects otherwise than the job that runs them: the signature
+    holds the conftests' rules, never the files they match, so files that come and go (a migration a glob
+    ignores, a build dir pytest skips by itself) change no job's signature, and a session whose conftests ignore
+    nothing signs as before this was read."""
+    conftest = "import os\n\ncollect_ignore = [] if os.environ.get('INTEGRATION') else ['integration']\n"
+    pytester.makeconftest(conftest)
     pytester.makepyfile(test_unit="def test_u(): pass\n")
-    for name in ("integration/test_i.py", "generated/test_g.py", "env/lib/test_v.py"):
+    for name in ("integration/test_i.py", "build/test_g.py", "env/lib/test_v.py"):
         (pytester.path / name).parent.mkdir(parents=True, exist_ok=True)
         (pytester.path / name).write_text("def test_x(): pass\n")
     (pytester.path / "env" / "pyvenv.cfg").write_text("home = /usr/bin\n")
-    (pytester.path / "__pycache__").mkdir(exist_ok=True)  # also where bytecode is not written
 
     def selected(*args: str) -> Selection:
         watch = SelectionWatch()
@@ -188,7 +191,7 @@ def test_what_a_conftest_leaves_out_is_left_out_and_another_selection(
         assert selection is not None
         return selection
 
-    def unsigned(*args: str) -> str:  # the signature without what collection ignored
+    def unsigned(*args: str) -> str:  # the signature without conftest rules
         where = Where.of(pytester.parseconfigure(*args))
         return where.signature(roots_of(where.args, where.invocation_dir, where.rootdir))
 
@@ -197,13 +200,54 @@ def test_what_a_conftest_leaves_out_is_left_out_and_another_selection(
     both, by_option = selected(), selected("--ignore=integration")
     record = ["test_unit.py::test_u", "integration/test_i.py::test_x"]
     assert unit.left_out(record) == ["integration/test_i.py::test_x"] and both.left_out(record) == []
-    assert {"integration", "generated", "env", "__pycache__"} <= set(unit.skipped)  # what pytest_ignore_collect said
-    assert {"generated", "env"} <= set(both.skipped) and "integration" not in both.skipped
+    assert {"integration", "build", "env"} <= set(unit.skipped)  # what pytest_ignore_collect said
+    assert {"build", "env"} <= set(both.skipped) and "integration" not in both.skipped
     assert unit.signature != both.signature
     assert both.signature == unsigned() and by_option.signature == unsigned("--ignore=integration")
     assert by_option.left_out(record) == ["integration/test_i.py::test_x"]
     monkeypatch.delenv("INTEGRATION")
     assert selected().signature == unit.signature  # the same job's next run signs alike
+    shutil.rmtree(pytester.path / "build")
+    assert selected().signature == unit.signature
+
+    pytester.makeconftest(conftest + "collect_ignore_glob = ['*/migrations/*', 'setup.py']\n")
+    (pytester.path / "app" / "migrations").mkdir(parents=True)
+    (pytester.path / "setup.py").write_text("")
+    first = selected("-m", "not slow")
+    (pytester.path / "app" / "migrations" / "0002_add_field.py").write_text("")
+    assert selected("-m", "not slow").signature == first.signature != unit.signature
+    assert "app/migrations/0002_add_field.py" in selected("-m", "not slow").skipped
+
+
+def test_conftest_rules_are_read_as_pytest_resolves_them(tmp_path: Path) -> None:
+    """From each conftest's dir, rootdir-relative, in any order of plugins and values; other plugins (and a
+    conftest outside the rootdir, a value that is no list) sign as what they are."""
+    import types
+
+    def conftest(where: str, **values: Any) -> types.ModuleType:
+        module = types.ModuleType("conftest")
+        module.__file__ = str(tmp_path / where / "conftest.py")
+        for name, value in values.items():
+            setattr(module, name, value)
+        return module
+
+    plugins = [
+        conftest("tests", collect_ignore=["gpu", tmp_path / "tests" / "slow.py"], collect_ignore_glob=["*_x.py"]),
+        conftest("", collect_ignore=("docs",)),
+        conftest("other", collect_ignore="not a list"),
+        types.ModuleType("some_plugin"),
+    ]
+    rules = selection_module.ignore_rules(plugins, str(tmp_path))
+    assert rules == [
+        "collect_ignore:docs",
+        "collect_ignore:tests/gpu",
+        "collect_ignore:tests/slow.py",
+        "collect_ignore_glob:tests/*_x.py",
+    ]
+    assert selection_module.ignore_rules(list(reversed(plugins)), str(tmp_path)) == rules
+    assert selection_module.ignore_rules(plugins, str(tmp_path / "tests"))[0] == f"collect_ignore:{tmp_path / 'docs'}"
+    where = Where(("",), str(tmp_path), str(tmp_path))
+    assert where.signature(("",), rules) == where.signature(("",), list(reversed(rules)) + rules[:1])
 
 
 def test_sessions_that_select_alike_sign_alike(tmp_path: Path) -> None:
@@ -420,13 +464,23 @@ def test_workers_send_what_they_deselected_and_the_controller_folds_it(tmp_path:
     worker = Worker(controller.context, Recorder("gw0"))
     seen = worker.watch_selection(where)
     seen.pytest_deselected([type("Item", (), {"nodeid": "t.py::b"})()])
-    seen.ignored.add(str(tmp_path / "integration"))  # a conftest's collect_ignore (the plugin's hook wrapper)
+    seen.ignored.update({str(tmp_path / "integration"), str(tmp_path), str(tmp_path.parent / "elsewhere")})
+    seen.rules = ["collect_ignore:integration"]  # a conftest's collect_ignore (the plugin's hook wrapper saw it)
     worker.recorder.record("t.py::a", {"fxgraph": {"miss": 1}, "frames": 1})
     sent = json.loads(json.dumps(worker.output()))
-    assert sent["deselected"] == ["t.py::b"] and sent["ignored"] == [str(tmp_path / "integration")]
+    assert sent["deselected"] == ["t.py::b"] and str(tmp_path / "integration") in sent["ignored"]
+    assert sent["rules"] == ["collect_ignore:integration"]
+    gathered = Gathered.fold([("gw0", ProcessOutput.from_json(sent)), ("gw1", ProcessOutput.from_json({}))])
+    assert gathered.rules == {"collect_ignore:integration"}
+    folded = where.selection(watch, gathered.deselected, gathered.ignored, gathered.rules)
+    assert folded is not None and folded.skipped == ("integration",)  # not the rootdir, nothing outside it
+    assert folded.signature == where.signature(("",), ["collect_ignore:integration"]) != where.signature(("",))
     other = Worker(controller.context, Recorder("gw1"))  # collected the same: one list is enough
-    other.watch_selection(where).pytest_deselected([type("Item", (), {"nodeid": "t.py::b"})()])
-    assert json.loads(json.dumps(other.output()))["deselected"] == []
+    other_watch = other.watch_selection(where)
+    other_watch.pytest_deselected([type("Item", (), {"nodeid": "t.py::b"})()])
+    other_watch.ignored.add(str(tmp_path / "integration"))
+    other_watch.rules = ["collect_ignore:integration"]
+    assert [json.loads(json.dumps(other.output()))[name] for name in ("deselected", "ignored", "rules")] == [[]] * 3
     named = Worker(controller.context, Recorder("fast-1"))  # --tx popen//id=fast-1: no gw0 to count on
     named.watch_selection(where).pytest_deselected([type("Item", (), {"nodeid": "t.py::b"})()])
     assert json.loads(json.dumps(named.output()))["deselected"] == ["t.py::b"]
@@ -471,3 +525,21 @@ def test_a_saving_session_registers_the_watches_that_see_what_collection_ignored
         local.getcall("pytest_collection_finish").session.config.pluginmanager.get_plugin("compilecache-ignored")
         is None
     )
+
+
+def test_the_ignore_watch_only_watches_a_hook_that_raised(pytester: pytest.Pytester) -> None:
+    """A conftest's ``pytest_ignore_collect`` that raises is pytest's to report, as without the plugin, not a
+    warning about this plugin's hook wrapper (an error with ``filterwarnings = error``)."""
+    pytester.makeini("[pytest]\nfilterwarnings = error\n")
+    pytester.makeconftest(
+        "def pytest_ignore_collect(collection_path):\n"
+        "    if collection_path.name == 'broken':\n"
+        "        raise ValueError('boom from conftest')\n"
+    )
+    pytester.makepyfile(test_a="def test_a(): pass\n")
+    (pytester.path / "broken").mkdir()
+    watch = SelectionWatch()
+    result = pytester.inline_run(plugins=[watch, plugin._IgnoreWatch(watch.ignored)])
+    (report,) = [r for r in result.getreports("pytest_collectreport") if r.failed]
+    assert "ValueError: boom from conftest" in str(report.longrepr)
+    assert "Pluggy" not in str(report.longrepr) and str(pytester.path / "broken") not in watch.ignored
