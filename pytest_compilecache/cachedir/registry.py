@@ -195,13 +195,12 @@ def abandoned(path: str) -> bool:
     """True when ``path`` holds registrations and every one is provably dead: the sessions that used it were
     killed (a session that ended withdrew its own). Removes nothing.
 
-    A registration's lock is tried where this host took it (its name's host tag). One of another host tag (a
-    container with its own host name and pid namespace, this machine before a reboot) is tried only where both
-    its writer and this process see a local disk (:func:`on_local_disk`: no other machine, VM or network client
-    reaches the dir, whose locks would not show here), and then: taken by this running kernel (the boot id it
-    records) through the very inode this process sees (not through a FUSE or loopback mount), or taken before
-    this machine's last boot (another boot id: no lock survives it). None at all, one still held, one that
-    cannot be read, one of an older version that records none of this: False."""
+    A registration's lock is tried only through the very inode its writer locked (the ``dev`` and ``ino`` it
+    records): an overlay, FUSE or NFS loopback view of the dir shows other inodes, whose locks are not the
+    writer's. One of another host tag (a container with its own host name and pid namespace, this machine before
+    a reboot) is tried only where both its writer and this process see a local disk (:func:`on_local_disk`: no
+    other machine, VM or network client reaches the dir, whose locks would not show here). None at all, one
+    still held, one that cannot be read, one of an older version that records none of this: False."""
     from .._fs import host_tag
 
     try:
@@ -214,9 +213,12 @@ def abandoned(path: str) -> bool:
                 name = match[0]
                 if os.path.join(path, SESSIONS_DIR, name) in _OWN:
                     return False
+                said = _recorded(folder, name)
+                if said is None:
+                    return False
                 if match[2] != host_tag():
                     local = on_local_disk(path) if local is None else local
-                    if not (local and _lock_seen_here(folder, name)):
+                    if not (local and _another_kernel_seen_here(said)):
                         return False
                 if _held(folder, name, remove_if_dead=False):
                     return False
@@ -225,29 +227,34 @@ def abandoned(path: str) -> bool:
         return False
 
 
-def _lock_seen_here(folder: int, name: str) -> bool:
-    """Whether trying marker ``name``'s lock here says whether its writer lives (see :func:`abandoned`)."""
-    from .._fs import boot_id
-
+def _recorded(folder: int, name: str) -> dict[str, object] | None:
+    """What marker ``name`` records, when it names the very inode this process opens; else None."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
     except OSError:
-        return False
+        return None
     try:
         seen = os.fstat(fd)
         said = json.loads(os.read(fd, 4096)) if stat.S_ISREG(seen.st_mode) else None
     except (OSError, ValueError, RecursionError):  # a hostile marker: kept, never a crash
-        return False
+        return None
     finally:
         os.close(fd)
-    if not isinstance(said, dict) or said.get("local") is not True:
-        return False
-    kernel, here = said.get("boot"), boot_id()
-    if not here or not isinstance(kernel, str) or not re.fullmatch(r"[0-9a-f-]{16,40}", kernel):
-        return False
-    if kernel != here:
-        return True  # an earlier boot of this machine: only its kernels ever mounted this local disk
-    return _number(said.get("dev")) == seen.st_dev and _number(said.get("ino")) == seen.st_ino
+    if not isinstance(said, dict):
+        return None
+    if _number(said.get("dev")) != seen.st_dev or _number(said.get("ino")) != seen.st_ino:
+        return None
+    return said
+
+
+def _another_kernel_seen_here(said: dict[str, object]) -> bool:
+    """Whether a marker of another host tag is this kernel's (another container) or an earlier boot's, on a disk
+    its writer too saw as local (no lock survives a reboot; this kernel's locks show here)."""
+    from .._fs import boot_id
+
+    kernel = said.get("boot")
+    valid = isinstance(kernel, str) and re.fullmatch(r"[0-9a-f-]{16,40}", kernel)
+    return said.get("local") is True and bool(valid) and bool(boot_id())
 
 
 def _number(value: object) -> int | None:

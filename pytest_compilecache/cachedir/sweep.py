@@ -118,7 +118,8 @@ def sweep_abandoned_isolated(own: str) -> int:
     handler runs): such dirs piled up in the temp dir. Only a sibling that proves all of it: named as
     :func:`.dirs.fresh_dir` names them, a dir and not a link, tagged ours, marked by its session to be removed
     (:data:`ISOLATED_MARK`, not ``--compile-cache-keep``), and holding registrations that are all provably dead
-    (:func:`.registry.abandoned`: this host's; on a local disk, this kernel's or an earlier boot's). A dir being
+    (:func:`.registry.abandoned`: through the inode each locked; this host's, or on a local disk this kernel's
+    or an earlier boot's). A dir being
     made has no registration yet: never taken."""
     from .dirs import remove_dir
 

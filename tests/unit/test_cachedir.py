@@ -1262,6 +1262,12 @@ def test_only_an_abandoned_isolated_dir_is_swept(tmp_path: Path) -> None:
     own = cachedir.fresh_dir(tmp_path)
 
     assert cachedir.registry.abandoned(str(abandoned)) and not cachedir.registry.abandoned(str(live))
+    (marker,) = (abandoned / ".compilecache-sessions").iterdir()
+    said = marker.read_text()
+    marker.write_text(said.replace('"ino": ', '"ino": 1'))  # seen through another inode (an overlay of the dir)
+    assert not cachedir.registry.abandoned(str(abandoned))
+    marker.write_text(said)
+    _age(abandoned, cachedir.sweep.ISOLATED_GRACE_SECONDS + 60)
     assert cachedir.sweep_abandoned_isolated(str(own)) == 1
     assert not abandoned.exists()
     assert all(path.exists() for path in (kept, made, live, users, own)) and (users / "notes.txt").exists()
@@ -1330,6 +1336,7 @@ def test_an_isolated_dir_someone_may_still_use_or_that_is_not_all_ours_is_not_sw
 _ELSEWHERE = (
     "import sys, time\nfrom pytest_compilecache import _fs, cachedir\n"
     "_fs.host_tag = lambda: 'deadbeef'\n_fs.boot_id = lambda: sys.argv[2]\n"
+    "cachedir.registry.on_local_disk = lambda path: sys.argv[4] == 'local'\n"
     "cachedir.register_session(sys.argv[1])\nprint('ready', flush=True)\nif sys.argv[3] == 'hold':\n"
     "    time.sleep(120)\n"
 )
@@ -1343,35 +1350,39 @@ def test_a_dir_left_by_another_container_or_before_a_reboot_is_swept_where_its_l
     before a reboot) was never taken for dead, so such dirs stayed for good. Where its writer and the sweep both
     see a local disk, what it records says whose lock it was: this kernel's, through this very inode, is tried (a
     live peer container's dir is kept); an earlier boot's are all free. Elsewhere (a network filesystem, a VM's
-    shared dir, FUSE: another machine's lock need not show here), or recorded otherwise: kept."""
+    shared dir, FUSE: another machine's lock need not show here), through another inode (an overlay or loopback
+    view), or recorded otherwise: kept."""
     boot = _fs.boot_id() if kernel == "this kernel" else "01234567-89ab-cdef-0123-456789abcdef"
     assert _fs.boot_id() and boot != "deadbeef" and _fs.host_tag() != "deadbeef"
     assert cachedir.registry.on_local_disk(str(tmp_path)), "this test needs a temp dir on a local disk"
 
-    def left(hold: str) -> tuple[Path, subprocess.Popen[str]]:
+    def left(hold: str, disk: str = "local") -> tuple[Path, subprocess.Popen[str]]:
         path = cachedir.fresh_dir(tmp_path)
         cachedir.mark_isolated(str(path), kept=False)
-        script = [sys.executable, "-c", _ELSEWHERE, str(path), boot, hold]
+        script = [sys.executable, "-c", _ELSEWHERE, str(path), boot, hold, disk]
         process = subprocess.Popen(script, stdout=subprocess.PIPE, text=True)
         assert process.stdout is not None and process.stdout.readline() == "ready\n"
         return path, process
 
-    (dead, died), (live, holder) = left("exit"), left("hold")
+    (dead, died), (live, holder), (remote, client) = left("exit"), left("hold"), left("exit", disk="nfs")
     try:
-        died.wait(timeout=60)
+        for process in (died, client):
+            process.wait(timeout=60)
         (marker,) = (dead / ".compilecache-sessions").iterdir()
         assert marker.name.split("-")[1] == "deadbeef"  # another host tag: the rule before took it for live
         said = json.loads(marker.read_text())
         assert said["local"] is True and (said["dev"], said["ino"]) == (marker.stat().st_dev, marker.stat().st_ino)
-        for path in (dead, live):
+        assert json.loads(next((remote / ".compilecache-sessions").iterdir()).read_text())["local"] is False
+        for path in (dead, live, remote):
             _age(path, cachedir.sweep.ISOLATED_GRACE_SECONDS + 60)
+        assert not cachedir.registry.abandoned(str(remote))  # its writer saw no local disk
         own = cachedir.fresh_dir(tmp_path)
         with monkeypatch.context() as patch:
             patch.setattr(cachedir.registry, "on_local_disk", lambda path: False)
             assert not cachedir.registry.abandoned(str(dead))
-        for change, kept in (({"local": False}, True), ({"ino": said["ino"] + 1}, kernel == "this kernel")):
+        for change in ({"local": False}, {"ino": said["ino"] + 1}, {"dev": said["dev"] + 1}, {"boot": "x"}):
             marker.write_text(json.dumps({**said, **change}))  # a writer on NFS; another inode (FUSE, a loopback)
-            assert cachedir.registry.abandoned(str(dead)) is not kept, change
+            assert not cachedir.registry.abandoned(str(dead)), change
         marker.write_text(json.dumps(said))
         with monkeypatch.context() as patch:
             patch.setattr(_fs, "boot_id", lambda: "")  # no boot id here: no kernel can be told apart
@@ -1380,15 +1391,15 @@ def test_a_dir_left_by_another_container_or_before_a_reboot_is_swept_where_its_l
         assert cachedir.sweep_abandoned_isolated(str(own)) == 0  # the marker was just written: within the grace
         _age(dead, cachedir.sweep.ISOLATED_GRACE_SECONDS + 60)
         assert cachedir.sweep_abandoned_isolated(str(own)) == 1
-        assert not dead.exists() and live.exists()
+        assert not dead.exists() and live.exists() and remote.exists()
     finally:
         holder.kill()
         holder.wait(timeout=60)
-        for process in (died, holder):
+        for process in (died, holder, client):
             if process.stdout is not None:
                 process.stdout.close()
     (marker,) = (live / ".compilecache-sessions").iterdir()
-    for hostile in ('{"pid": 1, "boot": "not an id", "local": true}', "[" * 4096, '{"local": true, "boot": 1}'):
+    for hostile in ('{"pid": 1, "boot": "not an id", "local": true}', "[" * 4096, '{"local": true, "boot": 1}', "[]"):
         marker.write_text(hostile)  # what it records is checked: never trusted, never a crash
         assert not cachedir.registry.abandoned(str(live))
 
