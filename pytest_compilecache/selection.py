@@ -202,19 +202,42 @@ class ControllerWatch:
 def ignore_rules(plugins: Iterable[Any], rootdir: str) -> list[str]:
     """What the loaded conftests (among ``plugins``: pytest registers each as a plugin) tell collection to ignore,
     their ``collect_ignore`` and ``collect_ignore_glob`` values resolved as pytest resolves them (from the
-    conftest's dir) and made rootdir-relative, sorted: the rules, not the files they match."""
-    rules = set()
+    conftest's dir) and made rootdir-relative with links resolved, sorted: the rules, not the files they match.
+    A value outside the rootdir is left out (it would sign where this checkout lies), and so is one pytest
+    could not read either; nothing here raises."""
+    root, rules = os.path.realpath(rootdir), set()
     for module in plugins:
         file = getattr(module, "__file__", None)
         if not isinstance(file, str) or os.path.basename(file) != "conftest.py":
             continue
-        here = os.path.dirname(os.path.abspath(file))
+        here = os.path.dirname(os.path.realpath(file))
         for name in ("collect_ignore", "collect_ignore_glob"):
-            values = getattr(module, name, None)
-            for value in values if isinstance(values, (list, tuple)) else ():
-                path = os.path.normpath(os.path.join(here, str(value)))
-                rules.add(f"{name}:{_relative(path, rootdir) if _inside(path, rootdir) else path}")
+            for value in _paths(getattr(module, name, None)):
+                path = os.path.realpath(os.path.join(here, value))
+                if _inside(path, root):
+                    rules.add(f"{name}:{_relative(path, root)}")
     return sorted(rules)
+
+
+def _paths(values: Any, limit: int = 10_000) -> list[str]:
+    """A conftest's list of paths as pytest reads it (any iterable of ``str`` or ``os.PathLike``): each value
+    pytest could read, the first ``limit`` of them; one of another type, or whose ``__fspath__`` fails, skipped."""
+    if values is None or isinstance(values, (str, bytes)):
+        return []
+    out: list[str] = []
+    try:
+        for count, value in enumerate(values):
+            if count >= limit:
+                break
+            try:
+                text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+            except Exception:  # a user's object: skipped, never the session's failure
+                continue
+            if isinstance(text, str):
+                out.append(text)
+    except Exception:  # not iterable, or an iterator that failed: what it gave so far
+        pass
+    return out
 
 
 def describe(left: Sequence[str]) -> str:

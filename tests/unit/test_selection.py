@@ -220,9 +220,23 @@ def test_what_a_conftest_leaves_out_is_left_out_and_another_selection(
 
 
 def test_conftest_rules_are_read_as_pytest_resolves_them(tmp_path: Path) -> None:
-    """From each conftest's dir, rootdir-relative, in any order of plugins and values; other plugins (and a
-    conftest outside the rootdir, a value that is no list) sign as what they are."""
+    """From each conftest's dir, rootdir-relative with links resolved, in any order of plugins and values; a value
+    outside the rootdir (it would sign where the checkout lies) or one pytest could not read either is left out,
+    and no value a conftest holds breaks the session; other plugins' attributes are not conftest rules."""
+    import itertools
     import types
+
+    class Fspath:
+        def __init__(self, path: str) -> None:
+            self.path = path
+
+        def __fspath__(self) -> str:
+            if self.path == "raise":
+                raise RuntimeError("no path")
+            return self.path
+
+        def __str__(self) -> str:
+            raise RuntimeError("no str")
 
     def conftest(where: str, **values: Any) -> types.ModuleType:
         module = types.ModuleType("conftest")
@@ -231,23 +245,40 @@ def test_conftest_rules_are_read_as_pytest_resolves_them(tmp_path: Path) -> None
             setattr(module, name, value)
         return module
 
+    odd = ["gpu", tmp_path / "tests" / "slow.py", Fspath("fs"), Fspath("raise"), b"bytes", None, 3, ["nested"]]
     plugins = [
-        conftest("tests", collect_ignore=["gpu", tmp_path / "tests" / "slow.py"], collect_ignore_glob=["*_x.py"]),
-        conftest("", collect_ignore=("docs",)),
-        conftest("other", collect_ignore="not a list"),
-        types.ModuleType("some_plugin"),
+        conftest("tests", collect_ignore=odd, collect_ignore_glob={"*_x.py"}),
+        conftest("", collect_ignore=("docs", "../outside", str(tmp_path.parent / "elsewhere"))),
+        conftest("other", collect_ignore="not a list", collect_ignore_glob=itertools.count()),
+        conftest("", collect_ignore=["not", "a", "conftest"]),
     ]
+    plugins[-1].__file__ = str(tmp_path / "some_plugin.py")  # a plugin module, not a conftest
     rules = selection_module.ignore_rules(plugins, str(tmp_path))
     assert rules == [
         "collect_ignore:docs",
+        "collect_ignore:tests/fs",
         "collect_ignore:tests/gpu",
         "collect_ignore:tests/slow.py",
         "collect_ignore_glob:tests/*_x.py",
     ]
     assert selection_module.ignore_rules(list(reversed(plugins)), str(tmp_path)) == rules
-    assert selection_module.ignore_rules(plugins, str(tmp_path / "tests"))[0] == f"collect_ignore:{tmp_path / 'docs'}"
+    inner = ["collect_ignore:fs", "collect_ignore:gpu", "collect_ignore:slow.py", "collect_ignore_glob:*_x.py"]
+    assert selection_module.ignore_rules(plugins, str(tmp_path / "tests")) == inner  # docs lies outside
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "tests")
+    assert selection_module.ignore_rules([conftest("link", collect_ignore=["gpu"])], str(tmp_path)) == [
+        "collect_ignore:tests/gpu"
+    ]
     where = Where(("",), str(tmp_path), str(tmp_path))
     assert where.signature(("",), rules) == where.signature(("",), list(reversed(rules)) + rules[:1])
+
+
+def test_a_session_that_ignores_nothing_signs_as_the_version_before() -> None:
+    """Bundles saved before conftest rules were read keep matching their jobs: with no rule, the signature is
+    the one the version before computed (its value, not this code's, pinned here)."""
+    where = Where(("tests",), "/r", "/r", keyword="fast", markexpr="not slow", ignore=("tests/gpu",))
+    assert where.signature(("tests",)) == where.signature(("tests",), []) == "35136cc3a1ed037f"
+    assert where.signature(("tests",), ["collect_ignore:tests/gpu"]) != "35136cc3a1ed037f"
 
 
 def test_sessions_that_select_alike_sign_alike(tmp_path: Path) -> None:
@@ -472,6 +503,8 @@ def test_workers_send_what_they_deselected_and_the_controller_folds_it(tmp_path:
     assert sent["rules"] == ["collect_ignore:integration"]
     gathered = Gathered.fold([("gw0", ProcessOutput.from_json(sent)), ("gw1", ProcessOutput.from_json({}))])
     assert gathered.rules == {"collect_ignore:integration"}
+    hostile = ProcessOutput.from_json({"rules": ["collect_ignore:a", 1, None, ["b"]], "ignored": [2, "/x"]})
+    assert hostile is not None and (hostile.rules, hostile.ignored) == (["collect_ignore:a"], ["/x"])
     folded = where.selection(watch, gathered.deselected, gathered.ignored, gathered.rules)
     assert folded is not None and folded.skipped == ("integration",)  # not the rootdir, nothing outside it
     assert folded.signature == where.signature(("",), ["collect_ignore:integration"]) != where.signature(("",))
@@ -535,11 +568,19 @@ def test_the_ignore_watch_only_watches_a_hook_that_raised(pytester: pytest.Pytes
         "def pytest_ignore_collect(collection_path):\n"
         "    if collection_path.name == 'broken':\n"
         "        raise ValueError('boom from conftest')\n"
+        "    if collection_path.name == 'kept':\n"
+        "        return False  # collected, whatever pytest's own rules say\n"
     )
     pytester.makepyfile(test_a="def test_a(): pass\n")
     (pytester.path / "broken").mkdir()
+    (pytester.path / "kept").mkdir()
+    (pytester.path / "kept" / "test_k.py").write_text("def test_k(): pass\n")
     watch = SelectionWatch()
     result = pytester.inline_run(plugins=[watch, plugin._IgnoreWatch(watch.ignored)])
     (report,) = [r for r in result.getreports("pytest_collectreport") if r.failed]
     assert "ValueError: boom from conftest" in str(report.longrepr)
     assert "Pluggy" not in str(report.longrepr) and str(pytester.path / "broken") not in watch.ignored
+    (pytester.path / "broken").rmdir()
+    watch = SelectionWatch()
+    pytester.inline_run(plugins=[watch, plugin._IgnoreWatch(watch.ignored)]).assertoutcome(passed=2)
+    assert str(pytester.path / "kept") not in watch.ignored and "kept/test_k.py::test_k" in (watch.selected or ())
