@@ -202,20 +202,25 @@ class ControllerWatch:
 def ignore_rules(plugins: Iterable[Any], rootdir: str) -> list[str]:
     """What the loaded conftests (among ``plugins``: pytest registers each as a plugin) tell collection to ignore,
     their ``collect_ignore`` and ``collect_ignore_glob`` values resolved as pytest resolves them (from the
-    conftest's dir) and made rootdir-relative with links resolved, sorted: the rules, not the files they match.
-    A value outside the rootdir is left out (it would sign where this checkout lies), and so is one pytest
-    could not read either; nothing here raises."""
-    root, rules = os.path.realpath(rootdir), set()
+    conftest's dir), rootdir-relative, sorted: the rules as written, not the files they match nor where a link
+    among them points. A value outside the rootdir is left out (it would sign where this checkout lies), and so
+    is one pytest could not read either; nothing here raises (it runs in the user's session)."""
+    roots = tuple(dict.fromkeys((os.path.realpath(rootdir), os.path.normpath(rootdir))))  # reached through a link too
+    rules = set()
     for module in plugins:
-        file = getattr(module, "__file__", None)
-        if not isinstance(file, str) or os.path.basename(file) != "conftest.py":
+        try:
+            file = getattr(module, "__file__", None)
+            if not isinstance(file, str) or os.path.basename(file) != "conftest.py":
+                continue
+            here = os.path.dirname(os.path.realpath(file))
+            for name in ("collect_ignore", "collect_ignore_glob"):
+                for value in _paths(getattr(module, name, None)):
+                    path = os.path.normpath(os.path.join(here, value))  # links in the value stay as written
+                    inside = [root for root in roots if _inside(path, root)]
+                    if inside:
+                        rules.add(f"{name}:{_relative(path, inside[0])}")
+        except Exception:  # a plugin object or a value we cannot read (a NUL byte...): not a rule we can sign
             continue
-        here = os.path.dirname(os.path.realpath(file))
-        for name in ("collect_ignore", "collect_ignore_glob"):
-            for value in _paths(getattr(module, name, None)):
-                path = os.path.realpath(os.path.join(here, value))
-                if _inside(path, root):
-                    rules.add(f"{name}:{_relative(path, root)}")
     return sorted(rules)
 
 
@@ -300,11 +305,12 @@ class Where:
 
         root = self.rootdir
         absolute = globs_of(self.ignore_glob, self.invocation_dir)
-        globs = sorted(os.path.relpath(g, root) if _inside(g, root) else g for g in absolute)
+        globs = sorted(os.path.relpath(g, root) for g in absolute if _inside(g, root))  # not where a checkout lies
         shape = [sorted(roots), " ".join(self.keyword.split()), " ".join(self.markexpr.split()),
                  sorted(self.deselect), sorted(ignored_of(self.ignore, self.invocation_dir, root)), globs]  # fmt: skip
-        if rules:  # none: the signature of the versions before (a bundle they saved still matches)
-            shape.append(sorted(set(rules)))
+        told = sorted(set(rules))
+        if told:  # none: the signature of the versions before (a bundle they saved still matches)
+            shape.append(told)
         return hashlib.sha256(json.dumps(shape).encode()).hexdigest()[:16]
 
     def selection(

@@ -7,6 +7,7 @@ PYTEST_DONT_REWRITE
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import json
 import os
@@ -296,10 +297,9 @@ def _held(folder: int, name: str, *, remove_if_dead: bool) -> bool:
     """Is marker ``name`` locked by a live process? A dead one's is removed (while we hold its lock)."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
-    except PermissionError:
-        return True  # another user's, unreadable (written by an older version under umask 077): may be live
-    except OSError:
-        return False  # gone: its owner closed it
+    except OSError as exc:  # gone (its owner closed it), or a link or socket planted there: no session's
+        # Otherwise another user's, unreadable (an older version's, umask 077), or no fd left: may be live.
+        return exc.errno not in (errno.ENOENT, errno.ELOOP, errno.ENXIO)
     try:
         from .._fs import try_flock
 

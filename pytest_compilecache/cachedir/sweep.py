@@ -130,10 +130,10 @@ def sweep_abandoned_isolated(own: str) -> int:
         return 0
     for name in names:
         path = os.path.join(parent, name)
-        if path == own or not name.startswith("compilecache-") or not _marked_removed(path, name):
+        if path == own or not name.startswith("compilecache-") or not _this_users(path):
             continue
         if (
-            _this_users(path)
+            _marked_removed(path, name)
             and ownership(path).kind == "ours"
             and _only_torch_and_ours(path)
             and registry.abandoned(path)
@@ -152,13 +152,16 @@ ISOLATED_GRACE_SECONDS = 3600
 def _marked_removed(path: str, name: str) -> bool:
     """``path`` is a dir (not a link) whose :data:`ISOLATED_MARK`, a regular file, says :data:`REMOVED` for a dir
     of this ``name``: a copy or a renamed dir is not the one its session marked."""
-    try:
-        fd = os.open(os.path.join(path, ISOLATED_MARK), os.O_RDONLY | os.O_NOFOLLOW | CLOEXEC)
+    try:  # never blocks on a FIFO planted under the mark's name (the temp dir is everyone's)
+        fd = os.open(os.path.join(path, ISOLATED_MARK), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | CLOEXEC)
     except OSError:  # none, a link, or ``path`` itself a link to a dir (O_NOFOLLOW checks the last name only)
         return False
     try:
-        said = os.read(fd, 512)
-        return stat.S_ISREG(os.fstat(fd).st_mode) and not os.path.islink(path) and said == isolated_mark(name, True)
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or os.path.islink(path):
+            return False
+        return os.read(fd, 512) == isolated_mark(name, True)
+    except OSError:
+        return False
     finally:
         os.close(fd)
 

@@ -1443,6 +1443,36 @@ def test_the_mount_table_says_which_paths_lie_on_a_local_disk(tmp_path: Path) ->
     assert not cachedir.registry.on_local_disk(str(tmp_path / "no such dir"), mountinfo=str(table))
 
 
+def test_a_mark_planted_in_a_sibling_never_blocks_or_breaks_the_sweep(tmp_path: Path) -> None:
+    """The temp dir is everyone's: a FIFO or a dir under the mark's name in a look-alike sibling is not a mark,
+    and reading it never blocks the session (a FIFO's open would wait for a writer) nor raises."""
+    import signal
+
+    for kind in ("fifo", "dir"):
+        sibling = tmp_path / f"compilecache-{kind}"
+        sibling.mkdir()
+        if kind == "fifo":
+            os.mkfifo(sibling / ".compilecache-isolated")
+        else:
+            (sibling / ".compilecache-isolated").mkdir()
+    own = cachedir.fresh_dir(tmp_path)
+
+    class Blocked(BaseException):  # not an OSError, which the sweep would take for an unreadable mark
+        pass
+
+    def stuck(*_: Any) -> None:
+        raise Blocked("the sweep blocked on a planted FIFO")
+
+    previous = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(5)
+    try:
+        assert cachedir.sweep_abandoned_isolated(str(own)) == 0
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert (tmp_path / "compilecache-fifo").exists() and (tmp_path / "compilecache-dir").exists()
+
+
 def test_an_xdist_worker_lives_in_its_controllers_isolated_dir(tmp_path: Path) -> None:
     """A worker outlives a SIGKILLed controller by seconds (execnet shuts it down): registered in the dir, it keeps
     a later isolated session from sweeping the dir from under it, and withdraws at its end."""

@@ -270,7 +270,44 @@ def test_conftest_rules_are_read_as_pytest_resolves_them(tmp_path: Path) -> None
         "collect_ignore:tests/gpu"
     ]
     where = Where(("",), str(tmp_path), str(tmp_path))
-    assert where.signature(("",), rules) == where.signature(("",), list(reversed(rules)) + rules[:1])
+    assert where.signature(("",), rules) == where.signature(("",), iter(list(reversed(rules)) + rules[:1]))
+    assert where.signature(("",), iter(())) == where.signature(("",))
+
+    class Hostile(types.ModuleType):
+        def __getattr__(self, name: str) -> Any:
+            raise RuntimeError(name)
+
+    odd_names = conftest("tests", collect_ignore=["a\0b", "\ud800", "gpu"])  # pytest copes with them: signed
+    told = selection_module.ignore_rules([Hostile("x"), odd_names], str(tmp_path))
+    assert told == ["collect_ignore:tests/a\0b", "collect_ignore:tests/gpu", "collect_ignore:tests/\ud800"]
+    assert where.signature(("",), told) != where.signature(("",))
+    (tmp_path / "builds" / "1").mkdir(parents=True)
+    (tmp_path / "builds" / "2").mkdir()
+    (tmp_path / "latest").symlink_to(tmp_path / "builds" / "1")
+    latest = [conftest("", collect_ignore=["latest"], collect_ignore_glob=["latest/*"])]
+    signed = selection_module.ignore_rules(latest, str(tmp_path))
+    (tmp_path / "latest").unlink()
+    (tmp_path / "latest").symlink_to(tmp_path / "builds" / "2")  # a link repointed between runs: the same rule
+    assert (
+        selection_module.ignore_rules(latest, str(tmp_path))
+        == signed
+        == [
+            "collect_ignore:latest",
+            "collect_ignore_glob:latest/*",
+        ]
+    )
+
+
+def test_a_checkout_elsewhere_signs_alike(tmp_path: Path) -> None:
+    """The same job in another checkout dir (a CI runner's numbered workspace): nothing outside the rootdir is
+    signed, an ``--ignore-glob`` or ``--ignore`` reaching out of it neither."""
+
+    def signature(where: str) -> str:
+        root = str(tmp_path / where / "repo")
+        job = Where(("tests",), root, root, ignore=("../x",), ignore_glob=("../vendor/*", "*/gpu/*"))
+        return job.signature(roots_of(job.args, root, root))
+
+    assert signature("a") == signature("b")
 
 
 def test_a_session_that_ignores_nothing_signs_as_the_version_before() -> None:
