@@ -31,6 +31,12 @@ What this module may delete, and when (the contract every caller relies on):
   (sources first), a triton kernel dir only whole (renamed away in one step), and a young empty dir never.
 * **Stale leftovers.** :func:`sweep_dead_writers` removes temp files of dead owners (ours and torch's) and dead
   registrations, only in our or torch's dir and only by their known names.
+* **Killed isolated sessions.** An isolated session registers in its dir too (so do its xdist workers), and
+  :func:`sweep_abandoned_isolated` removes a sibling dir a killed one left only when all of it is proved: this
+  user's, ours, marked by its session to be removed (a regular file naming that very dir), holding only torch's
+  and our entries, unchanged for :data:`.sweep.ISOLATED_GRACE_SECONDS`, and every registration dead as
+  :func:`.registry.abandoned` proves it (its lock tried through the inode its writer locked; another host tag's
+  only where writer and sweep both see a local disk). Anything unreadable keeps the dir.
 * **Paths torch can build in.** torch runs its C++ compiler on a command line it splits with
   :func:`shlex.split` without quoting paths, so a cache dir containing whitespace, quotes or a backslash
   breaks every compile. :func:`unsafe_dir_reason` names such a path; an explicit ``--compile-cache-dir`` with
