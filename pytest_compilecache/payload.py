@@ -155,29 +155,29 @@ class ProcessOutput:
             return None
         tests = data.get("tests")
         blob = data.get("blob")
-        files = data.get("files")
         problems = data.get("problems")
-        errors = data.get("remote_errors")
         header_dir = data.get("header_dir")
         headers = data.get("headers")
         restore = data.get("restore")
-        deselected = data.get("deselected")
-        ignored = data.get("ignored")
-        rules = data.get("rules")
         return cls(
             tests=tests if isinstance(tests, int) and not isinstance(tests, bool) and tests >= 0 else 0,
             records=_records(data.get("records")),
             blob=bytes(blob) if isinstance(blob, (bytes, bytearray)) and blob else None,
-            files=[f for f in files if isinstance(f, str)] if isinstance(files, list) else [],
+            files=_strings(data.get("files")),
             problems=problems if isinstance(problems, dict) else {},
-            remote_errors=[e for e in errors if isinstance(e, str)] if isinstance(errors, list) else [],
+            remote_errors=_strings(data.get("remote_errors")),
             header_dir=header_dir if isinstance(header_dir, str) else None,
             headers=list(headers) if isinstance(headers, list) else [],  # each entry read by pch.HeaderUse
             restore=restore if isinstance(restore, dict) else None,  # each field read by RestorePhase
-            deselected=[d for d in deselected if isinstance(d, str)] if isinstance(deselected, list) else [],
-            ignored=[i for i in ignored if isinstance(i, str)] if isinstance(ignored, list) else [],
-            rules=[r for r in rules if isinstance(r, str)] if isinstance(rules, list) else [],
+            deselected=_strings(data.get("deselected")),
+            ignored=_strings(data.get("ignored")),
+            rules=_strings(data.get("rules")),
         )
+
+
+def _strings(value: Any) -> list[str]:
+    """The strings of a list a worker sent (anything else in it dropped); [] for anything but a list."""
+    return [item for item in value if isinstance(item, str)] if isinstance(value, list) else []
 
 
 def _records(data: Any) -> list[ItemRecord]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import itertools
 import json
 import os
@@ -15,6 +16,7 @@ import re
 import socket
 import stat
 import time
+from typing import Callable
 from typing import Iterator
 from typing import NamedTuple
 
@@ -183,7 +185,7 @@ def live_sessions(path: str, *, excluding: str | None = None) -> list[LiveSessio
                 marker = os.path.join(path, SESSIONS_DIR, name)
                 if not match or marker == excluding:
                     continue
-                if marker in _OWN or _held(folder, name, remove_if_dead=True):
+                if marker in _OWN or _held(folder, name):
                     live.append(LiveSession(int(match[1]), int(match[3]) / 1e9, match[2] == host_tag(), match[2]))
             return live
     except FileNotFoundError:
@@ -209,43 +211,42 @@ def abandoned(path: str) -> bool:
             if folder is None:
                 return False
             markers = [match for match in map(re.compile(_MARKER).fullmatch, os.listdir(folder)) if match]
-            local: bool | None = None  # asked once, and only for a marker of another host tag
+            seen_local = functools.cache(lambda: on_local_disk(path))  # asked once, for another host tag only
             for match in markers:
                 name = match[0]
                 if os.path.join(path, SESSIONS_DIR, name) in _OWN:
                     return False
-                said = _recorded(folder, name)
-                if said is None:
-                    return False
-                if match[2] != host_tag():
-                    local = on_local_disk(path) if local is None else local
-                    if not (local and _another_kernel_seen_here(said)):
-                        return False
-                if _held(folder, name, remove_if_dead=False):
+                if not _dead(folder, name, here=match[2] == host_tag(), local=seen_local):
                     return False
             return bool(markers)
     except OSError:
         return False
 
 
-def _recorded(folder: int, name: str) -> dict[str, object] | None:
-    """What marker ``name`` records, when it names the very inode this process opens; else None."""
+def _dead(folder: int, name: str, *, here: bool, local: Callable[[], bool]) -> bool:
+    """Whether marker ``name`` proves its writer dead (:func:`abandoned`): it records the very inode this process
+    opens, and, when not of this host tag (``here``), a kernel seen here on a local disk (``local``); then its
+    lock, tried on that very file, is free. Any doubt (a hostile or older marker, a failure): False."""
+    from .._fs import try_flock
+
     try:
         fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
     except OSError:
-        return None
+        return False
     try:
         seen = os.fstat(fd)
         said = json.loads(os.read(fd, 4096)) if stat.S_ISREG(seen.st_mode) else None
+        if not isinstance(said, dict):
+            return False
+        if _number(said.get("dev")) != seen.st_dev or _number(said.get("ino")) != seen.st_ino:
+            return False
+        if not here and not (_another_kernel_seen_here(said) and local()):
+            return False
+        return try_flock(fd)  # taken: nobody holds it (closing the fd lets it go again)
     except (OSError, ValueError, RecursionError):  # a hostile marker: kept, never a crash
-        return None
+        return False
     finally:
         os.close(fd)
-    if not isinstance(said, dict):
-        return None
-    if _number(said.get("dev")) != seen.st_dev or _number(said.get("ino")) != seen.st_ino:
-        return None
-    return said
 
 
 def _another_kernel_seen_here(said: dict[str, object]) -> bool:
@@ -293,7 +294,7 @@ def on_local_disk(path: str, mountinfo: str = "/proc/self/mountinfo") -> bool:
     return kind in LOCAL_FILESYSTEMS
 
 
-def _held(folder: int, name: str, *, remove_if_dead: bool) -> bool:
+def _held(folder: int, name: str) -> bool:
     """Is marker ``name`` locked by a live process? A dead one's is removed (while we hold its lock)."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
@@ -307,9 +308,8 @@ def _held(folder: int, name: str, *, remove_if_dead: bool) -> bool:
             return False  # not a marker we write: neither a session nor ours to remove
         if not try_flock(fd):
             return True
-        if remove_if_dead:
-            with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=folder)
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=folder)
         return False
     finally:
         os.close(fd)
