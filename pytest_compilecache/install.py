@@ -44,6 +44,8 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC | getattr(os, "O_BINARY", 0)
 _CHUNK = 1024 * 1024
 _OPEN_DIRS = 64
+# errnos of a file system that will not take a second link to a file (FAT, protected_hardlinks, link limit)
+_NO_LINKS = (errno.EPERM, errno.EACCES, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK)
 
 
 @dataclass(frozen=True)
@@ -138,8 +140,8 @@ def open_cache_file(root_fd: int, rel: str) -> int | None:
 class _Step:
     parent: str  # rel dir ("" for the root)
     name: str
-    backup: str | None  # staging name the file this step replaces was moved to, if any
-    placed: bool = False  # whether the new file is in place
+    backup: str | None  # staging name holding the file this step replaces (a second link to it), if any
+    placed: tuple[int, int] | None = None  # (st_dev, st_ino) of the new file once it is in place
 
 
 @dataclass
@@ -243,7 +245,10 @@ class Staging:
         """Move staged files into place: ``(rel, slot, size, sha256)`` each. All or nothing (BundleError).
 
         A file already there with the same size and SHA-256 is left alone (its mtime too); anything else at
-        the target (an older file, a symlink) is replaced by a rename, never written through.
+        the target (an older file, a symlink) is replaced by a rename, never written through, and kept in the
+        staging dir by a second link until :meth:`close`: every name holds a whole file at every moment, also
+        after a kill midway. :meth:`undo` and a failure's roll back touch only names still holding the file
+        this install placed.
         """
         steps: list[_Step] = []
         made: list[tuple[str, str]] = []
@@ -264,11 +269,13 @@ class Staging:
                     if stat.S_ISREG(info.st_mode) and info.st_size == size and _same(parent_fd, name, sha256):
                         unchanged.append(rel)
                         continue
-                    step.backup = f"old{len(steps):06d}"
-                    os.replace(name, step.backup, src_dir_fd=parent_fd, dst_dir_fd=self.fd)
+                    step.backup = _keep(parent_fd, name, self.fd, f"old{len(steps):06d}")
                 steps.append(step)
+                new = os.stat(slot, dir_fd=self.fd, follow_symlinks=False)
+                # One rename: the name holds the old file or the new one at every moment, also for a reader
+                # and after a kill (a killed install leaves every file whole, each the old or the new one).
                 os.replace(slot, name, src_dir_fd=self.fd, dst_dir_fd=parent_fd)
-                step.placed = True
+                step.placed = (new.st_dev, new.st_ino)
                 written.append(rel)
         except BaseException as exc:
             self._roll_back(steps, made)
@@ -337,16 +344,26 @@ class Staging:
 
     def _roll_back(self, steps: list[_Step], made: list[tuple[str, str]]) -> None:
         # Best effort, in reverse: put every replaced file back, take every new file out, remove new dirs.
+        # A name is touched only while it still holds the very file this install placed there (or, for a
+        # step that placed nothing, is empty): another session's file, written there since, stays.
         for step in reversed(steps):
             parent_fd = self._dir_fd(step.parent)
             if parent_fd is None:
                 continue
-            if step.placed:
-                with contextlib.suppress(OSError):
-                    os.unlink(step.name, dir_fd=parent_fd)
-            if step.backup is not None:
-                with contextlib.suppress(OSError):
+            try:
+                info = os.stat(step.name, dir_fd=parent_fd, follow_symlinks=False)
+                now: tuple[int, int] | None = (info.st_dev, info.st_ino)
+            except FileNotFoundError:
+                now = None
+            except OSError:
+                continue
+            if now is not None and now != step.placed:
+                continue  # not ours (any more): never removed, never replaced
+            with contextlib.suppress(OSError):
+                if step.backup is not None:  # one rename: the name is never empty on the way back either
                     os.replace(step.backup, step.name, src_dir_fd=self.fd, dst_dir_fd=parent_fd)
+                elif now is not None:
+                    os.unlink(step.name, dir_fd=parent_fd)
         for parent_rel, name in reversed(made):
             closing = self._dirs.pop("/".join(filter(None, (parent_rel, name))), None)
             if closing is not None:
@@ -373,6 +390,18 @@ class Staging:
             os.close(self.root_fd)
         if not self.installed:
             _remove_created(self.created)
+
+
+def _keep(parent_fd: int, name: str, staging_fd: int, backup: str) -> str:
+    """Keep the file at ``name`` (never followed) as ``backup`` in the staging dir for a roll back: a second
+    link to it, so that ``name`` is never empty; moved there where the file system refuses the link."""
+    try:
+        os.link(name, backup, src_dir_fd=parent_fd, dst_dir_fd=staging_fd, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno not in _NO_LINKS:
+            raise
+        os.replace(name, backup, src_dir_fd=parent_fd, dst_dir_fd=staging_fd)
+    return backup
 
 
 def _remove_created(created: list[Path]) -> None:

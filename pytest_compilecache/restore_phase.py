@@ -194,8 +194,9 @@ class RestorePhase:
             def install_headers(named: tuple[Artifact, ...]) -> None:
                 # Before the bundle's blobs load (which imports torch): the install overlaps that import, and
                 # torch's build lock of each header, held until it is in place, keeps any compile waiting.
-                if self._headers is not None:  # one bundle is installed per restore
-                    return
+                if self._headers is not None:  # torch rejected the blobs of the bundle whose headers those are:
+                    self._headers.finish()  # this later bundle is the one restored (its headers, its report)
+                    self._headers = None
                 try:
                     self._headers = sync.HeaderInstall(store, settings.key_prefix, named)
                 except Exception as exc:  # e.g. torch's lock dir cannot be made: torch builds the headers

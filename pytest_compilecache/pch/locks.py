@@ -70,11 +70,18 @@ def take_build_lock(directory: Path, name: str) -> int | None:
     """The fd of torch's build lock for ``name``, flocked without waiting; None when another holds it."""
     locks = directory / "locks"
     try:
-        os.makedirs(locks, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(locks, 0o755)  # never writable by others, whatever the umask, as ensure_dir's dirs
         info = os.lstat(locks)  # torch's dir of locks, never a link to elsewhere: no file is made through one
         if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
             raise HeaderError(f"cannot lock {name}: {locks} is not a plain directory")
-        fd = os.open(locks / lock_name(name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        # Another user who may create, hold or remove these locks could keep torch waiting or break the
+        # exclusion between torch's build and our install: such a dir gets no header from us.
+        if hasattr(os, "getuid") and info.st_uid != os.getuid():
+            raise HeaderError(f"cannot lock {name}: {locks} belongs to another user")
+        if others_may_write(info):
+            raise HeaderError(f"cannot lock {name}: {locks} can be written by other users")
+        fd = os.open(locks / lock_name(name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
         raise HeaderError(f"cannot lock {name}: {exc.strerror or exc}") from None
     try:

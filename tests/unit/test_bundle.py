@@ -7,6 +7,9 @@ import hashlib
 import io
 import json
 import os
+import signal
+import subprocess
+import sys
 import tarfile
 from dataclasses import replace
 from datetime import datetime
@@ -766,12 +769,20 @@ def test_a_bundle_of_more_dirs_than_open_files_allowed_installs(tmp_path: Path) 
     assert {rel: data for rel, data in _tree(tmp_path / "restored").items() if data != "<dir>"} == files
 
 
+@pytest.mark.parametrize("links", [True, False], ids=["linked backups", "no hard links"])
 def test_uninstall_takes_back_exactly_what_install_did(
-    tmp_path: Path, packed: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, packed: Path, monkeypatch: pytest.MonkeyPatch, links: bool
 ) -> None:
     """A bundle whose blobs torch rejects after its files were installed: its files and dirs go, and each
-    file it replaced comes back, even when its dir fds were closed meanwhile (more dirs than stay open)."""
+    file it replaced comes back, even when its dir fds were closed meanwhile (more dirs than stay open); also
+    on a file system that takes no second link to a file (the replaced file is moved aside instead)."""
     monkeypatch.setattr(install, "_OPEN_DIRS", 1)
+    if not links:
+
+        def refuse(*args: object, **kwargs: object) -> None:
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+
+        monkeypatch.setattr(os, "link", refuse)
     target = write_tree(tmp_path / "target", {"ab/cabc123.main.so": b"an older kernel", "mine.txt": b"kept"})
     before = _tree(target)
     with bundle.verify(packed, fingerprint=FINGERPRINT, cache_dir=target) as verified:
@@ -780,3 +791,45 @@ def test_uninstall_takes_back_exactly_what_install_did(
         bundle.uninstall(verified)
     assert {rel: data for rel, data in _tree(target).items() if not rel.startswith(".")} == before
     assert not (target / "fxgraph").exists()
+
+
+def test_uninstall_leaves_what_another_session_wrote_since(tmp_path: Path, packed: Path) -> None:
+    """The roll back runs after torch loaded (or rejected) the blobs, outside the cache dir's lock: a file
+    another session's torch published at one of the bundle's names meanwhile is not ours, and stays."""
+    target = write_tree(tmp_path / "target", {"ab/cabc123.main.so": b"an older kernel"})
+    theirs = {rel: b"another session's " + rel.encode() for rel in ("ab/cabc123.main.so", "fxgraph/xy/fxyz")}
+    with bundle.verify(packed, fingerprint=FINGERPRINT, cache_dir=target) as verified:
+        bundle.install(verified)
+        for rel, data in theirs.items():  # torch's own atomic write: a temp file renamed over the name
+            (target / f"{rel}.tmp").write_bytes(data)
+            os.replace(target / f"{rel}.tmp", target / rel)
+        bundle.uninstall(verified)
+    assert {rel: (target / rel).read_bytes() for rel in theirs} == theirs
+    assert not (target / "cpu_isa.so").exists()  # the bundle's own file is taken back
+
+
+def test_a_killed_install_leaves_every_file_whole(tmp_path: Path, packed: Path) -> None:
+    """A restore killed mid-install (SIGKILL, OOM: no roll back runs) leaves every name holding a whole
+    file, the one it held or the bundle's, never nothing: the file it replaces is kept by a second link first,
+    and the new one takes its name in one rename."""
+    old = {rel: b"older " + rel.encode() for rel in CACHE_FILES}
+    target = write_tree(tmp_path / "target", old)
+    child = f"""
+import os, signal
+from pathlib import Path
+from pytest_compilecache import bundle
+verified = bundle.verify(Path({str(packed)!r}), fingerprint={FINGERPRINT!r}, cache_dir=Path({str(target)!r}))
+real, calls = os.replace, []
+def replace(*args, **kwargs):
+    calls.append(args)
+    if len(calls) == 2:  # killed before its second rename into the cache dir
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(*args, **kwargs)
+os.replace = replace
+bundle.install(verified)
+"""
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    now = {rel: (target / rel).read_bytes() if (target / rel).is_file() else None for rel in CACHE_FILES}
+    assert all(now[rel] in (old[rel], CACHE_FILES[rel]) for rel in CACHE_FILES), now
+    assert set(now.values()) & set(old.values()) and set(now.values()) & set(CACHE_FILES.values()), now

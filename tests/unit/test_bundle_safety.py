@@ -198,7 +198,7 @@ def test_a_failure_half_way_through_install_rolls_back(tmp_path: Path, monkeypat
 
     def failing_replace(*args: Any, **kwargs: Any) -> None:
         calls[0] += 1
-        if calls[0] == 4:  # after a.so (backup + install) and b/c.so: d.so fails
+        if calls[0] == 3:  # after a.so (its old file kept by a link, the new one renamed in) and b/c.so: d.so fails
             raise OSError(errno.EIO, "Input/output error")
         real_replace(*args, **kwargs)
 

@@ -325,7 +325,21 @@ def test_install_makes_the_header_dir_only_this_user_may_write_to_whatever_the_u
         assert pch.install_header(artifact, buf, dest) is True
     finally:
         os.umask(umask)
-    assert [oct(path.stat().st_mode & 0o777) for path in (dest.parent, dest)] == ["0o755", "0o755"]
+    made = [dest.parent, dest, dest / "locks", *(dest / "locks").iterdir()]
+    assert [oct(path.stat().st_mode & 0o777) for path in made] == ["0o755", "0o755", "0o755", "0o644"]
+
+
+def test_install_refuses_a_lock_dir_other_users_may_write_to(tmp_path: Path) -> None:
+    """torch's ``locks`` dir beside the headers, made by a umask-0 process: another user could hold a
+    header's build lock (torch waits on it) or remove it (breaking the exclusion between torch's build and
+    our install), so nothing is installed under it."""
+    artifact, buf = packed(make_header(tmp_path / "a"))
+    dest = tmp_path / "torchinductor_u" / "precompiled_headers"
+    (dest / "locks").mkdir(parents=True)
+    (dest / "locks").chmod(0o777)
+    with pytest.raises(HeaderError, match="locks can be written by other users"):
+        pch.install_header(artifact, buf, dest)
+    assert list(dest.iterdir()) == [dest / "locks"] and list((dest / "locks").iterdir()) == []
 
 
 def test_save_carries_nothing_from_a_header_dir_other_users_may_write_to(tmp_path: Path) -> None:

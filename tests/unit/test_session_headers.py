@@ -298,3 +298,40 @@ def test_a_session_with_a_store_sweeps_what_a_killed_header_install_left_in_torc
     controller.session_start()
     assert not leftover.exists()
     assert live.exists() and (directory / NAME).exists()  # torch's header and a live writer's file stay
+
+
+def test_the_headers_installed_are_the_restored_bundles_after_torch_rejected_a_newer_ones_blobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The newest bundle's files are installed (its headers' install starts then, beside its blobs' load),
+    torch rejects its blobs, and the next candidate is restored: the headers installed and reported are that
+    restored bundle's, not those of the bundle taken back out."""
+    from pytest_compilecache.manifest import Artifact
+
+    controller = _controller(tmp_path, store=str(tmp_path / "store"))
+    names = ("c" + "a" * 51, "c" + "b" * 51)
+    rejected, restored = (Artifact("precompiled_header", name, "0" * 64, 10) for name in names)
+    events: list[str] = []
+
+    class RecordingInstall:
+        def __init__(self, store: object, prefix: str, named: tuple[Artifact, ...], directory: object = None) -> None:
+            self.names = tuple(artifact.name for artifact in named)
+            events.append(f"start {self.names}")
+
+        def finish(self) -> sync.HeaderReport:
+            events.append(f"finish {self.names}")
+            return sync.HeaderReport(named=self.names, transferred=self.names)
+
+    def fake_restore(store: object, request: sync.RestoreRequest) -> sync.RestoreResult:
+        assert request.on_installed is not None
+        request.on_installed((rejected,))  # the newest candidate's files are in: its headers start
+        request.on_installed((restored,))  # its blobs were rejected; the next candidate's files are in
+        return sync.RestoreResult("partial", key="k", named_artifacts=(restored,))
+
+    monkeypatch.setattr(sync, "HeaderInstall", RecordingInstall)
+    monkeypatch.setattr(sync, "restore_bundle", fake_restore)
+    controller.session_start()
+    result = controller.start.finish().result
+    assert result is not None and result.headers.named == (restored.name,)
+    assert events == [f"start {(rejected.name,)}", f"finish {(rejected.name,)}", f"start {(restored.name,)}",
+                      f"finish {(restored.name,)}"]  # fmt: skip
