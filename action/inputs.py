@@ -31,7 +31,8 @@ ENV_PREFIX = "PYTEST_COMPILECACHE_"
 # step runs before the package is importable.
 SIGNING_KEY_ENV = ENV_PREFIX + "SIGNING_KEY"
 RESTORED_ENV = ENV_PREFIX + "RESTORED"
-# Read by action.yml's post-if (``success() || failure() && env.<this> == 'true'``); see post_env.
+# Read by action.yml's post-if (``success() || failure() && env.<this> == 'true'``); see post_env. The plugin
+# sets it too (pytest_compilecache._env.POST_STEP_ENV, the same name: a test checks).
 SAVE_ON_FAILURE_ENV = "COMPILECACHE_SAVE_ON_FAILURE"
 # Events whose runs save with ``save: auto``, and then only on the default branch: an entry saved on
 # another branch serves only that branch (and its pull requests) and evicts the default branch's

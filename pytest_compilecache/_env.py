@@ -34,6 +34,10 @@ HANDOFF_ENV = ENV_PREFIX + "RESTORED"
 FINGERPRINT_ENV = ENV_PREFIX + "FINGERPRINT"
 # The bundle signing key (read only by ``settings.read_signing_key``); never logged.
 SIGNING_KEY_ENV = ENV_PREFIX + "SIGNING_KEY"
+# The Action's post step (which uploads a bundle staged for ``store: github``) runs after a failed job only
+# when this is "true" (action.yml's post-if): set by its plan step for input save-on-failure, and by a session
+# whose tests passed and that staged a bundle but failed on its own account (``session.Controller``).
+POST_STEP_ENV = "COMPILECACHE_SAVE_ON_FAILURE"
 # The CLI's defaults for the key's salt and prefix (the plugin reads them as its options' variables).
 KEY_SALT_ENV = ENV_PREFIX + "KEY_SALT"
 KEY_PREFIX_ENV = ENV_PREFIX + "KEY_PREFIX"

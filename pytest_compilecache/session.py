@@ -237,10 +237,27 @@ class Controller:
         finally:  # Ctrl-C mid-save too: every write of the save is atomic, nothing partial is left
             self.context.release()  # done with the dir: other sessions may trim it now
         self._check_hit_rate(self._restored.result)  # before the reports, which name a failed floor
+        self._let_the_post_step_upload()
         self._write_reports()
         if not self.settings.keep:
             cachedir.remove(self.context.dir)
         return bool(self.problems.errors)
+
+    def _let_the_post_step_upload(self) -> None:
+        """A bundle staged for the Action's post step (``store: github``) is uploaded only when the job succeeds
+        (action.yml's ``post-if``) or the job says so. A session whose tests passed but that fails on its own
+        account (its hit-rate floor, a strict store) says so in ``GITHUB_ENV``: a direct store has saved by
+        then, and without the upload every later run would restore the same bundle, miss the same graphs and
+        fail again."""
+        if self._saved.result is None or self._saved.result.outcome != "staged" or not self.problems.errors:
+            return
+        from . import ghrunner
+        from ._env import POST_STEP_ENV
+
+        try:
+            ghrunner.append_vars(os.environ.get("GITHUB_ENV"), {POST_STEP_ENV: "true"})
+        except OSError as exc:
+            self.problems.warn(f"the staged bundle will not be uploaded: cannot write GITHUB_ENV: {exc}")
 
     def _check_hit_rate(self, restored: RestoreResult | None) -> None:
         """``restored``: the restore's result (None: none was attempted)."""

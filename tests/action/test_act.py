@@ -381,7 +381,8 @@ def test_a_red_job_saves_only_with_save_on_failure_and_the_next_push_restores_it
     """The cache never decides the job's outcome. Issue 42: with ``save-on-failure: true`` a red job saves to
     ``store: github`` too (the post step runs after a failed job when told: action.yml's ``post-if``), and the
     next push restores it; without it (the default, as actions/cache) a red job saves nothing (issue 26: one
-    policy for every store), and its post step does not run."""
+    policy for every store), and its post step does not run, unless the tests passed and only the plugin's
+    own hit-rate floor failed the job."""
     act.write("test_models.py", MATMUL_SUITE)
     act.write("test_failing.py", FAILING_TEST)
     opted = act.run(workflow(with_='          save-on-failure: "true"'), "push")
@@ -403,6 +404,17 @@ def test_a_red_job_saves_only_with_save_on_failure_and_the_next_push_restores_it
     assert (save["outcome"], save["message"]) == ("skipped", "the tests failed: nothing saved (input save-on-failure)")
     assert "Run Post compilecache/pytest-compilecache@v1" not in red.log  # post-if: the job failed
     assert server.keys() == [key]
+
+    # The tests pass but miss the graph the red job could not save, under min-hit-rate: the plugin staged its
+    # bundle and fails the job on its floor. It tells post-if, so the post step uploads what a direct store
+    # would have saved by then; the next run restores it instead of failing on the same misses for good.
+    (act.workspace / "test_failing.py").unlink()
+    floor = act.run(workflow(with_='          min-hit-rate: "0.9"'), "push")
+    assert floor.returncode != 0 and floor.steps()["tests"]["outcome"] == "failure"
+    assert (floor.outputs()["restore-outcome"], floor.outputs()["matched-key"]) == ("partial", key)
+    assert floor.report()["save"]["outcome"] == "staged" and floor.report()["errors"]
+    assert "Run Post compilecache/pytest-compilecache@v1" in floor.log
+    assert sorted(server.keys()) == sorted([key, floor.outputs()["key"]])
 
 
 # ---- store: s3

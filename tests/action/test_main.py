@@ -858,6 +858,9 @@ def test_action_yml_is_a_node_action_whose_post_step_runs_after_a_red_job_only_w
     for step in ("main", "post"):
         assert (REPO / runs[step]).is_file()
     assert runs["post-if"] == f"success() || failure() && env.{inputs.SAVE_ON_FAILURE_ENV} == 'true'"
+    from pytest_compilecache._env import POST_STEP_ENV  # the plugin's spelling: it sets it after its own failure
+
+    assert inputs.SAVE_ON_FAILURE_ENV == POST_STEP_ENV
     # Literal and relative to the workspace: the client hashes the path string into the entry version.
     assert (
         inputs.SAVE_PATH == ".compilecache-staging/*.bundle" and inputs.HEADER_PATH == ".compilecache-headers/*.bundle"

@@ -36,6 +36,7 @@ from pytest_compilecache.payload import Gathered
 from pytest_compilecache.payload import Restored
 from pytest_compilecache.problems import Problems
 from pytest_compilecache.recorder import Recorder
+from pytest_compilecache.save_phase import Saved
 from pytest_compilecache.save_phase import SavePhase
 from pytest_compilecache.session import Controller
 from pytest_compilecache.session import Worker
@@ -288,6 +289,29 @@ def test_a_hit_rate_below_the_floor_is_in_the_json_and_the_step_summary(
     outcome = report.outcome_from_json(data)
     assert outcome.errors == (failed,)
     assert f"compile cache FAILED: {failed}" in report.full_text(data)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "rate", "told"),
+    [("staged", 0.5, True), ("staged", 1.0, False), ("saved", 0.5, False), ("skipped", 0.5, False)],
+)
+def test_a_session_that_staged_its_bundle_and_failed_its_floor_tells_the_post_step_to_upload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, outcome: str, rate: float, told: bool
+) -> None:
+    """``store: github``: the post step uploads the staged bundle only after a successful job unless told
+    (action.yml's ``post-if``). Tests that passed under a hit rate below the floor fail the job; a direct store
+    has saved by then, and so must the post step, or every later run restores the same bundle, misses the
+    same graphs and fails again. A session that met its floor, or staged nothing, tells nothing."""
+    env = tmp_path / "github_env"
+    env.write_text("")
+    monkeypatch.setenv("GITHUB_ENV", str(env))
+    result = sync.SaveResult(outcome, key="k")  # type: ignore[arg-type]
+    monkeypatch.setattr(SavePhase, "run", lambda self, *args, **kwargs: Saved(result=result))
+    controller = _controller(tmp_path, min_hit_rate=0.9)
+    controller.stats.add_record(_record("t::a", hit=int(rate * 2), miss=2 - int(rate * 2)))
+    assert controller.finish() is (rate < 0.9)
+    assert (env.read_text() == "COMPILECACHE_SAVE_ON_FAILURE=true\n") is told
+    assert env.read_text() in ("", "COMPILECACHE_SAVE_ON_FAILURE=true\n")
 
 
 @pytest.mark.parametrize("strict", [False, True])
