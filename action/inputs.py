@@ -163,7 +163,9 @@ def lineage(environ: Mapping[str, str], prefix: str) -> str:
     import hashlib
     import re
 
-    job = re.sub(r"[^A-Za-z0-9._-]", "_", environ.get("GITHUB_JOB", ""))[:60]
+    job = re.sub(r"[^A-Za-z0-9._-]", "_", environ.get("GITHUB_JOB", ""))
+    if len(job) > 60:  # cut, but two ids alike in their first 60 characters stay apart
+        job = f"{job[:51]}-{hashlib.sha256(job.encode()).hexdigest()[:8]}"
     parts = [prefix, job] if job else [prefix]
     matrix = read(environ, "matrix-leg")
     if matrix and matrix not in ("null", "{}", '""'):
@@ -291,6 +293,20 @@ def check(environ: Mapping[str, str]) -> Inputs:
     )
 
 
+def _refuse_staging(cache_dir: str, workspace: Path) -> None:
+    """Refuse a cache dir that is one of the Action's staging dirs, lies in one or holds one: the plan empties
+    them, and the plugin would refuse a store dir that is its cache dir only in the pytest step."""
+    cache = os.path.realpath(cache_dir)
+    for staging in (STAGING, HEADER_STAGING):
+        own = os.path.realpath(workspace / staging)
+        if cache == own or cache.startswith(own + os.sep) or own.startswith(cache + os.sep):
+            where = "is" if cache == own else ("lies in" if len(cache) > len(own) else "holds")
+            raise InputError(
+                f"input cache-dir: {cache_dir} {where} the Action's staging dir {own}: give the cache dir a "
+                "directory of its own"
+            )
+
+
 def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
     """Check the inputs (:func:`check`, then the store as the plugin opens it) and decide everything; pure apart
     from reading ``environ`` (raises InputError).
@@ -317,6 +333,7 @@ def make_plan(environ: Mapping[str, str], fingerprint: Any) -> Plan:
     save, why = given.save, given.why
     cache_dir = read(environ, "cache-dir")
     cache_dir = str(workspace / cache_dir) if cache_dir else str(temp / CACHE_DIR)
+    _refuse_staging(cache_dir, workspace)
     transfer = "none" if given.mode != "shared" else ("github" if store == GITHUB_STORE else "direct")
     if store != GITHUB_STORE:
         try:

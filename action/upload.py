@@ -22,9 +22,15 @@ from action.inputs import SAVE_PATH
 from action.inputs import STAGING
 from action.inputs import Plan
 
-# What a failed CreateCacheEntry says when the entry exists already (twirp's already_exists, HTTP 409): a
-# header entry another job of the lineage saved first. Nothing is lost: not a failure.
+# What a failed CreateCacheEntry says when the entry exists already (twirp's already_exists, HTTP 409). For a
+# header entry: another job of the lineage saved it first; nothing is lost, not a failure. For a bundle, whose
+# key holds the run id and attempt: another job of this run has this job's lineage (COLLISION).
 _EXISTS = ("(409)", "already_exists", "already exists")
+COLLISION = (
+    "an entry of this key exists already: another job of this run has the same job id and matrix leg (a reusable "
+    "workflow called twice, or from a matrix, sees its own job id and no matrix); give each such job its own "
+    "input matrix-leg (e.g. ${{ toJSON(inputs) }}) or key-prefix"
+)
 
 
 @dataclass(frozen=True)
@@ -131,6 +137,8 @@ def outcome(upload: Mapping[str, Any]) -> Saved:
         return Saved(what, key, "saved", bytes=size, seconds=seconds)
     problems = [str(line) for line in upload.get("problems") or []]
     if any(mark in line for line in problems for mark in _EXISTS):
+        if what != "header":
+            return Saved(what, key, "failed", COLLISION, bytes=size, seconds=seconds)
         return Saved(what, key, "not needed", "the entry exists already (another job of this lineage saved it)")
     # The service's own answer first (a refused reservation), then the client's summary of it.
     problems.sort(key=lambda line: not line.startswith("Failed to reserve cache:"))

@@ -119,6 +119,10 @@ def test_lineage_carries_the_job_and_the_matrix_leg(action: ModuleType) -> None:
     assert leg_a.startswith("p-test-") and len(leg_a) == len("p-test-") + 8
     assert inputs.lineage({"GITHUB_JOB": "odd job/name"}, "p") == "p-odd_job_name"
     assert inputs.lineage({}, "p") == "p"
+    # Ids alike in their first 60 characters stay apart; one of 60 or fewer is kept whole.
+    long_a, long_b = (inputs.lineage({"GITHUB_JOB": "x" * 60 + end}, "p") for end in ("-slow", "-fast"))
+    assert long_a != long_b and len(long_a) == len(long_b) == len("p-") + 60
+    assert inputs.lineage({"GITHUB_JOB": "x" * 60}, "p") == "p-" + "x" * 60
 
 
 def test_plan_keys_carry_the_job(action: ModuleType, environ: dict[str, str], fingerprint: Any) -> None:
@@ -613,6 +617,19 @@ def test_plan_refuses_a_cache_dir_that_holds_someones_files(
     out = capsys.readouterr().out
     assert "::error" in out and "input cache-dir:" in out and "is not a compile cache" in out
     assert sorted(p.name for p in project.iterdir()) == ["models.py"]
+
+
+@pytest.mark.parametrize(
+    "given", [".compilecache-staging", ".compilecache-headers/x", ".", "ci-cache/../.compilecache-staging"]
+)
+def test_plan_refuses_a_cache_dir_that_is_holds_or_lies_in_a_staging_dir(
+    action: ModuleType, environ: dict[str, str], fingerprint: Any, given: str
+) -> None:
+    """The plan empties the staging dirs; with ``store: github`` a cache dir there was also the plugin's store
+    dir, refused only in the pytest step: the input is refused at the start, naming it, on every store."""
+    for store in ("github", "s3://bucket/p"):
+        with pytest.raises(inputs.InputError, match=r"input cache-dir: .* the Action's staging dir"):
+            inputs.make_plan({**environ, "INPUT_CACHE_DIR": given, "INPUT_STORE": store}, fingerprint)
 
 
 def test_restore_command_warns_and_succeeds_on_trouble(
@@ -1584,16 +1601,29 @@ RESERVE_429 = (
             "failed",
             RESERVE_429 + "; Failed to save: Unable to reserve cache with key k",  # the service's answer first
         ),
-        ({"id": -1, "problems": ["Failed to reserve cache: Error: (409) Conflict: exists"]}, "not needed", "exists"),
+        ({"id": -1, "problems": ["Failed to reserve cache: Error: (409) Conflict: exists"]}, "failed", "same job id"),
         ({"id": -1, "problems": []}, "failed", "logged no reason"),
         ({"problems": ["Failed to save: (500) boom"]}, "failed", "Failed to save: (500) boom"),
     ],
 )
 def test_the_clients_result_is_saved_not_needed_or_failed(result: dict[str, Any], outcome: str, why: str) -> None:
+    """A bundle's key holds the run id and attempt: an entry of that key already there is another job of this
+    run with this job's lineage (a reusable workflow called twice sees one job id), a failed save to name."""
     from action import upload
 
     saved = upload.outcome({"what": "bundle", "key": "k", "path": "p", "bytes": 3, "seconds": 0.5, **result})
     assert saved.outcome == outcome and why in saved.why
+
+
+def test_a_header_entry_another_job_saved_first_was_not_needed() -> None:
+    """A header entry is keyed by its content per lineage: one saved first by another job is nothing lost."""
+    from action import upload
+
+    exists = {"id": -1, "problems": ["Failed to reserve cache: Error: (409) Conflict: exists"]}
+    saved = upload.outcome({"what": "header", "key": "k", "path": "p", "bytes": 3, **exists})
+    assert saved.outcome == "not needed"
+    assert saved.why == "the entry exists already (another job of this lineage saved it)"
+    assert upload.warning([saved]) is None
 
 
 def test_saved_reports_the_real_result_with_one_warning_for_failures(

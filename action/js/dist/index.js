@@ -81506,7 +81506,7 @@ var require_client2 = __commonJS({
   "src/client.js"(exports2, module2) {
     "use strict";
     var COMMAND = /^::([a-z-]+)(?: [^:]*)?::(.*)$/s;
-    var RUNNER_COMMAND = /^\s*::|##\[/;
+    var RUNNER_COMMAND = /^[\s\u0085]*::|##\[/;
     var PASSED = /* @__PURE__ */ new Set(["debug", "add-mask"]);
     var TIMEOUT_ENV = "PYTEST_COMPILECACHE_STORE_TIMEOUT";
     var DEFAULT_TIMEOUT = 300;

@@ -11,9 +11,10 @@
 
 // A workflow command as @actions/core writes one: `::name key=value,...::data`, at the start of a line.
 const COMMAND = /^::([a-z-]+)(?: [^:]*)?::(.*)$/s;
-// What the runner would still take for a command: `::` after leading spaces, any case (its TryParseV2 trims and
-// ignores case), or the older form `##[name]` anywhere in a line.
-const RUNNER_COMMAND = /^\s*::|##\[/;
+// What the runner would still take for a command: `::` after leading white space, any case (its TryParseV2 trims
+// as .NET's String.Trim does, U+0085 included, which JavaScript's \s leaves out, and ignores case), or the older
+// form `##[name]` anywhere in a line.
+const RUNNER_COMMAND = /^[\s\u0085]*::|##\[/;
 // The commands passed on as written: @actions/core's own (one line each: it escapes their data).
 const PASSED = new Set(["debug", "add-mask"]);
 // How long one call of the client may take (its own retries included: a service that accepts connections and

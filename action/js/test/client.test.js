@@ -22,9 +22,10 @@ test("the service's words in the client's plain lines never become a command", a
     out.write("Attempt 1 of 5 failed with error: (500): boom\n::stop-commands::zzz\n");
     out.write("  ::warning::leading\r::ERROR::upper ##[error]old. Retrying request in 3000 ms...\n");
     out.write("Cache hit for restore-key: k-1 ##[error]from-key\n::debug::quiet\n::add-mask::s3cret\n");
+    out.write("\u0085::warning::after a next-line character, which the runner trims as white space\n");
   }, out);
   const lines = out.text().split(/\r\n|\r|\n/);
-  const commands = lines.filter((line) => /^\s*::/i.test(line) || line.includes("##["));
+  const commands = lines.filter((line) => /^[\s\u0085]*::/i.test(line) || line.includes("##["));
   assert.deepEqual(commands, ["::debug::quiet", "::add-mask::s3cret"]); // @actions/core's own, as written
   assert.ok(lines.includes("@actions/cache: ::stop-commands::zzz"), out.text());
   assert.ok(lines.includes("Attempt 1 of 5 failed with error: (500): boom"), out.text());
