@@ -244,6 +244,7 @@ def _is_worker(config: pytest.Config) -> bool:
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     early_config.stash[_TORCH_BEFORE] = "torch" in _MODULES  # if not, a compile in a conftest is this session's
+    when_imported("torch", lambda: _watch(early_config), early_config.add_cleanup)  # its graphs, breaks, limits
     if _quiet(early_config):
         return
     setup = _setup(early_config)
@@ -288,9 +289,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
         watcher = config.stash[_RUNNER_OUTPUT] = StopTokenWatch()
         config.pluginmanager.register(watcher, "compilecache-runner-output")
-    # Every process, from when torch (or triton, whose hook waits for torch) is imported: the per-test capture, the
-    # FX-graph lookups that explain a miss, the triton cache entries a bundle carries and, in a session with a
-    # cache dir, the check of each precompiled header torch looks up.
+    # Every process, from when torch (or triton, whose hook waits for torch) is imported: the per-test capture and
+    # the watches (_watch: explained lookups, triton entries, the header check; already there after a conftest's).
     when_imported("torch", lambda: _torch_appears(config), config.add_cleanup)
 
 

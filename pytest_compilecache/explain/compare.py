@@ -360,9 +360,11 @@ def explain_test(current: Sequence[GraphLookup], previous: Sequence[GraphLookup]
     """Explain every miss among ``current`` against ``previous``: the same test's earlier lookups, and other tests'
     earlier graphs of the functions it compiled that it had no graph of (:func:`~.session.earlier_graphs`).
 
-    Earlier graphs matched exactly by a current lookup (same key) are set aside first, so each miss
-    is compared with a graph that this run did not already account for. A graph missed more than once (each
-    worker of ``--dist each`` runs the test, and merges its lookups into the same test's) is explained once.
+    A miss whose key an earlier graph has is that graph (its entry was not in the cache, or its guards
+    failed), whatever else the test compiled. Earlier graphs matched exactly by a current lookup (same key) are
+    set aside first, so each other miss is compared with a graph that this run did not already account for.
+    A graph missed more than once (each worker of ``--dist each`` runs the test, and merges its lookups into
+    the same test's) is explained once.
     A miss of a function of the user's is compared with earlier graphs of that function only (:func:`comparable`);
     a miss of no known function, with the earlier graphs of no function the test's lookups name: those are
     their own function's, and another test's graphs are never of anything else.
@@ -379,14 +381,16 @@ def explain_test(current: Sequence[GraphLookup], previous: Sequence[GraphLookup]
     keys = {lookup.key for lookup in current}
     named = {lookup.user_function_anywhere for lookup in current} - {""}
     left = [p for p in previous if p.key not in keys]
+    earlier_keys = {p.key for p in previous}
     out = []
     for miss in misses:
+        if miss.key in earlier_keys:  # the very graph of an earlier run: no other graph explains it better
+            out.append(MissExplanation.of(miss, [GUARD_MISS if miss.outcome == GUARD else SAME_KEY]))
+            continue
         pool = left if miss.user_function else [p for p in left if p.user_function_anywhere not in named]
         best = most_similar(miss, pool)
         if best is None:
-            same_key = any(p.key == miss.key for p in previous)
-            reason = (GUARD_MISS if miss.outcome == GUARD else SAME_KEY) if same_key else NEW_GRAPH
-            out.append(MissExplanation.of(miss, [reason]))
+            out.append(MissExplanation.of(miss, [NEW_GRAPH]))
             continue
         left.remove(best)
         out.append(MissExplanation.of(miss, diff(best, miss)))

@@ -55,13 +55,19 @@ def _prepare() -> None:
     The tap must be in place before the first compile of a test, and ``import torch`` does not import
     Dynamo (torch 2.7-2.15): waiting for Dynamo would lose the reasons of the test that first compiles.
     """
-    global _tap
     if _tap is None and torch_loaded():
-        _tap = _BypassReasons()
-        tap_log(CODECACHE, logging.INFO, _tap.read)
-        dynamo.tap_limit_warnings()
+        tap_logs()
     if not _limit_raised and dynamo_loaded():
         keep_every_record()
+
+
+def tap_logs() -> None:
+    """Keep torch's bypass reasons and recompile-limit warnings from now on (each tap once per process)."""
+    global _tap
+    if _tap is None:
+        _tap = _BypassReasons()
+        tap_log(CODECACHE, logging.INFO, _tap.read)
+    dynamo.tap_limit_warnings()
 
 
 def keep_every_record() -> None:

@@ -123,12 +123,22 @@ def watch_dynamo() -> None:
     count every graph break torch logs (:func:`.dynamo.tap_graph_breaks`). Loads neither module before then."""
     install_now_or_on_import("torch._dynamo.utils", _keep_every_record, pending=True)
     install_now_or_on_import("torch._dynamo.symbolic_convert", _tap_graph_breaks, pending=True)
+    # Before any compile can bypass the FX-graph cache or hit the recompile limit (one in a test module's
+    # import, at collection, too): the first test's mark would be too late for those.
+    install_now_or_on_import(CODECACHE, _tap_logs, pending=True)
+    install_now_or_on_import("torch._dynamo.convert_frame", _tap_logs, pending=True)
 
 
 def _keep_every_record() -> None:
     from .counters import keep_every_record
 
     keep_every_record()
+
+
+def _tap_logs() -> None:
+    from .counters import tap_logs
+
+    tap_logs()
 
 
 def _tap_graph_breaks() -> None:

@@ -174,7 +174,8 @@ def test_tests_that_clear_torchs_counters_are_counted_as_torch_counted_them(inne
 
 
 # A compile while pytest imports the rootdir's conftest, before the plugin's pytest_configure: in every process
-# that imports it (the xdist controller and each worker).
+# that imports it (the xdist controller and each worker). Dynamo alone (backend "eager") for the break and the
+# recompile limit: no Inductor compile.
 ROOT_CONFTEST = """
 import torch
 
@@ -184,10 +185,41 @@ def _warm(x, w):
 
 
 torch.compile(_warm, dynamic=False)(torch.randn(91, 91), torch.randn(91, 91))
+
+
+@torch.compile(backend="eager")
+def _breaks(x):
+    x = x + 1
+    print("a graph break at the conftest's import")
+    return x * 2
+
+
+_breaks(torch.ones(3))
+
+
+@torch.compile(backend="eager", dynamic=False)
+def _limited(x):
+    return x + 2
+
+
+with torch._dynamo.config.patch(recompile_limit=1):
+    _limited(torch.ones(1))
+    _limited(torch.ones(2))
 """
 
+# A compile while the test module is imported (collection, after the plugin's pytest_configure, before any
+# test starts) that bypasses the FX-graph cache (a custom pass with no uuid): an extern matmul, no C++ build.
 ONE_TEST = """
 import torch
+import torch._inductor.config
+
+
+def _custom(graph):
+    return None
+
+
+with torch._inductor.config.patch(post_grad_custom_post_pass=_custom):
+    torch.compile(lambda a, b: a @ b, dynamic=False)(torch.randn(95, 95), torch.randn(95, 95))
 
 
 def test_one():
@@ -198,7 +230,9 @@ def test_one():
 def test_a_compile_in_the_root_conftest_is_counted_outside_the_tests(inner: pytest.Pytester) -> None:
     """It was taken for the session's baseline (the recorder starts after the initial conftests), and an xdist
     controller's own compiles were not collected: torch counted 2 misses where the report said 1, and with
-    ``-n 1`` 1 hit and 2 misses where it said 0 and 1."""
+    ``-n 1`` 1 hit and 2 misses where it said 0 and 1. Its graph (what the next run's miss is explained with),
+    graph break and recompile-limit hit, and a bypass at collection with torch's reason, are there too: the
+    watches were installed only at the plugin's configure, the log taps at the first test's start."""
     inner.makeconftest(ROOT_CONFTEST)
     inner.makepyfile(test_one=ONE_TEST)
 
@@ -206,10 +240,24 @@ def test_a_compile_in_the_root_conftest_is_counted_outside_the_tests(inner: pyte
     # the controller compiles into a fresh dir and misses; its worker imports the conftest again and hits
     xdist = run_inner(inner, f"--compile-cache-dir={inner.path / 'two'}", "-n", "1", json_name="xdist.json")
 
-    for run, outside in ((serial, {"hit": 0, "miss": 1, "bypass": 0}), (xdist, {"hit": 1, "miss": 1, "bypass": 0})):
+    for run, outside, processes in (
+        (serial, {"hit": 0, "miss": 1, "bypass": 1}, 1),
+        (xdist, {"hit": 1, "miss": 1, "bypass": 1}, 2),
+    ):
         run.result.assert_outcomes(passed=1)
-        tests = {test["nodeid"]: test["fxgraph"] for test in run.data["tests"]}
-        assert tests == {"(outside tests)": outside, "test_one.py::test_one": {"hit": 0, "miss": 1, "bypass": 0}}
+        tests = {test["nodeid"]: test for test in run.data["tests"]}
+        assert {nodeid: test["fxgraph"] for nodeid, test in tests.items()} == {
+            "(outside tests)": outside,
+            "test_one.py::test_one": {"hit": 0, "miss": 1, "bypass": 0},
+        }
+        before = tests["(outside tests)"]
+        assert before["bypass_reasons"] == ["Unsupported post grad custom pass"]
+        assert before["graph_breaks"] == processes  # the conftest's import, in every process that imports it
+        assert [(hit["function"], hit["count"]) for hit in before["limit_hit"]] == [
+            ("_limited (conftest.py:21)", processes)
+        ]
+    record = json.loads((inner.path / "one" / ".compilecache-graphs.json").read_text())
+    assert "(outside tests)" in json.dumps(record)  # the conftest's graph: the next run explains its miss
 
 
 INTERRUPTING = """

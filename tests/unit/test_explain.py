@@ -164,6 +164,17 @@ def test_explain_miss_new_test_new_graph_and_same_key() -> None:
     assert explain.explain_test([guarded], [_lookup("hit")])[0].reasons == [explain.GUARD_MISS]
 
 
+def test_a_miss_of_an_earlier_graphs_very_key_is_that_graph_beside_the_tests_other_earlier_graphs() -> None:
+    """The test compiled two graphs last run and looks up only the first now, whose entry is gone: the same key,
+    not a diff against the other earlier graph (what the session said, while compile_cache_stats.why in the
+    test said otherwise)."""
+    first, other = _lookup("hit"), _lookup("hit", c="9.0")
+    assert [m.reasons for m in explain.explain_test([_lookup()], [first, other])] == [[explain.SAME_KEY]]
+    assert [m.reasons for m in explain.explain_test([_lookup()], [other, first])] == [[explain.SAME_KEY]]
+    guarded = explain.explain_test([_lookup("guard_miss")], [other, first])
+    assert [m.reasons for m in guarded] == [[explain.GUARD_MISS]]
+
+
 def test_a_training_graph_is_compared_with_an_inference_graph_when_nothing_closer_exists() -> None:
     flag = f"[{_h(True)}] fx_kwargs[is_inference]: True"
     lines = [flag if "fx_kwargs[is_inference]" in ln else ln for ln in _lines()]
