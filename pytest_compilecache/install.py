@@ -141,7 +141,9 @@ class _Step:
     parent: str  # rel dir ("" for the root)
     name: str
     backup: str | None  # staging name holding the file this step replaces (a second link to it), if any
-    placed: tuple[int, int] | None = None  # (st_dev, st_ino) of the new file once it is in place
+    # The new file's identity (st_dev, st_ino, st_mtime_ns, then st_ctime_ns once at its name: the rename sets
+    # it): an inode number a file system hands to the next new file matches no longer.
+    placed: tuple[int, int, int, int | None] | None = None
 
 
 @dataclass
@@ -272,10 +274,11 @@ class Staging:
                     step.backup = _keep(parent_fd, name, self.fd, f"old{len(steps):06d}")
                 steps.append(step)
                 new = os.stat(slot, dir_fd=self.fd, follow_symlinks=False)
+                step.placed = (new.st_dev, new.st_ino, new.st_mtime_ns, None)  # before: an interrupt after it
                 # One rename: the name holds the old file or the new one at every moment, also for a reader
                 # and after a kill (a killed install leaves every file whole, each the old or the new one).
                 os.replace(slot, name, src_dir_fd=self.fd, dst_dir_fd=parent_fd)
-                step.placed = (new.st_dev, new.st_ino)
+                step.placed = _placed(parent_fd, name, step.placed)
                 written.append(rel)
         except BaseException as exc:
             self._roll_back(steps, made)
@@ -351,13 +354,12 @@ class Staging:
             if parent_fd is None:
                 continue
             try:
-                info = os.stat(step.name, dir_fd=parent_fd, follow_symlinks=False)
-                now: tuple[int, int] | None = (info.st_dev, info.st_ino)
+                now: os.stat_result | None = os.stat(step.name, dir_fd=parent_fd, follow_symlinks=False)
             except FileNotFoundError:
                 now = None
             except OSError:
                 continue
-            if now is not None and now != step.placed:
+            if now is not None and not _is_placed(now, step.placed):
                 continue  # not ours (any more): never removed, never replaced
             with contextlib.suppress(OSError):
                 if step.backup is not None:  # one rename: the name is never empty on the way back either
@@ -390,6 +392,25 @@ class Staging:
             os.close(self.root_fd)
         if not self.installed:
             _remove_created(self.created)
+
+
+def _placed(parent_fd: int, name: str, new: tuple[int, int, int, int | None]) -> tuple[int, int, int, int | None]:
+    """The identity of the file just renamed to ``name``, its ctime added; one that never matches where another
+    file took the name already."""
+    try:
+        info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except OSError:
+        return new
+    if (info.st_dev, info.st_ino, info.st_mtime_ns) != new[:3]:
+        return (-1, -1, -1, -1)
+    return (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def _is_placed(info: os.stat_result, placed: tuple[int, int, int, int | None] | None) -> bool:
+    """Whether ``info`` is the file an install placed (:func:`_placed`)."""
+    if placed is None or (info.st_dev, info.st_ino, info.st_mtime_ns) != placed[:3]:
+        return False
+    return placed[3] is None or placed[3] == info.st_ctime_ns
 
 
 def _keep(parent_fd: int, name: str, staging_fd: int, backup: str) -> str:

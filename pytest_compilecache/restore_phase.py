@@ -214,6 +214,11 @@ class RestorePhase:
                 on_installed=install_headers,
             )
             restored = sync.restore_bundle(store, request)
+            if self._headers is not None and self._headers.named != restored.named_artifacts:
+                # torch rejected the blobs of the bundle those headers are of, and the one restored (if any)
+                # names none: its install finishes, and says nothing of the bundle restored
+                self._headers.finish()
+                self._headers = None
             if unready:
                 from dataclasses import replace
 

@@ -151,7 +151,7 @@ def graphs_by_function(previous: GraphsRecord) -> dict[str, list[GraphLookup]]:
 
 CAME_BACK = (
     "back to the value of an earlier run: that graph was compiled then but is not in this cache (a bundle holds "
-    "the graphs its own run used); it hits from the next run on"
+    "the graphs its own run used); it hits from the next run on, while the value stays"
 )
 
 

@@ -103,6 +103,11 @@ class HeaderInstall:
         )
         self._thread.start()
 
+    @property
+    def named(self) -> tuple[Artifact, ...]:
+        """The headers this install was started for: the manifest entries of the bundle that named them."""
+        return self._named
+
     def _run(self, store: Store, prefix: str, directory: Path | None) -> None:
         try:
             with temporary_dir("restore") as tmp:

@@ -808,6 +808,28 @@ def test_uninstall_leaves_what_another_session_wrote_since(tmp_path: Path, packe
     assert not (target / "cpu_isa.so").exists()  # the bundle's own file is taken back
 
 
+def test_uninstall_leaves_a_file_written_twice_since_whose_inode_number_came_back(tmp_path: Path) -> None:
+    """ext4 hands a freed inode number to the next new file: torch writing a name twice (temp file, rename)
+    after the install gives the second file the number the install placed. Its times tell it apart. Twenty
+    tries (on this machine's ext4 the number came back in most), and the identity check itself."""
+    for attempt in range(20):
+        target = write_tree(tmp_path / f"t{attempt}", {"a": b"old"})
+        with install.Staging.create(target) as staging:
+            with staging.writer("s1") as fh:
+                fh.write(b"new!")
+            staging.install([("a", "s1", 4, hashlib.sha256(b"new!").hexdigest())])
+            for write in range(2):  # another session's torch, twice
+                (target / f"tmp{write}").write_bytes(b"theirs %d" % write)
+                os.replace(target / f"tmp{write}", target / "a")
+            staging.undo()
+        assert (target / "a").read_bytes() == b"theirs 1", attempt
+    info = (tmp_path / "t0" / "a").stat()
+    same = (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
+    assert install._is_placed(info, same) and install._is_placed(info, (*same[:3], None))
+    assert not install._is_placed(info, (info.st_dev, info.st_ino, info.st_mtime_ns - 1, None))
+    assert not install._is_placed(info, (*same[:3], info.st_ctime_ns - 1))
+
+
 def test_a_killed_install_leaves_every_file_whole(tmp_path: Path, packed: Path) -> None:
     """A restore killed mid-install (SIGKILL, OOM: no roll back runs) leaves every name holding a whole
     file, the one it held or the bundle's, never nothing: the file it replaces is kept by a second link first,

@@ -315,6 +315,7 @@ def test_the_headers_installed_are_the_restored_bundles_after_torch_rejected_a_n
 
     class RecordingInstall:
         def __init__(self, store: object, prefix: str, named: tuple[Artifact, ...], directory: object = None) -> None:
+            self.named = tuple(named)
             self.names = tuple(artifact.name for artifact in named)
             events.append(f"start {self.names}")
 
@@ -335,3 +336,37 @@ def test_the_headers_installed_are_the_restored_bundles_after_torch_rejected_a_n
     assert result is not None and result.headers.named == (restored.name,)
     assert events == [f"start {(rejected.name,)}", f"finish {(rejected.name,)}", f"start {(restored.name,)}",
                       f"finish {(restored.name,)}"]  # fmt: skip
+
+
+@pytest.mark.parametrize("outcome", ["partial", "miss"])
+def test_a_rejected_bundles_headers_are_not_reported_when_the_restored_one_names_none_or_none_restored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, outcome: str
+) -> None:
+    """The bundle restored after the rejected one names no header (its manifest has none: no second
+    ``on_installed``), or every candidate was rejected: the rejected bundle's install is finished and said
+    nothing of, so the next save is not told those headers were restored."""
+    from pytest_compilecache.manifest import Artifact
+
+    controller = _controller(tmp_path, store=str(tmp_path / "store"))
+    rejected = Artifact("precompiled_header", "c" + "a" * 51, "0" * 64, 10)
+    events: list[str] = []
+
+    class RecordingInstall:
+        def __init__(self, store: object, prefix: str, named: tuple[Artifact, ...], directory: object = None) -> None:
+            self.named = tuple(named)
+            events.append("start")
+
+        def finish(self) -> sync.HeaderReport:
+            events.append("finish")
+            return sync.HeaderReport(named=tuple(a.name for a in self.named))
+
+    def fake_restore(store: object, request: sync.RestoreRequest) -> sync.RestoreResult:
+        assert request.on_installed is not None
+        request.on_installed((rejected,))
+        return sync.RestoreResult(outcome, key="k" if outcome == "partial" else None)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sync, "HeaderInstall", RecordingInstall)
+    monkeypatch.setattr(sync, "restore_bundle", fake_restore)
+    controller.session_start()
+    result = controller.start.finish().result
+    assert result is not None and result.headers.named == () and events == ["start", "finish"]
