@@ -90,6 +90,20 @@ def torch_job_id(environ: Mapping[str, str] = os.environ) -> str | None:
     return next((environ[name] for name in PGO_ENVS if environ.get(name)), None)
 
 
+def put_back(before: dict[str, str | None], environ: MutableMapping[str, str] = os.environ) -> list[str]:
+    """Set each variable of ``before`` back to its value there (None: unset); the names of those that had
+    changed. The plugin reads its variables before any conftest: one a conftest changes after that would
+    otherwise reach the xdist workers, which read them again, and not the session that spawns them."""
+    changed = sorted(name for name, value in before.items() if environ.get(name) != value)
+    for name in changed:
+        value = before[name]
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
+    return changed
+
+
 def cache_dir_env(cache_dir: str) -> dict[str, str]:
     """What makes torch use ``cache_dir``: all it reads before it is imported (after, see
     ``probe.point_cache_dir``)."""

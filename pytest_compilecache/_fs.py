@@ -222,22 +222,24 @@ def temporary_dir(kind: TempKind, parent: str | os.PathLike[str] | None = None) 
 
 
 def report_target(path: str, option: str) -> Path:
-    """``path`` for a report written later (the plugin's JSON at session end, the CLI's ``--json``): its
-    directory is made now and a path that cannot be written (tried now, by making a file beside it) is a
-    ConfigError naming ``option`` now, before any work, not a warning after it."""
+    """``path`` for a report written later (the plugin's JSON at session end, the CLI's ``--json``): a path
+    that cannot be written (tried now, by making a file beside it, or in the nearest dir on its way that
+    exists) is a ConfigError naming ``option`` now, before any work, not a warning after it. Makes no dir:
+    the writer makes the missing ones, so a start refused for another reason leaves none behind."""
     from .errors import ConfigError
 
     target = Path(path)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"{option}: cannot create the directory of {path}: {exc.strerror or exc}") from None
     if target.is_dir():
         raise ConfigError(f"{option}: {path} is a directory")
+    existing = target.parent
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{option}: cannot create the directory of {path}: {existing} is not a directory")
     # Tried, not asked: ``os.access`` says yes to root everywhere (a CI container's /sys, a read-only mount).
     # The report is written as :func:`atomic_file` writes: a temp sibling renamed over ``path``, so making
     # (and removing) such a sibling is the whole check; what ``path`` itself allows does not matter.
-    probe = target.parent / temp_name("tmp", lead=f".{target.name[:120]}.")
+    probe = existing / temp_name("tmp", lead=f".{target.name[:120]}.")
     try:
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
     except OSError as exc:

@@ -42,6 +42,16 @@ if TYPE_CHECKING:
 EXPLAINED_MODES = ("shared", "isolated")
 
 
+def _refuse_store_at(settings: Settings, cache_dir: str | os.PathLike[str]) -> None:
+    """A directory store that is the cache dir, lies in it or holds it: ConfigError naming the store option."""
+    from .stores import refuse_cache_dir
+
+    try:
+        refuse_cache_dir(settings.store or "", cache_dir)
+    except ConfigError as exc:
+        raise settings.respell(exc, "store") from None
+
+
 class SessionContext:
     """The decisions made once per process before torch is imported; see the module docstring.
 
@@ -90,22 +100,24 @@ class SessionContext:
         if settings.json and not inherited:
             from ._fs import report_target
 
-            report_target(settings.json, settings.spelling("json"))
+            report_target(settings.json, settings.spelling("json"))  # makes no dir
         if inherited:
             session_dir = SessionDir.from_env(inherited)
         else:
+            # Every check that can refuse runs before a dir is made: a refused start leaves nothing behind.
+            planned = cachedir.planned_dir(settings.effective_mode, settings.dir, default_shared)
+            if settings.store and planned is not None:
+                _refuse_store_at(settings, planned)
             try:
                 session_dir = cachedir.decide(settings.effective_mode, settings.dir, default_shared)
             except ConfigError as exc:
                 raise settings.respell(exc, "dir") from None
             if settings.store and session_dir.path:
-                from .stores import refuse_cache_dir
-
                 try:
-                    refuse_cache_dir(settings.store, session_dir.path)
-                except ConfigError as exc:
+                    _refuse_store_at(settings, session_dir.path)
+                except ConfigError:
                     cachedir.remove(session_dir)  # an isolated dir made just now: a refused start leaves none
-                    raise settings.respell(exc, "store") from None
+                    raise
         context = cls(settings, session_dir, lease, problems, follows_controller=bool(inherited))
         if session_dir.owned and not settings.keep:
             # Also when pytest stops before the session ends (--help, a usage error, a broken conftest).

@@ -16,10 +16,9 @@ plugin installed never import torch in most of their sessions:
   counter hands over to the per-test capture (:class:`_Tests`), and in a session with no option the role is
   made at the end only if a test compiled.
 
-Printing happens here and nowhere else. Nothing here imports torch.
-Loads lazily (inside the functions that need them, so a session pays only for what it uses): ``.errors``,
-``.settings``, ``.context``, ``.problems``, ``_pytest.config``, ``.cachedir``, ``.probe``, ``.ghrunner``,
-``.recorder``, ``.session``, ``.report``.
+Printing happens here and nowhere else. Nothing here imports torch. Loads lazily (inside the functions that
+need them, so a session pays only for what it uses): ``.errors``, ``.settings``, ``.context``, ``.problems``,
+``_pytest.config``, ``.cachedir``, ``.probe``, ``.ghrunner``, ``.recorder``, ``.session``, ``.report``.
 PYTEST_DONT_REWRITE
 """
 
@@ -34,6 +33,7 @@ from typing import Sequence
 
 import pytest
 
+from ._env import put_back
 from ._loader import load_plainly
 from ._loader import when_imported
 from .options import SESSION_ENV
@@ -56,8 +56,7 @@ _MODULES = sys.modules
 # Stash keys (annotated, not subscripted: a subscripted generic costs at import in every session).
 _SETTINGS: pytest.StashKey[Settings | None] = pytest.StashKey()
 _SETUP: pytest.StashKey[SessionContext] = pytest.StashKey()
-# The role chosen in pytest_configure (a quiet session: made at the end, if a test compiled): at most one
-# of these two is set in a process.
+# The role chosen in pytest_configure (a quiet session's at the end, if a test compiled): one of these two.
 _CONTROLLER: pytest.StashKey[Controller] = pytest.StashKey()
 _WORKER: pytest.StashKey[Worker] = pytest.StashKey()
 _RECORDER: pytest.StashKey[Recorder] = pytest.StashKey()
@@ -69,6 +68,7 @@ _KEPT: pytest.StashKey[str] = pytest.StashKey()
 _PLAIN: pytest.StashKey[bool] = pytest.StashKey()
 _DOWN: pytest.StashKey[set[int]] = pytest.StashKey()  # the xdist workers already merged (by id of their node)
 _TORCH_BEFORE: pytest.StashKey[bool] = pytest.StashKey()  # torch was imported before this session's conftests
+_ENV_READ: pytest.StashKey[dict[str, str | None]] = pytest.StashKey()  # our variables when _settings read them
 
 MARKER = "compile_cache"
 
@@ -106,12 +106,9 @@ def _settings(config: pytest.Config) -> Settings | None:
     namespace = getattr(config, "known_args_namespace", config.option)
     cli = {name: getattr(namespace, "compile_cache_" + name, None) for name, _, _, _ in TABLE}
     ini = {key: _ini(config, key) for key in (ini_name(flag) for _, flag, _, _ in TABLE)}
-    environ = os.environ
-    if (
-        all(value is None for value in cli.values())
-        and not any(ini.values())
-        and not any(environ.get(env_name(name)) for name, _, _, _ in TABLE)
-    ):
+    read = config.stash[_ENV_READ] = {env_name(name): os.environ.get(env_name(name)) for name, _, _, _ in TABLE}
+    asked = getattr(namespace, "help", False) or getattr(namespace, "version", False)  # a bad value hides no help
+    if asked or (all(value is None for value in cli.values()) and not any(ini.values()) and not any(read.values())):
         config.stash[_SETTINGS] = None
         return None
     _load_own_modules_plainly(config)
@@ -119,7 +116,7 @@ def _settings(config: pytest.Config) -> Settings | None:
     from .settings import resolve
 
     try:
-        settings = config.stash[_SETTINGS] = resolve(cli, ini.get)
+        settings = config.stash[_SETTINGS] = resolve(cli, ini.get, ini_base=str(config.rootpath))
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     return settings
@@ -267,6 +264,9 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     quiet = _quiet(config)
     settings = _settings(config)  # None: no option given (settings not even loaded)
+    if not _is_worker(config) and _ENV_READ in config.stash and (changed := put_back(config.stash[_ENV_READ])):
+        warning = f"{', '.join(changed)}: changed after pytest-compilecache read it (by a conftest?), so put back"
+        config.issue_config_time_warning(pytest.PytestConfigWarning(warning + "; set it before pytest starts"), 2)
     if settings is not None and settings.fail_on_eager_fallback:
         from . import probe
 

@@ -258,6 +258,8 @@ _PARSING: dict[str, tuple[Callable[[str, str], Any], Any]] = {
 # value), which stores.table hands to the backend whose row names them, so Settings has no field per backend.
 # A new backend reads its options from its URL or its own variables instead of adding one here.
 STORE_OPTIONS = ("s3_endpoint",)
+# Options whose value is a path (the store's only where it names a directory, not a URL): see resolve().
+PATH_OPTIONS = ("dir", "json", "store")
 
 OPTIONS: tuple[Option, ...] = tuple(Option(name, cli, *_PARSING[name], help, flag) for name, cli, flag, help in TABLE)
 
@@ -329,11 +331,14 @@ def resolve(
     cli: Mapping[str, Any],
     ini: Callable[[str], Any],
     environ: Mapping[str, str] = os.environ,
+    ini_base: str | None = None,
 ) -> Settings:
     """Build :class:`Settings`; CLI beats ini beats environment. Raises :class:`ConfigError`.
 
     ``cli`` maps option names to parsed argparse values (None when not given); ``ini`` returns the raw
-    ini value for a key, or None/"" when unset.
+    ini value for a key, or None/"" when unset. ``ini_base``: the dir a relative path the ini file gives
+    (:data:`PATH_OPTIONS`) is relative to, pytest's rootdir (as its own ``cache_dir``); one given on the
+    command line or in the environment is relative to the current dir. ``~`` is expanded in each.
     """
     values: dict[str, Any] = {}
     spellings: dict[str, str] = {}
@@ -341,6 +346,12 @@ def resolve(
         values[option.name], spellings[option.name] = _pick(
             option, cli.get(option.name), ini(option.ini), environ.get(option.env)
         )
+    for name in PATH_OPTIONS:
+        value = values[name]
+        if isinstance(value, str) and "://" not in value:
+            path = os.path.expanduser(value)
+            from_ini = spellings[name].startswith("compile_cache_")  # the ini key (a flag: --, a variable: upper)
+            values[name] = os.path.join(ini_base, path) if from_ini and ini_base else path
     values["store_options"] = tuple((name, value) for name in STORE_OPTIONS if (value := values.pop(name)) is not None)
     values["signing_key"] = read_signing_key(environ)
     values["spelled"] = tuple((name, spelled) for name, spelled in spellings.items() if not spelled.startswith("--"))

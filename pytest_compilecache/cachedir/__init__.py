@@ -66,6 +66,7 @@ from .dirs import fresh_dir
 from .dirs import lock
 from .dirs import make_dir
 from .dirs import mark_isolated
+from .dirs import planned_dir
 from .dirs import remove
 from .dirs import remove_dir
 from .dirs import safe_temp_dir
@@ -107,9 +108,9 @@ __all__ = [
     "TEMP_PREFIX", "TORCH_DIRS", "TORCH_FILES", "TORCH_TEMP_GRACE", "UNKNOWN_SESSION", "Kind", "LiveSession",
     "Ownership", "Registration", "SessionDir", "Trim", "clear_pytest_cache_keeping", "decide", "evict",
     "default_shared_dir", "fallback_dir", "fresh_dir", "live_owners", "live_sessions", "lock", "make_dir",
-    "mark_isolated", "ownership", "refuse_foreign", "register_session", "remove", "remove_dir", "safe_temp_dir",
-    "shape_profiles", "sweep_abandoned_isolated", "sweep_dead_writers", "touch", "trim", "unmark_isolated",
-    "unsafe_dir_reason",
+    "mark_isolated", "ownership", "planned_dir", "refuse_foreign", "register_session", "remove", "remove_dir",
+    "safe_temp_dir", "shape_profiles", "sweep_abandoned_isolated", "sweep_dead_writers", "touch", "trim",
+    "unmark_isolated", "unsafe_dir_reason",
 ]  # fmt: skip
 
 

@@ -75,6 +75,18 @@ def default_shared_dir(pytest_cache_dir: Path) -> Path:
     return pytest_cache_dir / "d" / "compilecache"
 
 
+def planned_dir(mode: str | None, configured_dir: str | None, default_shared: Path) -> Path | None:
+    """The dir :func:`decide` will use, made of nothing: for a check that must refuse before any dir is made.
+    Isolated: ``<a fresh dir>`` in the configured parent. None where the place is not known before (a default
+    isolated parent, a default shared dir torch cannot build in, no dir)."""
+    if mode == "shared":
+        path = Path(configured_dir).expanduser().absolute() if configured_dir else default_shared.absolute()
+        return None if not configured_dir and unsafe_dir_reason(str(path)) else path
+    if mode == "isolated" and configured_dir:
+        return Path(configured_dir).expanduser().absolute() / "<a fresh dir>"
+    return None
+
+
 def decide(mode: str | None, configured_dir: str | None, default_shared: Path) -> SessionDir:
     """Create (if needed) and return the session cache dir for ``mode``. Raises ConfigError if unusable.
 

@@ -249,6 +249,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     for line in result.headers.warnings:
         _warn(line)
     if json_target is not None:
+        json_target.parent.mkdir(parents=True, exist_ok=True)
         with atomic_file(json_target, fsync=False) as fh:
             fh.write((json.dumps(result.to_json(), indent=2) + "\n").encode())
     if result.warning:

@@ -140,6 +140,13 @@ BAD_CONFIGURATIONS = [
         "--compile-cache-redis: expected redis://host:port/db, got 'redis://***'",
         id="redis-unparsable",
     ),
+    pytest.param(  # the report's dir is not made for a start refused for the cache dir
+        ["--compile-cache-json={file}.out/sub/r.json", "--compile-cache=shared", "--compile-cache-dir={file}/sub"],
+        "",
+        {},
+        "--compile-cache-dir: */a-file/sub is not a writable directory*",
+        id="json-dir-then-a-bad-dir",
+    ),
     pytest.param(
         ["--compile-cache-dir={file}.d", "--compile-cache-store={file}.d/bundles"],
         "",
@@ -151,7 +158,7 @@ BAD_CONFIGURATIONS = [
         ["--compile-cache=isolated", "--compile-cache-dir={file}.d", "--compile-cache-store={file}.d"],
         "",
         {},
-        "--compile-cache-store: '*/a-file.d' holds the cache dir */a-file.d/compilecache-*: give the store a dir*",
+        "--compile-cache-store: '*/a-file.d' holds the cache dir */a-file.d/<a fresh dir>: give the store a dir*",
         id="store-holds-the-isolated-dir",
     ),
     pytest.param([], "compile_cache = bogus", {}, "compile_cache: invalid value 'bogus'*", id="ini"),
@@ -193,13 +200,18 @@ def test_bad_configuration_fails_at_start_naming_the_option(
     a_file.write_text("a regular file, not a directory\n")
     for name, value in env.items():
         monkeypatch.setenv(name, value.format(file=a_file))
+    before = set(inner.path.rglob("*"))
 
     result = inner.runpytest_subprocess(*(a.format(file=a_file) for a in args), *dist, timeout=120)
 
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: {message}"])
     assert not (inner.path / "ran").exists()
-    assert not list(inner.path.glob("*/compilecache-*")), "a refused start left an isolated dir behind"
+    # A refused start makes nothing: no cache dir, no isolated dir, no report dir, no tag.
+    made = {p.relative_to(inner.path) for p in set(inner.path.rglob("*")) - before}
+    pytesters = {"stdout", "stderr", "__pycache__"}  # pytester's own output and bytecode are no start's doing
+    left = {p for p in made if not pytesters & set(p.parts) and not p.parts[0].startswith("runpytest-")}
+    assert not left, sorted(map(str, left))
 
 
 @XDIST
@@ -433,6 +445,33 @@ def test_isolated_dir_is_not_left_behind_when_the_session_stops_early(
     assert result.ret == (pytest.ExitCode.OK if stop == "--help" else pytest.ExitCode.USAGE_ERROR)
     assert not (inner.path / "ran").exists()
     assert sorted(p.name for p in parent.glob("*")) == []
+
+
+def test_help_is_shown_despite_a_bad_value_and_makes_no_dir(
+    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--help`` lists the options' right values: a bad one must not hide it, and asking for it makes no dir."""
+    inner.makepyfile(test_suite=TRIVIAL_SUITE)
+    monkeypatch.setenv("PYTEST_COMPILECACHE_MODE", "bogus")
+    shown = inner.runpytest_subprocess("--help", timeout=120)
+    assert shown.ret == pytest.ExitCode.OK and "--compile-cache=" in shown.stdout.str()
+    monkeypatch.delenv("PYTEST_COMPILECACHE_MODE")
+    shown = inner.runpytest_subprocess("--help", "--compile-cache=shared", f"--compile-cache-dir={inner.path / 'cc'}")
+    assert shown.ret == pytest.ExitCode.OK and not (inner.path / "cc").exists()
+
+
+def test_a_variable_a_conftest_sets_reaches_no_xdist_worker(inner: pytest.Pytester) -> None:
+    """The plugin reads its variables before any conftest, which the controller's session ignores; xdist
+    workers, started later, would read what a conftest set (each its own isolated dir, or a bad value failing
+    every worker with a traceback). It is put back, with one warning that says to set it before pytest."""
+    inner.makepyfile(test_suite=TRIVIAL_SUITE)
+    inner.makeconftest("import os\n\nos.environ['PYTEST_COMPILECACHE_MODE'] = 'bogus'\n")
+
+    result = inner.runpytest_subprocess("-n", "2", timeout=120)
+
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    result.stdout.fnmatch_lines(["*PYTEST_COMPILECACHE_MODE: changed after pytest-compilecache read it*"])
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
 
 
 # A test that starts a pytest session of its own (as pytester does), with its own --compile-cache.

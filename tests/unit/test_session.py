@@ -735,8 +735,11 @@ def test_a_json_report_path_that_cannot_be_written_is_a_start_up_error(tmp_path:
     spelled = (("json", "PYTEST_COMPILECACHE_JSON"),)
     with pytest.raises(ConfigError, match="^PYTEST_COMPILECACHE_JSON: .* is a directory"):
         _controller(tmp_path, json=str(tmp_path), spelled=spelled)
-    _controller(tmp_path, json=str(tmp_path / "new" / "report.json"))  # a dir that can be made is made now
-    assert (tmp_path / "new").is_dir()
+    # A dir that can be made is made when the report is written: a start refused later leaves none behind.
+    controller = _controller(tmp_path, json=str(tmp_path / "new" / "report.json"))
+    assert not (tmp_path / "new").exists()
+    controller.finish()
+    assert (tmp_path / "new" / "report.json").is_file()
 
 
 @pytest.mark.parametrize(

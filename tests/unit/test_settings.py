@@ -329,3 +329,26 @@ def test_errors_raised_elsewhere_are_respelled_as_the_user_gave_the_option() -> 
     assert settings.respell(untouched, "json") is untouched
     other = ConfigError("something else: --compile-cache-dir")
     assert settings.respell(other, "dir") is other
+
+
+def test_a_relative_path_from_the_ini_file_is_relative_to_the_rootdir_and_tilde_is_expanded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As pytest's own ``cache_dir``: the same ini file gives the same dirs wherever pytest starts. A path
+    given on the command line or in the environment stays relative to the current dir; a URL is no path."""
+    monkeypatch.setenv("HOME", "/home/u")
+
+    def resolved(**given: Mapping[str, Any]) -> Settings:
+        ini = {BY_NAME[name].ini: value for name, value in given.get("ini", {}).items()}
+        env = {BY_NAME[name].env: value for name, value in given.get("env", {}).items()}
+        return resolve(dict(given.get("cli", {})), ini.get, env, ini_base="/project")
+
+    from_ini = resolved(ini={"dir": ".cc", "json": "out/r.json", "store": "bundles"})
+    assert (from_ini.dir, from_ini.json, from_ini.store) == ("/project/.cc", "/project/out/r.json", "/project/bundles")
+    absolute = resolved(ini={"store": "s3://b/p", "dir": "/abs"})
+    assert (absolute.dir, absolute.store) == ("/abs", "s3://b/p")
+    assert resolved(ini={"json": "~/r.json"}).json == "/home/u/r.json"
+    for given in ({"cli": {"dir": ".cc", "json": "r.json"}}, {"env": {"dir": ".cc", "json": "r.json"}}):
+        settings = resolved(**given)
+        assert (settings.dir, settings.json) == (".cc", "r.json")
+    assert resolved(cli={"json": "~/r.json"}).json == "/home/u/r.json"
