@@ -42,6 +42,11 @@ if TYPE_CHECKING:
 EXPLAINED_MODES = ("shared", "isolated")
 
 
+def _torch_read_switches() -> bool:
+    """Whether torch's config modules that read the remote-cache switches at their import are imported."""
+    return "torch._inductor.config" in sys.modules or "torch._functorch.config" in sys.modules
+
+
 def _refuse_store_at(settings: Settings, cache_dir: str | os.PathLike[str]) -> None:
     """A directory store that is the cache dir, lies in it or holds it: ConfigError naming the store option."""
     from .stores import refuse_cache_dir
@@ -197,8 +202,14 @@ class SessionContext:
             self.problems.warn(f"redis at {remote.redacted(url)} {problem}; remote caches stay off")
             # Off also where the environment had them on already (set by hand, for another Redis).
             self.lease.set(dict.fromkeys(REMOTE_SWITCHES, "0"))
-            return
-        self.lease.set(dict(remote.redis_env(url)))
+        else:
+            self.lease.set(dict(remote.redis_env(url)))
+        if _torch_read_switches():
+            from . import probe  # torch read the switches at its import, before the session set them
+
+            if probe.point_remote_caches():
+                self.problems.note("torch was imported before pytest-compilecache configured the session; "
+                                   "switched its remote caches in-process")  # fmt: skip
 
     @property
     def redis_on(self) -> bool:
@@ -294,6 +305,10 @@ class SessionContext:
             from . import probe
 
             probe.put_back_config()
+        if self.settings.redis and _torch_read_switches():
+            from . import probe
+
+            probe.put_back_remote_caches()  # torch read the session's switches (at import, or pointed in-process)
 
 
 def _register(context: SessionContext) -> None:

@@ -5,6 +5,7 @@ PYTEST_DONT_REWRITE
 
 from __future__ import annotations
 
+import re
 from urllib.parse import parse_qsl
 from urllib.parse import urlencode
 from urllib.parse import urlsplit
@@ -54,6 +55,9 @@ def url_options_problem(url: str) -> str | None:
     return None
 
 
+_TIMEOUTS = ("socket_timeout", "socket_connect_timeout")
+
+
 def check_redis(url: str) -> str | None:
     """None when Redis answers PING within a couple of seconds, else a short reason: "unreachable (...)" when
     no connection was made or it timed out, "refused: ..." when Redis answered with an error (a wrong
@@ -63,7 +67,12 @@ def check_redis(url: str) -> str | None:
     except ImportError:
         return "unreachable (the 'redis' package is not installed: pip install 'pytest-compilecache[redis]')"
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=REDIS_TIMEOUT_S, socket_timeout=REDIS_TIMEOUT_S)
+        # The URL's own timeouts are for torch's calls; this check is bounded whatever they say (redis-py lets
+        # the URL's options win over these keywords).
+        parts = urlsplit(url)
+        query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in _TIMEOUTS]
+        bounded = urlunsplit(parts._replace(query=urlencode(query)))
+        client = redis.Redis.from_url(bounded, socket_connect_timeout=REDIS_TIMEOUT_S, socket_timeout=REDIS_TIMEOUT_S)
         client.ping()
         client.close()
     except Exception as exc:  # any client error means: no remote cache this session
@@ -77,14 +86,25 @@ def check_redis(url: str) -> str | None:
 
 
 def redacted(url: str) -> str:
-    """The URL without a password, for messages (never raises: it reports on URLs that failed to parse)."""
+    """The URL without its secrets, for messages (never raises: it reports on URLs that failed to parse).
+
+    The password (everything between ``://`` and the last ``@`` after the user name: a password with an
+    unescaped ``/``, ``#`` or ``?`` still parses, as another URL) and every query value whose name says it is
+    one (``password``, ``ssl_password``, a token, a secret) read ``***``. A URL whose host or port does not
+    parse reads ``<scheme>://***``."""
+    scheme, sep, rest = url.partition("://")
     try:
-        parts = urlsplit(url)
-        if not parts.password:
-            return url
-        host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
-        netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    except ValueError:  # an unparsable host or port: say nothing more precise than the scheme
-        scheme = url.partition("://")[0] if "://" in url else ""
-        return f"{scheme}://***" if scheme.isalnum() else "***"
-    return urlunsplit(parts._replace(netloc=netloc))
+        urlsplit(url).port  # noqa: B018 - raises on a host or port that does not parse
+    except ValueError:
+        return f"{scheme}://***" if sep and scheme.isalnum() else "***"
+    if not sep:
+        return "***" if "@" in url else _SECRET_VALUE.sub(r"\1***", url)
+    at = rest.rfind("@")
+    if at >= 0 and ":" in rest[:at]:
+        user = rest[:at].split(":", 1)[0]
+        rest = f"{'***' if any(c in user for c in '/?#') else user}:***@{rest[at + 1 :]}"
+    return scheme + "://" + _SECRET_VALUE.sub(r"\1***", rest)
+
+
+# A query option whose value is a secret (redis-py's password and ssl_password, any token or secret).
+_SECRET_VALUE = re.compile(r"([?&][^=&#]*(?:pass|token|secret)[^=&#]*=)[^&#]*", re.IGNORECASE)

@@ -197,7 +197,10 @@ def _redis_url(option: str, value: str) -> str:
     except ValueError:  # a port that is not a number, or out of range
         valid = False
     if not valid:
-        raise ConfigError(f"{option}: expected redis://host:port/db, got {redacted(value)!r}")
+        raise ConfigError(
+            f"{option}: expected redis://host:port/db (with / # ? @ in a password percent-encoded), got "
+            f"{redacted(value)!r}"
+        )
     require_package(option, "redis", "redis")
     if parts.query:
         from .remote import url_options_problem

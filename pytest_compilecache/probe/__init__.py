@@ -73,6 +73,8 @@ if TYPE_CHECKING:
     from .pch import uninstall_header_watch as uninstall_header_watch
     from .pch import watch_precompiled_headers as watch_precompiled_headers
     from .redis_guard import guard_remote_cache as guard_remote_cache
+    from .redis_guard import point_remote_caches as point_remote_caches
+    from .redis_guard import put_back_remote_caches as put_back_remote_caches
     from .redis_guard import remote_cache_errors as remote_cache_errors
     from .redis_guard import uninstall_remote_guard as uninstall_remote_guard
     from .triton import autotune_files as autotune_files
@@ -129,6 +131,8 @@ _WHERE = {
     "uninstall_header_watch": "pch",
     "watch_precompiled_headers": "pch",
     "guard_remote_cache": "redis_guard",
+    "point_remote_caches": "redis_guard",
+    "put_back_remote_caches": "redis_guard",
     "remote_cache_errors": "redis_guard",
     "uninstall_remote_guard": "redis_guard",
     "autotune_files": "triton",

@@ -1,13 +1,17 @@
-"""A guard around torch's Redis remote caches: a Redis error is recorded and switches them off for the process.
+"""A guard around torch's Redis remote caches: a Redis error is recorded and switches them off for the process;
+and their switches in torch's config, where torch read them before the session set them.
 
 PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from typing import Any
 
+from .._env import REMOTE_SWITCHES
 from .hooks import install_now_or_on_import
 
 # --------------------------------------------------------------------------- Redis remote cache guard
@@ -97,3 +101,52 @@ def uninstall_remote_guard() -> None:
     _remote_guard = None
     _remote_off = False
     _remote_errors.clear()
+
+
+# --------------------------------------------------------------------------- torch's switches, in-process
+
+# torch's config entries that its remote-cache switches set when the module is imported, and the variable each
+# reads: a session that sets the variables after the import (torch imported before pytest configured the
+# session) sets these too, and puts them back at its end; so does one during which torch was imported.
+_SWITCHED = (
+    ("torch._inductor.config", "fx_graph_remote_cache", REMOTE_SWITCHES[0]),
+    ("torch._functorch.config", "enable_remote_autograd_cache", REMOTE_SWITCHES[1]),
+    ("torch._inductor.config", "autotune_remote_cache", REMOTE_SWITCHES[2]),
+)
+_switched_before: dict[tuple[str, str], Any] = {}
+
+
+def _tristate(variable: str) -> bool | None:
+    """What torch makes of a switch at import ("1" on, "0" off, else its own default, None)."""
+    value = os.environ.get(variable)
+    return True if value == "1" else False if value == "0" else None
+
+
+def point_remote_caches() -> bool:
+    """Where torch read its remote-cache switches at import already, set its config to what the environment
+    says now (the session's switches); True when any entry was set. The values before are kept for
+    :func:`put_back_remote_caches`."""
+    changed = False
+    for module_name, name, variable in _SWITCHED:
+        config = sys.modules.get(module_name)
+        if config is None or not hasattr(config, name):
+            continue
+        with contextlib.suppress(Exception):
+            _switched_before.setdefault((module_name, name), getattr(config, name))
+            setattr(config, name, _tristate(variable))
+            changed = True
+    return changed
+
+
+def put_back_remote_caches() -> None:
+    """After the session's lease put the variables back: each entry :func:`point_remote_caches` set goes
+    back to its value before, and each torch read while the session's switches were set (imported during
+    the session) to what the variables say now, so that a later session in the process (pytester, an IDE)
+    does not keep using the Redis."""
+    for module_name, name, variable in _SWITCHED:
+        config = sys.modules.get(module_name)
+        key = (module_name, name)
+        before = _switched_before.pop(key, None) if key in _switched_before else _tristate(variable)
+        if config is not None and hasattr(config, name):
+            with contextlib.suppress(Exception):
+                setattr(config, name, before)

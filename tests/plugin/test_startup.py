@@ -137,7 +137,7 @@ BAD_CONFIGURATIONS = [
         ["--compile-cache-redis=redis://u:pw@[zz]/0"],
         "",
         {},
-        "--compile-cache-redis: expected redis://host:port/db, got 'redis://***'",
+        "--compile-cache-redis: expected redis://host:port/db (with / # ? @ in a password percent-encoded), got 'redis://*'",
         id="redis-unparsable",
     ),
     pytest.param(  # the report's dir is not made for a start refused for the cache dir

@@ -747,3 +747,51 @@ def test_a_first_test_that_compiles_more_frames_than_torch_keeps_by_default_coun
     out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[-1] == "70"
+
+
+def test_a_session_with_redis_sets_torchs_switches_in_process_and_puts_them_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch (imported here already) read its remote-cache switches at its import: a session that sets the
+    variables only then switches torch's config in-process, says so, and puts every entry back at its end,
+    so that a later session in the process (pytester, an IDE) does not keep using that Redis."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    from pytest_compilecache import remote
+    from pytest_compilecache.context import SessionContext
+    from pytest_compilecache.problems import Problems
+    from pytest_compilecache.settings import Settings
+
+    entries: list[tuple[Any, str]] = [
+        (inductor_config, "fx_graph_remote_cache"),
+        (inductor_config, "autotune_remote_cache"),
+    ]
+    entries.append((functorch_config, "enable_remote_autograd_cache"))
+    before = [getattr(config, name) for config, name in entries]
+    monkeypatch.setattr(remote, "check_redis", lambda url: None)  # answers
+    settings = Settings(mode="isolated", dir=str(tmp_path), redis="redis://127.0.0.1:1/0")
+    problems = Problems()
+    context = SessionContext.start(settings, tmp_path / "default", inherited=None, problems=problems)
+    try:
+        assert [getattr(config, name) for config, name in entries] == [True, True, True]
+        assert any("switched its remote caches in-process" in note for note in problems.notes)
+    finally:
+        context.close()
+    assert [getattr(config, name) for config, name in entries] == before
+    # A Redis that does not answer: the switches are off in-process too, also where torch had them on.
+    inductor_config.fx_graph_remote_cache = True
+    monkeypatch.setattr(remote, "check_redis", lambda url: "unreachable")
+    context = SessionContext.start(settings, tmp_path / "default", inherited=None, problems=Problems())
+    try:
+        assert inductor_config.fx_graph_remote_cache is False
+    finally:
+        context.close()
+        assert inductor_config.fx_graph_remote_cache is True
+        inductor_config.fx_graph_remote_cache = before[0]
+    # torch imported during a session that had set them: each entry reads the variables as they are now.
+    monkeypatch.delenv("TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE", raising=False)
+    inductor_config.fx_graph_remote_cache = True
+    probe.put_back_remote_caches()
+    assert inductor_config.fx_graph_remote_cache is None
+    inductor_config.fx_graph_remote_cache = before[0]

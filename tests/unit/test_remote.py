@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import sys
 import threading
+from typing import Any
 
 import pytest
 
@@ -63,6 +64,13 @@ def test_torch_gets_timeouts_unless_the_url_sets_them() -> None:
         ("redis://:s3cret@cache/1", "redis://:***@cache/1"),
         ("rediss://cache:6380/0", "rediss://cache:6380/0"),
         ("redis://user@cache:6379", "redis://user@cache:6379"),
+        # redis-py's own query options for secrets
+        ("redis://cache:1/0?password=s3cret&socket_timeout=3", "redis://cache:1/0?password=***&socket_timeout=3"),
+        ("rediss://cache/0?ssl_password=s3cret", "rediss://cache/0?ssl_password=***"),
+        # a password with an unescaped / # ? (an Azure access key is base64): another URL, or none
+        ("redis://:12/s3cret@cache:6379/0", "redis://:***@cache:6379/0"),
+        ("redis://:ab#s3cret@cache:6379/0", "redis://***"),
+        ("redis://u/x:s3cret@cache/0", "redis://***:***@cache/0"),
     ],
 )
 def test_redacted(url: str, shown: str) -> None:
@@ -92,8 +100,23 @@ def test_check_redis_against_a_closed_port_gives_a_reason() -> None:
     assert len(reason) <= len("unreachable (ConnectionError: )") + 120
 
 
-def test_check_redis_bounds_its_waits() -> None:
+def test_check_redis_bounds_its_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also where the URL sets torch's timeouts (the docs' example: ``?socket_timeout=30``): redis-py lets the
+    URL's options win over keywords, so the check's client is built from the URL without them."""
+    redis = pytest.importorskip("redis")
     assert 0 < remote.REDIS_TIMEOUT_S <= 2.0
+    made: list[Any] = []
+    real = redis.Redis.from_url
+
+    def from_url(url: str, **kwargs: Any) -> Any:
+        made.append(real(url, **kwargs))  # the client the check would ping, never asked
+        raise redis.exceptions.ConnectionError("not asked")
+
+    monkeypatch.setattr(redis.Redis, "from_url", from_url)
+    remote.check_redis("redis://127.0.0.1:1/0?socket_timeout=30&socket_connect_timeout=30&health_check_interval=3")
+    kwargs = made[0].connection_pool.connection_kwargs
+    assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (remote.REDIS_TIMEOUT_S,) * 2
+    assert kwargs["health_check_interval"] == 3  # the URL's other options are kept
 
 
 def test_check_redis_without_the_client_package(monkeypatch: pytest.MonkeyPatch) -> None:
