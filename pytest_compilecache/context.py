@@ -47,6 +47,25 @@ def _torch_read_switches() -> bool:
     return "torch._inductor.config" in sys.modules or "torch._functorch.config" in sys.modules
 
 
+def _switch_torch_in_process(problems: Problems) -> None:
+    """torch read its remote-cache switches at its import, before the session set them: set its config too."""
+    if not _torch_read_switches():
+        return
+    from . import probe
+
+    if probe.point_remote_caches():
+        problems.note("torch was imported before pytest-compilecache configured the session; switched its remote "
+                      "caches in-process")  # fmt: skip
+
+
+def _put_back_torch_switches() -> None:
+    """torch read the session's switches (at its import, or switched in-process): its config goes back."""
+    if _torch_read_switches():
+        from . import probe
+
+        probe.put_back_remote_caches()
+
+
 def _refuse_store_at(settings: Settings, cache_dir: str | os.PathLike[str]) -> None:
     """A directory store that is the cache dir, lies in it or holds it: ConfigError naming the store option."""
     from .stores import refuse_cache_dir
@@ -83,6 +102,7 @@ class SessionContext:
         self.remote_errors: list[str] = []
         # probe.point_cache_dir ran (it may have changed torch's config, which close puts back)
         self._torch_config = False
+        self._closed = False
 
     def __repr__(self) -> str:
         return f"SessionContext(dir={self.dir!r}, follows_controller={self.follows_controller})"
@@ -204,12 +224,7 @@ class SessionContext:
             self.lease.set(dict.fromkeys(REMOTE_SWITCHES, "0"))
         else:
             self.lease.set(dict(remote.redis_env(url)))
-        if _torch_read_switches():
-            from . import probe  # torch read the switches at its import, before the session set them
-
-            if probe.point_remote_caches():
-                self.problems.note("torch was imported before pytest-compilecache configured the session; "
-                                   "switched its remote caches in-process")  # fmt: skip
+        _switch_torch_in_process(self.problems)
 
     @property
     def redis_on(self) -> bool:
@@ -299,16 +314,17 @@ class SessionContext:
         """Put the environment and torch's config back as they were, withdraw the registration (idempotent;
         matters when pytest runs in-process, e.g. pytester, an IDE). Called at unconfigure, and through
         pytest's cleanup stack when the session stops before configure (a usage error, a broken conftest)."""
+        if self._closed:  # unconfigure, then pytest's cleanup stack: torch's config is put back once
+            return
+        self._closed = True
         self.release()
         self.lease.restore()
         if self._torch_config:  # only _export changes torch's config (through probe.point_cache_dir)
             from . import probe
 
             probe.put_back_config()
-        if self.settings.redis and _torch_read_switches():
-            from . import probe
-
-            probe.put_back_remote_caches()  # torch read the session's switches (at import, or pointed in-process)
+        if self.settings.redis:
+            _put_back_torch_switches()
 
 
 def _register(context: SessionContext) -> None:

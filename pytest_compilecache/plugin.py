@@ -33,6 +33,7 @@ from typing import Sequence
 
 import pytest
 
+from ._env import SIGNING_KEY_ENV
 from ._env import put_back
 from ._loader import load_plainly
 from ._loader import when_imported
@@ -106,9 +107,10 @@ def _settings(config: pytest.Config) -> Settings | None:
     namespace = getattr(config, "known_args_namespace", config.option)
     cli = {name: getattr(namespace, "compile_cache_" + name, None) for name, _, _, _ in TABLE}
     ini = {key: _ini(config, key) for key in (ini_name(flag) for _, flag, _, _ in TABLE)}
-    read = config.stash[_ENV_READ] = {env_name(name): os.environ.get(env_name(name)) for name, _, _, _ in TABLE}
+    read = {env_name(name): os.environ.get(env_name(name)) for name, _, _, _ in TABLE}
+    config.stash[_ENV_READ] = {**read, SIGNING_KEY_ENV: os.environ.get(SIGNING_KEY_ENV)}  # the workers' too
     asked = getattr(namespace, "help", False) or getattr(namespace, "version", False)  # a bad value hides no help
-    if asked or (all(value is None for value in cli.values()) and not any(ini.values()) and not any(read.values())):
+    if asked or (all(v is None for v in cli.values()) and not any(ini.values()) and not any(read.values())):
         config.stash[_SETTINGS] = None
         return None
     _load_own_modules_plainly(config)
@@ -179,8 +181,7 @@ def warning_classifier(config_filters: Sequence[str], cmdline_filters: Sequence[
     from .problems import filter_classifier
 
     def apply() -> None:
-        # pytest's own filter parsing, so that ``module.Class`` categories resolve exactly as pytest does;
-        # stable since pytest 6, private, hence guarded by the classifier (a failure shows the line).
+        # pytest's own parsing (``module.Class`` categories as pytest resolves them); private, so guarded
         from _pytest.config import apply_warning_filters
 
         apply_warning_filters(list(config_filters), list(cmdline_filters))
@@ -189,12 +190,8 @@ def warning_classifier(config_filters: Sequence[str], cmdline_filters: Sequence[
 
 
 def _inherited() -> str | None:
-    """The controller's cache-dir decision, when this process is one of its xdist workers (a direct child).
-
-    Needed in the first hook, before xdist sets ``config.workerinput`` (which decides the *role* later).
-    A pytest started by a test inside a worker also sees PYTEST_XDIST_WORKER, but is not a child of the
-    controller: it makes its own decision.
-    """
+    """The controller's cache-dir decision, when this process is one of its xdist workers (a direct child: a
+    pytest a test in a worker starts sees PYTEST_XDIST_WORKER too). Read before xdist sets ``workerinput``."""
     value = os.environ.get(SESSION_ENV)
     if not value or not os.environ.get("PYTEST_XDIST_WORKER"):
         return None
@@ -208,19 +205,16 @@ def _default_shared(config: pytest.Config) -> Path:
     from . import cachedir  # no cost: the session's start and --cache-clear's keeping, its callers, load it anyway
 
     try:
-        cache_dir = config.getini("cache_dir") or ".pytest_cache"
+        cache_dir = config.getini("cache_dir")
     except ValueError:
-        cache_dir = ".pytest_cache"
-    base = Path(os.path.expandvars(os.path.expanduser(str(cache_dir))))  # as pytest's resolve_from_str
-    return cachedir.default_shared_dir(base if base.is_absolute() else config.rootpath / base)
+        cache_dir = None
+    return cachedir.default_shared_for(str(cache_dir or ".pytest_cache"), config.rootpath)
 
 
 def _keep_a_shared_dir_in_use(config: pytest.Config, setup: SessionContext | None) -> None:
-    """``--cache-clear`` removes pytest's cache dir, and the default shared dir inside it: while another
-    session uses that dir, keep it (``cachedir.clear_pytest_cache_keeping``), tell pytest not to clear, and
-    say so. Every session that clears does this, whatever its own mode and dir (``setup`` is None where the
-    plugin was asked for nothing). Runs before pytest's cache provider reads the option (both hooks are
-    ``tryfirst``; plugins registered later run first)."""
+    """``--cache-clear`` removes pytest's cache dir and the default shared dir in it: while another session uses
+    it, keep it (``cachedir.clear_pytest_cache_keeping``), tell pytest not to clear, say so (``setup`` None: a
+    quiet session). Before pytest's cache provider reads the option (both tryfirst: the later-registered first)."""
     from . import cachedir
 
     own = setup.registration.marker if setup is not None and setup.registration is not None else None
@@ -238,7 +232,7 @@ def _is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl  # after tryfirst ones (pytest-env's variables), before pytest's own (trylast) loads a conftest
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     early_config.stash[_TORCH_BEFORE] = "torch" in _MODULES  # if not, a compile in a conftest is this session's
     when_imported("torch", lambda: _watch(early_config), early_config.add_cleanup)  # its graphs, breaks, limits
@@ -264,9 +258,6 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     quiet = _quiet(config)
     settings = _settings(config)  # None: no option given (settings not even loaded)
-    if not _is_worker(config) and _ENV_READ in config.stash and (changed := put_back(config.stash[_ENV_READ])):
-        warning = f"{', '.join(changed)}: changed after pytest-compilecache read it (by a conftest?), so put back"
-        config.issue_config_time_warning(pytest.PytestConfigWarning(warning + "; set it before pytest starts"), 2)
     if settings is not None and settings.fail_on_eager_fallback:
         from . import probe
 
@@ -292,6 +283,14 @@ def pytest_configure(config: pytest.Config) -> None:
     # Every process, from when torch (or triton, whose hook waits for torch) is imported: the per-test capture and
     # the watches (_watch: explained lookups, triton entries, the header check; already there after a conftest's).
     when_imported("torch", lambda: _torch_appears(config), config.add_cleanup)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config: pytest.Config) -> None:
+    """Before xdist starts workers: a variable of ours changed since we read it (a conftest) is put back, warned."""
+    if changed := put_back(config.stash.get(_ENV_READ, {})):  # nothing read: the plugin was asked for nothing
+        warning = f"{', '.join(changed)}: changed after pytest-compilecache read it (by a conftest?), so put back"
+        config.issue_config_time_warning(pytest.PytestConfigWarning(warning + "; set it before pytest starts"), 2)
 
 
 def _torch_appears(config: pytest.Config) -> None:

@@ -88,23 +88,29 @@ def check_redis(url: str) -> str | None:
 def redacted(url: str) -> str:
     """The URL without its secrets, for messages (never raises: it reports on URLs that failed to parse).
 
-    The password (everything between ``://`` and the last ``@`` after the user name: a password with an
-    unescaped ``/``, ``#`` or ``?`` still parses, as another URL) and every query value whose name says it is
-    one (``password``, ``ssl_password``, a token, a secret) read ``***``. A URL whose host or port does not
-    parse reads ``<scheme>://***``."""
+    A password reads ``***`` (everything between ``://`` and the last ``@`` before the query, so that one with
+    an unescaped ``/`` still does), and so does the rest of the URL from the first query option whose name
+    says it is a secret (``password``, ``ssl_password``, a token). Where a password cannot be told from the
+    rest (an ``@`` after a ``?`` or ``#``: in the query, or in a password with an unescaped ``?`` or ``#``), and
+    where the host or port does not parse, it reads ``<scheme>://***``."""
     scheme, sep, rest = url.partition("://")
+    hidden = f"{scheme}://***" if sep and scheme.isalnum() else "***"
     try:
         urlsplit(url).port  # noqa: B018 - raises on a host or port that does not parse
     except ValueError:
-        return f"{scheme}://***" if sep and scheme.isalnum() else "***"
-    if not sep:
-        return "***" if "@" in url else _SECRET_VALUE.sub(r"\1***", url)
-    at = rest.rfind("@")
-    if at >= 0 and ":" in rest[:at]:
-        user = rest[:at].split(":", 1)[0]
-        rest = f"{'***' if any(c in user for c in '/?#') else user}:***@{rest[at + 1 :]}"
-    return scheme + "://" + _SECRET_VALUE.sub(r"\1***", rest)
+        return hidden
+    cut = min([i for i in (rest.find("?"), rest.find("#")) if i >= 0] or [len(rest)])
+    head, tail = rest[:cut], rest[cut:]
+    if not sep or "@" in tail:
+        return hidden
+    at = head.rfind("@")
+    if at >= 0 and ":" in head[:at]:
+        user = head[:at].split(":", 1)[0]
+        head = f"{'***' if '/' in user else user}:***@{head[at + 1 :]}"
+    return f"{scheme}://{head}{_SECRET_VALUE.sub(_MASKED, tail)}"
 
 
-# A query option whose value is a secret (redis-py's password and ssl_password, any token or secret).
-_SECRET_VALUE = re.compile(r"([?&][^=&#]*(?:pass|token|secret)[^=&#]*=)[^&#]*", re.IGNORECASE)
+# A query option whose value is a secret (redis-py's password and ssl_password, any token or secret): it and
+# everything after it are hidden, an unescaped & or # in the value included.
+_SECRET_VALUE = re.compile(r"([?&][^=&#]*(?:pass|token|secret)[^=&#]*=).*", re.IGNORECASE | re.DOTALL)
+_MASKED = r"\1***"

@@ -61,6 +61,7 @@ from .dirs import SessionDir
 from .dirs import clear_pytest_cache_keeping
 from .dirs import decide
 from .dirs import default_shared_dir
+from .dirs import default_shared_for
 from .dirs import fallback_dir
 from .dirs import fresh_dir
 from .dirs import lock
@@ -107,10 +108,10 @@ __all__ = [
     "GRAPHS_RECORD", "LOCK_NAME", "MIN_AGE", "OUR_NAMES", "PENDING_DIR", "SESSIONS_DIR", "SESSION_ENV", "STALE_AFTER",
     "TEMP_PREFIX", "TORCH_DIRS", "TORCH_FILES", "TORCH_TEMP_GRACE", "UNKNOWN_SESSION", "Kind", "LiveSession",
     "Ownership", "Registration", "SessionDir", "Trim", "clear_pytest_cache_keeping", "decide", "evict",
-    "default_shared_dir", "fallback_dir", "fresh_dir", "live_owners", "live_sessions", "lock", "make_dir",
-    "mark_isolated", "ownership", "planned_dir", "refuse_foreign", "register_session", "remove", "remove_dir",
-    "safe_temp_dir", "shape_profiles", "sweep_abandoned_isolated", "sweep_dead_writers", "touch", "trim",
-    "unmark_isolated", "unsafe_dir_reason",
+    "default_shared_dir", "default_shared_for", "fallback_dir", "fresh_dir", "live_owners", "live_sessions",
+    "lock", "make_dir", "mark_isolated", "ownership", "planned_dir", "refuse_foreign", "register_session",
+    "remove", "remove_dir", "safe_temp_dir", "shape_profiles", "sweep_abandoned_isolated", "sweep_dead_writers",
+    "touch", "trim", "unmark_isolated", "unsafe_dir_reason",
 ]  # fmt: skip
 
 

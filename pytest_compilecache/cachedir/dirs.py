@@ -75,6 +75,13 @@ def default_shared_dir(pytest_cache_dir: Path) -> Path:
     return pytest_cache_dir / "d" / "compilecache"
 
 
+def default_shared_for(pytest_cache_dir: str, rootpath: Path) -> Path:
+    """:func:`default_shared_dir` in pytest's cache dir as its ini value ``cache_dir`` names it (``~`` and
+    variables expanded, relative to the rootdir: as pytest's own ``resolve_from_str``)."""
+    base = Path(os.path.expandvars(os.path.expanduser(pytest_cache_dir)))
+    return default_shared_dir(base if base.is_absolute() else rootpath / base)
+
+
 def planned_dir(mode: str | None, configured_dir: str | None, default_shared: Path) -> Path | None:
     """The dir :func:`decide` will use, made of nothing: for a check that must refuse before any dir is made.
     Isolated: ``<a fresh dir>`` in the configured parent. None where the place is not known before (a default

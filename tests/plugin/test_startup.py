@@ -462,15 +462,27 @@ def test_help_is_shown_despite_a_bad_value_and_makes_no_dir(
 
 def test_a_variable_a_conftest_sets_reaches_no_xdist_worker(inner: pytest.Pytester) -> None:
     """The plugin reads its variables before any conftest, which the controller's session ignores; xdist
-    workers, started later, would read what a conftest set (each its own isolated dir, or a bad value failing
-    every worker with a traceback). It is put back, with one warning that says to set it before pytest."""
+    workers, started later, would read what a conftest set, at its import or in its pytest_configure (each its
+    own isolated dir, a signing key the controller's save does not use, or a bad value failing every worker
+    with a traceback). They are put back before the workers start, with one warning naming them. A plugin that
+    sets them first thing (pytest-env's tryfirst hook) is read, and warned of by nobody."""
     inner.makepyfile(test_suite=TRIVIAL_SUITE)
-    inner.makeconftest("import os\n\nos.environ['PYTEST_COMPILECACHE_MODE'] = 'bogus'\n")
+    inner.makeconftest(
+        "import os\n\nos.environ['PYTEST_COMPILECACHE_MODE'] = 'bogus'\n\n\ndef pytest_configure(config):\n"
+        "    os.environ['PYTEST_COMPILECACHE_SIGNING_KEY'] = 'from the conftest'\n"
+    )
+    inner.makepyfile(
+        envplugin="import os\n\nimport pytest\n\n\n@pytest.hookimpl(tryfirst=True)\n"
+        "def pytest_load_initial_conftests(early_config):\n    os.environ['PYTEST_COMPILECACHE_REPORT'] = 'full'\n"
+    )
 
-    result = inner.runpytest_subprocess("-n", "2", timeout=120)
+    result = inner.runpytest_subprocess("-p", "envplugin", "-n", "2", timeout=120)
 
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
-    result.stdout.fnmatch_lines(["*PYTEST_COMPILECACHE_MODE: changed after pytest-compilecache read it*"])
+    result.stdout.fnmatch_lines(
+        ["*PYTEST_COMPILECACHE_MODE, PYTEST_COMPILECACHE_SIGNING_KEY: changed after pytest-compilecache read it*"]
+    )
+    assert "PYTEST_COMPILECACHE_REPORT" not in result.stdout.str()  # read, not put back
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
 
 

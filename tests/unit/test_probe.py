@@ -768,6 +768,8 @@ def test_a_session_with_redis_sets_torchs_switches_in_process_and_puts_them_back
         (inductor_config, "autotune_remote_cache"),
     ]
     entries.append((functorch_config, "enable_remote_autograd_cache"))
+    for config, name in entries:  # set in code by the user: what close puts back, not what the variables say
+        monkeypatch.setattr(config, name, False)
     before = [getattr(config, name) for config, name in entries]
     monkeypatch.setattr(remote, "check_redis", lambda url: None)  # answers
     settings = Settings(mode="isolated", dir=str(tmp_path), redis="redis://127.0.0.1:1/0")
@@ -778,6 +780,7 @@ def test_a_session_with_redis_sets_torchs_switches_in_process_and_puts_them_back
         assert any("switched its remote caches in-process" in note for note in problems.notes)
     finally:
         context.close()
+    context.close()  # pytest's cleanup stack closes it again after unconfigure: a no-op
     assert [getattr(config, name) for config, name in entries] == before
     # A Redis that does not answer: the switches are off in-process too, also where torch had them on.
     inductor_config.fx_graph_remote_cache = True

@@ -65,7 +65,12 @@ def test_torch_gets_timeouts_unless_the_url_sets_them() -> None:
         ("rediss://cache:6380/0", "rediss://cache:6380/0"),
         ("redis://user@cache:6379", "redis://user@cache:6379"),
         # redis-py's own query options for secrets
-        ("redis://cache:1/0?password=s3cret&socket_timeout=3", "redis://cache:1/0?password=***&socket_timeout=3"),
+        ("redis://cache:1/0?socket_timeout=3&password=s3cret", "redis://cache:1/0?socket_timeout=3&password=***"),
+        ("redis://cache:1/0?password=s3&cr#et&x=1", "redis://cache:1/0?password=***"),  # to the end: & # unescaped
+        # an @ after ? or #: in the query, or in a password with an unescaped ? or #: nothing told apart
+        ("redis://cache:6379/0?password=abc@defs3cret", "redis://***"),
+        ("redis://:pw@cache:6379/0?ssl_password=s3@cret", "redis://***"),
+        ("redis://:ab?s3cret@cache:6379/0", "redis://***"),
         ("rediss://cache/0?ssl_password=s3cret", "rediss://cache/0?ssl_password=***"),
         # a password with an unescaped / # ? (an Azure access key is base64): another URL, or none
         ("redis://:12/s3cret@cache:6379/0", "redis://:***@cache:6379/0"),

@@ -347,6 +347,8 @@ def test_a_relative_path_from_the_ini_file_is_relative_to_the_rootdir_and_tilde_
     assert (from_ini.dir, from_ini.json, from_ini.store) == ("/project/.cc", "/project/out/r.json", "/project/bundles")
     absolute = resolved(ini={"store": "s3://b/p", "dir": "/abs"})
     assert (absolute.dir, absolute.store) == ("/abs", "s3://b/p")
+    for url in ("file:relative", "gs:bucket/prefix", "s3:/bucket"):  # a URL, mistyped or not, is opened as given
+        assert resolved(ini={"store": url}).store == url
     assert resolved(ini={"json": "~/r.json"}).json == "/home/u/r.json"
     for given in ({"cli": {"dir": ".cc", "json": "r.json"}}, {"env": {"dir": ".cc", "json": "r.json"}}):
         settings = resolved(**given)
