@@ -102,7 +102,7 @@ class SessionContext:
         self.remote_errors: list[str] = []
         # probe.point_cache_dir ran (it may have changed torch's config, which close puts back)
         self._torch_config = False
-        self._closed = False
+        self._switches_back = False  # close put torch's remote-cache switches back
 
     def __repr__(self) -> str:
         return f"SessionContext(dir={self.dir!r}, follows_controller={self.follows_controller})"
@@ -314,16 +314,14 @@ class SessionContext:
         """Put the environment and torch's config back as they were, withdraw the registration (idempotent;
         matters when pytest runs in-process, e.g. pytester, an IDE). Called at unconfigure, and through
         pytest's cleanup stack when the session stops before configure (a usage error, a broken conftest)."""
-        if self._closed:  # unconfigure, then pytest's cleanup stack: torch's config is put back once
-            return
-        self._closed = True
         self.release()
         self.lease.restore()
         if self._torch_config:  # only _export changes torch's config (through probe.point_cache_dir)
             from . import probe
 
             probe.put_back_config()
-        if self.settings.redis:
+        if self.settings.redis and not self._switches_back:  # once: close runs again from pytest's cleanup stack
+            self._switches_back = True
             _put_back_torch_switches()
 
 

@@ -107,12 +107,12 @@ def _settings(config: pytest.Config) -> Settings | None:
     namespace = getattr(config, "known_args_namespace", config.option)
     cli = {name: getattr(namespace, "compile_cache_" + name, None) for name, _, _, _ in TABLE}
     ini = {key: _ini(config, key) for key in (ini_name(flag) for _, flag, _, _ in TABLE)}
-    read = {env_name(name): os.environ.get(env_name(name)) for name, _, _, _ in TABLE}
-    config.stash[_ENV_READ] = {**read, SIGNING_KEY_ENV: os.environ.get(SIGNING_KEY_ENV)}  # the workers' too
+    read = config.stash[_ENV_READ] = {env_name(name): os.environ.get(env_name(name)) for name, _, _, _ in TABLE}
     asked = getattr(namespace, "help", False) or getattr(namespace, "version", False)  # a bad value hides no help
     if asked or (all(v is None for v in cli.values()) and not any(ini.values()) and not any(read.values())):
         config.stash[_SETTINGS] = None
         return None
+    read[SIGNING_KEY_ENV] = os.environ.get(SIGNING_KEY_ENV)  # a session that may use it: its workers too
     _load_own_modules_plainly(config)
     from .errors import ConfigError
     from .settings import resolve

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from urllib.parse import parse_qsl
+from urllib.parse import unquote_plus
 from urllib.parse import urlencode
 from urllib.parse import urlsplit
 from urllib.parse import urlunsplit
@@ -86,31 +87,44 @@ def check_redis(url: str) -> str | None:
 
 
 def redacted(url: str) -> str:
-    """The URL without its secrets, for messages (never raises: it reports on URLs that failed to parse).
+    """The URL without its secrets, for messages (never raises, in time linear in its length: it reports on
+    URLs that failed to parse).
 
     A password reads ``***`` (everything between ``://`` and the last ``@`` before the query, so that one with
-    an unescaped ``/`` still does), and so does the rest of the URL from the first query option whose name
-    says it is a secret (``password``, ``ssl_password``, a token). Where a password cannot be told from the
-    rest (an ``@`` after a ``?`` or ``#``: in the query, or in a password with an unescaped ``?`` or ``#``), and
-    where the host or port does not parse, it reads ``<scheme>://***``."""
+    an unescaped ``/`` still does), and so does everything from the first query option whose name, decoded,
+    says it is a secret (``password``, ``ssl_password``, ``p%61ssword``, a token); a fragment reads ``#***``.
+    Where a password cannot be told from the rest (an ``@`` after a ``?`` or ``#``: in the query, or in a
+    password with an unescaped ``?`` or ``#``), and where the host or port does not parse, it reads
+    ``<scheme>://***``; a value that does not start with a scheme and ``://`` reads ``***``."""
     scheme, sep, rest = url.partition("://")
-    hidden = f"{scheme}://***" if sep and scheme.isalnum() else "***"
+    if not sep or not _SCHEME.fullmatch(scheme):
+        return "***"
+    hidden = f"{scheme}://***"
     try:
         urlsplit(url).port  # noqa: B018 - raises on a host or port that does not parse
     except ValueError:
         return hidden
     cut = min([i for i in (rest.find("?"), rest.find("#")) if i >= 0] or [len(rest)])
     head, tail = rest[:cut], rest[cut:]
-    if not sep or "@" in tail:
+    if "@" in tail:
         return hidden
     at = head.rfind("@")
     if at >= 0 and ":" in head[:at]:
         user = head[:at].split(":", 1)[0]
         head = f"{'***' if '/' in user else user}:***@{head[at + 1 :]}"
-    return f"{scheme}://{head}{_SECRET_VALUE.sub(_MASKED, tail)}"
+    return f"{scheme}://{head}{_shown_query(tail)}"
 
 
-# A query option whose value is a secret (redis-py's password and ssl_password, any token or secret): it and
-# everything after it are hidden, an unescaped & or # in the value included.
-_SECRET_VALUE = re.compile(r"([?&][^=&#]*(?:pass|token|secret)[^=&#]*=).*", re.IGNORECASE | re.DOTALL)
-_MASKED = r"\1***"
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+_SECRET_WORDS = ("pass", "token", "secret")
+
+
+def _shown_query(tail: str) -> str:
+    """``?query#fragment`` with everything from the first option whose decoded name says it is a secret hidden
+    (an unescaped ``&``, ``;`` or ``#`` in its value included), and the fragment hidden."""
+    query, hashmark, _ = tail.partition("#")
+    for option in re.finditer(r"[?&;]([^?&;]*)", query):
+        name, equals, _ = option.group(1).partition("=")
+        if any(word in unquote_plus(name).lower() for word in _SECRET_WORDS):
+            return query[: option.start(1)] + name + equals + "***"
+    return query + ("#***" if hashmark else "")

@@ -264,7 +264,7 @@ STORE_OPTIONS = ("s3_endpoint",)
 # Options whose value is a path (the store's only where it names a directory, not a URL): see resolve().
 PATH_OPTIONS = ("dir", "json", "store")
 # What a store URL starts with (``s3://``, ``file:``, a mistyped ``gs:bucket``, which opening it refuses).
-_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:")  # two letters at least, as stores.table: x:cache is a path
 
 OPTIONS: tuple[Option, ...] = tuple(Option(name, cli, *_PARSING[name], help, flag) for name, cli, flag, help in TABLE)
 

@@ -476,7 +476,7 @@ def test_a_variable_a_conftest_sets_reaches_no_xdist_worker(inner: pytest.Pytest
         "def pytest_load_initial_conftests(early_config):\n    os.environ['PYTEST_COMPILECACHE_REPORT'] = 'full'\n"
     )
 
-    result = inner.runpytest_subprocess("-p", "envplugin", "-n", "2", timeout=120)
+    result = inner.runpytest_subprocess("-p", "envplugin", "--compile-cache-summary=off", "-n", "2", timeout=120)
 
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
     result.stdout.fnmatch_lines(
@@ -484,6 +484,11 @@ def test_a_variable_a_conftest_sets_reaches_no_xdist_worker(inner: pytest.Pytest
     )
     assert "PYTEST_COMPILECACHE_REPORT" not in result.stdout.str()  # read, not put back
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+    # A session that asked the plugin for nothing uses no signing key: a CI secret a conftest exports is its own.
+    inner.makeconftest("import os\n\nos.environ['PYTEST_COMPILECACHE_SIGNING_KEY'] = 'from the conftest'\n")
+    quiet = inner.runpytest_subprocess("-n", "2", timeout=120)
+    assert quiet.ret == pytest.ExitCode.OK and "changed after" not in quiet.stdout.str(), quiet.stdout.str()
 
 
 # A test that starts a pytest session of its own (as pytester does), with its own --compile-cache.

@@ -71,6 +71,11 @@ def test_torch_gets_timeouts_unless_the_url_sets_them() -> None:
         ("redis://cache:6379/0?password=abc@defs3cret", "redis://***"),
         ("redis://:pw@cache:6379/0?ssl_password=s3@cret", "redis://***"),
         ("redis://:ab?s3cret@cache:6379/0", "redis://***"),
+        # a name redis-py decodes, a ; separator, a fragment, no scheme where the only :// is in the query
+        ("redis://cache:1/0?p%61ssword=s3cret", "redis://cache:1/0?p%61ssword=***"),
+        ("redis://cache/0?db=0;password=s3cret", "redis://cache/0?db=0;password=***"),
+        ("redis://cache/0#password=s3cret", "redis://cache/0#***"),
+        ("redis:/u:s3cret@cache/0?ssl_ca_certs=file:///ca", "***"),
         ("rediss://cache/0?ssl_password=s3cret", "rediss://cache/0?ssl_password=***"),
         # a password with an unescaped / # ? (an Azure access key is base64): another URL, or none
         ("redis://:12/s3cret@cache:6379/0", "redis://:***@cache:6379/0"),
