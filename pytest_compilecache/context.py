@@ -137,7 +137,7 @@ class SessionContext:
                 session_dir = cachedir.decide(settings.effective_mode, settings.dir, default_shared)
             except ConfigError as exc:
                 raise settings.respell(exc, "dir") from None
-            if settings.store and session_dir.path:
+            if settings.store and session_dir.path and planned is None:  # a place not known before: checked now
                 try:
                     _refuse_store_at(settings, session_dir.path)
                 except ConfigError:

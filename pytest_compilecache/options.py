@@ -10,10 +10,12 @@ PYTEST_DONT_REWRITE
 
 from __future__ import annotations
 
+import re
+
 from ._env import ENV_PREFIX
 from ._env import SESSION_ENV
 
-__all__ = ["ENV_PREFIX", "SESSION_ENV", "TABLE", "env_name", "ini_name"]
+__all__ = ["ENV_PREFIX", "SESSION_ENV", "TABLE", "env_name", "ini_name", "scheme_of"]
 
 # (name, flag, is a switch without a value, help); ``name`` is the attribute on settings.Settings.
 TABLE: tuple[tuple[str, str, bool, str], ...] = (
@@ -159,3 +161,14 @@ def ini_name(flag: str) -> str:
 def env_name(name: str) -> str:
     """``store`` -> ``PYTEST_COMPILECACHE_STORE``."""
     return ENV_PREFIX + name.upper()
+
+
+# A URL's scheme: two or more characters before ":" so that a Windows drive ("C:\\cache") stays a plain path.
+_SCHEME = r"^([A-Za-z][A-Za-z0-9+.-]+):"
+
+
+def scheme_of(url: str) -> str | None:
+    """The lower-case scheme of ``url`` (``s3`` for ``S3://b``), or None for a plain path: what tells a store URL
+    from a directory (``stores.table``, the ini's relative paths in ``settings``) and a Redis URL's scheme."""
+    match = re.match(_SCHEME, url)
+    return match.group(1).lower() if match else None

@@ -14,6 +14,7 @@ from urllib.parse import urlunsplit
 
 from ._env import REDIS_ENVS
 from ._env import REMOTE_SWITCHES
+from .options import scheme_of
 
 REDIS_TIMEOUT_S = 2.0  # the start-up PING
 # Each of torch's Redis calls (redis-py's defaults: no timeout before 6.x); a URL that sets its own wins.
@@ -97,7 +98,7 @@ def redacted(url: str) -> str:
     password with an unescaped ``?`` or ``#``), and where the host or port does not parse, it reads
     ``<scheme>://***``; a value that does not start with a scheme and ``://`` reads ``***``."""
     scheme, sep, rest = url.partition("://")
-    if not sep or not _SCHEME.fullmatch(scheme):
+    if not sep or scheme_of(url) != scheme.lower():  # the first :// is not the scheme's (it is in the query)
         return "***"
     hidden = f"{scheme}://***"
     try:
@@ -115,7 +116,6 @@ def redacted(url: str) -> str:
     return f"{scheme}://{head}{_shown_query(tail)}"
 
 
-_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 _SECRET_WORDS = ("pass", "token", "secret")
 
 

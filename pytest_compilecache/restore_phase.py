@@ -132,6 +132,13 @@ class RestorePhase:
             # same trouble); the controller reads this one from the worker's payload (report()).
             pass
 
+    def _forget_headers(self) -> None:
+        """Wait for the header install of a bundle that was not restored (torch rejected its blobs), and drop
+        it: its headers are sound (verified), but its report is not the restored bundle's."""
+        if self._headers is not None:
+            self._headers.finish()
+            self._headers = None
+
     def finish_headers(self) -> None:
         """Wait for the restored bundle's headers to be in place (:class:`.sync.HeaderInstall`) and add what
         happened to the restore's result and the session's problems; in the worker that restored for its
@@ -194,9 +201,7 @@ class RestorePhase:
             def install_headers(named: tuple[Artifact, ...]) -> None:
                 # Before the bundle's blobs load (which imports torch): the install overlaps that import, and
                 # torch's build lock of each header, held until it is in place, keeps any compile waiting.
-                if self._headers is not None:  # torch rejected the blobs of the bundle whose headers those are:
-                    self._headers.finish()  # this later bundle is the one restored (its headers, its report)
-                    self._headers = None
+                self._forget_headers()  # an earlier one's: torch rejected the blobs of that bundle
                 try:
                     self._headers = sync.HeaderInstall(store, settings.key_prefix, named)
                 except Exception as exc:  # e.g. torch's lock dir cannot be made: torch builds the headers
@@ -215,10 +220,7 @@ class RestorePhase:
             )
             restored = sync.restore_bundle(store, request)
             if self._headers is not None and self._headers.named != restored.named_artifacts:
-                # torch rejected the blobs of the bundle those headers are of, and the one restored (if any)
-                # names none: its install finishes, and says nothing of the bundle restored
-                self._headers.finish()
-                self._headers = None
+                self._forget_headers()  # a rejected bundle's, and the one restored (if any) names none
             if unready:
                 from dataclasses import replace
 

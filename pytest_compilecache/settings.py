@@ -22,6 +22,7 @@ from .errors import ConfigError
 from .options import TABLE
 from .options import env_name
 from .options import ini_name
+from .options import scheme_of
 
 MODES = ("shared", "isolated", "disabled")
 REPORTS = ("short", "full", "none")
@@ -263,8 +264,6 @@ _PARSING: dict[str, tuple[Callable[[str, str], Any], Any]] = {
 STORE_OPTIONS = ("s3_endpoint",)
 # Options whose value is a path (the store's only where it names a directory, not a URL): see resolve().
 PATH_OPTIONS = ("dir", "json", "store")
-# What a store URL starts with (``s3://``, ``file:``, a mistyped ``gs:bucket``, which opening it refuses).
-_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:")  # two letters at least, as stores.table: x:cache is a path
 
 OPTIONS: tuple[Option, ...] = tuple(Option(name, cli, *_PARSING[name], help, flag) for name, cli, flag, help in TABLE)
 
@@ -353,7 +352,7 @@ def resolve(
         )
     for name in PATH_OPTIONS:
         value = values[name]
-        if isinstance(value, str) and not (name == "store" and _URL_SCHEME.match(value)):  # a URL is no path
+        if isinstance(value, str) and not (name == "store" and scheme_of(value)):  # a URL (gs:bucket too) is no path
             path = os.path.expanduser(value)
             from_ini = spellings[name].startswith("compile_cache_")  # the ini key (a flag: --, a variable: upper)
             values[name] = os.path.join(ini_base, path) if from_ini and ini_base else path

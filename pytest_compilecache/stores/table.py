@@ -15,10 +15,11 @@ PYTEST_DONT_REWRITE
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from dataclasses import field
 from typing import Mapping
+
+from ..options import scheme_of
 
 __all__ = ["BACKENDS", "Backend", "backend_for", "expected", "extra_for", "scheme_of"]
 
@@ -75,15 +76,6 @@ BACKENDS: tuple[Backend, ...] = (
         variables=("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_URL", "AZURE_STORAGE_ACCOUNT_NAME"),
     ),
 )
-
-# Two or more characters before ":" so that a Windows drive ("C:\\cache") stays a plain path.
-_SCHEME = r"^([A-Za-z][A-Za-z0-9+.-]+):"
-
-
-def scheme_of(url: str) -> str | None:
-    """The lower-case scheme of ``url`` (``s3`` for ``S3://b``), or None for a plain path."""
-    match = re.match(_SCHEME, url)
-    return match.group(1).lower() if match else None
 
 
 def backend_for(url: str) -> Backend | None:
