@@ -25,6 +25,11 @@ What it checks (each prints one ``ok``/``FAILED`` line; exit status 1 if any fai
    and warm runs hit every FX graph, and the line prints the three wall times and restored/warm. Serially, then
    with ``-n 2``.
 
+When a warm check fails, it says why it can: the triton entries (by kernel name) and best configs each run's
+cache dir held at its session's end (a conftest in the suite notes them before an isolated dir is removed), which
+entries the bundle carried, and which the fresh runner made anew. ``--only warm-kept`` (not in the default set)
+runs the warm check serially with ``--compile-cache-keep`` on its sessions, to compare with the default.
+
 It needs pytest-compilecache importable from this checkout and, for ``-n 2``, pytest-xdist. Nothing outside
 the work dir is written; the work dir is removed at the end unless ``--keep`` names one.
 """
@@ -46,6 +51,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKS = ("fingerprint", "fork", "warm", "examples")
+OPTIONAL = ("warm-kept",)  # run only when named: the warm check with --compile-cache-keep, to compare
 COMPILERS = ("cc", "gcc", "g++", "c++", "clang", "clang++")
 
 FORK_SUITE = textwrap.dedent(
@@ -100,6 +106,42 @@ WARM_SUITE = textwrap.dedent(
         out = torch.empty_like(x)
         add_kernel[(triton.cdiv(1000, 256),)](x, x, out, 1000, BLOCK=256)
         torch.testing.assert_close(out, x + x)
+    """
+)
+
+
+# In the warm suite: what the session's cache dir holds at its end, noted before the plugin removes an isolated
+# dir (its pytest_sessionfinish runs after this tryfirst one). Each process (xdist workers too) writes its own file.
+SNAPSHOT_CONFTEST = textwrap.dedent(
+    """
+    import json
+    import os
+
+    import pytest
+
+
+    def snapshot(cache, out):
+        triton = os.path.join(cache, "triton")
+        entries = {}
+        if os.path.isdir(triton):
+            for key in sorted(os.listdir(triton)):
+                if os.path.isdir(os.path.join(triton, key)):
+                    entries[key] = sorted(os.listdir(os.path.join(triton, key)))
+        best = sorted(
+            os.path.relpath(os.path.join(folder, name), cache)
+            for folder, _, names in os.walk(cache)
+            for name in names
+            if name.endswith(".best_config")
+        )
+        with open(out, "w") as fh:
+            json.dump({"triton": entries, "best_config": best}, fh)
+
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(session):
+        cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        if cache and os.path.isdir(cache):
+            snapshot(cache, os.path.join(os.environ["HOME"], f"entries-{os.getpid()}.json"))
     """
 )
 
@@ -193,27 +235,32 @@ class Checks:
 
     # ---- 3
 
-    def warm(self, workers: list[str], label: str) -> None:
-        base = self.work / f"warm{label.replace(' ', '')}"
+    def warm(self, workers: list[str], label: str, kept: bool = False) -> None:
+        """``kept``: the sessions run with ``--compile-cache-keep`` (the ``warm-kept`` check)."""
+        base = self.work / f"warm{label.replace(' ', '')}{'-kept' if kept else ''}"
         suite = base / "suite"
         suite.mkdir(parents=True)
         (suite / "test_gpu.py").write_text(WARM_SUITE)
+        (suite / "conftest.py").write_text(SNAPSHOT_CONFTEST)
         store = base / "store"
         shims, log = self._compiler_shims(base)
-        reports = {}
+        extra = [*workers, "--compile-cache-report=full", *(["--compile-cache-keep"] if kept and not self.keep else [])]
+        label = f"{label}{', sessions kept' if kept else ''}"
+        reports, carried, failed_before = {}, {}, len(self.failed)
         for run in ("cold", "warm"):
             fresh = base / run  # a fresh runner: no cache dir, temp dir or triton home from the cold run
             log.write_text("")
             out, seconds = self.session(
-                suite, fresh, store, fresh / "report.json", [*workers, "--compile-cache-report=full"],
-                path=f"{shims}{os.pathsep}{self.env['PATH']}",
-            )  # fmt: skip
+                suite, fresh, store, fresh / "report.json", extra, path=f"{shims}{os.pathsep}{self.env['PATH']}"
+            )
             self.check(f"warm {label}: the {run} run passes ({seconds:.1f} s)", out.returncode == 0, _tail(out))
             if out.returncode != 0:
                 return
             reports[run] = json.loads((fresh / "report.json").read_text())
             calls = [line for line in log.read_text().splitlines() if line.strip()]
-            if run == "warm":
+            if run == "cold":
+                carried = self._carried_triton_entries(store)
+            else:
                 self.check(f"warm {label}: no C compiler call on the fresh runner", not calls, "; ".join(calls[:3]))
         totals = reports["warm"]["totals"]
         gpu = totals.get("gpu", {})
@@ -233,6 +280,24 @@ class Checks:
             gpu.get("triton_built") == 0,
             f"{json.dumps(gpu)}; {_which(tests, 'triton_built')}",
         )
+        if len(self.failed) > failed_before:
+            for line in diagnose(_snapshot(base / "cold"), carried, _snapshot(base / "warm")):
+                print(f"       warm {label}: {line}", flush=True)
+
+    def _carried_triton_entries(self, store: Path) -> dict[str, list[str]]:
+        """The triton entries (key -> file names) in the one bundle ``store`` holds (``inspect --json``)."""
+        bundles = [p for p in store.glob("*.bundle") if "-artifact-" not in p.name]
+        if len(bundles) != 1:
+            return {}
+        out = self.run([sys.executable, "-m", "pytest_compilecache", "inspect", "--json", str(bundles[0])])
+        if out.returncode != 0:
+            return {}
+        entries: dict[str, list[str]] = {}
+        for member in json.loads(out.stdout).get("members", []):
+            parts = str(member.get("path", "")).split("/")
+            if len(parts) == 4 and parts[:2] == ["files", "triton"]:
+                entries.setdefault(parts[2], []).append(parts[3])
+        return entries
 
     # ---- 4
 
@@ -301,6 +366,53 @@ class Checks:
         return shims, log
 
 
+def _snapshot(runner: Path) -> dict[str, Any]:
+    """What the runner's sessions' cache dirs held at their end (``SNAPSHOT_CONFTEST``'s files, merged)."""
+    merged: dict[str, Any] = {"triton": {}, "best_config": []}
+    for path in sorted(runner.glob("entries-*.json")):
+        data = json.loads(path.read_text())
+        merged["triton"].update(data.get("triton", {}))
+        merged["best_config"] = sorted({*merged["best_config"], *data.get("best_config", [])})
+    return merged
+
+
+def _kernels(files: list[str]) -> str:
+    """A triton entry's kernel or helper names: its metadata files (``<name>.json``), or its libraries."""
+    names = sorted({f[: -len(".json")] for f in files if f.endswith(".json") and not f.startswith("__grp__")})
+    return ", ".join(names or sorted(f for f in files if f.endswith(".so")) or files[:3]) or "empty"
+
+
+def diagnose(cold: dict[str, Any], carried: dict[str, list[str]], warm: dict[str, Any]) -> list[str]:
+    """Why a fresh runner built or autotuned, from what each run's cache dir held at its end (:func:`_snapshot`)
+    and the triton entries the bundle carried: cold entries the bundle left out, and warm entries it did not bring
+    (with a carried entry of the same kernel name: triton looked under another key). Best configs travel in the
+    mega-cache blob: compared between the runs' dirs by name."""
+    lines = [
+        f"the cold run ended with {len(cold['triton'])} triton entries and {len(cold['best_config'])} best "
+        f"configs; the bundle carried {len(carried)} triton entries"
+    ]
+    carried_names = {key: _kernels(files) for key, files in carried.items()}
+    for key, files in sorted(cold["triton"].items()):
+        if key not in carried:
+            lines.append(f"not carried: triton entry {key[:16]} ({_kernels(files)})")
+    for key, files in sorted(warm["triton"].items()):
+        if key in carried:
+            continue
+        name = _kernels(files)
+        same = [k[:16] for k, n in carried_names.items() if n == name]
+        lines.append(
+            f"made on the fresh runner: triton entry {key[:16]} ({name})"
+            + (f"; the bundle carried this kernel under {', '.join(same)}" if same else "")
+        )
+    for path in warm["best_config"]:
+        if path not in cold["best_config"]:
+            lines.append(f"best config on the fresh runner, not in the cold run's dir: {path}")
+    for path in cold["best_config"]:
+        if path not in warm["best_config"]:
+            lines.append(f"best config of the cold run, not on the fresh runner: {path}")
+    return lines
+
+
 def _which(tests: list[dict[str, Any]], counter: str) -> str:
     """The report's tests whose GPU ``counter`` is not zero, with their values (what a failed check names)."""
     found = [f"{t.get('nodeid')}: {t.get('gpu', {}).get(counter)}" for t in tests if t.get("gpu", {}).get(counter)]
@@ -317,7 +429,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--keep", type=Path, help="keep everything in this dir (created; must be empty)")
     parser.add_argument(
-        "--only", action="append", choices=CHECKS, help="run only this check (repeatable; default: all)"
+        "--only",
+        action="append",
+        choices=CHECKS + OPTIONAL,
+        help=f"run only this check (repeatable; default: all but {', '.join(OPTIONAL)})",
     )
     args = parser.parse_args(argv)
     why = cuda_status()
@@ -342,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
                 method(["-n", "2"], "-n 2")
             else:
                 checks.check(f"{name} -n 2: pytest-xdist is installed", False, "pip install pytest-xdist")
+        if "warm-kept" in chosen:
+            checks.warm([], "serial", kept=True)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
