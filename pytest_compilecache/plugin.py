@@ -64,8 +64,7 @@ _RECORDER: pytest.StashKey[Recorder] = pytest.StashKey()
 _COUNTER: pytest.StashKey[_Counter] = pytest.StashKey()
 _TESTS: pytest.StashKey[PerTestHooks] = pytest.StashKey()
 _RUNNER_OUTPUT: pytest.StashKey[StopTokenWatch] = pytest.StashKey()
-# What --cache-clear kept in a session that asked the plugin for nothing (no role to report it).
-_KEPT: pytest.StashKey[str] = pytest.StashKey()
+_KEPT: pytest.StashKey[str] = pytest.StashKey()  # what --cache-clear kept in a session that asked for nothing
 _PLAIN: pytest.StashKey[bool] = pytest.StashKey()
 _DOWN: pytest.StashKey[set[int]] = pytest.StashKey()  # the xdist workers already merged (by id of their node)
 _TORCH_BEFORE: pytest.StashKey[bool] = pytest.StashKey()  # torch was imported before this session's conftests
@@ -290,7 +289,10 @@ def pytest_xdist_setupnodes(config: pytest.Config) -> None:
     """Before xdist starts workers: a variable of ours changed since we read it (a conftest) is put back, warned."""
     if changed := put_back(config.stash.get(_ENV_READ, {})):  # nothing read: the plugin was asked for nothing
         warning = f"{', '.join(changed)}: changed after pytest-compilecache read it (by a conftest?), so put back"
-        config.issue_config_time_warning(pytest.PytestConfigWarning(warning + "; set it before pytest starts"), 2)
+        try:  # -W error makes it an error: said as pytest says one, not as an internal error's traceback
+            config.issue_config_time_warning(pytest.PytestConfigWarning(f"{warning}; set it before pytest starts"), 2)
+        except pytest.PytestConfigWarning as exc:
+            raise pytest.UsageError(str(exc)) from None
 
 
 def _torch_appears(config: pytest.Config) -> None:
@@ -332,8 +334,7 @@ def _is_xdist_controller(config: pytest.Config) -> bool:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    setup = config.stash.get(_SETUP, None)
-    if setup is not None:
+    if (setup := config.stash.get(_SETUP, None)) is not None:
         setup.close()
 
 

@@ -485,6 +485,12 @@ def test_a_variable_a_conftest_sets_reaches_no_xdist_worker(inner: pytest.Pytest
     assert "PYTEST_COMPILECACHE_REPORT" not in result.stdout.str()  # read, not put back
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
 
+    # Where warnings are errors, the session stops with pytest's usage error, not an internal one.
+    strict = inner.runpytest_subprocess("-W", "error", "--compile-cache-summary=off", "-n", "2", timeout=120)
+    assert strict.ret == pytest.ExitCode.USAGE_ERROR, strict.stdout.str() + strict.stderr.str()
+    strict.stderr.fnmatch_lines(["ERROR: PYTEST_COMPILECACHE_MODE, *: changed after pytest-compilecache read it*"])
+    assert "INTERNALERROR" not in strict.stdout.str() + strict.stderr.str()
+
     # A session that asked the plugin for nothing uses no signing key: a CI secret a conftest exports is its own.
     inner.makeconftest("import os\n\nos.environ['PYTEST_COMPILECACHE_SIGNING_KEY'] = 'from the conftest'\n")
     quiet = inner.runpytest_subprocess("-n", "2", timeout=120)
