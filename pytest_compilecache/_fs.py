@@ -139,6 +139,13 @@ def is_stale(owner: TempName, *, now: float | None = None, max_age: float = DEFA
     return age > max_age
 
 
+def file_identity(info: os.stat_result) -> tuple[int, int, int, int]:
+    """What says "this very file, unchanged since": device, inode, mtime and ctime (ns). A freed inode number
+    goes to the next file at once (ext4), so the inode alone is not enough; the ctime is the stamp no process
+    can set back (``utime`` sets atime and mtime only, every write, chmod or rename moves ctime to now)."""
+    return (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
+
+
 def rmtree_at(dir_fd: int, name: str) -> None:
     """Remove dir ``name`` of the dir open as ``dir_fd`` and all below it, following no link (a link is
     unlinked, never entered); OSError when ``name`` itself cannot be removed.

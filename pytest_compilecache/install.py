@@ -29,6 +29,7 @@ from typing import Callable
 from typing import Iterable
 from typing import Iterator
 
+from ._fs import file_identity
 from ._fs import rmtree_at
 from ._fs import temp_name
 from .errors import BundleError
@@ -274,7 +275,7 @@ class Staging:
                     step.backup = _keep(parent_fd, name, self.fd, f"old{len(steps):06d}")
                 steps.append(step)
                 new = os.stat(slot, dir_fd=self.fd, follow_symlinks=False)
-                step.placed = (new.st_dev, new.st_ino, new.st_mtime_ns, None)  # before: an interrupt after it
+                step.placed = (*file_identity(new)[:3], None)  # before: an interrupt after it
                 # One rename: the name holds the old file or the new one at every moment, also for a reader
                 # and after a kill (a killed install leaves every file whole, each the old or the new one).
                 os.replace(slot, name, src_dir_fd=self.fd, dst_dir_fd=parent_fd)
@@ -401,14 +402,14 @@ def _placed(parent_fd: int, name: str, new: tuple[int, int, int, int | None]) ->
         info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
     except OSError:
         return new
-    if (info.st_dev, info.st_ino, info.st_mtime_ns) != new[:3]:
+    if file_identity(info)[:3] != new[:3]:
         return (-1, -1, -1, -1)
-    return (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
+    return file_identity(info)
 
 
 def _is_placed(info: os.stat_result, placed: tuple[int, int, int, int | None] | None) -> bool:
     """Whether ``info`` is the file an install placed (:func:`_placed`)."""
-    if placed is None or (info.st_dev, info.st_ino, info.st_mtime_ns) != placed[:3]:
+    if placed is None or file_identity(info)[:3] != placed[:3]:
         return False
     return placed[3] is None or placed[3] == info.st_ctime_ns
 

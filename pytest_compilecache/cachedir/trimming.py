@@ -386,12 +386,9 @@ def _remove_unit(root_fd: int, unit: _Unit) -> tuple[int, int]:
 
 
 def _same(found: os.stat_result, scanned: os.stat_result) -> bool:
-    return (found.st_dev, found.st_ino, found.st_mtime_ns, found.st_ctime_ns) == (
-        scanned.st_dev,
-        scanned.st_ino,
-        scanned.st_mtime_ns,
-        scanned.st_ctime_ns,
-    )
+    from .._fs import file_identity
+
+    return file_identity(found) == file_identity(scanned)
 
 
 def _unlink_unchanged(root_fd: int, rel: str, scanned: os.stat_result) -> bool:
