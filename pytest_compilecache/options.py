@@ -11,11 +11,13 @@ PYTEST_DONT_REWRITE
 from __future__ import annotations
 
 import re
+from typing import Any
+from typing import Union
 
 from ._env import ENV_PREFIX
 from ._env import SESSION_ENV
 
-__all__ = ["ENV_PREFIX", "SESSION_ENV", "TABLE", "env_name", "ini_name", "scheme_of"]
+__all__ = ["ENV_PREFIX", "INI_TYPES", "SESSION_ENV", "TABLE", "env_name", "ini_name", "ini_type", "scheme_of"]
 
 # (name, flag, is a switch without a value, help); ``name`` is the attribute on settings.Settings.
 TABLE: tuple[tuple[str, str, bool, str], ...] = (
@@ -151,6 +153,28 @@ TABLE: tuple[tuple[str, str, bool, str], ...] = (
         "seconds a restore, and a save, may wait for the store in all; then one warning (default 300).",
     ),
 )
+
+
+# The ini options whose value may also be a TOML number or boolean (pytest 9's native ``[tool.pytest]`` table
+# types its values), beside the switches (a TOML boolean); every other one is a string. Any of them may be a string.
+INI_TYPES = {
+    "explain": "bool",
+    "pgo": "bool",
+    "min_hit_rate": "float",
+    "keep_bundles": "int",
+    "max_size": "int",
+    "max_bundle_size": "int",
+    "store_timeout": "float",
+}
+
+
+def ini_type(name: str, switch: bool) -> Any:
+    """The type option ``name`` is registered with for pytest 9.2+: ``str | bool`` for a switch or an on/off
+    option, ``str | int`` or ``str | float`` for a number, so that pytest 9's native TOML takes ``true`` or
+    ``0.9`` (an ini file's strings stay strings: the first member); None (a string) for the rest. ``settings``
+    parses either."""
+    other = {"bool": bool, "int": int, "float": float}.get("bool" if switch else INI_TYPES.get(name, ""))
+    return None if other is None else Union[str, other]
 
 
 def ini_name(flag: str) -> str:

@@ -41,6 +41,7 @@ from .options import SESSION_ENV
 from .options import TABLE
 from .options import env_name
 from .options import ini_name
+from .options import ini_type
 
 if TYPE_CHECKING:
     from .context import SessionContext
@@ -86,13 +87,13 @@ def _load_own_modules_plainly(config: pytest.Config) -> None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("compilecache", "torch.compile caches (pytest-compilecache)")
     for name, flag, switch, text in TABLE:
-        dest = "compile_cache_" + name
         described = f"{text} [ini: {ini_name(flag)}, env: {env_name(name)}]"
-        if switch:
-            group.addoption(flag, action="store_true", default=None, dest=dest, help=described)
-        else:
-            group.addoption(flag, default=None, dest=dest, metavar="VALUE", help=described)
-        parser.addini(ini_name(flag), help=text, default=None)
+        kind: dict[str, Any] = {"action": "store_true"} if switch else {"metavar": "VALUE"}
+        group.addoption(flag, default=None, dest="compile_cache_" + name, help=described, **kind)
+        try:  # pytest 9.2+ takes a union: native TOML's `true` or `0.9` beside strings; older ones, strings
+            parser.addini(ini_name(flag), help=text, type=ini_type(name, switch), default=None)
+        except (AssertionError, TypeError, ValueError):
+            parser.addini(ini_name(flag), help=text, default=None)
 
 
 def _settings(config: pytest.Config) -> Settings | None:
@@ -108,7 +109,7 @@ def _settings(config: pytest.Config) -> Settings | None:
     ini = {key: _ini(config, key) for key in (ini_name(flag) for _, flag, _, _ in TABLE)}
     read = config.stash[_ENV_READ] = {env_name(name): os.environ.get(env_name(name)) for name, _, _, _ in TABLE}
     asked = getattr(namespace, "help", False) or getattr(namespace, "version", False)  # a bad value hides no help
-    if asked or (all(v is None for v in cli.values()) and not any(ini.values()) and not any(read.values())):
+    if asked or (all(v is None for v in [*cli.values(), *ini.values()] if v != "") and not any(read.values())):
         config.stash[_SETTINGS] = None
         return None
     read[SIGNING_KEY_ENV] = os.environ.get(SIGNING_KEY_ENV)  # a session that may use it: its workers too
@@ -217,8 +218,7 @@ def _keep_a_shared_dir_in_use(config: pytest.Config, setup: SessionContext | Non
     from . import cachedir
 
     own = setup.registration.marker if setup is not None and setup.registration is not None else None
-    message = cachedir.clear_pytest_cache_keeping(str(_default_shared(config)), excluding=own)
-    if message is None:
+    if (message := cachedir.clear_pytest_cache_keeping(str(_default_shared(config)), excluding=own)) is None:
         return
     config.option.cacheclear = False
     if setup is not None:

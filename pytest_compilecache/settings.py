@@ -403,9 +403,9 @@ def _pick(option: Option, cli: Any, ini: Any, env: str | None) -> tuple[Any, str
     if cli == "":
         return option.default, option.cli
     for value, spelling in ((cli, option.cli), (ini, option.ini), (env, option.env)):
-        if value is None or value == "" or (option.flag and value is False):
+        if value is None or value == "" or (value is False and spelling == option.cli):  # an absent CLI switch
             continue
-        if option.flag and value is True:
-            return True, spelling
+        if isinstance(value, bool):  # a switch on the command line, a TOML boolean in pytest 9's [tool.pytest]
+            value = ("true" if value else "false") if option.flag else ("on" if value else "off")
         return option.parse(spelling, str(value)), spelling
     return option.default, option.cli

@@ -234,6 +234,32 @@ def test_cli_beats_ini_beats_env(
     assert from_cli.data["cache_dir"] == str(inner.path / "cache")
 
 
+@pytest.mark.skipif(pytest.version_tuple < (9, 2), reason="a union ini type (TOML values) needs pytest 9.2")
+def test_native_toml_takes_booleans_and_numbers(inner: pytest.Pytester) -> None:
+    """pytest 9's ``[tool.pytest]`` table types its values: a switch is ``true``, a rate ``0.5``, a count ``2``,
+    an on/off option ``false``, as a user writes TOML; our parsers still check each (naming the key)."""
+    inner.makepyfile(test_suite=TRIVIAL_SUITE)
+    (inner.path / "tox.ini").unlink()
+
+    def toml(extra: str) -> None:
+        inner.makefile(
+            ".toml",
+            pyproject='[tool.pytest]\nfilterwarnings = ["ignore::DeprecationWarning"]\ncompile_cache = "isolated"\n'
+            'compile_cache_dir = "parent"\ncompile_cache_keep = true\ncompile_cache_explain = false\n'
+            "compile_cache_keep_bundles = 2\n" + extra,
+        )
+
+    toml("compile_cache_min_hit_rate = 0.5\n")
+    taken = run_inner(inner)
+    assert taken.ret == 0, taken.output
+    kept = Path(taken.data["cache_dir"])
+    assert taken.data["mode"] == "isolated" and kept.parent == inner.path / "parent" and kept.is_dir()  # `true`
+    toml("compile_cache_min_hit_rate = 1.5\n")
+    refused = inner.runpytest_subprocess(timeout=120)
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["ERROR: compile_cache_min_hit_rate: must be between 0 and 1, got '1.5'"])
+
+
 @XDIST
 def test_default_shared_dir_is_in_pytest_cache(inner: pytest.Pytester, dist: tuple[str, ...]) -> None:
     inner.makepyfile(test_suite=TRIVIAL_SUITE)

@@ -173,6 +173,39 @@ def test_explain_is_on_unless_switched_off_cli_over_ini_over_env() -> None:
     assert _resolve(cli={"explain": "on"}, env={"explain": "off"}).explain is True
 
 
+def test_typed_ini_values_from_native_toml() -> None:
+    """pytest 9's ``[tool.pytest]`` hands TOML values over typed: each means what its string would, and a
+    TOML ``false`` is a value given (it hides a lower-priority ``true``), not an unset option."""
+    typed = _resolve(ini={"keep": True, "explain": False, "pgo": True, "min_hit_rate": 0.5, "keep_bundles": 2})
+    assert (typed.keep, typed.explain, typed.pgo, typed.min_hit_rate, typed.keep_bundles) == (True, False, True, 0.5, 2)
+    assert _resolve(ini={"keep": False}, env={"keep": "1"}).keep is False
+    assert _resolve(ini={"max_size": 1024}, cli={"mode": "shared"}).max_size == 1024
+    assert "compile_cache_keep_bundles: must be at least 1" in _error(ini={"keep_bundles": 0})
+
+
+def test_the_ini_options_are_strings_where_pytest_takes_no_union() -> None:
+    """pytest before 9.2 refuses a union type in ``addini``: every option is then registered as a string."""
+    from pytest_compilecache import plugin
+
+    class OldParser:
+        def __init__(self) -> None:
+            self.inis: dict[str, Any] = {}
+
+        def getgroup(self, *args: Any) -> Any:
+            return self
+
+        def addoption(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def addini(self, name: str, help: str, type: Any = None, default: Any = None) -> None:
+            assert type is None, "type must be one of string, paths, pathlist, args, linelist, bool"
+            self.inis[name] = type
+
+    parser = OldParser()
+    plugin.pytest_addoption(parser)  # type: ignore[arg-type]
+    assert set(parser.inis) == {option.ini for option in OPTIONS} and set(parser.inis.values()) == {None}
+
+
 def test_valid_values_are_parsed() -> None:
     settings = _resolve(
         cli={
