@@ -32,6 +32,7 @@ from .errors import ConfigError
 from .problems import Problems
 from .settings import DEFAULT_PREFIX
 from .settings import Settings
+from .settings import unused_options
 
 if TYPE_CHECKING:
     from .fingerprint import Fingerprint
@@ -163,6 +164,8 @@ class SessionContext:
             self.registration.close()
 
     def _export(self) -> None:
+        for note in unused_options(self.settings):
+            self.problems.note(note)
         mode = self.dir.mode
         if self.settings.pgo and mode != "disabled":
             self._keep_shape_profile()

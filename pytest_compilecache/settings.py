@@ -369,6 +369,25 @@ def resolve(
     return settings
 
 
+# The options only a store reads: given without one, they change nothing (:func:`unused_options`).
+_STORE_ONLY = ("readonly", "run_suffix", "keep_bundles", "max_bundle_size", "store_timeout")
+
+
+def unused_options(settings: Settings) -> list[str]:
+    """A note for the options given that change nothing as configured: a store's options without a store,
+    ``keep`` without an isolated dir. Notes, not errors: an ini file may set them for CI, where the store comes
+    from the environment."""
+    notes = []
+    if settings.keep and settings.effective_mode != "isolated":
+        notes.append(f"{settings.spelling('keep')}: not used, only an isolated session's dir is removed at its end")
+    given = [name for name in _STORE_ONLY if getattr(settings, name) != option(name).default]
+    given += [name for name, _ in settings.store_options]
+    if given and not settings.store:
+        shown = ", ".join(settings.spelling(name) for name in given)
+        notes.append(f"{shown}: not used without a store ({settings.spelling('store')})")
+    return notes
+
+
 def read_signing_key(environ: Mapping[str, str] = os.environ) -> bytes | None:
     """The bundle signing key from :data:`SIGNING_KEY_ENV` (None when unset or empty): the one place it is
     read, for the plugin, the CLI and the Action alike. A value that is not UTF-8 is a ConfigError naming it."""

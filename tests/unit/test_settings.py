@@ -206,6 +206,23 @@ def test_the_ini_options_are_strings_where_pytest_takes_no_union() -> None:
     assert set(parser.inis) == {option.ini for option in OPTIONS} and set(parser.inis.values()) == {None}
 
 
+def test_options_that_change_nothing_as_configured_are_named() -> None:
+    from pytest_compilecache.settings import unused_options
+
+    assert unused_options(_resolve(cli={"mode": "isolated", "keep": True, "store": "/s", "readonly": True})) == []
+    assert unused_options(_resolve(ini={"mode": "shared", "keep_bundles": "3", "store_timeout": "300"})) == []
+    idle = _resolve(
+        cli={"mode": "shared", "keep": True, "readonly": True},
+        ini={"keep_bundles": "2", "s3_endpoint": "http://127.0.0.1:9000"},
+        env={"run_suffix": "run-1"},
+    )
+    assert unused_options(idle) == [
+        "--compile-cache-keep: not used, only an isolated session's dir is removed at its end",
+        "--compile-cache-readonly, PYTEST_COMPILECACHE_RUN_SUFFIX, compile_cache_keep_bundles, "
+        "compile_cache_s3_endpoint: not used without a store (--compile-cache-store)",
+    ]
+
+
 def test_valid_values_are_parsed() -> None:
     settings = _resolve(
         cli={
