@@ -164,8 +164,8 @@ class SessionContext:
             self.registration.close()
 
     def _export(self) -> None:
-        for note in unused_options(self.settings):
-            self.problems.note(note)
+        for unused in unused_options(self.settings):
+            self.problems.note(unused)
         mode = self.dir.mode
         if self.settings.pgo and mode != "disabled":
             self._keep_shape_profile()
