@@ -26,7 +26,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 import os
+import re
 import stat
 import tarfile
 from dataclasses import dataclass
@@ -329,7 +331,58 @@ def install(verified: Verified, *, stage_blobs: bool = False) -> Installed:
             member = by_path[f"{BLOBS_DIR}{name}.bin"]
             files.append((pending_path(member.sha256), verified.slots[member.path], member.size, member.sha256))
     staging.check_installable(rel for rel, _, _, _ in files)
-    return staging.install(files)
+    return staging.install(_relocate_triton_groups(staging, files))
+
+
+# triton's group file (``triton/<key>/__grp__<name>.json``) names its entry's files by absolute path, and takes
+# the entry only where those files exist (``FileCacheManager.get_group``): a bundle holds the saving runner's
+# paths, so on any other path (an isolated dir, another checkout) triton compiled the kernel again, or read the
+# saving runner's files where that dir was still there. Installed with this cache dir's paths instead.
+_GROUP = r"triton/([^/]+)/__grp__[^/]+\.json"
+_GROUP_MAX = 1 << 20  # triton's are a few hundred bytes
+
+
+def relocated_group(data: bytes, entry_dir: str, present: Iterable[str]) -> bytes | None:
+    """Group file ``data`` with each child at its place in ``entry_dir``, keeping only the children among the
+    entry's files ``present`` (plain names); None where ``data`` is no group file triton writes (then installed
+    as it is: triton takes no entry from it)."""
+    if len(data) > _GROUP_MAX:
+        return None
+    try:
+        group = json.loads(data)
+    except ValueError:
+        return None
+    children = group.get("child_paths") if isinstance(group, dict) else None
+    if not isinstance(children, dict):
+        return None
+    names = set(present)
+    moved = {name: os.path.join(entry_dir, name) for name, path in children.items() if name in names}
+    return json.dumps({**group, "child_paths": moved}).encode()
+
+
+def _relocate_triton_groups(
+    staging: Staging, files: list[tuple[str, str, int, str]]
+) -> list[tuple[str, str, int, str]]:
+    """``files`` (rel, slot, size, sha256) with each triton group file staged again, relocated."""
+    entries: dict[str, list[str]] = {}
+    for rel, _, _, _ in files:
+        parts = rel.split("/")
+        if len(parts) == 3 and parts[0] == "triton":
+            entries.setdefault(parts[1], []).append(parts[2])
+    out = []
+    for number, (rel, slot, size, sha256) in enumerate(files):
+        match = re.fullmatch(_GROUP, rel)
+        data = None
+        if match and size <= _GROUP_MAX:
+            entry_dir = os.path.join(os.path.abspath(staging.cache_dir), "triton", match.group(1))
+            data = relocated_group(staging.read(slot), entry_dir, entries[match.group(1)])
+        if data is not None:
+            slot = f"g{number:06d}"
+            with staging.writer(slot) as fh:
+                fh.write(data)
+            size, sha256 = len(data), hashlib.sha256(data).hexdigest()
+        out.append((rel, slot, size, sha256))
+    return out
 
 
 def uninstall(verified: Verified) -> None:

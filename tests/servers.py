@@ -80,6 +80,16 @@ def require_module_or_fail(name: str) -> None:
         _missing(f"Python module {name} is not installed")
 
 
+def python_with_module_or_fail(name: str) -> str:
+    """An interpreter that imports ``name``: this one, else ``COMPILECACHE_OTHER_PYTHON`` (a venv with another
+    torch, which CI sets: the CUDA builds of torch bring triton, the CPU one does not); else skip/fail."""
+    for python in (sys.executable, os.environ.get("COMPILECACHE_OTHER_PYTHON", "")):
+        found = python and subprocess.run([python, "-c", f"import {name}"], capture_output=True, check=False)
+        if found and found.returncode == 0:
+            return python
+    _missing(f"no interpreter here imports {name} (set COMPILECACHE_OTHER_PYTHON to one that does)")
+
+
 def free_port() -> int:
     """A loopback TCP port with nothing listening on it right now (the OS picks it; we close it at once).
 

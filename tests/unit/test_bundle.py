@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -855,3 +856,81 @@ bundle.install(verified)
     now = {rel: (target / rel).read_bytes() if (target / rel).is_file() else None for rel in CACHE_FILES}
     assert all(now[rel] in (old[rel], CACHE_FILES[rel]) for rel in CACHE_FILES), now
     assert set(now.values()) & set(old.values()) and set(now.values()) & set(CACHE_FILES.values()), now
+
+
+def test_a_triton_group_file_is_installed_with_this_cache_dirs_paths(tmp_path: Path) -> None:
+    """triton takes an entry only where the absolute paths its group file names exist: those of the runner that
+    saved it. Installed, they name this cache dir's files (and only the entry's files the bundle carries); a
+    group file triton would not read is installed as it was, and a second restore leaves the first one's."""
+    saved = tmp_path / "runner-a" / "cache"
+    entry = "triton/KEY1"
+    old = f"{saved}/{entry}"
+    group = {"child_paths": {n: f"{old}/{n}" for n in ("k.json", "k.cubin", "k.ptx")}}
+    files = {
+        f"{entry}/k.json": b"{}",
+        f"{entry}/k.cubin": b"\0cubin",
+        f"{entry}/__grp__k.json": json.dumps(group).encode(),
+        "triton/KEY2/__grp__x.json": b"not json",
+        "triton/KEY2/x.json": b"{}",
+    }
+    write_tree(saved, files)
+    dest = tmp_path / "k.bundle"
+    _pack(dest, saved, files=list(files))
+
+    here = tmp_path / "runner-b" / "cache"
+    first = unpack(dest, here)
+    written = json.loads((here / entry / "__grp__k.json").read_text())
+    assert written == {"child_paths": {n: f"{here}/{entry}/{n}" for n in ("k.json", "k.cubin")}}  # k.ptx: not carried
+    assert all(Path(p).read_bytes() == files[f"{entry}/{n}"] for n, p in written["child_paths"].items())
+    assert (here / "triton/KEY2/__grp__x.json").read_bytes() == b"not json"
+    assert f"{entry}/__grp__k.json" in first.files
+    assert f"{entry}/__grp__k.json" in unpack(dest, here).unchanged
+
+
+def test_relocated_group_keeps_what_triton_wrote_beside_the_paths() -> None:
+    data = json.dumps({"child_paths": {"a.json": "/x/a.json", "../b": "/etc/passwd"}, "other": 1}).encode()
+    assert json.loads(bundle.relocated_group(data, "/here/triton/K", ["a.json"]) or b"") == {
+        "child_paths": {"a.json": "/here/triton/K/a.json"},
+        "other": 1,
+    }
+    assert bundle.relocated_group(b"[1]", "/here", []) is None
+    assert bundle.relocated_group(b'{"child_paths": 3}', "/here", []) is None
+    assert bundle.relocated_group(b" " * (2 << 20), "/here", []) is None
+
+
+_TRITON_ENTRY = """
+import json, sys
+from triton.runtime.cache import get_cache_manager
+manager = get_cache_manager("ab" * 32)
+if sys.argv[1] == "write":  # as triton.compile writes a kernel: its files, then the group naming them
+    paths = {name: manager.put(data, name, binary=True) for name, data in (("k.cubin", b"\\0"), ("k.json", b"{}"))}
+    manager.put_group("k.json", paths)
+print(json.dumps([manager.cache_dir, manager.get_group("k.json")]))
+"""
+
+
+@pytest.mark.slow
+def test_real_triton_takes_a_restored_entry_on_another_path(tmp_path: Path) -> None:
+    """triton (as installed beside torch, 3.3 to 3.9) finds a kernel restored into another cache dir than the
+    one it was compiled in, after that one is gone: a fresh runner compiles no kernel the bundle carries."""
+    from tests.servers import python_with_module_or_fail
+
+    python = python_with_module_or_fail("triton")
+
+    def triton(cache: Path, verb: str) -> Any:
+        env = {**os.environ, "TRITON_CACHE_DIR": str(cache / "triton")}
+        done = subprocess.run([python, "-c", _TRITON_ENTRY, verb], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    saved = tmp_path / "runner-a" / "cache"
+    entry, _ = triton(saved, "write")
+    files = [Path(entry, name).relative_to(saved).as_posix() for name in os.listdir(entry)]
+    dest = tmp_path / "k.bundle"
+    _pack(dest, saved, files=files)
+    shutil.rmtree(tmp_path / "runner-a")  # the saving runner's dir is gone (an isolated one)
+
+    here = tmp_path / "runner-b" / "cache"
+    unpack(dest, here)
+    entry_here, group = triton(here, "read")
+    assert group == {"k.cubin": f"{entry_here}/k.cubin", "k.json": f"{entry_here}/k.json"}
