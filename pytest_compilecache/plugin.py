@@ -311,11 +311,11 @@ def _watch(config: pytest.Config) -> None:
     from . import probe
 
     before = set(map(id, sys.meta_path))
-    # a worker resolves the same options: its controller's argv and environment
-    if _resolved(config).explain:
+    if _resolved(config).explain:  # a worker resolves the same options: its controller's argv and environment
         probe.watch_graph_lookups()
-    if not _quiet(config):
+    if not _quiet(config):  # a cache dir the session chose: what torch restores into it is moved into it
         probe.watch_precompiled_headers()
+        probe.relocate_static_autotuners()
     probe.watch_triton_cache()
     probe.watch_dynamo()
     added = [finder for finder in sys.meta_path if id(finder) not in before]

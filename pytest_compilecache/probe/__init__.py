@@ -78,6 +78,7 @@ if TYPE_CHECKING:
     from .redis_guard import remote_cache_errors as remote_cache_errors
     from .redis_guard import uninstall_remote_guard as uninstall_remote_guard
     from .triton import autotune_files as autotune_files
+    from .triton import relocate_static_autotuners as relocate_static_autotuners
     from .triton import triton_entry_files as triton_entry_files
     from .triton import uninstall_triton_watch as uninstall_triton_watch
     from .triton import watch_triton_cache as watch_triton_cache
@@ -136,6 +137,7 @@ _WHERE = {
     "remote_cache_errors": "redis_guard",
     "uninstall_remote_guard": "redis_guard",
     "autotune_files": "triton",
+    "relocate_static_autotuners": "triton",
     "triton_entry_files": "triton",
     "uninstall_triton_watch": "triton",
     "watch_triton_cache": "triton",

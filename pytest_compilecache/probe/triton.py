@@ -102,6 +102,70 @@ def _counting(original: Any, built: Any) -> Any:
     return call
 
 
+# torch (2.8+) keeps, in an FX entry, the kernels it can launch without triton's launcher: pickled autotuners
+# holding the absolute path of the kernel's module in the cache dir that compiled it, where it looks up (and
+# saves) the kernel's best config. Restored into another dir (an isolated one, another runner's), they looked
+# there and found nothing: the fresh runner benchmarked the kernel's configs again and saved the result outside
+# its own cache dir. Each is moved to this cache dir as it is loaded, as torch moves its kernel files.
+_TRITON_BUNDLER = "torch._inductor.triton_bundler"
+_relocating: str | None = None  # None: not tried yet; "" installed; otherwise why not
+
+
+def relocate_static_autotuners() -> None:
+    """Move every statically launched autotuner torch loads from an FX entry from now on to this process's cache
+    dir (:func:`relocate_autotuner`); never imports torch. Call once per process."""
+    install_now_or_on_import(_TRITON_BUNDLER, _install_relocation, pending=_relocating is None)
+
+
+def _install_relocation() -> None:
+    global _relocating
+    if _relocating is not None:
+        return
+    try:
+        bundler: Any = importlib.import_module(_TRITON_BUNDLER).TritonBundler
+        original = bundler.__dict__["load_autotuners"].__func__  # a classmethod (torch 2.8-2.15)
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+    except Exception as exc:  # torch 2.7 has no static autotuners; another layout: nothing to move
+        _relocating = f"static autotuners are not moved with this torch ({type(exc).__name__})"
+        return
+
+    def load_autotuners(cls: Any, static_autotuners: Any) -> Any:
+        with contextlib.suppress(Exception):
+            root = cache_dir()
+            for result in static_autotuners or ():
+                relocate_autotuner(getattr(result, "kernel", None), root)
+        return original(cls, static_autotuners)
+
+    load_autotuners.__wrapped__ = original  # type: ignore[attr-defined]
+    bundler.load_autotuners = classmethod(load_autotuners)
+    _relocating = ""
+
+
+def relocate_autotuner(kernel: Any, root: str) -> None:
+    """Point ``kernel`` (torch's ``CachingAutotuner``) at cache dir ``root``: its module's path
+    (``<dir>/<shard>/<name>.py``, where its best config is looked up) and its local best-config file, each
+    where it is under ``root``. Anything else is left as it is."""
+    moved = _under(root, getattr(kernel, "filename", None))
+    if moved is not None:
+        kernel.filename = moved
+    autotune_cache: Any = getattr(getattr(kernel, "save_cache_hook", None), "__self__", None)
+    local = getattr(autotune_cache, "local_cache", None)
+    if isinstance(local, tuple) and len(local) == 2:
+        moved = _under(root, local[1])
+        if moved is not None:
+            autotune_cache.local_cache = (local[0], moved)
+
+
+def _under(root: str, path: Any) -> str | None:
+    """``<dir>/<shard>/<name>`` (absolute, in another dir than ``root``) as ``<root>/<shard>/<name>``."""
+    if not isinstance(path, str) or not os.path.isabs(path):
+        return None
+    shard, name = os.path.split(os.path.dirname(path))[1], os.path.basename(path)
+    if not shard or not name or os.path.dirname(os.path.dirname(path)) == os.path.normpath(root):
+        return None
+    return os.path.join(root, shard, name)
+
+
 def uninstall_triton_watch() -> None:
     """Put triton's own ``FileCacheManager.__init__`` back and forget the dirs (tests; a session never needs to)."""
     global _triton_watch
@@ -113,3 +177,9 @@ def uninstall_triton_watch() -> None:
     _triton_watch = None
     triton_dirs.clear()
     triton_built.clear()
+    global _relocating
+    bundler: Any = getattr(sys.modules.get(_TRITON_BUNDLER), "TritonBundler", None)
+    wrapped = getattr(getattr(bundler, "load_autotuners", None), "__wrapped__", None) if bundler else None
+    if wrapped is not None:
+        bundler.load_autotuners = classmethod(wrapped)
+    _relocating = None

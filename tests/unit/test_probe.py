@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -798,3 +799,57 @@ def test_a_session_with_redis_sets_torchs_switches_in_process_and_puts_them_back
     probe.put_back_remote_caches()
     assert inductor_config.fx_graph_remote_cache is None
     inductor_config.fx_graph_remote_cache = before[0]
+
+
+class _AutotuneCache:
+    """torch's AutotuneCache as a static autotuner's save hook holds it: ``local_cache = (cache, path)``."""
+
+    def __init__(self, path: str) -> None:
+        self.local_cache = (object(), path)
+
+    def save(self, *args: Any) -> None:  # the hook: AutotuneCache.save, bound
+        raise AssertionError("not called by a load")
+
+
+def test_a_static_autotuner_is_moved_into_the_cache_dir_it_is_loaded_in() -> None:
+    from pytest_compilecache.probe.triton import relocate_autotuner
+
+    old = "/tmp/compilecache-gone/q3"
+    kernel = SimpleNamespace(
+        filename=f"{old}/cq3abc.py", save_cache_hook=_AutotuneCache(f"{old}/d4e5.best_config").save
+    )
+    relocate_autotuner(kernel, "/runner/cache")
+    assert kernel.filename == "/runner/cache/q3/cq3abc.py"
+    assert kernel.save_cache_hook.__self__.local_cache[1] == "/runner/cache/q3/d4e5.best_config"
+    here = SimpleNamespace(filename="/runner/cache/q3/cq3abc.py", save_cache_hook=None)
+    relocate_autotuner(here, "/runner/cache/")  # already there; no hook: nothing else to move
+    assert here.filename == "/runner/cache/q3/cq3abc.py"
+    odd = SimpleNamespace(filename="relative.py", save_cache_hook=print)  # neither is torch's: left alone
+    relocate_autotuner(odd, "/runner/cache")
+    assert odd.filename == "relative.py"
+
+
+def test_torch_loads_static_autotuners_moved_into_its_cache_dir(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Through torch's own TritonBundler.load_autotuners (2.8+): what an FX-cache hit hands it, pickled where
+    another cache dir compiled it, is pointed at this process's cache dir before torch keeps it."""
+    import torch._inductor.triton_bundler as triton_bundler
+    from torch._inductor.async_compile import CompiledTritonKernels
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "here"))
+    kernel = SimpleNamespace(
+        filename="/elsewhere/cache/ab/cabc.py",
+        save_cache_hook=_AutotuneCache("/elsewhere/cache/ab/f00.best_config").save,
+        compile_results=[],
+    )
+    result = SimpleNamespace(kernel=kernel, cache_key="compilecache-test-key", kernel_name="triton_poi_0")
+    probe.relocate_static_autotuners()
+    try:
+        assert triton_bundler.TritonBundler.load_autotuners([result]) == ["triton_poi_0"]
+    finally:
+        CompiledTritonKernels._cache.pop("compilecache-test-key", None)
+        probe.uninstall_triton_watch()
+    assert kernel.filename == str(tmp_path / "here" / "ab" / "cabc.py")
+    assert kernel.save_cache_hook.__self__.local_cache[1] == str(tmp_path / "here" / "ab" / "f00.best_config")
+    assert not hasattr(triton_bundler.TritonBundler.load_autotuners, "__wrapped__")  # put back
