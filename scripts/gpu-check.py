@@ -122,11 +122,17 @@ SNAPSHOT_CONFTEST = textwrap.dedent(
 
     def snapshot(cache, out):
         triton = os.path.join(cache, "triton")
-        entries = {}
+        entries, astray = {}, []
         if os.path.isdir(triton):
             for key in sorted(os.listdir(triton)):
-                if os.path.isdir(os.path.join(triton, key)):
-                    entries[key] = sorted(os.listdir(os.path.join(triton, key)))
+                folder = os.path.join(triton, key)
+                if os.path.isdir(folder):
+                    entries[key] = sorted(os.listdir(folder))
+                    for name in entries[key]:
+                        if name.startswith("__grp__"):
+                            with open(os.path.join(folder, name)) as fh:
+                                children = json.load(fh).get("child_paths", {}).values()
+                            astray += [p for p in children if os.path.dirname(p) != folder or not os.path.exists(p)]
         best = sorted(
             os.path.relpath(os.path.join(folder, name), cache)
             for folder, _, names in os.walk(cache)
@@ -134,7 +140,7 @@ SNAPSHOT_CONFTEST = textwrap.dedent(
             if name.endswith(".best_config")
         )
         with open(out, "w") as fh:
-            json.dump({"triton": entries, "best_config": best}, fh)
+            json.dump({"triton": entries, "best_config": best, "astray": astray}, fh)
 
 
     @pytest.hookimpl(tryfirst=True)
@@ -368,10 +374,11 @@ class Checks:
 
 def _snapshot(runner: Path) -> dict[str, Any]:
     """What the runner's sessions' cache dirs held at their end (``SNAPSHOT_CONFTEST``'s files, merged)."""
-    merged: dict[str, Any] = {"triton": {}, "best_config": []}
+    merged: dict[str, Any] = {"triton": {}, "best_config": [], "astray": []}
     for path in sorted(runner.glob("entries-*.json")):
         data = json.loads(path.read_text())
         merged["triton"].update(data.get("triton", {}))
+        merged["astray"] += data.get("astray", [])
         merged["best_config"] = sorted({*merged["best_config"], *data.get("best_config", [])})
     return merged
 
@@ -404,6 +411,12 @@ def diagnose(cold: dict[str, Any], carried: dict[str, list[str]], warm: dict[str
             f"made on the fresh runner: triton entry {key[:16]} ({name})"
             + (f"; the bundle carried this kernel under {', '.join(same)}" if same else "")
         )
+    for run, snapshot in (("cold run", cold), ("fresh runner", warm)):
+        if snapshot.get("astray"):
+            lines.append(
+                f"the {run}'s triton group files name {len(snapshot['astray'])} files outside their entry or missing "
+                f"(triton then compiles again): {snapshot['astray'][0]}"
+            )
     for path in warm["best_config"]:
         if path not in cold["best_config"]:
             lines.append(f"best config on the fresh runner, not in the cold run's dir: {path}")

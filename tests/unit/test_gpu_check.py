@@ -42,6 +42,9 @@ def test_the_warm_suites_conftest_notes_triton_entries_and_best_configs(tmp_path
     (cache / "triton" / "KEYA").mkdir(parents=True)
     (cache / "triton" / "KEYA" / "add_kernel.json").write_text("{}")
     (cache / "triton" / "KEYA" / "add_kernel.cubin").write_bytes(b"\0")
+    (cache / "triton" / "KEYA" / "__grp__add_kernel.json").write_text(
+        json.dumps({"child_paths": {"add_kernel.json": str(cache / "triton/KEYA/add_kernel.json"), "x": "/gone/x"}})
+    )
     (cache / "triton" / "stray-file").write_text("")
     (cache / "33").mkdir()
     (cache / "33" / "abc.best_config").write_text("{}")
@@ -50,8 +53,9 @@ def test_the_warm_suites_conftest_notes_triton_entries_and_best_configs(tmp_path
     exec(_script().SNAPSHOT_CONFTEST, namespace)
     namespace["snapshot"](str(cache), str(tmp_path / "out.json"))
     assert json.loads((tmp_path / "out.json").read_text()) == {
-        "triton": {"KEYA": ["add_kernel.cubin", "add_kernel.json"]},
+        "triton": {"KEYA": ["__grp__add_kernel.json", "add_kernel.cubin", "add_kernel.json"]},
         "best_config": ["33/abc.best_config"],
+        "astray": ["/gone/x"],
     }
 
 
@@ -59,13 +63,15 @@ def test_the_diagnosis_names_entries_left_out_made_anew_or_under_another_key() -
     kernel = ["__grp__add_kernel.json", "add_kernel.cubin", "add_kernel.json"]
     cold = {"triton": {"A" * 52: kernel, "B" * 52: ["cuda_utils.so"]}, "best_config": ["33/x.best_config"]}
     carried = {"A" * 52: kernel}
-    warm = {"triton": {"A" * 52: kernel, "C" * 52: kernel}, "best_config": ["44/y.best_config"]}
+    warm = {"triton": {"A" * 52: kernel, "C" * 52: kernel}, "best_config": ["44/y.best_config"], "astray": ["/a/k"]}
     lines = _script().diagnose(cold, carried, warm)
     assert lines == [
         "the cold run ended with 2 triton entries and 1 best configs; the bundle carried 1 triton entries",
         f"not carried: triton entry {'B' * 16} (cuda_utils.so)",
         f"made on the fresh runner: triton entry {'C' * 16} (add_kernel); the bundle carried this kernel under "
         + "A" * 16,
+        "the fresh runner's triton group files name 1 files outside their entry or missing (triton then compiles "
+        "again): /a/k",
         "best config on the fresh runner, not in the cold run's dir: 44/y.best_config",
         "best config of the cold run, not on the fresh runner: 33/x.best_config",
     ]
