@@ -170,9 +170,8 @@ def test_a_disabled_session_neither_pings_redis_nor_says_it_is_used(
 
 def test_the_session_notes_the_options_that_change_nothing(tmp_path: Path) -> None:
     controller = _controller(tmp_path, readonly=True)
-    assert controller.context.problems.notes == [
-        "--compile-cache-readonly: not used without a store (--compile-cache-store)"
-    ]
+    unused = [note for note in controller.context.problems.notes if "not used" in note]
+    assert unused == ["--compile-cache-readonly: not used without a store (--compile-cache-store)"]
 
 
 def test_pgo_gives_torch_a_job_id_unless_it_has_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
