@@ -342,45 +342,42 @@ _GROUP = r"triton/([^/]+)/__grp__[^/]+\.json"
 _GROUP_MAX = 1 << 20  # triton's are a few hundred bytes
 
 
-def relocated_group(data: bytes, entry_dir: str, present: Iterable[str]) -> bytes | None:
-    """Group file ``data`` with each child at its place in ``entry_dir``, keeping only the children among the
-    entry's files ``present`` (plain names); None where ``data`` is no group file triton writes (then installed
-    as it is: triton takes no entry from it)."""
+def relocated_group(data: bytes, entry_dir: str) -> bytes | None:
+    """Group file ``data`` with each child at its place in ``entry_dir`` (triton names a child by its file name;
+    one that is no plain file name is dropped, so no path leaves the entry); None where ``data`` is no group
+    file triton writes (then installed as it is: triton takes no entry from it)."""
     if len(data) > _GROUP_MAX:
         return None
     try:
         group = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
         return None
     children = group.get("child_paths") if isinstance(group, dict) else None
     if not isinstance(children, dict):
         return None
-    names = set(present)
-    moved = {name: os.path.join(entry_dir, name) for name, path in children.items() if name in names}
-    return json.dumps({**group, "child_paths": moved}).encode()
+    plain = [name for name in children if name not in ("", ".", "..") and not set("/\\\0") & set(name)]
+    return json.dumps({**group, "child_paths": {name: os.path.join(entry_dir, name) for name in plain}}).encode()
 
 
 def _relocate_triton_groups(
     staging: Staging, files: list[tuple[str, str, int, str]]
 ) -> list[tuple[str, str, int, str]]:
     """``files`` (rel, slot, size, sha256) with each triton group file staged again, relocated."""
-    entries: dict[str, list[str]] = {}
-    for rel, _, _, _ in files:
-        parts = rel.split("/")
-        if len(parts) == 3 and parts[0] == "triton":
-            entries.setdefault(parts[1], []).append(parts[2])
     out = []
     for number, (rel, slot, size, sha256) in enumerate(files):
         match = re.fullmatch(_GROUP, rel)
-        data = None
-        if match and size <= _GROUP_MAX:
-            entry_dir = os.path.join(os.path.abspath(staging.cache_dir), "triton", match.group(1))
-            data = relocated_group(staging.read(slot), entry_dir, entries[match.group(1)])
-        if data is not None:
-            slot = f"g{number:06d}"
-            with staging.writer(slot) as fh:
-                fh.write(data)
-            size, sha256 = len(data), hashlib.sha256(data).hexdigest()
+        try:
+            data = None
+            if match and size <= _GROUP_MAX:
+                entry_dir = os.path.join(os.path.abspath(staging.cache_dir), "triton", match.group(1))
+                data = relocated_group(staging.read(slot), entry_dir)
+            if data is not None:
+                slot = f"g{number:06d}"
+                with staging.writer(slot) as fh:
+                    fh.write(data)
+                size, sha256 = len(data), hashlib.sha256(data).hexdigest()
+        except OSError as exc:
+            raise CacheDirError(f"cannot stage {rel}: {exc.strerror or exc}") from exc
         out.append((rel, slot, size, sha256))
     return out
 

@@ -90,10 +90,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         described = f"{text} [ini: {ini_name(flag)}, env: {env_name(name)}]"
         kind: dict[str, Any] = {"action": "store_true"} if switch else {"metavar": "VALUE"}
         group.addoption(flag, default=None, dest="compile_cache_" + name, help=described, **kind)
-        try:  # pytest 9.2+ takes a union: native TOML's `true` or `0.9` beside strings; older ones, strings
-            parser.addini(ini_name(flag), help=text, type=ini_type(name, switch), default=None)
-        except (AssertionError, TypeError, ValueError):
-            parser.addini(ini_name(flag), help=text, default=None)
+        typed = ini_type(name, switch) if pytest.version_tuple >= (9, 2) else None  # a union: TOML's `true`, `0.9`
+        parser.addini(ini_name(flag), help=text, type=typed, default=None)
 
 
 def _settings(config: pytest.Config) -> Settings | None:

@@ -374,14 +374,16 @@ _STORE_ONLY = ("readonly", "run_suffix", "keep_bundles", "max_bundle_size", "sto
 
 
 def unused_options(settings: Settings) -> list[str]:
-    """A note for the options given that change nothing as configured: a store's options without a store,
-    ``keep`` without an isolated dir. Notes, not errors: an ini file may set them for CI, where the store comes
-    from the environment."""
+    """A note for the options given on the command line or in the ini file that change nothing as configured: a
+    store's options without a store, ``keep`` without an isolated dir. Notes, not errors: an ini file may set
+    them for CI, where the store comes from the environment. Variables are left out: the Action sets some for
+    every job (a pull request's ``READONLY`` guards a store an ini file may name)."""
     notes = []
-    if settings.keep and settings.effective_mode != "isolated":
+    by_hand = {name for name in (*_STORE_ONLY, "keep", *STORE_OPTIONS) if not settings.spelling(name).isupper()}
+    if settings.keep and settings.effective_mode != "isolated" and "keep" in by_hand:
         notes.append(f"{settings.spelling('keep')}: not used, only an isolated session's dir is removed at its end")
-    given = [name for name in _STORE_ONLY if getattr(settings, name) != option(name).default]
-    given += [name for name, _ in settings.store_options]
+    given = [name for name in _STORE_ONLY if getattr(settings, name) != option(name).default and name in by_hand]
+    given += [name for name, _ in settings.store_options if name in by_hand]
     if given and not settings.store:
         shown = ", ".join(settings.spelling(name) for name in given)
         notes.append(f"{shown}: not used without a store ({settings.spelling('store')})")

@@ -860,8 +860,9 @@ bundle.install(verified)
 
 def test_a_triton_group_file_is_installed_with_this_cache_dirs_paths(tmp_path: Path) -> None:
     """triton takes an entry only where the absolute paths its group file names exist: those of the runner that
-    saved it. Installed, they name this cache dir's files (and only the entry's files the bundle carries); a
-    group file triton would not read is installed as it was, and a second restore leaves the first one's."""
+    saved it. Installed, they name this cache dir's files (one the bundle lacks too: triton skips it where it is
+    missing); a group file triton would not read is installed as it was, and a second restore leaves the first
+    one's."""
     saved = tmp_path / "runner-a" / "cache"
     entry = "triton/KEY1"
     old = f"{saved}/{entry}"
@@ -880,22 +881,25 @@ def test_a_triton_group_file_is_installed_with_this_cache_dirs_paths(tmp_path: P
     here = tmp_path / "runner-b" / "cache"
     first = unpack(dest, here)
     written = json.loads((here / entry / "__grp__k.json").read_text())
-    assert written == {"child_paths": {n: f"{here}/{entry}/{n}" for n in ("k.json", "k.cubin")}}  # k.ptx: not carried
-    assert all(Path(p).read_bytes() == files[f"{entry}/{n}"] for n, p in written["child_paths"].items())
+    assert written == {"child_paths": {n: f"{here}/{entry}/{n}" for n in ("k.json", "k.cubin", "k.ptx")}}
+    assert all(Path(written["child_paths"][n]).read_bytes() == files[f"{entry}/{n}"] for n in ("k.json", "k.cubin"))
     assert (here / "triton/KEY2/__grp__x.json").read_bytes() == b"not json"
     assert f"{entry}/__grp__k.json" in first.files
     assert f"{entry}/__grp__k.json" in unpack(dest, here).unchanged
 
 
-def test_relocated_group_keeps_what_triton_wrote_beside_the_paths() -> None:
-    data = json.dumps({"child_paths": {"a.json": "/x/a.json", "../b": "/etc/passwd"}, "other": 1}).encode()
-    assert json.loads(bundle.relocated_group(data, "/here/triton/K", ["a.json"]) or b"") == {
+def test_relocated_group_keeps_what_triton_wrote_beside_the_paths_and_no_path_leaves_the_entry() -> None:
+    children = {"a.json": "/x/a.json", "../b": "/etc/passwd", "..": "/", "c/d": "/c/d", "": "/", "e\\f": "/e"}
+    data = json.dumps({"child_paths": children, "other": 1}).encode()
+    assert json.loads(bundle.relocated_group(data, "/here/triton/K") or b"") == {
         "child_paths": {"a.json": "/here/triton/K/a.json"},
         "other": 1,
     }
-    assert bundle.relocated_group(b"[1]", "/here", []) is None
-    assert bundle.relocated_group(b'{"child_paths": 3}', "/here", []) is None
-    assert bundle.relocated_group(b" " * (2 << 20), "/here", []) is None
+    assert bundle.relocated_group(b"[1]", "/here") is None
+    assert bundle.relocated_group(b'{"child_paths": 3}', "/here") is None
+    assert bundle.relocated_group(b" " * (2 << 20), "/here") is None
+    assert bundle.relocated_group(b"\xff\xfe", "/here") is None  # not UTF-8
+    assert bundle.relocated_group(b"[" * 200_000 + b"]" * 200_000, "/here") is None  # deeper than json goes
 
 
 _TRITON_ENTRY = """
