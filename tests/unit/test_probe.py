@@ -845,6 +845,12 @@ def test_torch_loads_static_autotuners_moved_into_its_cache_dir(
     )
     result = SimpleNamespace(kernel=kernel, cache_key="compilecache-test-key", kernel_name="triton_poi_0")
     probe.relocate_static_autotuners()
+    if "load_autotuners" not in vars(triton_bundler.TritonBundler):  # torch 2.7: no static autotuners to move
+        from pytest_compilecache.probe import triton as probe_triton
+
+        assert str(probe_triton._relocating).startswith("static autotuners are not moved with this torch")
+        probe.uninstall_triton_watch()
+        return
     try:
         assert triton_bundler.TritonBundler.load_autotuners([result]) == ["triton_poi_0"]
     finally:
