@@ -131,7 +131,7 @@ def _install_relocation() -> None:
 
     def load_autotuners(cls: Any, static_autotuners: Any) -> Any:
         with contextlib.suppress(Exception):
-            root = cache_dir()
+            root = cache_dir() if static_autotuners else ""  # torch's own call (it makes the dir): only if needed
             for result in static_autotuners or ():
                 relocate_autotuner(getattr(result, "kernel", None), root)
         return original(cls, static_autotuners)
