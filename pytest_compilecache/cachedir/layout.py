@@ -167,9 +167,16 @@ def kernel_entry(folder: str, name: str) -> bool:
     return bool(re.fullmatch(_KEY, name)) and name[1:3] == folder
 
 
-def triton_kernel_dir(device: str, name: str) -> bool:
-    """Is ``triton/<device>/<name>`` one of triton's kernel dirs (removed whole, or not at all)?"""
-    return bool(re.fullmatch(_TRITON_DEVICE, device) and re.fullmatch(_TRITON_KEY, name))
+def triton_kernel_dir(device: str | None, name: str) -> bool:
+    """Is ``triton/<device>/<name>`` (torch's own layout) or, with ``device`` None, ``triton/<name>`` (the
+    plugin's: it points ``TRITON_CACHE_DIR`` at ``<cache dir>/triton``) one of triton's kernel dirs (removed
+    whole, or not at all)?"""
+    return (device is None or bool(re.fullmatch(_TRITON_DEVICE, device))) and bool(re.fullmatch(_TRITON_KEY, name))
+
+
+def triton_device_dir(name: str) -> bool:
+    """Is ``triton/<name>`` a device's dir of torch's own layout (``triton/0/``)?"""
+    return bool(re.fullmatch(_TRITON_DEVICE, name))
 
 
 def torch_file(top: str, rel_parts: list[str]) -> bool:

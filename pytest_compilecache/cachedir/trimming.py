@@ -34,6 +34,7 @@ from .layout import kernel_key
 from .layout import parent_fd
 from .layout import shape_profile
 from .layout import torch_file
+from .layout import triton_device_dir
 from .layout import triton_kernel_dir
 from .owner import Kind
 from .owner import ownership
@@ -298,30 +299,32 @@ class _Scan:
             self.units.append(_unit(files))
 
     def _triton(self, top: str) -> None:
-        """Each triton kernel dir, whole; one with a write in flight (triton's ``tmp.pid_*`` dir, anything
-        that is not a regular file) is left alone."""
-        for device in _names(os.path.join(self.root, top)):
-            rel_device = f"{top}/{device}"
-            for name in _names(os.path.join(self.root, rel_device)):
-                if not triton_kernel_dir(device, name):
-                    continue
-                rel = f"{rel_device}/{name}"
-                dir_st = self._lstat(rel)
-                if dir_st is None or not stat.S_ISDIR(dir_st.st_mode):
-                    continue
-                files: list[tuple[str, os.stat_result]] = []
-                try:
-                    entries = list(os.scandir(os.path.join(self.root, rel)))
-                    for entry in entries:
-                        st = entry.stat(follow_symlinks=False)
-                        if not stat.S_ISREG(st.st_mode) or is_temp_name(entry.name):
-                            files = []
-                            break
-                        files.append((f"{rel}/{entry.name}", st))
-                except OSError:
-                    continue
-                if files:
-                    self.units.append(_unit(files, folder=rel, extra=dir_st))
+        """Each triton kernel dir, whole: ``triton/<key>/`` where the plugin pointed triton at ``triton/``, and
+        ``triton/<device>/<key>/``, torch's own layout. One with a write in flight (triton's ``tmp.pid_*`` dir,
+        anything that is not a regular file) is left alone."""
+        for name in _names(os.path.join(self.root, top)):
+            if triton_kernel_dir(None, name):
+                self._triton_kernel(f"{top}/{name}")
+            elif triton_device_dir(name):
+                for key in _names(os.path.join(self.root, top, name)):
+                    if triton_kernel_dir(name, key):
+                        self._triton_kernel(f"{top}/{name}/{key}")
+
+    def _triton_kernel(self, rel: str) -> None:
+        dir_st = self._lstat(rel)
+        if dir_st is None or not stat.S_ISDIR(dir_st.st_mode):
+            return
+        files: list[tuple[str, os.stat_result]] = []
+        try:
+            for entry in list(os.scandir(os.path.join(self.root, rel))):
+                st = entry.stat(follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode) or is_temp_name(entry.name):
+                    return
+                files.append((f"{rel}/{entry.name}", st))
+        except OSError:
+            return
+        if files:
+            self.units.append(_unit(files, folder=rel, extra=dir_st))
 
     def _files(self, top: str) -> None:
         """Each file torch writes below ``top`` (:func:`.layout.torch_file`), one by one."""

@@ -1054,10 +1054,14 @@ def test_trim_never_takes_user_files_that_look_like_torchs(cache: Path) -> None:
     assert cachedir.ownership(cache.parent / "untagged").kind == "foreign"
 
 
-def test_trim_removes_a_triton_kernel_dir_whole_or_not_at_all(cache: Path) -> None:
-    # Issue 27.7: half a kernel dir makes triton's lookup fail, and torch's bundler never refills a non-empty dir.
+@pytest.mark.parametrize("layout", ["triton/0", "triton"])
+def test_trim_removes_a_triton_kernel_dir_whole_or_not_at_all(cache: Path, layout: str) -> None:
+    """Half a kernel dir makes triton's lookup fail, and torch's bundler never refills a non-empty dir. In torch's
+    own layout (``triton/<device>/<key>/``) and the plugin's (it points TRITON_CACHE_DIR at ``<dir>/triton``:
+    ``triton/<key>/``, where kernels were never trimmed yet counted against the cap)."""
+
     def kernel(key: str, when: float) -> Path:
-        folder = cache / "triton" / "0" / key
+        folder = cache / layout / key
         for name, size in (("__grp__k.json", 10), ("k.cubin", 300), ("k.json", 20)):
             _file(folder, name, size, when + size)  # files of one dir differ in age: not removed one by one
         os.utime(folder, (when, when))
