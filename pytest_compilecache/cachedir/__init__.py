@@ -81,6 +81,7 @@ from .layout import SESSIONS_DIR
 from .layout import TEMP_PREFIX
 from .layout import TORCH_DIRS
 from .layout import TORCH_FILES
+from .layout import carried_file
 from .owner import Kind
 from .owner import Ownership
 from .owner import ownership
@@ -107,7 +108,7 @@ if TYPE_CHECKING:
 __all__ = [
     "GRAPHS_RECORD", "LOCK_NAME", "MIN_AGE", "OUR_NAMES", "PENDING_DIR", "SESSIONS_DIR", "SESSION_ENV", "STALE_AFTER",
     "TEMP_PREFIX", "TORCH_DIRS", "TORCH_FILES", "TORCH_TEMP_GRACE", "UNKNOWN_SESSION", "Kind", "LiveSession",
-    "Ownership", "Registration", "SessionDir", "Trim", "clear_pytest_cache_keeping", "decide", "evict",
+    "Ownership", "Registration", "SessionDir", "Trim", "carried_file", "clear_pytest_cache_keeping", "decide", "evict",
     "default_shared_dir", "default_shared_for", "fallback_dir", "fresh_dir", "live_owners", "live_sessions",
     "lock", "make_dir", "mark_isolated", "ownership", "planned_dir", "refuse_foreign", "register_session",
     "remove", "remove_dir", "safe_temp_dir", "shape_profiles", "sweep_abandoned_isolated", "sweep_dead_writers",

@@ -207,6 +207,29 @@ def torch_file(top: str, rel_parts: list[str]) -> bool:
     return False
 
 
+_BEST_CONFIG = r"[0-9a-f]{64}\.best_config"  # autotune_cache: sha256 of the kernel's file name and torch's key
+
+
+def carried_file(rel: str) -> bool:
+    """Is ``rel`` (``/``-separated, below a cache dir) a file of torch's or triton's that a warm start needs and
+    the CLI's ``save`` carries: an FX or AOTAutograd entry, a compiled kernel (``<dir>/<key>.so``), a best
+    config, torch's local autotuning results (``cache/``), a file of a triton kernel dir (the plugin's
+    ``triton/<key>/`` or torch's ``triton/<device>/<key>/``)? Never a lock, a temp file, a user's file or ours."""
+    parts = rel.split("/")
+    top, name = parts[0], parts[-1]
+    if name.endswith(".lock") or name == "lock" or is_temp_name(name) or name.startswith("tmp."):
+        return False
+    if top in ("fxgraph", "aotautograd", "cache"):
+        return torch_file(top, parts[1:])
+    if top == "triton":
+        return (len(parts) == 3 and triton_kernel_dir(None, parts[1])) or (
+            len(parts) == 4 and triton_kernel_dir(parts[1], parts[2])
+        )
+    if len(parts) == 2 and re.fullmatch(KERNEL_DIR, top):
+        return (name.endswith(".so") and kernel_key(top, name) is not None) or bool(re.fullmatch(_BEST_CONFIG, name))
+    return len(parts) == 1 and bool(re.fullmatch(_BEST_CONFIG, name))
+
+
 def shape_profile(name: str, job_id: str) -> bool:
     """Is ``dynamo/<name>`` torch's automatic-dynamic profile for ``job_id`` (``TORCH_COMPILE_JOB_ID``)?
 

@@ -59,10 +59,10 @@ from .arguments import build_parser
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MISS = 0, 1, 2, 3
 
-# What `save` carries from a cache dir: torch's FX and AOTAutograd entries, compiled kernels, best configs, and
+# Where `save` looks in a cache dir: torch's FX and AOTAutograd entries, compiled kernels, best configs, and
 # what a fresh GPU runner would rebuild: triton's cache entries (kernels, which torch's bundle lacks
 # when triton bundling is off; gcc-built helpers such as cuda_utils.so; launchers) and torch's local autotuning
-# results (<cache>/cache/: max-autotune's GEMM timings). Never triton's "lock" files nor temp files ("tmp.*").
+# results (<cache>/cache/: max-autotune's GEMM timings). What it carries of them: cachedir.carried_file.
 _DIR_PATTERNS = (
     "fxgraph/**/*",
     "aotautograd/**/*",
@@ -70,9 +70,9 @@ _DIR_PATTERNS = (
     "*.best_config",
     "*/*.best_config",
     "triton/*/*",
+    "triton/*/*/*",
     "cache/*",
 )
-_NOT_CARRIED = ("lock",)
 
 
 def _check_names(args: argparse.Namespace) -> None:
@@ -281,14 +281,17 @@ def cmd_save(args: argparse.Namespace) -> int:
     if not cache_dir.is_dir():  # nothing compiled there, or a mistyped path: either way, said
         _out(f"save: skipped: --cache-dir {ghrunner.one_line(str(cache_dir))} is not a directory: nothing to save")
         return EXIT_OK
+    found = {
+        str(p.relative_to(cache_dir)).replace(os.sep, "/") for pattern in _DIR_PATTERNS for p in cache_dir.glob(pattern)
+    }
     files = sorted(
-        {
-            str(p.relative_to(cache_dir)).replace(os.sep, "/")
-            for pattern in _DIR_PATTERNS
-            for p in cache_dir.glob(pattern)
-            if p.is_file() and p.name not in _NOT_CARRIED and not p.name.startswith("tmp.") and _unlinked(cache_dir, p)
-        }
+        rel
+        for rel in found
+        if cachedir.carried_file(rel) and (cache_dir / rel).is_file() and _unlinked(cache_dir, cache_dir / rel)
     )
+    if not files:  # a bundle of nothing would be restored as one, and its save would prune the useful ones
+        _out(f"save: skipped: --cache-dir {ghrunner.one_line(str(cache_dir))} holds no compiled files: nothing to save")
+        return EXIT_OK
     done = _progress(f"saving to {store.location}")
     result = sync.save(
         store,

@@ -44,14 +44,16 @@ def device_file(tmp_path: Path) -> Path:
 
 
 KERNEL = "cab" + "x" * 49  # torch's shape: a 52-character key in the dir of its 2nd and 3rd characters
+FX_KEY = "fxy" + "a" * 49  # an FX-graph key, in fxgraph/<its 2nd and 3rd characters>/
+AUTOTUNE = "f2b4c1d0" * 8  # torch's local autotuning results: cache/<system hash>
 
 
 def _cache_dir(tmp_path: Path) -> Path:
     cache = tmp_path / "cache"
     (cache / "ab").mkdir(parents=True)
     (cache / "ab" / f"{KERNEL}.main.so").write_bytes(b"kernel")
-    (cache / "fxgraph" / "xy" / "fxkey").mkdir(parents=True)
-    (cache / "fxgraph" / "xy" / "fxkey" / "entry").write_bytes(b"graph")
+    (cache / "fxgraph" / "xy" / FX_KEY).mkdir(parents=True)
+    (cache / "fxgraph" / "xy" / FX_KEY / "entry").write_bytes(b"graph")
     (cache / "ab" / f"{KERNEL}.cpp").write_text("// regenerated, not bundled")
     return cache
 
@@ -130,7 +132,7 @@ def test_save_restore_inspect_verify_prune(
     assert values["restore-outcome"] == "partial" and values["cache-hit"] == "false"
     assert values["matched-key"] == keys[0]  # newest first
     assert (target / "ab" / f"{KERNEL}.main.so").read_bytes() == b"kernel"
-    assert (target / "fxgraph" / "xy" / "fxkey" / "entry").read_bytes() == b"graph"
+    assert (target / "fxgraph" / "xy" / FX_KEY / "entry").read_bytes() == b"graph"
     assert not (target / "ab" / f"{KERNEL}.cpp").exists()
 
     assert cli.main(["restore", "--store", str(store), "--cache-dir", str(target), "--key", keys[1]]) == 0
@@ -139,7 +141,10 @@ def test_save_restore_inspect_verify_prune(
     bundle_path = store / f"{keys[0]}.bundle"
     assert cli.main(["inspect", str(bundle_path), "--json"]) == 0
     manifest = json.loads(capsys.readouterr().out)
-    assert {m["path"] for m in manifest["members"]} == {f"files/ab/{KERNEL}.main.so", "files/fxgraph/xy/fxkey/entry"}
+    assert {m["path"] for m in manifest["members"]} == {
+        f"files/ab/{KERNEL}.main.so",
+        f"files/fxgraph/xy/{FX_KEY}/entry",
+    }
     assert manifest["signed"] is False
 
     assert cli.main(["verify", str(bundle_path), "--fingerprint"]) == 0
@@ -599,7 +604,7 @@ def test_save_carries_what_a_fresh_gpu_runner_would_rebuild(tmp_path: Path, caps
     (entry / "lock").write_text("")
     (entry / "tmp.pid_7_0").write_text("half")
     (cache / "cache").mkdir()
-    (cache / "cache" / "f2b4c1d0").write_text('{"mm": {}}')
+    (cache / "cache" / AUTOTUNE).write_text('{"mm": {}}')
     assert cli.main(["save", "--store", str(store), "--cache-dir", str(cache), "--suffix", "1"]) == 0
     capsys.readouterr()
     (bundle_path,) = store.glob("*.bundle")
@@ -607,16 +612,44 @@ def test_save_carries_what_a_fresh_gpu_runner_would_rebuild(tmp_path: Path, caps
     members = {m["path"] for m in json.loads(capsys.readouterr().out)["members"]}
     assert members == {
         f"files/ab/{KERNEL}.main.so",
-        "files/fxgraph/xy/fxkey/entry",
+        f"files/fxgraph/xy/{FX_KEY}/entry",
         f"files/triton/{entry.name}/cuda_utils.cpython-311-x86_64-linux-gnu.so",
         f"files/triton/{entry.name}/__grp__k.json",
-        "files/cache/f2b4c1d0",
+        f"files/cache/{AUTOTUNE}",
     }
     target = tmp_path / "fresh-runner"
     assert cli.main(["restore", "--store", str(store), "--cache-dir", str(target)]) == 0
     helper = target / "triton" / entry.name / "cuda_utils.cpython-311-x86_64-linux-gnu.so"
     assert helper.read_bytes() == b"\x7fELF helper"
-    assert (target / "cache" / "f2b4c1d0").read_text() == '{"mm": {}}'
+    assert (target / "cache" / AUTOTUNE).read_text() == '{"mm": {}}'
+
+
+def test_save_carries_only_torchs_and_tritons_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A user's files, torch's locks and temp files and the plugin's own names stay out of a bundle (a restore
+    would refuse ours); torch's own triton layout (``triton/<device>/<key>/``) is carried; a dir with none of
+    torch's files saves nothing (an empty bundle would be restored as one, and its save prune the useful ones)."""
+    store, cache = tmp_path / "store", _cache_dir(tmp_path)
+    others = {
+        "cache/my_data.bin": b"user", "db/libfoo.so": b"user", ".compilecache-pending/blob.so": b"ours",
+        f"fxgraph/xy/{FX_KEY}/.1234.5678.tmp": b"half", f"fxgraph/xy/{FX_KEY}/foo.lock": b"", "ab/notes.so": b"user",
+    }  # fmt: skip
+    device_layout = f"triton/0/{'Q' * 52}/k.cubin"
+    for rel, data in {**others, device_layout: b"cubin"}.items():
+        (cache / rel).parent.mkdir(parents=True, exist_ok=True)
+        (cache / rel).write_bytes(data)
+    assert cli.main(["save", "--store", str(store), "--cache-dir", str(cache), "--suffix", "1"]) == 0
+    capsys.readouterr()
+    (bundle_path,) = store.glob("*.bundle")
+    assert cli.main(["inspect", str(bundle_path), "--json"]) == 0
+    members = {m["path"] for m in json.loads(capsys.readouterr().out)["members"]}
+    assert members == {f"files/ab/{KERNEL}.main.so", f"files/fxgraph/xy/{FX_KEY}/entry", f"files/{device_layout}"}
+
+    foreign = tmp_path / "project"
+    for rel, data in others.items():
+        (foreign / rel).parent.mkdir(parents=True, exist_ok=True)
+        (foreign / rel).write_bytes(data)
+    assert cli.main(["save", "--store", str(tmp_path / "other"), "--cache-dir", str(foreign), "--suffix", "1"]) == 0
+    assert "save: skipped:" in capsys.readouterr().out and not (tmp_path / "other").exists()
 
 
 def test_prune_takes_only_whole_key_parts_and_only_bundles(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -665,7 +698,7 @@ def test_save_leaves_out_a_linked_dir_and_saves_the_rest(tmp_path: Path, capsys:
     capsys.readouterr()
     assert cli.main(["inspect", str(path), "--json"]) == 0
     members = {m["path"] for m in json.loads(capsys.readouterr().out)["members"]}
-    assert members == {f"files/ab/{KERNEL}.main.so", "files/fxgraph/xy/fxkey/entry"}
+    assert members == {f"files/ab/{KERNEL}.main.so", f"files/fxgraph/xy/{FX_KEY}/entry"}
 
 
 def test_the_key_prefix_is_the_plugins_own(
