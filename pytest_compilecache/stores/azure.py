@@ -192,7 +192,7 @@ class AzureStore:
         entries = []
         try:
             listing = self._container().list_blobs(name_starts_with=f"{self._base}{prefix}")
-            for item in bounded_listing(listing, self.location):
+            for item in bounded_listing(listing.by_page(), self.location):
                 key = listed_key(item.name, self._base, prefix)
                 if key is None or item.size is None or item.last_modified is None:  # not a blob we could restore
                     continue

@@ -227,15 +227,27 @@ def object_name(base: str, key: str) -> str:
 MAX_LISTED = 100_000
 
 
-def bounded_listing(items: Iterable[Any], location: str) -> Iterator[Any]:
-    """``items`` (a client's paged listing), or StoreError past :data:`MAX_LISTED` of them."""
-    for count, item in enumerate(items, 1):
-        if count > MAX_LISTED:
+# Pages a listing may take: a full one holds 1000 objects (S3, GCS) or 5000 (Azure), so MAX_LISTED objects
+# need a hundred; a server may send short or empty pages, but not this many.
+MAX_PAGES = 1000 + MAX_LISTED // 100
+
+
+def bounded_listing(pages: Iterable[Iterable[Any]], location: str) -> Iterator[Any]:
+    """The items of ``pages`` (a client's paged listing, page by page), or StoreError past :data:`MAX_LISTED`
+    items or :data:`MAX_PAGES` pages: a server that repeats its page token, or makes up a new one for every
+    page, empty pages too, makes the client's listing endless."""
+    listed = 0
+    for count, page in enumerate(pages, 1):
+        for item in page:
+            listed += 1
+            if listed > MAX_LISTED:
+                break
+            yield item
+        if listed > MAX_LISTED or count >= MAX_PAGES:
             raise StoreError(
-                f"{location}: list: more than {MAX_LISTED} objects, or a listing that never ends "
-                "(a server repeating its page token)"
+                f"{location}: list: more than {MAX_LISTED} objects or {MAX_PAGES} pages, or a listing that never "
+                "ends (a server repeating or making up its page token)"
             )
-        yield item
 
 
 def listed_key(name: str, base: str, prefix: str) -> str | None:

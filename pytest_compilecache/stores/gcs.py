@@ -163,7 +163,7 @@ class GCSStore:
         entries = []
         try:
             listing = self._client_().list_blobs(self.bucket, prefix=f"{self._base}{prefix}", **self._call())
-            for blob in bounded_listing(listing, self.location):
+            for blob in bounded_listing(listing.pages, self.location):
                 key = listed_key(blob.name, self._base, prefix)
                 if key is None or blob.updated is None:  # an answer without the object's time: not one to order
                     continue

@@ -277,9 +277,8 @@ class S3Store:
     def _iter_entries(self, prefix: str) -> Iterator[StoreEntry]:
         paginator = self._connection.client().get_paginator("list_objects_v2")
         pages = paginator.paginate(Bucket=self.bucket, Prefix=f"{self._base}{prefix}")
-        # Bounded by objects, not pages: botocore stops a repeated page token, not a server that makes up new ones.
-        objects = (obj for page in pages for obj in page.get("Contents", ()))
-        for obj in bounded_listing(objects, self.location):
+        # Bounded by objects and pages: botocore stops a repeated page token, not a server that makes up new ones.
+        for obj in bounded_listing((page.get("Contents", ()) for page in pages), self.location):
             key = listed_key(obj["Key"], self._base, prefix)
             if key is not None:
                 yield StoreEntry(key=key, size=int(obj["Size"]), modified=obj["LastModified"].timestamp())

@@ -307,7 +307,7 @@ def test_an_unusable_azure_answer_is_a_store_error_and_a_listing_without_times_s
         SimpleNamespace(name="p/k2.bundle", size=3, last_modified=None),
         SimpleNamespace(name="p/k3.bundle", size=3, last_modified=when),
     ]
-    store._container = lambda: SimpleNamespace(list_blobs=lambda **_: iter(listed))  # type: ignore[method-assign]
+    store._container = lambda: SimpleNamespace(list_blobs=lambda **_: SimpleNamespace(by_page=lambda: [listed]))  # type: ignore[method-assign]
     assert [entry.key for entry in store.list()] == ["k3"]
 
 
@@ -343,37 +343,52 @@ def test_the_azure_client_retries_after_seconds_not_the_clients_default_quarter_
 
 def test_a_listing_that_never_ends_is_a_store_error_for_every_backend() -> None:
     """A server that repeats its page token, or makes up a new one for every page (botocore stops only a repeated
-    one), makes the client's listing endless: past MAX_LISTED objects the listing is store trouble, and the walk
-    stops."""
+    one), makes the client's listing endless, with full pages or empty ones: past MAX_LISTED objects or
+    MAX_PAGES pages the listing is store trouble, and the walk stops."""
     import itertools
     from types import SimpleNamespace
 
     from pytest_compilecache.stores.base import MAX_LISTED
+    from pytest_compilecache.stores.base import MAX_PAGES
 
-    walked = itertools.count()
     when = SimpleNamespace(timestamp=lambda: 1.0)
 
-    def endless(**_: object) -> Any:
-        for n in walked:
-            yield SimpleNamespace(name=f"p/k{n}.bundle", size=1, updated=when, last_modified=when)
+    def endless(per_page: int, walked: Any) -> Any:
+        for _ in itertools.count(1):
+            next(walked.pages)
+            yield [SimpleNamespace(name=f"p/k{next(walked.items)}.bundle", size=1, updated=when, last_modified=when)
+                   for _ in range(per_page)]  # fmt: skip
 
-    gcs = open_store("gs://bucket/p")
-    assert isinstance(gcs, GCSStore)
-    gcs._client_ = lambda: SimpleNamespace(list_blobs=lambda *a, **k: endless())  # type: ignore[method-assign]
-    with pytest.raises(StoreError, match=r"^gs://bucket/p: list: more than .* never ends"):
-        gcs.list()
-    assert next(walked) == MAX_LISTED + 1
-    azure = AzureStore.from_url("az://cont/p", environ={"AZURE_STORAGE_ACCOUNT_NAME": "acct"})
-    azure._container = lambda: SimpleNamespace(list_blobs=lambda **k: endless())  # type: ignore[method-assign]
-    with pytest.raises(StoreError, match=r"^az://cont/p: list: more than .* never ends"):
-        azure.list()
-    s3 = open_store("s3://bucket/p")
-    assert isinstance(s3, S3Store)
-    pages = ({"Contents": [{"Key": f"p/k{n}.bundle", "Size": 1, "LastModified": when}]} for n in walked)
-    paginator = SimpleNamespace(paginate=lambda **_: pages)
-    s3._connection.client = lambda: SimpleNamespace(get_paginator=lambda _: paginator)  # type: ignore[method-assign]
-    with pytest.raises(StoreError, match=r"^s3://bucket/p: list: more than .* never ends"):
-        s3.list()
+    def walk(per_page: int, make: Any) -> tuple[int, int]:
+        walked = SimpleNamespace(items=itertools.count(), pages=itertools.count())
+        store = make(lambda: endless(per_page, walked))
+        with pytest.raises(StoreError, match=r"^(gs|az|s3)://\w+/p: list: more than .* never ends"):
+            store.list()
+        return next(walked.items), next(walked.pages)
+
+    def gcs(pages: Any) -> Any:
+        store: Any = open_store("gs://bucket/p")
+        store._client_ = lambda: SimpleNamespace(list_blobs=lambda *a, **k: SimpleNamespace(pages=pages()))
+        return store
+
+    def azure(pages: Any) -> Any:
+        store: Any = AzureStore.from_url("az://cont/p", environ={"AZURE_STORAGE_ACCOUNT_NAME": "acct"})
+        store._container = lambda: SimpleNamespace(list_blobs=lambda **k: SimpleNamespace(by_page=pages))
+        return store
+
+    def s3(pages: Any) -> Any:
+        store: Any = open_store("s3://bucket/p")
+
+        def listed() -> Any:
+            return ({"Contents": [{"Key": i.name, "Size": 1, "LastModified": when} for i in p]} for p in pages())
+
+        paginator = SimpleNamespace(paginate=lambda **_: listed())
+        store._connection.client = lambda: SimpleNamespace(get_paginator=lambda _: paginator)
+        return store
+
+    for make in (gcs, azure, s3):
+        assert walk(1000, make) == (MAX_LISTED + 1000, MAX_LISTED // 1000 + 1)  # stopped within the page past it
+        assert walk(0, make) == (0, MAX_PAGES)  # empty pages: stopped by their count
 
 
 def test_an_s3_head_without_a_size_is_store_trouble_for_that_object(tmp_path: Path) -> None:
