@@ -18,6 +18,7 @@ import contextlib
 import os
 import tempfile
 import threading
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -279,9 +280,14 @@ class S3Store:
         pages = paginator.paginate(Bucket=self.bucket, Prefix=f"{self._base}{prefix}")
         # Bounded by objects and pages: botocore stops a repeated page token, not a server that makes up new ones.
         for obj in bounded_listing((page.get("Contents", ()) for page in pages), self.location):
-            key = listed_key(obj["Key"], self._base, prefix)
-            if key is not None:
-                yield StoreEntry(key=key, size=int(obj["Size"]), modified=obj["LastModified"].timestamp())
+            name, size, modified = (obj.get(field) if isinstance(obj, dict) else None for field in _ENTRY_FIELDS)
+            key = listed_key(name, self._base, prefix) if isinstance(name, str) else None
+            if key is None or not isinstance(size, int) or isinstance(size, bool) or not isinstance(modified, datetime):
+                continue  # not a bundle we could order or restore (GCS and Azure skip such entries too)
+            yield StoreEntry(key=key, size=size, modified=modified.timestamp())
+
+
+_ENTRY_FIELDS = ("Key", "Size", "LastModified")  # botocore parses them: a str, an int, a datetime
 
 
 class _Connection:

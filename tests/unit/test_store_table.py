@@ -391,6 +391,28 @@ def test_a_listing_that_never_ends_is_a_store_error_for_every_backend() -> None:
         assert walk(0, make) == (0, MAX_PAGES)  # empty pages: stopped by their count
 
 
+def test_an_s3_listing_entry_without_its_fields_is_skipped_not_the_listing() -> None:
+    """A server or proxy whose listing has an entry without Key, Size or LastModified (or a bad one): that entry
+    is not one to order or restore, as GCS and Azure skip theirs; the others are listed."""
+    from datetime import datetime
+    from datetime import timezone
+    from types import SimpleNamespace
+
+    when = datetime(2026, 11, 30, tzinfo=timezone.utc)
+    good = {"Key": "p/k1.bundle", "Size": 3, "LastModified": when}
+    odd = [
+        {"Key": "p/k2.bundle", "Size": 3},
+        {"Size": 3, "LastModified": when},
+        {"Key": "p/k3.bundle", "Size": "3", "LastModified": when},
+        {"Key": "p/k4.bundle", "Size": 3, "LastModified": "yesterday"},
+        "x",
+    ]
+    store: Any = open_store("s3://bucket/p")
+    paginator = SimpleNamespace(paginate=lambda **_: iter([{"Contents": [*odd, good]}]))
+    store._connection.client = lambda: SimpleNamespace(get_paginator=lambda _: paginator)
+    assert [(e.key, e.size) for e in store.list()] == [("k1", 3)]
+
+
 def test_an_s3_head_without_a_size_is_store_trouble_for_that_object(tmp_path: Path) -> None:
     """A server whose HEAD has no usable Content-Length: that object cannot be read (the restore tries the next
     candidate), not an exception that ends the restore."""
