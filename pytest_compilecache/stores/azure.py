@@ -47,6 +47,7 @@ from .base import listed_key
 from .base import newest_first
 from .base import object_name
 from .base import parse_bucket_url
+from .base import shown_endpoint
 from .base import temp_sibling
 from .base import validate_prefix
 
@@ -299,9 +300,7 @@ class AzureStore:
 
     def _endpoint(self) -> str:
         """The blob endpoint's scheme, host and port: no path or query (a SAS token is a query string)."""
-        url = self._client.url if self._client is not None else (self.account_url or "")
-        parts = urlsplit(url)
-        return f"{parts.scheme}://{parts.netloc}" if parts.netloc else "(unknown)"
+        return shown_endpoint(self._client.url if self._client is not None else (self.account_url or ""))
 
 
 def _answer_check(location: str, cap: int | None) -> Callable[[Any], None]:

@@ -250,6 +250,20 @@ def bounded_listing(pages: Iterable[Iterable[Any]], location: str) -> Iterator[A
             )
 
 
+def shown_endpoint(url: str) -> str:
+    """``url`` (an endpoint from the environment, a profile or a connection string) as a message may show it:
+    its scheme, host and port, never a user, password, path or query (an access key, a SAS token)."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:  # a port that is no number
+        host, port = parts.hostname, None
+    if not host:
+        return "(unknown)"
+    shown = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{shown}" + (f":{port}" if port is not None else "")
+
+
 def listed_key(name: str, base: str, prefix: str) -> str | None:
     """The key of the object ``name`` that a listing under ``base + prefix`` returned (``base``: the store URL's
     prefix with its ``/``), or None when it is not ``<base><a valid key starting with prefix>.bundle``. A listing

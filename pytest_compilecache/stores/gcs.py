@@ -35,6 +35,7 @@ from .base import listed_key
 from .base import newest_first
 from .base import object_name
 from .base import parse_bucket_url
+from .base import shown_endpoint
 from .base import temp_sibling
 from .base import validate_prefix
 
@@ -237,7 +238,7 @@ class GCSStore:
 
         if isinstance(exc, gx.RetryError) and exc.cause is not None:
             exc = exc.cause
-        endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or "storage.googleapis.com"
+        endpoint = shown_endpoint(os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com")
         if isinstance(exc, gx.NotFound):
             return f"bucket {self.bucket} does not exist"
         if isinstance(exc, gx.Unauthorized):

@@ -35,6 +35,7 @@ from .base import listed_key
 from .base import newest_first
 from .base import object_name
 from .base import parse_bucket_url
+from .base import shown_endpoint
 from .base import validate_prefix
 
 if TYPE_CHECKING:
@@ -287,6 +288,7 @@ class S3Store:
             yield StoreEntry(key=key, size=size, modified=modified.timestamp())
 
 
+_ENDPOINT_ENVS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")  # where botocore finds an endpoint itself
 _ENTRY_FIELDS = ("Key", "Size", "LastModified")  # botocore parses them: a str, an int, a datetime
 
 
@@ -353,7 +355,7 @@ class _Connection:
             raise self.error(exc, "get (confirming a miss)") from exc
 
     def endpoint(self) -> str:
-        return str(self.client().meta.endpoint_url)
+        return shown_endpoint(str(self.client().meta.endpoint_url))
 
     def error(self, exc: BaseException, action: str) -> StoreError:
         """A one-line StoreError for boto exception ``exc`` raised while doing ``action``."""
@@ -376,6 +378,8 @@ class _Connection:
             detail = "no AWS credentials found (environment, profile, OIDC or instance role)"
         else:
             detail = _first_line(exc) or type(exc).__name__
+            for given in filter(None, (self.endpoint_url, *(os.environ.get(n) for n in _ENDPOINT_ENVS))):
+                detail = detail.replace(given, shown_endpoint(given))  # botocore quotes an endpoint it refuses whole
         return StoreError(f"{self.location}: {action}: {detail}")
 
     def _describe_client_error(self, exc: Any) -> str:

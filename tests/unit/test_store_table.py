@@ -413,6 +413,35 @@ def test_an_s3_listing_entry_without_its_fields_is_skipped_not_the_listing() -> 
     assert [(e.key, e.size) for e in store.list()] == [("k1", 3)]
 
 
+def test_an_endpoint_is_shown_without_credentials_path_or_query() -> None:
+    from pytest_compilecache.stores.base import shown_endpoint
+
+    assert shown_endpoint("http://minio:S3cr3t@127.0.0.1:9000/x?X-Amz-Security-Token=S") == "http://127.0.0.1:9000"
+    assert (
+        shown_endpoint("https://acct.blob.core.windows.net/?sv=1&sig=AzS3cret") == "https://acct.blob.core.windows.net"
+    )
+    assert shown_endpoint("localhost:9023") == "http://localhost:9023"  # STORAGE_EMULATOR_HOST's form
+    assert shown_endpoint("http://[::1]:80/?sig=1") == "http://[::1]:80"
+    assert shown_endpoint("") == "(unknown)"
+
+
+def test_an_s3_endpoint_from_the_environment_shows_no_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--compile-cache-s3-endpoint`` refuses credentials; botocore's own variables may still carry them (a
+    MinIO user and password, a token in the query): the store's trouble names the endpoint without them."""
+    from tests.servers import free_port
+
+    for endpoint in (
+        f"http://minio:S3cr3tPassw0rd@127.0.0.1:{free_port()}",
+        "http://127.0.0.1:1/?X-Amz-Security-Token=S3CRET x",
+    ):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+        with pytest.raises(StoreError) as info:
+            open_store("s3://bucket/p").list()
+        assert "S3cr3t" not in str(info.value) and "S3CRET" not in str(info.value), str(info.value)
+
+
 def test_an_s3_head_without_a_size_is_store_trouble_for_that_object(tmp_path: Path) -> None:
     """A server whose HEAD has no usable Content-Length: that object cannot be read (the restore tries the next
     candidate), not an exception that ends the restore."""
