@@ -220,18 +220,22 @@ def cmd_restore(args: argparse.Namespace) -> int:
     cache_dir = str(Path(args.cache_dir).absolute())
     store = _open(args, readonly=True)
     _check_cache_dir(args.store, cache_dir)
-    try:  # the rules pytest's --compile-cache-dir follows: not someone else's dir, a writable dir (made now)
+    try:  # the rules pytest's --compile-cache-dir follows: not someone else's dir, a writable dir (made below)
         cachedir.refuse_foreign(cache_dir, "--cache-dir")
+    except ConfigError as exc:
+        raise exc.respelled("--compile-cache-dir", "--cache-dir") from None
+    point_cache_dir(cache_dir)  # before torch is imported by the fingerprint
+    fingerprint = _fingerprint(args)  # a bad --device-facts is a usage error before the dir is made
+    try:
         cachedir.make_dir(Path(cache_dir))
     except ConfigError as exc:
         raise exc.respelled("--compile-cache-dir", "--cache-dir") from None
     cachedir.sweep_dead_writers(cache_dir)  # what a killed restore left (its staging dir), once its owner is gone
-    point_cache_dir(cache_dir)  # before torch is imported by the fingerprint
     done = _progress(f"restoring from {store.location}")
     result = sync.restore(
         store,
         prefix=args.key_prefix,
-        fingerprint=_fingerprint(args),
+        fingerprint=fingerprint,
         cache_dir=cache_dir,
         signing_key=_signing_key(),
         exact_key=args.key,

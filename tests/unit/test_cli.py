@@ -310,6 +310,7 @@ def _usage_cases(tmp_path: Path) -> list[tuple[list[str], int]]:
         (["fingerprint", "--device-facts", str(bad_device)], cli.EXIT_USAGE),
         (["fingerprint", "--device-facts", str(tmp_path / "missing.json")], cli.EXIT_USAGE),
         (["restore", "--store", store, "--cache-dir", cache, "--key", "../evil"], cli.EXIT_USAGE),
+        (["restore", "--store", store, "--cache-dir", cache, "--device-facts", str(bad_device)], cli.EXIT_USAGE),
         (["restore", "--store", store, "--cache-dir", cache, "--prefix", "bad/prefix"], cli.EXIT_USAGE),
         (["restore", "--store", store, "--cache-dir", cache, "--json", str(a_file / "x.json")], cli.EXIT_USAGE),
         (["restore", "--store", store, "--cache-dir", cache, "--json", "/sys/r.json"], cli.EXIT_USAGE),  # root too
