@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import BinaryIO
+from typing import Callable
 from typing import Protocol
 from typing import runtime_checkable
 from urllib.parse import parse_qsl
@@ -157,7 +158,15 @@ def bundles(store: Store, prefix: str) -> builtins.list[StoreEntry]:
     return [entry for entry in store.list(prefix) if entry.key.startswith(prefix) and not is_artifact_key(entry.key)]
 
 
-def prune(store: Store, prefix: str, keep: int, *, magic: bytes = b"", rest: str | None = None) -> builtins.list[str]:
+def prune(
+    store: Store,
+    prefix: str,
+    keep: int,
+    *,
+    magic: bytes = b"",
+    rest: str | None = None,
+    proven: Callable[[str], bool] | None = None,
+) -> builtins.list[str]:
     """Keep the newest ``keep`` bundles under ``prefix``, delete the older ones; return the deleted keys.
 
     ``prefix`` is whole parts of a key: a key prefix (``compilecache-v1``) or a lineage
@@ -168,7 +177,10 @@ def prune(store: Store, prefix: str, keep: int, *, magic: bytes = b"", rest: str
     ``magic`` (the bundle format's first bytes), only objects whose first bytes prove them bundles count (a ranged
     read, :func:`read_head`): the newest ``keep`` of them are kept, the older ones deleted; one that does not,
     or whose first bytes cannot be read (a store without partial reads, an object the store refuses to read,
-    such as a link in a directory store), is left alone and takes no kept bundle's place.
+    such as a link in a directory store), is left alone and takes no kept bundle's place. With ``proven`` (a
+    check of a key's bundle, e.g. that its header is signed with this project's key), so is one it says is not
+    ours: two projects that share a store, a prefix and a fingerprint but sign with their own keys never prune
+    each other's bundles.
 
     Artifact objects (:func:`is_artifact_key`) are never deleted nor counted, whatever the prefix: they are
     content-addressed and shared by every bundle of the prefix that names their sha256 (also by bundles of
@@ -193,6 +205,8 @@ def prune(store: Store, prefix: str, keep: int, *, magic: bytes = b"", rest: str
             continue
         if magic and not _starts_with(store, entry.key, magic):
             continue  # not proven a bundle: neither kept in a bundle's place nor deleted
+        if proven is not None and not proven(entry.key):
+            continue  # not proven ours: the same
         if kept < keep:
             kept += 1
             continue

@@ -303,7 +303,7 @@ def _newest_created_first(
     the store (pruned, then replayed by anyone who can write it) is not taken for the newest.
 
     The headers of the :data:`MAX_HEADERS` newest entries by modification time are read (ranged reads, see
-    :func:`_read_head_manifest`); later entries follow in the store's order. One whose header fails its
+    :func:`read_head_manifest`); later entries follow in the store's order. One whose header fails its
     checks or cannot be read goes to ``skipped`` without being downloaded. A store that cannot read part of
     an object keeps the store's order. Equal times keep the store's order.
     """
@@ -312,7 +312,7 @@ def _newest_created_first(
     for index, candidate in enumerate(candidates[:MAX_HEADERS]):
         key = candidate[0]
         try:
-            manifest = _read_head_manifest(store, key, signing_key=signing_key, lineage=lineage)
+            manifest = read_head_manifest(store, key, signing_key=signing_key, lineage=lineage)
         except NoPartialReads:
             return candidates
         except TimedOut:
@@ -349,7 +349,7 @@ def load_blobs(verified: bundle.Verified, cache_dir: str, load: Loader) -> dict[
 def _why_miss(store: Store, request: RestoreRequest) -> str:
     """Name the facts that differ from the newest bundle under the prefix (any fingerprint).
 
-    Only the bundle's header is read (:func:`_read_head_manifest`: a ranged read of a few KiB, never the
+    Only the bundle's header is read (:func:`read_head_manifest`: a ranged read of a few KiB, never the
     payload, which may be hundreds of MiB of the store's time budget), and used only after its checksum, its
     signature (when a key is set) and its key are verified: no unauthenticated text reaches a log. Explaining
     is best effort: any trouble leaves a miss.
@@ -360,7 +360,7 @@ def _why_miss(store: Store, request: RestoreRequest) -> str:
         if not newest:
             return f"no bundle under {prefix}- in {store.location}"
         latest = newest[0]
-        manifest = _read_head_manifest(store, latest.key, signing_key=signing_key)
+        manifest = read_head_manifest(store, latest.key, signing_key=signing_key)
         if manifest is None:
             return f"no bundle for fingerprint {fingerprint.digest()}"
     except BundleError as exc:
@@ -373,7 +373,7 @@ def _why_miss(store: Store, request: RestoreRequest) -> str:
     )
 
 
-def _read_head_manifest(
+def read_head_manifest(
     store: Store, key: str, *, signing_key: bytes | None, lineage: str | None = None
 ) -> Manifest | None:
     """The manifest of bundle ``key`` from its header alone, read with :func:`.stores.base.read_head`:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from dataclasses import field
+from functools import partial
 from pathlib import Path
 from typing import Any
 from typing import Iterable
@@ -19,6 +20,7 @@ from .._fs import temporary_dir
 from ..bundle import DEFAULT_MAX_BYTES
 from ..errors import BundleError
 from ..errors import StoreError
+from ..errors import TimedOut
 from ..fingerprint import Fingerprint
 from ..fingerprint import make_key
 from ..fingerprint import restore_prefix
@@ -139,7 +141,8 @@ def save_bundle(store: Store, request: SaveRequest) -> SaveResult:
         return failed(f"save failed: {type(exc).__name__}: {exc}")
     notes = [f"left out {len(skipped)} cache file(s) no bundle can carry"] if skipped else []
     try:
-        prune(store, restore_prefix(request.prefix, digest), request.keep, magic=bundle.MAGIC)
+        ours = None if request.signing_key is None else partial(_signed_by, store, request.signing_key)
+        prune(store, restore_prefix(request.prefix, digest), request.keep, magic=bundle.MAGIC, proven=ours)
     except Exception as exc:  # the bundle is stored; only the clean-up failed
         notes.append(f"could not prune old bundles: {exc}")
     return SaveResult(
@@ -175,3 +178,16 @@ def _pack(
         artifacts=named,
         on_skip=lambda name, reason: skipped.append((name, reason)),
     )
+
+
+def _signed_by(store: Store, signing_key: bytes, key: str) -> bool:
+    """Whether bundle ``key``'s header is signed with ``signing_key`` (its header alone is read): one that is not,
+    or cannot be read, is another project's to prune."""
+    from .restoring import read_head_manifest
+
+    try:
+        return read_head_manifest(store, key, signing_key=signing_key) is not None
+    except TimedOut:
+        raise  # the budget is spent: the prune stops here
+    except (BundleError, StoreError, OSError):
+        return False

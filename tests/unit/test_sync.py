@@ -556,6 +556,18 @@ def test_save_prunes_to_keep_for_this_fingerprint_only(tmp_path: Path, source: P
     assert other in store.objects
 
 
+def test_projects_that_sign_with_their_own_keys_never_prune_each_others_bundles(source: Path) -> None:
+    """Two repositories sharing a store, the default key prefix and a fingerprint: each save prunes only the
+    bundles signed with its own key (an unsigned one, or another key's, is not proven ours)."""
+    store = MemoryStore()
+    for run in range(3):
+        assert _save(store, source, f"a-{run}", keep=3, signing_key=b"project A").outcome == "saved"
+    for run in range(3):
+        assert _save(store, source, f"b-{run}", keep=2, signing_key=b"project B").outcome == "saved"
+    left = sorted(key.rsplit("-", 2)[-2] + "-" + key.rsplit("-", 1)[-1] for key in store.objects)
+    assert left == ["a-0", "a-1", "a-2", "b-1", "b-2"]
+
+
 def test_save_with_nothing_compiled_is_skipped(source: Path) -> None:
     store = MemoryStore()
     transfer = _save(store, source, "run-1", blobs={}, files=[])

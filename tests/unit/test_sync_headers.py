@@ -347,7 +347,7 @@ def test_cli_save_and_restore_carry_headers(
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "unused"))
     cache = tmp_path / "cache"
     (cache / "ab").mkdir(parents=True)
-    (cache / "ab" / "cabc.main.so").write_bytes(b"kernel")
+    (cache / "ab" / ("cab" + "x" * 49 + ".main.so")).write_bytes(b"kernel")  # a key torch would name
     store = tmp_path / "store"
     machine_a, machine_b = tmp_path / "tmp-a", tmp_path / "tmp-b"
     machine_a.mkdir()
