@@ -119,6 +119,27 @@ class S3Store:
         self.location = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self._base = f"{self.prefix}/" if self.prefix else ""
         self._connection = _Connection(self)
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        """Stop every transfer in flight at its next chunk, and any later one (:class:`.timed.TimedStore` calls
+        this when it gives up on a call): s3transfer's threads, which Python joins at exit, would otherwise send
+        or fetch the rest of a bundle after the session stopped waiting, and hold up the process's exit."""
+        self._cancelled.set()
+
+    def _stop(self) -> list[Any]:
+        """s3transfer subscribers that end a transfer once :meth:`cancel` was called (raising in its progress
+        callback, which runs as each chunk is read or written)."""
+        from s3transfer.subscribers import BaseSubscriber
+
+        cancelled = self._cancelled
+
+        class Stop(BaseSubscriber):  # type: ignore[misc]  # s3transfer ships no type hints
+            def on_progress(self, future: Any, bytes_transferred: int, **kwargs: Any) -> None:
+                if cancelled.is_set():
+                    raise StoreError("the transfer was given up on (the store timeout)")
+
+        return [Stop()]
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> S3Store:
@@ -161,7 +182,7 @@ class S3Store:
         try:
             if limit is None:
                 with self._connection.transfer_manager() as manager:
-                    manager.download(self.bucket, name, str(tmp)).result()
+                    manager.download(self.bucket, name, str(tmp), subscribers=self._stop()).result()
             else:
                 self._get_bounded(name, tmp, limit, f"{key} in {self.location}")
             os.replace(tmp, dest)
@@ -196,6 +217,8 @@ class S3Store:
                 )["Body"]
                 with contextlib.closing(body):
                     for chunk in iter(lambda: body.read(1024 * 1024), b""):
+                        if self._cancelled.is_set():
+                            raise StoreError(f"{what}: the transfer was given up on (the store timeout)")
                         bounded.write(chunk)
                 return
             from s3transfer.subscribers import BaseSubscriber
@@ -208,7 +231,7 @@ class S3Store:
                         pin(etag)  # s3transfer then adds If-Match to each ranged GET
 
             with self._connection.transfer_manager() as manager:
-                manager.download(self.bucket, name, bounded, subscribers=[Known()]).result()
+                manager.download(self.bucket, name, bounded, subscribers=[Known(), *self._stop()]).result()
 
     def get_head(self, key: str, limit: int) -> bytes | None:
         """The first ``limit`` bytes of bundle ``key`` (see :func:`.base.read_head`): one ranged GET; None
@@ -245,7 +268,7 @@ class S3Store:
         try:
             with self._connection.transfer_manager() as manager:
                 extra = {"ChecksumAlgorithm": "SHA256"}
-                manager.upload(str(src), self.bucket, name, extra_args=extra).result()
+                manager.upload(str(src), self.bucket, name, extra_args=extra, subscribers=self._stop()).result()
         except _boto_errors() as exc:
             raise self._connection.error(exc, f"put {key}") from exc
 

@@ -3,7 +3,8 @@
 Timeouts in a backend bound each socket read (S3's ``read_timeout``), not a request: an endpoint that
 trickles a byte every few seconds, or reads an upload at a crawl, holds a call for hours. :class:`TimedStore`
 runs each call in a daemon thread and stops waiting when the budget its calls share is spent. A call given
-up on keeps running in the background until it ends or the process exits. A ``get`` writes to a private temp
+up on keeps running in the background until it ends or the process exits; a store with a ``cancel()`` (S3,
+whose transfer threads Python would join at exit) is told to stop at once, at its next chunk. A ``get`` writes to a private temp
 name beside its ``dest``, published only when the call returns in time: one given up on never publishes
 ``dest``, and removes what it wrote when it ends (a process killed meanwhile leaves a temp name that
 :func:`.._fs.sweep_our_temps` knows). A ``put`` given up on may still complete: the store then holds the
@@ -143,6 +144,10 @@ class TimedStore:
         worker.join(left)
         if worker.is_alive():
             self.spent = self.seconds
+            cancel = getattr(self.inner, "cancel", None)  # a store whose transfers can stop (S3): told to
+            if callable(cancel):
+                with contextlib.suppress(Exception):
+                    cancel()
             raise self._timed_out(what)
         self.spent += self._clock() - started
         error = box.get("error")

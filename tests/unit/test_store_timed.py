@@ -181,3 +181,55 @@ def test_prune_keeps_what_it_cannot_read_and_stops_when_the_budget_is_spent(tmp_
     spent = Spent(backend=store.backend)
     with pytest.raises(TimedOut):
         prune(spent, "p", 1, magic=b"MAGIC")
+
+
+@pytest.mark.slow
+def test_an_s3_transfer_given_up_on_stops_sending(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """s3transfer's threads, which Python joins at exit, sent the rest of a bundle after the timeout gave up on
+    it (a slow store held up the end of the session as long): the store is told to stop, and the upload ends at
+    its next chunk. A real boto3 client against a 127.0.0.1 server that reads 256 KiB/s for 2 s (past the 1 s
+    budget), then as fast as it can: a client still sending then sends it all."""
+    import socket
+    import time
+
+    from pytest_compilecache.stores.s3 import S3Store
+
+    server = socket.create_server(("127.0.0.1", 0))
+    got: dict[str, int] = {}
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(1)
+            lines = [line.split(b":", 1) for line in head.split(b"\r\n")[1:] if b":" in line]
+            headers = {name.strip().lower(): value.strip() for name, value in lines}
+            if headers.get(b"expect", b"").lower() == b"100-continue":
+                conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+            got["want"], got["got"] = int(headers.get(b"content-length", b"0")), 0
+            slow_until = time.monotonic() + 2
+            while got["got"] < got["want"]:
+                data = conn.recv(65536)
+                if not data:
+                    break  # the client stopped sending
+                got["got"] += len(data)
+                if time.monotonic() < slow_until:
+                    time.sleep(len(data) / 262144)
+
+    handler = threading.Thread(target=serve, daemon=True)
+    handler.start()
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", "k"),
+        ("AWS_SECRET_ACCESS_KEY", "s"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
+        monkeypatch.setenv(name, value)
+    src = tmp_path / "bundle"
+    src.write_bytes(b"\0" * (32 << 20))  # one part (below the 64 MiB threshold); more than any socket buffers
+    store = TimedStore(S3Store("bucket", endpoint_url=f"http://127.0.0.1:{server.getsockname()[1]}"), 1.0)
+    with pytest.raises(TimedOut):
+        store.put("k1", src)
+    handler.join(120)
+    server.close()
+    assert 0 < got["got"] < got["want"] == 32 << 20, got  # the client hung up midway
