@@ -4,11 +4,11 @@ Timeouts in a backend bound each socket read (S3's ``read_timeout``), not a requ
 trickles a byte every few seconds, or reads an upload at a crawl, holds a call for hours. :class:`TimedStore`
 runs each call in a daemon thread and stops waiting when the budget its calls share is spent. A call given
 up on keeps running in the background until it ends or the process exits; a store with a ``cancel()`` (S3,
-whose transfer threads Python would join at exit) is told to stop at once, at its next chunk. A ``get`` writes to a private temp
-name beside its ``dest``, published only when the call returns in time: one given up on never publishes
-``dest``, and removes what it wrote when it ends (a process killed meanwhile leaves a temp name that
-:func:`.._fs.sweep_our_temps` knows). A ``put`` given up on may still complete: the store then holds the
-whole object (every backend publishes atomically), which the caller was told had failed.
+whose transfer threads Python would join at exit) is told to stop at once, at its next chunk. A ``get``
+writes to a private temp name beside its ``dest``, published only when the call returns in time: one given up
+on never publishes ``dest``, and removes what it wrote when it ends (a process killed meanwhile leaves a temp
+name that :func:`.._fs.sweep_our_temps` knows). A ``put`` given up on may still complete: the store then holds
+the whole object (every backend publishes atomically), which the caller was told had failed.
 PYTEST_DONT_REWRITE
 """
 
