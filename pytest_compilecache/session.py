@@ -235,12 +235,15 @@ class Controller:
                 self._restored, gathered, tests_failed=failed, stopped=stopped, selection=selection
             )
         finally:  # Ctrl-C mid-save too: every write of the save is atomic, nothing partial is left
-            self.context.release()  # done with the dir: other sessions may trim it now
+            removed = self.context.dir.owned and not self.settings.keep
+            if not removed:  # an isolated dir keeps it till it is gone: killed between, the sweep proves it dead
+                self.context.release()  # done with the dir: other sessions may trim it now
         self._check_hit_rate(self._restored.result)  # before the reports, which name a failed floor
         self._let_the_post_step_upload()
         self._write_reports()
         if not self.settings.keep:
             cachedir.remove(self.context.dir)
+        self.context.release()
         return bool(self.problems.errors)
 
     def _let_the_post_step_upload(self) -> None:

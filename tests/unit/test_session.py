@@ -252,6 +252,30 @@ def test_a_session_with_a_job_id_that_compiled_marks_torchs_profile_for_it_used(
     assert other.stat().st_atime > long_ago + 3600 and ours.stat().st_atime < other.stat().st_atime
 
 
+def test_an_isolated_dir_is_removed_before_its_registration_is_withdrawn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session killed between the two would leave a dir marked for removal with no registration, which no
+    sweep could prove dead: the registration goes last. A shared dir's goes after the save, as before."""
+    from pytest_compilecache import cachedir as cachedir_module
+
+    seen: list[bool] = []
+    real_remove = cachedir_module.remove
+    controller = _controller(tmp_path, mode="isolated", dir=str(tmp_path / "parent"))
+
+    def remove(session_dir: Any) -> None:
+        registration = controller.context.registration
+        seen.append(registration is not None and registration.fd is not None)
+        real_remove(session_dir)
+
+    monkeypatch.setattr(cachedir_module, "remove", remove)
+    assert controller.context.registration is not None and controller.context.dir.owned
+    controller.finish()
+    assert seen == [True] and controller.context.registration is not None
+    assert controller.context.registration.fd is None
+    assert not Path(controller.context.dir.path or "").exists()
+
+
 def test_hit_rate_guard(tmp_path: Path) -> None:
     controller = _controller(tmp_path, min_hit_rate=0.9)
     controller.stats.add_record(_record("t::a", hit=1, miss=1))
