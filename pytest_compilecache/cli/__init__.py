@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -224,6 +225,9 @@ def cmd_restore(args: argparse.Namespace) -> int:
         cachedir.refuse_foreign(cache_dir, "--cache-dir")
     except ConfigError as exc:
         raise exc.respelled("--compile-cache-dir", "--cache-dir") from None
+    unsafe = cachedir.unsafe_dir_reason(cache_dir)  # as pytest refuses it: torch could not build in it
+    if unsafe is not None:
+        raise ConfigError(f"--cache-dir: {ghrunner.one_line(cache_dir)} {unsafe}")
     point_cache_dir(cache_dir)  # before torch is imported by the fingerprint
     fingerprint = _fingerprint(args)  # a bad --device-facts is a usage error before the dir is made
     try:
@@ -373,6 +377,9 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_REPORT_MAX = 1 << 30  # a JSON report of a million tests is a few hundred MiB
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     """Render a ``--compile-cache-json`` file as Markdown (appended to $GITHUB_STEP_SUMMARY with --summary).
 
@@ -387,10 +394,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     )
     args.json_report = args.json_report or report.LAST_REPORT_PATH
     try:
-        data = json.loads(Path(args.json_report).read_text())
+        with os.fdopen(os.open(args.json_report, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as fh:
+            info = os.fstat(fh.fileno())
+            # /dev/zero, a FIFO, a mistyped huge file: a usage error, not a MemoryError nor a wait
+            raw = fh.read() if stat.S_ISREG(info.st_mode) and info.st_size <= _REPORT_MAX else None
     except OSError as exc:
         hint = " (no session kept a report here: run pytest in this directory first)" if kept else ""
         raise ConfigError(f"cannot read {args.json_report}: {exc.strerror or exc}{hint}") from None
+    if raw is None:
+        raise ConfigError(f"{args.json_report} is not a --compile-cache-json report: not a file of at most 1 GiB")
+    try:
+        data = json.loads(raw)
     except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
         raise ConfigError(f"{args.json_report} is not JSON: {type(exc).__name__}: {exc}") from None
     try:

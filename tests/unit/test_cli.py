@@ -303,10 +303,18 @@ def _usage_cases(tmp_path: Path) -> list[tuple[list[str], int]]:
     a_file.write_text("x")
     garbage = tmp_path / "garbage.bundle"
     garbage.write_bytes(b"not a bundle")
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
     return [
         (["report", str(wrong_shape)], cli.EXIT_USAGE),
         (["report", str(not_json)], cli.EXIT_USAGE),
         (["report", str(tmp_path / "missing.json")], cli.EXIT_USAGE),
+        (["report", "/dev/zero"], cli.EXIT_USAGE),  # endless: refused unread, no MemoryError
+        (["report", str(fifo)], cli.EXIT_USAGE),  # no writer: refused without waiting for one
+        (
+            ["restore", "--store", store, "--cache-dir", str(tmp_path / "my cache")],
+            cli.EXIT_USAGE,
+        ),  # torch can't build there
         (["fingerprint", "--device-facts", str(bad_device)], cli.EXIT_USAGE),
         (["fingerprint", "--device-facts", str(tmp_path / "missing.json")], cli.EXIT_USAGE),
         (["restore", "--store", store, "--cache-dir", cache, "--key", "../evil"], cli.EXIT_USAGE),
