@@ -228,6 +228,18 @@ def test_options_that_change_nothing_as_configured_are_named() -> None:
     assert unused_options(_resolve(cli={"mode": "shared"}, env={"readonly": "true", "keep": "1"})) == []
 
 
+def test_key_parts_too_long_for_a_directory_stores_file_names_fail_at_start() -> None:
+    """Every save would fail on "File name too long": said at start-up, naming the option; a bucket takes them."""
+    assert "compile_cache_key_prefix: too long for a directory store" in _error(
+        cli={"store": "/tmp/s"}, ini={"key_prefix": "p" * 175}
+    )
+    assert "--compile-cache-key-prefix and --compile-cache-run-suffix: too long" in _error(
+        cli={"store": "file:///tmp/s", "key_prefix": "p" * 100, "run_suffix": "r" * 131}
+    )
+    assert _resolve(cli={"store": "/tmp/s", "key_prefix": "p" * 174}).key_prefix == "p" * 174
+    assert _resolve(cli={"store": "s3://bucket/p", "key_prefix": "p" * 200, "run_suffix": "r" * 200}).store
+
+
 def test_valid_values_are_parsed() -> None:
     settings = _resolve(
         cli={
