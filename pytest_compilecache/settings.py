@@ -362,7 +362,7 @@ def resolve(
     settings = Settings(**values)
     if settings.mode == "disabled" and settings.store:
         raise ConfigError(f"{spellings['store']}: cannot be used with {spellings['mode']}=disabled")
-    if settings.store and scheme_of(settings.store) in (None, "file"):
+    if settings.store and scheme_of(settings.store) in (None, "file") and not settings.readonly:
         _fit_file_names(settings, spellings)
     if settings.max_size is not None and settings.effective_mode != "shared":
         # Only a shared dir is trimmed (an isolated one is removed at the end): a cap elsewhere caps nothing.
@@ -394,19 +394,20 @@ def unused_options(settings: Settings) -> list[str]:
 
 # A directory store keeps each key as a file ``<key>.bundle``, at most 255 bytes on every common file system: a
 # bundle's key is ``<prefix>-<digest, 16>-<suffix>`` (``fingerprint.make_key``; the default suffix, time and
-# process, takes up to 23), a precompiled header's ``<prefix>-artifact-<sha256, 64>``.
+# process, takes up to 23). A precompiled header's object (``<prefix>-artifact-<sha256>``) is longer, but only
+# a header fails with it: one warning, and torch builds it.
 _NAME_MAX, _DEFAULT_SUFFIX_MAX = 255, 23
 
 
 def _fit_file_names(settings: Settings, spellings: Mapping[str, str]) -> None:
     """ConfigError at start-up where a directory store could not name a bundle's file (every save would fail)."""
     suffix = len(settings.run_suffix) if settings.run_suffix else _DEFAULT_SUFFIX_MAX
-    longest = len(settings.key_prefix) + max(1 + 16 + 1 + suffix, len("-artifact-") + 64) + len(".bundle")
+    longest = len(settings.key_prefix) + 1 + 16 + 1 + suffix + len(".bundle")
     if longest > _NAME_MAX:
         given = spellings["key_prefix"] + (f" and {spellings['run_suffix']}" if settings.run_suffix else "")
         raise ConfigError(
             f"{given}: too long for a directory store, whose file names take at most {_NAME_MAX} characters "
-            f"(a bundle's would take {longest}); shorten it"
+            f"(a bundle's would take {longest}); shorten the key prefix"
         )
 
 

@@ -42,6 +42,12 @@ class ReadOnlyStore:
         """Delegate to the wrapped store."""
         return self.inner.list(prefix)
 
+    def cancel(self) -> None:
+        """Pass :meth:`.timed.TimedStore`'s word on to the wrapped store (S3 stops its transfers), if it takes it."""
+        cancel = getattr(self.inner, "cancel", None)
+        if callable(cancel):
+            cancel()
+
     def put(self, key: str, src: Path) -> None:
         """Always refuse (after validating the key, so a bad key is still a ConfigError)."""
         validate_key(key)

@@ -230,13 +230,14 @@ def test_options_that_change_nothing_as_configured_are_named() -> None:
 
 def test_key_parts_too_long_for_a_directory_stores_file_names_fail_at_start() -> None:
     """Every save would fail on "File name too long": said at start-up, naming the option; a bucket takes them."""
-    assert "compile_cache_key_prefix: too long for a directory store" in _error(
-        cli={"store": "/tmp/s"}, ini={"key_prefix": "p" * 175}
+    assert "compile_cache_key_prefix and compile_cache_run_suffix: too long for a directory store" in _error(
+        cli={"store": "/tmp/s"}, ini={"key_prefix": "p" * 200, "run_suffix": "r" * 31}
     )
     assert "--compile-cache-key-prefix and --compile-cache-run-suffix: too long" in _error(
         cli={"store": "file:///tmp/s", "key_prefix": "p" * 100, "run_suffix": "r" * 131}
     )
-    assert _resolve(cli={"store": "/tmp/s", "key_prefix": "p" * 174}).key_prefix == "p" * 174
+    assert _resolve(cli={"store": "/tmp/s", "key_prefix": "p" * 200, "run_suffix": "12345678901-1"}).key_prefix
+    assert _resolve(cli={"store": "/tmp/s", "key_prefix": "p" * 200, "run_suffix": "r" * 60, "readonly": True})
     assert _resolve(cli={"store": "s3://bucket/p", "key_prefix": "p" * 200, "run_suffix": "r" * 200}).store
 
 

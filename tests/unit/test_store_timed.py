@@ -191,7 +191,9 @@ def test_an_s3_transfer_given_up_on_stops_sending(tmp_path: Path, monkeypatch: p
     budget), then as fast as it can: a client still sending then sends it all."""
     import socket
     import time
+    from types import SimpleNamespace
 
+    from pytest_compilecache.stores.readonly import ReadOnlyStore
     from pytest_compilecache.stores.s3 import S3Store
 
     server = socket.create_server(("127.0.0.1", 0))
@@ -227,7 +229,11 @@ def test_an_s3_transfer_given_up_on_stops_sending(tmp_path: Path, monkeypatch: p
         monkeypatch.setenv(name, value)
     src = tmp_path / "bundle"
     src.write_bytes(b"\0" * (32 << 20))  # one part (below the 64 MiB threshold); more than any socket buffers
-    store = TimedStore(S3Store("bucket", endpoint_url=f"http://127.0.0.1:{server.getsockname()[1]}"), 1.0)
+    s3 = S3Store("bucket", endpoint_url=f"http://127.0.0.1:{server.getsockname()[1]}")
+    told: list[str] = []
+    ReadOnlyStore(SimpleNamespace(location="x", cancel=lambda: told.append("cancel"))).cancel()
+    assert told == ["cancel"]  # a read-only store (a restore's) passes the word on
+    store = TimedStore(s3, 1.0)
     with pytest.raises(TimedOut):
         store.put("k1", src)
     handler.join(120)
