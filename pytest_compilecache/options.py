@@ -157,14 +157,14 @@ TABLE: tuple[tuple[str, str, bool, str], ...] = (
 
 # The ini options whose value may also be a TOML number or boolean (pytest 9's native ``[tool.pytest]`` table
 # types its values), beside the switches (a TOML boolean); every other one is a string. Any of them may be a string.
-INI_TYPES = {
-    "explain": "bool",
-    "pgo": "bool",
-    "min_hit_rate": "float",
-    "keep_bundles": "int",
-    "max_size": "int",
-    "max_bundle_size": "int",
-    "store_timeout": "float",
+INI_TYPES: dict[str, type] = {
+    "explain": bool,
+    "pgo": bool,
+    "min_hit_rate": float,
+    "keep_bundles": int,
+    "max_size": int,
+    "max_bundle_size": int,
+    "store_timeout": float,
 }
 
 
@@ -173,7 +173,7 @@ def ini_type(name: str, switch: bool) -> Any:
     option, ``str | int`` or ``str | float`` for a number, so that pytest 9's native TOML takes ``true`` or
     ``0.9`` (an ini file's strings stay strings: the first member); None (a string) for the rest. ``settings``
     parses either."""
-    other = {"bool": bool, "int": int, "float": float}.get("bool" if switch else INI_TYPES.get(name, ""))
+    other = bool if switch else INI_TYPES.get(name)
     return None if other is None else Union[str, other]
 
 

@@ -177,10 +177,10 @@ def prune(
     ``magic`` (the bundle format's first bytes), only objects whose first bytes prove them bundles count (a ranged
     read, :func:`read_head`): the newest ``keep`` of them are kept, the older ones deleted; one that does not,
     or whose first bytes cannot be read (a store without partial reads, an object the store refuses to read,
-    such as a link in a directory store), is left alone and takes no kept bundle's place. With ``proven`` (a
-    check of a key's bundle, e.g. that its header is signed with this project's key), so is one it says is not
-    ours: two projects that share a store, a prefix and a fingerprint but sign with their own keys never prune
-    each other's bundles.
+    such as a link in a directory store), is left alone and takes no kept bundle's place. ``proven`` (a check of
+    a key's bundle that reads more than its first bytes, e.g. that its header is signed with this project's key)
+    takes the place of ``magic``'s: one it does not prove is left alone the same way, so two projects that share
+    a store, a prefix and a fingerprint but sign with their own keys never prune each other's bundles.
 
     Artifact objects (:func:`is_artifact_key`) are never deleted nor counted, whatever the prefix: they are
     content-addressed and shared by every bundle of the prefix that names their sha256 (also by bundles of
@@ -203,10 +203,8 @@ def prune(
     for entry in bundles(store, prefix):
         if shape is not None and not shape.fullmatch(entry.key):
             continue
-        if magic and not _starts_with(store, entry.key, magic):
-            continue  # not proven a bundle: neither kept in a bundle's place nor deleted
-        if proven is not None and not proven(entry.key):
-            continue  # not proven ours: the same
+        if not (proven(entry.key) if proven is not None else not magic or _starts_with(store, entry.key, magic)):
+            continue  # not proven a bundle (ours): neither kept in a bundle's place nor deleted
         if kept < keep:
             kept += 1
             continue
